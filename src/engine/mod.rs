@@ -1,0 +1,6 @@
+//! The engine: requests, sequences, and turning sampled tokens into text.
+
+pub mod detokenizer;
+pub mod request;
+pub mod sequence;
+pub mod stop;

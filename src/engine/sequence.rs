@@ -1,0 +1,214 @@
+//! One sequence being generated: its tokens, how many of them have KV in the cache, its block
+//! table, and what ends it. Plain data owned by the scheduler: no locks, no shared mutation.
+
+use std::sync::Arc;
+
+use super::request::{FinishReason, SamplingParams};
+use crate::kv::BlockTable;
+use crate::sampler::SeededRng;
+
+/// Identifies a sequence for the life of the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u64);
+
+/// Where a sequence is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeqStatus {
+    /// Queued, or preempted and waiting to be recomputed.
+    Waiting,
+    /// Admitted: holds blocks and is scheduled every step until it finishes or is preempted.
+    Running,
+    /// Done; its blocks are released.
+    Finished(FinishReason),
+}
+
+/// A sequence of prompt and generated tokens, catching up its computed count step by step.
+#[derive(Clone, Debug)]
+pub struct Sequence {
+    /// This sequence's id.
+    pub id: SeqId,
+    token_ids: Vec<u32>,
+    num_prompt_tokens: usize,
+    num_computed_tokens: usize,
+    /// Waiting, running or finished.
+    pub status: SeqStatus,
+    /// The sequence's KV blocks.
+    pub block_table: BlockTable,
+    /// Resolved sampling parameters (shared by the `n` sequences of one request).
+    pub params: Arc<SamplingParams>,
+    /// The model's end-of-sequence ids (ignored when `params.ignore_eos`).
+    eos_token_ids: Arc<[u32]>,
+    /// EOS (unless ignored) and stop token ids: what `min_tokens` suppresses.
+    stop_ids: Vec<u32>,
+    /// This sequence's random stream.
+    pub rng: SeededRng,
+    /// Prompt tokens served from the prefix cache when first admitted.
+    pub num_cached_tokens: usize,
+    /// Times this sequence was preempted.
+    pub num_preemptions: u32,
+}
+
+impl Sequence {
+    /// A waiting sequence for `prompt`. `stream` tells apart the `n` samples of one seeded request.
+    pub fn new(
+        id: SeqId,
+        prompt: Vec<u32>,
+        params: Arc<SamplingParams>,
+        eos_token_ids: Arc<[u32]>,
+        cache_salt: Option<&str>,
+        stream: u64,
+    ) -> Self {
+        let rng = match params.seed {
+            Some(seed) => SeededRng::new(seed, stream),
+            None => SeededRng::from_entropy(),
+        };
+        let mut stop_ids = params.stop_token_ids.clone();
+        if !params.ignore_eos {
+            stop_ids.extend(eos_token_ids.iter().copied());
+        }
+        Sequence {
+            id,
+            num_prompt_tokens: prompt.len(),
+            token_ids: prompt,
+            num_computed_tokens: 0,
+            status: SeqStatus::Waiting,
+            block_table: BlockTable::new(cache_salt),
+            params,
+            eos_token_ids,
+            stop_ids,
+            rng,
+            num_cached_tokens: 0,
+            num_preemptions: 0,
+        }
+    }
+
+    /// Prompt and generated tokens.
+    pub fn token_ids(&self) -> &[u32] {
+        &self.token_ids
+    }
+
+    /// The prompt's tokens.
+    pub fn prompt_tokens(&self) -> &[u32] {
+        &self.token_ids[..self.num_prompt_tokens]
+    }
+
+    /// The generated tokens.
+    pub fn output_tokens(&self) -> &[u32] {
+        &self.token_ids[self.num_prompt_tokens..]
+    }
+
+    /// All tokens.
+    pub fn num_tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    /// Prompt length.
+    pub fn num_prompt_tokens(&self) -> usize {
+        self.num_prompt_tokens
+    }
+
+    /// Generated length.
+    pub fn num_output_tokens(&self) -> usize {
+        self.token_ids.len() - self.num_prompt_tokens
+    }
+
+    /// Tokens whose KV is in the cache.
+    pub fn num_computed_tokens(&self) -> usize {
+        self.num_computed_tokens
+    }
+
+    /// Tokens still to compute before the next sample.
+    pub fn num_pending_tokens(&self) -> usize {
+        self.token_ids.len() - self.num_computed_tokens
+    }
+
+    /// Whether the sequence has finished.
+    pub fn is_finished(&self) -> bool {
+        matches!(self.status, SeqStatus::Finished(_))
+    }
+
+    /// Token ids that may not be sampled now: EOS and stop ids until `min_tokens` are generated.
+    pub fn suppressed_tokens(&self) -> &[u32] {
+        if self.num_output_tokens() < self.params.min_tokens {
+            &self.stop_ids
+        } else {
+            &[]
+        }
+    }
+
+    /// The block table and the tokens it holds, borrowed together for the page table manager.
+    pub fn table_and_tokens(&mut self) -> (&mut BlockTable, &[u32]) {
+        (&mut self.block_table, &self.token_ids)
+    }
+
+    pub(crate) fn set_num_computed_tokens(&mut self, n: usize) {
+        debug_assert!(n <= self.token_ids.len());
+        self.num_computed_tokens = n;
+    }
+
+    /// Appends a sampled token and says whether that ends the sequence (vLLM's order: nothing
+    /// stops before `min_tokens`; then EOS, stop token ids, then `max_tokens` / `max_model_len`).
+    pub(crate) fn append(&mut self, token: u32, max_model_len: usize) -> Option<FinishReason> {
+        self.token_ids.push(token);
+        let num_output = self.num_output_tokens();
+        if num_output >= self.params.min_tokens {
+            let is_eos = !self.params.ignore_eos && self.eos_token_ids.contains(&token);
+            if is_eos || self.params.stop_token_ids.contains(&token) {
+                return Some(FinishReason::Stop);
+            }
+        }
+        if num_output >= self.params.max_tokens || self.token_ids.len() >= max_model_len {
+            return Some(FinishReason::Length);
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(params: SamplingParams) -> Sequence {
+        Sequence::new(
+            SeqId(1),
+            vec![5, 6, 7],
+            Arc::new(params),
+            Arc::from(vec![2u32]),
+            None,
+            0,
+        )
+    }
+
+    #[test]
+    fn stop_order_follows_vllm() {
+        let p = SamplingParams {
+            max_tokens: 4,
+            min_tokens: 2,
+            stop_token_ids: vec![9],
+            ..Default::default()
+        };
+        let mut s = seq(p.clone());
+        assert_eq!(s.suppressed_tokens(), &[9, 2]);
+        assert_eq!(s.append(2, 100), None, "EOS before min_tokens does not stop");
+        assert_eq!(s.suppressed_tokens(), &[9, 2]);
+        assert_eq!(s.append(9, 100), Some(FinishReason::Stop));
+        assert!(s.suppressed_tokens().is_empty());
+
+        let mut s = seq(p.clone());
+        for t in [10, 11, 12] {
+            assert_eq!(s.append(t, 100), None);
+        }
+        assert_eq!(s.append(13, 100), Some(FinishReason::Length));
+        assert_eq!(s.output_tokens(), &[10, 11, 12, 13]);
+
+        let mut s = seq(p);
+        assert_eq!(s.append(10, 5), None);
+        assert_eq!(s.append(11, 5), Some(FinishReason::Length), "max_model_len");
+
+        let mut s = seq(SamplingParams {
+            ignore_eos: true,
+            ..Default::default()
+        });
+        assert_eq!(s.append(2, 100), None);
+    }
+}

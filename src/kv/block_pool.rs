@@ -1,0 +1,336 @@
+//! The physical KV-cache blocks: ref counts, an intrusive O(1) LRU free list, and the prefix-cache index.
+//!
+//! Block 0 is reserved as the null block (padding in block tables) and is never handed out. A block
+//! whose ref count drops to zero goes onto the free list but keeps its prefix-cache hash until it is
+//! handed out again (lazy eviction): a later request with the same prefix can take it back off the
+//! free list. The free list is a doubly linked list threaded through the block metadata, so every
+//! operation is O(1) and allocates nothing.
+
+use std::collections::HashMap;
+
+use super::block_hash::{BlockHash, BuildPassThrough, ParentKey};
+
+/// Index of a physical block in the KV cache tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockId(pub u32);
+
+impl BlockId {
+    /// The reserved padding block; never allocated.
+    pub const NULL: BlockId = BlockId(0);
+}
+
+const NIL: u32 = u32::MAX;
+
+/// Bookkeeping for one block. `prev`/`next` link the free list and are `NIL` when not on it.
+#[derive(Clone, Debug)]
+struct BlockMeta {
+    ref_count: u32,
+    prev: u32,
+    next: u32,
+    on_free_list: bool,
+    /// Set once the block is full, its KV written, and it is registered in the prefix cache.
+    cached: Option<(BlockHash, ParentKey)>,
+}
+
+/// A fixed set of KV blocks of `block_size` token slots each.
+#[derive(Clone, Debug)]
+pub struct BlockPool {
+    block_size: usize,
+    meta: Vec<BlockMeta>,
+    head: u32,
+    tail: u32,
+    num_free: usize,
+    enable_caching: bool,
+    /// Prefix-cache index: hash of a full block -> the block holding that content.
+    index: HashMap<BlockHash, BlockId, BuildPassThrough>,
+    /// The token ids of every registered block (`block_size` per block), to verify hits.
+    tokens: Vec<u32>,
+}
+
+impl BlockPool {
+    /// A pool of `num_blocks` blocks (block 0 included, reserved) with all usable blocks free.
+    pub fn new(num_blocks: usize, block_size: usize, enable_caching: bool) -> Self {
+        assert!(num_blocks >= 2, "a block pool needs the null block and at least one more");
+        assert!(num_blocks < NIL as usize, "too many blocks");
+        let mut pool = BlockPool {
+            block_size,
+            meta: vec![
+                BlockMeta {
+                    ref_count: 0,
+                    prev: NIL,
+                    next: NIL,
+                    on_free_list: false,
+                    cached: None,
+                };
+                num_blocks
+            ],
+            head: NIL,
+            tail: NIL,
+            num_free: 0,
+            enable_caching,
+            index: HashMap::default(),
+            tokens: if enable_caching {
+                vec![0; num_blocks * block_size]
+            } else {
+                Vec::new()
+            },
+        };
+        for id in 1..num_blocks as u32 {
+            pool.push_back(id);
+        }
+        pool
+    }
+
+    /// Token slots per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// All blocks, the reserved null block included.
+    pub fn num_blocks(&self) -> usize {
+        self.meta.len()
+    }
+
+    /// Blocks that can ever be handed out (all but the null block).
+    pub fn num_usable(&self) -> usize {
+        self.meta.len() - 1
+    }
+
+    /// Blocks with ref count zero (some may still hold reusable cached prefixes).
+    pub fn num_free(&self) -> usize {
+        self.num_free
+    }
+
+    /// Fraction of usable blocks in use, 0.0..=1.0.
+    pub fn usage(&self) -> f64 {
+        1.0 - self.num_free as f64 / self.num_usable() as f64
+    }
+
+    /// Current ref count of a block.
+    pub fn ref_count(&self, id: BlockId) -> u32 {
+        self.meta[id.0 as usize].ref_count
+    }
+
+    /// Number of blocks registered in the prefix cache (held or free).
+    pub fn num_cached(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Takes the least recently freed block, evicting its cached prefix if it had one.
+    /// Returns `None` when no block is free; callers check [`Self::num_free`] first.
+    pub fn allocate(&mut self) -> Option<BlockId> {
+        let id = self.head;
+        if id == NIL {
+            return None;
+        }
+        self.unlink(id);
+        let meta = &mut self.meta[id as usize];
+        meta.ref_count = 1;
+        if let Some((hash, _)) = meta.cached.take() {
+            self.index.remove(&hash);
+        }
+        Some(BlockId(id))
+    }
+
+    /// Adds a reference to a block, taking it off the free list if it was there (a prefix-cache hit).
+    pub fn touch(&mut self, id: BlockId) {
+        if self.meta[id.0 as usize].on_free_list {
+            self.unlink(id.0);
+        }
+        self.meta[id.0 as usize].ref_count += 1;
+    }
+
+    /// Drops one reference. At zero the block is freed: a cached block goes to the back of the LRU
+    /// list (evicted last), a block with nothing worth keeping goes to the front (reused first).
+    pub fn release(&mut self, id: BlockId) {
+        let meta = &mut self.meta[id.0 as usize];
+        assert!(meta.ref_count > 0, "double free of block {}", id.0);
+        meta.ref_count -= 1;
+        if meta.ref_count == 0 {
+            if meta.cached.is_some() {
+                self.push_back(id.0);
+            } else {
+                self.push_front(id.0);
+            }
+        }
+    }
+
+    /// Registers a full block whose KV has been written under `hash`. A no-op when caching is off,
+    /// when the block is already registered, or when another block already holds the same content.
+    pub fn register(&mut self, id: BlockId, hash: BlockHash, parent: ParentKey, tokens: &[u32]) {
+        debug_assert_eq!(tokens.len(), self.block_size);
+        if !self.enable_caching || self.meta[id.0 as usize].cached.is_some() {
+            return;
+        }
+        if self.index.contains_key(&hash) {
+            return;
+        }
+        self.index.insert(hash, id);
+        self.meta[id.0 as usize].cached = Some((hash, parent));
+        let start = id.0 as usize * self.block_size;
+        self.tokens[start..start + self.block_size].copy_from_slice(tokens);
+    }
+
+    /// The cached block holding exactly `tokens` after `parent`, if any. Verified, not just hashed.
+    pub fn lookup(&self, hash: BlockHash, parent: ParentKey, tokens: &[u32]) -> Option<BlockId> {
+        let id = *self.index.get(&hash)?;
+        let (_, stored_parent) = self.meta[id.0 as usize].cached?;
+        let start = id.0 as usize * self.block_size;
+        let stored = &self.tokens[start..start + self.block_size];
+        (stored_parent == parent && stored == tokens).then_some(id)
+    }
+
+    /// Whether a block is currently on the free list.
+    pub fn is_free(&self, id: BlockId) -> bool {
+        self.meta[id.0 as usize].on_free_list
+    }
+
+    /// Sum of all ref counts (for leak checks).
+    pub fn total_refs(&self) -> u64 {
+        self.meta.iter().map(|m| u64::from(m.ref_count)).sum()
+    }
+
+    /// Free-list order, front (next to be reused) first. For tests and debugging; O(n).
+    pub fn free_order(&self) -> Vec<BlockId> {
+        let mut out = Vec::with_capacity(self.num_free);
+        let mut cur = self.head;
+        while cur != NIL {
+            out.push(BlockId(cur));
+            cur = self.meta[cur as usize].next;
+        }
+        out
+    }
+
+    fn push_back(&mut self, id: u32) {
+        let old_tail = self.tail;
+        let meta = &mut self.meta[id as usize];
+        meta.prev = old_tail;
+        meta.next = NIL;
+        meta.on_free_list = true;
+        if old_tail == NIL {
+            self.head = id;
+        } else {
+            self.meta[old_tail as usize].next = id;
+        }
+        self.tail = id;
+        self.num_free += 1;
+    }
+
+    fn push_front(&mut self, id: u32) {
+        let old_head = self.head;
+        let meta = &mut self.meta[id as usize];
+        meta.prev = NIL;
+        meta.next = old_head;
+        meta.on_free_list = true;
+        if old_head == NIL {
+            self.tail = id;
+        } else {
+            self.meta[old_head as usize].prev = id;
+        }
+        self.head = id;
+        self.num_free += 1;
+    }
+
+    fn unlink(&mut self, id: u32) {
+        let (prev, next) = {
+            let meta = &mut self.meta[id as usize];
+            debug_assert!(meta.on_free_list);
+            meta.on_free_list = false;
+            (
+                std::mem::replace(&mut meta.prev, NIL),
+                std::mem::replace(&mut meta.next, NIL),
+            )
+        };
+        match prev {
+            NIL => self.head = next,
+            p => self.meta[p as usize].next = next,
+        }
+        match next {
+            NIL => self.tail = prev,
+            n => self.meta[n as usize].prev = prev,
+        }
+        self.num_free -= 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::block_hash::{hash_block, root_key};
+
+    #[test]
+    fn null_block_is_never_allocated_and_counts_are_exact() {
+        let mut pool = BlockPool::new(5, 16, true);
+        assert_eq!(pool.num_free(), 4);
+        let got: Vec<_> = std::iter::from_fn(|| pool.allocate()).collect();
+        assert_eq!(got, vec![BlockId(1), BlockId(2), BlockId(3), BlockId(4)]);
+        assert_eq!(pool.num_free(), 0);
+        assert_eq!(pool.usage(), 1.0);
+        assert!(pool.allocate().is_none());
+        pool.release(BlockId(3));
+        assert_eq!(pool.num_free(), 1);
+        assert_eq!(pool.allocate(), Some(BlockId(3)));
+    }
+
+    #[test]
+    fn uncached_blocks_are_reused_before_cached_ones_in_lru_order() {
+        let mut pool = BlockPool::new(6, 4, true);
+        let blocks: Vec<_> = (0..5).map(|_| pool.allocate().unwrap()).collect();
+        let h = |i: u32| hash_block(root_key(None), &[i; 4]);
+        pool.register(blocks[0], h(0), 0, &[0; 4]);
+        pool.register(blocks[1], h(1), 0, &[1; 4]);
+        // Free in order 1, 0, then the uncached 2: the uncached one must come out first.
+        pool.release(blocks[1]);
+        pool.release(blocks[0]);
+        pool.release(blocks[2]);
+        assert_eq!(pool.free_order(), vec![blocks[2], blocks[1], blocks[0]]);
+        assert_eq!(pool.allocate(), Some(blocks[2]));
+        // Next is the least recently freed cached block: its hash is evicted on reuse.
+        assert!(pool.lookup(h(1), 0, &[1; 4]).is_some());
+        assert_eq!(pool.allocate(), Some(blocks[1]));
+        assert!(pool.lookup(h(1), 0, &[1; 4]).is_none());
+        assert_eq!(pool.lookup(h(0), 0, &[0; 4]), Some(blocks[0]));
+    }
+
+    #[test]
+    fn touch_takes_a_free_cached_block_back() {
+        let mut pool = BlockPool::new(3, 2, true);
+        let b = pool.allocate().unwrap();
+        pool.register(b, BlockHash(7), 0, &[1, 2]);
+        pool.release(b);
+        assert!(pool.is_free(b));
+        assert_eq!(pool.num_free(), 2);
+        pool.touch(b);
+        assert!(!pool.is_free(b));
+        assert_eq!(pool.ref_count(b), 1);
+        assert_eq!(pool.num_free(), 1);
+        pool.touch(b);
+        assert_eq!(pool.ref_count(b), 2);
+    }
+
+    #[test]
+    fn lookup_verifies_tokens_and_parent_not_only_the_hash() {
+        let mut pool = BlockPool::new(3, 2, true);
+        let b = pool.allocate().unwrap();
+        pool.register(b, BlockHash(42), 5, &[1, 2]);
+        assert_eq!(pool.lookup(BlockHash(42), 5, &[1, 2]), Some(b));
+        assert_eq!(pool.lookup(BlockHash(42), 5, &[1, 3]), None, "forged collision");
+        assert_eq!(pool.lookup(BlockHash(42), 6, &[1, 2]), None, "other parent");
+    }
+
+    #[test]
+    fn duplicate_content_is_not_registered_twice_and_caching_can_be_off() {
+        let mut pool = BlockPool::new(4, 2, true);
+        let a = pool.allocate().unwrap();
+        let b = pool.allocate().unwrap();
+        pool.register(a, BlockHash(1), 0, &[1, 2]);
+        pool.register(b, BlockHash(1), 0, &[1, 2]);
+        assert_eq!(pool.num_cached(), 1);
+        assert_eq!(pool.lookup(BlockHash(1), 0, &[1, 2]), Some(a));
+
+        let mut off = BlockPool::new(4, 2, false);
+        let c = off.allocate().unwrap();
+        off.register(c, BlockHash(1), 0, &[1, 2]);
+        assert_eq!(off.lookup(BlockHash(1), 0, &[1, 2]), None);
+    }
+}

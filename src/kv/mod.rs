@@ -1,0 +1,376 @@
+//! The page table manager: gives each sequence a block table over a shared [`BlockPool`], serves
+//! prefix-cache hits, and maps token positions to physical KV slots.
+//!
+//! Every allocation is check-then-act: [`KvCacheManager::can_allocate`] answers exactly whether
+//! [`KvCacheManager::allocate_slots`] would succeed, and a failing `allocate_slots` changes nothing.
+
+pub mod block_hash;
+pub mod block_pool;
+
+pub use block_hash::{BlockHash, ParentKey};
+pub use block_pool::{BlockId, BlockPool};
+
+use block_hash::{hash_block, root_key};
+
+/// Block sizes (token slots per block) the engine accepts.
+pub const BLOCK_SIZES: [usize; 3] = [8, 16, 32];
+
+/// One sequence's view of the KV cache: its blocks in order, and the hashes of its full blocks.
+#[derive(Clone, Debug, Default)]
+pub struct BlockTable {
+    blocks: Vec<BlockId>,
+    /// Hash of each full block of the sequence's tokens so far (computed once, as blocks fill).
+    hashes: Vec<BlockHash>,
+    /// Parent key of the first block (derived from the request's cache salt).
+    root: ParentKey,
+    /// Leading blocks already registered in the prefix cache (or taken from it).
+    num_committed: usize,
+}
+
+impl BlockTable {
+    /// An empty table; `salt` isolates this sequence's prefix-cache entries from other salts.
+    pub fn new(salt: Option<&str>) -> Self {
+        BlockTable {
+            root: root_key(salt),
+            ..Default::default()
+        }
+    }
+
+    /// The sequence's blocks, in token order.
+    pub fn blocks(&self) -> &[BlockId] {
+        &self.blocks
+    }
+
+    /// Number of blocks held.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Whether the table holds no block.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    fn parent_of(&self, index: usize) -> ParentKey {
+        if index == 0 {
+            self.root
+        } else {
+            self.hashes[index - 1].0
+        }
+    }
+
+    /// Extends `hashes` over every full block of `tokens` not hashed yet.
+    fn hash_full_blocks(&mut self, tokens: &[u32], block_size: usize) {
+        while (self.hashes.len() + 1) * block_size <= tokens.len() {
+            let i = self.hashes.len();
+            let hash = hash_block(
+                self.parent_of(i),
+                &tokens[i * block_size..(i + 1) * block_size],
+            );
+            self.hashes.push(hash);
+        }
+    }
+}
+
+/// Blocks found in the prefix cache for a sequence that holds no blocks yet.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CachedPrefix {
+    /// The cached blocks, in token order.
+    pub blocks: Vec<BlockId>,
+    /// Tokens covered (`blocks.len() * block_size`).
+    pub num_tokens: usize,
+}
+
+/// Prefix-cache counters, in tokens (what vLLM's `prefix_cache_queries/hits` count).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    /// Tokens looked up in the prefix cache.
+    pub num_queried_tokens: u64,
+    /// Tokens served from it.
+    pub num_hit_tokens: u64,
+}
+
+/// Why `allocate_slots` refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("not enough free KV-cache blocks: {needed} needed, {free} free")]
+pub struct NoFreeBlocks {
+    /// Blocks the allocation needed off the free list.
+    pub needed: usize,
+    /// Blocks that were free.
+    pub free: usize,
+}
+
+/// The page table manager.
+#[derive(Clone, Debug)]
+pub struct KvCacheManager {
+    pool: BlockPool,
+    enable_prefix_caching: bool,
+    stats: PrefixCacheStats,
+}
+
+impl KvCacheManager {
+    /// A manager over `num_blocks` blocks (block 0 reserved) of `block_size` slots.
+    pub fn new(num_blocks: usize, block_size: usize, enable_prefix_caching: bool) -> Self {
+        KvCacheManager {
+            pool: BlockPool::new(num_blocks, block_size, enable_prefix_caching),
+            enable_prefix_caching,
+            stats: PrefixCacheStats::default(),
+        }
+    }
+
+    /// Token slots per block.
+    pub fn block_size(&self) -> usize {
+        self.pool.block_size()
+    }
+
+    /// The underlying pool (read-only: counts, usage, ref counts).
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// Prefix-cache counters since start.
+    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
+        self.stats
+    }
+
+    /// Tokens the whole cache can hold (usable blocks × block size).
+    pub fn capacity_tokens(&self) -> usize {
+        self.pool.num_usable() * self.block_size()
+    }
+
+    /// Blocks needed to hold `num_tokens` tokens.
+    pub fn blocks_for(&self, num_tokens: usize) -> usize {
+        num_tokens.div_ceil(self.block_size())
+    }
+
+    /// The longest cached prefix of `tokens` for a sequence that holds no blocks yet, in whole blocks.
+    /// The last token is never served from cache: the model must compute it to produce logits.
+    pub fn cached_prefix(&mut self, table: &mut BlockTable, tokens: &[u32]) -> CachedPrefix {
+        debug_assert!(table.is_empty());
+        let mut found = CachedPrefix::default();
+        if !self.enable_prefix_caching || tokens.is_empty() {
+            return found;
+        }
+        let bs = self.block_size();
+        table.hash_full_blocks(tokens, bs);
+        let max_blocks = (tokens.len() - 1) / bs;
+        for i in 0..max_blocks {
+            let chunk = &tokens[i * bs..(i + 1) * bs];
+            match self.pool.lookup(table.hashes[i], table.parent_of(i), chunk) {
+                Some(id) => found.blocks.push(id),
+                None => break,
+            }
+        }
+        found.num_tokens = found.blocks.len() * bs;
+        found
+    }
+
+    /// Counts one admitted lookup of `num_tokens` tokens of which `num_hit` came from the cache.
+    pub fn record_prefix_lookup(&mut self, num_tokens: usize, num_hit: usize) {
+        if self.enable_prefix_caching {
+            self.stats.num_queried_tokens += num_tokens as u64;
+            self.stats.num_hit_tokens += num_hit as u64;
+        }
+    }
+
+    /// Free blocks an allocation would take: new blocks plus cached blocks now on the free list.
+    fn blocks_needed(&self, table: &BlockTable, cached: &CachedPrefix, num_tokens: usize) -> usize {
+        let have = table.len() + cached.blocks.len();
+        let new = self.blocks_for(num_tokens).saturating_sub(have);
+        let revived = cached
+            .blocks
+            .iter()
+            .filter(|&&b| self.pool.is_free(b))
+            .count();
+        new + revived
+    }
+
+    /// Whether `allocate_slots(table, cached, num_tokens)` would succeed.
+    pub fn can_allocate(&self, table: &BlockTable, cached: &CachedPrefix, num_tokens: usize) -> bool {
+        self.blocks_needed(table, cached, num_tokens) <= self.pool.num_free()
+    }
+
+    /// Grows `table` so it covers `num_tokens` token slots in all, first adopting `cached` (a prefix
+    /// found by [`Self::cached_prefix`] for this empty table). All or nothing.
+    pub fn allocate_slots(
+        &mut self,
+        table: &mut BlockTable,
+        cached: &CachedPrefix,
+        num_tokens: usize,
+    ) -> Result<(), NoFreeBlocks> {
+        let needed = self.blocks_needed(table, cached, num_tokens);
+        if needed > self.pool.num_free() {
+            return Err(NoFreeBlocks {
+                needed,
+                free: self.pool.num_free(),
+            });
+        }
+        debug_assert!(cached.blocks.is_empty() || table.is_empty());
+        // Take the cached blocks first so allocating new ones cannot evict them.
+        for &b in &cached.blocks {
+            self.pool.touch(b);
+            table.blocks.push(b);
+        }
+        table.num_committed = table.num_committed.max(cached.blocks.len());
+        while table.blocks.len() < self.blocks_for(num_tokens) {
+            let b = self.pool.allocate().expect("checked free count");
+            table.blocks.push(b);
+        }
+        Ok(())
+    }
+
+    /// Registers in the prefix cache every full block whose KV is now written (the first
+    /// `num_computed_tokens` of `tokens`).
+    pub fn commit_full_blocks(
+        &mut self,
+        table: &mut BlockTable,
+        tokens: &[u32],
+        num_computed_tokens: usize,
+    ) {
+        if !self.enable_prefix_caching {
+            return;
+        }
+        let bs = self.block_size();
+        let num_full = (num_computed_tokens / bs).min(table.blocks.len());
+        if num_full <= table.num_committed {
+            return;
+        }
+        table.hash_full_blocks(&tokens[..num_full * bs], bs);
+        for i in table.num_committed..num_full {
+            let chunk = &tokens[i * bs..(i + 1) * bs];
+            self.pool
+                .register(table.blocks[i], table.hashes[i], table.parent_of(i), chunk);
+        }
+        table.num_committed = num_full;
+    }
+
+    /// Releases every block of `table`, tail first so a sequence's last blocks are evicted first.
+    /// The table keeps its hashes (still valid for the same tokens) and can be reused.
+    pub fn free(&mut self, table: &mut BlockTable) {
+        for &b in table.blocks.iter().rev() {
+            self.pool.release(b);
+        }
+        table.blocks.clear();
+        table.num_committed = 0;
+    }
+
+    /// Physical slot of token position `pos`: block `slot / block_size`, row `slot % block_size`.
+    pub fn slot(&self, table: &BlockTable, pos: usize) -> u32 {
+        let bs = self.block_size();
+        table.blocks[pos / bs].0 * bs as u32 + (pos % bs) as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toks(n: usize, offset: u32) -> Vec<u32> {
+        (0..n as u32).map(|i| i + offset).collect()
+    }
+
+    #[test]
+    fn allocate_is_all_or_nothing() {
+        let mut kv = KvCacheManager::new(4, 4, true); // 3 usable blocks
+        let mut t = BlockTable::new(None);
+        let none = CachedPrefix::default();
+        assert!(kv.can_allocate(&t, &none, 12));
+        assert!(!kv.can_allocate(&t, &none, 13));
+        let err = kv.allocate_slots(&mut t, &none, 13).unwrap_err();
+        assert_eq!(err, NoFreeBlocks { needed: 4, free: 3 });
+        assert!(t.is_empty());
+        assert_eq!(kv.pool().num_free(), 3);
+        kv.allocate_slots(&mut t, &none, 5).unwrap();
+        assert_eq!(t.len(), 2);
+        assert_eq!(kv.slot(&t, 0), t.blocks()[0].0 * 4);
+        assert_eq!(kv.slot(&t, 5), t.blocks()[1].0 * 4 + 1);
+        kv.free(&mut t);
+        assert_eq!(kv.pool().num_free(), 3);
+    }
+
+    #[test]
+    fn prefix_hit_after_commit_and_never_the_last_token() {
+        let mut kv = KvCacheManager::new(16, 4, true);
+        let none = CachedPrefix::default();
+        let prompt = toks(12, 100);
+        let mut a = BlockTable::new(None);
+        assert_eq!(kv.cached_prefix(&mut a, &prompt).num_tokens, 0);
+        kv.allocate_slots(&mut a, &none, 12).unwrap();
+        // Nothing is served before the KV is written.
+        let mut probe = BlockTable::new(None);
+        assert_eq!(kv.cached_prefix(&mut probe, &prompt).num_tokens, 0);
+        kv.commit_full_blocks(&mut a, &prompt, 12);
+
+        // Same 12 tokens: only 8 can come from cache (the last token must be computed).
+        let mut b = BlockTable::new(None);
+        let hit = kv.cached_prefix(&mut b, &prompt);
+        assert_eq!(hit.num_tokens, 8);
+        assert_eq!(hit.blocks, a.blocks()[..2].to_vec());
+        // A longer prompt sharing the first 12 tokens gets all three blocks.
+        let mut longer = prompt.clone();
+        longer.extend([1, 2, 3]);
+        let mut c = BlockTable::new(None);
+        assert_eq!(kv.cached_prefix(&mut c, &longer).num_tokens, 12);
+        // A different salt shares nothing.
+        let mut d = BlockTable::new(Some("other"));
+        assert_eq!(kv.cached_prefix(&mut d, &longer).num_tokens, 0);
+
+        kv.allocate_slots(&mut b, &hit, 13).unwrap();
+        assert_eq!(kv.pool().ref_count(a.blocks()[0]), 2);
+        assert_eq!(b.blocks()[..2], a.blocks()[..2]);
+        assert_ne!(b.blocks()[2], a.blocks()[2]);
+        kv.record_prefix_lookup(13, 8);
+        assert_eq!(kv.prefix_cache_stats().num_hit_tokens, 8);
+        assert_eq!(kv.prefix_cache_stats().num_queried_tokens, 13);
+    }
+
+    #[test]
+    fn freed_blocks_stay_cached_until_reused_and_revival_counts_as_free() {
+        let mut kv = KvCacheManager::new(4, 2, true); // 3 usable
+        let none = CachedPrefix::default();
+        let p = toks(5, 0);
+        let mut a = BlockTable::new(None);
+        kv.allocate_slots(&mut a, &none, 5).unwrap();
+        kv.commit_full_blocks(&mut a, &p, 5);
+        kv.free(&mut a);
+        assert_eq!(kv.pool().num_free(), 3);
+
+        let mut b = BlockTable::new(None);
+        let hit = kv.cached_prefix(&mut b, &p);
+        assert_eq!(hit.num_tokens, 4);
+        // 2 revived + 1 new = all 3 free blocks; one more token would need a 4th.
+        assert!(kv.can_allocate(&b, &hit, 6));
+        assert!(!kv.can_allocate(&b, &hit, 7));
+        kv.allocate_slots(&mut b, &hit, 6).unwrap();
+        assert_eq!(kv.pool().num_free(), 0);
+        assert_eq!(kv.pool().total_refs(), 3);
+    }
+
+    #[test]
+    fn tail_blocks_are_evicted_first() {
+        let mut kv = KvCacheManager::new(8, 2, true);
+        let none = CachedPrefix::default();
+        let p = toks(6, 0);
+        let mut a = BlockTable::new(None);
+        kv.allocate_slots(&mut a, &none, 6).unwrap();
+        kv.commit_full_blocks(&mut a, &p, 6);
+        let held = a.blocks().to_vec();
+        kv.free(&mut a);
+        let order = kv.pool().free_order();
+        // Never-used blocks first, then the sequence's blocks tail first.
+        let cached_order: Vec<_> = order.into_iter().filter(|b| held.contains(b)).collect();
+        assert_eq!(cached_order, vec![held[2], held[1], held[0]]);
+    }
+
+    #[test]
+    fn disabled_prefix_caching_never_hits() {
+        let mut kv = KvCacheManager::new(8, 2, false);
+        let none = CachedPrefix::default();
+        let p = toks(6, 0);
+        let mut a = BlockTable::new(None);
+        kv.allocate_slots(&mut a, &none, 6).unwrap();
+        kv.commit_full_blocks(&mut a, &p, 6);
+        let mut b = BlockTable::new(None);
+        assert_eq!(kv.cached_prefix(&mut b, &p), CachedPrefix::default());
+    }
+}

@@ -1,0 +1,16 @@
+//! pagewise: an OpenAI-compatible LLM inference server with a paged KV cache and continuous batching.
+//!
+//! The engine core is plain data on the CPU: [`kv`] (the page table manager), [`scheduler`] (continuous
+//! batching with chunked prefill, prefix caching and preemption by recompute), [`sampler`], and
+//! [`engine`] (requests, sequences, incremental detokenization and stop strings).
+
+pub mod engine;
+pub mod kv;
+pub mod sampler;
+pub mod scheduler;
+
+pub use engine::request::{FinishReason, SamplingParams};
+pub use engine::sequence::{SeqId, Sequence};
+pub use scheduler::{Scheduler, SchedulerConfig, SchedulerOutput};
+#[doc(hidden)]
+pub mod testing;
