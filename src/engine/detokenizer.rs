@@ -132,7 +132,11 @@ mod tests {
     fn merged_tokens_special_tokens_and_prompt_context() {
         let tok = byte_level_tokenizer(&[("h", "e"), ("he", "l"), ("hel", "l"), ("hell", "o")]);
         let prompt = tok.encode("say:", false).unwrap().get_ids().to_vec();
-        let ids = tok.encode(" hello hello", false).unwrap().get_ids().to_vec();
+        let ids = tok
+            .encode(" hello hello", false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
         let eos = tok.token_to_id("<eos>").unwrap();
         let mut d = IncrementalDetokenizer::new(&prompt, true);
         let mut out = String::new();
@@ -140,7 +144,10 @@ mod tests {
             out.push_str(&d.step(&tok, id).unwrap());
         }
         out.push_str(&d.flush(&tok).unwrap());
-        assert_eq!(out, " hello hello", "prompt context is not re-emitted, <eos> skipped");
+        assert_eq!(
+            out, " hello hello",
+            "prompt context is not re-emitted, <eos> skipped"
+        );
 
         let mut keep = IncrementalDetokenizer::new(&prompt, false);
         let text: String = [ids[0], eos]

@@ -163,7 +163,9 @@ impl SamplingParams {
             if !(-100.0..=100.0).contains(&bias) {
                 return invalid(
                     "logit_bias",
-                    format!("logit_bias values must be in [-100, 100], got {bias} for token {token}."),
+                    format!(
+                        "logit_bias values must be in [-100, 100], got {bias} for token {token}."
+                    ),
                 );
             }
             if vocab_size.is_some_and(|v| token as usize >= v) {
@@ -259,27 +261,105 @@ mod tests {
         let d = SamplingParams::default;
         let cases: Vec<(SamplingParams, &str)> = vec![
             (SamplingParams { n: 0, ..d() }, "n"),
-            (SamplingParams { temperature: -0.1, ..d() }, "temperature"),
-            (SamplingParams { temperature: f32::NAN, ..d() }, "temperature"),
+            (
+                SamplingParams {
+                    temperature: -0.1,
+                    ..d()
+                },
+                "temperature",
+            ),
+            (
+                SamplingParams {
+                    temperature: f32::NAN,
+                    ..d()
+                },
+                "temperature",
+            ),
             (SamplingParams { top_p: 0.0, ..d() }, "top_p"),
             (SamplingParams { top_p: 1.01, ..d() }, "top_p"),
             (SamplingParams { top_k: -2, ..d() }, "top_k"),
             (SamplingParams { min_p: 1.5, ..d() }, "min_p"),
-            (SamplingParams { presence_penalty: 2.5, ..d() }, "presence_penalty"),
-            (SamplingParams { frequency_penalty: -2.5, ..d() }, "frequency_penalty"),
-            (SamplingParams { repetition_penalty: 0.0, ..d() }, "repetition_penalty"),
-            (SamplingParams { logit_bias: vec![(1, 101.0)], ..d() }, "logit_bias"),
-            (SamplingParams { logit_bias: vec![(100, 1.0)], ..d() }, "logit_bias"),
-            (SamplingParams { max_tokens: 0, ..d() }, "max_tokens"),
-            (SamplingParams { min_tokens: 17, ..d() }, "min_tokens"),
-            (SamplingParams { logprobs: Some(21), ..d() }, "logprobs"),
-            (SamplingParams { stop: vec![String::new()], ..d() }, "stop"),
-            (SamplingParams { stop_token_ids: vec![100], ..d() }, "stop_token_ids"),
+            (
+                SamplingParams {
+                    presence_penalty: 2.5,
+                    ..d()
+                },
+                "presence_penalty",
+            ),
+            (
+                SamplingParams {
+                    frequency_penalty: -2.5,
+                    ..d()
+                },
+                "frequency_penalty",
+            ),
+            (
+                SamplingParams {
+                    repetition_penalty: 0.0,
+                    ..d()
+                },
+                "repetition_penalty",
+            ),
+            (
+                SamplingParams {
+                    logit_bias: vec![(1, 101.0)],
+                    ..d()
+                },
+                "logit_bias",
+            ),
+            (
+                SamplingParams {
+                    logit_bias: vec![(100, 1.0)],
+                    ..d()
+                },
+                "logit_bias",
+            ),
+            (
+                SamplingParams {
+                    max_tokens: 0,
+                    ..d()
+                },
+                "max_tokens",
+            ),
+            (
+                SamplingParams {
+                    min_tokens: 17,
+                    ..d()
+                },
+                "min_tokens",
+            ),
+            (
+                SamplingParams {
+                    logprobs: Some(21),
+                    ..d()
+                },
+                "logprobs",
+            ),
+            (
+                SamplingParams {
+                    stop: vec![String::new()],
+                    ..d()
+                },
+                "stop",
+            ),
+            (
+                SamplingParams {
+                    stop_token_ids: vec![100],
+                    ..d()
+                },
+                "stop_token_ids",
+            ),
         ];
         for (p, param) in cases {
             assert_eq!(check(p.clone()), Some(param), "{p:?}");
         }
         assert_eq!(check(SamplingParams { top_k: -1, ..d() }), None);
-        assert_eq!(check(SamplingParams { logprobs: Some(20), ..d() }), None);
+        assert_eq!(
+            check(SamplingParams {
+                logprobs: Some(20),
+                ..d()
+            }),
+            None
+        );
     }
 }

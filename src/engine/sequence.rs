@@ -189,7 +189,11 @@ mod tests {
         };
         let mut s = seq(p.clone());
         assert_eq!(s.suppressed_tokens(), &[9, 2]);
-        assert_eq!(s.append(2, 100), None, "EOS before min_tokens does not stop");
+        assert_eq!(
+            s.append(2, 100),
+            None,
+            "EOS before min_tokens does not stop"
+        );
         assert_eq!(s.suppressed_tokens(), &[9, 2]);
         assert_eq!(s.append(9, 100), Some(FinishReason::Stop));
         assert!(s.suppressed_tokens().is_empty());

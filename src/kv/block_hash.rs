@@ -76,6 +76,9 @@ mod tests {
         );
         let b1 = hash_block(a.0, &[5, 6, 7, 8]);
         let b2 = hash_block(hash_block(root_key(None), &[9, 9, 9, 9]).0, &[5, 6, 7, 8]);
-        assert_ne!(b1, b2, "same tokens under a different parent must hash differently");
+        assert_ne!(
+            b1, b2,
+            "same tokens under a different parent must hash differently"
+        );
     }
 }

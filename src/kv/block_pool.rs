@@ -50,7 +50,10 @@ pub struct BlockPool {
 impl BlockPool {
     /// A pool of `num_blocks` blocks (block 0 included, reserved) with all usable blocks free.
     pub fn new(num_blocks: usize, block_size: usize, enable_caching: bool) -> Self {
-        assert!(num_blocks >= 2, "a block pool needs the null block and at least one more");
+        assert!(
+            num_blocks >= 2,
+            "a block pool needs the null block and at least one more"
+        );
         assert!(num_blocks < NIL as usize, "too many blocks");
         let mut pool = BlockPool {
             block_size,
@@ -314,7 +317,11 @@ mod tests {
         let b = pool.allocate().unwrap();
         pool.register(b, BlockHash(42), 5, &[1, 2]);
         assert_eq!(pool.lookup(BlockHash(42), 5, &[1, 2]), Some(b));
-        assert_eq!(pool.lookup(BlockHash(42), 5, &[1, 3]), None, "forged collision");
+        assert_eq!(
+            pool.lookup(BlockHash(42), 5, &[1, 3]),
+            None,
+            "forged collision"
+        );
         assert_eq!(pool.lookup(BlockHash(42), 6, &[1, 2]), None, "other parent");
     }
 

@@ -186,7 +186,12 @@ impl KvCacheManager {
     }
 
     /// Whether `allocate_slots(table, cached, num_tokens)` would succeed.
-    pub fn can_allocate(&self, table: &BlockTable, cached: &CachedPrefix, num_tokens: usize) -> bool {
+    pub fn can_allocate(
+        &self,
+        table: &BlockTable,
+        cached: &CachedPrefix,
+        num_tokens: usize,
+    ) -> bool {
         self.blocks_needed(table, cached, num_tokens) <= self.pool.num_free()
     }
 

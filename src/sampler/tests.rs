@@ -33,12 +33,19 @@ fn greedy_takes_the_argmax_after_bias_and_suppression() {
     let mut s = Sampler::default();
     let mut rng = SeededRng::new(0, 0);
     let p = greedy();
-    assert_eq!(s.sample(&mut [0.1, 3.0, 2.0], req(&p, &mut rng)).token_id, 1);
+    assert_eq!(
+        s.sample(&mut [0.1, 3.0, 2.0], req(&p, &mut rng)).token_id,
+        1
+    );
     let biased = SamplingParams {
         logit_bias: vec![(2, 1.5)],
         ..greedy()
     };
-    assert_eq!(s.sample(&mut [0.1, 3.0, 2.0], req(&biased, &mut rng)).token_id, 2);
+    assert_eq!(
+        s.sample(&mut [0.1, 3.0, 2.0], req(&biased, &mut rng))
+            .token_id,
+        2
+    );
     let mut r = SampleRequest {
         suppressed: &[1],
         ..req(&p, &mut rng)
@@ -57,7 +64,10 @@ fn temperature_sampling_follows_the_softmax() {
     for (i, &x) in row.iter().enumerate() {
         let expected = f64::from(x).exp() / z;
         let got = c[i] as f64 / n as f64;
-        assert!((got - expected).abs() < 0.005, "token {i}: {got} vs {expected}");
+        assert!(
+            (got - expected).abs() < 0.005,
+            "token {i}: {got} vs {expected}"
+        );
     }
     // A low temperature sharpens: token 2 dominates far more.
     let cold = SamplingParams {
@@ -108,7 +118,9 @@ fn top_k_top_p_and_min_p_cut_the_tail() {
 fn top_p_over_a_large_vocabulary_matches_a_full_sort() {
     // Many candidates so the progressive partial sort needs several rounds.
     let mut noise = SeededRng::new(11, 0);
-    let row: Vec<f32> = (0..5_000).map(|_| (noise.next_f64() * 4.0) as f32).collect();
+    let row: Vec<f32> = (0..5_000)
+        .map(|_| (noise.next_f64() * 4.0) as f32)
+        .collect();
     let p = SamplingParams {
         top_p: 0.7,
         ..Default::default()
@@ -129,7 +141,10 @@ fn top_p_over_a_large_vocabulary_matches_a_full_sort() {
     let c = counts(&p, &row, 3_000, 9);
     for (i, &n) in c.iter().enumerate() {
         if n > 0 {
-            assert!(allowed.contains(&(i as u32)), "token {i} is outside the nucleus");
+            assert!(
+                allowed.contains(&(i as u32)),
+                "token {i} is outside the nucleus"
+            );
         }
     }
 }
@@ -138,7 +153,9 @@ fn top_p_over_a_large_vocabulary_matches_a_full_sort() {
 fn seeded_rows_are_reproducible_whatever_else_is_in_the_batch() {
     let vocab = 50;
     let mut noise = SeededRng::new(5, 0);
-    let rows: Vec<f32> = (0..4 * vocab).map(|_| noise.next_f64() as f32 * 3.0).collect();
+    let rows: Vec<f32> = (0..4 * vocab)
+        .map(|_| noise.next_f64() as f32 * 3.0)
+        .collect();
     let seeded = SamplingParams {
         seed: Some(1234),
         top_p: 0.9,
@@ -158,7 +175,10 @@ fn seeded_rows_are_reproducible_whatever_else_is_in_the_batch() {
                 .iter()
                 .flat_map(|&r| rows[r * vocab..(r + 1) * vocab].to_vec())
                 .collect();
-            let reqs = params.iter().zip(rngs.iter_mut()).map(|(p, rng)| req(p, rng));
+            let reqs = params
+                .iter()
+                .zip(rngs.iter_mut())
+                .map(|(p, rng)| req(p, rng));
             out.push(sampler.sample_batch(&mut logits, vocab, reqs)[0].token_id);
         }
         out
@@ -166,7 +186,10 @@ fn seeded_rows_are_reproducible_whatever_else_is_in_the_batch() {
     let alone = run(&[0], &[&seeded]);
     let batched = run(&[0, 1, 2, 3], &[&seeded, &other, &other, &seeded]);
     assert_eq!(alone, batched);
-    assert!(alone.iter().any(|&t| t != alone[0]), "sampling should vary over steps");
+    assert!(
+        alone.iter().any(|&t| t != alone[0]),
+        "sampling should vary over steps"
+    );
 }
 
 #[test]
@@ -183,7 +206,10 @@ fn logprobs_are_raw_log_softmax_with_rank_and_sorted_top() {
     assert_eq!(out.token_id, 0, "bias changes the choice");
     let lp = out.logprobs.unwrap();
     let lse = raw.iter().map(|&x| x.exp()).sum::<f32>().ln();
-    assert!((lp.logprob - (1.0 - lse)).abs() < 1e-6, "raw, not biased, logprob");
+    assert!(
+        (lp.logprob - (1.0 - lse)).abs() < 1e-6,
+        "raw, not biased, logprob"
+    );
     assert_eq!(lp.rank, 3);
     assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2]);
     assert!((lp.top[0].1 - (3.0 - lse)).abs() < 1e-6);
@@ -191,7 +217,10 @@ fn logprobs_are_raw_log_softmax_with_rank_and_sorted_top() {
         logprobs: Some(0),
         ..greedy()
     };
-    let lp = s.sample(&mut raw.clone(), req(&none, &mut rng)).logprobs.unwrap();
+    let lp = s
+        .sample(&mut raw.clone(), req(&none, &mut rng))
+        .logprobs
+        .unwrap();
     assert!(lp.top.is_empty());
     assert_eq!(lp.rank, 1);
 }

@@ -189,7 +189,11 @@ impl Scheduler {
             let target = self.running[i].num_computed_tokens() + n;
             loop {
                 let seq = &mut self.running[i];
-                if self.kv.allocate_slots(&mut seq.block_table, &none, target).is_ok() {
+                if self
+                    .kv
+                    .allocate_slots(&mut seq.block_table, &none, target)
+                    .is_ok()
+                {
                     break;
                 }
                 let victim = self.running.pop().expect("running is not empty");

@@ -1,0 +1,275 @@
+//! Property tests of the scheduler and the page table manager together, driven by a fake model over a
+//! fake paged KV cache: random arrivals, prompt and output lengths, shared prefixes, tiny caches
+//! (forcing preemption), small token budgets (forcing chunked prefill) and random aborts. After every
+//! step: budgets hold, ref counts equal the blocks held by live tables, nothing leaks, no step is
+//! empty while work remains; at the end every block is free and every surviving request produced
+//! exactly what it produces alone.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use common::fake_model::{self, EOS, FakeModel, VOCAB};
+use pagewise::engine::sequence::SeqStatus;
+use pagewise::{SamplingParams, Scheduler, SchedulerConfig, SeqId, Sequence};
+use proptest::prelude::*;
+
+#[derive(Clone, Debug)]
+struct Req {
+    arrival_step: usize,
+    prefix: usize,
+    tail: Vec<u32>,
+    max_tokens: usize,
+    abort_at: Option<usize>,
+    salt: Option<&'static str>,
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    block_size: usize,
+    num_blocks: usize,
+    budget: usize,
+    max_num_seqs: usize,
+    prefix_caching: bool,
+    prefixes: Vec<Vec<u32>>,
+    reqs: Vec<Req>,
+}
+
+fn token() -> impl Strategy<Value = u32> {
+    1..VOCAB
+}
+
+fn req() -> impl Strategy<Value = Req> {
+    (
+        0..40usize,
+        0..3usize,
+        prop::collection::vec(token(), 1..24),
+        1..24usize,
+        prop::option::weighted(0.15, 0..60usize),
+        prop::option::weighted(0.2, Just("salt")),
+    )
+        .prop_map(
+            |(arrival_step, prefix, tail, max_tokens, abort_at, salt)| Req {
+                arrival_step,
+                prefix,
+                tail,
+                max_tokens,
+                abort_at,
+                salt,
+            },
+        )
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        prop::sample::select(vec![8usize, 16]),
+        3..24usize,
+        prop::sample::select(vec![1usize, 7, 16, 64, 256]),
+        1..8usize,
+        any::<bool>(),
+        prop::collection::vec(prop::collection::vec(token(), 0..40), 3),
+        prop::collection::vec(req(), 1..12),
+    )
+        .prop_map(
+            |(block_size, num_blocks, budget, max_num_seqs, prefix_caching, prefixes, reqs)| Case {
+                block_size,
+                num_blocks,
+                budget,
+                max_num_seqs,
+                prefix_caching,
+                prefixes,
+                reqs,
+            },
+        )
+}
+
+fn check_invariants(s: &Scheduler) {
+    let pool = s.kv().pool();
+    let held: usize = s.running().iter().map(|q| q.block_table.len()).sum();
+    assert_eq!(
+        pool.total_refs(),
+        held as u64,
+        "ref counts == blocks held by live tables"
+    );
+    let distinct: HashSet<_> = s
+        .running()
+        .iter()
+        .flat_map(|q| q.block_table.blocks().to_vec())
+        .collect();
+    assert_eq!(
+        pool.num_free() + distinct.len(),
+        pool.num_usable(),
+        "no block leaked"
+    );
+    for q in s.running() {
+        assert_eq!(q.status, SeqStatus::Running);
+        assert!(q.block_table.len() * s.config().block_size >= q.num_computed_tokens());
+    }
+    for q in s.waiting() {
+        assert_eq!(q.status, SeqStatus::Waiting);
+        assert!(
+            q.block_table.is_empty(),
+            "a waiting sequence holds no blocks"
+        );
+        assert_eq!(q.num_computed_tokens(), 0, "preempted by recompute");
+    }
+}
+
+/// Counts of what a run exercised.
+#[derive(Debug, Default)]
+struct Seen {
+    steps: usize,
+    preemptions: u64,
+    prefix_hit_tokens: u64,
+    chunked_prefills: usize,
+}
+
+fn run(case: &Case) -> Seen {
+    let config = SchedulerConfig {
+        max_num_seqs: case.max_num_seqs,
+        max_num_batched_tokens: case.budget,
+        max_model_len: 4096,
+        block_size: case.block_size,
+        num_blocks: case.num_blocks,
+        enable_prefix_caching: case.prefix_caching,
+    };
+    let capacity = (case.num_blocks - 1) * case.block_size;
+    let mut s = Scheduler::new(config);
+    let mut model = FakeModel::new(case.num_blocks, case.block_size);
+    let eos: Arc<[u32]> = Arc::from(vec![EOS]);
+    let prompts: Vec<Vec<u32>> = case
+        .reqs
+        .iter()
+        .map(|r| [case.prefixes[r.prefix].clone(), r.tail.clone()].concat())
+        .collect();
+    let mut outputs: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut accepted = HashSet::new();
+    let mut aborted = HashSet::new();
+    let last_arrival = case.reqs.iter().map(|r| r.arrival_step).max().unwrap_or(0);
+
+    let mut seen = Seen::default();
+    let max_steps = 20_000;
+    let mut step = 0;
+    loop {
+        for (i, r) in case.reqs.iter().enumerate() {
+            if r.arrival_step == step {
+                let params = Arc::new(SamplingParams {
+                    max_tokens: r.max_tokens,
+                    ..Default::default()
+                });
+                let seq = Sequence::new(
+                    SeqId(i as u64),
+                    prompts[i].clone(),
+                    params,
+                    eos.clone(),
+                    r.salt,
+                    0,
+                );
+                let fits = prompts[i].len() + r.max_tokens <= capacity;
+                assert_eq!(
+                    s.add(seq).is_ok(),
+                    fits,
+                    "refused exactly when it can never fit"
+                );
+                if fits {
+                    accepted.insert(i as u64);
+                }
+            }
+            if r.abort_at == Some(step) && s.abort(SeqId(i as u64)) {
+                aborted.insert(i as u64);
+                check_invariants(&s);
+            }
+        }
+        if !s.has_unfinished() && step >= last_arrival {
+            break;
+        }
+        assert!(step < max_steps, "no progress after {max_steps} steps");
+        step += 1;
+        if !s.has_unfinished() {
+            continue;
+        }
+
+        let out = s.schedule();
+        seen.steps += 1;
+        seen.chunked_prefills += out.seqs.iter().filter(|q| !q.samples).count();
+        assert!(!out.is_empty(), "work remains but nothing was scheduled");
+        assert!(out.num_batched_tokens() <= case.budget);
+        assert!(out.seqs.len() <= case.max_num_seqs);
+        check_invariants(&s);
+        let sampled = model.execute(&out);
+        for u in s.update(&out, &sampled) {
+            outputs.entry(u.seq_id.0).or_default().push(u.token_id);
+        }
+        check_invariants(&s);
+        for q in s.waiting().filter(|q| out.preempted.contains(&q.id)) {
+            let produced = outputs.get(&q.id.0).map_or(0, Vec::len);
+            assert_eq!(
+                q.num_tokens(),
+                q.num_prompt_tokens() + produced,
+                "a preempted sequence keeps its tokens"
+            );
+        }
+    }
+
+    let pool = s.kv().pool();
+    assert_eq!(
+        pool.num_free(),
+        pool.num_usable(),
+        "every block is free at the end"
+    );
+    assert_eq!(pool.total_refs(), 0);
+    for &id in accepted.difference(&aborted) {
+        let r = &case.reqs[id as usize];
+        let expected = fake_model::reference(&prompts[id as usize], r.max_tokens);
+        assert_eq!(
+            outputs.get(&id).cloned().unwrap_or_default(),
+            expected,
+            "request {id}"
+        );
+    }
+    seen.preemptions = s.num_preemptions_total();
+    seen.prefix_hit_tokens = s.kv().prefix_cache_stats().num_hit_tokens;
+    seen
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn scheduler_and_page_table_survive_random_workloads(case in case()) {
+        run(&case);
+    }
+}
+
+/// A long, deterministic workload on a cache too small for it: many preemptions, many prefix hits.
+#[test]
+fn heavy_contention_simulation_matches_solo_runs() {
+    let prefix: Vec<u32> = (1..=40).map(|t| t % (VOCAB - 1) + 1).collect();
+    let reqs: Vec<Req> = (0..48)
+        .map(|i| Req {
+            arrival_step: i % 7,
+            prefix: i % 3,
+            tail: (0..(1 + i * 7 % 23))
+                .map(|t| (t as u32 * 13 + i as u32) % (VOCAB - 1) + 1)
+                .collect(),
+            max_tokens: 8 + i * 5 % 40,
+            abort_at: (i % 11 == 0).then_some(i + 3),
+            salt: None,
+        })
+        .collect();
+    let case = Case {
+        block_size: 8,
+        num_blocks: 40,
+        budget: 48,
+        max_num_seqs: 16,
+        prefix_caching: true,
+        prefixes: vec![prefix.clone(), prefix[..20].to_vec(), vec![]],
+        reqs,
+    };
+    let seen = run(&case);
+    eprintln!("{seen:?}");
+    assert!(seen.preemptions > 10, "{seen:?}");
+    assert!(seen.prefix_hit_tokens > 200, "{seen:?}");
+    assert!(seen.chunked_prefills > 10, "{seen:?}");
+}
