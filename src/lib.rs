@@ -6,11 +6,17 @@
 
 pub mod engine;
 pub mod kv;
+pub mod llm;
+pub mod loader;
+pub mod model;
+pub mod runner;
 pub mod sampler;
 pub mod scheduler;
 
+pub use engine::args::{DtypeArg, EngineArgs, EngineError};
 pub use engine::request::{FinishReason, SamplingParams};
 pub use engine::sequence::{SeqId, Sequence};
+pub use llm::{CompletionOutput, Llm, RequestOutput};
 pub use scheduler::{Scheduler, SchedulerConfig, SchedulerOutput};
 #[doc(hidden)]
 pub mod testing;

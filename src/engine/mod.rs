@@ -1,5 +1,7 @@
 //! The engine: requests, sequences, and turning sampled tokens into text.
 
+pub mod args;
+pub mod core;
 pub mod detokenizer;
 pub mod request;
 pub mod sequence;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::request::{FinishReason, SamplingParams};
 use crate::kv::BlockTable;
-use crate::sampler::SeededRng;
+use crate::sampler::{SampleRequest, SeededRng};
 
 /// Identifies a sequence for the life of the engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -133,6 +133,23 @@ impl Sequence {
             &self.stop_ids
         } else {
             &[]
+        }
+    }
+
+    /// What the sampler needs for this sequence's next token (borrowing its own random stream).
+    pub fn sample_request(&mut self) -> SampleRequest<'_> {
+        let np = self.num_prompt_tokens;
+        let suppressed: &[u32] = if self.token_ids.len() - np < self.params.min_tokens {
+            &self.stop_ids
+        } else {
+            &[]
+        };
+        SampleRequest {
+            params: &self.params,
+            prompt_tokens: &self.token_ids[..np],
+            output_tokens: &self.token_ids[np..],
+            suppressed,
+            rng: &mut self.rng,
         }
     }
 

@@ -1,0 +1,126 @@
+//! Engine settings (vLLM's names), and the one error type of the engine layer.
+
+use candle_core::{DType, Device};
+
+use super::detokenizer::DetokenizeError;
+use super::request::InvalidParam;
+use crate::loader::{LoadError, LoadFormat};
+use crate::model::ModelError;
+use crate::scheduler::ScheduleError;
+
+/// Weight and activation dtype (vLLM's `--dtype`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DtypeArg {
+    /// float32 on the CPU, bfloat16 on a GPU.
+    #[default]
+    Auto,
+    /// 32-bit floats.
+    Float32,
+    /// bfloat16.
+    Bfloat16,
+    /// float16.
+    Float16,
+}
+
+impl DtypeArg {
+    /// The dtype for `device`.
+    pub fn resolve(self, device: &Device) -> DType {
+        match self {
+            DtypeArg::Auto if device.is_cpu() => DType::F32,
+            DtypeArg::Auto => DType::BF16,
+            DtypeArg::Float32 => DType::F32,
+            DtypeArg::Bfloat16 => DType::BF16,
+            DtypeArg::Float16 => DType::F16,
+        }
+    }
+}
+
+/// Everything needed to start an engine. `..Default::default()` fills vLLM's defaults.
+#[derive(Clone, Debug)]
+pub struct EngineArgs {
+    /// A local Hugging Face directory, a `.gguf` file, or a directory holding one.
+    pub model: String,
+    /// Weight and activation dtype.
+    pub dtype: DtypeArg,
+    /// How to read weights.
+    pub load_format: LoadFormat,
+    /// Longest prompt + output; defaults to the model's `max_position_embeddings`.
+    pub max_model_len: Option<usize>,
+    /// Token slots per KV block (8, 16 or 32).
+    pub block_size: usize,
+    /// CPU: bytes of KV cache (default 1 GiB, capped at what `max_num_seqs` full-length sequences need).
+    pub kv_cache_memory: Option<u64>,
+    /// GPU: fraction of device memory pagewise may use (weights, activations and KV cache).
+    pub gpu_memory_utilization: f32,
+    /// Most sequences running at once.
+    pub max_num_seqs: usize,
+    /// Most tokens computed per step (default 8192, at least `max_model_len` is not required:
+    /// long prompts are prefilled in chunks).
+    pub max_num_batched_tokens: Option<usize>,
+    /// Reuse KV of identical prompt prefixes.
+    pub enable_prefix_caching: bool,
+    /// Seed for `--load-format dummy` weights.
+    pub seed: u64,
+    /// GGUF: dequantize weights at load (exact float matmuls) instead of quantized matmul.
+    pub dequantize_gguf: bool,
+}
+
+impl Default for EngineArgs {
+    fn default() -> Self {
+        EngineArgs {
+            model: String::new(),
+            dtype: DtypeArg::Auto,
+            load_format: LoadFormat::Auto,
+            max_model_len: None,
+            block_size: 16,
+            kv_cache_memory: None,
+            gpu_memory_utilization: 0.9,
+            max_num_seqs: 256,
+            max_num_batched_tokens: None,
+            enable_prefix_caching: true,
+            seed: 0,
+            dequantize_gguf: false,
+        }
+    }
+}
+
+/// Default CPU KV-cache size.
+pub const DEFAULT_KV_CACHE_MEMORY: u64 = 1 << 30;
+/// Default token budget per step.
+pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 8192;
+
+/// Anything the engine can fail with, mapped once to an HTTP status by the server.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The model could not be loaded.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// The model failed while running.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// A request parameter is out of range.
+    #[error(transparent)]
+    InvalidParam(#[from] InvalidParam),
+    /// A request can never be scheduled.
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
+    /// Text could not be tokenized or detokenized.
+    #[error("tokenizer error: {0}")]
+    Tokenizer(String),
+    /// The engine settings are inconsistent.
+    #[error("invalid engine settings: {0}")]
+    Config(String),
+}
+
+impl From<DetokenizeError> for EngineError {
+    fn from(e: DetokenizeError) -> Self {
+        EngineError::Tokenizer(e.0)
+    }
+}
+
+impl From<candle_core::Error> for EngineError {
+    fn from(e: candle_core::Error) -> Self {
+        EngineError::Model(ModelError::Candle(e))
+    }
+}

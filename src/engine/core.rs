@@ -1,0 +1,270 @@
+//! The engine step, without threads: load a model, accept sequences, and run
+//! `schedule -> execute -> update -> detokenize/stop` one step at a time. The engine thread (server)
+//! and [`crate::Llm`] (library) both drive this.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use candle_core::Device;
+use tokenizers::Tokenizer;
+
+use super::args::{
+    DEFAULT_KV_CACHE_MEMORY, DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineArgs, EngineError,
+};
+use super::detokenizer::IncrementalDetokenizer;
+use super::request::{FinishReason, SamplingParams};
+use super::sequence::{SeqId, Sequence};
+use super::stop::StopMatcher;
+use crate::kv::BLOCK_SIZES;
+use crate::loader::{self, LoadOptions};
+use crate::model::{self, KvCache, KvLayout, ModelConfig};
+use crate::runner::ModelRunner;
+use crate::sampler::Logprobs;
+use crate::scheduler::{Scheduler, SchedulerConfig};
+
+/// What one step produced for one sequence.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SeqEvent {
+    /// Which sequence.
+    pub seq_id: SeqId,
+    /// The sampled token.
+    pub token_id: u32,
+    /// Text that became final with this token (may be empty).
+    pub text: String,
+    /// Logprobs, when requested.
+    pub logprobs: Option<Logprobs>,
+    /// Set on the sequence's last event.
+    pub finish: Option<FinishReason>,
+}
+
+/// Per-sequence text state.
+struct TextState {
+    detokenizer: IncrementalDetokenizer,
+    stop: StopMatcher,
+}
+
+/// A loaded model and everything mutable around it; single-threaded by design.
+pub struct EngineCore {
+    scheduler: Scheduler,
+    runner: ModelRunner,
+    tokenizer: Arc<Tokenizer>,
+    config: ModelConfig,
+    chat_template: Option<String>,
+    eos_token_ids: Arc<[u32]>,
+    text: HashMap<SeqId, TextState>,
+    next_seq_id: u64,
+}
+
+impl EngineCore {
+    /// Loads the model and sizes the KV cache.
+    pub fn new(args: &EngineArgs) -> Result<Self, EngineError> {
+        if !BLOCK_SIZES.contains(&args.block_size) {
+            return Err(EngineError::Config(format!(
+                "block size {} is not one of {BLOCK_SIZES:?}",
+                args.block_size
+            )));
+        }
+        if args.max_num_seqs == 0 {
+            return Err(EngineError::Config(
+                "max_num_seqs must be at least 1".into(),
+            ));
+        }
+        let device = Device::Cpu;
+        let dtype = args.dtype.resolve(&device);
+        let loaded = loader::load(
+            &args.model,
+            &LoadOptions {
+                load_format: args.load_format,
+                dtype,
+                device: device.clone(),
+                dequantize_gguf: args.dequantize_gguf,
+                seed: args.seed,
+            },
+        )?;
+        let cfg = loaded.config;
+        let max_model_len = match args.max_model_len {
+            Some(n) if n > cfg.max_position_embeddings => {
+                return Err(EngineError::Config(format!(
+                    "max_model_len {n} is larger than the model's max_position_embeddings {}",
+                    cfg.max_position_embeddings
+                )));
+            }
+            Some(0) => {
+                return Err(EngineError::Config(
+                    "max_model_len must be at least 1".into(),
+                ));
+            }
+            Some(n) => n,
+            None => cfg.max_position_embeddings,
+        };
+        let model = model::build(&cfg, &loaded.weights, max_model_len)?;
+
+        let bs = args.block_size;
+        let bytes_per_block = (cfg.kv_bytes_per_token(4) * bs) as u64;
+        let budget = args.kv_cache_memory.unwrap_or(DEFAULT_KV_CACHE_MEMORY);
+        let useful = (args.max_num_seqs * max_model_len).div_ceil(bs) as u64;
+        let num_blocks = (budget / bytes_per_block).min(useful) as usize + 1;
+        if num_blocks < 2 {
+            return Err(EngineError::Config(format!(
+                "kv_cache_memory {budget} bytes holds no block of {bytes_per_block} bytes"
+            )));
+        }
+        tracing::info!(
+            num_blocks = num_blocks - 1,
+            block_size = bs,
+            tokens = (num_blocks - 1) * bs,
+            bytes = (num_blocks - 1) as u64 * bytes_per_block,
+            "KV cache allocated"
+        );
+        let layout = KvLayout {
+            num_blocks,
+            block_size: bs,
+            num_kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim,
+        };
+        let kv = KvCache::new(layout, cfg.num_hidden_layers);
+        let scheduler = Scheduler::new(SchedulerConfig {
+            max_num_seqs: args.max_num_seqs,
+            max_num_batched_tokens: args
+                .max_num_batched_tokens
+                .unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS),
+            max_model_len,
+            block_size: bs,
+            num_blocks,
+            enable_prefix_caching: args.enable_prefix_caching,
+        });
+        Ok(EngineCore {
+            scheduler,
+            runner: ModelRunner::new(model, kv, device),
+            tokenizer: Arc::new(loaded.tokenizer),
+            eos_token_ids: Arc::from(cfg.eos_token_ids.clone()),
+            config: cfg,
+            chat_template: loaded.chat_template,
+            text: HashMap::new(),
+            next_seq_id: 0,
+        })
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    /// The model's configuration.
+    pub fn model_config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The model's chat template, if any.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// The scheduler (read-only: queue lengths, cache usage, counters).
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+
+    /// Whether any sequence is unfinished.
+    pub fn has_unfinished(&self) -> bool {
+        self.scheduler.has_unfinished()
+    }
+
+    /// Queues `params.n` sequences for `prompt` and returns their ids (choice `i` is `ids[i]`).
+    /// All or nothing: on error none is queued.
+    pub fn add(
+        &mut self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        cache_salt: Option<&str>,
+    ) -> Result<Vec<SeqId>, EngineError> {
+        params.validate(Some(self.config.vocab_size))?;
+        if let Some(&t) = prompt
+            .iter()
+            .find(|&&t| t as usize >= self.config.vocab_size)
+        {
+            return Err(EngineError::Tokenizer(format!(
+                "prompt token id {t} is out of vocabulary"
+            )));
+        }
+        let params = Arc::new(params);
+        let mut ids = Vec::with_capacity(params.n);
+        for i in 0..params.n {
+            let id = SeqId(self.next_seq_id);
+            self.next_seq_id += 1;
+            let seq = Sequence::new(
+                id,
+                prompt.clone(),
+                params.clone(),
+                self.eos_token_ids.clone(),
+                cache_salt,
+                i as u64,
+            );
+            if let Err(e) = self.scheduler.add(seq) {
+                for &done in &ids {
+                    self.abort(done);
+                }
+                return Err(e.into());
+            }
+            self.text.insert(
+                id,
+                TextState {
+                    detokenizer: IncrementalDetokenizer::new(&prompt, params.skip_special_tokens),
+                    stop: StopMatcher::new(params.stop.clone(), params.include_stop_str_in_output),
+                },
+            );
+            ids.push(id);
+        }
+        Ok(ids)
+    }
+
+    /// Cancels a sequence and frees its blocks.
+    pub fn abort(&mut self, id: SeqId) -> bool {
+        self.text.remove(&id);
+        self.scheduler.abort(id)
+    }
+
+    /// Runs one step; returns one event per sequence that sampled a token.
+    pub fn step(&mut self) -> Result<Vec<SeqEvent>, EngineError> {
+        let out = self.scheduler.schedule();
+        if out.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sampled = self
+            .runner
+            .execute(&out, self.scheduler.scheduled_mut(&out))?;
+        let ids: Vec<u32> = sampled.iter().map(|s| s.token_id).collect();
+        let updates = self.scheduler.update(&out, &ids);
+        let mut events = Vec::with_capacity(updates.len());
+        for (u, s) in updates.into_iter().zip(sampled) {
+            let Some(state) = self.text.get_mut(&u.seq_id) else {
+                continue;
+            };
+            let delta = state.detokenizer.step(&self.tokenizer, u.token_id)?;
+            let pushed = state.stop.push(&delta);
+            let mut text = pushed.text;
+            let mut finish = u.finish;
+            if pushed.stopped_on.is_some() {
+                if finish.is_none() {
+                    self.scheduler.finish(u.seq_id, FinishReason::Stop);
+                }
+                finish = Some(FinishReason::Stop);
+            } else if finish.is_some() {
+                let tail = state.detokenizer.flush(&self.tokenizer)?;
+                text.push_str(&state.stop.push(&tail).text);
+                text.push_str(&state.stop.flush());
+            }
+            if finish.is_some() {
+                self.text.remove(&u.seq_id);
+            }
+            events.push(SeqEvent {
+                seq_id: u.seq_id,
+                token_id: u.token_id,
+                text,
+                logprobs: s.logprobs,
+                finish,
+            });
+        }
+        Ok(events)
+    }
+}

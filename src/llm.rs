@@ -1,0 +1,130 @@
+//! The library API, mirroring vLLM's `LLM`: load once, then `generate` many prompts, batched
+//! continuously inside, outputs in input order.
+
+use std::collections::HashMap;
+
+use crate::engine::args::{EngineArgs, EngineError};
+use crate::engine::core::EngineCore;
+use crate::engine::request::{FinishReason, SamplingParams};
+use crate::engine::sequence::SeqId;
+use crate::sampler::Logprobs;
+
+/// One completion of a prompt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompletionOutput {
+    /// Which of the `n` completions.
+    pub index: usize,
+    /// The generated text (stop string excluded unless asked for).
+    pub text: String,
+    /// The generated token ids (EOS or a stop token id included when that ended it).
+    pub token_ids: Vec<u32>,
+    /// Why it ended.
+    pub finish_reason: Option<FinishReason>,
+    /// Per-token logprobs, when requested.
+    pub logprobs: Option<Vec<Logprobs>>,
+}
+
+/// Everything generated for one prompt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestOutput {
+    /// The prompt text (empty when given as token ids).
+    pub prompt: String,
+    /// The prompt's token ids.
+    pub prompt_token_ids: Vec<u32>,
+    /// The `n` completions, by index.
+    pub outputs: Vec<CompletionOutput>,
+}
+
+/// An offline inference engine: `Llm::new(EngineArgs { model, .. })?.generate(&prompts, &params)`.
+pub struct Llm {
+    core: EngineCore,
+}
+
+impl Llm {
+    /// Loads the model.
+    pub fn new(args: EngineArgs) -> Result<Self, EngineError> {
+        Ok(Llm {
+            core: EngineCore::new(&args)?,
+        })
+    }
+
+    /// The engine underneath (tokenizer, config, scheduler state).
+    pub fn core(&self) -> &EngineCore {
+        &self.core
+    }
+
+    /// Generates for each prompt; outputs are in input order.
+    pub fn generate<S: AsRef<str>>(
+        &mut self,
+        prompts: &[S],
+        params: &SamplingParams,
+    ) -> Result<Vec<RequestOutput>, EngineError> {
+        let tokenizer = self.core.tokenizer().clone();
+        let encoded = prompts
+            .iter()
+            .map(|p| {
+                tokenizer
+                    .encode(p.as_ref(), true)
+                    .map(|e| e.get_ids().to_vec())
+                    .map_err(|e| EngineError::Tokenizer(e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut outputs = self.generate_tokens(encoded, params)?;
+        for (out, p) in outputs.iter_mut().zip(prompts) {
+            out.prompt = p.as_ref().to_string();
+        }
+        Ok(outputs)
+    }
+
+    /// Generates for prompts given as token ids.
+    pub fn generate_tokens(
+        &mut self,
+        prompts: Vec<Vec<u32>>,
+        params: &SamplingParams,
+    ) -> Result<Vec<RequestOutput>, EngineError> {
+        let mut results: Vec<RequestOutput> = Vec::with_capacity(prompts.len());
+        let mut owner: HashMap<SeqId, (usize, usize)> = HashMap::new();
+        for (i, prompt) in prompts.into_iter().enumerate() {
+            let ids = match self.core.add(prompt.clone(), params.clone(), None) {
+                Ok(ids) => ids,
+                Err(e) => {
+                    for &id in owner.keys() {
+                        self.core.abort(id);
+                    }
+                    return Err(e);
+                }
+            };
+            for (choice, id) in ids.into_iter().enumerate() {
+                owner.insert(id, (i, choice));
+            }
+            results.push(RequestOutput {
+                prompt: String::new(),
+                prompt_token_ids: prompt,
+                outputs: (0..params.n)
+                    .map(|index| CompletionOutput {
+                        index,
+                        text: String::new(),
+                        token_ids: Vec::new(),
+                        finish_reason: None,
+                        logprobs: params.logprobs.map(|_| Vec::new()),
+                    })
+                    .collect(),
+            });
+        }
+        while self.core.has_unfinished() {
+            for event in self.core.step()? {
+                let Some(&(i, choice)) = owner.get(&event.seq_id) else {
+                    continue;
+                };
+                let out = &mut results[i].outputs[choice];
+                out.text.push_str(&event.text);
+                out.token_ids.push(event.token_id);
+                if let (Some(list), Some(lp)) = (out.logprobs.as_mut(), event.logprobs) {
+                    list.push(lp);
+                }
+                out.finish_reason = event.finish;
+            }
+        }
+        Ok(results)
+    }
+}

@@ -1,0 +1,217 @@
+//! A single GGUF file as a model: configuration, tokenizer and chat template from its metadata,
+//! weights kept quantized (or dequantized at load on request).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::{DType, Device};
+use serde_json::json;
+use tokenizers::Tokenizer;
+
+use super::LoadError;
+use crate::model::config::{Architecture, ModelConfig};
+use crate::model::weights::Weights;
+
+/// What a GGUF file provides besides weights.
+pub struct GgufModel {
+    /// The model configuration.
+    pub config: ModelConfig,
+    /// The tokenizer rebuilt from `tokenizer.ggml.*`.
+    pub tokenizer: Tokenizer,
+    /// `tokenizer.chat_template`, if present.
+    pub chat_template: Option<String>,
+    /// The tensors.
+    pub weights: Weights,
+}
+
+fn md<'a>(ct: &'a Content, key: &str) -> Result<&'a Value, LoadError> {
+    ct.metadata
+        .get(key)
+        .ok_or_else(|| LoadError::Format(format!("GGUF metadata has no `{key}`")))
+}
+
+fn md_u32(ct: &Content, key: &str) -> Result<u32, LoadError> {
+    let v = md(ct, key)?;
+    v.to_u32()
+        .or_else(|_| v.to_u64().map(|x| x as u32))
+        .or_else(|_| v.to_i32().map(|x| x as u32))
+        .map_err(|e| LoadError::Format(format!("GGUF `{key}`: {e}")))
+}
+
+fn md_f64(ct: &Content, key: &str) -> Option<f64> {
+    let v = ct.metadata.get(key)?;
+    v.to_f32().map(f64::from).or_else(|_| v.to_f64()).ok()
+}
+
+fn md_strings(ct: &Content, key: &str) -> Result<Vec<String>, LoadError> {
+    let bad = |e: candle_core::Error| LoadError::Format(format!("GGUF `{key}`: {e}"));
+    md(ct, key)?
+        .to_vec()
+        .map_err(bad)?
+        .iter()
+        .map(|v| v.to_string().cloned().map_err(bad))
+        .collect()
+}
+
+/// Reads `path`; tensors go to `device`, dense ones (norms, embeddings) in `dtype`.
+pub fn load(
+    path: &Path,
+    device: &Device,
+    dtype: DType,
+    dequantize: bool,
+) -> Result<GgufModel, LoadError> {
+    let io = |e: std::io::Error| LoadError::Io(format!("{}: {e}", path.display()));
+    let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(io)?);
+    let ct = Content::read(&mut file)
+        .map_err(|e| LoadError::Format(format!("{}: {e}", path.display())))?;
+    let arch = md(&ct, "general.architecture")?
+        .to_string()
+        .map_err(|e| LoadError::Format(e.to_string()))?
+        .clone();
+    if arch != "llama" {
+        return Err(LoadError::Format(format!(
+            "GGUF architecture {arch:?} is not supported (supported: llama)"
+        )));
+    }
+    let tokens = md_strings(&ct, "tokenizer.ggml.tokens")?;
+    let heads = md_u32(&ct, "llama.attention.head_count")? as usize;
+    let hidden = md_u32(&ct, "llama.embedding_length")? as usize;
+    let eos = md_u32(&ct, "tokenizer.ggml.eos_token_id").ok();
+    let config = ModelConfig {
+        architecture: Architecture::Llama,
+        vocab_size: tokens.len(),
+        hidden_size: hidden,
+        intermediate_size: md_u32(&ct, "llama.feed_forward_length")? as usize,
+        num_hidden_layers: md_u32(&ct, "llama.block_count")? as usize,
+        num_attention_heads: heads,
+        num_key_value_heads: md_u32(&ct, "llama.attention.head_count_kv")
+            .map_or(heads, |v| v as usize),
+        head_dim: md_u32(&ct, "llama.rope.dimension_count").map_or(hidden / heads, |v| v as usize),
+        norm_eps: md_f64(&ct, "llama.attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
+        rope_theta: md_f64(&ct, "llama.rope.freq_base").unwrap_or(10_000.0),
+        rope_scaling: None,
+        rope_interleaved: true,
+        max_position_embeddings: md_u32(&ct, "llama.context_length").map_or(2048, |v| v as usize),
+        tie_word_embeddings: !ct.tensor_infos.contains_key("output.weight"),
+        qkv_bias: ct.tensor_infos.contains_key("blk.0.attn_q.bias"),
+        o_bias: false,
+        mlp_bias: false,
+        bos_token_id: md_u32(&ct, "tokenizer.ggml.bos_token_id").ok(),
+        eos_token_ids: eos.into_iter().collect(),
+        opt: None,
+    };
+    let tokenizer = tokenizer_from_gguf(&ct, &tokens)?;
+    let chat_template = ct
+        .metadata
+        .get("tokenizer.chat_template")
+        .and_then(|v| v.to_string().ok().cloned());
+
+    let mut tensors = HashMap::new();
+    for name in ct.tensor_infos.keys() {
+        let t = ct
+            .tensor(&mut file, name, device)
+            .map_err(|e| LoadError::Format(format!("GGUF tensor {name}: {e}")))?;
+        tensors.insert(name.clone(), t);
+    }
+    Ok(GgufModel {
+        config,
+        tokenizer,
+        chat_template,
+        weights: Weights::Gguf {
+            tensors,
+            dtype,
+            device: device.clone(),
+            dequantize,
+        },
+    })
+}
+
+/// The pre-tokenizer llama.cpp's `tokenizer.ggml.pre` names, in tokenizers' JSON form.
+fn pre_tokenizer(pre: &str) -> serde_json::Value {
+    const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
+    let split = |regex: &str| json!({"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false});
+    match pre {
+        "smollm" => json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": true}, byte_level(true)]}),
+        "llama-bpe" | "llama3" | "smaug-bpe" => {
+            json!({"type": "Sequence", "pretokenizers": [split(LLAMA3), byte_level(false)]})
+        }
+        "qwen2" => json!({"type": "Sequence", "pretokenizers": [split(QWEN2), byte_level(false)]}),
+        _ => byte_level(true),
+    }
+}
+
+/// Rebuilds a byte-level BPE tokenizer from `tokenizer.ggml.*` (the `gpt2` tokenizer model).
+fn tokenizer_from_gguf(ct: &Content, tokens: &[String]) -> Result<Tokenizer, LoadError> {
+    let model = md(ct, "tokenizer.ggml.model")?
+        .to_string()
+        .map_err(|e| LoadError::Format(e.to_string()))?;
+    if model != "gpt2" {
+        return Err(LoadError::Format(format!(
+            "GGUF tokenizer model {model:?} is not supported (supported: gpt2 byte-level BPE)"
+        )));
+    }
+    let merges = md_strings(ct, "tokenizer.ggml.merges")?;
+    let pre = ct
+        .metadata
+        .get("tokenizer.ggml.pre")
+        .and_then(|v| v.to_string().ok().cloned())
+        .unwrap_or_default();
+    let types: Vec<i64> = match ct.metadata.get("tokenizer.ggml.token_type") {
+        Some(v) => v
+            .to_vec()
+            .map_err(|e| LoadError::Format(e.to_string()))?
+            .iter()
+            .map(|t| t.to_i32().map(i64::from).unwrap_or(1))
+            .collect(),
+        None => vec![1; tokens.len()],
+    };
+    let vocab: serde_json::Map<String, serde_json::Value> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), json!(i)))
+        .collect();
+    // Control (3) and user-defined (4) tokens are matched whole; control tokens are special.
+    let added: Vec<serde_json::Value> = types
+        .iter()
+        .enumerate()
+        .filter(|&(_, &t)| t == 3 || t == 4)
+        .map(|(i, &t)| {
+            json!({"id": i, "content": tokens[i], "single_word": false, "lstrip": false,
+                   "rstrip": false, "normalized": false, "special": t == 3})
+        })
+        .collect();
+    let add_bos = ct
+        .metadata
+        .get("tokenizer.ggml.add_bos_token")
+        .and_then(|v| v.to_bool().ok())
+        .unwrap_or(false);
+    let bos = md_u32(ct, "tokenizer.ggml.bos_token_id").ok();
+    let post_processor = match (add_bos, bos) {
+        (true, Some(id)) => {
+            let bos = &tokens[id as usize];
+            json!({"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                         {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {bos: {"id": bos, "ids": [id], "tokens": [bos]}}})
+        }
+        _ => serde_json::Value::Null,
+    };
+    let spec = json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": pre_tokenizer(&pre),
+        "post_processor": post_processor,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "ignore_merges": false, "vocab": vocab, "merges": merges}
+    });
+    Tokenizer::from_bytes(spec.to_string())
+        .map_err(|e| LoadError::Format(format!("GGUF tokenizer: {e}")))
+}

@@ -1,0 +1,273 @@
+//! Turns a model name into configuration, tokenizer, chat template and weights: a local Hugging Face
+//! directory, a single GGUF file (or a directory holding one), or `--load-format dummy` random weights
+//! from `config.json` alone.
+
+pub mod gguf;
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device};
+use candle_nn::VarBuilder;
+use tokenizers::Tokenizer;
+
+use crate::model::config::ModelConfig;
+use crate::model::weights::{DummyBackend, Weights};
+
+/// Why a model could not be loaded. Messages name the file or key at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// Nothing usable at the given name.
+    #[error("{0}")]
+    NotFound(String),
+    /// A file could not be read.
+    #[error("I/O error: {0}")]
+    Io(String),
+    /// A file is malformed or uses something unsupported.
+    #[error("{0}")]
+    Format(String),
+    /// The configuration is unusable.
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+}
+
+/// How to read weights (vLLM's `--load-format`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadFormat {
+    /// GGUF for a `.gguf` file, safetensors for a directory.
+    #[default]
+    Auto,
+    /// `*.safetensors` in a Hugging Face directory.
+    Safetensors,
+    /// One GGUF file.
+    Gguf,
+    /// Seeded random weights of the right shapes, from `config.json` alone.
+    Dummy,
+}
+
+/// Loading settings.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Weight format.
+    pub load_format: LoadFormat,
+    /// Dtype of dense weights and activations.
+    pub dtype: DType,
+    /// Where the weights go.
+    pub device: Device,
+    /// GGUF only: dequantize matmul weights at load instead of quantized matmul.
+    pub dequantize_gguf: bool,
+    /// Seed of `--load-format dummy` weights.
+    pub seed: u64,
+}
+
+/// A model ready to build: configuration, tokenizer, chat template and weights.
+pub struct LoadedModel {
+    /// The configuration (EOS ids merged from every source).
+    pub config: ModelConfig,
+    /// The tokenizer.
+    pub tokenizer: Tokenizer,
+    /// The chat template, if the model has one.
+    pub chat_template: Option<String>,
+    /// The weights.
+    pub weights: Weights,
+}
+
+/// Loads `model`: a GGUF file, a directory (Hugging Face layout, or holding one GGUF file).
+pub fn load(model: &str, opts: &LoadOptions) -> Result<LoadedModel, LoadError> {
+    let path = Path::new(model);
+    if path.is_file() {
+        return load_gguf(path, opts);
+    }
+    if path.is_dir() {
+        if path.join("config.json").is_file() && opts.load_format != LoadFormat::Gguf {
+            return load_hf_dir(path, opts);
+        }
+        if let Some(file) = single_gguf(path)? {
+            return load_gguf(&file, opts);
+        }
+        return Err(LoadError::NotFound(format!(
+            "{} has neither config.json nor a single .gguf file",
+            path.display()
+        )));
+    }
+    Err(LoadError::NotFound(format!(
+        "model {model:?} is not a local file or directory (downloading from the Hugging Face hub is not \
+         available in this build; pass a local path)"
+    )))
+}
+
+fn single_gguf(dir: &Path) -> Result<Option<PathBuf>, LoadError> {
+    let mut found: Vec<PathBuf> = read_dir(dir)?
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
+        .collect();
+    Ok(if found.len() == 1 { found.pop() } else { None })
+}
+
+fn read_dir(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
+    let io = |e: std::io::Error| LoadError::Io(format!("{}: {e}", dir.display()));
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io)?
+        .map(|e| e.map(|e| e.path()).map_err(io))
+        .collect::<Result<_, _>>()?;
+    out.sort();
+    Ok(out)
+}
+
+fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, LoadError> {
+    if !matches!(opts.load_format, LoadFormat::Auto | LoadFormat::Gguf) {
+        return Err(LoadError::Format(format!(
+            "{} is a GGUF file but --load-format is {:?}",
+            path.display(),
+            opts.load_format
+        )));
+    }
+    let m = gguf::load(path, &opts.device, opts.dtype, opts.dequantize_gguf)?;
+    Ok(LoadedModel {
+        config: m.config,
+        tokenizer: m.tokenizer,
+        chat_template: m.chat_template,
+        weights: m.weights,
+    })
+}
+
+fn read_text(path: &Path) -> Result<String, LoadError> {
+    std::fs::read_to_string(path).map_err(|e| LoadError::Io(format!("{}: {e}", path.display())))
+}
+
+fn read_json(path: &Path) -> Result<Option<serde_json::Value>, LoadError> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    serde_json::from_str(&read_text(path)?)
+        .map(Some)
+        .map_err(|e| LoadError::Format(format!("{}: {e}", path.display())))
+}
+
+fn token_ids(v: Option<&serde_json::Value>) -> Vec<u32> {
+    match v {
+        Some(serde_json::Value::Number(n)) => {
+            n.as_u64().map(|t| vec![t as u32]).unwrap_or_default()
+        }
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64())
+            .map(|t| t as u32)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// `chat_template` of tokenizer_config.json: a string, or a list of named templates.
+fn chat_template(cfg: &serde_json::Value) -> Option<String> {
+    match cfg.get("chat_template")? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Array(list) => list
+            .iter()
+            .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+            .or_else(|| list.first())
+            .and_then(|t| t.get("template")?.as_str().map(str::to_string)),
+        _ => None,
+    }
+}
+
+fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel, LoadError> {
+    let mut config = ModelConfig::from_hf_json(&read_text(&dir.join("config.json"))?)?;
+    let tokenizer_path = dir.join("tokenizer.json");
+    if !tokenizer_path.is_file() {
+        return Err(LoadError::NotFound(format!(
+            "{} is missing",
+            tokenizer_path.display()
+        )));
+    }
+    let tokenizer = Tokenizer::from_file(&tokenizer_path)
+        .map_err(|e| LoadError::Format(format!("{}: {e}", tokenizer_path.display())))?;
+
+    let tok_cfg = read_json(&dir.join("tokenizer_config.json"))?;
+    let chat_template = tok_cfg.as_ref().and_then(chat_template);
+    let mut eos = config.eos_token_ids.clone();
+    if let Some(gen_cfg) = read_json(&dir.join("generation_config.json"))? {
+        eos.extend(token_ids(gen_cfg.get("eos_token_id")));
+    }
+    let eos_token = tok_cfg
+        .as_ref()
+        .and_then(|c| c.get("eos_token"))
+        .and_then(|t| match t {
+            serde_json::Value::String(s) => Some(s.clone()),
+            other => other.get("content")?.as_str().map(str::to_string),
+        });
+    if let Some(id) = eos_token.and_then(|t| tokenizer.token_to_id(&t)) {
+        eos.push(id);
+    }
+    eos.sort_unstable();
+    eos.dedup();
+    config.eos_token_ids = eos;
+
+    let weights = match opts.load_format {
+        LoadFormat::Dummy => Weights::Dense(VarBuilder::from_backend(
+            Box::new(DummyBackend { seed: opts.seed }),
+            opts.dtype,
+            opts.device.clone(),
+        )),
+        LoadFormat::Auto | LoadFormat::Safetensors => {
+            let files = safetensors_files(dir)?;
+            // SAFETY: the files are memory-mapped read-only; pagewise never writes them, and a
+            // model directory being rewritten underneath a running server is outside our contract.
+            let vb =
+                unsafe { VarBuilder::from_mmaped_safetensors(&files, opts.dtype, &opts.device) }
+                    .map_err(|e| {
+                        LoadError::Format(format!("safetensors in {}: {e}", dir.display()))
+                    })?;
+            Weights::Dense(vb)
+        }
+        LoadFormat::Gguf => {
+            return Err(LoadError::Format(format!(
+                "--load-format gguf needs a .gguf file, {} is a Hugging Face directory",
+                dir.display()
+            )));
+        }
+    };
+    Ok(LoadedModel {
+        config,
+        tokenizer,
+        chat_template,
+        weights,
+    })
+}
+
+/// The safetensors shards: those named by `model.safetensors.index.json`, else every `*.safetensors`.
+fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
+    if let Some(index) = read_json(&dir.join("model.safetensors.index.json"))? {
+        let map = index
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| {
+                LoadError::Format("model.safetensors.index.json has no weight_map".into())
+            })?;
+        let mut files: Vec<PathBuf> = map
+            .values()
+            .filter_map(|v| v.as_str())
+            .map(|f| dir.join(f))
+            .collect();
+        files.sort();
+        files.dedup();
+        if let Some(missing) = files.iter().find(|f| !f.is_file()) {
+            return Err(LoadError::NotFound(format!(
+                "{} is missing",
+                missing.display()
+            )));
+        }
+        return Ok(files);
+    }
+    let files: Vec<PathBuf> = read_dir(dir)?
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    if files.is_empty() {
+        return Err(LoadError::NotFound(format!(
+            "no *.safetensors weights in {} (use --load-format dummy for random weights)",
+            dir.display()
+        )));
+    }
+    Ok(files)
+}

@@ -1,0 +1,282 @@
+//! One model description for every supported architecture, read from a Hugging Face `config.json`
+//! or from GGUF metadata.
+
+use serde::Deserialize;
+
+use super::ModelError;
+
+/// Supported architectures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Architecture {
+    /// Llama 2/3/3.1/3.2, SmolLM/SmolLM2, Mistral (same graph; sliding window not used).
+    Llama,
+    /// Qwen2 / Qwen2.5: Llama with biases on the q/k/v projections.
+    Qwen2,
+    /// Meta's OPT (`facebook/opt-*`).
+    Opt,
+}
+
+/// Llama 3.1-style rotary frequency scaling (`rope_scaling.rope_type == "llama3"`).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct Llama3RopeScaling {
+    /// Overall scale factor.
+    pub factor: f64,
+    /// Wavelengths above `original_max_position_embeddings / low_freq_factor` are fully scaled.
+    pub low_freq_factor: f64,
+    /// Wavelengths below `original_max_position_embeddings / high_freq_factor` are kept.
+    pub high_freq_factor: f64,
+    /// Context the model was pre-trained with.
+    pub original_max_position_embeddings: usize,
+}
+
+/// OPT-only settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OptSettings {
+    /// Embedding width; `project_in`/`project_out` map it to and from `hidden_size` when different.
+    pub word_embed_proj_dim: usize,
+    /// Pre-norm (true for all OPT sizes but 350m).
+    pub do_layer_norm_before: bool,
+    /// Whether the final layer norm exists.
+    pub has_final_layer_norm: bool,
+}
+
+/// Everything the model code needs, whatever the source format.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    /// Which graph to build.
+    pub architecture: Architecture,
+    /// Vocabulary size (rows of the embedding and the LM head).
+    pub vocab_size: usize,
+    /// Residual stream width.
+    pub hidden_size: usize,
+    /// MLP inner width.
+    pub intermediate_size: usize,
+    /// Decoder layers.
+    pub num_hidden_layers: usize,
+    /// Query heads.
+    pub num_attention_heads: usize,
+    /// KV heads (GQA when fewer than query heads).
+    pub num_key_value_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// RMSNorm / LayerNorm epsilon.
+    pub norm_eps: f64,
+    /// Rotary base.
+    pub rope_theta: f64,
+    /// Llama 3.1 rotary scaling, if any.
+    pub rope_scaling: Option<Llama3RopeScaling>,
+    /// Rotary applied to interleaved pairs (GGUF llama weights) instead of rotate-half (HF).
+    pub rope_interleaved: bool,
+    /// Longest context the model supports.
+    pub max_position_embeddings: usize,
+    /// LM head shares the embedding matrix.
+    pub tie_word_embeddings: bool,
+    /// Biases on q/k/v (Qwen2, or Llama's `attention_bias`).
+    pub qkv_bias: bool,
+    /// Bias on the attention output projection (Llama's `attention_bias`).
+    pub o_bias: bool,
+    /// Biases on the MLP projections (Llama's `mlp_bias`).
+    pub mlp_bias: bool,
+    /// Beginning-of-sequence token, if the model has one.
+    pub bos_token_id: Option<u32>,
+    /// End-of-sequence tokens.
+    pub eos_token_ids: Vec<u32>,
+    /// OPT-only settings.
+    pub opt: Option<OptSettings>,
+}
+
+/// A token id or a list of them (HF writes `eos_token_id` both ways).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl OneOrMany {
+    fn into_vec(self) -> Vec<u32> {
+        match self {
+            OneOrMany::One(t) => vec![t],
+            OneOrMany::Many(v) => v,
+        }
+    }
+}
+
+/// The subset of HF `config.json` we read; every field optional so one struct covers all models.
+#[derive(Debug, Deserialize)]
+struct HfConfig {
+    #[serde(default)]
+    architectures: Vec<String>,
+    #[serde(default)]
+    model_type: Option<String>,
+    vocab_size: usize,
+    hidden_size: usize,
+    #[serde(alias = "ffn_dim")]
+    intermediate_size: Option<usize>,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    rms_norm_eps: Option<f64>,
+    rope_theta: Option<f64>,
+    rope_scaling: Option<serde_json::Value>,
+    max_position_embeddings: Option<usize>,
+    tie_word_embeddings: Option<bool>,
+    attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
+    bos_token_id: Option<OneOrMany>,
+    eos_token_id: Option<OneOrMany>,
+    // OPT
+    word_embed_proj_dim: Option<usize>,
+    do_layer_norm_before: Option<bool>,
+    activation_function: Option<String>,
+    enable_bias: Option<bool>,
+    _remove_final_layer_norm: Option<bool>,
+}
+
+fn unsupported(what: String) -> ModelError {
+    ModelError::Unsupported(what)
+}
+
+impl ModelConfig {
+    /// Parses a Hugging Face `config.json`.
+    pub fn from_hf_json(text: &str) -> Result<Self, ModelError> {
+        let c: HfConfig = serde_json::from_str(text)
+            .map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
+        let arch_name = c
+            .architectures
+            .first()
+            .cloned()
+            .or(c.model_type.clone())
+            .unwrap_or_default();
+        let architecture = match arch_name.as_str() {
+            "LlamaForCausalLM" | "MistralForCausalLM" | "llama" | "mistral" => Architecture::Llama,
+            "Qwen2ForCausalLM" | "qwen2" => Architecture::Qwen2,
+            "OPTForCausalLM" | "opt" => Architecture::Opt,
+            other => {
+                return Err(unsupported(format!(
+                    "architecture {other:?} (supported: Llama, Mistral, Qwen2, OPT)"
+                )));
+            }
+        };
+        let rope_scaling = match &c.rope_scaling {
+            None | Some(serde_json::Value::Null) => None,
+            Some(v) => {
+                let kind = v
+                    .get("rope_type")
+                    .or_else(|| v.get("type"))
+                    .and_then(|t| t.as_str())
+                    .unwrap_or("");
+                match kind {
+                    "llama3" => Some(
+                        serde_json::from_value(v.clone())
+                            .map_err(|e| ModelError::Config(format!("rope_scaling: {e}")))?,
+                    ),
+                    "default" => None,
+                    other => return Err(unsupported(format!("rope_scaling type {other:?}"))),
+                }
+            }
+        };
+        let heads = c.num_attention_heads;
+        let is_opt = architecture == Architecture::Opt;
+        if is_opt
+            && c.activation_function
+                .as_deref()
+                .is_some_and(|a| a != "relu")
+        {
+            return Err(unsupported(format!(
+                "OPT activation {:?}",
+                c.activation_function
+            )));
+        }
+        if is_opt && c.enable_bias == Some(false) {
+            return Err(unsupported("OPT without biases".to_string()));
+        }
+        Ok(ModelConfig {
+            architecture,
+            vocab_size: c.vocab_size,
+            hidden_size: c.hidden_size,
+            intermediate_size: c
+                .intermediate_size
+                .ok_or_else(|| ModelError::Config("config.json: no intermediate_size".into()))?,
+            num_hidden_layers: c.num_hidden_layers,
+            num_attention_heads: heads,
+            num_key_value_heads: c.num_key_value_heads.unwrap_or(heads),
+            head_dim: c.head_dim.unwrap_or(c.hidden_size / heads),
+            norm_eps: c.rms_norm_eps.unwrap_or(if is_opt { 1e-5 } else { 1e-6 }),
+            rope_theta: c.rope_theta.unwrap_or(10_000.0),
+            rope_scaling,
+            rope_interleaved: false,
+            max_position_embeddings: c.max_position_embeddings.unwrap_or(2048),
+            // OPT always ties its LM head to the embedding.
+            tie_word_embeddings: is_opt || c.tie_word_embeddings.unwrap_or(false),
+            qkv_bias: is_opt
+                || architecture == Architecture::Qwen2
+                || c.attention_bias.unwrap_or(false),
+            o_bias: is_opt || c.attention_bias.unwrap_or(false),
+            mlp_bias: is_opt || c.mlp_bias.unwrap_or(false),
+            bos_token_id: c.bos_token_id.and_then(|b| b.into_vec().first().copied()),
+            eos_token_ids: c.eos_token_id.map(OneOrMany::into_vec).unwrap_or_default(),
+            opt: is_opt.then(|| OptSettings {
+                word_embed_proj_dim: c.word_embed_proj_dim.unwrap_or(c.hidden_size),
+                do_layer_norm_before: c.do_layer_norm_before.unwrap_or(true),
+                has_final_layer_norm: c.do_layer_norm_before.unwrap_or(true)
+                    && !c._remove_final_layer_norm.unwrap_or(false),
+            }),
+        })
+    }
+
+    /// Bytes of KV cache one token takes in all layers, at `dtype_bytes` per element.
+    pub fn kv_bytes_per_token(&self, dtype_bytes: usize) -> usize {
+        2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama_3_2_style_config_with_llama3_rope_scaling() {
+        let c = ModelConfig::from_hf_json(
+            r#"{"architectures":["LlamaForCausalLM"],"vocab_size":128256,"hidden_size":2048,
+            "intermediate_size":8192,"num_hidden_layers":16,"num_attention_heads":32,
+            "num_key_value_heads":8,"rms_norm_eps":1e-5,"rope_theta":500000.0,
+            "rope_scaling":{"factor":32.0,"high_freq_factor":4.0,"low_freq_factor":1.0,
+            "original_max_position_embeddings":8192,"rope_type":"llama3"},
+            "max_position_embeddings":131072,"tie_word_embeddings":true,
+            "bos_token_id":128000,"eos_token_id":[128001,128008,128009]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.architecture, Architecture::Llama);
+        assert_eq!(c.head_dim, 64);
+        assert_eq!(c.rope_scaling.as_ref().unwrap().factor, 32.0);
+        assert_eq!(c.eos_token_ids, vec![128001, 128008, 128009]);
+        assert!(c.tie_word_embeddings && !c.qkv_bias);
+        assert_eq!(c.kv_bytes_per_token(2), 2 * 16 * 8 * 64 * 2);
+    }
+
+    #[test]
+    fn qwen2_has_qkv_bias_and_opt_reads_its_fields() {
+        let q = ModelConfig::from_hf_json(
+            r#"{"architectures":["Qwen2ForCausalLM"],"vocab_size":10,"hidden_size":8,
+            "intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2,"eos_token_id":3}"#,
+        )
+        .unwrap();
+        assert!(q.qkv_bias && !q.o_bias);
+        let o = ModelConfig::from_hf_json(
+            r#"{"architectures":["OPTForCausalLM"],"vocab_size":10,"hidden_size":8,"ffn_dim":16,
+            "num_hidden_layers":1,"num_attention_heads":2,"word_embed_proj_dim":4,
+            "do_layer_norm_before":true,"activation_function":"relu","eos_token_id":2}"#,
+        )
+        .unwrap();
+        assert_eq!(o.intermediate_size, 16);
+        assert_eq!(o.opt.unwrap().word_embed_proj_dim, 4);
+        let err = ModelConfig::from_hf_json(
+            r#"{"architectures":["GPT2LMHeadModel"],"vocab_size":10,"hidden_size":8,
+            "num_hidden_layers":1,"num_attention_heads":2}"#,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("GPT2LMHeadModel"), "{err}");
+    }
+}

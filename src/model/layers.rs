@@ -1,0 +1,173 @@
+//! Layers shared by the models: a linear layer that is dense or quantized, the gated SiLU MLP, and
+//! rotary position embeddings (rotate-half or interleaved, with Llama 3.1 frequency scaling).
+
+use candle_core::quantized::QMatMul;
+use candle_core::{DType, Device, Module, Tensor};
+
+use super::ModelError;
+use super::config::{Llama3RopeScaling, ModelConfig};
+use super::weights::Weights;
+
+/// `y = x W^T + b`, with `W` dense or quantized (GGUF).
+pub enum Linear {
+    /// Dense weight `[out, in]`.
+    Dense(candle_nn::Linear),
+    /// Quantized weight; candle's quantized matmul takes f32 input.
+    Quantized {
+        /// The quantized weight.
+        weight: QMatMul,
+        /// Optional bias `[out]`.
+        bias: Option<Tensor>,
+    },
+}
+
+impl Linear {
+    /// A dense layer.
+    pub fn dense(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Linear::Dense(candle_nn::Linear::new(weight, bias))
+    }
+
+    /// A quantized layer.
+    pub fn quantized(weight: QMatMul, bias: Option<Tensor>) -> Self {
+        Linear::Quantized { weight, bias }
+    }
+
+    /// Applies the layer to `[tokens, in]`.
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Linear::Dense(l) => l.forward(x),
+            Linear::Quantized { weight, bias } => {
+                let dtype = x.dtype();
+                let y = weight.forward(&x.to_dtype(DType::F32)?)?.to_dtype(dtype)?;
+                match bias {
+                    Some(b) => y.broadcast_add(b),
+                    None => Ok(y),
+                }
+            }
+        }
+    }
+}
+
+/// Llama's MLP: `down(silu(gate(x)) * up(x))`.
+pub struct GatedMlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+impl GatedMlp {
+    /// Loads `prefix.{gate,up,down}_proj`.
+    pub fn load(w: &Weights, prefix: &str, cfg: &ModelConfig) -> Result<Self, ModelError> {
+        let (h, i, b) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias);
+        Ok(GatedMlp {
+            gate: w.linear(&format!("{prefix}.gate_proj"), h, i, b)?,
+            up: w.linear(&format!("{prefix}.up_proj"), h, i, b)?,
+            down: w.linear(&format!("{prefix}.down_proj"), i, h, b)?,
+        })
+    }
+
+    /// Applies the MLP to `[tokens, hidden]`.
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let gate = candle_nn::ops::silu(&self.gate.forward(x)?)?;
+        self.down.forward(&(gate * self.up.forward(x)?)?)
+    }
+}
+
+/// Rotary position embedding tables and their application to packed `[tokens, heads, head_dim]`.
+pub struct Rotary {
+    cos: Tensor,
+    sin: Tensor,
+    interleaved: bool,
+}
+
+/// Llama 3.1's wavelength-dependent scaling of the inverse frequencies.
+fn llama3_scale(inv_freq: &mut [f64], s: &Llama3RopeScaling) {
+    let old = s.original_max_position_embeddings as f64;
+    let low_wavelen = old / s.low_freq_factor;
+    let high_wavelen = old / s.high_freq_factor;
+    for f in inv_freq.iter_mut() {
+        let wavelen = 2.0 * std::f64::consts::PI / *f;
+        if wavelen > low_wavelen {
+            *f /= s.factor;
+        } else if wavelen >= high_wavelen {
+            let smooth =
+                (old / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+            *f = (1.0 - smooth) * *f / s.factor + smooth * *f;
+        }
+    }
+}
+
+impl Rotary {
+    /// Tables for positions `0..max_len`, in `dtype` on `device`.
+    pub fn new(
+        cfg: &ModelConfig,
+        max_len: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        let d = cfg.head_dim;
+        let mut inv_freq: Vec<f64> = (0..d / 2)
+            .map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f64 / d as f64))
+            .collect();
+        if let Some(s) = &cfg.rope_scaling {
+            llama3_scale(&mut inv_freq, s);
+        }
+        let mut cos = Vec::with_capacity(max_len * d / 2);
+        let mut sin = Vec::with_capacity(max_len * d / 2);
+        for p in 0..max_len {
+            for &f in &inv_freq {
+                let angle = p as f64 * f;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        let table = |v: Vec<f32>| -> candle_core::Result<Tensor> {
+            Tensor::from_vec(v, (max_len, d / 2), &Device::Cpu)?
+                .to_dtype(dtype)?
+                .to_device(device)
+        };
+        Ok(Rotary {
+            cos: table(cos)?,
+            sin: table(sin)?,
+            interleaved: cfg.rope_interleaved,
+        })
+    }
+
+    /// Rotates `x` (`[tokens, heads, head_dim]`), token `t` at `positions[t]`.
+    pub fn apply(&self, x: &Tensor, positions: &Tensor) -> candle_core::Result<Tensor> {
+        let cos = self.cos.index_select(positions, 0)?;
+        let sin = self.sin.index_select(positions, 0)?;
+        // candle's kernels take [batch, heads, tokens, head_dim] with per-token tables.
+        let x = x.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
+        let y = if self.interleaved {
+            candle_nn::rotary_emb::rope_i(&x, &cos, &sin)?
+        } else {
+            candle_nn::rotary_emb::rope(&x, &cos, &sin)?
+        };
+        y.squeeze(0)?.transpose(0, 1)?.contiguous()
+    }
+}
+
+/// RMSNorm over the last dimension.
+pub fn rms_norm(
+    w: &Weights,
+    name: &str,
+    size: usize,
+    eps: f64,
+) -> Result<candle_nn::RmsNorm, ModelError> {
+    Ok(candle_nn::RmsNorm::new(w.tensor(name, size)?, eps))
+}
+
+/// LayerNorm over the last dimension (`prefix.weight`, `prefix.bias`).
+pub fn layer_norm(
+    w: &Weights,
+    prefix: &str,
+    size: usize,
+    eps: f64,
+) -> Result<candle_nn::LayerNorm, ModelError> {
+    Ok(candle_nn::LayerNorm::new(
+        w.tensor(&format!("{prefix}.weight"), size)?,
+        w.tensor(&format!("{prefix}.bias"), size)?,
+        eps,
+    ))
+}

@@ -1,0 +1,114 @@
+//! The Llama family (Llama 2/3/3.1/3.2, SmolLM/SmolLM2, Mistral, Qwen2/2.5) on the paged KV cache.
+
+use candle_core::{Module, Tensor};
+use candle_nn::{Embedding, RmsNorm};
+
+use super::attention::KvCache;
+use super::batch::ForwardBatch;
+use super::config::ModelConfig;
+use super::layers::{GatedMlp, Linear, Rotary, rms_norm};
+use super::weights::Weights;
+use super::{CausalLm, ModelError};
+
+struct DecoderLayer {
+    input_norm: RmsNorm,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    post_norm: RmsNorm,
+    mlp: GatedMlp,
+}
+
+/// A Llama-family causal LM.
+pub struct Llama {
+    cfg: ModelConfig,
+    embed: Embedding,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    rotary: Rotary,
+}
+
+impl Llama {
+    /// Loads the model; rotary tables cover positions below `max_len`.
+    pub fn load(cfg: &ModelConfig, w: &Weights, max_len: usize) -> Result<Self, ModelError> {
+        let (h, d) = (cfg.hidden_size, cfg.head_dim);
+        let (nq, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+        let embed_w = w.tensor("model.embed_tokens.weight", (cfg.vocab_size, h))?;
+        let lm_head = if cfg.tie_word_embeddings || !w.contains("lm_head.weight") {
+            match w {
+                Weights::Gguf { .. } => w.linear("model.embed_tokens", h, cfg.vocab_size, false)?,
+                Weights::Dense(_) => Linear::dense(embed_w.clone(), None),
+            }
+        } else {
+            w.linear("lm_head", h, cfg.vocab_size, false)?
+        };
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| {
+                let p = format!("model.layers.{i}");
+                let attn = format!("{p}.self_attn");
+                Ok(DecoderLayer {
+                    input_norm: rms_norm(
+                        w,
+                        &format!("{p}.input_layernorm.weight"),
+                        h,
+                        cfg.norm_eps,
+                    )?,
+                    q: w.linear(&format!("{attn}.q_proj"), h, nq * d, cfg.qkv_bias)?,
+                    k: w.linear(&format!("{attn}.k_proj"), h, nkv * d, cfg.qkv_bias)?,
+                    v: w.linear(&format!("{attn}.v_proj"), h, nkv * d, cfg.qkv_bias)?,
+                    o: w.linear(&format!("{attn}.o_proj"), nq * d, h, cfg.o_bias)?,
+                    post_norm: rms_norm(
+                        w,
+                        &format!("{p}.post_attention_layernorm.weight"),
+                        h,
+                        cfg.norm_eps,
+                    )?,
+                    mlp: GatedMlp::load(w, &format!("{p}.mlp"), cfg)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        Ok(Llama {
+            cfg: cfg.clone(),
+            embed: Embedding::new(embed_w, h),
+            layers,
+            norm: rms_norm(w, "model.norm.weight", h, cfg.norm_eps)?,
+            lm_head,
+            rotary: Rotary::new(cfg, max_len, w.dtype(), w.device())?,
+        })
+    }
+}
+
+impl CausalLm for Llama {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn forward(&self, batch: &ForwardBatch<'_>, kv: &mut KvCache) -> Result<Tensor, ModelError> {
+        let cfg = &self.cfg;
+        let n = batch.input_ids.dim(0)?;
+        let (d, nq, nkv) = (
+            cfg.head_dim,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+        );
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut x = self.embed.forward(&batch.input_ids)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let h = layer.input_norm.forward(&x)?;
+            let q = layer.q.forward(&h)?.reshape((n, nq, d))?;
+            let k = layer.k.forward(&h)?.reshape((n, nkv, d))?;
+            let v = layer.v.forward(&h)?.reshape((n, nkv, d))?;
+            let q = self.rotary.apply(&q, &batch.positions)?;
+            let k = self.rotary.apply(&k, &batch.positions)?;
+            let attn = kv.attend(i, &q, &k, &v, &batch.attention, scale)?;
+            x = (x + layer.o.forward(&attn)?)?;
+            let h = layer.post_norm.forward(&x)?;
+            x = (&x + layer.mlp.forward(&h)?)?;
+        }
+        let last = x.index_select(&batch.sample_rows, 0)?;
+        let logits = self.lm_head.forward(&self.norm.forward(&last)?)?;
+        Ok(logits.to_dtype(candle_core::DType::F32)?)
+    }
+}

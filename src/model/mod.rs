@@ -1,0 +1,59 @@
+//! Models on the paged KV cache. A model gets the batch and the KV cache as arguments to `forward`;
+//! it never stores either. Adding a model is one file and one match arm in [`build`].
+
+pub mod attention;
+pub mod batch;
+pub mod config;
+pub mod layers;
+pub mod llama;
+pub mod weights;
+
+use candle_core::Tensor;
+
+pub use attention::{KvCache, KvLayout};
+pub use batch::ForwardBatch;
+pub use config::{Architecture, ModelConfig};
+pub use weights::Weights;
+
+/// Why a model could not be loaded or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A tensor operation failed.
+    #[error("tensor error: {0}")]
+    Candle(#[from] candle_core::Error),
+    /// The model's configuration is malformed.
+    #[error("bad model config: {0}")]
+    Config(String),
+    /// The model uses something pagewise does not implement.
+    #[error("unsupported model: {0}")]
+    Unsupported(String),
+    /// A weight the architecture needs is absent.
+    #[error("missing weight tensor {0}")]
+    MissingTensor(String),
+}
+
+/// A causal language model over the paged KV cache.
+pub trait CausalLm: Send {
+    /// The model's configuration.
+    fn config(&self) -> &ModelConfig;
+
+    /// Runs the packed batch, writing its K/V into `kv`, and returns f32 logits
+    /// `[batch.num_sample_rows, vocab]` for the sampled rows only.
+    fn forward(&self, batch: &ForwardBatch<'_>, kv: &mut KvCache) -> Result<Tensor, ModelError>;
+}
+
+/// Builds the model `cfg` describes from `weights`; rotary tables cover `max_len` positions.
+pub fn build(
+    cfg: &ModelConfig,
+    weights: &Weights,
+    max_len: usize,
+) -> Result<Box<dyn CausalLm>, ModelError> {
+    Ok(match cfg.architecture {
+        Architecture::Llama | Architecture::Qwen2 => {
+            Box::new(llama::Llama::load(cfg, weights, max_len)?)
+        }
+        Architecture::Opt => {
+            return Err(ModelError::Unsupported("OPT is not implemented yet".into()));
+        }
+    })
+}

@@ -1,0 +1,59 @@
+//! `ModelRunner`: a scheduled step in, sampled tokens out. Owns the model, the paged KV cache and
+//! the sampler; builds the packed batch, runs the model for logits of the sampling rows only, and
+//! samples each row with its sequence's own parameters and random stream.
+
+use candle_core::Device;
+
+use crate::engine::sequence::Sequence;
+use crate::model::{CausalLm, ForwardBatch, KvCache, ModelError};
+use crate::sampler::{SampledToken, Sampler};
+use crate::scheduler::SchedulerOutput;
+
+/// Runs steps of one model.
+pub struct ModelRunner {
+    model: Box<dyn CausalLm>,
+    kv: KvCache,
+    device: Device,
+    sampler: Sampler,
+}
+
+impl ModelRunner {
+    /// A runner over `model` with the paged cache `kv`, inputs placed on `device`.
+    pub fn new(model: Box<dyn CausalLm>, kv: KvCache, device: Device) -> Self {
+        ModelRunner {
+            model,
+            kv,
+            device,
+            sampler: Sampler::default(),
+        }
+    }
+
+    /// The model.
+    pub fn model(&self) -> &dyn CausalLm {
+        self.model.as_ref()
+    }
+
+    /// Computes `out` and samples one token per sampling sequence. `seqs` are the scheduled
+    /// sequences in `out.seqs` order ([`crate::Scheduler::scheduled_mut`]).
+    pub fn execute(
+        &mut self,
+        out: &SchedulerOutput,
+        seqs: &mut [Sequence],
+    ) -> Result<Vec<SampledToken>, ModelError> {
+        if out.is_empty() {
+            return Ok(Vec::new());
+        }
+        let batch = ForwardBatch::new(out, &self.device)?;
+        let logits = self.model.forward(&batch, &mut self.kv)?;
+        let (rows, vocab) = logits.dims2()?;
+        debug_assert_eq!(rows, out.num_sampling());
+        let mut data = logits.flatten_all()?.to_vec1::<f32>()?;
+        let requests = out
+            .seqs
+            .iter()
+            .zip(seqs.iter_mut())
+            .filter(|(s, _)| s.samples)
+            .map(|(_, seq)| seq.sample_request());
+        Ok(self.sampler.sample_batch(&mut data, vocab, requests))
+    }
+}
