@@ -120,6 +120,8 @@ struct HfConfig {
     rms_norm_eps: Option<f64>,
     rope_theta: Option<f64>,
     rope_scaling: Option<serde_json::Value>,
+    /// transformers 5 writes `rope_theta` and the scaling together here.
+    rope_parameters: Option<serde_json::Value>,
     max_position_embeddings: Option<usize>,
     tie_word_embeddings: Option<bool>,
     attention_bias: Option<bool>,
@@ -159,7 +161,12 @@ impl ModelConfig {
                 )));
             }
         };
-        let rope_scaling = match &c.rope_scaling {
+        let rope_params = c.rope_parameters.as_ref().or(c.rope_scaling.as_ref());
+        let rope_theta = c
+            .rope_theta
+            .or_else(|| rope_params?.get("rope_theta")?.as_f64())
+            .unwrap_or(10_000.0);
+        let rope_scaling = match rope_params {
             None | Some(serde_json::Value::Null) => None,
             Some(v) => {
                 let kind = v
@@ -204,7 +211,7 @@ impl ModelConfig {
             num_key_value_heads: c.num_key_value_heads.unwrap_or(heads),
             head_dim: c.head_dim.unwrap_or(c.hidden_size / heads),
             norm_eps: c.rms_norm_eps.unwrap_or(if is_opt { 1e-5 } else { 1e-6 }),
-            rope_theta: c.rope_theta.unwrap_or(10_000.0),
+            rope_theta,
             rope_scaling,
             rope_interleaved: false,
             max_position_embeddings: c.max_position_embeddings.unwrap_or(2048),
@@ -253,6 +260,15 @@ mod tests {
         assert_eq!(c.rope_scaling.as_ref().unwrap().factor, 32.0);
         assert_eq!(c.eos_token_ids, vec![128001, 128008, 128009]);
         assert!(c.tie_word_embeddings && !c.qkv_bias);
+        assert_eq!(c.rope_theta, 500000.0);
+        // transformers 5 spelling: theta and scaling together in rope_parameters.
+        let t5 = ModelConfig::from_hf_json(
+            r#"{"architectures":["LlamaForCausalLM"],"vocab_size":10,"hidden_size":8,
+            "intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2,
+            "rope_parameters":{"rope_theta":1234.0,"rope_type":"default"}}"#,
+        )
+        .unwrap();
+        assert_eq!((t5.rope_theta, t5.rope_scaling.is_none()), (1234.0, true));
         assert_eq!(c.kv_bytes_per_token(2), 2 * 16 * 8 * 64 * 2);
     }
 
