@@ -153,3 +153,8 @@ fn llama_with_gqa_tied_embeddings_and_llama3_rope_matches_transformers() {
 fn qwen2_with_qkv_bias_matches_transformers() {
     check("qwen2-bias");
 }
+
+#[test]
+fn opt_with_project_in_out_matches_transformers() {
+    check("opt");
+}

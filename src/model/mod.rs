@@ -6,6 +6,7 @@ pub mod batch;
 pub mod config;
 pub mod layers;
 pub mod llama;
+pub mod opt;
 pub mod weights;
 
 use candle_core::Tensor;
@@ -52,8 +53,6 @@ pub fn build(
         Architecture::Llama | Architecture::Qwen2 => {
             Box::new(llama::Llama::load(cfg, weights, max_len)?)
         }
-        Architecture::Opt => {
-            return Err(ModelError::Unsupported("OPT is not implemented yet".into()));
-        }
+        Architecture::Opt => Box::new(opt::Opt::load(cfg, weights)?),
     })
 }
