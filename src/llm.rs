@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use crate::chat::ChatMessage;
 use crate::engine::args::{EngineArgs, EngineError};
 use crate::engine::core::EngineCore;
 use crate::engine::request::{FinishReason, SamplingParams};
@@ -72,6 +73,36 @@ impl Llm {
         let mut outputs = self.generate_tokens(encoded, params)?;
         for (out, p) in outputs.iter_mut().zip(prompts) {
             out.prompt = p.as_ref().to_string();
+        }
+        Ok(outputs)
+    }
+
+    /// Chats: renders each conversation with the model's chat template (generation prompt added),
+    /// then generates like [`Self::generate`].
+    pub fn chat(
+        &mut self,
+        conversations: &[Vec<ChatMessage>],
+        params: &SamplingParams,
+    ) -> Result<Vec<RequestOutput>, EngineError> {
+        let template = self.core.chat_template()?;
+        let rendered = conversations
+            .iter()
+            .map(|c| template.render_messages(c))
+            .collect::<Result<Vec<_>, _>>()?;
+        let tokenizer = self.core.tokenizer().clone();
+        let encoded = rendered
+            .iter()
+            .map(|text| {
+                // The template already holds any BOS the model wants.
+                tokenizer
+                    .encode(text.as_str(), false)
+                    .map(|e| e.get_ids().to_vec())
+                    .map_err(|e| EngineError::Tokenizer(e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut outputs = self.generate_tokens(encoded, params)?;
+        for (out, text) in outputs.iter_mut().zip(rendered) {
+            out.prompt = text;
         }
         Ok(outputs)
     }

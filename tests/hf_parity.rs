@@ -55,7 +55,7 @@ fn all_logits(name: &str, tokens: &[u32]) -> Vec<Vec<f32>> {
         load_format: loader::LoadFormat::Auto,
         dtype: DType::F32,
         device: Device::Cpu,
-        dequantize_gguf: false,
+        gguf_matmul: loader::GgufMatmul::Auto,
         seed: 0,
     };
     let loaded = loader::load(&format!("{FIXTURES}/{name}"), &opts).unwrap();

@@ -4,6 +4,7 @@
 
 mod common;
 
+use pagewise::chat::ChatMessage;
 use pagewise::{EngineArgs, Llm, SamplingParams};
 
 fn greedy(max_tokens: usize) -> SamplingParams {
@@ -31,4 +32,30 @@ fn plain_prompt_continues_with_paris() {
     let text = &out[0].outputs[0].text;
     eprintln!("{text:?}");
     assert!(text.starts_with(" Paris"), "{text:?}");
+}
+
+#[test]
+fn chat_about_the_capital_of_france_answers_paris() {
+    let Some(model) = common::smollm2_gguf() else {
+        return;
+    };
+    let mut llm = Llm::new(EngineArgs {
+        model,
+        max_model_len: Some(512),
+        ..Default::default()
+    })
+    .unwrap();
+    let conversation = vec![
+        ChatMessage::new("system", "You are a helpful assistant."),
+        ChatMessage::new("user", "What is the capital of France?"),
+    ];
+    let out = llm.chat(&[conversation], &greedy(24)).unwrap();
+    assert_eq!(
+        out[0].prompt,
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is the \
+         capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let answer = &out[0].outputs[0];
+    eprintln!("{:?} {:?}", answer.text, answer.finish_reason);
+    assert!(answer.text.contains("Paris"), "{:?}", answer.text);
 }

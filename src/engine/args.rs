@@ -4,7 +4,7 @@ use candle_core::{DType, Device};
 
 use super::detokenizer::DetokenizeError;
 use super::request::InvalidParam;
-use crate::loader::{LoadError, LoadFormat};
+use crate::loader::{GgufMatmul, LoadError, LoadFormat};
 use crate::model::ModelError;
 use crate::scheduler::ScheduleError;
 
@@ -62,8 +62,10 @@ pub struct EngineArgs {
     pub enable_prefix_caching: bool,
     /// Seed for `--load-format dummy` weights.
     pub seed: u64,
-    /// GGUF: dequantize weights at load (exact float matmuls) instead of quantized matmul.
-    pub dequantize_gguf: bool,
+    /// A chat template (a file path, or the template text) replacing the model's own.
+    pub chat_template: Option<String>,
+    /// GGUF: quantized or dequantized matmuls.
+    pub gguf_matmul: GgufMatmul,
 }
 
 impl Default for EngineArgs {
@@ -80,7 +82,8 @@ impl Default for EngineArgs {
             max_num_batched_tokens: None,
             enable_prefix_caching: true,
             seed: 0,
-            dequantize_gguf: false,
+            chat_template: None,
+            gguf_matmul: GgufMatmul::Auto,
         }
     }
 }
@@ -108,6 +111,9 @@ pub enum EngineError {
     /// Text could not be tokenized or detokenized.
     #[error("tokenizer error: {0}")]
     Tokenizer(String),
+    /// The chat template is missing or failed.
+    #[error(transparent)]
+    Chat(#[from] crate::chat::ChatError),
     /// The engine settings are inconsistent.
     #[error("invalid engine settings: {0}")]
     Config(String),

@@ -8,6 +8,8 @@ use std::sync::Arc;
 use candle_core::Device;
 use tokenizers::Tokenizer;
 
+use crate::chat::{ChatError, ChatTemplate};
+
 use super::args::{
     DEFAULT_KV_CACHE_MEMORY, DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineArgs, EngineError,
 };
@@ -49,7 +51,7 @@ pub struct EngineCore {
     runner: ModelRunner,
     tokenizer: Arc<Tokenizer>,
     config: ModelConfig,
-    chat_template: Option<String>,
+    chat: Result<ChatTemplate, ChatError>,
     eos_token_ids: Arc<[u32]>,
     text: HashMap<SeqId, TextState>,
     next_seq_id: u64,
@@ -77,7 +79,7 @@ impl EngineCore {
                 load_format: args.load_format,
                 dtype,
                 device: device.clone(),
-                dequantize_gguf: args.dequantize_gguf,
+                gguf_matmul: args.gguf_matmul,
                 seed: args.seed,
             },
         )?;
@@ -98,6 +100,15 @@ impl EngineCore {
             None => cfg.max_position_embeddings,
         };
         let model = model::build(&cfg, &loaded.weights, max_model_len)?;
+        let chat = compile_chat_template(
+            args.chat_template.as_deref(),
+            loaded.chat_template,
+            &loaded.tokenizer,
+            &cfg,
+        );
+        if let Err(e) = &chat {
+            tracing::warn!("chat requests will fail: {e}");
+        }
 
         let bs = args.block_size;
         let bytes_per_block = (cfg.kv_bytes_per_token(4) * bs) as u64;
@@ -139,7 +150,7 @@ impl EngineCore {
             tokenizer: Arc::new(loaded.tokenizer),
             eos_token_ids: Arc::from(cfg.eos_token_ids.clone()),
             config: cfg,
-            chat_template: loaded.chat_template,
+            chat,
             text: HashMap::new(),
             next_seq_id: 0,
         })
@@ -155,9 +166,9 @@ impl EngineCore {
         &self.config
     }
 
-    /// The model's chat template, if any.
-    pub fn chat_template(&self) -> Option<&str> {
-        self.chat_template.as_deref()
+    /// The model's chat template, or why there is none.
+    pub fn chat_template(&self) -> Result<&ChatTemplate, ChatError> {
+        self.chat.as_ref().map_err(Clone::clone)
     }
 
     /// The scheduler (read-only: queue lengths, cache usage, counters).
@@ -267,4 +278,34 @@ impl EngineCore {
         }
         Ok(events)
     }
+}
+
+/// The template to use: `--chat-template` (a file, or the template itself), else the model's.
+fn compile_chat_template(
+    flag: Option<&str>,
+    from_model: Option<String>,
+    tokenizer: &Tokenizer,
+    cfg: &ModelConfig,
+) -> Result<ChatTemplate, ChatError> {
+    let source = match flag {
+        Some(f) if std::path::Path::new(f).is_file() => std::fs::read_to_string(f)
+            .map_err(|e| ChatError(format!("--chat-template {f}: {e}")))?,
+        Some(inline) => inline.to_string(),
+        None => from_model.ok_or_else(|| {
+            ChatError(
+                "this model has no chat template; pass one with --chat-template, or use the \
+                 completions API"
+                    .to_string(),
+            )
+        })?,
+    };
+    let token = |id: Option<u32>| {
+        id.and_then(|id| tokenizer.id_to_token(id))
+            .unwrap_or_default()
+    };
+    ChatTemplate::new(
+        &source,
+        &token(cfg.bos_token_id),
+        &token(cfg.eos_token_ids.first().copied()),
+    )
 }

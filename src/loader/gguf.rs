@@ -9,7 +9,7 @@ use candle_core::{DType, Device};
 use serde_json::json;
 use tokenizers::Tokenizer;
 
-use super::LoadError;
+use super::{GgufMatmul, LoadError};
 use crate::model::config::{Architecture, ModelConfig};
 use crate::model::weights::Weights;
 
@@ -59,7 +59,7 @@ pub fn load(
     path: &Path,
     device: &Device,
     dtype: DType,
-    dequantize: bool,
+    matmul: GgufMatmul,
 ) -> Result<GgufModel, LoadError> {
     let io = |e: std::io::Error| LoadError::Io(format!("{}: {e}", path.display()));
     let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(io)?);
@@ -107,6 +107,13 @@ pub fn load(
         .get("tokenizer.chat_template")
         .and_then(|v| v.to_string().ok().cloned());
 
+    let num_params: usize = ct.tensor_infos.values().map(|t| t.shape.elem_count()).sum();
+    let dequantize = match matmul {
+        GgufMatmul::Quantized => false,
+        GgufMatmul::Dequantized => true,
+        GgufMatmul::Auto => device.is_cpu() && num_params * 4 <= 4 << 30,
+    };
+    tracing::info!(num_params, dequantize, "GGUF weights");
     let mut tensors = HashMap::new();
     for name in ct.tensor_infos.keys() {
         let t = ct

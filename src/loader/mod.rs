@@ -45,6 +45,20 @@ pub enum LoadFormat {
     Dummy,
 }
 
+/// How GGUF matmul weights are used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GgufMatmul {
+    /// Dequantized on the CPU when the float weights take at most 4 GiB (faster there: candle has
+    /// no SIMD kernels for several quant types, and float matmuls are exact), quantized otherwise.
+    #[default]
+    Auto,
+    /// candle's quantized matmul (activations quantized to 8 bits on the fly).
+    Quantized,
+    /// Weights dequantized at load; float matmuls.
+    Dequantized,
+}
+
 /// Loading settings.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
@@ -54,8 +68,8 @@ pub struct LoadOptions {
     pub dtype: DType,
     /// Where the weights go.
     pub device: Device,
-    /// GGUF only: dequantize matmul weights at load instead of quantized matmul.
-    pub dequantize_gguf: bool,
+    /// GGUF only: quantized or dequantized matmuls.
+    pub gguf_matmul: GgufMatmul,
     /// Seed of `--load-format dummy` weights.
     pub seed: u64,
 }
@@ -122,7 +136,7 @@ fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, LoadError> 
             opts.load_format
         )));
     }
-    let m = gguf::load(path, &opts.device, opts.dtype, opts.dequantize_gguf)?;
+    let m = gguf::load(path, &opts.device, opts.dtype, opts.gguf_matmul)?;
     Ok(LoadedModel {
         config: m.config,
         tokenizer: m.tokenizer,

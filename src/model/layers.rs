@@ -38,7 +38,10 @@ impl Linear {
             Linear::Dense(l) => l.forward(x),
             Linear::Quantized { weight, bias } => {
                 let dtype = x.dtype();
-                let y = weight.forward(&x.to_dtype(DType::F32)?)?.to_dtype(dtype)?;
+                let y = weight
+                    .forward(&x.to_dtype(DType::F32)?.unsqueeze(0)?)?
+                    .squeeze(0)?
+                    .to_dtype(dtype)?;
                 match bias {
                     Some(b) => y.broadcast_add(b),
                     None => Ok(y),
