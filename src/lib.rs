@@ -5,6 +5,8 @@
 //! [`engine`] (requests, sequences, incremental detokenization and stop strings).
 
 pub mod chat;
+pub mod cli;
+pub mod default_model;
 pub mod engine;
 pub mod kv;
 pub mod llm;

