@@ -51,7 +51,7 @@ pub struct EngineCore {
     runner: ModelRunner,
     tokenizer: Arc<Tokenizer>,
     config: ModelConfig,
-    chat: Result<ChatTemplate, ChatError>,
+    chat: Result<Arc<ChatTemplate>, ChatError>,
     eos_token_ids: Arc<[u32]>,
     text: HashMap<SeqId, TextState>,
     next_seq_id: u64,
@@ -105,7 +105,8 @@ impl EngineCore {
             loaded.chat_template,
             &loaded.tokenizer,
             &cfg,
-        );
+        )
+        .map(Arc::new);
         if let Err(e) = &chat {
             tracing::warn!("chat requests will fail: {e}");
         }
@@ -167,8 +168,8 @@ impl EngineCore {
     }
 
     /// The model's chat template, or why there is none.
-    pub fn chat_template(&self) -> Result<&ChatTemplate, ChatError> {
-        self.chat.as_ref().map_err(Clone::clone)
+    pub fn chat_template(&self) -> Result<Arc<ChatTemplate>, ChatError> {
+        self.chat.clone()
     }
 
     /// The scheduler (read-only: queue lengths, cache usage, counters).

@@ -3,6 +3,7 @@
 pub mod args;
 pub mod core;
 pub mod detokenizer;
+pub mod handle;
 pub mod request;
 pub mod sequence;
 pub mod stop;
