@@ -2,10 +2,9 @@
 //! tests/fixtures/make_tiny_models.py): f32 logits at every position within 1e-4 relative error,
 //! and the engine's greedy continuation token for token.
 
-use candle_core::{DType, Device, Tensor};
-use pagewise::loader::{self, LoadOptions};
-use pagewise::model::batch::{AttentionMeta, SeqSpan};
-use pagewise::model::{self, ForwardBatch, KvCache, KvLayout};
+mod common;
+
+use pagewise::loader::GgufMatmul;
 use pagewise::{EngineArgs, Llm, SamplingParams};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
@@ -49,60 +48,15 @@ fn cases(name: &str) -> Vec<Case> {
         .collect()
 }
 
-/// Logits at every position of `tokens`, as one prefill through the paged cache (blocks shuffled).
-fn all_logits(name: &str, tokens: &[u32]) -> Vec<Vec<f32>> {
-    let opts = LoadOptions {
-        load_format: loader::LoadFormat::Auto,
-        dtype: DType::F32,
-        device: Device::Cpu,
-        gguf_matmul: loader::GgufMatmul::Auto,
-        seed: 0,
-    };
-    let loaded = loader::load(&format!("{FIXTURES}/{name}"), &opts).unwrap();
-    let cfg = &loaded.config;
-    let m = model::build(cfg, &loaded.weights, 256).unwrap();
-    let bs = 8;
-    let n = tokens.len();
-    let num_blocks = n.div_ceil(bs);
-    let table: Vec<u32> = (1..=num_blocks as u32).rev().collect();
-    let slots: Vec<u32> = (0..n)
-        .map(|p| table[p / bs] * bs as u32 + (p % bs) as u32)
-        .collect();
-    let layout = KvLayout {
-        num_blocks: num_blocks + 1,
-        block_size: bs,
-        num_kv_heads: cfg.num_key_value_heads,
-        head_dim: cfg.head_dim,
-    };
-    let mut kv = KvCache::new(layout, cfg.num_hidden_layers);
-    let positions: Vec<u32> = (0..n as u32).collect();
-    let batch = ForwardBatch {
-        input_ids: Tensor::from_slice(tokens, n, &Device::Cpu).unwrap(),
-        positions: Tensor::from_slice(&positions, n, &Device::Cpu).unwrap(),
-        attention: AttentionMeta {
-            slot_mapping: &slots,
-            block_tables: &table,
-            seqs: vec![SeqSpan {
-                query_start: 0,
-                query_len: n,
-                context_len: n,
-                block_table: 0..num_blocks,
-            }],
-        },
-        sample_rows: Tensor::from_slice(&positions, n, &Device::Cpu).unwrap(),
-        num_sample_rows: n,
-    };
-    m.forward(&batch, &mut kv)
-        .unwrap()
-        .to_vec2::<f32>()
-        .unwrap()
-}
-
 fn check(name: &str) {
     let cases = cases(name);
     for case in &cases {
         let full = [case.prompt.clone(), case.greedy.clone()].concat();
-        let got = all_logits(name, &full);
+        let got = common::logits_at_every_position(
+            &format!("{FIXTURES}/{name}"),
+            GgufMatmul::Auto,
+            &full,
+        );
         assert_eq!(got.len(), case.logits.len());
         let scale = case
             .logits

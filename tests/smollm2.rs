@@ -4,7 +4,8 @@
 
 mod common;
 
-use pagewise::chat::ChatMessage;
+use pagewise::chat::{ChatMessage, ChatTemplate};
+use pagewise::loader::GgufMatmul;
 use pagewise::{EngineArgs, Llm, SamplingParams};
 
 fn greedy(max_tokens: usize) -> SamplingParams {
@@ -58,4 +59,114 @@ fn chat_about_the_capital_of_france_answers_paris() {
     let answer = &out[0].outputs[0];
     eprintln!("{:?} {:?}", answer.text, answer.finish_reason);
     assert!(answer.text.contains("Paris"), "{:?}", answer.text);
+}
+
+/// Hugging Face references recorded by scripts/gpu/hf_reference_smollm2.py on the same GGUF.
+fn hf_reference() -> serde_json::Value {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/smollm2-hf.json"
+    );
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn tokenizer_and_dequantized_greedy_match_transformers() {
+    let Some(model) = common::smollm2_gguf() else {
+        return;
+    };
+    let reference = hf_reference();
+    let mut llm = Llm::new(EngineArgs {
+        model,
+        max_model_len: Some(512),
+        ..Default::default()
+    })
+    .unwrap();
+    let cases = reference["cases"].as_array().unwrap();
+    let prompts: Vec<&str> = cases
+        .iter()
+        .map(|c| c["prompt"].as_str().unwrap())
+        .collect();
+    let outs = llm.generate(&prompts, &greedy(24)).unwrap();
+    for (case, out) in cases.iter().zip(&outs) {
+        assert_eq!(
+            out.prompt_token_ids,
+            ids(&case["prompt_ids"]),
+            "tokenizer on {:?}",
+            case["prompt"]
+        );
+        assert_eq!(
+            out.outputs[0].token_ids,
+            ids(&case["greedy"]),
+            "greedy on {:?}",
+            case["prompt"]
+        );
+    }
+}
+
+#[test]
+fn quantized_matmul_agrees_with_transformers_teacher_forced() {
+    let Some(model) = common::smollm2_gguf() else {
+        return;
+    };
+    let reference = hf_reference();
+    let (mut agree, mut total) = (0, 0);
+    for case in reference["cases"].as_array().unwrap() {
+        let full = [ids(&case["prompt_ids"]), ids(&case["greedy"])].concat();
+        let logits = common::logits_at_every_position(&model, GgufMatmul::Quantized, &full);
+        for (row, want) in logits.iter().zip(ids(&case["top1"])) {
+            total += 1;
+            agree += usize::from(pagewise::sampler::argmax(row) == want);
+        }
+    }
+    let rate = agree as f64 / total as f64;
+    eprintln!("teacher-forced top-1 agreement, quantized matmul: {agree}/{total} = {rate:.3}");
+    assert!(rate >= 0.95, "{agree}/{total}");
+}
+
+#[test]
+fn chat_templates_render_exactly_what_transformers_renders() {
+    let Some(model) = common::smollm2_gguf() else {
+        return;
+    };
+    let reference = hf_reference();
+    let llm = Llm::new(EngineArgs {
+        model,
+        max_model_len: Some(512),
+        ..Default::default()
+    })
+    .unwrap();
+    let own = llm.core().chat_template().unwrap();
+    for chat in reference["chats"].as_array().unwrap() {
+        let name = chat["template"].as_str().unwrap();
+        let template = if name == "model" {
+            own.clone()
+        } else {
+            let source = reference["templates"][name].as_str().unwrap();
+            std::sync::Arc::new(ChatTemplate::new(source, "<|im_start|>", "<|im_end|>").unwrap())
+        };
+        let mut extra = serde_json::Map::new();
+        if !chat["tools"].is_null() {
+            extra.insert("tools".into(), chat["tools"].clone());
+        }
+        let got = template.render(
+            &chat["messages"],
+            chat["add_generation_prompt"].as_bool().unwrap(),
+            &extra,
+        );
+        match &chat["rendered"] {
+            serde_json::Value::String(want) => {
+                assert_eq!(&got.unwrap(), want, "{name}: {}", chat["messages"])
+            }
+            err => assert_eq!(got.unwrap_err().0, err["error"].as_str().unwrap()),
+        }
+    }
 }

@@ -1,5 +1,65 @@
 pub mod fake_model;
 
+use candle_core::{DType, Device, Tensor};
+use pagewise::loader::{self, GgufMatmul, LoadOptions};
+use pagewise::model::batch::{AttentionMeta, SeqSpan};
+use pagewise::model::{self, ForwardBatch, KvCache, KvLayout};
+
+/// f32 logits at every position of `tokens`, as one prefill through the paged cache with the
+/// blocks in reverse order (a non-trivial block table).
+#[allow(dead_code)]
+pub fn logits_at_every_position(
+    model_path: &str,
+    matmul: GgufMatmul,
+    tokens: &[u32],
+) -> Vec<Vec<f32>> {
+    let opts = LoadOptions {
+        load_format: loader::LoadFormat::Auto,
+        dtype: DType::F32,
+        device: Device::Cpu,
+        gguf_matmul: matmul,
+        seed: 0,
+    };
+    let loaded = loader::load(model_path, &opts).unwrap();
+    let cfg = &loaded.config;
+    let m = model::build(cfg, &loaded.weights, tokens.len()).unwrap();
+    let bs = 8;
+    let n = tokens.len();
+    let num_blocks = n.div_ceil(bs);
+    let table: Vec<u32> = (1..=num_blocks as u32).rev().collect();
+    let slots: Vec<u32> = (0..n)
+        .map(|p| table[p / bs] * bs as u32 + (p % bs) as u32)
+        .collect();
+    let layout = KvLayout {
+        num_blocks: num_blocks + 1,
+        block_size: bs,
+        num_kv_heads: cfg.num_key_value_heads,
+        head_dim: cfg.head_dim,
+    };
+    let mut kv = KvCache::new(layout, cfg.num_hidden_layers);
+    let positions: Vec<u32> = (0..n as u32).collect();
+    let batch = ForwardBatch {
+        input_ids: Tensor::from_slice(tokens, n, &Device::Cpu).unwrap(),
+        positions: Tensor::from_slice(&positions, n, &Device::Cpu).unwrap(),
+        attention: AttentionMeta {
+            slot_mapping: &slots,
+            block_tables: &table,
+            seqs: vec![SeqSpan {
+                query_start: 0,
+                query_len: n,
+                context_len: n,
+                block_table: 0..num_blocks,
+            }],
+        },
+        sample_rows: Tensor::from_slice(&positions, n, &Device::Cpu).unwrap(),
+        num_sample_rows: n,
+    };
+    m.forward(&batch, &mut kv)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap()
+}
+
 /// Path of the SmolLM2-135M-Instruct GGUF: `$PAGEWISE_SMOLLM2_GGUF`, else the cache that
 /// `scripts/fetch_smollm2.py` fills. `None` (test skipped) only outside CI.
 #[allow(dead_code)]
