@@ -3,6 +3,7 @@
 //! from `config.json` alone.
 
 pub mod gguf;
+pub mod hub;
 
 use std::path::{Path, PathBuf};
 
@@ -104,9 +105,12 @@ pub fn load(model: &str, opts: &LoadOptions) -> Result<LoadedModel, LoadError> {
             path.display()
         )));
     }
+    if hub::is_repo_id(model) {
+        let dir = hub::resolve(model)?;
+        return load_hf_dir(&dir, opts);
+    }
     Err(LoadError::NotFound(format!(
-        "model {model:?} is not a local file or directory (downloading from the Hugging Face hub is not \
-         available in this build; pass a local path)"
+        "model {model:?} is neither a local file or directory nor a Hugging Face repo id (org/name)"
     )))
 }
 
