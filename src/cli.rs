@@ -30,8 +30,47 @@ pub enum LogFormat {
 /// Subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, ...).
+    Serve(ServeCmd),
     /// Generate completions for prompts, offline (like vLLM's `LLM.generate`), and print them.
     Generate(GenerateCmd),
+}
+
+/// `pagewise serve`.
+#[derive(Args, Debug)]
+pub struct ServeCmd {
+    /// Model to serve (same forms as --model; default: SmolLM2-135M-Instruct).
+    #[arg(value_name = "MODEL")]
+    pub model_arg: Option<String>,
+    /// Model and engine settings.
+    #[command(flatten)]
+    pub engine: EngineFlags,
+    /// Address to listen on.
+    #[arg(long, env = "PAGEWISE_HOST", default_value = "0.0.0.0")]
+    pub host: String,
+    /// Port to listen on.
+    #[arg(long, env = "PAGEWISE_PORT", default_value_t = 8000)]
+    pub port: u16,
+    /// Names the model answers to in requests (repeatable; the first is reported). Default: the
+    /// model argument (the default model: SmolLM2-135M-Instruct).
+    #[arg(long, env = "PAGEWISE_SERVED_MODEL_NAME", value_delimiter = ',')]
+    pub served_model_name: Vec<String>,
+    /// API keys accepted as `Authorization: Bearer KEY` on /v1/*, /tokenize and /detokenize
+    /// (repeatable or comma-separated). None: no authentication.
+    #[arg(long, env = "PAGEWISE_API_KEY", value_delimiter = ',')]
+    pub api_key: Vec<String>,
+    /// Origins allowed by CORS (repeatable or comma-separated; `*` for any). None: no CORS headers.
+    #[arg(long, env = "PAGEWISE_ALLOWED_ORIGINS", value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
+    /// Requests that may wait for the engine before new ones get 429.
+    #[arg(long, env = "PAGEWISE_MAX_NUM_QUEUED_REQUESTS", default_value_t = 1024)]
+    pub max_num_queued_requests: usize,
+    /// Seconds in-flight requests get to finish after SIGTERM/SIGINT.
+    #[arg(long, env = "PAGEWISE_SHUTDOWN_TIMEOUT", default_value_t = 30)]
+    pub shutdown_timeout: u64,
+    /// Tensor parallel degree; only 1 is available in this build.
+    #[arg(long, env = "PAGEWISE_TENSOR_PARALLEL_SIZE", default_value_t = 1)]
+    pub tensor_parallel_size: usize,
 }
 
 /// Model and engine settings shared by every subcommand that loads a model.

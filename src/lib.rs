@@ -15,6 +15,7 @@ pub mod model;
 pub mod runner;
 pub mod sampler;
 pub mod scheduler;
+pub mod server;
 
 pub use engine::args::{DtypeArg, EngineArgs, EngineError};
 pub use engine::request::{FinishReason, SamplingParams};

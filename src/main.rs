@@ -6,8 +6,11 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use pagewise::Llm;
 use pagewise::chat::ChatMessage;
-use pagewise::cli::{Cli, Command, EngineFlags, GenerateCmd, LogFormat};
+use pagewise::cli::{Cli, Command, EngineFlags, GenerateCmd, LogFormat, ServeCmd};
+use pagewise::default_model::DEFAULT_MODEL_NAME;
 use pagewise::default_model::ensure_default_model;
+use pagewise::engine::handle::EngineHandle;
+use pagewise::server::{self, AppState, ServerOptions};
 
 fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -65,10 +68,84 @@ fn generate(cmd: GenerateCmd) -> Result<()> {
     Ok(())
 }
 
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+fn serve(cmd: ServeCmd) -> Result<()> {
+    if cmd.tensor_parallel_size != 1 {
+        anyhow::bail!(
+            "--tensor-parallel-size {} is not available yet: this build runs one model on one device",
+            cmd.tensor_parallel_size
+        );
+    }
+    let named = cmd.model_arg.clone().or(cmd.engine.model.clone());
+    let model = match &named {
+        Some(m) => m.clone(),
+        None => ensure_default_model()
+            .map_err(anyhow::Error::msg)?
+            .to_string_lossy()
+            .into_owned(),
+    };
+    let names = if cmd.served_model_name.is_empty() {
+        vec![named.unwrap_or_else(|| DEFAULT_MODEL_NAME.to_string())]
+    } else {
+        cmd.served_model_name.clone()
+    };
+    let opts = ServerOptions {
+        served_model_names: names,
+        api_keys: cmd.api_key.clone(),
+        allowed_origins: cmd.allowed_origins.clone(),
+    };
+    let (engine, info) = EngineHandle::spawn(
+        cmd.engine.to_engine_args(model.clone()),
+        cmd.max_num_queued_requests,
+    )
+    .with_context(|| format!("loading {model}"))?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async move {
+        let addr = format!("{}:{}", cmd.host, cmd.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        tracing::info!(
+            "serving {} on http://{}",
+            opts.served_model_names[0],
+            listener.local_addr()?
+        );
+        let state = AppState::new(engine, info, &opts);
+        server::serve(
+            listener,
+            state,
+            &opts,
+            shutdown_signal(),
+            std::time::Duration::from_secs(cmd.shutdown_timeout),
+        )
+        .await?;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     init_tracing(cli.log_format);
     match cli.command {
+        Command::Serve(cmd) => serve(cmd),
         Command::Generate(cmd) => generate(cmd),
     }
 }

@@ -1,0 +1,320 @@
+//! The generation endpoints' shared machinery: submitting resolved prompts to the engine, then
+//! either collecting every event (plain JSON) or turning them into SSE chunks as they come.
+
+use std::convert::Infallible;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use futures_util::stream::{self, BoxStream};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::AppState;
+use super::error::ApiError;
+use crate::engine::handle::{GenerateRequest, StreamEvent};
+use crate::engine::request::SamplingParams;
+use crate::sampler::Logprobs;
+
+/// Which endpoint's JSON shapes to produce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavor {
+    /// /v1/completions
+    Completion,
+    /// /v1/chat/completions
+    Chat,
+}
+
+/// One prompt ready for the engine.
+pub struct Prompt {
+    /// Text to echo (completions with `echo`).
+    pub echo: Option<String>,
+    /// Token ids.
+    pub ids: Vec<u32>,
+}
+
+/// A whole request, resolved.
+pub struct Job {
+    /// Response shapes.
+    pub flavor: Flavor,
+    /// Model name to report.
+    pub model: String,
+    /// Prompts (completions may send several; chat one).
+    pub prompts: Vec<Prompt>,
+    /// Resolved parameters (shared by all prompts).
+    pub params: SamplingParams,
+    /// Prefix-cache salt.
+    pub cache_salt: Option<String>,
+    /// Streaming with a final usage chunk.
+    pub include_usage: bool,
+}
+
+/// A tagged event: which choice (`prompt * n + index`) and what happened.
+type Tagged = (usize, StreamEvent);
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A random hex id with `prefix`.
+pub fn random_id(prefix: &str) -> String {
+    let mut rng = crate::sampler::SeededRng::from_entropy();
+    format!(
+        "{prefix}{:016x}{:08x}",
+        rng.next_u64(),
+        rng.next_u64() as u32
+    )
+}
+
+async fn submit_all(state: &AppState, job: &Job) -> Result<BoxStream<'static, Tagged>, ApiError> {
+    let n = job.params.n;
+    let mut streams = Vec::with_capacity(job.prompts.len());
+    for (i, prompt) in job.prompts.iter().enumerate() {
+        let rx: mpsc::UnboundedReceiver<StreamEvent> = state
+            .engine
+            .submit(GenerateRequest {
+                prompt_token_ids: prompt.ids.clone(),
+                params: job.params.clone(),
+                cache_salt: job.cache_salt.clone(),
+            })
+            .await?;
+        streams.push(
+            stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) })
+                .map(move |e| {
+                    let index = match &e {
+                        StreamEvent::Token { index, .. } => i * n + index,
+                        StreamEvent::Error(_) => i * n,
+                    };
+                    (index, e)
+                })
+                .boxed(),
+        );
+    }
+    Ok(stream::select_all(streams).boxed())
+}
+
+fn token_text(state: &AppState, id: u32) -> String {
+    state
+        .info
+        .tokenizer
+        .decode(&[id], false)
+        .unwrap_or_default()
+}
+
+/// OpenAI logprobs JSON for one token (chat) or the pieces to append (completions).
+fn chat_logprob(state: &AppState, id: u32, lp: &Logprobs) -> Value {
+    let entry = |id: u32, logprob: f32| {
+        let token = token_text(state, id);
+        json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
+    };
+    let mut e = entry(id, lp.logprob);
+    e["top_logprobs"] = lp.top.iter().map(|&(t, l)| entry(t, l)).collect();
+    e
+}
+
+/// Accumulates one choice's completion for the non-streaming response.
+#[derive(Default)]
+struct Choice {
+    text: String,
+    tokens: Vec<u32>,
+    logprobs: Vec<Logprobs>,
+    finish: Option<&'static str>,
+}
+
+/// Runs the job to completion and answers with one JSON body.
+pub async fn respond_json(state: &AppState, job: Job) -> Result<Response, ApiError> {
+    let mut events = submit_all(state, &job).await?;
+    let n = job.params.n;
+    let mut choices: Vec<Choice> = (0..job.prompts.len() * n)
+        .map(|_| Choice::default())
+        .collect();
+    while let Some((index, event)) = events.next().await {
+        match event {
+            StreamEvent::Token {
+                text,
+                token_id,
+                logprobs,
+                finish,
+                ..
+            } => {
+                let c = &mut choices[index];
+                c.text.push_str(&text);
+                c.tokens.push(token_id);
+                c.logprobs.extend(logprobs);
+                c.finish = finish.map(|f| f.as_str());
+            }
+            StreamEvent::Error(e) => {
+                return Err(ApiError::new(
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    e,
+                ));
+            }
+        }
+    }
+    let prompt_tokens: usize = job.prompts.iter().map(|p| p.ids.len()).sum();
+    let completion_tokens: usize = choices.iter().map(|c| c.tokens.len()).sum();
+    let want_logprobs = job.params.logprobs.is_some();
+    let body_choices: Vec<Value> = choices
+        .into_iter()
+        .enumerate()
+        .map(|(index, c)| match job.flavor {
+            Flavor::Chat => json!({
+                "index": index,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": want_logprobs.then(|| json!({"content":
+                    c.tokens.iter().zip(&c.logprobs).map(|(&t, lp)| chat_logprob(state, t, lp)).collect::<Vec<_>>()})),
+                "finish_reason": c.finish,
+            }),
+            Flavor::Completion => {
+                let echo = job.prompts[index / n].echo.clone().unwrap_or_default();
+                json!({
+                    "index": index,
+                    "text": format!("{echo}{}", c.text),
+                    "logprobs": want_logprobs.then(|| completion_logprobs(state, &c.tokens, &c.logprobs, echo.len())),
+                    "finish_reason": c.finish,
+                })
+            }
+        })
+        .collect();
+    let (id, object) = match job.flavor {
+        Flavor::Chat => (random_id("chatcmpl-"), "chat.completion"),
+        Flavor::Completion => (random_id("cmpl-"), "text_completion"),
+    };
+    Ok(axum::Json(json!({
+        "id": id,
+        "object": object,
+        "created": now_secs(),
+        "model": job.model,
+        "choices": body_choices,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    }))
+    .into_response())
+}
+
+fn completion_logprobs(state: &AppState, tokens: &[u32], lps: &[Logprobs], offset: usize) -> Value {
+    let texts: Vec<String> = tokens.iter().map(|&t| token_text(state, t)).collect();
+    let mut offsets = Vec::with_capacity(texts.len());
+    let mut at = offset;
+    for t in &texts {
+        offsets.push(at);
+        at += t.len();
+    }
+    json!({
+        "tokens": texts,
+        "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(),
+        "top_logprobs": lps.iter().map(|l| l.top.iter().map(|&(t, v)| (token_text(state, t), json!(v))).collect::<serde_json::Map<_, _>>()).collect::<Vec<_>>(),
+        "text_offset": offsets,
+    })
+}
+
+/// Streams the job as server-sent events: one chunk per token, then usage (if asked), then [DONE].
+pub async fn respond_sse(state: AppState, job: Job) -> Result<Response, ApiError> {
+    let events = submit_all(&state, &job).await?;
+    let (tx, rx) = mpsc::channel::<Event>(64);
+    tokio::spawn(pump(state, job, events, tx));
+    let body = stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
+    });
+    Ok(Sse::new(body)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+/// Formats engine events into SSE chunks until done or until the client goes away (then dropping
+/// `events` aborts the sequences).
+async fn pump(
+    state: AppState,
+    job: Job,
+    mut events: BoxStream<'static, Tagged>,
+    tx: mpsc::Sender<Event>,
+) {
+    let id = random_id(if job.flavor == Flavor::Chat {
+        "chatcmpl-"
+    } else {
+        "cmpl-"
+    });
+    let created = now_secs();
+    let object = if job.flavor == Flavor::Chat {
+        "chat.completion.chunk"
+    } else {
+        "text_completion"
+    };
+    let chunk = |choices: Value| json!({"id": id, "object": object, "created": created, "model": job.model, "choices": choices});
+    let n = job.params.n;
+    let num_choices = job.prompts.len() * n;
+    let mut started = vec![false; num_choices];
+    let mut completion_tokens = 0usize;
+    let send = |v: Value| {
+        let tx = tx.clone();
+        async move { tx.send(Event::default().data(v.to_string())).await.is_ok() }
+    };
+    loop {
+        let next = tokio::select! {
+            e = events.next() => e,
+            _ = tx.closed() => return,
+        };
+        let Some((index, event)) = next else { break };
+        let body = match event {
+            StreamEvent::Error(message) => {
+                let err = ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, message);
+                let _ = send(err.body()).await;
+                let _ = tx.send(Event::default().data("[DONE]")).await;
+                return;
+            }
+            StreamEvent::Token {
+                token_id,
+                text,
+                logprobs,
+                finish,
+                ..
+            } => {
+                completion_tokens += 1;
+                let finish = finish.map(|f| f.as_str());
+                match job.flavor {
+                    Flavor::Chat => {
+                        let mut delta = json!({"content": text});
+                        if !started[index] {
+                            delta["role"] = json!("assistant");
+                        }
+                        let lp = logprobs
+                            .map(|lp| json!({"content": [chat_logprob(&state, token_id, &lp)]}));
+                        chunk(
+                            json!([{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}]),
+                        )
+                    }
+                    Flavor::Completion => {
+                        let mut text = text;
+                        if let (false, Some(echo)) = (started[index], &job.prompts[index / n].echo)
+                        {
+                            text = format!("{echo}{text}");
+                        }
+                        let lp =
+                            logprobs.map(|lp| completion_logprobs(&state, &[token_id], &[lp], 0));
+                        chunk(
+                            json!([{"index": index, "text": text, "logprobs": lp, "finish_reason": finish}]),
+                        )
+                    }
+                }
+            }
+        };
+        started[index] = true;
+        if !send(body).await {
+            return;
+        }
+    }
+    if job.include_usage {
+        let prompt_tokens: usize = job.prompts.iter().map(|p| p.ids.len()).sum();
+        let mut last = chunk(json!([]));
+        last["usage"] = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                               "total_tokens": prompt_tokens + completion_tokens});
+        if !send(last).await {
+            return;
+        }
+    }
+    let _ = tx.send(Event::default().data("[DONE]")).await;
+}

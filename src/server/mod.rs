@@ -1,0 +1,273 @@
+//! The OpenAI-compatible HTTP front end: router, shared state, middleware (request ids, API keys,
+//! CORS, body limit, panics as JSON), and serving with graceful shutdown.
+
+pub mod error;
+pub mod generate;
+pub mod protocol;
+pub mod routes;
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+
+use crate::engine::handle::{EngineHandle, ModelInfo};
+use error::ApiError;
+
+/// Largest request body accepted.
+pub const MAX_BODY_BYTES: usize = 32 << 20;
+
+/// Server settings beyond the engine's.
+#[derive(Clone, Debug, Default)]
+pub struct ServerOptions {
+    /// Names the model answers to (the first is reported).
+    pub served_model_names: Vec<String>,
+    /// Accepted Bearer keys; empty means no authentication.
+    pub api_keys: Vec<String>,
+    /// CORS origins (`*` for any); empty means no CORS headers.
+    pub allowed_origins: Vec<String>,
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    /// The engine thread.
+    pub engine: EngineHandle,
+    /// Tokenizer, chat template, limits.
+    pub info: ModelInfo,
+    /// Names the model answers to.
+    pub served_model_names: Arc<Vec<String>>,
+    api_keys: Arc<Vec<String>>,
+    draining: Arc<AtomicBool>,
+    unknown_fields_seen: Arc<Mutex<HashSet<String>>>,
+    /// Unix time the server started.
+    pub started_at: u64,
+}
+
+impl AppState {
+    /// State over a running engine.
+    pub fn new(engine: EngineHandle, info: ModelInfo, opts: &ServerOptions) -> Self {
+        AppState {
+            engine,
+            info,
+            served_model_names: Arc::new(opts.served_model_names.clone()),
+            api_keys: Arc::new(opts.api_keys.clone()),
+            draining: Arc::new(AtomicBool::new(false)),
+            unknown_fields_seen: Arc::new(Mutex::new(HashSet::new())),
+            started_at: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        }
+    }
+
+    /// The reported model name, or 404 for a model this server does not serve.
+    pub fn check_model(&self, requested: Option<&str>) -> Result<String, ApiError> {
+        self.check_accepting()?;
+        match requested {
+            None => Ok(self.served_model_names[0].clone()),
+            Some(m) if self.served_model_names.iter().any(|n| n == m) => Ok(m.to_string()),
+            Some(m) => Err(ApiError {
+                param: Some("model".into()),
+                ..ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    format!("The model `{m}` does not exist."),
+                )
+            }),
+        }
+    }
+
+    /// 503 while draining or when the engine has died.
+    pub fn check_accepting(&self) -> Result<(), ApiError> {
+        if self.draining.load(Ordering::Acquire) {
+            return Err(ApiError::unavailable("The server is shutting down."));
+        }
+        if !self.engine.is_alive() {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "The engine has stopped.",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Stops accepting new requests (/ready turns 503).
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// Logs each unknown request field once per server.
+    pub fn note_unknown_fields<'a>(&self, fields: impl Iterator<Item = &'a String>) {
+        let Ok(mut seen) = self.unknown_fields_seen.lock() else {
+            return;
+        };
+        for f in fields {
+            if seen.insert(f.clone()) {
+                tracing::warn!(field = %f, "ignoring unknown request field");
+            }
+        }
+    }
+}
+
+/// Equal-length-independent constant-time comparison of two secrets.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= usize::from(x ^ y);
+    }
+    diff == 0
+}
+
+async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if state.api_keys.is_empty() || req.method() == Method::OPTIONS {
+        return next.run(req).await;
+    }
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let ok = state.api_keys.iter().fold(false, |ok, key| {
+        ok | constant_time_eq(key.as_bytes(), presented.as_bytes())
+    });
+    if ok {
+        next.run(req).await
+    } else {
+        ApiError::new(StatusCode::UNAUTHORIZED, "Invalid or missing API key.").into_response()
+    }
+}
+
+async fn request_id(req: Request, next: Next) -> Response {
+    let id = req
+        .headers()
+        .get("x-request-id")
+        .cloned()
+        .unwrap_or_else(|| {
+            HeaderValue::from_str(&generate::random_id("")).expect("hex is a valid header")
+        });
+    let mut response = next.run(req).await;
+    response.headers_mut().insert("x-request-id", id);
+    response
+}
+
+fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "Internal server error.").into_response()
+}
+
+/// The full router.
+pub fn router(state: AppState, opts: &ServerOptions) -> Router {
+    let guarded = Router::new()
+        .route("/v1/completions", post(routes::completions))
+        .route("/v1/chat/completions", post(routes::chat_completions))
+        .route("/v1/models", get(routes::models))
+        .route("/tokenize", post(routes::tokenize))
+        .route("/detokenize", post(routes::detokenize))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        ));
+    let open = Router::new()
+        .route("/health", get(routes::health))
+        .route("/ready", get(routes::ready))
+        .route("/version", get(routes::version));
+    let mut app = guarded
+        .merge(open)
+        .fallback(routes::not_found)
+        .method_not_allowed_fallback(routes::method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(CatchPanicLayer::custom(panic_response))
+        .layer(middleware::from_fn(request_id))
+        .with_state(state);
+    if !opts.allowed_origins.is_empty() {
+        let origins = if opts.allowed_origins.iter().any(|o| o == "*") {
+            AllowOrigin::any()
+        } else {
+            AllowOrigin::list(
+                opts.allowed_origins
+                    .iter()
+                    .filter_map(|o| HeaderValue::from_str(o).ok()),
+            )
+        };
+        app = app.layer(
+            CorsLayer::new()
+                .allow_origin(origins)
+                .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+                .allow_headers([
+                    header::AUTHORIZATION,
+                    header::CONTENT_TYPE,
+                    "x-request-id".parse().expect("valid"),
+                ]),
+        );
+    }
+    app
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves; then stops accepting (503s), lets in-flight
+/// requests finish up to `drain_timeout`, and returns.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    opts: &ServerOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    drain_timeout: std::time::Duration,
+) -> std::io::Result<()> {
+    let app = router(state.clone(), opts);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let drain_state = state.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        tracing::info!("shutting down: no new requests, draining in-flight ones");
+        drain_state.start_draining();
+        let deadline = tokio::time::Instant::now() + drain_timeout;
+        while drain_state
+            .engine
+            .stats()
+            .num_running
+            .load(Ordering::Relaxed)
+            > 0
+            || drain_state
+                .engine
+                .stats()
+                .num_waiting
+                .load(Ordering::Relaxed)
+                > 0
+        {
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!("shutdown timeout: ending the remaining requests");
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let _ = stop_tx.send(());
+    });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            let _ = stop_rx.await;
+        })
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn constant_time_eq_compares_exactly() {
+        assert!(constant_time_eq(b"sk-abc", b"sk-abc"));
+        assert!(!constant_time_eq(b"sk-abc", b"sk-abd"));
+        assert!(!constant_time_eq(b"sk-abc", b"sk-ab"));
+        assert!(!constant_time_eq(b"", b"x"));
+    }
+}

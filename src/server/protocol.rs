@@ -1,0 +1,198 @@
+//! OpenAI wire types for requests (responses are built as JSON where they are sent), and their
+//! resolution into engine [`SamplingParams`].
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::error::ApiError;
+use crate::engine::request::SamplingParams;
+
+/// `stop`: one string or several.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StopInput {
+    /// One stop string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+/// `prompt` of /v1/completions: text, texts, token ids, or lists of token ids.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    /// One text.
+    Text(String),
+    /// Several texts.
+    Texts(Vec<String>),
+    /// One prompt as token ids.
+    Tokens(Vec<u32>),
+    /// Several prompts as token ids.
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// `stream_options`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Add one final chunk with usage.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Sampling fields shared by both endpoints (OpenAI's plus vLLM's extensions).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct SamplingFields {
+    /// Completions per prompt.
+    pub n: Option<usize>,
+    /// Temperature.
+    pub temperature: Option<f32>,
+    /// Nucleus mass.
+    pub top_p: Option<f32>,
+    /// Top-k (-1 or 0: off).
+    pub top_k: Option<i32>,
+    /// Min-p.
+    pub min_p: Option<f32>,
+    /// Presence penalty.
+    pub presence_penalty: Option<f32>,
+    /// Frequency penalty.
+    pub frequency_penalty: Option<f32>,
+    /// Repetition penalty.
+    pub repetition_penalty: Option<f32>,
+    /// Token id (as a string key) -> bias.
+    pub logit_bias: Option<BTreeMap<String, f32>>,
+    /// Stop strings.
+    pub stop: Option<StopInput>,
+    /// Stop token ids.
+    pub stop_token_ids: Option<Vec<u32>>,
+    /// Seed.
+    pub seed: Option<u64>,
+    /// Output length limit.
+    pub max_tokens: Option<usize>,
+    /// Tokens before EOS/stop ids may end the output.
+    pub min_tokens: Option<usize>,
+    /// Ignore EOS.
+    pub ignore_eos: Option<bool>,
+    /// Leave special tokens out of the text.
+    pub skip_special_tokens: Option<bool>,
+    /// Keep the stop string in the output.
+    pub include_stop_str_in_output: Option<bool>,
+    /// Stream server-sent events.
+    pub stream: Option<bool>,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+    /// Isolates prefix-cache entries (vLLM's `cache_salt`).
+    pub cache_salt: Option<String>,
+    /// Ignored (OpenAI end-user id).
+    pub user: Option<String>,
+}
+
+/// POST /v1/completions.
+#[derive(Clone, Debug, Deserialize)]
+pub struct CompletionRequest {
+    /// Served model name.
+    pub model: Option<String>,
+    /// The prompt(s).
+    pub prompt: PromptInput,
+    /// Logprobs: how many alternatives per token.
+    pub logprobs: Option<usize>,
+    /// Prepend the prompt to the returned text.
+    #[serde(default)]
+    pub echo: bool,
+    /// Sampling.
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+    /// Fields pagewise does not know (logged once, ignored).
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
+}
+
+/// POST /v1/chat/completions.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ChatRequest {
+    /// Served model name.
+    pub model: Option<String>,
+    /// The conversation, passed to the chat template as given (content strings or text parts).
+    pub messages: Vec<serde_json::Value>,
+    /// Newer name of max_tokens (takes precedence).
+    pub max_completion_tokens: Option<usize>,
+    /// Return logprobs of the chosen tokens.
+    #[serde(default)]
+    pub logprobs: bool,
+    /// Alternatives per token when `logprobs`.
+    pub top_logprobs: Option<usize>,
+    /// Append the assistant prompt (default true).
+    pub add_generation_prompt: Option<bool>,
+    /// Extra variables for the chat template.
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Tools, passed to the chat template.
+    pub tools: Option<serde_json::Value>,
+    /// Sampling.
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+    /// Fields pagewise does not know (logged once, ignored).
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
+}
+
+impl SamplingFields {
+    /// Engine parameters: the request's values over vLLM's defaults. `max_tokens` defaults to what
+    /// is left of the context after the prompt.
+    pub fn resolve(
+        &self,
+        max_tokens: Option<usize>,
+        logprobs: Option<usize>,
+        default_max_tokens: usize,
+    ) -> Result<SamplingParams, ApiError> {
+        let d = SamplingParams::default();
+        let logit_bias = self
+            .logit_bias
+            .iter()
+            .flatten()
+            .map(|(k, &v)| {
+                k.parse::<u32>().map(|id| (id, v)).map_err(|_| {
+                    ApiError::invalid(
+                        "logit_bias",
+                        format!("logit_bias key {k:?} is not a token id"),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(SamplingParams {
+            n: self.n.unwrap_or(1),
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            top_k: self.top_k.unwrap_or(d.top_k),
+            min_p: self.min_p.unwrap_or(d.min_p),
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
+            logit_bias,
+            seed: self.seed,
+            max_tokens: max_tokens.or(self.max_tokens).unwrap_or(default_max_tokens),
+            min_tokens: self.min_tokens.unwrap_or(0),
+            stop: match &self.stop {
+                None => Vec::new(),
+                Some(StopInput::One(s)) => vec![s.clone()],
+                Some(StopInput::Many(v)) => v.clone(),
+            },
+            stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            logprobs,
+            skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
+            include_stop_str_in_output: self.include_stop_str_in_output.unwrap_or(false),
+        })
+    }
+
+    /// Whether to stream.
+    pub fn is_stream(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    /// Whether the stream ends with a usage chunk.
+    pub fn include_usage(&self) -> bool {
+        self.stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage)
+    }
+}

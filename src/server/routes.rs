@@ -1,0 +1,319 @@
+//! HTTP handlers. Requests are validated and resolved here; the engine sees only token ids and
+//! resolved parameters.
+
+use axum::extract::{FromRequest, Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::error::ApiError;
+use super::generate::{Flavor, Job, Prompt, respond_json, respond_sse};
+use super::protocol::{ChatRequest, CompletionRequest, PromptInput};
+
+/// `Json<T>` whose rejections are OpenAI-shaped errors (400 bad JSON or field, 413, 415).
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        use axum::extract::rejection::JsonRejection;
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(ApiJson(v)),
+            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "Expected request with `Content-Type: application/json`.",
+            )),
+            Err(JsonRejection::BytesRejection(e))
+                if e.status() == StatusCode::PAYLOAD_TOO_LARGE =>
+            {
+                Err(ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "The request body is too large.",
+                ))
+            }
+            Err(e) => Err(ApiError::new(StatusCode::BAD_REQUEST, e.body_text())),
+        }
+    }
+}
+
+/// Tokenizes off the async runtime.
+async fn encode(state: &AppState, text: String, special: bool) -> Result<Vec<u32>, ApiError> {
+    let tokenizer = state.info.tokenizer.clone();
+    tokio::task::spawn_blocking(move || {
+        tokenizer
+            .encode(text.as_str(), special)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| {
+                ApiError::new(StatusCode::BAD_REQUEST, format!("tokenization failed: {e}"))
+            })
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+}
+
+/// Output budget left after the prompt; 400 in vLLM's words when the prompt alone fills the context.
+fn default_max_tokens(
+    state: &AppState,
+    prompt_len: usize,
+    requested: Option<usize>,
+) -> Result<usize, ApiError> {
+    let max_len = state.info.max_model_len;
+    let remaining = max_len.saturating_sub(prompt_len);
+    let want = requested.unwrap_or(remaining);
+    if remaining == 0 || prompt_len + want > max_len {
+        return Err(ApiError::invalid(
+            "messages",
+            format!(
+                "This model's maximum context length is {max_len} tokens. However, you requested {} tokens \
+                 ({prompt_len} in the messages, {want} in the completion). Please reduce the length of the \
+                 messages or completion.",
+                prompt_len + want
+            ),
+        ));
+    }
+    Ok(want)
+}
+
+/// POST /v1/completions
+pub async fn completions(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<CompletionRequest>,
+) -> Result<Response, ApiError> {
+    let model = state.check_model(req.model.as_deref())?;
+    state.note_unknown_fields(req.unknown.keys());
+    let prompts: Vec<(Option<String>, Option<Vec<u32>>)> = match req.prompt {
+        PromptInput::Text(t) => vec![(Some(t), None)],
+        PromptInput::Texts(ts) => ts.into_iter().map(|t| (Some(t), None)).collect(),
+        PromptInput::Tokens(ids) => vec![(None, Some(ids))],
+        PromptInput::TokenLists(lists) => lists.into_iter().map(|ids| (None, Some(ids))).collect(),
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::invalid("prompt", "prompt must not be empty."));
+    }
+    let mut resolved = Vec::with_capacity(prompts.len());
+    for (text, ids) in prompts {
+        let ids = match (ids, &text) {
+            (Some(ids), _) => ids,
+            (None, Some(t)) => encode(&state, t.clone(), true).await?,
+            (None, None) => unreachable!("a prompt is text or ids"),
+        };
+        if ids.is_empty() {
+            return Err(ApiError::invalid("prompt", "prompt must not be empty."));
+        }
+        let echo = if req.echo {
+            Some(
+                text.unwrap_or_else(|| state.info.tokenizer.decode(&ids, true).unwrap_or_default()),
+            )
+        } else {
+            None
+        };
+        resolved.push(Prompt { echo, ids });
+    }
+    let longest = resolved.iter().map(|p| p.ids.len()).max().unwrap_or(0);
+    let max_tokens = default_max_tokens(&state, longest, req.sampling.max_tokens)?;
+    let params = req
+        .sampling
+        .resolve(Some(max_tokens), req.logprobs, max_tokens)?;
+    params.validate(Some(state.info.vocab_size))?;
+    let job = Job {
+        flavor: Flavor::Completion,
+        model,
+        prompts: resolved,
+        params,
+        cache_salt: req.sampling.cache_salt.clone(),
+        include_usage: req.sampling.include_usage(),
+    };
+    if req.sampling.is_stream() {
+        respond_sse(state, job).await
+    } else {
+        respond_json(&state, job).await
+    }
+}
+
+/// POST /v1/chat/completions
+pub async fn chat_completions(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<ChatRequest>,
+) -> Result<Response, ApiError> {
+    let model = state.check_model(req.model.as_deref())?;
+    state.note_unknown_fields(req.unknown.keys());
+    if req.messages.is_empty() {
+        return Err(ApiError::invalid("messages", "messages must not be empty."));
+    }
+    let template = state.info.chat_template.clone().ok_or_else(|| {
+        ApiError::invalid(
+            "messages",
+            state.info.chat_template_error.clone().unwrap_or_default(),
+        )
+    })?;
+    let mut extra = req.chat_template_kwargs.clone().unwrap_or_default();
+    if let Some(tools) = &req.tools {
+        extra.insert("tools".into(), tools.clone());
+    }
+    let messages = Value::Array(req.messages.iter().map(normalize_message).collect());
+    let rendered = template
+        .render(&messages, req.add_generation_prompt.unwrap_or(true), &extra)
+        .map_err(|e| ApiError::invalid("messages", e.0))?;
+    let ids = encode(&state, rendered, false).await?;
+    let requested = req.max_completion_tokens.or(req.sampling.max_tokens);
+    let max_tokens = default_max_tokens(&state, ids.len(), requested)?;
+    let logprobs = req.logprobs.then_some(req.top_logprobs.unwrap_or(0));
+    let params = req
+        .sampling
+        .resolve(Some(max_tokens), logprobs, max_tokens)?;
+    params.validate(Some(state.info.vocab_size))?;
+    let job = Job {
+        flavor: Flavor::Chat,
+        model,
+        prompts: vec![Prompt { echo: None, ids }],
+        params,
+        cache_salt: req.sampling.cache_salt.clone(),
+        include_usage: req.sampling.include_usage(),
+    };
+    if req.sampling.is_stream() {
+        respond_sse(state, job).await
+    } else {
+        respond_json(&state, job).await
+    }
+}
+
+/// OpenAI content parts (`[{"type": "text", "text": ...}]`) joined into one string, as templates
+/// written for plain strings expect.
+fn normalize_message(m: &Value) -> Value {
+    let mut m = m.clone();
+    if let Some(parts) = m.get("content").and_then(Value::as_array) {
+        let text: String = parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n");
+        m["content"] = Value::String(text);
+    }
+    if m.get("content").is_none_or(Value::is_null) {
+        m["content"] = Value::String(String::new());
+    }
+    m
+}
+
+/// GET /v1/models
+pub async fn models(State(state): State<AppState>) -> Response {
+    let data: Vec<Value> = state
+        .served_model_names
+        .iter()
+        .map(|name| json!({"id": name, "object": "model", "created": state.started_at, "owned_by": "pagewise",
+                           "root": state.served_model_names[0], "max_model_len": state.info.max_model_len}))
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// GET /health: 200 while the engine thread lives.
+pub async fn health(State(state): State<AppState>) -> Response {
+    if state.engine.is_alive() {
+        StatusCode::OK.into_response()
+    } else {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "The engine has stopped.").into_response()
+    }
+}
+
+/// GET /ready: 200 when accepting requests.
+pub async fn ready(State(state): State<AppState>) -> Response {
+    match state.check_accepting() {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// GET /version
+pub async fn version() -> Response {
+    axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
+}
+
+/// POST /tokenize: `{"prompt": "..."}` or `{"messages": [...]}`.
+pub async fn tokenize(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<Value>,
+) -> Result<Response, ApiError> {
+    let add_special = req.get("add_special_tokens").and_then(Value::as_bool);
+    let text = if let Some(p) = req.get("prompt").and_then(Value::as_str) {
+        p.to_string()
+    } else if let Some(messages) = req.get("messages").and_then(Value::as_array) {
+        let template = state.info.chat_template.clone().ok_or_else(|| {
+            ApiError::invalid(
+                "messages",
+                state.info.chat_template_error.clone().unwrap_or_default(),
+            )
+        })?;
+        let msgs = Value::Array(messages.iter().map(normalize_message).collect());
+        let gen_prompt = req
+            .get("add_generation_prompt")
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
+        template
+            .render(&msgs, gen_prompt, &Default::default())
+            .map_err(|e| ApiError::invalid("messages", e.0))?
+    } else {
+        return Err(ApiError::invalid(
+            "prompt",
+            "Give `prompt` (a string) or `messages`.",
+        ));
+    };
+    let special = add_special.unwrap_or(req.get("prompt").is_some());
+    let tokens = encode(&state, text, special).await?;
+    Ok(axum::Json(
+        json!({"count": tokens.len(), "max_model_len": state.info.max_model_len, "tokens": tokens}),
+    )
+    .into_response())
+}
+
+/// POST /detokenize: `{"tokens": [...]}`.
+pub async fn detokenize(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<Value>,
+) -> Result<Response, ApiError> {
+    let tokens: Vec<u32> = req
+        .get("tokens")
+        .and_then(Value::as_array)
+        .ok_or_else(|| ApiError::invalid("tokens", "`tokens` must be a list of token ids."))?
+        .iter()
+        .map(|t| {
+            t.as_u64()
+                .filter(|&t| (t as usize) < state.info.vocab_size)
+                .map(|t| t as u32)
+        })
+        .collect::<Option<_>>()
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "tokens",
+                "`tokens` must be token ids of this model's vocabulary.",
+            )
+        })?;
+    let prompt = state
+        .info
+        .tokenizer
+        .decode(&tokens, false)
+        .map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+    Ok(axum::Json(json!({"prompt": prompt})).into_response())
+}
+
+/// Unknown route.
+pub async fn not_found(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("No route for {} {}.", req.method(), req.uri().path()),
+    )
+}
+
+/// Known route, wrong method.
+pub async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!(
+            "Method {} is not allowed for {}.",
+            req.method(),
+            req.uri().path()
+        ),
+    )
+}

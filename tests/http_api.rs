@@ -1,0 +1,405 @@
+//! The HTTP API against a real server on 127.0.0.1:0 with a real HTTP client: every endpoint, SSE
+//! framing, error shapes, API keys, request ids, and a disconnecting client freeing its sequence.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use pagewise::engine::handle::EngineHandle;
+use pagewise::server::{self, AppState, ServerOptions};
+use pagewise::{EngineArgs, Llm, SamplingParams};
+use serde_json::{Value, json};
+
+const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/qwen2-bias");
+const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+fn engine_args() -> EngineArgs {
+    EngineArgs {
+        model: MODEL.into(),
+        chat_template: Some(CHATML.into()),
+        ..Default::default()
+    }
+}
+
+async fn start(api_keys: Vec<String>) -> (String, AppState) {
+    let (engine, info) = EngineHandle::spawn(engine_args(), 64).unwrap();
+    let opts = ServerOptions {
+        served_model_names: vec!["tiny".into()],
+        api_keys,
+        allowed_origins: vec![],
+    };
+    let state = AppState::new(engine, info, &opts);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let st = state.clone();
+    tokio::spawn(async move {
+        server::serve(
+            listener,
+            st,
+            &opts,
+            std::future::pending(),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    });
+    (base, state)
+}
+
+async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// The `data:` payloads of an SSE body.
+async fn sse(base: &str, path: &str, body: Value) -> Vec<String> {
+    let r = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let text = r.text().await.unwrap();
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    text.split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .map(str::to_string)
+        .collect()
+}
+
+fn assert_error(body: &Value, kind: &str, needle: &str) {
+    let e = &body["error"];
+    assert_eq!(e["type"], kind, "{body}");
+    assert!(e["message"].as_str().unwrap().contains(needle), "{body}");
+    assert!(
+        e.get("param").is_some() && e.get("code").is_some(),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_and_chat_plain_and_streaming() {
+    let (base, _) = start(vec![]).await;
+    let prompt = "Hello there";
+    let offline = Llm::new(engine_args())
+        .unwrap()
+        .generate(
+            &[prompt],
+            &SamplingParams {
+                temperature: 0.0,
+                max_tokens: 8,
+                ignore_eos: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let want = &offline[0].outputs[0].text;
+
+    let (status, body) = post(&base, "/v1/completions", json!({"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "text_completion");
+    assert_eq!(&body["choices"][0]["text"], want);
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    let usage = &body["usage"];
+    assert_eq!(usage["completion_tokens"], 8);
+    assert_eq!(
+        usage["total_tokens"].as_u64(),
+        Some(usage["prompt_tokens"].as_u64().unwrap() + 8)
+    );
+
+    // A list of prompts, n = 2, echo and logprobs.
+    let (status, body) = post(&base, "/v1/completions", json!({"prompt": ["a", "b"], "n": 2, "max_tokens": 3, "echo": true, "logprobs": 2, "seed": 1})).await;
+    assert_eq!(status, 200, "{body}");
+    let choices = body["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 4);
+    assert!(choices[2]["text"].as_str().unwrap().starts_with('b'));
+    assert_eq!(
+        choices[0]["logprobs"]["top_logprobs"][0]
+            .as_object()
+            .unwrap()
+            .len(),
+        2
+    );
+
+    // Streaming: one chunk per token, finish_reason only on the last, usage chunk, then [DONE].
+    let events = sse(&base, "/v1/completions", json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}})).await;
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks.len(), 9, "8 tokens + usage");
+    let text: String = chunks[..8]
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(&text, want);
+    assert!(
+        chunks[..7]
+            .iter()
+            .all(|c| c["choices"][0]["finish_reason"].is_null())
+    );
+    assert_eq!(chunks[7]["choices"][0]["finish_reason"], "length");
+    assert_eq!(chunks[8]["choices"], json!([]));
+    assert_eq!(chunks[8]["usage"]["completion_tokens"], 8);
+    assert!(chunks.iter().all(|c| c["id"] == chunks[0]["id"]));
+
+    // Chat, plain and streaming.
+    let messages = json!([{"role": "user", "content": "Hi"}]);
+    let (status, body) = post(&base, "/v1/chat/completions", json!({"messages": messages, "max_completion_tokens": 5, "temperature": 0, "logprobs": true, "top_logprobs": 3})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(
+        body["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+    let events = sse(
+        &base,
+        "/v1/chat/completions",
+        json!({"messages": messages, "max_tokens": 5, "temperature": 0, "stream": true}),
+    )
+    .await;
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(chunks[1]["choices"][0]["delta"].get("role").is_none());
+    let streamed: String = chunks
+        .iter()
+        .map(|c| c["choices"][0]["delta"]["content"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        streamed,
+        body["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn utility_endpoints() {
+    let (base, _) = start(vec![]).await;
+    let client = reqwest::Client::new();
+    for path in ["/health", "/ready"] {
+        assert_eq!(
+            client
+                .get(format!("{base}{path}"))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+    }
+    let v: Value = client
+        .get(format!("{base}/version"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(v["version"].is_string());
+    let models: Value = client
+        .get(format!("{base}/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], "tiny");
+    assert_eq!(models["data"][0]["max_model_len"], 256);
+    let (_, tok) = post(&base, "/tokenize", json!({"prompt": "héllo"})).await;
+    assert_eq!(tok["count"], 6);
+    let (_, detok) = post(&base, "/detokenize", json!({"tokens": tok["tokens"]})).await;
+    assert_eq!(detok["prompt"], "héllo");
+    let r = client
+        .get(format!("{base}/health"))
+        .header("x-request-id", "abc-123")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["x-request-id"], "abc-123");
+    let r = client.get(format!("{base}/health")).send().await.unwrap();
+    assert!(!r.headers()["x-request-id"].is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_is_openai_shaped() {
+    let (base, _) = start(vec![]).await;
+    let client = reqwest::Client::new();
+    let send = |req: reqwest::RequestBuilder| async move {
+        let r = req.send().await.unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    };
+    let url = format!("{base}/v1/completions");
+    let (s, b) = send(
+        client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body("{not json"),
+    )
+    .await;
+    assert_eq!(s, 400);
+    assert_error(&b, "invalid_request_error", "");
+    let (s, b) = send(client.post(&url).body("{}")).await;
+    assert_eq!(s, 415);
+    assert_error(&b, "invalid_request_error", "Content-Type");
+    let (s, b) = send(client.post(&url).json(&json!({"max_tokens": 3}))).await;
+    assert_eq!(s, 400, "missing prompt");
+    assert_error(&b, "invalid_request_error", "prompt");
+    let (s, b) = post(
+        &base,
+        "/v1/completions",
+        json!({"model": "nope", "prompt": "x"}),
+    )
+    .await;
+    assert_eq!(s, 404);
+    assert_error(&b, "not_found_error", "`nope` does not exist");
+    let (s, b) = post(
+        &base,
+        "/v1/completions",
+        json!({"prompt": "x", "temperature": -1}),
+    )
+    .await;
+    assert_eq!(s, 400);
+    assert_eq!(b["error"]["param"], "temperature");
+    let (s, b) = post(
+        &base,
+        "/v1/completions",
+        json!({"prompt": "x".repeat(300), "max_tokens": 10}),
+    )
+    .await;
+    assert_eq!(s, 400);
+    assert_error(
+        &b,
+        "invalid_request_error",
+        "This model's maximum context length is 256 tokens. However, you requested",
+    );
+    let (s, b) = post(&base, "/v1/chat/completions", json!({"messages": []})).await;
+    assert_eq!(s, 400);
+    assert_error(&b, "invalid_request_error", "messages");
+    let (s, b) = send(client.get(format!("{base}/v1/nothing"))).await;
+    assert_eq!(s, 404);
+    assert_error(&b, "not_found_error", "/v1/nothing");
+    let (s, b) = send(client.get(&url)).await;
+    assert_eq!(s, 405);
+    assert_error(&b, "invalid_request_error", "GET");
+    let big = "x".repeat(33 << 20);
+    let (s, b) = send(
+        client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(big),
+    )
+    .await;
+    assert_eq!(s, 413);
+    assert_error(&b, "invalid_request_error", "too large");
+    // Unknown fields are accepted.
+    let (s, _) = post(
+        &base,
+        "/v1/completions",
+        json!({"prompt": "x", "max_tokens": 1, "some_new_openai_field": {"a": 1}}),
+    )
+    .await;
+    assert_eq!(s, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_keys_guard_the_api_but_not_health() {
+    let (base, _) = start(vec!["sk-one".into(), "sk-two".into()]).await;
+    let client = reqwest::Client::new();
+    let body = json!({"prompt": "x", "max_tokens": 1});
+    let r = client
+        .post(format!("{base}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert_error(&r.json().await.unwrap(), "authentication_error", "API key");
+    let r = client
+        .post(format!("{base}/v1/completions"))
+        .bearer_auth("sk-wrong")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    for key in ["sk-one", "sk-two"] {
+        let r = client
+            .post(format!("{base}/v1/completions"))
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    assert_eq!(
+        client
+            .get(format!("{base}/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        client
+            .get(format!("{base}/v1/models"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_mid_stream_frees_its_sequence() {
+    let (base, state) = start(vec![]).await;
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"prompt": "x", "max_tokens": 240, "ignore_eos": true, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let mut body = r.bytes_stream();
+    body.next().await.unwrap().unwrap();
+    drop(body);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while state.engine.stats().num_running.load(Ordering::Relaxed) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the sequence kept running after the client left"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        state
+            .engine
+            .stats()
+            .num_generated_tokens
+            .load(Ordering::Relaxed)
+            < 240
+    );
+}
