@@ -11,6 +11,7 @@ pub mod engine;
 pub mod kv;
 pub mod llm;
 pub mod loader;
+pub mod metrics;
 pub mod model;
 pub mod runner;
 pub mod sampler;

@@ -402,4 +402,75 @@ async fn a_client_that_disconnects_mid_stream_frees_its_sequence() {
             .load(Ordering::Relaxed)
             < 240
     );
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("vllm:kv_cache_usage_perc{model_name=\"tiny\"} 0\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "vllm:request_success_total{model_name=\"tiny\",finished_reason=\"abort\"} 1\n"
+        ),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_use_vllm_names() {
+    let (base, _) = start(vec![]).await;
+    let (s, _) = post(
+        &base,
+        "/v1/completions",
+        json!({"prompt": "abc", "max_tokens": 4, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let r = reqwest::get(format!("{base}/metrics")).await.unwrap();
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain")
+    );
+    let text = r.text().await.unwrap();
+    for name in [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:num_preemptions_total",
+        "vllm:request_success_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_count",
+        "vllm:e2e_request_latency_seconds_sum",
+        "vllm:request_queue_time_seconds_count",
+    ] {
+        assert!(text.contains(name), "{name} missing from\n{text}");
+    }
+    assert!(
+        text.contains("vllm:prompt_tokens_total{model_name=\"tiny\"} 3\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("vllm:generation_tokens_total{model_name=\"tiny\"} 4\n"),
+        "{text}"
+    );
+    assert!(text.contains("finished_reason=\"length\"} 1\n"), "{text}");
+    assert!(
+        text.contains("vllm:time_to_first_token_seconds_count{model_name=\"tiny\"} 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("vllm:inter_token_latency_seconds_count{model_name=\"tiny\"} 3\n"),
+        "{text}"
+    );
 }

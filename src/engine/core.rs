@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use candle_core::Device;
 use tokenizers::Tokenizer;
@@ -43,6 +44,8 @@ pub struct SeqEvent {
 struct TextState {
     detokenizer: IncrementalDetokenizer,
     stop: StopMatcher,
+    arrival: Instant,
+    scheduled: bool,
 }
 
 /// A loaded model and everything mutable around it; single-threaded by design.
@@ -55,6 +58,7 @@ pub struct EngineCore {
     eos_token_ids: Arc<[u32]>,
     text: HashMap<SeqId, TextState>,
     next_seq_id: u64,
+    queue_times: Vec<Duration>,
 }
 
 impl EngineCore {
@@ -154,6 +158,7 @@ impl EngineCore {
             chat,
             text: HashMap::new(),
             next_seq_id: 0,
+            queue_times: Vec::new(),
         })
     }
 
@@ -223,11 +228,18 @@ impl EngineCore {
                 TextState {
                     detokenizer: IncrementalDetokenizer::new(&prompt, params.skip_special_tokens),
                     stop: StopMatcher::new(params.stop.clone(), params.include_stop_str_in_output),
+                    arrival: Instant::now(),
+                    scheduled: false,
                 },
             );
             ids.push(id);
         }
         Ok(ids)
+    }
+
+    /// Time each sequence scheduled since the last call spent waiting for its first step.
+    pub fn take_queue_times(&mut self) -> Vec<Duration> {
+        std::mem::take(&mut self.queue_times)
     }
 
     /// Cancels a sequence and frees its blocks.
@@ -241,6 +253,12 @@ impl EngineCore {
         let out = self.scheduler.schedule();
         if out.is_empty() {
             return Ok(Vec::new());
+        }
+        for s in &out.seqs {
+            if let Some(state) = self.text.get_mut(&s.seq_id).filter(|t| !t.scheduled) {
+                state.scheduled = true;
+                self.queue_times.push(state.arrival.elapsed());
+            }
         }
         let sampled = self
             .runner

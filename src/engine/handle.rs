@@ -13,6 +13,7 @@ use super::core::EngineCore;
 use super::request::{FinishReason, SamplingParams};
 use super::sequence::SeqId;
 use crate::chat::ChatTemplate;
+use crate::metrics::Histogram;
 use crate::sampler::Logprobs;
 
 /// A fully resolved request: prompt tokens and sampling parameters.
@@ -59,6 +60,12 @@ pub struct EngineStats {
     pub num_preemptions: AtomicU64,
     /// Tokens generated since start.
     pub num_generated_tokens: AtomicU64,
+    /// Prompt tokens looked up in the prefix cache.
+    pub prefix_cache_queries: AtomicU64,
+    /// Prompt tokens served from the prefix cache.
+    pub prefix_cache_hits: AtomicU64,
+    /// Time from submission to a sequence's first scheduled step.
+    pub queue_time: Histogram,
 }
 
 /// Why a submission was refused before it reached the engine.
@@ -240,7 +247,7 @@ fn run(mut core: EngineCore, mut rx: mpsc::Receiver<Submission>, stats: &EngineS
                 }
             }
         }
-        publish(&core, stats);
+        publish(&mut core, stats);
     }
 }
 
@@ -273,8 +280,18 @@ fn admit(core: &mut EngineCore, routes: &mut HashMap<SeqId, Route>, s: Submissio
     }
 }
 
-fn publish(core: &EngineCore, stats: &EngineStats) {
+fn publish(core: &mut EngineCore, stats: &EngineStats) {
+    for t in core.take_queue_times() {
+        stats.queue_time.observe(t);
+    }
     let s = core.scheduler();
+    let prefix = s.kv().prefix_cache_stats();
+    stats
+        .prefix_cache_queries
+        .store(prefix.num_queried_tokens, Ordering::Relaxed);
+    stats
+        .prefix_cache_hits
+        .store(prefix.num_hit_tokens, Ordering::Relaxed);
     stats
         .num_running
         .store(s.num_running() as u64, Ordering::Relaxed);

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 
 use super::AppState;
 use super::error::ApiError;
+use super::metrics::RequestTimer;
 use crate::engine::handle::{GenerateRequest, StreamEvent};
 use crate::engine::request::SamplingParams;
 use crate::sampler::Logprobs;
@@ -48,6 +49,8 @@ pub struct Job {
     pub cache_salt: Option<String>,
     /// Streaming with a final usage chunk.
     pub include_usage: bool,
+    /// When the request arrived.
+    pub arrived: std::time::Instant,
 }
 
 /// A tagged event: which choice (`prompt * n + index`) and what happened.
@@ -94,6 +97,11 @@ async fn submit_all(state: &AppState, job: &Job) -> Result<BoxStream<'static, Ta
                 .boxed(),
         );
     }
+    let prompt_tokens: usize = job.prompts.iter().map(|p| p.ids.len()).sum();
+    state
+        .metrics
+        .prompt_tokens
+        .fetch_add(prompt_tokens as u64, std::sync::atomic::Ordering::Relaxed);
     Ok(stream::select_all(streams).boxed())
 }
 
@@ -132,6 +140,7 @@ pub async fn respond_json(state: &AppState, job: Job) -> Result<Response, ApiErr
     let mut choices: Vec<Choice> = (0..job.prompts.len() * n)
         .map(|_| Choice::default())
         .collect();
+    let mut timer = RequestTimer::new(job.arrived, choices.len());
     while let Some((index, event)) = events.next().await {
         match event {
             StreamEvent::Token {
@@ -141,6 +150,10 @@ pub async fn respond_json(state: &AppState, job: Job) -> Result<Response, ApiErr
                 finish,
                 ..
             } => {
+                timer.token(&state.metrics, index);
+                if let Some(f) = finish {
+                    state.metrics.finished(f);
+                }
                 let c = &mut choices[index];
                 c.text.push_str(&text);
                 c.tokens.push(token_id);
@@ -155,6 +168,7 @@ pub async fn respond_json(state: &AppState, job: Job) -> Result<Response, ApiErr
             }
         }
     }
+    timer.done(&state.metrics);
     let prompt_tokens: usize = job.prompts.iter().map(|p| p.ids.len()).sum();
     let completion_tokens: usize = choices.iter().map(|c| c.tokens.len()).sum();
     let want_logprobs = job.params.logprobs.is_some();
@@ -248,6 +262,8 @@ async fn pump(
     let n = job.params.n;
     let num_choices = job.prompts.len() * n;
     let mut started = vec![false; num_choices];
+    let mut finished = vec![false; num_choices];
+    let mut timer = RequestTimer::new(job.arrived, num_choices);
     let mut completion_tokens = 0usize;
     let send = |v: Value| {
         let tx = tx.clone();
@@ -256,7 +272,13 @@ async fn pump(
     loop {
         let next = tokio::select! {
             e = events.next() => e,
-            _ = tx.closed() => return,
+            _ = tx.closed() => {
+                // The client left: its unfinished sequences are aborted when `events` drops.
+                for _ in finished.iter().filter(|f| !**f) {
+                    state.metrics.finished(crate::engine::request::FinishReason::Abort);
+                }
+                return;
+            }
         };
         let Some((index, event)) = next else { break };
         let body = match event {
@@ -273,6 +295,11 @@ async fn pump(
                 finish,
                 ..
             } => {
+                timer.token(&state.metrics, index);
+                if let Some(f) = finish {
+                    finished[index] = true;
+                    state.metrics.finished(f);
+                }
                 completion_tokens += 1;
                 let finish = finish.map(|f| f.as_str());
                 match job.flavor {
@@ -307,6 +334,7 @@ async fn pump(
             return;
         }
     }
+    timer.done(&state.metrics);
     if job.include_usage {
         let prompt_tokens: usize = job.prompts.iter().map(|p| p.ids.len()).sum();
         let mut last = chunk(json!([]));

@@ -3,6 +3,7 @@
 
 pub mod error;
 pub mod generate;
+pub mod metrics;
 pub mod protocol;
 pub mod routes;
 
@@ -51,6 +52,8 @@ pub struct AppState {
     unknown_fields_seen: Arc<Mutex<HashSet<String>>>,
     /// Unix time the server started.
     pub started_at: u64,
+    /// Request counters and latencies.
+    pub metrics: Arc<metrics::ServerMetrics>,
 }
 
 impl AppState {
@@ -63,6 +66,7 @@ impl AppState {
             api_keys: Arc::new(opts.api_keys.clone()),
             draining: Arc::new(AtomicBool::new(false)),
             unknown_fields_seen: Arc::new(Mutex::new(HashSet::new())),
+            metrics: Arc::new(metrics::ServerMetrics::default()),
             started_at: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -181,7 +185,8 @@ pub fn router(state: AppState, opts: &ServerOptions) -> Router {
     let open = Router::new()
         .route("/health", get(routes::health))
         .route("/ready", get(routes::ready))
-        .route("/version", get(routes::version));
+        .route("/version", get(routes::version))
+        .route("/metrics", get(metrics::metrics));
     let mut app = guarded
         .merge(open)
         .fallback(routes::not_found)

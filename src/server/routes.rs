@@ -82,6 +82,7 @@ pub async fn completions(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
+    let arrived = std::time::Instant::now();
     let model = state.check_model(req.model.as_deref())?;
     state.note_unknown_fields(req.unknown.keys());
     let prompts: Vec<(Option<String>, Option<Vec<u32>>)> = match req.prompt {
@@ -125,6 +126,7 @@ pub async fn completions(
         params,
         cache_salt: req.sampling.cache_salt.clone(),
         include_usage: req.sampling.include_usage(),
+        arrived,
     };
     if req.sampling.is_stream() {
         respond_sse(state, job).await
@@ -138,6 +140,7 @@ pub async fn chat_completions(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<ChatRequest>,
 ) -> Result<Response, ApiError> {
+    let arrived = std::time::Instant::now();
     let model = state.check_model(req.model.as_deref())?;
     state.note_unknown_fields(req.unknown.keys());
     if req.messages.is_empty() {
@@ -172,6 +175,7 @@ pub async fn chat_completions(
         params,
         cache_salt: req.sampling.cache_salt.clone(),
         include_usage: req.sampling.include_usage(),
+        arrived,
     };
     if req.sampling.is_stream() {
         respond_sse(state, job).await

@@ -1,0 +1,188 @@
+//! GET /metrics: the engine's gauges and counters plus the server's request latencies, in the
+//! Prometheus text format with vLLM's names.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+
+use super::AppState;
+use crate::engine::request::FinishReason;
+use crate::metrics::{Histogram, render_sample};
+
+/// What the HTTP layer measures.
+#[derive(Debug, Default)]
+pub struct ServerMetrics {
+    /// Prompt tokens of accepted requests.
+    pub prompt_tokens: AtomicU64,
+    /// Finished sequences by reason: stop, length, abort.
+    pub success: [AtomicU64; 3],
+    /// Arrival to first token.
+    pub ttft: Histogram,
+    /// Between consecutive tokens of one sequence.
+    pub itl: Histogram,
+    /// Arrival to last token.
+    pub e2e: Histogram,
+}
+
+impl ServerMetrics {
+    /// Counts a finished sequence.
+    pub fn finished(&self, reason: FinishReason) {
+        let i = match reason {
+            FinishReason::Stop => 0,
+            FinishReason::Length => 1,
+            FinishReason::Abort => 2,
+        };
+        self.success[i].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Per-request timing: first token, gaps between tokens of each choice, and the end.
+pub struct RequestTimer {
+    arrived: Instant,
+    first_seen: bool,
+    last: Vec<Option<Instant>>,
+}
+
+impl RequestTimer {
+    /// A timer for a request with `num_choices` choices that arrived at `arrived`.
+    pub fn new(arrived: Instant, num_choices: usize) -> Self {
+        RequestTimer {
+            arrived,
+            first_seen: false,
+            last: vec![None; num_choices],
+        }
+    }
+
+    /// Records a token of choice `index`.
+    pub fn token(&mut self, m: &ServerMetrics, index: usize) {
+        let now = Instant::now();
+        if !self.first_seen {
+            self.first_seen = true;
+            m.ttft.observe(now - self.arrived);
+        }
+        if let Some(prev) = self.last[index] {
+            m.itl.observe(now - prev);
+        }
+        self.last[index] = Some(now);
+    }
+
+    /// Records the request's end.
+    pub fn done(&self, m: &ServerMetrics) {
+        m.e2e.observe(self.arrived.elapsed());
+    }
+
+    /// Time since arrival.
+    pub fn elapsed(&self) -> Duration {
+        self.arrived.elapsed()
+    }
+}
+
+/// GET /metrics
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let labels = format!(
+        "model_name=\"{}\"",
+        state.served_model_names[0].replace('"', "'")
+    );
+    let e = state.engine.stats();
+    let m = &state.metrics;
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+    let mut out = String::new();
+    let gauges = [
+        (
+            "vllm:num_requests_running",
+            "Sequences running on the engine.",
+            load(&e.num_running),
+        ),
+        (
+            "vllm:num_requests_waiting",
+            "Sequences waiting to be scheduled.",
+            load(&e.num_waiting),
+        ),
+        (
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage: 1 means every block in use.",
+            load(&e.kv_usage_ppm) / 1e6,
+        ),
+        (
+            "vllm:gpu_cache_usage_perc",
+            "KV-cache usage (older name).",
+            load(&e.kv_usage_ppm) / 1e6,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        render_sample(&mut out, name, "gauge", help, &labels, v);
+    }
+    let counters = [
+        (
+            "vllm:prompt_tokens_total",
+            "Prompt tokens processed.",
+            load(&m.prompt_tokens),
+        ),
+        (
+            "vllm:generation_tokens_total",
+            "Tokens generated.",
+            load(&e.num_generated_tokens),
+        ),
+        (
+            "vllm:num_preemptions_total",
+            "Sequences preempted by recompute.",
+            load(&e.num_preemptions),
+        ),
+        (
+            "vllm:prefix_cache_queries_total",
+            "Prompt tokens looked up in the prefix cache.",
+            load(&e.prefix_cache_queries),
+        ),
+        (
+            "vllm:prefix_cache_hits_total",
+            "Prompt tokens served from the prefix cache.",
+            load(&e.prefix_cache_hits),
+        ),
+    ];
+    for (name, help, v) in counters {
+        render_sample(&mut out, name, "counter", help, &labels, v);
+    }
+    out.push_str("# HELP vllm:request_success_total Finished sequences by finish reason.\n");
+    out.push_str("# TYPE vllm:request_success_total counter\n");
+    for (i, reason) in ["stop", "length", "abort"].iter().enumerate() {
+        let v = m.success[i].load(Ordering::Relaxed);
+        out.push_str(&format!(
+            "vllm:request_success_total{{{labels},finished_reason=\"{reason}\"}} {v}\n"
+        ));
+    }
+    m.ttft.render(
+        &mut out,
+        "vllm:time_to_first_token_seconds",
+        "Arrival to first token.",
+        &labels,
+    );
+    m.itl.render(
+        &mut out,
+        "vllm:inter_token_latency_seconds",
+        "Between consecutive tokens.",
+        &labels,
+    );
+    m.e2e.render(
+        &mut out,
+        "vllm:e2e_request_latency_seconds",
+        "Arrival to last token.",
+        &labels,
+    );
+    e.queue_time.render(
+        &mut out,
+        "vllm:request_queue_time_seconds",
+        "Arrival to first scheduled step.",
+        &labels,
+    );
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        out,
+    )
+        .into_response()
+}
