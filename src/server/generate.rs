@@ -105,12 +105,14 @@ async fn submit_all(state: &AppState, job: &Job) -> Result<BoxStream<'static, Ta
     Ok(stream::select_all(streams).boxed())
 }
 
+/// A token as text for logprobs: its decoded text, or its vocabulary entry when it is only part of
+/// a UTF-8 character (so distinct tokens never share a key in `top_logprobs`).
 fn token_text(state: &AppState, id: u32) -> String {
-    state
-        .info
-        .tokenizer
-        .decode(&[id], false)
-        .unwrap_or_default()
+    let tokenizer = &state.info.tokenizer;
+    match tokenizer.decode(&[id], false) {
+        Ok(text) if !text.contains('\u{FFFD}') => text,
+        _ => tokenizer.id_to_token(id).unwrap_or_default(),
+    }
 }
 
 /// OpenAI logprobs JSON for one token (chat) or the pieces to append (completions).

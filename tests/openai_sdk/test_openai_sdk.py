@@ -1,0 +1,205 @@
+"""Conformance with the official `openai` Python SDK against the `pagewise` binary.
+
+Run by .ci/run: PAGEWISE_BIN=<binary> PAGEWISE_SMOLLM2_GGUF=<gguf> python -m pytest tests/openai_sdk
+Servers: the tiny Qwen2 fixture (with a ChatML template and API keys) and SmolLM2 (its own template).
+"""
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+
+import openai
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.environ.get("PAGEWISE_BIN", os.path.join(ROOT, "target", "debug", "pagewise"))
+TINY = os.path.join(ROOT, "tests", "fixtures", "qwen2-bias")
+CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+KEY = "sk-test-key"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, *args):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([BIN, "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/ready", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        self.proc.kill()
+        raise RuntimeError("server did not become ready: " + self.proc.stderr.read().decode()[-2000:])
+
+    def metrics(self):
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    server = Server(TINY, "--served-model-name", "tiny", "--api-key", KEY, "--chat-template", CHATML)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(tiny):
+    return openai.OpenAI(base_url=tiny.url + "/v1", api_key=KEY, max_retries=0)
+
+
+def test_chat_and_completions(client):
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
+                                          max_tokens=5, temperature=0)
+    assert chat.object == "chat.completion"
+    assert isinstance(chat.choices[0].message.content, str)
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.choices[0].finish_reason in ("stop", "length")
+    assert chat.usage.completion_tokens <= 5
+    comp = client.completions.create(model="tiny", prompt="Hello", max_tokens=4, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert comp.object == "text_completion"
+    assert comp.usage.completion_tokens == 4
+    assert comp.choices[0].finish_reason == "length"
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+
+
+def test_streaming_with_usage(client):
+    stream = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
+                                            max_tokens=6, temperature=0, stream=True,
+                                            stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.choices[0].finish_reason is None for c in chunks[:5])
+    assert chunks[5].choices[0].finish_reason == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+    assert len({c.id for c in chunks}) == 1
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    plain = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
+                                           max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    assert text == plain.choices[0].message.content
+
+
+def test_n_logprobs_seed_and_max_completion_tokens(client):
+    comp = client.completions.create(model="tiny", prompt="abc", n=3, max_tokens=3, seed=5, logprobs=2)
+    assert sorted(c.index for c in comp.choices) == [0, 1, 2]
+    assert len(comp.choices[0].logprobs.top_logprobs[0]) == 2
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                          max_tokens=3, logprobs=True, top_logprobs=2, temperature=0)
+    lp = chat.choices[0].logprobs.content[0]
+    assert lp.logprob <= 0 and len(lp.top_logprobs) == 2
+    a = client.completions.create(model="tiny", prompt="abc", max_tokens=8, seed=42, temperature=1.0)
+    b = client.completions.create(model="tiny", prompt="abc", max_tokens=8, seed=42, temperature=1.0)
+    assert a.choices[0].text == b.choices[0].text
+    c = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                       max_completion_tokens=3, extra_body={"ignore_eos": True})
+    assert c.usage.completion_tokens == 3
+
+
+def test_stop_strings(client):
+    full = client.completions.create(model="tiny", prompt="Hello", max_tokens=12, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    stop = full[4:6]
+    assert stop
+    cut = client.completions.create(model="tiny", prompt="Hello", max_tokens=12, temperature=0, stop=[stop],
+                                    extra_body={"ignore_eos": True}).choices[0]
+    assert cut.finish_reason == "stop"
+    assert cut.text == full[:full.index(stop)]
+
+
+def test_errors_map_to_sdk_exceptions(tiny, client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt="x", temperature=-1)
+    assert e.value.body["type"] == "invalid_request_error" and e.value.body["param"] == "temperature"
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="other", prompt="x")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt="x" * 300, max_tokens=10)
+    assert "maximum context length is 256 tokens" in e.value.message
+    anonymous = openai.OpenAI(base_url=tiny.url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        anonymous.models.list()
+
+
+def test_flood_of_cancelled_streams_frees_every_block(tiny):
+    async def flood():
+        aclient = openai.AsyncOpenAI(base_url=tiny.url + "/v1", api_key=KEY, max_retries=0)
+
+        async def one():
+            stream = await aclient.completions.create(model="tiny", prompt="flood", max_tokens=200, stream=True,
+                                                      extra_body={"ignore_eos": True})
+            async for _ in stream:
+                pass
+
+        tasks = [asyncio.create_task(one()) for _ in range(200)]
+        await asyncio.sleep(0.5)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await aclient.close()
+
+    asyncio.run(flood())
+    client = openai.OpenAI(base_url=tiny.url + "/v1", api_key=KEY, max_retries=0, timeout=5)
+    start = time.time()
+    client.completions.create(model="tiny", prompt="after", max_tokens=4)
+    assert time.time() - start < 5
+    deadline = time.time() + 10
+    while 'vllm:kv_cache_usage_perc{model_name="tiny"} 0\n' not in tiny.metrics():
+        assert time.time() < deadline, tiny.metrics()
+        time.sleep(0.1)
+    assert 'vllm:num_requests_running{model_name="tiny"} 0\n' in tiny.metrics()
+
+
+def test_sigterm_drains_in_flight_requests():
+    server = Server(TINY, "--served-model-name", "tiny", "--chat-template", CHATML, "--shutdown-timeout", "20")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    result = {}
+
+    def long_request():
+        result["r"] = client.completions.create(model="tiny", prompt="drain", max_tokens=200,
+                                                extra_body={"ignore_eos": True})
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    time.sleep(0.3)
+    server.proc.send_signal(signal.SIGTERM)
+    t.join(timeout=30)
+    assert result["r"].usage.completion_tokens == 200, "the in-flight request completes"
+    assert server.proc.wait(timeout=30) == 0
+
+
+@pytest.mark.skipif(not os.environ.get("PAGEWISE_SMOLLM2_GGUF"), reason="SmolLM2 not fetched")
+def test_smollm2_answers_paris():
+    server = Server(os.environ["PAGEWISE_SMOLLM2_GGUF"], "--served-model-name", "smollm2", "--max-model-len", "1024")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        chat = client.chat.completions.create(
+            model="smollm2", temperature=0, max_tokens=20,
+            messages=[{"role": "system", "content": "You are a helpful assistant."},
+                      {"role": "user", "content": "What is the capital of France?"}])
+        assert "Paris" in chat.choices[0].message.content
+    finally:
+        server.stop()
