@@ -16,6 +16,10 @@ pub struct Cli {
     /// Log format.
     #[arg(long, env = "PAGEWISE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
+    /// TOML or YAML file of flag values (keys as the flag names). Precedence: command line >
+    /// PAGEWISE_* environment > this file > defaults. Examples in configs/.
+    #[arg(long, global = true)]
+    pub config: Option<String>,
 }
 
 /// Log line format.

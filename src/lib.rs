@@ -6,6 +6,7 @@
 
 pub mod chat;
 pub mod cli;
+pub mod config_file;
 pub mod default_model;
 pub mod engine;
 pub mod kv;

@@ -110,6 +110,7 @@ fn serve(cmd: ServeCmd) -> Result<()> {
         served_model_names: names,
         api_keys: cmd.api_key.clone(),
         allowed_origins: cmd.allowed_origins.clone(),
+        max_num_queued_requests: cmd.max_num_queued_requests,
     };
     let (engine, info) = EngineHandle::spawn(
         cmd.engine.to_engine_args(model.clone()),
@@ -141,7 +142,23 @@ fn serve(cmd: ServeCmd) -> Result<()> {
     })
 }
 
+/// Applies `--config FILE` as PAGEWISE_* variables that the environment does not already set.
+fn apply_config_file() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(path) = pagewise::config_file::config_path(&args) else {
+        return Ok(());
+    };
+    for (var, value) in pagewise::config_file::read(&path)? {
+        if std::env::var_os(&var).is_none() {
+            // SAFETY: called first thing in main, before any other thread exists.
+            unsafe { std::env::set_var(var, value) };
+        }
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
+    apply_config_file()?;
     let cli = Cli::parse();
     init_tracing(cli.log_format);
     match cli.command {

@@ -22,11 +22,24 @@ fn engine_args() -> EngineArgs {
 }
 
 async fn start(api_keys: Vec<String>) -> (String, AppState) {
-    let (engine, info) = EngineHandle::spawn(engine_args(), 64).unwrap();
+    start_with(api_keys, 0, 256).await
+}
+
+async fn start_with(
+    api_keys: Vec<String>,
+    max_num_queued_requests: usize,
+    max_num_seqs: usize,
+) -> (String, AppState) {
+    let args = EngineArgs {
+        max_num_seqs,
+        ..engine_args()
+    };
+    let (engine, info) = EngineHandle::spawn(args, 64).unwrap();
     let opts = ServerOptions {
         served_model_names: vec!["tiny".into()],
         api_keys,
         allowed_origins: vec![],
+        max_num_queued_requests,
     };
     let state = AppState::new(engine, info, &opts);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -473,4 +486,38 @@ async fn metrics_use_vllm_names() {
         text.contains("vllm:inter_token_latency_seconds_count{model_name=\"tiny\"} 3\n"),
         "{text}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_waiting_queue_answers_429_with_retry_after() {
+    let (base, state) = start_with(vec![], 1, 1).await;
+    let long = json!({"prompt": "x", "max_tokens": 240, "ignore_eos": true, "stream": true});
+    let client = reqwest::Client::new();
+    let first = client
+        .post(format!("{base}/v1/completions"))
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
+    let second = client
+        .post(format!("{base}/v1/completions"))
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while state.engine.stats().num_waiting.load(Ordering::Relaxed) < 1 {
+        assert!(Instant::now() < deadline, "the second request never waited");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let r = client
+        .post(format!("{base}/v1/completions"))
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "1");
+    assert_error(&r.json().await.unwrap(), "rate_limit_error", "overloaded");
+    drop((first, second));
 }

@@ -74,6 +74,7 @@ pub fn random_id(prefix: &str) -> String {
 }
 
 async fn submit_all(state: &AppState, job: &Job) -> Result<BoxStream<'static, Tagged>, ApiError> {
+    state.check_queue()?;
     let n = job.params.n;
     let mut streams = Vec::with_capacity(job.prompts.len());
     for (i, prompt) in job.prompts.iter().enumerate() {

@@ -36,6 +36,8 @@ pub struct ServerOptions {
     pub api_keys: Vec<String>,
     /// CORS origins (`*` for any); empty means no CORS headers.
     pub allowed_origins: Vec<String>,
+    /// Sequences that may wait for the engine before new requests get 429 (0: no limit).
+    pub max_num_queued_requests: usize,
 }
 
 /// What every handler shares.
@@ -48,6 +50,7 @@ pub struct AppState {
     /// Names the model answers to.
     pub served_model_names: Arc<Vec<String>>,
     api_keys: Arc<Vec<String>>,
+    max_queued: usize,
     draining: Arc<AtomicBool>,
     unknown_fields_seen: Arc<Mutex<HashSet<String>>>,
     /// Unix time the server started.
@@ -64,6 +67,7 @@ impl AppState {
             info,
             served_model_names: Arc::new(opts.served_model_names.clone()),
             api_keys: Arc::new(opts.api_keys.clone()),
+            max_queued: opts.max_num_queued_requests,
             draining: Arc::new(AtomicBool::new(false)),
             unknown_fields_seen: Arc::new(Mutex::new(HashSet::new())),
             metrics: Arc::new(metrics::ServerMetrics::default()),
@@ -100,6 +104,15 @@ impl AppState {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "The engine has stopped.",
             ));
+        }
+        Ok(())
+    }
+
+    /// 429 with Retry-After when too many sequences already wait for the engine.
+    pub fn check_queue(&self) -> Result<(), ApiError> {
+        let waiting = self.engine.stats().num_waiting.load(Ordering::Relaxed) as usize;
+        if self.max_queued > 0 && waiting >= self.max_queued {
+            return Err(crate::engine::handle::SubmitError::QueueFull.into());
         }
         Ok(())
     }
