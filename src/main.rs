@@ -112,17 +112,30 @@ fn serve(cmd: ServeCmd) -> Result<()> {
         allowed_origins: cmd.allowed_origins.clone(),
         max_num_queued_requests: cmd.max_num_queued_requests,
     };
-    let (engine, info) = EngineHandle::spawn(
-        cmd.engine.to_engine_args(model.clone()),
-        cmd.max_num_queued_requests,
-    )
-    .with_context(|| format!("loading {model}"))?;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {
         let addr = format!("{}:{}", cmd.host, cmd.port);
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("binding {addr}"))?;
+        tracing::info!(
+            "loading {model}; listening on http://{}",
+            listener.local_addr()?
+        );
+        // While the model loads, a placeholder answers: /health 200, /ready and the rest 503.
+        let (loaded_tx, loaded_rx) = tokio::sync::oneshot::channel::<()>();
+        let socket = listener.into_std()?;
+        let loading_listener = tokio::net::TcpListener::from_std(socket.try_clone()?)?;
+        let loading = tokio::spawn(server::serve_loading(loading_listener, async move {
+            let _ = loaded_rx.await;
+        }));
+        let args = cmd.engine.to_engine_args(model.clone());
+        let queue = cmd.max_num_queued_requests;
+        let spawned = tokio::task::spawn_blocking(move || EngineHandle::spawn(args, queue)).await?;
+        let _ = loaded_tx.send(());
+        loading.await??;
+        let (engine, info) = spawned.with_context(|| format!("loading {model}"))?;
+        let listener = tokio::net::TcpListener::from_std(socket)?;
         tracing::info!(
             "serving {} on http://{}",
             opts.served_model_names[0],

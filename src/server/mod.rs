@@ -232,6 +232,23 @@ pub fn router(state: AppState, opts: &ServerOptions) -> Router {
     app
 }
 
+/// While the model loads: /health 200 (the process is alive), everything else 503.
+pub async fn serve_loading(
+    listener: tokio::net::TcpListener,
+    loaded: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    async fn loading() -> ApiError {
+        ApiError::unavailable("The model is still loading.")
+    }
+    let app = Router::new()
+        .route("/health", get(|| async { StatusCode::OK }))
+        .fallback(loading)
+        .layer(middleware::from_fn(request_id));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(loaded)
+        .await
+}
+
 /// Serves `app` on `listener` until `shutdown` resolves; then stops accepting (503s), lets in-flight
 /// requests finish up to `drain_timeout`, and returns.
 pub async fn serve(
