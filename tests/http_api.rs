@@ -521,3 +521,74 @@ async fn a_full_waiting_queue_answers_429_with_retry_after() {
     assert_error(&r.json().await.unwrap(), "rate_limit_error", "overloaded");
     drop((first, second));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cors_preflight_and_a_model_without_chat_template() {
+    let args = EngineArgs {
+        model: MODEL.into(),
+        ..Default::default()
+    };
+    let (engine, info) = EngineHandle::spawn(args, 8).unwrap();
+    let opts = ServerOptions {
+        served_model_names: vec!["plain".into()],
+        api_keys: vec!["sk-x".into()],
+        allowed_origins: vec!["https://app.example".into()],
+        max_num_queued_requests: 0,
+    };
+    let state = AppState::new(engine, info, &opts);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        server::serve(
+            listener,
+            state,
+            &opts,
+            std::future::pending(),
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+    });
+    let client = reqwest::Client::new();
+    let r = client
+        .request(
+            reqwest::Method::OPTIONS,
+            format!("{base}/v1/chat/completions"),
+        )
+        .header("origin", "https://app.example")
+        .header("access-control-request-method", "POST")
+        .header(
+            "access-control-request-headers",
+            "authorization,content-type",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        r.status().is_success(),
+        "preflight passes without a key: {}",
+        r.status()
+    );
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "https://app.example"
+    );
+    let allowed = r.headers()["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .to_lowercase();
+    assert!(allowed.contains("authorization"), "{allowed}");
+    let r = client
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth("sk-x")
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_error(
+        &r.json().await.unwrap(),
+        "invalid_request_error",
+        "no chat template",
+    );
+}
