@@ -54,22 +54,31 @@ impl Llm {
         &self.core
     }
 
+    /// Token ids of each text (`add_special`: the tokenizer's BOS/EOS post-processing).
+    fn encode_all<S: AsRef<str>>(
+        &self,
+        texts: &[S],
+        add_special: bool,
+    ) -> Result<Vec<Vec<u32>>, EngineError> {
+        let tokenizer = self.core.tokenizer();
+        texts
+            .iter()
+            .map(|t| {
+                tokenizer
+                    .encode(t.as_ref(), add_special)
+                    .map(|e| e.get_ids().to_vec())
+                    .map_err(|e| EngineError::Tokenizer(e.to_string()))
+            })
+            .collect()
+    }
+
     /// Generates for each prompt; outputs are in input order.
     pub fn generate<S: AsRef<str>>(
         &mut self,
         prompts: &[S],
         params: &SamplingParams,
     ) -> Result<Vec<RequestOutput>, EngineError> {
-        let tokenizer = self.core.tokenizer().clone();
-        let encoded = prompts
-            .iter()
-            .map(|p| {
-                tokenizer
-                    .encode(p.as_ref(), true)
-                    .map(|e| e.get_ids().to_vec())
-                    .map_err(|e| EngineError::Tokenizer(e.to_string()))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let encoded = self.encode_all(prompts, true)?;
         let mut outputs = self.generate_tokens(encoded, params)?;
         for (out, p) in outputs.iter_mut().zip(prompts) {
             out.prompt = p.as_ref().to_string();
@@ -89,17 +98,8 @@ impl Llm {
             .iter()
             .map(|c| template.render_messages(c))
             .collect::<Result<Vec<_>, _>>()?;
-        let tokenizer = self.core.tokenizer().clone();
-        let encoded = rendered
-            .iter()
-            .map(|text| {
-                // The template already holds any BOS the model wants.
-                tokenizer
-                    .encode(text.as_str(), false)
-                    .map(|e| e.get_ids().to_vec())
-                    .map_err(|e| EngineError::Tokenizer(e.to_string()))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        // The template already holds any BOS the model wants: no special tokens added.
+        let encoded = self.encode_all(&rendered, false)?;
         let mut outputs = self.generate_tokens(encoded, params)?;
         for (out, text) in outputs.iter_mut().zip(rendered) {
             out.prompt = text;

@@ -34,27 +34,27 @@ async fn start_with(
         max_num_seqs,
         ..engine_args()
     };
-    let (engine, info) = EngineHandle::spawn(args, 64).unwrap();
     let opts = ServerOptions {
         served_model_names: vec!["tiny".into()],
         api_keys,
         allowed_origins: vec![],
         max_num_queued_requests,
     };
+    serve(args, opts).await
+}
+
+/// A server for `args` with `opts` on 127.0.0.1:0: its base URL and state.
+async fn serve(args: EngineArgs, opts: ServerOptions) -> (String, AppState) {
+    let (engine, info) = EngineHandle::spawn(args, 64).unwrap();
     let state = AppState::new(engine, info, &opts);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let st = state.clone();
     tokio::spawn(async move {
-        server::serve(
-            listener,
-            st,
-            &opts,
-            std::future::pending(),
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
+        let forever = std::future::pending();
+        server::serve(listener, st, &opts, forever, Duration::from_secs(5))
+            .await
+            .unwrap();
     });
     (base, state)
 }
@@ -528,27 +528,13 @@ async fn cors_preflight_and_a_model_without_chat_template() {
         model: MODEL.into(),
         ..Default::default()
     };
-    let (engine, info) = EngineHandle::spawn(args, 8).unwrap();
     let opts = ServerOptions {
         served_model_names: vec!["plain".into()],
         api_keys: vec!["sk-x".into()],
         allowed_origins: vec!["https://app.example".into()],
         max_num_queued_requests: 0,
     };
-    let state = AppState::new(engine, info, &opts);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        server::serve(
-            listener,
-            state,
-            &opts,
-            std::future::pending(),
-            Duration::from_secs(1),
-        )
-        .await
-        .unwrap();
-    });
+    let (base, _) = serve(args, opts).await;
     let client = reqwest::Client::new();
     let r = client
         .request(

@@ -8,6 +8,15 @@ use pagewise::chat::{ChatMessage, ChatTemplate};
 use pagewise::loader::GgufMatmul;
 use pagewise::{EngineArgs, Llm, SamplingParams};
 
+fn smollm2(model: String) -> Llm {
+    Llm::new(EngineArgs {
+        model,
+        max_model_len: Some(512),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
 fn greedy(max_tokens: usize) -> SamplingParams {
     SamplingParams {
         temperature: 0.0,
@@ -21,12 +30,7 @@ fn plain_prompt_continues_with_paris() {
     let Some(model) = common::smollm2_gguf() else {
         return;
     };
-    let mut llm = Llm::new(EngineArgs {
-        model,
-        max_model_len: Some(512),
-        ..Default::default()
-    })
-    .unwrap();
+    let mut llm = smollm2(model);
     let out = llm
         .generate(&["The capital of France is"], &greedy(8))
         .unwrap();
@@ -40,12 +44,7 @@ fn chat_about_the_capital_of_france_answers_paris() {
     let Some(model) = common::smollm2_gguf() else {
         return;
     };
-    let mut llm = Llm::new(EngineArgs {
-        model,
-        max_model_len: Some(512),
-        ..Default::default()
-    })
-    .unwrap();
+    let mut llm = smollm2(model);
     let conversation = vec![
         ChatMessage::new("system", "You are a helpful assistant."),
         ChatMessage::new("user", "What is the capital of France?"),
@@ -84,12 +83,7 @@ fn tokenizer_and_dequantized_greedy_match_transformers() {
         return;
     };
     let reference = hf_reference();
-    let mut llm = Llm::new(EngineArgs {
-        model,
-        max_model_len: Some(512),
-        ..Default::default()
-    })
-    .unwrap();
+    let mut llm = smollm2(model);
     let cases = reference["cases"].as_array().unwrap();
     let prompts: Vec<&str> = cases
         .iter()
@@ -138,12 +132,7 @@ fn chat_templates_render_exactly_what_transformers_renders() {
         return;
     };
     let reference = hf_reference();
-    let llm = Llm::new(EngineArgs {
-        model,
-        max_model_len: Some(512),
-        ..Default::default()
-    })
-    .unwrap();
+    let llm = smollm2(model);
     let own = llm.core().chat_template().unwrap();
     for chat in reference["chats"].as_array().unwrap() {
         let name = chat["template"].as_str().unwrap();

@@ -128,11 +128,7 @@ pub async fn completions(
         include_usage: req.sampling.include_usage(),
         arrived,
     };
-    if req.sampling.is_stream() {
-        respond_sse(state, job).await
-    } else {
-        respond_json(&state, job).await
-    }
+    respond(state, job, req.sampling.is_stream()).await
 }
 
 /// POST /v1/chat/completions
@@ -177,7 +173,11 @@ pub async fn chat_completions(
         include_usage: req.sampling.include_usage(),
         arrived,
     };
-    if req.sampling.is_stream() {
+    respond(state, job, req.sampling.is_stream()).await
+}
+
+async fn respond(state: AppState, job: Job, stream: bool) -> Result<Response, ApiError> {
+    if stream {
         respond_sse(state, job).await
     } else {
         respond_json(&state, job).await
