@@ -578,3 +578,55 @@ async fn cors_preflight_and_a_model_without_chat_template() {
         "no chat template",
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_timeout_ends_the_rest_with_an_error_event() {
+    let args = EngineArgs {
+        max_num_seqs: 1,
+        ..engine_args()
+    };
+    let (engine, info) = EngineHandle::spawn(args, 64).unwrap();
+    let opts = ServerOptions {
+        served_model_names: vec!["tiny".into()],
+        ..Default::default()
+    };
+    let state = AppState::new(engine, info, &opts);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        let stop = async move {
+            let _ = stop_rx.await;
+        };
+        server::serve(listener, state, &opts, stop, Duration::from_millis(200)).await
+    });
+    let long = json!({"prompt": "x", "max_tokens": 250, "ignore_eos": true, "stream": true});
+    let mut streams = Vec::new();
+    for _ in 0..20 {
+        let r = reqwest::Client::new()
+            .post(format!("{base}/v1/completions"))
+            .json(&long)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        streams.push(tokio::spawn(async move { r.text().await.unwrap() }));
+    }
+    stop_tx.send(()).unwrap();
+    let started = Instant::now();
+    let mut errors = 0;
+    for s in streams {
+        let text = s.await.unwrap();
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+        if text.contains("\"error\"") {
+            errors += 1;
+            assert!(text.contains("shutting down"), "{text}");
+        }
+    }
+    assert!(
+        errors > 0,
+        "20 x 250 tokens one at a time cannot finish in 200 ms"
+    );
+    server.await.unwrap().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(10));
+}

@@ -88,6 +88,8 @@ enum Submission {
         events: mpsc::UnboundedSender<StreamEvent>,
         accepted: oneshot::Sender<Result<(), EngineError>>,
     },
+    /// End every request now with an error event (shutdown timeout).
+    AbortAll(String),
 }
 
 /// What the model offers callers, read once at start.
@@ -165,6 +167,15 @@ impl EngineHandle {
     /// The published counters.
     pub fn stats(&self) -> &EngineStats {
         &self.stats
+    }
+
+    /// Ends every request in flight with an error event (used when the shutdown timeout expires).
+    /// Waits for room in the queue, so it is never lost.
+    pub async fn abort_all(&self, message: &str) {
+        let _ = self
+            .tx
+            .send(Submission::AbortAll(message.to_string()))
+            .await;
     }
 
     /// Submits a request; the returned receiver yields its events. Never waits for queue room.
@@ -252,11 +263,20 @@ fn run(mut core: EngineCore, mut rx: mpsc::Receiver<Submission>, stats: &EngineS
 }
 
 fn admit(core: &mut EngineCore, routes: &mut HashMap<SeqId, Route>, s: Submission) {
-    let Submission::Add {
-        request,
-        events,
-        accepted,
-    } = s;
+    let (request, events, accepted) = match s {
+        Submission::Add {
+            request,
+            events,
+            accepted,
+        } => (request, events, accepted),
+        Submission::AbortAll(message) => {
+            for (id, route) in routes.drain() {
+                let _ = route.events.send(StreamEvent::Error(message.clone()));
+                core.abort(id);
+            }
+            return;
+        }
+    };
     match core.add(
         request.prompt_token_ids,
         request.params,

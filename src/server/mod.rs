@@ -281,6 +281,10 @@ pub async fn serve(
         {
             if tokio::time::Instant::now() >= deadline {
                 tracing::warn!("shutdown timeout: ending the remaining requests");
+                drain_state
+                    .engine
+                    .abort_all("The server is shutting down and this request ran out of time.")
+                    .await;
                 break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
