@@ -38,6 +38,8 @@ pub enum Command {
     Serve(ServeCmd),
     /// Generate completions for prompts, offline (like vLLM's `LLM.generate`), and print them.
     Generate(GenerateCmd),
+    /// Benchmarks: `serve` (against a server), `throughput` and `latency` (offline).
+    Bench(crate::bench::BenchCmd),
 }
 
 /// `pagewise serve`.

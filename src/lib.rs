@@ -4,6 +4,7 @@
 //! batching with chunked prefill, prefix caching and preemption by recompute), [`sampler`], and
 //! [`engine`] (requests, sequences, incremental detokenization and stop strings).
 
+pub mod bench;
 pub mod chat;
 pub mod cli;
 pub mod config_file;

@@ -5,6 +5,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Parser;
 use pagewise::Llm;
+use pagewise::bench::{self, BenchCmd, BenchKind};
 use pagewise::chat::ChatMessage;
 use pagewise::cli::{Cli, Command, EngineFlags, GenerateCmd, LogFormat, ServeCmd};
 use pagewise::default_model::DEFAULT_MODEL_NAME;
@@ -155,6 +156,60 @@ fn serve(cmd: ServeCmd) -> Result<()> {
     })
 }
 
+fn write_json(path: Option<&String>, value: &impl serde::Serialize) -> Result<()> {
+    if let Some(path) = path {
+        std::fs::write(path, serde_json::to_string_pretty(value)?)
+            .with_context(|| format!("writing {path}"))?;
+    }
+    Ok(())
+}
+
+fn bench(cmd: BenchCmd) -> Result<()> {
+    match cmd.kind {
+        BenchKind::Serve(a) => {
+            let result = tokio::runtime::Runtime::new()?.block_on(bench::serve::run(&a.config()));
+            println!("{}", result.report());
+            write_json(a.result_file.as_ref(), &result)
+        }
+        BenchKind::Throughput(a) => {
+            let model = resolve_model(&a.engine)?;
+            let r = bench::offline::throughput(
+                a.engine.to_engine_args(model),
+                a.num_prompts,
+                a.input_len,
+                a.output_len,
+            )?;
+            println!(
+                "{} prompts in {:.2} s: {:.2} req/s, {:.1} total tok/s, {:.1} output tok/s",
+                r.num_prompts,
+                r.elapsed_s,
+                r.requests_per_s,
+                r.total_tokens_per_s,
+                r.output_tokens_per_s
+            );
+            write_json(a.output_json.as_ref(), &r)
+        }
+        BenchKind::Latency(a) => {
+            let model = resolve_model(&a.engine)?;
+            let args = a.engine.to_engine_args(model);
+            let r = bench::offline::latency(
+                args,
+                a.batch_size,
+                a.input_len,
+                a.output_len,
+                a.num_iters_warmup,
+                a.num_iters,
+            )?;
+            println!("batch {}: {}", r.batch_size, r.latency.row("latency"));
+            println!(
+                "{:.1} output tok/s per sequence",
+                r.decode_tokens_per_s_per_seq
+            );
+            write_json(a.output_json.as_ref(), &r)
+        }
+    }
+}
+
 /// Applies `--config FILE` as PAGEWISE_* variables that the environment does not already set.
 fn apply_config_file() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -177,5 +232,6 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Serve(cmd) => serve(cmd),
         Command::Generate(cmd) => generate(cmd),
+        Command::Bench(cmd) => bench(cmd),
     }
 }

@@ -1,0 +1,116 @@
+//! `pagewise bench throughput` and `pagewise bench latency`: in-process, through `Llm`, with
+//! random token-id prompts of exact lengths (vLLM's `bench throughput` / `bench latency`).
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::stats::Summary;
+use crate::engine::args::{EngineArgs, EngineError};
+use crate::engine::request::SamplingParams;
+use crate::llm::Llm;
+use crate::sampler::SeededRng;
+
+/// Random prompts of `len` token ids below `vocab` (seeded).
+pub fn random_prompts(n: usize, len: usize, vocab: usize, seed: u64) -> Vec<Vec<u32>> {
+    let mut rng = SeededRng::new(seed, 0x6265_6e63);
+    (0..n)
+        .map(|_| {
+            (0..len)
+                .map(|_| (rng.next_u64() % vocab as u64) as u32)
+                .collect()
+        })
+        .collect()
+}
+
+fn fixed_length(output_len: usize) -> SamplingParams {
+    SamplingParams {
+        temperature: 1.0,
+        max_tokens: output_len,
+        ignore_eos: true,
+        seed: Some(0),
+        ..Default::default()
+    }
+}
+
+/// Offline throughput result.
+#[derive(Clone, Debug, Serialize)]
+pub struct ThroughputResult {
+    /// Prompts run.
+    pub num_prompts: usize,
+    /// Wall time, seconds.
+    pub elapsed_s: f64,
+    /// Requests per second.
+    pub requests_per_s: f64,
+    /// (prompt + output) tokens per second.
+    pub total_tokens_per_s: f64,
+    /// Output tokens per second.
+    pub output_tokens_per_s: f64,
+}
+
+/// All prompts at once through `Llm::generate_tokens`.
+pub fn throughput(
+    args: EngineArgs,
+    num_prompts: usize,
+    input_len: usize,
+    output_len: usize,
+) -> Result<ThroughputResult, EngineError> {
+    let mut llm = Llm::new(args)?;
+    let vocab = llm.core().model_config().vocab_size;
+    let prompts = random_prompts(num_prompts, input_len, vocab, 0);
+    let start = Instant::now();
+    let outs = llm.generate_tokens(prompts, &fixed_length(output_len))?;
+    let elapsed = start.elapsed().as_secs_f64();
+    let output: usize = outs.iter().map(|o| o.outputs[0].token_ids.len()).sum();
+    let total = output + num_prompts * input_len;
+    Ok(ThroughputResult {
+        num_prompts,
+        elapsed_s: elapsed,
+        requests_per_s: num_prompts as f64 / elapsed,
+        total_tokens_per_s: total as f64 / elapsed,
+        output_tokens_per_s: output as f64 / elapsed,
+    })
+}
+
+/// Latency result: one batch generated per iteration.
+#[derive(Clone, Debug, Serialize)]
+pub struct LatencyResult {
+    /// Sequences per batch.
+    pub batch_size: usize,
+    /// Per-iteration latency.
+    pub latency: Summary,
+    /// Output tokens per second per sequence, from the mean latency.
+    pub decode_tokens_per_s_per_seq: f64,
+}
+
+/// `iters` timed batches after `warmup` untimed ones.
+pub fn latency(
+    args: EngineArgs,
+    batch_size: usize,
+    input_len: usize,
+    output_len: usize,
+    warmup: usize,
+    iters: usize,
+) -> Result<LatencyResult, EngineError> {
+    let mut llm = Llm::new(EngineArgs {
+        enable_prefix_caching: false,
+        ..args
+    })?;
+    let vocab = llm.core().model_config().vocab_size;
+    let params = fixed_length(output_len);
+    let mut samples = Vec::with_capacity(iters);
+    for i in 0..warmup + iters {
+        let prompts = random_prompts(batch_size, input_len, vocab, i as u64);
+        let start = Instant::now();
+        llm.generate_tokens(prompts, &params)?;
+        if i >= warmup {
+            samples.push(start.elapsed().as_secs_f64());
+        }
+    }
+    let latency = Summary::of_seconds(&samples);
+    Ok(LatencyResult {
+        batch_size,
+        decode_tokens_per_s_per_seq: output_len as f64 / (latency.mean_ms / 1e3),
+        latency,
+    })
+}

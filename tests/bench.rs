@@ -1,0 +1,103 @@
+//! `pagewise bench`: the serving load generator against a real server, and the offline benchmarks.
+
+use std::time::Duration;
+
+use pagewise::EngineArgs;
+use pagewise::bench::offline;
+use pagewise::bench::serve::{ServeBenchConfig, run};
+use pagewise::engine::handle::EngineHandle;
+use pagewise::server::{self, AppState, ServerOptions};
+
+const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/llama-gqa-tied");
+const CHATML: &str =
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
+
+fn args() -> EngineArgs {
+    EngineArgs {
+        model: MODEL.into(),
+        chat_template: Some(CHATML.into()),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_benchmark_measures_a_real_server() {
+    let (engine, info) = EngineHandle::spawn(args(), 256).unwrap();
+    let opts = ServerOptions {
+        served_model_names: vec!["tiny".into()],
+        ..Default::default()
+    };
+    let state = AppState::new(engine, info, &opts);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        server::serve(
+            listener,
+            state,
+            &opts,
+            std::future::pending(),
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+    });
+    let cfg = ServeBenchConfig {
+        base_url: base,
+        endpoint: "/v1/completions".into(),
+        model: "tiny".into(),
+        num_prompts: 30,
+        input_len: 16,
+        output_len: 8,
+        range_ratio: 0.0,
+        prefix_len: 4,
+        request_rate: 300.0,
+        burstiness: 1.0,
+        max_concurrency: Some(8),
+        ignore_eos: true,
+        vocab_size: 250,
+        seed: 3,
+        api_key: None,
+    };
+    let r = run(&cfg).await;
+    assert_eq!((r.completed, r.failed), (30, 0), "{:?}", r.first_error);
+    let output_tokens = (r.output_throughput * r.duration_s).round() as usize;
+    assert_eq!(output_tokens, 30 * 8);
+    let total_tokens = (r.total_token_throughput * r.duration_s).round() as usize;
+    assert_eq!(total_tokens, 30 * (8 + 20));
+    assert!(r.ttft.mean_ms > 0.0 && r.ttft.p99_ms >= r.ttft.median_ms);
+    assert!(r.e2e.mean_ms >= r.ttft.mean_ms);
+    assert!(r.itl.mean_ms > 0.0 && r.tpot.mean_ms > 0.0);
+    assert!(r.report().contains("successful requests: 30"));
+
+    let chat = run(&ServeBenchConfig {
+        endpoint: "/v1/chat/completions".into(),
+        request_rate: f64::INFINITY,
+        ..cfg.clone()
+    })
+    .await;
+    assert_eq!(
+        (chat.completed, chat.failed),
+        (30, 0),
+        "{:?}",
+        chat.first_error
+    );
+    let bad = run(&ServeBenchConfig {
+        model: "other".into(),
+        num_prompts: 2,
+        ..cfg
+    })
+    .await;
+    assert_eq!(bad.failed, 2);
+    assert!(bad.first_error.unwrap().contains("404"));
+}
+
+#[test]
+fn offline_throughput_and_latency() {
+    let t = offline::throughput(args(), 12, 10, 6).unwrap();
+    assert_eq!(t.num_prompts, 12);
+    assert!((t.output_tokens_per_s * t.elapsed_s - 72.0).abs() < 1e-6);
+    assert!(t.requests_per_s > 0.0);
+    let l = offline::latency(args(), 2, 8, 5, 1, 3).unwrap();
+    assert_eq!(l.batch_size, 2);
+    assert!(l.latency.mean_ms > 0.0 && l.decode_tokens_per_s_per_seq > 0.0);
+}
