@@ -112,6 +112,7 @@ fn serve(cmd: ServeCmd) -> Result<()> {
         api_keys: cmd.api_key.clone(),
         allowed_origins: cmd.allowed_origins.clone(),
         max_num_queued_requests: cmd.max_num_queued_requests,
+        sse_keepalive: None,
     };
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {

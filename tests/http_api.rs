@@ -39,6 +39,7 @@ async fn start_with(
         api_keys,
         allowed_origins: vec![],
         max_num_queued_requests,
+        sse_keepalive: Some(Duration::from_millis(20)),
     };
     serve(args, opts).await
 }
@@ -532,7 +533,7 @@ async fn cors_preflight_and_a_model_without_chat_template() {
         served_model_names: vec!["plain".into()],
         api_keys: vec!["sk-x".into()],
         allowed_origins: vec!["https://app.example".into()],
-        max_num_queued_requests: 0,
+        ..Default::default()
     };
     let (base, _) = serve(args, opts).await;
     let client = reqwest::Client::new();
@@ -629,4 +630,27 @@ async fn shutdown_timeout_ends_the_rest_with_an_error_event() {
     );
     server.await.unwrap().unwrap();
     assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_stream_gets_keep_alive_comments() {
+    // One sequence at a time: the second stream waits, silent but for keep-alives (every 20 ms).
+    let (base, _) = start_with(vec![], 0, 1).await;
+    let client = reqwest::Client::new();
+    let long = json!({"prompt": "x", "max_tokens": 250, "ignore_eos": true, "stream": true});
+    let first = client
+        .post(format!("{base}/v1/completions"))
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
+    let second = client
+        .post(format!("{base}/v1/completions"))
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
+    let (a, b) = (first.text().await.unwrap(), second.text().await.unwrap());
+    assert!(a.ends_with("data: [DONE]\n\n") && b.ends_with("data: [DONE]\n\n"));
+    assert!(b.contains(": keep-alive\n\n"), "{}", &b[..b.len().min(300)]);
 }

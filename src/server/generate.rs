@@ -232,14 +232,15 @@ fn completion_logprobs(state: &AppState, tokens: &[u32], lps: &[Logprobs], offse
 /// Streams the job as server-sent events: one chunk per token, then usage (if asked), then [DONE].
 pub async fn respond_sse(state: AppState, job: Job) -> Result<Response, ApiError> {
     let events = submit_all(&state, &job).await?;
+    let keepalive = KeepAlive::new()
+        .interval(state.sse_keepalive)
+        .text("keep-alive");
     let (tx, rx) = mpsc::channel::<Event>(64);
     tokio::spawn(pump(state, job, events, tx));
     let body = stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
     });
-    Ok(Sse::new(body)
-        .keep_alive(KeepAlive::default())
-        .into_response())
+    Ok(Sse::new(body).keep_alive(keepalive).into_response())
 }
 
 /// Formats engine events into SSE chunks until done or until the client goes away (then dropping

@@ -38,6 +38,8 @@ pub struct ServerOptions {
     pub allowed_origins: Vec<String>,
     /// Sequences that may wait for the engine before new requests get 429 (0: no limit).
     pub max_num_queued_requests: usize,
+    /// Interval of SSE keep-alive comments (default 15 s).
+    pub sse_keepalive: Option<std::time::Duration>,
 }
 
 /// What every handler shares.
@@ -51,6 +53,8 @@ pub struct AppState {
     pub served_model_names: Arc<Vec<String>>,
     api_keys: Arc<Vec<String>>,
     max_queued: usize,
+    /// Interval of SSE keep-alive comments.
+    pub sse_keepalive: std::time::Duration,
     draining: Arc<AtomicBool>,
     unknown_fields_seen: Arc<Mutex<HashSet<String>>>,
     /// Unix time the server started.
@@ -68,6 +72,9 @@ impl AppState {
             served_model_names: Arc::new(opts.served_model_names.clone()),
             api_keys: Arc::new(opts.api_keys.clone()),
             max_queued: opts.max_num_queued_requests,
+            sse_keepalive: opts
+                .sse_keepalive
+                .unwrap_or(std::time::Duration::from_secs(15)),
             draining: Arc::new(AtomicBool::new(false)),
             unknown_fields_seen: Arc::new(Mutex::new(HashSet::new())),
             metrics: Arc::new(metrics::ServerMetrics::default()),
