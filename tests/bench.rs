@@ -1,12 +1,11 @@
 //! `pagewise bench`: the serving load generator against a real server, and the offline benchmarks.
 
-use std::time::Duration;
+mod common;
 
 use pagewise::EngineArgs;
 use pagewise::bench::offline;
 use pagewise::bench::serve::{ServeBenchConfig, run};
-use pagewise::engine::handle::EngineHandle;
-use pagewise::server::{self, AppState, ServerOptions};
+use pagewise::server::ServerOptions;
 
 const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/llama-gqa-tied");
 const CHATML: &str =
@@ -22,25 +21,11 @@ fn args() -> EngineArgs {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_benchmark_measures_a_real_server() {
-    let (engine, info) = EngineHandle::spawn(args(), 256).unwrap();
     let opts = ServerOptions {
         served_model_names: vec!["tiny".into()],
         ..Default::default()
     };
-    let state = AppState::new(engine, info, &opts);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        server::serve(
-            listener,
-            state,
-            &opts,
-            std::future::pending(),
-            Duration::from_secs(1),
-        )
-        .await
-        .unwrap();
-    });
+    let (base, _) = common::server::serve(args(), opts).await;
     let cfg = ServeBenchConfig {
         base_url: base,
         endpoint: "/v1/completions".into(),
