@@ -168,7 +168,10 @@ fn write_json(path: Option<&String>, value: &impl serde::Serialize) -> Result<()
 fn bench(cmd: BenchCmd) -> Result<()> {
     match cmd.kind {
         BenchKind::Serve(a) => {
-            let result = tokio::runtime::Runtime::new()?.block_on(bench::serve::run(&a.config()));
+            let config = a.config()?;
+            let result = tokio::runtime::Runtime::new()?
+                .block_on(bench::serve::run(&config))
+                .map_err(anyhow::Error::msg)?;
             println!("{}", result.report());
             write_json(a.result_file.as_ref(), &result)
         }

@@ -42,8 +42,11 @@ async fn serve_benchmark_measures_a_real_server() {
         vocab_size: 250,
         seed: 3,
         api_key: None,
+        sharegpt: None,
+        tokenizer: None,
+        progress: false,
     };
-    let r = run(&cfg).await;
+    let r = run(&cfg).await.unwrap();
     assert_eq!((r.completed, r.failed), (30, 0), "{:?}", r.first_error);
     let output_tokens = (r.output_throughput * r.duration_s).round() as usize;
     assert_eq!(output_tokens, 30 * 8);
@@ -59,7 +62,8 @@ async fn serve_benchmark_measures_a_real_server() {
         request_rate: f64::INFINITY,
         ..cfg.clone()
     })
-    .await;
+    .await
+    .unwrap();
     assert_eq!(
         (chat.completed, chat.failed),
         (30, 0),
@@ -69,11 +73,42 @@ async fn serve_benchmark_measures_a_real_server() {
     let bad = run(&ServeBenchConfig {
         model: "other".into(),
         num_prompts: 2,
-        ..cfg
+        ..cfg.clone()
     })
-    .await;
+    .await
+    .unwrap();
     assert_eq!(bad.failed, 2);
     assert!(bad.first_error.unwrap().contains("404"));
+
+    // ShareGPT prompts, lengths measured with the model's tokenizer; too-short turns are skipped.
+    let path = std::env::temp_dir().join(format!("pagewise-sharegpt-{}.json", std::process::id()));
+    let long = "a fairly long sentence of several words";
+    let convs: Vec<serde_json::Value> = (0..6)
+        .map(|i| serde_json::json!({"conversations": [
+            {"from": "human", "value": if i == 0 { "hi".to_string() } else { format!("{long} {i}") }},
+            {"from": "gpt", "value": "an answer of some length"}]}))
+        .collect();
+    std::fs::write(&path, serde_json::to_string(&convs).unwrap()).unwrap();
+    let tokenizer = std::sync::Arc::new(pagewise::loader::load_tokenizer(MODEL).unwrap());
+    let share = ServeBenchConfig {
+        sharegpt: Some(path.to_string_lossy().into_owned()),
+        tokenizer: Some(tokenizer.clone()),
+        num_prompts: 5,
+        ..cfg.clone()
+    };
+    let r = run(&share).await.unwrap();
+    assert_eq!((r.completed, r.failed), (5, 0), "{:?}", r.first_error);
+    let too_many = run(&ServeBenchConfig {
+        num_prompts: 6,
+        ..share
+    })
+    .await
+    .unwrap_err();
+    assert!(
+        too_many.contains("only 5 usable conversations"),
+        "{too_many}"
+    );
+    std::fs::remove_file(&path).unwrap();
 }
 
 #[test]

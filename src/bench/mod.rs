@@ -79,12 +79,25 @@ pub struct BenchServeArgs {
     /// Write the result as JSON here.
     #[arg(long)]
     pub result_file: Option<String>,
+    /// A ShareGPT-format JSON file to take prompts from instead of random ones (needs --tokenizer).
+    #[arg(long)]
+    pub dataset_path: Option<String>,
+    /// Model (directory, .gguf or hub id) whose tokenizer measures ShareGPT lengths.
+    #[arg(long)]
+    pub tokenizer: Option<String>,
+    /// No progress line on stderr.
+    #[arg(long)]
+    pub no_progress: bool,
 }
 
 impl BenchServeArgs {
-    /// The load generator's settings.
-    pub fn config(&self) -> serve::ServeBenchConfig {
-        serve::ServeBenchConfig {
+    /// The load generator's settings (loads the tokenizer when one is named).
+    pub fn config(&self) -> Result<serve::ServeBenchConfig, crate::loader::LoadError> {
+        let tokenizer = match &self.tokenizer {
+            Some(t) => Some(std::sync::Arc::new(crate::loader::load_tokenizer(t)?)),
+            None => None,
+        };
+        Ok(serve::ServeBenchConfig {
             base_url: self.base_url.clone(),
             endpoint: self.endpoint.clone(),
             model: self.model.clone(),
@@ -100,7 +113,10 @@ impl BenchServeArgs {
             vocab_size: self.random_vocab_size,
             seed: self.seed,
             api_key: self.api_key.clone(),
-        }
+            sharegpt: self.dataset_path.clone(),
+            tokenizer,
+            progress: !self.no_progress,
+        })
     }
 }
 

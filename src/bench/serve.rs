@@ -46,6 +46,12 @@ pub struct ServeBenchConfig {
     pub seed: u64,
     /// Bearer key, if the server wants one.
     pub api_key: Option<String>,
+    /// Prompts from a ShareGPT-format JSON file instead of random ones (needs `tokenizer`).
+    pub sharegpt: Option<String>,
+    /// Tokenizer for measuring ShareGPT prompt and completion lengths.
+    pub tokenizer: Option<Arc<tokenizers::Tokenizer>>,
+    /// Print progress to stderr.
+    pub progress: bool,
 }
 
 /// One request's measurements.
@@ -150,31 +156,87 @@ fn vary(len: usize, ratio: f64, rng: &mut SeededRng) -> usize {
     (lo + rng.next_f64() * (hi - lo)).round() as usize
 }
 
+fn request_body(cfg: &ServeBenchConfig, prompt: Value, max_tokens: usize) -> Value {
+    let mut body = json!({"model": cfg.model, "max_tokens": max_tokens, "stream": true,
+                          "stream_options": {"include_usage": true}, "ignore_eos": cfg.ignore_eos});
+    if cfg.endpoint.contains("chat") {
+        let text = match prompt {
+            Value::String(s) => s,
+            ids => ids
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|t| format!("w{t}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+        };
+        body["messages"] = json!([{"role": "user", "content": text}]);
+    } else {
+        body["prompt"] = prompt;
+    }
+    body
+}
+
+/// ShareGPT conversations as (prompt, prompt tokens, completion tokens), filtered like vLLM's
+/// benchmark (both at least 4 tokens, prompt at most 1024, together at most 2048), shuffled.
+fn sharegpt(cfg: &ServeBenchConfig, path: &str) -> Result<Vec<(Value, usize)>, String> {
+    let tokenizer = cfg
+        .tokenizer
+        .as_ref()
+        .ok_or("--dataset-path needs --tokenizer")?;
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    let data: Value = serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
+    let count = |s: &str| tokenizer.encode(s, false).map(|e| e.len()).unwrap_or(0);
+    let mut pairs: Vec<(String, usize, usize)> = data
+        .as_array()
+        .ok_or(format!("{path}: expected a JSON array of conversations"))?
+        .iter()
+        .filter_map(|entry| {
+            let turns = entry["conversations"].as_array()?;
+            let prompt = turns.first()?["value"].as_str()?.to_string();
+            let completion = turns.get(1)?["value"].as_str()?;
+            let (p, c) = (count(&prompt), count(completion));
+            (p >= 4 && c >= 4 && p <= 1024 && p + c <= 2048).then_some((prompt, p, c))
+        })
+        .collect();
+    let mut rng = SeededRng::new(cfg.seed, 0x7368_6172);
+    for i in (1..pairs.len()).rev() {
+        pairs.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    if pairs.len() < cfg.num_prompts {
+        return Err(format!(
+            "{path}: only {} usable conversations for {} prompts",
+            pairs.len(),
+            cfg.num_prompts
+        ));
+    }
+    Ok(pairs
+        .into_iter()
+        .take(cfg.num_prompts)
+        .map(|(prompt, p, c)| (request_body(cfg, Value::String(prompt), c), p))
+        .collect())
+}
+
 /// The request bodies, seeded.
-fn bodies(cfg: &ServeBenchConfig) -> Vec<(Value, usize)> {
+fn bodies(cfg: &ServeBenchConfig) -> Result<Vec<(Value, usize)>, String> {
+    if let Some(path) = &cfg.sharegpt {
+        return sharegpt(cfg, path);
+    }
     let mut rng = SeededRng::new(cfg.seed, 0x7365_7276);
     let vocab = cfg.vocab_size.max(2) as u64;
     let prefix: Vec<u32> = (0..cfg.prefix_len)
         .map(|_| (rng.next_u64() % vocab) as u32)
         .collect();
-    (0..cfg.num_prompts)
+    Ok((0..cfg.num_prompts)
         .map(|_| {
             let input = vary(cfg.input_len, cfg.range_ratio, &mut rng);
             let output = vary(cfg.output_len, cfg.range_ratio, &mut rng);
             let mut ids = prefix.clone();
             ids.extend((0..input).map(|_| (rng.next_u64() % vocab) as u32));
             let len = ids.len();
-            let mut body = json!({"model": cfg.model, "max_tokens": output, "stream": true,
-                                  "stream_options": {"include_usage": true}, "ignore_eos": cfg.ignore_eos});
-            if cfg.endpoint.contains("chat") {
-                let words: Vec<String> = ids.iter().map(|t| format!("w{t}")).collect();
-                body["messages"] = json!([{"role": "user", "content": words.join(" ")}]);
-            } else {
-                body["prompt"] = json!(ids);
-            }
-            (body, len)
+            (request_body(cfg, json!(ids), output), len)
         })
-        .collect()
+        .collect())
 }
 
 async fn one(
@@ -257,8 +319,9 @@ async fn one(
     r
 }
 
-/// Runs the benchmark.
-pub async fn run(cfg: &ServeBenchConfig) -> ServeBenchResult {
+/// Runs the benchmark; fails only when the prompts cannot be made.
+pub async fn run(cfg: &ServeBenchConfig) -> Result<ServeBenchResult, String> {
+    let bodies = bodies(cfg)?;
     let client = reqwest::Client::new();
     let url = format!("{}{}", cfg.base_url.trim_end_matches('/'), cfg.endpoint);
     let limit = Arc::new(Semaphore::new(
@@ -267,7 +330,23 @@ pub async fn run(cfg: &ServeBenchConfig) -> ServeBenchResult {
     let mut arrivals = SeededRng::new(cfg.seed, 0x6172_7276);
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(cfg.num_prompts);
-    for (body, prompt_len) in bodies(cfg) {
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let total = bodies.len();
+    let ticker = cfg.progress.then(|| {
+        let done = done.clone();
+        tokio::spawn(async move {
+            loop {
+                let d = done.load(std::sync::atomic::Ordering::Relaxed);
+                eprint!("\r{d}/{total} requests done");
+                if d == total {
+                    eprintln!();
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    });
+    for (body, prompt_len) in bodies {
         if cfg.request_rate.is_finite() && cfg.request_rate > 0.0 {
             let scale = 1.0 / (cfg.request_rate * cfg.burstiness);
             tokio::time::sleep(Duration::from_secs_f64(
@@ -277,9 +356,11 @@ pub async fn run(cfg: &ServeBenchConfig) -> ServeBenchResult {
         }
         let permit = limit.clone().acquire_owned().await.expect("never closed");
         let (client, url, key) = (client.clone(), url.clone(), cfg.api_key.clone());
+        let done = done.clone();
         tasks.push(tokio::spawn(async move {
             let r = one(client, url, key, body, prompt_len).await;
             drop(permit);
+            done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             r
         }));
     }
@@ -291,6 +372,9 @@ pub async fn run(cfg: &ServeBenchConfig) -> ServeBenchResult {
         }));
     }
     let duration = start.elapsed().as_secs_f64();
+    if let Some(t) = ticker {
+        let _ = t.await;
+    }
     let ok: Vec<&RequestResult> = results.iter().filter(|r| r.ok).collect();
     let output: usize = ok.iter().map(|r| r.output_tokens).sum();
     let prompt: usize = ok.iter().map(|r| r.prompt_len).sum();
@@ -300,7 +384,7 @@ pub async fn run(cfg: &ServeBenchConfig) -> ServeBenchResult {
         .map(|r| (r.e2e - r.ttft) / (r.output_tokens - 1) as f64)
         .collect();
     let itl: Vec<f64> = ok.iter().flat_map(|r| r.itl.iter().copied()).collect();
-    ServeBenchResult {
+    Ok(ServeBenchResult {
         completed: ok.len(),
         failed: results.len() - ok.len(),
         first_error: results.iter().find_map(|r| r.error.clone()),
@@ -312,7 +396,7 @@ pub async fn run(cfg: &ServeBenchConfig) -> ServeBenchResult {
         tpot: Summary::of_seconds(&tpot),
         itl: Summary::of_seconds(&itl),
         e2e: Summary::of_seconds(&ok.iter().map(|r| r.e2e).collect::<Vec<_>>()),
-    }
+    })
 }
 
 #[cfg(test)]

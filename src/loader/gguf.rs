@@ -134,6 +134,16 @@ pub fn load(
     })
 }
 
+/// Only the tokenizer of a GGUF file (reads the metadata, not the tensors).
+pub fn load_tokenizer(path: &Path) -> Result<Tokenizer, LoadError> {
+    let io = |e: std::io::Error| LoadError::Io(format!("{}: {e}", path.display()));
+    let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(io)?);
+    let ct = Content::read(&mut file)
+        .map_err(|e| LoadError::Format(format!("{}: {e}", path.display())))?;
+    let tokens = md_strings(&ct, "tokenizer.ggml.tokens")?;
+    tokenizer_from_gguf(&ct, &tokens)
+}
+
 /// The pre-tokenizer llama.cpp's `tokenizer.ggml.pre` names, in tokenizers' JSON form.
 fn pre_tokenizer(pre: &str) -> serde_json::Value {
     const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";

@@ -114,6 +114,32 @@ pub fn load(model: &str, opts: &LoadOptions) -> Result<LoadedModel, LoadError> {
     )))
 }
 
+/// Only the tokenizer of `model` (same forms as [`load`]), without loading weights.
+pub fn load_tokenizer(model: &str) -> Result<Tokenizer, LoadError> {
+    let path = Path::new(model);
+    let dir = if path.is_file() {
+        return gguf::load_tokenizer(path);
+    } else if path.is_dir() {
+        path.to_path_buf()
+    } else if hub::is_repo_id(model) {
+        hub::resolve(model)?
+    } else {
+        return Err(LoadError::NotFound(format!("no tokenizer at {model:?}")));
+    };
+    let file = dir.join("tokenizer.json");
+    if file.is_file() {
+        return Tokenizer::from_file(&file)
+            .map_err(|e| LoadError::Format(format!("{}: {e}", file.display())));
+    }
+    match single_gguf(&dir)? {
+        Some(g) => gguf::load_tokenizer(&g),
+        None => Err(LoadError::NotFound(format!(
+            "{} is missing",
+            file.display()
+        ))),
+    }
+}
+
 fn single_gguf(dir: &Path) -> Result<Option<PathBuf>, LoadError> {
     let mut found: Vec<PathBuf> = read_dir(dir)?
         .into_iter()
