@@ -1,4 +1,193 @@
-//! CUDA kernels for pagewise: paged attention, `reshape_and_cache` and fused ops.
+//! CUDA kernels for pagewise, as safe candle operations: `reshape_and_cache` (write a step's K/V
+//! into the paged cache at the slot mapping) and paged decode attention (one query token per
+//! sequence, K/V read through block tables, GQA). Every dtype, shape, contiguity and device is
+//! checked before a launch, with a message naming the argument at fault.
 //!
-//! This crate is compiled only with the app's `cuda` feature. The kernels themselves arrive with the
-//! CUDA backend issue; until then the crate is an empty shell so the workspace layout is final.
+//! Compiled only with the app's `cuda` feature; kernels/build.rs builds kernels/csrc with nvcc.
+
+mod ffi;
+
+use std::ffi::c_void;
+
+use candle_core::cuda_backend::cudarc::driver::DevicePtr;
+use candle_core::{DType, Result, Storage, Tensor, bail};
+
+fn dtype_code(dtype: DType, what: &str) -> Result<i32> {
+    Ok(match dtype {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+        other => bail!("{what}: dtype {other:?} is not supported (f32, f16, bf16)"),
+    })
+}
+
+/// Device address of a contiguous CUDA tensor's first element, and the stream of its device.
+fn device_ptr(t: &Tensor, what: &str) -> Result<(u64, *mut c_void)> {
+    if !t.is_contiguous() {
+        bail!("{what} must be contiguous, got strides {:?}", t.stride());
+    }
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cuda(cs) = &*storage else {
+        bail!("{what} must be on a CUDA device, it is on {:?}", t.device());
+    };
+    let stream = cs.device.cuda_stream();
+    let base = match t.dtype() {
+        DType::F32 => cs.as_cuda_slice::<f32>()?.device_ptr(&stream).0,
+        DType::F16 => cs.as_cuda_slice::<half::f16>()?.device_ptr(&stream).0,
+        DType::BF16 => cs.as_cuda_slice::<half::bf16>()?.device_ptr(&stream).0,
+        DType::I64 => cs.as_cuda_slice::<i64>()?.device_ptr(&stream).0,
+        DType::U32 => cs.as_cuda_slice::<u32>()?.device_ptr(&stream).0,
+        DType::I32 => cs.as_cuda_slice::<i32>()?.device_ptr(&stream).0,
+        other => bail!("{what}: dtype {other:?} has no kernel"),
+    };
+    let offset = (layout.start_offset() * t.dtype().size_in_bytes()) as u64;
+    Ok((base + offset, stream.cu_stream() as *mut c_void))
+}
+
+fn check_launch(code: i32, what: &str) -> Result<()> {
+    if code != 0 {
+        bail!("{what}: CUDA launch failed with error {code}");
+    }
+    Ok(())
+}
+
+/// Writes `key`, `value` (`[tokens, kv_heads, head_dim]`) into `k_cache`, `v_cache`
+/// (`[num_blocks, block_size, kv_heads, head_dim]`) at `slot_mapping` (`[tokens]`, i64; a negative
+/// slot skips its token). The caches are modified in place.
+pub fn reshape_and_cache(
+    key: &Tensor,
+    value: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot_mapping: &Tensor,
+) -> Result<()> {
+    let (tokens, kv_heads, head_dim) = key.dims3()?;
+    if value.dims() != key.dims() {
+        bail!(
+            "value {:?} must have key's shape {:?}",
+            value.dims(),
+            key.dims()
+        );
+    }
+    let (_, _, ckh, cd) = k_cache.dims4()?;
+    if (ckh, cd) != (kv_heads, head_dim) || v_cache.dims() != k_cache.dims() {
+        bail!(
+            "caches {:?}/{:?} do not match key [_, {kv_heads}, {head_dim}]",
+            k_cache.dims(),
+            v_cache.dims()
+        );
+    }
+    for (t, what) in [(value, "value"), (k_cache, "k_cache"), (v_cache, "v_cache")] {
+        if t.dtype() != key.dtype() {
+            bail!("{what} is {:?} but key is {:?}", t.dtype(), key.dtype());
+        }
+    }
+    if slot_mapping.dtype() != DType::I64 || slot_mapping.dims() != [tokens] {
+        bail!(
+            "slot_mapping must be i64 [{tokens}], got {:?} {:?}",
+            slot_mapping.dtype(),
+            slot_mapping.dims()
+        );
+    }
+    let dtype = dtype_code(key.dtype(), "reshape_and_cache")?;
+    let (k, stream) = device_ptr(key, "key")?;
+    let (v, _) = device_ptr(value, "value")?;
+    let (kc, _) = device_ptr(k_cache, "k_cache")?;
+    let (vc, _) = device_ptr(v_cache, "v_cache")?;
+    let (slots, _) = device_ptr(slot_mapping, "slot_mapping")?;
+    // SAFETY: shapes, dtypes and contiguity are checked above; the tensors outlive the launch,
+    // which is ordered on the device's stream like candle's own kernels.
+    let code = unsafe {
+        ffi::pagewise_reshape_and_cache(
+            dtype,
+            k as *const c_void,
+            v as *const c_void,
+            kc as *mut c_void,
+            vc as *mut c_void,
+            slots as *const i64,
+            tokens as i32,
+            (kv_heads * head_dim) as i32,
+            stream,
+        )
+    };
+    check_launch(code, "reshape_and_cache")
+}
+
+/// Decode attention: `q` (`[seqs, heads, head_dim]`, one token per sequence) attends over the first
+/// `context_lens[s]` positions of sequence `s`, read from the caches through `block_tables`
+/// (`[seqs, max_blocks]`, i32). Returns `[seqs, heads, head_dim]` in `q`'s dtype.
+pub fn paged_decode_attention(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    block_tables: &Tensor,
+    context_lens: &Tensor,
+    scale: f32,
+) -> Result<Tensor> {
+    let (seqs, heads, head_dim) = q.dims3()?;
+    let (_, block_size, kv_heads, cd) = k_cache.dims4()?;
+    if cd != head_dim || v_cache.dims() != k_cache.dims() {
+        bail!(
+            "caches {:?}/{:?} do not match q's head_dim {head_dim}",
+            k_cache.dims(),
+            v_cache.dims()
+        );
+    }
+    if kv_heads == 0 || heads % kv_heads != 0 {
+        bail!("{heads} query heads cannot share {kv_heads} KV heads evenly");
+    }
+    if ![64, 128, 256].contains(&head_dim) {
+        bail!("head_dim {head_dim} is not supported (64, 128, 256)");
+    }
+    for (t, what) in [(k_cache, "k_cache"), (v_cache, "v_cache")] {
+        if t.dtype() != q.dtype() {
+            bail!("{what} is {:?} but q is {:?}", t.dtype(), q.dtype());
+        }
+    }
+    let (bt_seqs, max_blocks) = block_tables.dims2()?;
+    if block_tables.dtype() != DType::I32 || bt_seqs != seqs {
+        bail!(
+            "block_tables must be i32 [{seqs}, _], got {:?} {:?}",
+            block_tables.dtype(),
+            block_tables.dims()
+        );
+    }
+    if context_lens.dtype() != DType::I32 || context_lens.dims() != [seqs] {
+        bail!(
+            "context_lens must be i32 [{seqs}], got {:?} {:?}",
+            context_lens.dtype(),
+            context_lens.dims()
+        );
+    }
+    let dtype = dtype_code(q.dtype(), "paged_decode_attention")?;
+    let out = Tensor::zeros((seqs, heads, head_dim), q.dtype(), q.device())?;
+    let (o, stream) = device_ptr(&out, "out")?;
+    let (qp, _) = device_ptr(q, "q")?;
+    let (kc, _) = device_ptr(k_cache, "k_cache")?;
+    let (vc, _) = device_ptr(v_cache, "v_cache")?;
+    let (bt, _) = device_ptr(block_tables, "block_tables")?;
+    let (cl, _) = device_ptr(context_lens, "context_lens")?;
+    // SAFETY: as in `reshape_and_cache`; block table entries and context lengths are the caller's
+    // contract (they must address blocks inside the caches).
+    let code = unsafe {
+        ffi::pagewise_paged_decode(
+            dtype,
+            o as *mut c_void,
+            qp as *const c_void,
+            kc as *const c_void,
+            vc as *const c_void,
+            bt as *const i32,
+            cl as *const i32,
+            seqs as i32,
+            max_blocks as i32,
+            heads as i32,
+            kv_heads as i32,
+            head_dim as i32,
+            block_size as i32,
+            scale,
+            stream,
+        )
+    };
+    check_launch(code, "paged_decode_attention")?;
+    Ok(out)
+}

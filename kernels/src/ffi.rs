@@ -1,0 +1,36 @@
+//! The kernels' C entry points (kernels/csrc/*.cu). dtype: 0 = f32, 1 = f16, 2 = bf16. Each returns 0
+//! on success or a CUDA error code (1 also for an unsupported dtype or head dim).
+
+use std::ffi::{c_int, c_void};
+
+unsafe extern "C" {
+    pub fn pagewise_reshape_and_cache(
+        dtype: c_int,
+        key: *const c_void,
+        value: *const c_void,
+        k_cache: *mut c_void,
+        v_cache: *mut c_void,
+        slots: *const i64,
+        num_tokens: c_int,
+        width: c_int,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn pagewise_paged_decode(
+        dtype: c_int,
+        out: *mut c_void,
+        q: *const c_void,
+        k_cache: *const c_void,
+        v_cache: *const c_void,
+        block_tables: *const i32,
+        context_lens: *const i32,
+        num_seqs: c_int,
+        max_blocks: c_int,
+        num_heads: c_int,
+        num_kv_heads: c_int,
+        head_dim: c_int,
+        block_size: c_int,
+        scale: f32,
+        stream: *mut c_void,
+    ) -> c_int;
+}

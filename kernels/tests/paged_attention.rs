@@ -1,0 +1,189 @@
+//! The kernels against a naive f32 reference on the CPU: shuffled, non-contiguous blocks, several
+//! batch sizes, context lengths from 1 to 16k, GQA ratios 1/4/8, head dims 64 and 128, three dtypes.
+//! Needs a CUDA GPU: `cargo test -p pagewise-kernels` on the accelerator machine.
+
+use candle_core::{DType, Device, Tensor};
+use pagewise_kernels::{paged_decode_attention, reshape_and_cache};
+
+/// A small deterministic generator (no dependency): uniform in [-1, 1).
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+fn case(
+    dtype: DType,
+    head_dim: usize,
+    heads: usize,
+    kv_heads: usize,
+    ctx_lens: &[usize],
+    seed: u64,
+) -> f32 {
+    let dev = Device::new_cuda(0).unwrap();
+    let bs = 16;
+    let mut rng = Lcg(seed);
+    let blocks: usize = ctx_lens.iter().map(|c| c.div_ceil(bs)).sum();
+    let num_blocks = blocks + 1;
+    // A shuffled assignment of blocks 1..=blocks.
+    let mut ids: Vec<i32> = (1..=blocks as i32).collect();
+    for i in (1..ids.len()).rev() {
+        let j = ((rng.next() + 1.0) * 0.5 * (i + 1) as f32) as usize % (i + 1);
+        ids.swap(i, j);
+    }
+    let max_blocks = ctx_lens.iter().map(|c| c.div_ceil(bs)).max().unwrap();
+    let mut tables = vec![0i32; ctx_lens.len() * max_blocks];
+    let mut slots = Vec::new();
+    let mut next = 0;
+    for (s, &c) in ctx_lens.iter().enumerate() {
+        for b in 0..c.div_ceil(bs) {
+            tables[s * max_blocks + b] = ids[next];
+            next += 1;
+        }
+        for p in 0..c {
+            slots.push(tables[s * max_blocks + p / bs] as i64 * bs as i64 + (p % bs) as i64);
+        }
+    }
+    let tokens = slots.len();
+    let width = kv_heads * head_dim;
+    let round = |v: Vec<f32>, shape: &[usize]| -> (Tensor, Vec<f32>) {
+        let t = Tensor::from_vec(v, shape, &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let back = t
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        (t.to_device(&dev).unwrap(), back)
+    };
+    let (k, kh) = round(
+        (0..tokens * width).map(|_| rng.next()).collect(),
+        &[tokens, kv_heads, head_dim],
+    );
+    let (v, vh) = round(
+        (0..tokens * width).map(|_| rng.next()).collect(),
+        &[tokens, kv_heads, head_dim],
+    );
+    let (q, qh) = round(
+        (0..ctx_lens.len() * heads * head_dim)
+            .map(|_| rng.next())
+            .collect(),
+        &[ctx_lens.len(), heads, head_dim],
+    );
+    // Poisoned caches: any slot the kernels read but nobody wrote shows up as NaN.
+    let poison = Tensor::full(f32::NAN, (num_blocks, bs, kv_heads, head_dim), &dev)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap();
+    let (kc, vc) = (poison.copy().unwrap(), poison.copy().unwrap());
+    let slot_t = Tensor::from_vec(slots, tokens, &dev).unwrap();
+    reshape_and_cache(&k, &v, &kc, &vc, &slot_t).unwrap();
+    let bt = Tensor::from_vec(tables, (ctx_lens.len(), max_blocks), &dev).unwrap();
+    let cl = Tensor::from_vec(
+        ctx_lens.iter().map(|&c| c as i32).collect::<Vec<_>>(),
+        ctx_lens.len(),
+        &dev,
+    )
+    .unwrap();
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let out = paged_decode_attention(&q, &kc, &vc, &bt, &cl, scale).unwrap();
+    let got = out
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+
+    let mut max_err = 0f32;
+    let mut first = 0;
+    for (s, &c) in ctx_lens.iter().enumerate() {
+        for h in 0..heads {
+            let g = h / (heads / kv_heads);
+            let qv = &qh[(s * heads + h) * head_dim..][..head_dim];
+            let scores: Vec<f32> = (0..c)
+                .map(|p| {
+                    let kv = &kh[((first + p) * kv_heads + g) * head_dim..][..head_dim];
+                    qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale
+                })
+                .collect();
+            let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let z: f32 = scores.iter().map(|x| (x - m).exp()).sum();
+            for d in 0..head_dim {
+                let want: f32 = scores
+                    .iter()
+                    .enumerate()
+                    .map(|(p, x)| {
+                        (x - m).exp() / z * vh[((first + p) * kv_heads + g) * head_dim + d]
+                    })
+                    .sum();
+                let have = got[(s * heads + h) * head_dim + d];
+                assert!(have.is_finite(), "NaN/inf at seq {s} head {h} dim {d}");
+                max_err = max_err.max((have - want).abs());
+            }
+        }
+        first += c;
+    }
+    max_err
+}
+
+#[test]
+fn decode_attention_matches_the_reference() {
+    let mut seed = 1;
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        let tol = if dtype == DType::F32 { 1e-4 } else { 2e-2 };
+        for head_dim in [64, 128] {
+            for (heads, kv_heads) in [(8, 8), (8, 2), (32, 4)] {
+                for lens in [
+                    vec![1],
+                    vec![17, 3, 250],
+                    vec![512; 8],
+                    vec![1000, 1, 2048, 33],
+                ] {
+                    seed += 1;
+                    let err = case(dtype, head_dim, heads, kv_heads, &lens, seed);
+                    assert!(
+                        err <= tol,
+                        "{dtype:?} d{head_dim} {heads}/{kv_heads} {lens:?}: max err {err}"
+                    );
+                }
+            }
+        }
+    }
+    // One long context.
+    let err = case(DType::BF16, 128, 32, 8, &[16384], 99);
+    assert!(err <= 2e-2, "16k context: {err}");
+}
+
+#[test]
+fn bad_arguments_are_refused_clearly() {
+    let dev = Device::new_cuda(0).unwrap();
+    let q = Tensor::zeros((2, 8, 96), DType::BF16, &dev).unwrap();
+    let kc = Tensor::zeros((4, 16, 2, 96), DType::BF16, &dev).unwrap();
+    let bt = Tensor::zeros((2, 1), DType::I32, &dev).unwrap();
+    let cl = Tensor::zeros(2, DType::I32, &dev).unwrap();
+    let err = paged_decode_attention(&q, &kc, &kc, &bt, &cl, 1.0)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("head_dim 96"), "{err}");
+    let q = Tensor::zeros((2, 8, 64), DType::F32, &dev).unwrap();
+    let kc = Tensor::zeros((4, 16, 2, 64), DType::BF16, &dev).unwrap();
+    let err = paged_decode_attention(&q, &kc, &kc, &bt, &cl, 1.0)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("k_cache is BF16 but q is F32"), "{err}");
+    let cpu = Tensor::zeros((2, 8, 64), DType::BF16, &Device::Cpu).unwrap();
+    let err = paged_decode_attention(&cpu, &kc, &kc, &bt, &cl, 1.0)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("CUDA"), "{err}");
+}
