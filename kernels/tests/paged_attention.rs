@@ -187,3 +187,46 @@ fn bad_arguments_are_refused_clearly() {
         .to_string();
     assert!(err.contains("CUDA"), "{err}");
 }
+
+/// Decode attention bandwidth: KV bytes read per second, batch × context, GQA 32/8, head dim 128,
+/// bf16, block size 16. Run on the GPU machine: `kernel-tests --ignored --nocapture decode_bandwidth`.
+#[test]
+#[ignore]
+fn decode_bandwidth() {
+    let dev = Device::new_cuda(0).unwrap();
+    let (heads, kv_heads, d, bs) = (32, 8, 128, 16);
+    println!("| batch | context | time (µs) | KV read (TB/s) |");
+    println!("|---|---|---|---|");
+    for batch in [1usize, 8, 64, 256] {
+        for ctx in [512usize, 2048, 8192] {
+            let blocks_per_seq = ctx / bs;
+            let num_blocks = batch * blocks_per_seq + 1;
+            let kc = Tensor::zeros((num_blocks, bs, kv_heads, d), DType::BF16, &dev).unwrap();
+            let vc = kc.copy().unwrap();
+            // Each sequence's blocks in a scattered order.
+            let tables: Vec<i32> = (0..batch * blocks_per_seq)
+                .map(|i| 1 + ((i * 7919) % (batch * blocks_per_seq)) as i32)
+                .collect();
+            let bt = Tensor::from_vec(tables, (batch, blocks_per_seq), &dev).unwrap();
+            let cl = Tensor::from_vec(vec![ctx as i32; batch], batch, &dev).unwrap();
+            let q = Tensor::zeros((batch, heads, d), DType::BF16, &dev).unwrap();
+            for _ in 0..3 {
+                paged_decode_attention(&q, &kc, &vc, &bt, &cl, 0.1).unwrap();
+            }
+            dev.synchronize().unwrap();
+            let iters = 20;
+            let start = std::time::Instant::now();
+            for _ in 0..iters {
+                paged_decode_attention(&q, &kc, &vc, &bt, &cl, 0.1).unwrap();
+            }
+            dev.synchronize().unwrap();
+            let secs = start.elapsed().as_secs_f64() / iters as f64;
+            let bytes = (batch * ctx * kv_heads * d * 2 * 2) as f64;
+            println!(
+                "| {batch} | {ctx} | {:.1} | {:.2} |",
+                secs * 1e6,
+                bytes / secs / 1e12
+            );
+        }
+    }
+}
