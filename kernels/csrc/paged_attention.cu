@@ -33,86 +33,151 @@ __global__ void reshape_and_cache_kernel(const T* __restrict__ key, const T* __r
 }
 
 constexpr int kWarps = 4;
+constexpr int kMaxGroup = 8;
 
-// One block per (sequence, query head); each warp takes every kWarps-th position of the context and
-// keeps an online softmax; the warps are merged at the end. Lane l holds dims l, l+32, ...
+// One block per (sequence, KV head, context split). The block serves every query head of the KV
+// head's group, so each K/V row is read once. Each warp takes every kWarps-th position of the split
+// and keeps one online softmax per query head; lane l holds dims [l*P, l*P+P). The warps merge
+// through shared memory; with one split the block writes the output, else unnormalized partials
+// (max, sum, acc) for the merge kernel.
 template <typename T, int D>
-__global__ void paged_decode_kernel(T* __restrict__ out, const T* __restrict__ q,
+__global__ void paged_decode_kernel(T* __restrict__ out, float* __restrict__ part_ml,
+                                    float* __restrict__ part_acc, const T* __restrict__ q,
                                     const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                                     const int32_t* __restrict__ block_tables,
                                     const int32_t* __restrict__ context_lens, int max_blocks,
-                                    int num_heads, int num_kv_heads, int block_size, float scale) {
+                                    int num_heads, int num_kv_heads, int block_size, int chunk,
+                                    float scale) {
   constexpr int P = D / 32;
-  const int seq = blockIdx.x, head = blockIdx.y;
-  const int kv_head = head / (num_heads / num_kv_heads);
+  const int seq = blockIdx.x, kv_head = blockIdx.y, split = blockIdx.z, num_splits = gridDim.z;
+  const int group = num_heads / num_kv_heads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int ctx = context_lens[seq];
+  const int begin = split * chunk;
+  const int end = min(ctx, begin + chunk);
   const int32_t* table = block_tables + (int64_t)seq * max_blocks;
 
-  float qv[P], acc[P];
-  const T* qp = q + ((int64_t)seq * num_heads + head) * D;
+  float qv[kMaxGroup][P], acc[kMaxGroup][P], m[kMaxGroup], l[kMaxGroup];
 #pragma unroll
-  for (int i = 0; i < P; ++i) {
-    qv[i] = to_float(qp[lane + 32 * i]) * scale;
-    acc[i] = 0.f;
+  for (int g = 0; g < kMaxGroup; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      acc[g][i] = 0.f;
+      qv[g][i] = g < group
+          ? to_float(q[((int64_t)seq * num_heads + kv_head * group + g) * D + lane * P + i]) * scale
+          : 0.f;
+    }
   }
-  float m = -INFINITY, l = 0.f;
-  for (int p = warp; p < ctx; p += kWarps) {
+  for (int p = begin + warp; p < end; p += kWarps) {
     const int64_t slot = (int64_t)table[p / block_size] * block_size + p % block_size;
-    const int64_t base = (slot * num_kv_heads + kv_head) * D;
-    float s = 0.f;
+    const int64_t base = (slot * num_kv_heads + kv_head) * D + lane * P;
+    float kv[P], vv[P];
 #pragma unroll
-    for (int i = 0; i < P; ++i) s += qv[i] * to_float(k_cache[base + lane + 32 * i]);
+    for (int i = 0; i < P; ++i) {
+      kv[i] = to_float(k_cache[base + i]);
+      vv[i] = to_float(v_cache[base + i]);
+    }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
-    const float m_new = fmaxf(m, s);
-    const float correction = __expf(m - m_new);
-    const float w = __expf(s - m_new);
-    l = l * correction + w;
+    for (int g = 0; g < kMaxGroup; ++g) {
+      if (g >= group) break;
+      float s = 0.f;
 #pragma unroll
-    for (int i = 0; i < P; ++i) acc[i] = acc[i] * correction + w * to_float(v_cache[base + lane + 32 * i]);
-    m = m_new;
+      for (int i = 0; i < P; ++i) s += qv[g][i] * kv[i];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
+      const float m_new = fmaxf(m[g], s);
+      const float correction = __expf(m[g] - m_new);
+      const float w = __expf(s - m_new);
+      l[g] = l[g] * correction + w;
+#pragma unroll
+      for (int i = 0; i < P; ++i) acc[g][i] = acc[g][i] * correction + w * vv[i];
+      m[g] = m_new;
+    }
   }
 
-  __shared__ float sm_m[kWarps], sm_l[kWarps];
-  __shared__ float sm_acc[kWarps][D];
-  if (lane == 0) {
-    sm_m[warp] = m;
-    sm_l[warp] = l;
-  }
+  __shared__ float sm_m[kWarps][kMaxGroup], sm_l[kWarps][kMaxGroup];
+  __shared__ float sm_acc[kWarps][kMaxGroup][D];
 #pragma unroll
-  for (int i = 0; i < P; ++i) sm_acc[warp][lane + 32 * i] = acc[i];
+  for (int g = 0; g < kMaxGroup; ++g) {
+    if (g >= group) break;
+    if (lane == 0) {
+      sm_m[warp][g] = m[g];
+      sm_l[warp][g] = l[g];
+    }
+#pragma unroll
+    for (int i = 0; i < P; ++i) sm_acc[warp][g][lane * P + i] = acc[g][i];
+  }
   __syncthreads();
-  if (warp != 0) return;
-  float M = -INFINITY;
-  for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w]);
-  float L = 0.f, o[P];
+  // Warp w merges query heads w, w + kWarps, ... of the group.
+  for (int g = warp; g < group; g += kWarps) {
+    float M = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w][g]);
+    float L = 0.f, o[P];
 #pragma unroll
-  for (int i = 0; i < P; ++i) o[i] = 0.f;
-  for (int w = 0; w < kWarps; ++w) {
-    if (sm_l[w] == 0.f) continue;
-    const float c = __expf(sm_m[w] - M);
-    L += sm_l[w] * c;
+    for (int i = 0; i < P; ++i) o[i] = 0.f;
+    for (int w = 0; w < kWarps; ++w) {
+      if (sm_l[w][g] == 0.f) continue;
+      const float c = __expf(sm_m[w][g] - M);
+      L += sm_l[w][g] * c;
 #pragma unroll
-    for (int i = 0; i < P; ++i) o[i] += sm_acc[w][lane + 32 * i] * c;
+      for (int i = 0; i < P; ++i) o[i] += sm_acc[w][g][lane * P + i] * c;
+    }
+    const int head = kv_head * group + g;
+    if (num_splits == 1) {
+      const float inv = L > 0.f ? 1.f / L : 0.f;
+      T* op = out + ((int64_t)seq * num_heads + head) * D + lane * P;
+#pragma unroll
+      for (int i = 0; i < P; ++i) op[i] = from_float<T>(o[i] * inv);
+    } else {
+      const int64_t part = ((int64_t)seq * num_heads + head) * num_splits + split;
+      if (lane == 0) {
+        part_ml[part * 2] = M;
+        part_ml[part * 2 + 1] = L;
+      }
+#pragma unroll
+      for (int i = 0; i < P; ++i) part_acc[part * D + lane * P + i] = o[i];
+    }
   }
-  const float inv = L > 0.f ? 1.f / L : 0.f;
-  T* op = out + ((int64_t)seq * num_heads + head) * D;
-#pragma unroll
-  for (int i = 0; i < P; ++i) op[lane + 32 * i] = from_float<T>(o[i] * inv);
+}
+
+// One block per (sequence, head): merges the splits' partials by log-sum-exp.
+template <typename T, int D>
+__global__ void merge_splits_kernel(T* __restrict__ out, const float* __restrict__ part_ml,
+                                    const float* __restrict__ part_acc, int num_splits) {
+  const int64_t row = (int64_t)blockIdx.x * gridDim.y + blockIdx.y;
+  const float* ml = part_ml + row * num_splits * 2;
+  float M = -INFINITY;
+  for (int s = 0; s < num_splits; ++s)
+    if (ml[2 * s + 1] > 0.f) M = fmaxf(M, ml[2 * s]);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float L = 0.f, o = 0.f;
+    for (int s = 0; s < num_splits; ++s) {
+      if (ml[2 * s + 1] == 0.f) continue;
+      const float c = __expf(ml[2 * s] - M);
+      L += ml[2 * s + 1] * c;
+      o += part_acc[(row * num_splits + s) * D + d] * c;
+    }
+    out[row * D + d] = from_float<T>(L > 0.f ? o / L : 0.f);
+  }
 }
 
 template <typename T>
-int launch_decode(void* out, const void* q, const void* k_cache, const void* v_cache,
-                  const int32_t* block_tables, const int32_t* context_lens, int num_seqs,
-                  int max_blocks, int num_heads, int num_kv_heads, int head_dim, int block_size,
-                  float scale, cudaStream_t stream) {
-  const dim3 grid(num_seqs, num_heads);
+int launch_decode(void* out, float* part_ml, float* part_acc, const void* q, const void* k_cache,
+                  const void* v_cache, const int32_t* block_tables, const int32_t* context_lens,
+                  int num_seqs, int max_blocks, int num_heads, int num_kv_heads, int head_dim,
+                  int block_size, int num_splits, int chunk, float scale, cudaStream_t stream) {
+  if (num_heads / num_kv_heads > kMaxGroup) return 1;
+  const dim3 grid(num_seqs, num_kv_heads, num_splits);
   const dim3 block(32 * kWarps);
 #define PAGEWISE_DECODE(DIM)                                                                      \
   paged_decode_kernel<T, DIM><<<grid, block, 0, stream>>>(                                       \
-      (T*)out, (const T*)q, (const T*)k_cache, (const T*)v_cache, block_tables, context_lens,      \
-      max_blocks, num_heads, num_kv_heads, block_size, scale)
+      (T*)out, part_ml, part_acc, (const T*)q, (const T*)k_cache, (const T*)v_cache,               \
+      block_tables, context_lens, max_blocks, num_heads, num_kv_heads, block_size, chunk, scale);  \
+  if (num_splits > 1)                                                                             \
+    merge_splits_kernel<T, DIM><<<dim3(num_seqs, num_heads), DIM, 0, stream>>>(                  \
+        (T*)out, part_ml, part_acc, num_splits)
   switch (head_dim) {
     case 64: PAGEWISE_DECODE(64); break;
     case 128: PAGEWISE_DECODE(128); break;
@@ -147,13 +212,17 @@ extern "C" int pagewise_reshape_and_cache(int dtype, const void* key, const void
   }
 }
 
-extern "C" int pagewise_paged_decode(int dtype, void* out, const void* q, const void* k_cache,
-                                     const void* v_cache, const int32_t* block_tables,
-                                     const int32_t* context_lens, int num_seqs, int max_blocks,
-                                     int num_heads, int num_kv_heads, int head_dim, int block_size,
+// part_ml ([seqs, heads, splits, 2]) and part_acc ([seqs, heads, splits, head_dim]), f32, are
+// workspace used only when num_splits > 1; split s covers positions [s * chunk, (s + 1) * chunk).
+extern "C" int pagewise_paged_decode(int dtype, void* out, float* part_ml, float* part_acc,
+                                     const void* q, const void* k_cache, const void* v_cache,
+                                     const int32_t* block_tables, const int32_t* context_lens,
+                                     int num_seqs, int max_blocks, int num_heads, int num_kv_heads,
+                                     int head_dim, int block_size, int num_splits, int chunk,
                                      float scale, cudaStream_t stream) {
-#define PAGEWISE_ARGS out, q, k_cache, v_cache, block_tables, context_lens, num_seqs, max_blocks, \
-                      num_heads, num_kv_heads, head_dim, block_size, scale, stream
+#define PAGEWISE_ARGS out, part_ml, part_acc, q, k_cache, v_cache, block_tables, context_lens,     \
+                      num_seqs, max_blocks, num_heads, num_kv_heads, head_dim, block_size,         \
+                      num_splits, chunk, scale, stream
   switch (dtype) {
     case 0: return launch_decode<float>(PAGEWISE_ARGS);
     case 1: return launch_decode<__half>(PAGEWISE_ARGS);

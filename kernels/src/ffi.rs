@@ -19,6 +19,8 @@ unsafe extern "C" {
     pub fn pagewise_paged_decode(
         dtype: c_int,
         out: *mut c_void,
+        part_ml: *mut f32,
+        part_acc: *mut f32,
         q: *const c_void,
         k_cache: *const c_void,
         v_cache: *const c_void,
@@ -30,6 +32,8 @@ unsafe extern "C" {
         num_kv_heads: c_int,
         head_dim: c_int,
         block_size: c_int,
+        num_splits: c_int,
+        chunk: c_int,
         scale: f32,
         stream: *mut c_void,
     ) -> c_int;

@@ -113,15 +113,31 @@ pub fn reshape_and_cache(
     check_launch(code, "reshape_and_cache")
 }
 
+/// Blocks that keep every SM of an H200 (132) busy twice over.
+const TARGET_BLOCKS: usize = 264;
+/// Fewest context positions worth a split of their own.
+const MIN_CHUNK: usize = 256;
+
+/// How many splits of the context each (sequence, KV head) gets, and the positions per split:
+/// enough blocks to fill the GPU when the batch is small, one split when it is large.
+pub fn split_plan(seqs: usize, kv_heads: usize, max_context_len: usize) -> (usize, usize) {
+    let by_occupancy = TARGET_BLOCKS.div_ceil((seqs * kv_heads).max(1));
+    let by_length = max_context_len.div_ceil(MIN_CHUNK).max(1);
+    let splits = by_occupancy.min(by_length).max(1);
+    (splits, max_context_len.div_ceil(splits).max(1))
+}
+
 /// Decode attention: `q` (`[seqs, heads, head_dim]`, one token per sequence) attends over the first
 /// `context_lens[s]` positions of sequence `s`, read from the caches through `block_tables`
-/// (`[seqs, max_blocks]`, i32). Returns `[seqs, heads, head_dim]` in `q`'s dtype.
+/// (`[seqs, max_blocks]`, i32). `max_context_len` bounds `context_lens` (it picks the split-KV plan
+/// without reading the GPU). Returns `[seqs, heads, head_dim]` in `q`'s dtype.
 pub fn paged_decode_attention(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
     block_tables: &Tensor,
     context_lens: &Tensor,
+    max_context_len: usize,
     scale: f32,
 ) -> Result<Tensor> {
     let (seqs, heads, head_dim) = q.dims3()?;
@@ -133,8 +149,8 @@ pub fn paged_decode_attention(
             v_cache.dims()
         );
     }
-    if kv_heads == 0 || heads % kv_heads != 0 {
-        bail!("{heads} query heads cannot share {kv_heads} KV heads evenly");
+    if kv_heads == 0 || heads % kv_heads != 0 || heads / kv_heads > 8 {
+        bail!("{heads} query heads cannot share {kv_heads} KV heads evenly in groups of at most 8");
     }
     if ![64, 128, 256].contains(&head_dim) {
         bail!("head_dim {head_dim} is not supported (64, 128, 256)");
@@ -161,6 +177,20 @@ pub fn paged_decode_attention(
     }
     let dtype = dtype_code(q.dtype(), "paged_decode_attention")?;
     let out = Tensor::zeros((seqs, heads, head_dim), q.dtype(), q.device())?;
+    let (splits, chunk) = split_plan(seqs, kv_heads, max_context_len);
+    let workspace = splits > 1;
+    let part_ml = Tensor::zeros(
+        (seqs, heads, if workspace { splits } else { 1 }, 2),
+        DType::F32,
+        q.device(),
+    )?;
+    let part_acc = Tensor::zeros(
+        (seqs, heads, if workspace { splits } else { 1 }, head_dim),
+        DType::F32,
+        q.device(),
+    )?;
+    let (ml, _) = device_ptr(&part_ml, "workspace")?;
+    let (pa, _) = device_ptr(&part_acc, "workspace")?;
     let (o, stream) = device_ptr(&out, "out")?;
     let (qp, _) = device_ptr(q, "q")?;
     let (kc, _) = device_ptr(k_cache, "k_cache")?;
@@ -173,6 +203,8 @@ pub fn paged_decode_attention(
         ffi::pagewise_paged_decode(
             dtype,
             o as *mut c_void,
+            ml as *mut f32,
+            pa as *mut f32,
             qp as *const c_void,
             kc as *const c_void,
             vc as *const c_void,
@@ -184,6 +216,8 @@ pub fn paged_decode_attention(
             kv_heads as i32,
             head_dim as i32,
             block_size as i32,
+            splits as i32,
+            chunk as i32,
             scale,
             stream,
         )

@@ -95,7 +95,8 @@ fn case(
     )
     .unwrap();
     let scale = 1.0 / (head_dim as f32).sqrt();
-    let out = paged_decode_attention(&q, &kc, &vc, &bt, &cl, scale).unwrap();
+    let max_ctx = *ctx_lens.iter().max().unwrap();
+    let out = paged_decode_attention(&q, &kc, &vc, &bt, &cl, max_ctx, scale).unwrap();
     let got = out
         .to_dtype(DType::F32)
         .unwrap()
@@ -171,18 +172,18 @@ fn bad_arguments_are_refused_clearly() {
     let kc = Tensor::zeros((4, 16, 2, 96), DType::BF16, &dev).unwrap();
     let bt = Tensor::zeros((2, 1), DType::I32, &dev).unwrap();
     let cl = Tensor::zeros(2, DType::I32, &dev).unwrap();
-    let err = paged_decode_attention(&q, &kc, &kc, &bt, &cl, 1.0)
+    let err = paged_decode_attention(&q, &kc, &kc, &bt, &cl, 16, 1.0)
         .unwrap_err()
         .to_string();
     assert!(err.contains("head_dim 96"), "{err}");
     let q = Tensor::zeros((2, 8, 64), DType::F32, &dev).unwrap();
     let kc = Tensor::zeros((4, 16, 2, 64), DType::BF16, &dev).unwrap();
-    let err = paged_decode_attention(&q, &kc, &kc, &bt, &cl, 1.0)
+    let err = paged_decode_attention(&q, &kc, &kc, &bt, &cl, 16, 1.0)
         .unwrap_err()
         .to_string();
     assert!(err.contains("k_cache is BF16 but q is F32"), "{err}");
     let cpu = Tensor::zeros((2, 8, 64), DType::BF16, &Device::Cpu).unwrap();
-    let err = paged_decode_attention(&cpu, &kc, &kc, &bt, &cl, 1.0)
+    let err = paged_decode_attention(&cpu, &kc, &kc, &bt, &cl, 16, 1.0)
         .unwrap_err()
         .to_string();
     assert!(err.contains("CUDA"), "{err}");
@@ -211,13 +212,13 @@ fn decode_bandwidth() {
             let cl = Tensor::from_vec(vec![ctx as i32; batch], batch, &dev).unwrap();
             let q = Tensor::zeros((batch, heads, d), DType::BF16, &dev).unwrap();
             for _ in 0..3 {
-                paged_decode_attention(&q, &kc, &vc, &bt, &cl, 0.1).unwrap();
+                paged_decode_attention(&q, &kc, &vc, &bt, &cl, ctx, 0.1).unwrap();
             }
             dev.synchronize().unwrap();
             let iters = 20;
             let start = std::time::Instant::now();
             for _ in 0..iters {
-                paged_decode_attention(&q, &kc, &vc, &bt, &cl, 0.1).unwrap();
+                paged_decode_attention(&q, &kc, &vc, &bt, &cl, ctx, 0.1).unwrap();
             }
             dev.synchronize().unwrap();
             let secs = start.elapsed().as_secs_f64() / iters as f64;
