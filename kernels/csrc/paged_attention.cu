@@ -18,6 +18,24 @@ template <> __device__ __forceinline__ float from_float(float x) { return x; }
 template <> __device__ __forceinline__ __half from_float(float x) { return __float2half(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16(x); }
 
+// Eight consecutive elements as floats, in 16-byte loads (rows are 16-byte aligned: head dims are
+// multiples of 8 and cudaMalloc aligns to 256).
+__device__ __forceinline__ void load8(const float* p, float out[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  const float4 b = *reinterpret_cast<const float4*>(p + 4);
+  out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+  out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+}
+template <typename H>
+__device__ __forceinline__ void load8_half(const H* p, float out[8]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const H* h = reinterpret_cast<const H*>(&raw);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) out[j] = to_float(h[j]);
+}
+__device__ __forceinline__ void load8(const __half* p, float out[8]) { load8_half(p, out); }
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float out[8]) { load8_half(p, out); }
+
 // One block per token: copy its K and V rows (num_kv_heads * head_dim) to its slot.
 template <typename T>
 __global__ void reshape_and_cache_kernel(const T* __restrict__ key, const T* __restrict__ value,
@@ -57,43 +75,79 @@ __global__ void paged_decode_kernel(T* __restrict__ out, float* __restrict__ par
   const int end = min(ctx, begin + chunk);
   const int32_t* table = block_tables + (int64_t)seq * max_blocks;
 
-  float qv[kMaxGroup][P], acc[kMaxGroup][P], m[kMaxGroup], l[kMaxGroup];
+  // The group's queries (pre-scaled) in shared memory: every lane reads the same element at once.
+  __shared__ float sq[kMaxGroup][D];
+  for (int idx = threadIdx.x; idx < group * D; idx += blockDim.x) {
+    const int g = idx / D, d = idx % D;
+    sq[g][d] = to_float(q[((int64_t)seq * num_heads + kv_head * group + g) * D + d]) * scale;
+  }
+  __syncthreads();
+
+  float acc[kMaxGroup][P], m[kMaxGroup], l[kMaxGroup];
 #pragma unroll
   for (int g = 0; g < kMaxGroup; ++g) {
     m[g] = -INFINITY;
     l[g] = 0.f;
 #pragma unroll
-    for (int i = 0; i < P; ++i) {
-      acc[g][i] = 0.f;
-      qv[g][i] = g < group
-          ? to_float(q[((int64_t)seq * num_heads + kv_head * group + g) * D + lane * P + i]) * scale
-          : 0.f;
-    }
+    for (int i = 0; i < P; ++i) acc[g][i] = 0.f;
   }
-  for (int p = begin + warp; p < end; p += kWarps) {
-    const int64_t slot = (int64_t)table[p / block_size] * block_size + p % block_size;
-    const int64_t base = (slot * num_kv_heads + kv_head) * D + lane * P;
-    float kv[P], vv[P];
+  // Each warp takes 32 positions at a time, one per lane: the lanes' K rows load independently
+  // (16 bytes at a time), the softmax update is one warp reduction per 32 positions, and V is
+  // accumulated row by row with the lanes spanning the head dims.
+  for (int p0 = begin + warp * 32; p0 < end; p0 += kWarps * 32) {
+    const int p = p0 + lane;
+    const bool valid = p < end;
+    const int64_t row =
+        valid ? ((int64_t)table[p / block_size] * block_size + p % block_size) * num_kv_heads + kv_head : 0;
+    float s[kMaxGroup];
 #pragma unroll
-    for (int i = 0; i < P; ++i) {
-      kv[i] = to_float(k_cache[base + i]);
-      vv[i] = to_float(v_cache[base + i]);
+    for (int g = 0; g < kMaxGroup; ++g) s[g] = 0.f;
+    if (valid) {
+      const T* kp = k_cache + row * D;
+#pragma unroll 4
+      for (int d = 0; d < D; d += 8) {
+        float kf[8];
+        load8(kp + d, kf);
+#pragma unroll
+        for (int g = 0; g < kMaxGroup; ++g) {
+          if (g >= group) break;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) s[g] += sq[g][d + j] * kf[j];
+        }
+      }
     }
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g) {
       if (g >= group) break;
-      float s = 0.f;
+      float mx = valid ? s[g] : -INFINITY;
 #pragma unroll
-      for (int i = 0; i < P; ++i) s += qv[g][i] * kv[i];
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
+      const float m_new = fmaxf(m[g], mx);
+      const float w = valid ? __expf(s[g] - m_new) : 0.f;
+      float sum = w;
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
-      const float m_new = fmaxf(m[g], s);
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, o);
       const float correction = __expf(m[g] - m_new);
-      const float w = __expf(s - m_new);
-      l[g] = l[g] * correction + w;
+      l[g] = l[g] * correction + sum;
 #pragma unroll
-      for (int i = 0; i < P; ++i) acc[g][i] = acc[g][i] * correction + w * vv[i];
+      for (int i = 0; i < P; ++i) acc[g][i] *= correction;
       m[g] = m_new;
+      s[g] = w;
+    }
+    const int count = min(32, end - p0);
+    for (int j = 0; j < count; ++j) {
+      const int64_t rj = __shfl_sync(0xffffffff, row, j);
+      const T* vp = v_cache + rj * D + lane * P;
+      float vv[P];
+#pragma unroll
+      for (int i = 0; i < P; ++i) vv[i] = to_float(vp[i]);
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g) {
+        if (g >= group) break;
+        const float wj = __shfl_sync(0xffffffff, s[g], j);
+#pragma unroll
+        for (int i = 0; i < P; ++i) acc[g][i] += wj * vv[i];
+      }
     }
   }
 
