@@ -134,19 +134,26 @@ __global__ void paged_decode_kernel(T* __restrict__ out, float* __restrict__ par
       m[g] = m_new;
       s[g] = w;
     }
+    // V rows four at a time, so four loads are in flight per lane.
     const int count = min(32, end - p0);
-    for (int j = 0; j < count; ++j) {
-      const int64_t rj = __shfl_sync(0xffffffff, row, j);
-      const T* vp = v_cache + rj * D + lane * P;
-      float vv[P];
+    for (int j0 = 0; j0 < count; j0 += 4) {
+      float vv[4][P];
 #pragma unroll
-      for (int i = 0; i < P; ++i) vv[i] = to_float(vp[i]);
+      for (int u = 0; u < 4; ++u) {
+        const int64_t rj = __shfl_sync(0xffffffff, row, (j0 + u) & 31);
+        const T* vp = v_cache + rj * D + lane * P;
+#pragma unroll
+        for (int i = 0; i < P; ++i) vv[u][i] = j0 + u < count ? to_float(vp[i]) : 0.f;
+      }
 #pragma unroll
       for (int g = 0; g < kMaxGroup; ++g) {
         if (g >= group) break;
-        const float wj = __shfl_sync(0xffffffff, s[g], j);
 #pragma unroll
-        for (int i = 0; i < P; ++i) acc[g][i] += wj * vv[i];
+        for (int u = 0; u < 4; ++u) {
+          const float wj = __shfl_sync(0xffffffff, s[g], (j0 + u) & 31);
+#pragma unroll
+          for (int i = 0; i < P; ++i) acc[g][i] += wj * vv[u][i];
+        }
       }
     }
   }
