@@ -134,12 +134,12 @@ __global__ void paged_decode_kernel(T* __restrict__ out, float* __restrict__ par
       m[g] = m_new;
       s[g] = w;
     }
-    // V rows four at a time, so four loads are in flight per lane.
+    // V rows eight at a time, so eight loads are in flight per lane.
     const int count = min(32, end - p0);
-    for (int j0 = 0; j0 < count; j0 += 4) {
-      float vv[4][P];
+    for (int j0 = 0; j0 < count; j0 += 8) {
+      float vv[8][P];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
+      for (int u = 0; u < 8; ++u) {
         const int64_t rj = __shfl_sync(0xffffffff, row, (j0 + u) & 31);
         const T* vp = v_cache + rj * D + lane * P;
 #pragma unroll
@@ -149,7 +149,7 @@ __global__ void paged_decode_kernel(T* __restrict__ out, float* __restrict__ par
       for (int g = 0; g < kMaxGroup; ++g) {
         if (g >= group) break;
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
+        for (int u = 0; u < 8; ++u) {
           const float wj = __shfl_sync(0xffffffff, s[g], (j0 + u) & 31);
 #pragma unroll
           for (int i = 0; i < P; ++i) acc[g][i] += wj * vv[u][i];
