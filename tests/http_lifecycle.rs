@@ -118,30 +118,14 @@ async fn metrics_use_vllm_names() {
 async fn a_full_waiting_queue_answers_429_with_retry_after() {
     let (base, state) = start_with(vec![], 1, 1).await;
     let long = json!({"prompt": "x", "max_tokens": 240, "ignore_eos": true, "stream": true});
-    let client = reqwest::Client::new();
-    let first = client
-        .post(format!("{base}/v1/completions"))
-        .json(&long)
-        .send()
-        .await
-        .unwrap();
-    let second = client
-        .post(format!("{base}/v1/completions"))
-        .json(&long)
-        .send()
-        .await
-        .unwrap();
+    let first = send_completion(&base, &long).await;
+    let second = send_completion(&base, &long).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while state.engine.stats().num_waiting.load(Ordering::Relaxed) < 1 {
         assert!(Instant::now() < deadline, "the second request never waited");
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    let r = client
-        .post(format!("{base}/v1/completions"))
-        .json(&long)
-        .send()
-        .await
-        .unwrap();
+    let r = send_completion(&base, &long).await;
     assert_eq!(r.status(), 429);
     assert_eq!(r.headers()["retry-after"], "1");
     assert_error(&r.json().await.unwrap(), "rate_limit_error", "overloaded");
@@ -204,20 +188,9 @@ async fn shutdown_timeout_ends_the_rest_with_an_error_event() {
 async fn a_waiting_stream_gets_keep_alive_comments() {
     // One sequence at a time: the second stream waits, silent but for keep-alives (every 20 ms).
     let (base, _) = start_with(vec![], 0, 1).await;
-    let client = reqwest::Client::new();
     let long = json!({"prompt": "x", "max_tokens": 250, "ignore_eos": true, "stream": true});
-    let first = client
-        .post(format!("{base}/v1/completions"))
-        .json(&long)
-        .send()
-        .await
-        .unwrap();
-    let second = client
-        .post(format!("{base}/v1/completions"))
-        .json(&long)
-        .send()
-        .await
-        .unwrap();
+    let first = send_completion(&base, &long).await;
+    let second = send_completion(&base, &long).await;
     let (a, b) = (first.text().await.unwrap(), second.text().await.unwrap());
     assert!(a.ends_with("data: [DONE]\n\n") && b.ends_with("data: [DONE]\n\n"));
     assert!(b.contains(": keep-alive\n\n"), "{}", &b[..b.len().min(300)]);

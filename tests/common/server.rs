@@ -59,6 +59,16 @@ pub async fn serve(args: EngineArgs, opts: ServerOptions) -> (String, AppState) 
     (base, state)
 }
 
+/// POSTs `body` to /v1/completions and returns the response as it starts (for streams).
+pub async fn send_completion(base: &str, body: &Value) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{base}/v1/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
 pub async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
     let r = reqwest::Client::new()
         .post(format!("{base}{path}"))
