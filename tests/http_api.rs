@@ -126,23 +126,9 @@ async fn utility_endpoints() {
             200
         );
     }
-    let v: Value = client
-        .get(format!("{base}/version"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = get_json(&base, "/version").await;
     assert!(v["version"].is_string());
-    let models: Value = client
-        .get(format!("{base}/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models = get_json(&base, "/v1/models").await;
     assert_eq!(models["data"][0]["id"], "tiny");
     assert_eq!(models["data"][0]["max_model_len"], 256);
     let (_, tok) = post(&base, "/tokenize", json!({"prompt": "héllo"})).await;

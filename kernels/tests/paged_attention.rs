@@ -17,6 +17,16 @@ impl Lcg {
     }
 }
 
+/// A tensor's values as f32 on the host.
+fn host_f32(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+}
+
 fn case(
     dtype: DType,
     head_dim: usize,
@@ -56,13 +66,7 @@ fn case(
             .unwrap()
             .to_dtype(dtype)
             .unwrap();
-        let back = t
-            .to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
+        let back = host_f32(&t);
         (t.to_device(&dev).unwrap(), back)
     };
     let (k, kh) = round(
@@ -97,13 +101,7 @@ fn case(
     let scale = 1.0 / (head_dim as f32).sqrt();
     let max_ctx = *ctx_lens.iter().max().unwrap();
     let out = paged_decode_attention(&q, &kc, &vc, &bt, &cl, max_ctx, scale).unwrap();
-    let got = out
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
+    let got = host_f32(&out);
 
     let mut max_err = 0f32;
     let mut first = 0;

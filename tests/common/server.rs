@@ -59,35 +59,40 @@ pub async fn serve(args: EngineArgs, opts: ServerOptions) -> (String, AppState) 
     (base, state)
 }
 
-/// POSTs `body` to /v1/completions and returns the response as it starts (for streams).
-pub async fn send_completion(base: &str, body: &Value) -> reqwest::Response {
+/// POSTs `body` as JSON to `path` and returns the response as it starts.
+pub async fn send_json(base: &str, path: &str, body: &Value) -> reqwest::Response {
     reqwest::Client::new()
-        .post(format!("{base}/v1/completions"))
+        .post(format!("{base}{path}"))
         .json(body)
         .send()
         .await
         .unwrap()
 }
 
-pub async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
-    let r = reqwest::Client::new()
-        .post(format!("{base}{path}"))
-        .json(&body)
-        .send()
+/// POSTs `body` to /v1/completions and returns the response as it starts (for streams).
+pub async fn send_completion(base: &str, body: &Value) -> reqwest::Response {
+    send_json(base, "/v1/completions", body).await
+}
+
+/// GETs `path` and parses the JSON body.
+pub async fn get_json(base: &str, path: &str) -> Value {
+    reqwest::get(format!("{base}{path}"))
         .await
-        .unwrap();
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+pub async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
+    let r = send_json(base, path, &body).await;
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
 /// The `data:` payloads of an SSE body.
 pub async fn sse(base: &str, path: &str, body: Value) -> Vec<String> {
-    let r = reqwest::Client::new()
-        .post(format!("{base}{path}"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = send_json(base, path, &body).await;
     assert_eq!(r.status(), 200);
     assert!(
         r.headers()["content-type"]
