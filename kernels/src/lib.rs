@@ -140,6 +140,34 @@ pub fn paged_decode_attention(
     max_context_len: usize,
     scale: f32,
 ) -> Result<Tensor> {
+    paged_attention(
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        None,
+        context_lens,
+        max_context_len,
+        scale,
+    )
+}
+
+/// Paged attention for a packed batch of query rows (decode tokens and prefill chunks alike): row
+/// `r` of `q` (`[rows, heads, head_dim]`) attends over the first `context_lens[r]` positions of the
+/// sequence whose block table is row `row_seq[r]` of `block_tables` (`[seqs, max_blocks]`). With
+/// `context_lens[r]` = the row's position + 1 a chunk is causal over itself and full over its
+/// cached prefix. Without `row_seq`, row `r` uses table `r`. Returns `[rows, heads, head_dim]`.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    block_tables: &Tensor,
+    row_seq: Option<&Tensor>,
+    context_lens: &Tensor,
+    max_context_len: usize,
+    scale: f32,
+) -> Result<Tensor> {
     let (seqs, heads, head_dim) = q.dims3()?;
     let (_, block_size, kv_heads, cd) = k_cache.dims4()?;
     if cd != head_dim || v_cache.dims() != k_cache.dims() {
@@ -161,11 +189,20 @@ pub fn paged_decode_attention(
         }
     }
     let (bt_seqs, max_blocks) = block_tables.dims2()?;
-    if block_tables.dtype() != DType::I32 || bt_seqs != seqs {
+    if block_tables.dtype() != DType::I32 || (row_seq.is_none() && bt_seqs != seqs) {
         bail!(
             "block_tables must be i32 [{seqs}, _], got {:?} {:?}",
             block_tables.dtype(),
             block_tables.dims()
+        );
+    }
+    if let Some(rs) = row_seq
+        && (rs.dtype() != DType::I32 || rs.dims() != [seqs])
+    {
+        bail!(
+            "row_seq must be i32 [{seqs}], got {:?} {:?}",
+            rs.dtype(),
+            rs.dims()
         );
     }
     if context_lens.dtype() != DType::I32 || context_lens.dims() != [seqs] {
@@ -175,8 +212,11 @@ pub fn paged_decode_attention(
             context_lens.dims()
         );
     }
-    let dtype = dtype_code(q.dtype(), "paged_decode_attention")?;
+    let dtype = dtype_code(q.dtype(), "paged_attention")?;
     let out = Tensor::zeros((seqs, heads, head_dim), q.dtype(), q.device())?;
+    if seqs == 0 {
+        return Ok(out);
+    }
     let (splits, chunk) = split_plan(seqs, kv_heads, max_context_len);
     let workspace = splits > 1;
     let part_ml = Tensor::zeros(
@@ -196,9 +236,13 @@ pub fn paged_decode_attention(
     let (kc, _) = device_ptr(k_cache, "k_cache")?;
     let (vc, _) = device_ptr(v_cache, "v_cache")?;
     let (bt, _) = device_ptr(block_tables, "block_tables")?;
+    let rs = match row_seq {
+        Some(rs) => device_ptr(rs, "row_seq")?.0,
+        None => 0,
+    };
     let (cl, _) = device_ptr(context_lens, "context_lens")?;
-    // SAFETY: as in `reshape_and_cache`; block table entries and context lengths are the caller's
-    // contract (they must address blocks inside the caches).
+    // SAFETY: as in `reshape_and_cache`; block table entries, row_seq entries and context lengths
+    // are the caller's contract (they must address blocks inside the caches).
     let code = unsafe {
         ffi::pagewise_paged_decode(
             dtype,
@@ -209,6 +253,7 @@ pub fn paged_decode_attention(
             kc as *const c_void,
             vc as *const c_void,
             bt as *const i32,
+            rs as *const i32,
             cl as *const i32,
             seqs as i32,
             max_blocks as i32,
@@ -222,6 +267,6 @@ pub fn paged_decode_attention(
             stream,
         )
     };
-    check_launch(code, "paged_decode_attention")?;
+    check_launch(code, "paged_attention")?;
     Ok(out)
 }

@@ -41,6 +41,8 @@ impl DtypeArg {
 pub struct EngineArgs {
     /// A local Hugging Face directory, a `.gguf` file, or a directory holding one.
     pub model: String,
+    /// Where the model runs.
+    pub device: super::device::DeviceArg,
     /// Weight and activation dtype.
     pub dtype: DtypeArg,
     /// How to read weights.
@@ -49,7 +51,8 @@ pub struct EngineArgs {
     pub max_model_len: Option<usize>,
     /// Token slots per KV block (8, 16 or 32).
     pub block_size: usize,
-    /// CPU: bytes of KV cache (default 1 GiB, capped at what `max_num_seqs` full-length sequences need).
+    /// Bytes of KV cache (CPU default 1 GiB; on a GPU it overrides `gpu_memory_utilization`); capped
+    /// at what `max_num_seqs` full-length sequences need.
     pub kv_cache_memory: Option<u64>,
     /// GPU: fraction of device memory pagewise may use (weights, activations and KV cache).
     pub gpu_memory_utilization: f32,
@@ -72,6 +75,7 @@ impl Default for EngineArgs {
     fn default() -> Self {
         EngineArgs {
             model: String::new(),
+            device: super::device::DeviceArg::Auto,
             dtype: DtypeArg::Auto,
             load_format: LoadFormat::Auto,
             max_model_len: None,

@@ -6,15 +6,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use candle_core::Device;
 use tokenizers::Tokenizer;
 
 use crate::chat::{ChatError, ChatTemplate};
 
-use super::args::{
-    DEFAULT_KV_CACHE_MEMORY, DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineArgs, EngineError,
-};
+use super::args::{DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineArgs, EngineError};
 use super::detokenizer::IncrementalDetokenizer;
+use super::kv_sizing::KvSizing;
 use super::request::{FinishReason, SamplingParams};
 use super::sequence::{SeqId, Sequence};
 use super::stop::StopMatcher;
@@ -75,7 +73,8 @@ impl EngineCore {
                 "max_num_seqs must be at least 1".into(),
             ));
         }
-        let device = Device::Cpu;
+        let device = args.device.open()?;
+        tracing::info!(device = ?device, "opening the model");
         let dtype = args.dtype.resolve(&device);
         let loaded = loader::load(
             &args.model,
@@ -115,35 +114,32 @@ impl EngineCore {
             tracing::warn!("chat requests will fail: {e}");
         }
 
+        let max_num_batched_tokens = args
+            .max_num_batched_tokens
+            .unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS);
+        let sizing = KvSizing {
+            args,
+            cfg: &cfg,
+            max_model_len,
+            max_num_batched_tokens,
+            dtype,
+        };
+        let num_blocks = if device.is_cpu() {
+            sizing.cpu_blocks()?
+        } else {
+            gpu_blocks(&sizing, model.as_ref(), &device)?
+        };
         let bs = args.block_size;
-        let bytes_per_block = (cfg.kv_bytes_per_token(4) * bs) as u64;
-        let budget = args.kv_cache_memory.unwrap_or(DEFAULT_KV_CACHE_MEMORY);
-        let useful = (args.max_num_seqs * max_model_len).div_ceil(bs) as u64;
-        let num_blocks = (budget / bytes_per_block).min(useful) as usize + 1;
-        if num_blocks < 2 {
-            return Err(EngineError::Config(format!(
-                "kv_cache_memory {budget} bytes holds no block of {bytes_per_block} bytes"
-            )));
-        }
-        tracing::info!(
-            num_blocks = num_blocks - 1,
-            block_size = bs,
-            tokens = (num_blocks - 1) * bs,
-            bytes = (num_blocks - 1) as u64 * bytes_per_block,
-            "KV cache allocated"
-        );
         let layout = KvLayout {
             num_blocks,
             block_size: bs,
             num_kv_heads: cfg.num_key_value_heads,
             head_dim: cfg.head_dim,
         };
-        let kv = KvCache::new(layout, cfg.num_hidden_layers);
+        let kv = KvCache::on_device(layout, cfg.num_hidden_layers, dtype, &device)?;
         let scheduler = Scheduler::new(SchedulerConfig {
             max_num_seqs: args.max_num_seqs,
-            max_num_batched_tokens: args
-                .max_num_batched_tokens
-                .unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS),
+            max_num_batched_tokens,
             max_model_len,
             block_size: bs,
             num_blocks,
@@ -297,6 +293,26 @@ impl EngineCore {
         }
         Ok(events)
     }
+}
+
+#[cfg(feature = "cuda")]
+fn gpu_blocks(
+    sizing: &KvSizing<'_>,
+    model: &dyn model::CausalLm,
+    device: &candle_core::Device,
+) -> Result<usize, EngineError> {
+    sizing.gpu_blocks(model, device)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_blocks(
+    _: &KvSizing<'_>,
+    _: &dyn model::CausalLm,
+    device: &candle_core::Device,
+) -> Result<usize, EngineError> {
+    Err(EngineError::Config(format!(
+        "{device:?} needs a build with `--features cuda`"
+    )))
 }
 
 /// The template to use: `--chat-template` (a file, or the template itself), else the model's.

@@ -312,15 +312,16 @@ fn publish(core: &mut EngineCore, stats: &EngineStats) {
     stats
         .prefix_cache_hits
         .store(prefix.num_hit_tokens, Ordering::Relaxed);
-    stats
-        .num_running
-        .store(s.num_running() as u64, Ordering::Relaxed);
-    stats
-        .num_waiting
-        .store(s.num_waiting() as u64, Ordering::Relaxed);
+    // Cache usage first: whoever sees the running count drop also sees the freed blocks.
     stats
         .kv_usage_ppm
         .store((s.kv().pool().usage() * 1e6) as u64, Ordering::Relaxed);
+    stats
+        .num_waiting
+        .store(s.num_waiting() as u64, Ordering::Release);
+    stats
+        .num_running
+        .store(s.num_running() as u64, Ordering::Release);
     stats
         .num_preemptions
         .store(s.num_preemptions_total(), Ordering::Relaxed);

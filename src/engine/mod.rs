@@ -3,7 +3,9 @@
 pub mod args;
 pub mod core;
 pub mod detokenizer;
+pub mod device;
 pub mod handle;
+pub mod kv_sizing;
 pub mod request;
 pub mod sequence;
 pub mod stop;

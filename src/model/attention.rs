@@ -31,29 +31,78 @@ impl KvLayout {
 }
 
 /// One layer's K and V (f32 on the CPU).
-pub struct LayerKv {
+struct LayerKv {
     k: Vec<f32>,
     v: Vec<f32>,
+}
+
+enum Store {
+    /// f32 in host memory, read by the reference attention below.
+    Host(Vec<LayerKv>),
+    /// Device tensors `[num_blocks, block_size, num_kv_heads, head_dim]` per layer (K, V), read by
+    /// the CUDA kernels.
+    #[cfg(feature = "cuda")]
+    Cuda(Vec<(Tensor, Tensor)>),
 }
 
 /// The whole paged KV cache.
 pub struct KvCache {
     layout: KvLayout,
-    layers: Vec<LayerKv>,
+    store: Store,
 }
 
 impl KvCache {
-    /// A zeroed cache of `num_layers` layers.
+    /// A zeroed host (CPU) cache of `num_layers` layers.
     pub fn new(layout: KvLayout, num_layers: usize) -> Self {
         let n = layout.num_blocks * layout.block_size * layout.slot_width();
         KvCache {
             layout,
-            layers: (0..num_layers)
-                .map(|_| LayerKv {
-                    k: vec![0.0; n],
-                    v: vec![0.0; n],
+            store: Store::Host(
+                (0..num_layers)
+                    .map(|_| LayerKv {
+                        k: vec![0.0; n],
+                        v: vec![0.0; n],
+                    })
+                    .collect(),
+            ),
+        }
+    }
+
+    /// A zeroed cache on `device`: host memory for the CPU, `dtype` tensors on a GPU.
+    pub fn on_device(
+        layout: KvLayout,
+        num_layers: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> candle_core::Result<Self> {
+        if device.is_cpu() {
+            return Ok(Self::new(layout, num_layers));
+        }
+        #[cfg(feature = "cuda")]
+        {
+            let shape = (
+                layout.num_blocks,
+                layout.block_size,
+                layout.num_kv_heads,
+                layout.head_dim,
+            );
+            let layers = (0..num_layers)
+                .map(|_| {
+                    Ok((
+                        Tensor::zeros(shape, dtype, device)?,
+                        Tensor::zeros(shape, dtype, device)?,
+                    ))
                 })
-                .collect(),
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            Ok(KvCache {
+                layout,
+                store: Store::Cuda(layers),
+            })
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = dtype;
+            candle_core::bail!("no KV cache for {device:?}: this build has no GPU support")
         }
     }
 
@@ -89,10 +138,21 @@ impl KvCache {
                 meta.slot_mapping.len()
             );
         }
+        let layers = match &mut self.store {
+            Store::Host(layers) => layers,
+            #[cfg(feature = "cuda")]
+            Store::Cuda(layers) => {
+                let (k_cache, v_cache) = &layers[layer];
+                let Some(dm) = &meta.device else {
+                    candle_core::bail!("paged attention on a GPU needs device metadata");
+                };
+                return super::attention_cuda::attend(k_cache, v_cache, q, k, v, dm, scale);
+            }
+        };
         let (dtype, device) = (q.dtype(), q.device().clone());
         let host = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
         let (q, k, v) = (host(q)?, host(k)?, host(v)?);
-        let cache = &mut self.layers[layer];
+        let cache = &mut layers[layer];
         reshape_and_cache(&k, &v, cache, meta.slot_mapping, layout)?;
         let out = attend_cpu(&q, cache, meta, layout, num_heads, scale);
         Tensor::from_vec(out, (num_tokens, num_heads * head_dim), &Device::Cpu)?
@@ -257,6 +317,7 @@ mod tests {
                     context_len: end,
                     block_table: 0..3,
                 }],
+                device: None,
             };
             let o = cache
                 .attend(

@@ -28,6 +28,61 @@ pub struct AttentionMeta<'a> {
     pub block_tables: &'a [u32],
     /// Per-sequence spans.
     pub seqs: Vec<SeqSpan>,
+    /// The same metadata as device tensors, for models on a GPU (built once per step).
+    pub device: Option<DeviceAttentionMeta>,
+}
+
+/// Paged-attention metadata on the model's device, one row per query token: the form the CUDA
+/// kernels read. Row `r` attends over `context_lens[r]` = its position + 1 positions of the
+/// sequence whose block table is `block_tables[row_seq[r]]`.
+#[derive(Clone, Debug)]
+pub struct DeviceAttentionMeta {
+    /// Physical KV slot per token, `[tokens]` i64.
+    pub slot_mapping: Tensor,
+    /// Block tables padded with the null block, `[seqs, max_blocks]` i32.
+    pub block_tables: Tensor,
+    /// Each token's row in `block_tables`, `[tokens]` i32.
+    pub row_seq: Tensor,
+    /// Positions each token attends over, `[tokens]` i32.
+    pub context_lens: Tensor,
+    /// The largest entry of `context_lens`.
+    pub max_context_len: usize,
+}
+
+impl DeviceAttentionMeta {
+    fn new(out: &SchedulerOutput, device: &Device) -> candle_core::Result<Self> {
+        let n = out.num_batched_tokens();
+        let max_blocks = out
+            .seqs
+            .iter()
+            .map(|s| s.block_table.len())
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let mut tables = vec![0i32; out.seqs.len() * max_blocks];
+        let mut row_seq = Vec::with_capacity(n);
+        let mut context_lens = Vec::with_capacity(n);
+        for (i, s) in out.seqs.iter().enumerate() {
+            for (dst, &b) in tables[i * max_blocks..]
+                .iter_mut()
+                .zip(&out.block_tables[s.block_table.clone()])
+            {
+                *dst = b as i32;
+            }
+            for j in 0..s.num_new_tokens {
+                row_seq.push(i as i32);
+                context_lens.push((s.num_computed_tokens + j + 1) as i32);
+            }
+        }
+        let slots: Vec<i64> = out.slot_mapping.iter().map(|&s| i64::from(s)).collect();
+        Ok(DeviceAttentionMeta {
+            slot_mapping: Tensor::from_vec(slots, n, device)?,
+            block_tables: Tensor::from_vec(tables, (out.seqs.len(), max_blocks), device)?,
+            row_seq: Tensor::from_vec(row_seq, n, device)?,
+            max_context_len: context_lens.iter().copied().max().unwrap_or(0) as usize,
+            context_lens: Tensor::from_vec(context_lens, n, device)?,
+        })
+    }
 }
 
 /// A packed (varlen) batch: tokens of all scheduled sequences back to back.
@@ -73,6 +128,11 @@ impl<'a> ForwardBatch<'a> {
                 slot_mapping: &out.slot_mapping,
                 block_tables: &out.block_tables,
                 seqs,
+                device: if device.is_cpu() {
+                    None
+                } else {
+                    Some(DeviceAttentionMeta::new(out, device)?)
+                },
             },
         })
     }

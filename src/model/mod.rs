@@ -2,6 +2,8 @@
 //! it never stores either. Adding a model is one file and one match arm in [`build`].
 
 pub mod attention;
+#[cfg(feature = "cuda")]
+mod attention_cuda;
 pub mod batch;
 pub mod config;
 pub mod layers;

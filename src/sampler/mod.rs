@@ -26,6 +26,21 @@ pub struct SampleRequest<'a> {
     pub rng: &'a mut SeededRng,
 }
 
+impl SampleRequest<'_> {
+    /// Whether the row's token is the plain argmax of the raw logits: greedy, no logprobs, and
+    /// nothing that edits logits first. A GPU can then pick it without copying the row back.
+    pub fn is_plain_argmax(&self) -> bool {
+        let p = self.params;
+        (p.is_greedy() || p.top_k == 1)
+            && p.logprobs.is_none()
+            && p.logit_bias.is_empty()
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+            && p.repetition_penalty == 1.0
+            && self.suppressed.is_empty()
+    }
+}
+
 /// Log-probabilities reported for one generated token.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Logprobs {

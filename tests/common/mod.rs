@@ -2,59 +2,73 @@ pub mod fake_model;
 pub mod server;
 
 use candle_core::{DType, Device, Tensor};
+use pagewise::engine::sequence::SeqId;
 use pagewise::loader::{self, GgufMatmul, LoadOptions};
-use pagewise::model::batch::{AttentionMeta, SeqSpan};
 use pagewise::model::{self, ForwardBatch, KvCache, KvLayout};
+use pagewise::scheduler::{ScheduledSeq, SchedulerOutput};
 
 /// f32 logits at every position of `tokens`, as one prefill through the paged cache with the
-/// blocks in reverse order (a non-trivial block table).
+/// blocks in reverse order (a non-trivial block table), on the CPU in f32.
 #[allow(dead_code)]
 pub fn logits_at_every_position(
     model_path: &str,
     matmul: GgufMatmul,
     tokens: &[u32],
 ) -> Vec<Vec<f32>> {
+    logits_at_every_position_on(model_path, matmul, tokens, &Device::Cpu, DType::F32)
+}
+
+/// [`logits_at_every_position`] with the model in `dtype` on `device`.
+#[allow(dead_code)]
+pub fn logits_at_every_position_on(
+    model_path: &str,
+    matmul: GgufMatmul,
+    tokens: &[u32],
+    device: &Device,
+    dtype: DType,
+) -> Vec<Vec<f32>> {
     let opts = LoadOptions {
         load_format: loader::LoadFormat::Auto,
-        dtype: DType::F32,
-        device: Device::Cpu,
+        dtype,
+        device: device.clone(),
         gguf_matmul: matmul,
         seed: 0,
     };
     let loaded = loader::load(model_path, &opts).unwrap();
     let cfg = &loaded.config;
     let m = model::build(cfg, &loaded.weights, tokens.len()).unwrap();
-    let bs = 8;
+    let bs = 16;
     let n = tokens.len();
     let num_blocks = n.div_ceil(bs);
     let table: Vec<u32> = (1..=num_blocks as u32).rev().collect();
-    let slots: Vec<u32> = (0..n)
-        .map(|p| table[p / bs] * bs as u32 + (p % bs) as u32)
-        .collect();
+    let out = SchedulerOutput {
+        seqs: vec![ScheduledSeq {
+            seq_id: SeqId(0),
+            num_computed_tokens: 0,
+            num_new_tokens: n,
+            tokens: 0..n,
+            block_table: 0..num_blocks,
+            samples: true,
+        }],
+        token_ids: tokens.to_vec(),
+        positions: (0..n as u32).collect(),
+        slot_mapping: (0..n)
+            .map(|p| table[p / bs] * bs as u32 + (p % bs) as u32)
+            .collect(),
+        block_tables: table,
+        preempted: Vec::new(),
+    };
     let layout = KvLayout {
         num_blocks: num_blocks + 1,
         block_size: bs,
         num_kv_heads: cfg.num_key_value_heads,
         head_dim: cfg.head_dim,
     };
-    let mut kv = KvCache::new(layout, cfg.num_hidden_layers);
-    let positions: Vec<u32> = (0..n as u32).collect();
-    let batch = ForwardBatch {
-        input_ids: Tensor::from_slice(tokens, n, &Device::Cpu).unwrap(),
-        positions: Tensor::from_slice(&positions, n, &Device::Cpu).unwrap(),
-        attention: AttentionMeta {
-            slot_mapping: &slots,
-            block_tables: &table,
-            seqs: vec![SeqSpan {
-                query_start: 0,
-                query_len: n,
-                context_len: n,
-                block_table: 0..num_blocks,
-            }],
-        },
-        sample_rows: Tensor::from_slice(&positions, n, &Device::Cpu).unwrap(),
-        num_sample_rows: n,
-    };
+    let mut kv = KvCache::on_device(layout, cfg.num_hidden_layers, dtype, device).unwrap();
+    let mut batch = ForwardBatch::new(&out, device).unwrap();
+    let rows: Vec<u32> = (0..n as u32).collect();
+    batch.sample_rows = Tensor::from_slice(&rows, n, device).unwrap();
+    batch.num_sample_rows = n;
     m.forward(&batch, &mut kv)
         .unwrap()
         .to_vec2::<f32>()

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds the CUDA binaries here (no GPU needed) and stages them in .gpu/ for one device call:
+#   scripts/gpu/build.sh
+#   device run, carry [".gpu"]:  bash .gpu/run.sh [tests|bench|all]
+# Staged: the release `pagewise` binary, the kernel tests and the GPU engine tests (stripped and
+# xz-compressed to fit the 64 MiB carry), the model-making script, tokenizer fixture and run.sh.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+CUDA_HOME=$(scripts/cuda/setup_toolkit.sh)
+export CUDA_HOME PATH="$CUDA_HOME/bin:$PATH" CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
+export LIBRARY_PATH="$CUDA_HOME/lib64/stubs:$CUDA_HOME/lib64"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/pagewise/target-cuda}"
+
+# Prints the executables of a cargo build's JSON messages whose target name matches $1.
+executables() {
+  python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
+        print(m["executable"])' "$1"
+}
+
+cargo build --release --features cuda --bin pagewise
+kernel_tests=$(cargo test -p pagewise-kernels --release --no-run --message-format=json | executables paged_attention)
+engine_tests=$(cargo test --release --features cuda --test gpu_engine --no-run --message-format=json | executables gpu_engine)
+
+rm -rf .gpu && mkdir -p .gpu/scripts/gpu .gpu/tests/fixtures/llama-gqa-tied
+for pair in "$CARGO_TARGET_DIR/release/pagewise:pagewise" "$kernel_tests:kernel-tests" "$engine_tests:gpu-engine-tests"; do
+  src=${pair%%:*} name=${pair##*:}
+  cp "$src" ".gpu/$name"
+  strip ".gpu/$name"
+  xz -T2 -3 ".gpu/$name"
+done
+cp scripts/gpu/make_gpu_models.py scripts/gpu/run.sh .gpu/scripts/gpu/
+cp tests/fixtures/llama-gqa-tied/tokenizer.json .gpu/tests/fixtures/llama-gqa-tied/
+cp scripts/gpu/run.sh .gpu/run.sh
+du -sh .gpu

@@ -1,0 +1,76 @@
+"""Makes the GPU test models on the accelerator machine (they are too big to carry, so they are
+built where they run) and Hugging Face transformers' reference logits for them.
+
+    python3 scripts/gpu/make_gpu_models.py OUT_DIR
+
+OUT_DIR/tiny-d64     Llama-family model with GPU head dims (hidden 256, 4 heads, 2 KV heads,
+                     head_dim 64, 2 layers), vocab 320 with the byte-level tokenizer of
+                     tests/fixtures/llama-gqa-tied. Used for GPU-vs-CPU parity and batch invariance.
+OUT_DIR/llama-1b     Random-weight Llama-3.2-1B shape (16 layers, hidden 2048, 32/8 heads, d64,
+                     vocab 128256, tied embeddings, llama3 rope scaling), saved in bfloat16.
+OUT_DIR/llama-1b/hf_logits.safetensors
+                     transformers' logits [seqs, tokens, vocab] for random token ids `tokens`
+                     [seqs, tokens]: `logits` run in float32 from the bf16 weights (the
+                     reference), `logits_bf16` run in bfloat16 (how far bf16 alone moves them).
+"""
+
+import os
+import shutil
+import sys
+
+import torch
+from safetensors.torch import save_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURE = os.path.join(HERE, "..", "..", "tests", "fixtures", "llama-gqa-tied")
+
+
+def save(model, cfg, path):
+    model.save_pretrained(path, safe_serialization=True)
+    for f in ("tokenizer.json",):
+        shutil.copy(os.path.join(FIXTURE, f), os.path.join(path, f))
+
+
+def tiny(path):
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=320, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                      max_position_embeddings=1024, eos_token_id=256, bos_token_id=None,
+                      pad_token_id=None, initializer_range=0.1, tie_word_embeddings=True,
+                      rope_theta=10000.0)
+    save(LlamaForCausalLM(cfg).float(), cfg, path)
+
+
+def llama_1b(path, seqs=4, tokens=256):
+    torch.manual_seed(1)
+    cfg = LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                      num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                      head_dim=64, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                      rope_theta=500000.0, tie_word_embeddings=True, eos_token_id=128001,
+                      bos_token_id=128000, pad_token_id=None,
+                      rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0,
+                                    "original_max_position_embeddings": 8192})
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    save(model, cfg, path)
+    del model
+    # Both runs load the saved checkpoint the way users do, so the rotary inverse frequencies are
+    # computed afresh in float32 (`.to(bfloat16)` on a live model would round them too).
+    ids = torch.randint(0, cfg.vocab_size, (seqs, tokens), generator=torch.Generator().manual_seed(2))
+    out = {"tokens": ids.to(torch.int64)}
+    for key, dtype in (("logits_bf16", torch.bfloat16), ("logits", torch.float32)):
+        model = LlamaForCausalLM.from_pretrained(path, dtype=dtype).cuda().eval()
+        with torch.no_grad():
+            out[key] = model(ids.cuda()).logits.float().cpu().contiguous()
+        del model
+    save_file(out, os.path.join(path, "hf_logits.safetensors"))
+
+
+if __name__ == "__main__":
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    tiny(os.path.join(out, "tiny-d64"))
+    llama_1b(os.path.join(out, "llama-1b"))
+    print("models written to", out)

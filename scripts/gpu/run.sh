@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine from the staged .gpu/ folder (see scripts/gpu/build.sh):
+#   bash .gpu/run.sh tests    kernel tests, then the GPU engine tests
+#   bash .gpu/run.sh serve    `pagewise serve` on the GPU, answered with curl
+#   bash .gpu/run.sh bench    kernel bandwidth + `pagewise bench` runs
+#   bash .gpu/run.sh all      both (default)
+# Logs go to $OUT (the device tool brings them back); a summary is printed last.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${OUT:-/tmp/pagewise-out}
+work=/tmp/pagewise-gpu
+mkdir -p "$out" "$work/bin"
+what=${1:-all}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+
+for f in pagewise kernel-tests gpu-engine-tests; do
+  [ -x "$work/bin/$f" ] || python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$here/$f.xz" "$work/bin/$f"
+  chmod +x "$work/bin/$f"
+done
+export PAGEWISE_GPU_MODELS=$work/models
+if [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
+  (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS") > "$out/make-models.log" 2>&1 \
+    || { tail -20 "$out/make-models.log"; exit 1; }
+fi
+status=0
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  "$work/bin/kernel-tests" --test-threads=1 > "$out/kernel-tests.log" 2>&1 || status=1
+  "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture > "$out/gpu-engine-tests.log" 2>&1 || status=1
+  grep -hE "^test |test result|rel\. err|preemptions|KV blocks|panicked" "$out/kernel-tests.log" "$out/gpu-engine-tests.log"
+fi
+if [ "$what" = serve ] || [ "$what" = all ]; then
+  # The server on the GPU, end to end: /ready, a completion and a streamed chat-less completion.
+  "$work/bin/pagewise" serve "$PAGEWISE_GPU_MODELS/tiny-d64" --device cuda:0 --port 8077 > "$out/serve.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 120); do curl -sf localhost:8077/ready > /dev/null && break; sleep 0.5; done
+  curl -sf localhost:8077/v1/completions -H 'content-type: application/json' \
+    -d '{"model":"'"$PAGEWISE_GPU_MODELS/tiny-d64"'","prompt":"Hello","max_tokens":8,"temperature":0}' \
+    | tee "$out/serve-completion.json" || status=1
+  echo
+  curl -sfN localhost:8077/v1/completions -H 'content-type: application/json' \
+    -d '{"model":"'"$PAGEWISE_GPU_MODELS/tiny-d64"'","prompt":"Hello","max_tokens":4,"temperature":0.8,"seed":1,"stream":true}' \
+    | tail -3 || status=1
+  curl -sf localhost:8077/metrics | grep -E "^vllm:(kv_cache_usage_perc|generation_tokens_total)" || status=1
+  kill -TERM $pid; wait $pid || status=1
+  grep -E "KV cache allocated|GPU memory after" "$out/serve.log" | tail -2
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  "$work/bin/kernel-tests" --ignored --nocapture --test-threads=1 decode_bandwidth > "$out/decode-bandwidth.log" 2>&1 || status=1
+  tail -15 "$out/decode-bandwidth.log"
+  pw() { "$work/bin/pagewise" "$@" 2>> "$out/bench-stderr.log"; }
+  m1b="$PAGEWISE_GPU_MODELS/llama-1b"
+  echo "== 1B batch-1 latency, 128 in / 512 out"
+  pw bench latency --model "$m1b" --batch-size 1 --input-len 128 --output-len 512 --num-iters-warmup 1 --num-iters 3 \
+    --output-json "$out/latency-1b.json" | tail -4 || status=1
+  echo "== 1B throughput, 200 x (1024 in, 128 out)"
+  pw bench throughput --model "$m1b" --num-prompts 200 --input-len 1024 --output-len 128 \
+    --output-json "$out/throughput-1b.json" | tail -4 || status=1
+fi
+exit $status

@@ -1,0 +1,196 @@
+//! How many KV blocks the cache gets. CPU: `--kv-cache-memory` bytes (default 1 GiB). GPU: what is
+//! left under `--gpu-memory-utilization` of the device after the weights and the activations of one
+//! profiling forward pass at the largest step the scheduler can build (vLLM's method); an explicit
+//! `--kv-cache-memory` wins. Both are capped at what `max_num_seqs` full-length sequences can use.
+
+use candle_core::DType;
+#[cfg(feature = "cuda")]
+use candle_core::Device;
+
+use super::args::{DEFAULT_KV_CACHE_MEMORY, EngineArgs, EngineError};
+#[cfg(feature = "cuda")]
+use crate::model::CausalLm;
+use crate::model::ModelConfig;
+
+/// The sizes the cache is built from.
+pub struct KvSizing<'a> {
+    /// Engine settings.
+    pub args: &'a EngineArgs,
+    /// The model's configuration.
+    pub cfg: &'a ModelConfig,
+    /// Longest sequence.
+    pub max_model_len: usize,
+    /// Most tokens per step.
+    pub max_num_batched_tokens: usize,
+    /// The cache's dtype.
+    pub dtype: DType,
+}
+
+impl KvSizing<'_> {
+    fn bytes_per_block(&self) -> u64 {
+        let bytes = self.cfg.kv_bytes_per_token(self.dtype.size_in_bytes());
+        (bytes * self.args.block_size) as u64
+    }
+
+    /// Blocks (the null block included) for `budget` bytes.
+    fn blocks_for(&self, budget: u64, what: &str) -> Result<usize, EngineError> {
+        let per_block = self.bytes_per_block();
+        let useful = (self.args.max_num_seqs * self.max_model_len).div_ceil(self.args.block_size);
+        let num_blocks = (budget / per_block).min(useful as u64) as usize + 1;
+        if num_blocks < 2 {
+            return Err(EngineError::Config(format!(
+                "{what} {budget} bytes holds no block of {per_block} bytes"
+            )));
+        }
+        tracing::info!(
+            num_blocks = num_blocks - 1,
+            block_size = self.args.block_size,
+            tokens = (num_blocks - 1) * self.args.block_size,
+            bytes = (num_blocks - 1) as u64 * per_block,
+            "KV cache allocated"
+        );
+        Ok(num_blocks)
+    }
+
+    /// Blocks for a host cache.
+    pub fn cpu_blocks(&self) -> Result<usize, EngineError> {
+        let budget = self.args.kv_cache_memory.unwrap_or(DEFAULT_KV_CACHE_MEMORY);
+        self.blocks_for(budget, "kv_cache_memory")
+    }
+
+    /// Blocks for a cache on `device`, after profiling `model` there.
+    #[cfg(feature = "cuda")]
+    pub fn gpu_blocks(&self, model: &dyn CausalLm, device: &Device) -> Result<usize, EngineError> {
+        use super::device::{gpu_memory, reset_peak};
+        if let Some(bytes) = self.args.kv_cache_memory {
+            return self.blocks_for(bytes, "kv_cache_memory");
+        }
+        let util = self.args.gpu_memory_utilization;
+        if !(util > 0.0 && util <= 1.0) {
+            return Err(EngineError::Config(format!(
+                "gpu_memory_utilization must be in (0, 1], got {util}"
+            )));
+        }
+        reset_peak(device)?;
+        self.profile(model, device)?;
+        let mem = gpu_memory(device)?;
+        let activations = mem.pool_peak.saturating_sub(mem.pool_used);
+        let in_use = mem.total - mem.free;
+        let cap = (mem.total as f64 * f64::from(util)) as u64;
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        tracing::info!(
+            total_gib = gib(mem.total),
+            in_use_gib = gib(in_use),
+            activation_peak_gib = gib(activations),
+            "GPU memory after the profiling pass"
+        );
+        let budget = cap
+            .checked_sub(in_use + activations)
+            .filter(|&b| b > 0)
+            .ok_or_else(|| {
+                EngineError::Config(format!(
+                    "no GPU memory left for the KV cache: {:.2} GiB in use (weights and other \
+                 processes) + {:.2} GiB of activations exceed gpu_memory_utilization {util} of \
+                 {:.2} GiB; raise --gpu-memory-utilization, or lower --max-num-batched-tokens or \
+                 --max-num-seqs",
+                    gib(in_use),
+                    gib(activations),
+                    gib(mem.total)
+                ))
+            })?;
+        self.blocks_for(budget, "gpu_memory_utilization")
+    }
+
+    /// One forward pass of the largest step: `max_num_batched_tokens` tokens spread over up to
+    /// `max_num_seqs` sequences, each sampling a row, over a throwaway cache.
+    #[cfg(feature = "cuda")]
+    fn profile(&self, model: &dyn CausalLm, device: &Device) -> Result<(), EngineError> {
+        use crate::model::{ForwardBatch, KvCache, KvLayout};
+        let out = profile_step(
+            self.max_num_batched_tokens,
+            self.args.max_num_seqs,
+            self.max_model_len,
+            self.args.block_size,
+        );
+        let layout = KvLayout {
+            num_blocks: out.block_tables.len() + 1,
+            block_size: self.args.block_size,
+            num_kv_heads: self.cfg.num_key_value_heads,
+            head_dim: self.cfg.head_dim,
+        };
+        let mut kv = KvCache::on_device(layout, self.cfg.num_hidden_layers, self.dtype, device)?;
+        let batch = ForwardBatch::new(&out, device)?;
+        model.forward(&batch, &mut kv)?;
+        device.synchronize()?;
+        Ok(())
+    }
+}
+
+/// A synthetic step of `tokens` tokens (token id 0) over `min(max_seqs, tokens)` fresh sequences
+/// of at most `max_len` tokens, each on its own blocks starting at block 1.
+pub fn profile_step(
+    tokens: usize,
+    max_seqs: usize,
+    max_len: usize,
+    block_size: usize,
+) -> crate::scheduler::SchedulerOutput {
+    use crate::engine::sequence::SeqId;
+    use crate::scheduler::ScheduledSeq;
+    let seqs = max_seqs.min(tokens).max(1);
+    let tokens = tokens.min(seqs * max_len).max(1);
+    let mut out = crate::scheduler::SchedulerOutput::default();
+    let mut next_block = 1u32;
+    for i in 0..seqs {
+        let len = tokens / seqs + usize::from(i < tokens % seqs);
+        if len == 0 {
+            continue;
+        }
+        let start = out.token_ids.len();
+        let table_start = out.block_tables.len();
+        let blocks = len.div_ceil(block_size);
+        out.block_tables
+            .extend(next_block..next_block + blocks as u32);
+        for p in 0..len {
+            out.token_ids.push(0);
+            out.positions.push(p as u32);
+            out.slot_mapping.push(
+                (next_block + (p / block_size) as u32) * block_size as u32
+                    + (p % block_size) as u32,
+            );
+        }
+        next_block += blocks as u32;
+        out.seqs.push(ScheduledSeq {
+            seq_id: SeqId(i as u64),
+            num_computed_tokens: 0,
+            num_new_tokens: len,
+            tokens: start..start + len,
+            block_table: table_start..out.block_tables.len(),
+            samples: true,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_profile_step_spreads_tokens_over_sequences_on_distinct_blocks() {
+        let out = profile_step(100, 8, 64, 16);
+        assert_eq!(out.num_batched_tokens(), 100);
+        assert_eq!(out.seqs.len(), 8);
+        assert_eq!(out.num_sampling(), 8);
+        let mut slots = out.slot_mapping.clone();
+        slots.sort_unstable();
+        slots.dedup();
+        assert_eq!(slots.len(), 100, "every token has its own slot");
+        assert!(
+            out.slot_mapping.iter().all(|&s| s >= 16),
+            "the null block stays unused"
+        );
+        // Capped by max_len: 2 sequences of at most 10 tokens.
+        let out = profile_step(100, 2, 10, 16);
+        assert_eq!(out.num_batched_tokens(), 20);
+    }
+}

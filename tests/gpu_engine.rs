@@ -1,0 +1,258 @@
+//! The whole engine on a GPU (built only with `--features cuda`; run on the H200 by
+//! scripts/gpu/run.sh). The models are made on that machine by scripts/gpu/make_gpu_models.py
+//! into `$PAGEWISE_GPU_MODELS`: a tiny Llama with GPU head dims and a random Llama-3.2-1B shape
+//! with transformers' logits.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use candle_core::{DType, Device};
+use pagewise::engine::device::DeviceArg;
+use pagewise::loader::GgufMatmul;
+use pagewise::sampler::SeededRng;
+use pagewise::{DtypeArg, EngineArgs, Llm, SamplingParams};
+
+fn model(name: &str) -> String {
+    let dir = std::env::var("PAGEWISE_GPU_MODELS")
+        .expect("set PAGEWISE_GPU_MODELS to the output of scripts/gpu/make_gpu_models.py");
+    format!("{dir}/{name}")
+}
+
+fn gpu() -> Device {
+    Device::new_cuda(0).expect("a CUDA GPU")
+}
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.0,
+        max_tokens,
+        ignore_eos: true,
+        ..Default::default()
+    }
+}
+
+fn prompts(n: usize, vocab: u64) -> Vec<Vec<u32>> {
+    let mut rng = SeededRng::new(7, 0);
+    let mut tok = || (rng.next_u64() % vocab) as u32;
+    let shared: Vec<u32> = (0..40).map(|_| tok()).collect();
+    (0..n)
+        .map(|i| {
+            let tail: Vec<u32> = (0..1 + (i * 13) % 70).map(|_| tok()).collect();
+            if i % 2 == 0 {
+                [shared.clone(), tail].concat()
+            } else {
+                tail
+            }
+        })
+        .collect()
+}
+
+/// Relative L2 error of `got` against `want`, over all rows.
+fn rel_err(got: &[Vec<f32>], want: &[Vec<f32>]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (g, w) in got.iter().zip(want) {
+        for (a, b) in g.iter().zip(w) {
+            num += f64::from(a - b).powi(2);
+            den += f64::from(*b).powi(2);
+        }
+    }
+    (num / den).sqrt()
+}
+
+fn argmax(row: &[f32]) -> usize {
+    (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best })
+}
+
+#[test]
+fn gpu_float32_greedy_tokens_equal_the_cpu_reference() {
+    let args = |device| EngineArgs {
+        model: model("tiny-d64"),
+        device,
+        dtype: DtypeArg::Float32,
+        ..Default::default()
+    };
+    let prompts = prompts(8, 256);
+    let mut cpu = Llm::new(args(DeviceArg::Cpu)).unwrap();
+    let mut gpu = Llm::new(args(DeviceArg::Cuda(0))).unwrap();
+    let want = cpu.generate_tokens(prompts.clone(), &greedy(32)).unwrap();
+    let got = gpu.generate_tokens(prompts, &greedy(32)).unwrap();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.outputs[0].token_ids, w.outputs[0].token_ids, "prompt {i}");
+    }
+}
+
+#[test]
+fn gpu_bfloat16_logits_stay_close_to_the_cpu_float32_logits() {
+    let tokens: Vec<u32> = prompts(1, 256)[0]
+        .iter()
+        .copied()
+        .cycle()
+        .take(300)
+        .collect();
+    let path = model("tiny-d64");
+    let want = common::logits_at_every_position_on(
+        &path,
+        GgufMatmul::Auto,
+        &tokens,
+        &Device::Cpu,
+        DType::F32,
+    );
+    let f32_gpu =
+        common::logits_at_every_position_on(&path, GgufMatmul::Auto, &tokens, &gpu(), DType::F32);
+    let bf16_gpu =
+        common::logits_at_every_position_on(&path, GgufMatmul::Auto, &tokens, &gpu(), DType::BF16);
+    let (e32, e16) = (rel_err(&f32_gpu, &want), rel_err(&bf16_gpu, &want));
+    eprintln!("tiny-d64, 300 positions: rel. err. f32 GPU {e32:.2e}, bf16 GPU {e16:.2e}");
+    assert!(e32 < 1e-4, "f32 on the GPU: {e32}");
+    // bf16 keeps 8 bits of mantissa; this model's large random weights (std 0.1) amplify it.
+    assert!(e16 < 5e-2, "bf16 on the GPU: {e16}");
+}
+
+/// Teacher-forced top-1 agreement of `got` with `want` over the positions where `want`'s top-1
+/// leads its top-2 by more than 0.1: (agreeing, decisive positions).
+fn top1_agreement(got: &[Vec<f32>], want: &[Vec<f32>]) -> (usize, usize) {
+    let (mut agree, mut decisive) = (0, 0);
+    for (g, w) in got.iter().zip(want) {
+        let top = argmax(w);
+        let second = (0..w.len())
+            .filter(|&i| i != top)
+            .fold(f32::NEG_INFINITY, |m, i| m.max(w[i]));
+        if w[top] - second > 0.1 {
+            decisive += 1;
+            agree += usize::from(argmax(g) == top);
+        }
+    }
+    (agree, decisive)
+}
+
+#[test]
+fn llama_1b_shape_matches_transformers() {
+    let path = model("llama-1b");
+    let reference =
+        candle_core::safetensors::load(format!("{path}/hf_logits.safetensors"), &Device::Cpu)
+            .unwrap();
+    let tokens = reference["tokens"]
+        .to_dtype(DType::U32)
+        .unwrap()
+        .to_vec2::<u32>()
+        .unwrap();
+    let hf = reference["logits"].to_vec3::<f32>().unwrap();
+    let hf_bf16 = reference["logits_bf16"].to_vec3::<f32>().unwrap();
+    let run = |dtype| -> Vec<Vec<Vec<f32>>> {
+        tokens
+            .iter()
+            .map(|seq| {
+                common::logits_at_every_position_on(&path, GgufMatmul::Auto, seq, &gpu(), dtype)
+            })
+            .collect()
+    };
+    let flat = |x: &[Vec<Vec<f32>>]| x.concat();
+    let (hf, hf_bf16) = (flat(&hf), flat(&hf_bf16));
+    let ours_f32 = flat(&run(DType::F32));
+    let ours_bf16 = flat(&run(DType::BF16));
+
+    let e_f32 = rel_err(&ours_f32, &hf);
+    let e_bf16 = rel_err(&ours_bf16, &hf);
+    let e_hf_bf16 = rel_err(&hf_bf16, &hf);
+    let (a_ours, d) = top1_agreement(&ours_bf16, &hf);
+    let (a_hf, _) = top1_agreement(&hf_bf16, &hf);
+    let pct = |a: usize| 100.0 * a as f64 / d.max(1) as f64;
+    eprintln!(
+        "llama-1b shape vs transformers float32, {} positions ({d} decisive):\n  \
+         ours float32:  rel. err. {e_f32:.2e}\n  \
+         ours bfloat16: rel. err. {e_bf16:.2e}, top-1 {a_ours}/{d} = {:.2}%\n  \
+         transformers bfloat16: rel. err. {e_hf_bf16:.2e}, top-1 {a_hf}/{d} = {:.2}%",
+        hf.len(),
+        pct(a_ours),
+        pct(a_hf)
+    );
+    // Same arithmetic precision: the implementations must agree closely.
+    assert!(e_f32 <= 1e-3, "float32 logits rel. err. {e_f32}");
+    assert!(d >= 100, "too few decisive positions: {d}");
+    // bfloat16: no worse than transformers' own bfloat16 run, against the same reference.
+    assert!(
+        e_bf16 <= 2e-2_f64.max(1.1 * e_hf_bf16),
+        "bfloat16 logits rel. err. {e_bf16} (transformers bf16: {e_hf_bf16})"
+    );
+    assert!(
+        pct(a_ours) >= 99.0_f64.min(pct(a_hf) - 0.5),
+        "bfloat16 top-1 {} (transformers bf16: {})",
+        pct(a_ours),
+        pct(a_hf)
+    );
+}
+
+#[test]
+fn batched_chunked_cached_preempted_equals_solo_on_the_gpu() {
+    let prompts = prompts(32, 256);
+    let args = |enable_prefix_caching| EngineArgs {
+        model: model("tiny-d64"),
+        device: DeviceArg::Cuda(0),
+        dtype: DtypeArg::Float32,
+        enable_prefix_caching,
+        ..Default::default()
+    };
+    let mut solo = Llm::new(args(false)).unwrap();
+    let expected: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            solo.generate_tokens(vec![p.clone()], &greedy(24)).unwrap()[0].outputs[0]
+                .token_ids
+                .clone()
+        })
+        .collect();
+    // 2 layers x 2 KV heads x 64 dims x K,V x 4 bytes = 2 KiB per token; 40 blocks of 16 tokens.
+    let mut batched = Llm::new(EngineArgs {
+        max_num_batched_tokens: Some(48),
+        kv_cache_memory: Some(40 * 16 * 2048),
+        ..args(true)
+    })
+    .unwrap();
+    let outs = batched.generate_tokens(prompts, &greedy(24)).unwrap();
+    for (i, (out, want)) in outs.iter().zip(&expected).enumerate() {
+        assert_eq!(&out.outputs[0].token_ids, want, "prompt {i}");
+    }
+    let s = batched.core().scheduler();
+    let hits = s.kv().prefix_cache_stats().num_hit_tokens;
+    eprintln!(
+        "GPU: preemptions {}, prefix-cache hit tokens {hits}",
+        s.num_preemptions_total()
+    );
+    assert!(
+        s.num_preemptions_total() > 0,
+        "the cache must be small enough to preempt"
+    );
+    assert!(hits > 0, "the shared prefix must be served from cache");
+    assert_eq!(s.kv().pool().num_free(), s.kv().pool().num_usable());
+}
+
+#[test]
+fn the_kv_cache_is_sized_by_gpu_memory_utilization() {
+    let blocks = |util: f32| {
+        Llm::new(EngineArgs {
+            model: model("llama-1b"),
+            device: DeviceArg::Cuda(0),
+            gpu_memory_utilization: util,
+            max_model_len: Some(8192),
+            max_num_seqs: 4096,
+            ..Default::default()
+        })
+        .map(|llm| llm.core().scheduler().config().num_blocks)
+    };
+    let (small, large) = (blocks(0.3).unwrap(), blocks(0.6).unwrap());
+    // Llama-3.2-1B: 32 KiB of bf16 KV per token, 512 KiB per 16-token block; 0.3 of an H200 is
+    // ~42 GB, so the 0.3 cache alone is tens of thousands of blocks and 0.6 adds 0.3 more.
+    eprintln!("KV blocks: {small} at 0.3, {large} at 0.6");
+    let per_block = 32 * 1024 * 16;
+    let gained = (large - small) as f64 * per_block as f64;
+    let total = 0.3 * pagewise::engine::device::gpu_memory(&gpu()).unwrap().total as f64;
+    assert!(small > 20_000, "{small}");
+    assert!(
+        (gained / total - 1.0).abs() < 0.1,
+        "0.3 more utilization bought {gained} bytes"
+    );
+    let err = blocks(0.005)
+        .expect_err("nothing left must refuse")
+        .to_string();
+    assert!(err.contains("no GPU memory left for the KV cache"), "{err}");
+}
