@@ -2,11 +2,11 @@
 //! the sampler; builds the packed batch, runs the model for logits of the sampling rows only, and
 //! samples each row with its sequence's own parameters and random stream.
 
-use candle_core::{D, Device};
+use candle_core::Device;
 
 use crate::engine::sequence::Sequence;
 use crate::model::{CausalLm, ForwardBatch, KvCache, ModelError};
-use crate::sampler::{SampleRequest, SampledToken, Sampler};
+use crate::sampler::{SampledToken, Sampler};
 use crate::scheduler::SchedulerOutput;
 
 /// Runs steps of one model.
@@ -47,27 +47,21 @@ impl ModelRunner {
         let logits = self.model.forward(&batch, &mut self.kv)?;
         let (rows, vocab) = logits.dims2()?;
         debug_assert_eq!(rows, out.num_sampling());
-        let mut requests: Vec<SampleRequest<'_>> = out
+        let requests = out
             .seqs
             .iter()
             .zip(seqs.iter_mut())
             .filter(|(s, _)| s.samples)
-            .map(|(_, seq)| seq.sample_request())
-            .collect();
-        // On a GPU, rows that only need the argmax never leave the device: one id per row does.
-        if !self.device.is_cpu() && requests.iter().all(|r| r.is_plain_argmax()) {
-            let ids = logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
-            return Ok(ids
-                .into_iter()
-                .map(|token_id| SampledToken {
-                    token_id,
-                    logprobs: None,
-                })
-                .collect());
+            .map(|(_, seq)| seq.sample_request());
+        #[cfg(feature = "cuda")]
+        if !self.device.is_cpu() {
+            return Ok(crate::sampler::device::sample_on_device(
+                &mut self.sampler,
+                &logits,
+                requests,
+            )?);
         }
         let mut data = logits.flatten_all()?.to_vec1::<f32>()?;
-        Ok(self
-            .sampler
-            .sample_batch(&mut data, vocab, requests.drain(..)))
+        Ok(self.sampler.sample_batch(&mut data, vocab, requests))
     }
 }

@@ -256,3 +256,34 @@ fn the_kv_cache_is_sized_by_gpu_memory_utilization() {
         .to_string();
     assert!(err.contains("no GPU memory left for the KV cache"), "{err}");
 }
+
+#[test]
+fn seeded_sampling_on_the_gpu_is_reproducible_and_batch_independent() {
+    let mut llm = Llm::new(EngineArgs {
+        model: model("tiny-d64"),
+        device: DeviceArg::Cuda(0),
+        ..Default::default()
+    })
+    .unwrap();
+    let params = SamplingParams {
+        temperature: 0.9,
+        seed: Some(42),
+        ..greedy(24)
+    };
+    let prompts = prompts(6, 256);
+    let alone = llm
+        .generate_tokens(vec![prompts[3].clone()], &params)
+        .unwrap();
+    let batch = llm.generate_tokens(prompts, &params).unwrap();
+    assert_eq!(batch[3].outputs[0].token_ids, alone[0].outputs[0].token_ids);
+    let unseeded = SamplingParams {
+        seed: None,
+        ..params.clone()
+    };
+    let a = llm
+        .generate_tokens(vec![vec![5; 10]; 4], &unseeded)
+        .unwrap();
+    let distinct: std::collections::HashSet<_> =
+        a.iter().map(|o| o.outputs[0].token_ids.clone()).collect();
+    assert!(distinct.len() > 1, "unseeded draws must differ");
+}

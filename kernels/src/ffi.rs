@@ -38,4 +38,15 @@ unsafe extern "C" {
         scale: f32,
         stream: *mut c_void,
     ) -> c_int;
+
+    pub fn pagewise_sample(
+        out: *mut u32,
+        logits: *const f32,
+        rows: c_int,
+        vocab: c_int,
+        temperatures: *const f32,
+        min_ps: *const f32,
+        seeds: *const u64,
+        stream: *mut c_void,
+    ) -> c_int;
 }

@@ -1,6 +1,6 @@
 //! CUDA kernels for pagewise, as safe candle operations: `reshape_and_cache` (write a step's K/V
-//! into the paged cache at the slot mapping) and paged decode attention (one query token per
-//! sequence, K/V read through block tables, GQA). Every dtype, shape, contiguity and device is
+//! into the paged cache at the slot mapping), paged attention (query rows read K/V through block
+//! tables, GQA, split-KV) and sampling (argmax or a seeded Gumbel-max draw per row). Every dtype, shape, contiguity and device is
 //! checked before a launch, with a message naming the argument at fault.
 //!
 //! Compiled only with the app's `cuda` feature; kernels/build.rs builds kernels/csrc with nvcc.
@@ -268,5 +268,59 @@ pub fn paged_attention(
         )
     };
     check_launch(code, "paged_attention")?;
+    Ok(out)
+}
+
+/// Picks one token per row of `logits` (`[rows, vocab]`, f32) on the GPU; returns `[rows]` u32.
+/// Row `r` takes the argmax when `temperatures[r]` <= 0, else draws from
+/// softmax(logits / temperature) over the tokens whose probability is at least `min_ps[r]` times
+/// the most likely one's, with randomness from `seeds[r]` alone (i64 holding the seed's bits).
+pub fn sample(
+    logits: &Tensor,
+    temperatures: &Tensor,
+    min_ps: &Tensor,
+    seeds: &Tensor,
+) -> Result<Tensor> {
+    let (rows, vocab) = logits.dims2()?;
+    if logits.dtype() != DType::F32 {
+        bail!("logits must be f32, got {:?}", logits.dtype());
+    }
+    for (t, what, dtype) in [
+        (temperatures, "temperatures", DType::F32),
+        (min_ps, "min_ps", DType::F32),
+        (seeds, "seeds", DType::I64),
+    ] {
+        if t.dtype() != dtype || t.dims() != [rows] {
+            bail!(
+                "{what} must be {dtype:?} [{rows}], got {:?} {:?}",
+                t.dtype(),
+                t.dims()
+            );
+        }
+    }
+    let out = Tensor::zeros(rows, DType::U32, logits.device())?;
+    if rows == 0 {
+        return Ok(out);
+    }
+    let (o, stream) = device_ptr(&out, "out")?;
+    let (l, _) = device_ptr(logits, "logits")?;
+    let (t, _) = device_ptr(temperatures, "temperatures")?;
+    let (m, _) = device_ptr(min_ps, "min_ps")?;
+    let (s, _) = device_ptr(seeds, "seeds")?;
+    // SAFETY: dtypes, shapes and contiguity are checked above; all tensors live on the stream's
+    // device and outlive the launch.
+    let code = unsafe {
+        ffi::pagewise_sample(
+            o as *mut u32,
+            l as *const f32,
+            rows as i32,
+            vocab as i32,
+            t as *const f32,
+            m as *const f32,
+            s as *const u64,
+            stream,
+        )
+    };
+    check_launch(code, "sample")?;
     Ok(out)
 }

@@ -5,6 +5,8 @@
 //! temperature -> min-p -> top-k -> top-p -> one uniform draw from the sequence's own stream. Logprobs
 //! are those of the raw model logits (vLLM's default `raw_logprobs`), before any of that processing.
 
+#[cfg(feature = "cuda")]
+pub mod device;
 pub mod processors;
 pub mod rng;
 
@@ -27,17 +29,25 @@ pub struct SampleRequest<'a> {
 }
 
 impl SampleRequest<'_> {
-    /// Whether the row's token is the plain argmax of the raw logits: greedy, no logprobs, and
-    /// nothing that edits logits first. A GPU can then pick it without copying the row back.
-    pub fn is_plain_argmax(&self) -> bool {
+    /// The temperature a GPU can sample this row with (0 = argmax), or `None` when the row needs
+    /// the host sampler: logprobs, logit edits (bias, penalties, suppressed ids), top-k or top-p.
+    pub fn device_temperature(&self) -> Option<f32> {
         let p = self.params;
-        (p.is_greedy() || p.top_k == 1)
-            && p.logprobs.is_none()
+        let plain = p.logprobs.is_none()
             && p.logit_bias.is_empty()
             && p.presence_penalty == 0.0
             && p.frequency_penalty == 0.0
             && p.repetition_penalty == 1.0
-            && self.suppressed.is_empty()
+            && self.suppressed.is_empty();
+        if !plain {
+            None
+        } else if p.is_greedy() || p.top_k == 1 {
+            Some(0.0)
+        } else if p.top_k <= 0 && p.top_p >= 1.0 {
+            Some(p.temperature)
+        } else {
+            None
+        }
     }
 }
 

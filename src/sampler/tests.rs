@@ -246,3 +246,51 @@ fn degenerate_rows_never_panic() {
     };
     assert!(s.sample(&mut huge_k, req(&k, &mut rng)).token_id < 2);
 }
+
+#[test]
+fn only_plain_temperature_rows_may_be_sampled_on_a_device() {
+    let mut rng = SeededRng::new(1, 0);
+    let t = |p: SamplingParams, rng: &mut SeededRng| req(&p, rng).device_temperature();
+    assert_eq!(t(greedy(), &mut rng), Some(0.0));
+    let warm = SamplingParams {
+        temperature: 0.7,
+        min_p: 0.1,
+        ..Default::default()
+    };
+    assert_eq!(t(warm.clone(), &mut rng), Some(0.7));
+    let top_k_1 = SamplingParams {
+        top_k: 1,
+        ..warm.clone()
+    };
+    assert_eq!(t(top_k_1, &mut rng), Some(0.0));
+    for host in [
+        SamplingParams {
+            top_p: 0.9,
+            ..warm.clone()
+        },
+        SamplingParams {
+            top_k: 40,
+            ..warm.clone()
+        },
+        SamplingParams {
+            logprobs: Some(0),
+            ..warm.clone()
+        },
+        SamplingParams {
+            logit_bias: vec![(3, 1.0)],
+            ..greedy()
+        },
+        SamplingParams {
+            repetition_penalty: 1.1,
+            ..greedy()
+        },
+    ] {
+        assert_eq!(t(host, &mut rng), None);
+    }
+    let p = greedy();
+    let suppressed = SampleRequest {
+        suppressed: &[2],
+        ..req(&p, &mut rng)
+    };
+    assert_eq!(suppressed.device_temperature(), None);
+}
