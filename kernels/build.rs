@@ -9,6 +9,8 @@ fn main() {
         .expect("kernels/csrc")
         .map(|e| e.expect("dir entry").path())
         .collect();
+    // The folder too, so an added or removed file rebuilds the library.
+    println!("cargo:rerun-if-changed=csrc");
     for s in &sources {
         println!("cargo:rerun-if-changed={}", s.display());
     }
