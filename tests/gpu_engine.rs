@@ -182,13 +182,15 @@ fn llama_1b_shape_matches_transformers() {
     );
 }
 
-#[test]
-fn batched_chunked_cached_preempted_equals_solo_on_the_gpu() {
+/// 32 prompts (half sharing a prefix) through one engine with a small token budget (chunked
+/// prefill, mixed prefill + decode steps), prefix caching and a cache small enough to preempt,
+/// against each prompt alone.
+fn batch_invariance(dtype: DtypeArg, kv_bytes_per_token: u64) {
     let prompts = prompts(32, 256);
     let args = |enable_prefix_caching| EngineArgs {
         model: model("tiny-d64"),
         device: DeviceArg::Cuda(0),
-        dtype: DtypeArg::Float32,
+        dtype,
         enable_prefix_caching,
         ..Default::default()
     };
@@ -201,21 +203,21 @@ fn batched_chunked_cached_preempted_equals_solo_on_the_gpu() {
                 .clone()
         })
         .collect();
-    // 2 layers x 2 KV heads x 64 dims x K,V x 4 bytes = 2 KiB per token; 40 blocks of 16 tokens.
+    // 40 blocks of 16 tokens.
     let mut batched = Llm::new(EngineArgs {
         max_num_batched_tokens: Some(48),
-        kv_cache_memory: Some(40 * 16 * 2048),
+        kv_cache_memory: Some(40 * 16 * kv_bytes_per_token),
         ..args(true)
     })
     .unwrap();
     let outs = batched.generate_tokens(prompts, &greedy(24)).unwrap();
     for (i, (out, want)) in outs.iter().zip(&expected).enumerate() {
-        assert_eq!(&out.outputs[0].token_ids, want, "prompt {i}");
+        assert_eq!(&out.outputs[0].token_ids, want, "{dtype:?}: prompt {i}");
     }
     let s = batched.core().scheduler();
     let hits = s.kv().prefix_cache_stats().num_hit_tokens;
     eprintln!(
-        "GPU: preemptions {}, prefix-cache hit tokens {hits}",
+        "GPU {dtype:?}: preemptions {}, prefix-cache hit tokens {hits}",
         s.num_preemptions_total()
     );
     assert!(
@@ -224,6 +226,14 @@ fn batched_chunked_cached_preempted_equals_solo_on_the_gpu() {
     );
     assert!(hits > 0, "the shared prefix must be served from cache");
     assert_eq!(s.kv().pool().num_free(), s.kv().pool().num_usable());
+}
+
+#[test]
+fn batched_chunked_cached_preempted_equals_solo_on_the_gpu() {
+    // 2 layers x 2 KV heads x 64 dims x K,V: 2 KiB per token in f32, 1 KiB in bf16.
+    batch_invariance(DtypeArg::Float32, 2048);
+    // bf16 runs the tensor-core prefill kernel and mixed prefill + decode steps.
+    batch_invariance(DtypeArg::Bfloat16, 1024);
 }
 
 #[test]

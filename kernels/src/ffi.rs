@@ -49,4 +49,26 @@ unsafe extern "C" {
         seeds: *const u64,
         stream: *mut c_void,
     ) -> c_int;
+
+    pub fn pagewise_paged_prefill(
+        dtype: c_int,
+        out: *mut c_void,
+        q: *const c_void,
+        k_cache: *const c_void,
+        v_cache: *const c_void,
+        block_tables: *const i32,
+        seq_table: *const i32,
+        q_start: *const i32,
+        q_len: *const i32,
+        ctx_len: *const i32,
+        num_seqs: c_int,
+        max_q_len: c_int,
+        max_blocks: c_int,
+        num_heads: c_int,
+        num_kv_heads: c_int,
+        head_dim: c_int,
+        block_size: c_int,
+        scale: f32,
+        stream: *mut c_void,
+    ) -> c_int;
 }

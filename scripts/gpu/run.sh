@@ -13,7 +13,7 @@ mkdir -p "$out" "$work/bin"
 what=${1:-all}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 
-for f in pagewise kernel-tests sampling-tests gpu-engine-tests; do
+for f in pagewise kernel-tests prefill-tests sampling-tests gpu-engine-tests; do
   [ -x "$work/bin/$f" ] || python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$here/$f.xz" "$work/bin/$f"
   chmod +x "$work/bin/$f"
 done
@@ -25,10 +25,11 @@ fi
 status=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
   "$work/bin/kernel-tests" --test-threads=1 > "$out/kernel-tests.log" 2>&1 || status=1
+  "$work/bin/prefill-tests" --test-threads=1 --nocapture > "$out/prefill-tests.log" 2>&1 || status=1
   "$work/bin/sampling-tests" --test-threads=1 > "$out/sampling-tests.log" 2>&1 || status=1
   "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture > "$out/gpu-engine-tests.log" 2>&1 || status=1
-  grep -hE "^test |test result|rel\. err|top-1|preemptions|KV blocks|panicked|^  " \
-    "$out/kernel-tests.log" "$out/sampling-tests.log" "$out/gpu-engine-tests.log"
+  grep -hE "^test |test result|rel\. err|top-1|preemptions|KV blocks|panicked|^  |^(BF16|F16)" \
+    "$out/kernel-tests.log" "$out/prefill-tests.log" "$out/sampling-tests.log" "$out/gpu-engine-tests.log"
 fi
 if [ "$what" = serve ] || [ "$what" = all ]; then
   # The server on the GPU, end to end: /ready, a completion and a streamed chat-less completion.

@@ -1,8 +1,11 @@
 //! Paged attention on a GPU: our CUDA kernels (kernels/ crate) write the step's K/V into the paged
-//! cache, then every query row (decode tokens and prefill chunks alike) attends through its
-//! sequence's block table.
+//! cache, then attend. In 16-bit dtypes prefill chunks go through the tensor-core prefill kernel
+//! and decode tokens through the split-KV decode kernel (a mixed step runs both, each on its own
+//! rows); in f32 (tests, parity) every query row goes through the decode kernel, which treats a
+//! prefill row as a decode at its position.
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
+use pagewise_kernels::PrefillSeqs;
 
 use super::batch::DeviceAttentionMeta;
 
@@ -24,15 +27,54 @@ pub(super) fn attend(
         v_cache,
         &meta.slot_mapping,
     )?;
-    let out = pagewise_kernels::paged_attention(
-        &q.contiguous()?,
-        k_cache,
-        v_cache,
-        &meta.block_tables,
-        Some(&meta.row_seq),
-        &meta.context_lens,
-        meta.max_context_len,
-        scale,
-    )?;
+    let q = q.contiguous()?;
+    let out = match &meta.prefill {
+        Some(p) if matches!(q.dtype(), DType::BF16 | DType::F16) => {
+            let out = Tensor::zeros(q.shape(), q.dtype(), q.device())?;
+            let seqs = PrefillSeqs {
+                q_start: &p.q_start,
+                q_len: &p.q_len,
+                ctx_len: &p.ctx_len,
+                table_row: &p.table_row,
+                max_q_len: p.max_q_len,
+            };
+            pagewise_kernels::paged_prefill_attention(
+                &out,
+                &q,
+                k_cache,
+                v_cache,
+                &meta.block_tables,
+                &seqs,
+                scale,
+            )?;
+            match &meta.decode {
+                // The decode rows of `out` are still zero: adding their results sets them.
+                Some(d) => {
+                    let decoded = pagewise_kernels::paged_attention(
+                        &q.index_select(&d.index, 0)?,
+                        k_cache,
+                        v_cache,
+                        &meta.block_tables,
+                        Some(&d.row_seq),
+                        &d.context_lens,
+                        d.max_context_len,
+                        scale,
+                    )?;
+                    out.index_add(&d.index, &decoded, 0)?
+                }
+                None => out,
+            }
+        }
+        _ => pagewise_kernels::paged_attention(
+            &q,
+            k_cache,
+            v_cache,
+            &meta.block_tables,
+            Some(&meta.row_seq),
+            &meta.context_lens,
+            meta.max_context_len,
+            scale,
+        )?,
+    };
     out.reshape((tokens, heads * head_dim))
 }

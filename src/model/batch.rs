@@ -47,6 +47,91 @@ pub struct DeviceAttentionMeta {
     pub context_lens: Tensor,
     /// The largest entry of `context_lens`.
     pub max_context_len: usize,
+    /// The sequences computing more than one token (prefill chunks), for a tensor-core kernel.
+    pub prefill: Option<PrefillMeta>,
+    /// When prefill chunks and decode tokens share the step: just the decode rows.
+    pub decode: Option<DecodeRows>,
+}
+
+/// Prefill sequences of a step, each i32 `[seqs]`.
+#[derive(Clone, Debug)]
+pub struct PrefillMeta {
+    /// First token row of each sequence.
+    pub q_start: Tensor,
+    /// Its token rows.
+    pub q_len: Tensor,
+    /// Its tokens in the cache after this step.
+    pub ctx_len: Tensor,
+    /// Its row in the block tables.
+    pub table_row: Tensor,
+    /// The largest `q_len`.
+    pub max_q_len: usize,
+}
+
+/// The decode tokens of a mixed step, one row each.
+#[derive(Clone, Debug)]
+pub struct DecodeRows {
+    /// Their token rows, `[rows]` u32.
+    pub index: Tensor,
+    /// Their block table rows, `[rows]` i32.
+    pub row_seq: Tensor,
+    /// Positions each attends over, `[rows]` i32.
+    pub context_lens: Tensor,
+    /// The largest entry of `context_lens`.
+    pub max_context_len: usize,
+}
+
+impl PrefillMeta {
+    fn new(out: &SchedulerOutput, device: &Device) -> candle_core::Result<Option<Self>> {
+        let seqs: Vec<(usize, &crate::scheduler::ScheduledSeq)> = out
+            .seqs
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.num_new_tokens > 1)
+            .collect();
+        if seqs.is_empty() {
+            return Ok(None);
+        }
+        let n = seqs.len();
+        let col = |f: &dyn Fn(usize, &crate::scheduler::ScheduledSeq) -> usize| {
+            let v: Vec<i32> = seqs.iter().map(|&(i, s)| f(i, s) as i32).collect();
+            Tensor::from_vec(v, n, device)
+        };
+        Ok(Some(PrefillMeta {
+            q_start: col(&|_, s| s.tokens.start)?,
+            q_len: col(&|_, s| s.num_new_tokens)?,
+            ctx_len: col(&|_, s| s.num_computed_tokens + s.num_new_tokens)?,
+            table_row: col(&|i, _| i)?,
+            max_q_len: seqs
+                .iter()
+                .map(|(_, s)| s.num_new_tokens)
+                .max()
+                .unwrap_or(0),
+        }))
+    }
+}
+
+impl DecodeRows {
+    fn new(out: &SchedulerOutput, device: &Device) -> candle_core::Result<Option<Self>> {
+        let (mut index, mut row_seq, mut lens) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, s) in out.seqs.iter().enumerate() {
+            if s.num_new_tokens == 1 {
+                index.push(s.tokens.start as u32);
+                row_seq.push(i as i32);
+                lens.push((s.num_computed_tokens + 1) as i32);
+            }
+        }
+        if index.is_empty() {
+            return Ok(None);
+        }
+        let n = index.len();
+        Ok(Some(DecodeRows {
+            index: Tensor::from_vec(index, n, device)?,
+            row_seq: Tensor::from_vec(row_seq, n, device)?,
+            max_context_len: lens.iter().copied().max().unwrap_or(0) as usize,
+            context_lens: Tensor::from_vec(lens, n, device)?,
+        }))
+    }
 }
 
 impl DeviceAttentionMeta {
@@ -75,7 +160,14 @@ impl DeviceAttentionMeta {
             }
         }
         let slots: Vec<i64> = out.slot_mapping.iter().map(|&s| i64::from(s)).collect();
+        let prefill = PrefillMeta::new(out, device)?;
+        let decode = match prefill {
+            Some(_) => DecodeRows::new(out, device)?,
+            None => None,
+        };
         Ok(DeviceAttentionMeta {
+            prefill,
+            decode,
             slot_mapping: Tensor::from_vec(slots, n, device)?,
             block_tables: Tensor::from_vec(tables, (out.seqs.len(), max_blocks), device)?,
             row_seq: Tensor::from_vec(row_seq, n, device)?,

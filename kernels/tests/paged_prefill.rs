@@ -1,0 +1,194 @@
+//! The tensor-core prefill kernel against a naive f32 reference: several sequences per launch, each
+//! a chunk after a cached prefix of its own length (0 to 1000), shuffled blocks, poisoned (NaN)
+//! unused cache slots and output rows the kernel must not touch, GQA 1/4/8, head dims 64/128/256,
+//! f16 and bf16. Needs a CUDA GPU.
+
+use candle_core::{DType, Device, Tensor};
+use pagewise_kernels::{PrefillSeqs, paged_prefill_attention, reshape_and_cache};
+
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+fn host(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+}
+
+/// `seqs`: (cached prefix, chunk length) per sequence. Returns the relative L2 error.
+fn case(
+    dtype: DType,
+    d: usize,
+    heads: usize,
+    kvh: usize,
+    seqs: &[(usize, usize)],
+    seed: u64,
+) -> f64 {
+    let dev = Device::new_cuda(0).unwrap();
+    let bs = 16;
+    let mut rng = Lcg(seed);
+    let ctx: Vec<usize> = seqs.iter().map(|(p, c)| p + c).collect();
+    let blocks: usize = ctx.iter().map(|c| c.div_ceil(bs)).sum();
+    let mut ids: Vec<i32> = (1..=blocks as i32).collect();
+    for i in (1..ids.len()).rev() {
+        let j = ((rng.next() + 1.0) * 0.5 * (i + 1) as f32) as usize % (i + 1);
+        ids.swap(i, j);
+    }
+    let max_blocks = ctx.iter().map(|c| c.div_ceil(bs)).max().unwrap();
+    // Sequence s uses block table row (s + 1) % n: the table row is not the sequence index.
+    let n = seqs.len();
+    let mut tables = vec![0i32; n * max_blocks];
+    let mut slots = Vec::new();
+    let mut next = 0;
+    for (s, &c) in ctx.iter().enumerate() {
+        let row = (s + 1) % n;
+        for b in 0..c.div_ceil(bs) {
+            tables[row * max_blocks + b] = ids[next];
+            next += 1;
+        }
+        for p in 0..c {
+            slots.push(tables[row * max_blocks + p / bs] as i64 * bs as i64 + (p % bs) as i64);
+        }
+    }
+    let all = slots.len();
+    let rand = |n: usize, rng: &mut Lcg| (0..n).map(|_| rng.next()).collect::<Vec<f32>>();
+    let to = |v: Vec<f32>, shape: (usize, usize, usize)| {
+        let t = Tensor::from_vec(v, shape, &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let h = host(&t);
+        (t.to_device(&dev).unwrap(), h)
+    };
+    let (k, kh) = to(rand(all * kvh * d, &mut rng), (all, kvh, d));
+    let (v, vh) = to(rand(all * kvh * d, &mut rng), (all, kvh, d));
+    let poison = Tensor::full(f32::NAN, (blocks + 1, bs, kvh, d), &dev)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap();
+    let (kc, vc) = (poison.copy().unwrap(), poison.copy().unwrap());
+    reshape_and_cache(
+        &k,
+        &v,
+        &kc,
+        &vc,
+        &Tensor::from_vec(slots, all, &dev).unwrap(),
+    )
+    .unwrap();
+
+    // Query rows: the chunks back to back, after 3 leading rows that belong to nobody.
+    let lead = 3;
+    let rows = lead + seqs.iter().map(|(_, c)| c).sum::<usize>();
+    let (q, qh) = to(rand(rows * heads * d, &mut rng), (rows, heads, d));
+    let out = Tensor::full(f32::NAN, (rows, heads, d), &dev)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap();
+    let i32s = |v: Vec<usize>| {
+        Tensor::from_vec(v.into_iter().map(|x| x as i32).collect::<Vec<_>>(), n, &dev).unwrap()
+    };
+    let mut starts = Vec::new();
+    let mut at = lead;
+    for (_, c) in seqs {
+        starts.push(at);
+        at += c;
+    }
+    let (qs, ql) = (
+        i32s(starts.clone()),
+        i32s(seqs.iter().map(|s| s.1).collect()),
+    );
+    let (cl, tr) = (
+        i32s(ctx.clone()),
+        i32s((0..n).map(|s| (s + 1) % n).collect()),
+    );
+    let bt = Tensor::from_vec(tables, (n, max_blocks), &dev).unwrap();
+    let scale = 1.0 / (d as f32).sqrt();
+    let meta = PrefillSeqs {
+        q_start: &qs,
+        q_len: &ql,
+        ctx_len: &cl,
+        table_row: &tr,
+        max_q_len: seqs.iter().map(|s| s.1).max().unwrap(),
+    };
+    paged_prefill_attention(&out, &q, &kc, &vc, &bt, &meta, scale).unwrap();
+    let got = host(&out);
+    assert!(
+        got[..lead * heads * d].iter().all(|x| x.is_nan()),
+        "rows outside the chunks were written"
+    );
+
+    let (mut num, mut den) = (0f64, 0f64);
+    let mut first = 0; // this sequence's first token in kh/vh
+    for (s, &(prefix, chunk)) in seqs.iter().enumerate() {
+        for i in 0..chunk {
+            let pos = prefix + i;
+            let row = starts[s] + i;
+            for h in 0..heads {
+                let g = h / (heads / kvh);
+                let qv = &qh[(row * heads + h) * d..][..d];
+                let sc: Vec<f32> = (0..=pos)
+                    .map(|p| {
+                        let kv = &kh[((first + p) * kvh + g) * d..][..d];
+                        qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale
+                    })
+                    .collect();
+                let m = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let z: f32 = sc.iter().map(|x| (x - m).exp()).sum();
+                for j in 0..d {
+                    let want: f32 = sc
+                        .iter()
+                        .enumerate()
+                        .map(|(p, x)| (x - m).exp() / z * vh[((first + p) * kvh + g) * d + j])
+                        .sum();
+                    let g = got[(row * heads + h) * d + j];
+                    assert!(!g.is_nan(), "NaN at seq {s} row {i} head {h}");
+                    num += f64::from(g - want).powi(2);
+                    den += f64::from(want).powi(2);
+                }
+            }
+        }
+        first += prefix + chunk;
+    }
+    (num / den).sqrt()
+}
+
+#[test]
+fn prefill_matches_the_reference() {
+    let seqs = [(0, 1), (0, 100), (37, 64), (200, 130), (5, 3), (1000, 257)];
+    for (dtype, tol) in [(DType::BF16, 2e-2), (DType::F16, 4e-3)] {
+        for (d, heads, kvh) in [(128, 32, 8), (64, 8, 8), (128, 8, 2), (256, 4, 4)] {
+            let err = case(dtype, d, heads, kvh, &seqs, d as u64 + heads as u64);
+            eprintln!("{dtype:?} d{d} {heads}/{kvh}: rel. err. {err:.2e}");
+            assert!(err < tol, "{dtype:?} d{d} {heads}/{kvh}: {err}");
+        }
+    }
+}
+
+#[test]
+fn a_float32_prefill_is_refused_clearly() {
+    let dev = Device::new_cuda(0).unwrap();
+    let q = Tensor::zeros((4, 2, 64), DType::F32, &dev).unwrap();
+    let cache = Tensor::zeros((2, 16, 2, 64), DType::F32, &dev).unwrap();
+    let i = Tensor::zeros(1, DType::I32, &dev).unwrap();
+    let bt = Tensor::zeros((1, 1), DType::I32, &dev).unwrap();
+    let meta = PrefillSeqs {
+        q_start: &i,
+        q_len: &i,
+        ctx_len: &i,
+        table_row: &i,
+        max_q_len: 1,
+    };
+    let err = paged_prefill_attention(&q, &q, &cache, &cache, &bt, &meta, 1.0).unwrap_err();
+    assert!(err.to_string().contains("f16 or bf16"), "{err}");
+}
