@@ -60,7 +60,8 @@ constexpr int kMaxGroup = 8;
 // and keeps one online softmax per query head; lane l holds dims [l*P, l*P+P). The warps merge
 // through shared memory; with one split the block writes the output, else unnormalized partials
 // (max, sum, acc) for the merge kernel.
-template <typename T, int D>
+// G bounds the group size at compile time (1, 2, 4 or 8), so registers scale with the real group.
+template <typename T, int D, int G>
 __global__ void paged_decode_kernel(T* __restrict__ out, float* __restrict__ part_ml,
                                     float* __restrict__ part_acc, const T* __restrict__ q,
                                     const T* __restrict__ k_cache, const T* __restrict__ v_cache,
@@ -79,16 +80,16 @@ __global__ void paged_decode_kernel(T* __restrict__ out, float* __restrict__ par
   const int32_t* table = block_tables + (int64_t)(row_seq ? row_seq[seq] : seq) * max_blocks;
 
   // The group's queries (pre-scaled) in shared memory: every lane reads the same element at once.
-  __shared__ float sq[kMaxGroup][D];
+  __shared__ float sq[G][D];
   for (int idx = threadIdx.x; idx < group * D; idx += blockDim.x) {
     const int g = idx / D, d = idx % D;
     sq[g][d] = to_float(q[((int64_t)seq * num_heads + kv_head * group + g) * D + d]) * scale;
   }
   __syncthreads();
 
-  float acc[kMaxGroup][P], m[kMaxGroup], l[kMaxGroup];
+  float acc[G][P], m[G], l[G];
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
+  for (int g = 0; g < G; ++g) {
     m[g] = -INFINITY;
     l[g] = 0.f;
 #pragma unroll
@@ -102,9 +103,9 @@ __global__ void paged_decode_kernel(T* __restrict__ out, float* __restrict__ par
     const bool valid = p < end;
     const int64_t row =
         valid ? ((int64_t)table[p / block_size] * block_size + p % block_size) * num_kv_heads + kv_head : 0;
-    float s[kMaxGroup];
+    float s[G];
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) s[g] = 0.f;
+    for (int g = 0; g < G; ++g) s[g] = 0.f;
     if (valid) {
       const T* kp = k_cache + row * D;
 #pragma unroll 4
@@ -112,7 +113,7 @@ __global__ void paged_decode_kernel(T* __restrict__ out, float* __restrict__ par
         float kf[8];
         load8(kp + d, kf);
 #pragma unroll
-        for (int g = 0; g < kMaxGroup; ++g) {
+        for (int g = 0; g < G; ++g) {
           if (g >= group) break;
 #pragma unroll
           for (int j = 0; j < 8; ++j) s[g] += sq[g][d + j] * kf[j];
@@ -120,7 +121,7 @@ __global__ void paged_decode_kernel(T* __restrict__ out, float* __restrict__ par
       }
     }
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
+    for (int g = 0; g < G; ++g) {
       if (g >= group) break;
       float mx = valid ? s[g] : -INFINITY;
 #pragma unroll
@@ -149,7 +150,7 @@ __global__ void paged_decode_kernel(T* __restrict__ out, float* __restrict__ par
         for (int i = 0; i < P; ++i) vv[u][i] = j0 + u < count ? to_float(vp[i]) : 0.f;
       }
 #pragma unroll
-      for (int g = 0; g < kMaxGroup; ++g) {
+      for (int g = 0; g < G; ++g) {
         if (g >= group) break;
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
@@ -161,10 +162,10 @@ __global__ void paged_decode_kernel(T* __restrict__ out, float* __restrict__ par
     }
   }
 
-  __shared__ float sm_m[kWarps][kMaxGroup], sm_l[kWarps][kMaxGroup];
-  __shared__ float sm_acc[kWarps][kMaxGroup][D];
+  __shared__ float sm_m[kWarps][G], sm_l[kWarps][G];
+  __shared__ float sm_acc[kWarps][G][D];
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
+  for (int g = 0; g < G; ++g) {
     if (g >= group) break;
     if (lane == 0) {
       sm_m[warp][g] = m[g];
@@ -235,10 +236,17 @@ int launch_decode(void* out, float* part_ml, float* part_acc, const void* q, con
   if (num_heads / num_kv_heads > kMaxGroup) return 1;
   const dim3 grid(num_seqs, num_kv_heads, num_splits);
   const dim3 block(32 * kWarps);
-#define PAGEWISE_DECODE(DIM)                                                                      \
-  paged_decode_kernel<T, DIM><<<grid, block, 0, stream>>>(                                       \
+  const int group = num_heads / num_kv_heads;
+#define PAGEWISE_DECODE_G(DIM, G)                                                                 \
+  paged_decode_kernel<T, DIM, G><<<grid, block, 0, stream>>>(                                    \
       (T*)out, part_ml, part_acc, (const T*)q, (const T*)k_cache, (const T*)v_cache,               \
-      block_tables, row_seq, context_lens, max_blocks, num_heads, num_kv_heads, block_size, chunk, scale);  \
+      block_tables, row_seq, context_lens, max_blocks, num_heads, num_kv_heads, block_size, chunk,  \
+      scale)
+#define PAGEWISE_DECODE(DIM)                                                                      \
+  if (group == 1) PAGEWISE_DECODE_G(DIM, 1);                                                      \
+  else if (group == 2) PAGEWISE_DECODE_G(DIM, 2);                                                 \
+  else if (group <= 4) PAGEWISE_DECODE_G(DIM, 4);                                                 \
+  else PAGEWISE_DECODE_G(DIM, 8);                                                                 \
   if (num_splits > 1)                                                                             \
     merge_splits_kernel<T, DIM><<<dim3(num_seqs, num_heads), DIM, 0, stream>>>(                  \
         (T*)out, part_ml, part_acc, num_splits)
@@ -249,6 +257,7 @@ int launch_decode(void* out, float* part_ml, float* part_acc, const void* q, con
     default: return 1;
   }
 #undef PAGEWISE_DECODE
+#undef PAGEWISE_DECODE_G
   return (int)cudaGetLastError();
 }
 

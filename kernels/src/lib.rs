@@ -113,15 +113,35 @@ pub fn reshape_and_cache(
     check_launch(code, "reshape_and_cache")
 }
 
-/// Blocks that keep every SM of an H200 (132) busy twice over.
-const TARGET_BLOCKS: usize = 264;
+/// Below this many (sequence, KV head) blocks the GPU (132 SMs on an H200) is underfed, and the
+/// context is split.
+const SPLIT_BELOW: usize = 264;
+/// Blocks a split plan aims for: every SM four times over, so a small batch keeps enough loads in
+/// flight. `PAGEWISE_DECODE_TARGET_BLOCKS` overrides it (tuning).
+const TARGET_BLOCKS: usize = 528;
 /// Fewest context positions worth a split of their own.
-const MIN_CHUNK: usize = 256;
+const MIN_CHUNK: usize = 128;
+
+fn target_blocks() -> usize {
+    static TARGET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *TARGET.get_or_init(|| {
+        std::env::var("PAGEWISE_DECODE_TARGET_BLOCKS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(TARGET_BLOCKS)
+    })
+}
 
 /// How many splits of the context each (sequence, KV head) gets, and the positions per split:
-/// enough blocks to fill the GPU when the batch is small, one split when it is large.
+/// enough blocks to fill the GPU when the batch is small, one split when it is large (measured on
+/// the H200: a second split costs more than it brings once there are 2 blocks per SM).
 pub fn split_plan(seqs: usize, kv_heads: usize, max_context_len: usize) -> (usize, usize) {
-    let by_occupancy = TARGET_BLOCKS.div_ceil((seqs * kv_heads).max(1));
+    let pairs = (seqs * kv_heads).max(1);
+    if pairs >= SPLIT_BELOW {
+        return (1, max_context_len.max(1));
+    }
+    let by_occupancy = target_blocks().div_ceil(pairs);
     let by_length = max_context_len.div_ceil(MIN_CHUNK).max(1);
     let splits = by_occupancy.min(by_length).max(1);
     (splits, max_context_len.div_ceil(splits).max(1))
@@ -152,6 +172,38 @@ pub fn paged_decode_attention(
     )
 }
 
+/// Scratch space of the split-KV path (per-split softmax statistics and partial outputs, f32),
+/// reusable across calls and layers so a step allocates it once.
+pub struct DecodeWorkspace {
+    part_ml: Tensor,
+    part_acc: Tensor,
+}
+
+impl DecodeWorkspace {
+    /// Room for `rows × heads × splits` partials of width `head_dim`.
+    pub fn new(
+        rows: usize,
+        heads: usize,
+        splits: usize,
+        head_dim: usize,
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        let n = (rows * heads * splits).max(1);
+        Ok(DecodeWorkspace {
+            part_ml: Tensor::zeros(n * 2, DType::F32, device)?,
+            part_acc: Tensor::zeros(n * head_dim, DType::F32, device)?,
+        })
+    }
+
+    /// A workspace large enough for `q` (`[rows, heads, head_dim]`) at `max_context_len` over
+    /// `kv_heads` KV heads.
+    pub fn for_query(q: &Tensor, kv_heads: usize, max_context_len: usize) -> Result<Self> {
+        let (rows, heads, head_dim) = q.dims3()?;
+        let (splits, _) = split_plan(rows, kv_heads, max_context_len);
+        Self::new(rows, heads, splits, head_dim, q.device())
+    }
+}
+
 /// Paged attention for a packed batch of query rows (decode tokens and prefill chunks alike): row
 /// `r` of `q` (`[rows, heads, head_dim]`) attends over the first `context_lens[r]` positions of the
 /// sequence whose block table is row `row_seq[r]` of `block_tables` (`[seqs, max_blocks]`). With
@@ -168,8 +220,43 @@ pub fn paged_attention(
     max_context_len: usize,
     scale: f32,
 ) -> Result<Tensor> {
+    let out = Tensor::zeros(q.shape(), q.dtype(), q.device())?;
+    let (_, _, kv_heads, _) = k_cache.dims4()?;
+    let ws = DecodeWorkspace::for_query(q, kv_heads, max_context_len)?;
+    paged_attention_into(
+        &out,
+        &ws,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        row_seq,
+        context_lens,
+        max_context_len,
+        scale,
+    )?;
+    Ok(out)
+}
+
+/// [`paged_attention`] writing into `out` (`q`'s shape and dtype) with caller-owned scratch space.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_into(
+    out: &Tensor,
+    ws: &DecodeWorkspace,
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    block_tables: &Tensor,
+    row_seq: Option<&Tensor>,
+    context_lens: &Tensor,
+    max_context_len: usize,
+    scale: f32,
+) -> Result<()> {
     let (seqs, heads, head_dim) = q.dims3()?;
     let (_, block_size, kv_heads, cd) = k_cache.dims4()?;
+    if out.dims() != q.dims() || out.dtype() != q.dtype() {
+        bail!("out {:?} must match q {:?}", out.dims(), q.dims());
+    }
     if cd != head_dim || v_cache.dims() != k_cache.dims() {
         bail!(
             "caches {:?}/{:?} do not match q's head_dim {head_dim}",
@@ -213,25 +300,21 @@ pub fn paged_attention(
         );
     }
     let dtype = dtype_code(q.dtype(), "paged_attention")?;
-    let out = Tensor::zeros((seqs, heads, head_dim), q.dtype(), q.device())?;
     if seqs == 0 {
-        return Ok(out);
+        return Ok(());
     }
     let (splits, chunk) = split_plan(seqs, kv_heads, max_context_len);
-    let workspace = splits > 1;
-    let part_ml = Tensor::zeros(
-        (seqs, heads, if workspace { splits } else { 1 }, 2),
-        DType::F32,
-        q.device(),
-    )?;
-    let part_acc = Tensor::zeros(
-        (seqs, heads, if workspace { splits } else { 1 }, head_dim),
-        DType::F32,
-        q.device(),
-    )?;
-    let (ml, _) = device_ptr(&part_ml, "workspace")?;
-    let (pa, _) = device_ptr(&part_acc, "workspace")?;
-    let (o, stream) = device_ptr(&out, "out")?;
+    let needed = seqs * heads * splits;
+    if splits > 1
+        && (ws.part_ml.elem_count() < needed * 2 || ws.part_acc.elem_count() < needed * head_dim)
+    {
+        bail!(
+            "the decode workspace is too small for {seqs} rows x {heads} heads x {splits} splits"
+        );
+    }
+    let (ml, _) = device_ptr(&ws.part_ml, "workspace")?;
+    let (pa, _) = device_ptr(&ws.part_acc, "workspace")?;
+    let (o, stream) = device_ptr(out, "out")?;
     let (qp, _) = device_ptr(q, "q")?;
     let (kc, _) = device_ptr(k_cache, "k_cache")?;
     let (vc, _) = device_ptr(v_cache, "v_cache")?;
@@ -267,8 +350,7 @@ pub fn paged_attention(
             stream,
         )
     };
-    check_launch(code, "paged_attention")?;
-    Ok(out)
+    check_launch(code, "paged_attention")
 }
 
 /// Picks one token per row of `logits` (`[rows, vocab]`, f32) on the GPU; returns `[rows]` u32.

@@ -2,6 +2,8 @@
 # Runs on the GPU machine from the staged .gpu/ folder (see scripts/gpu/build.sh):
 #   bash .gpu/run.sh tests    kernel tests, then the GPU engine tests
 #   bash .gpu/run.sh serve    `pagewise serve` on the GPU, answered with curl
+#   bash .gpu/run.sh kernels  kernel tests and the decode bandwidth table only
+#   bash .gpu/run.sh scoreboard  the H200 scoreboard (scripts/gpu/scoreboard.sh)
 #   bash .gpu/run.sh bench    kernel bandwidth + `pagewise bench` runs
 #   bash .gpu/run.sh all      both (default)
 # Logs go to $OUT (the device tool brings them back); a summary is printed last.
@@ -18,16 +20,16 @@ for f in pagewise kernel-tests prefill-tests sampling-tests gpu-engine-tests; do
   chmod +x "$work/bin/$f"
 done
 export PAGEWISE_GPU_MODELS=$work/models
-if [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
+if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
   (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS") > "$out/make-models.log" 2>&1 \
     || { tail -20 "$out/make-models.log"; exit 1; }
 fi
 status=0
-if [ "$what" = tests ] || [ "$what" = all ]; then
+if [ "$what" = tests ] || [ "$what" = kernels ] || [ "$what" = all ]; then
   "$work/bin/kernel-tests" --test-threads=1 > "$out/kernel-tests.log" 2>&1 || status=1
   "$work/bin/prefill-tests" --test-threads=1 --nocapture > "$out/prefill-tests.log" 2>&1 || status=1
   "$work/bin/sampling-tests" --test-threads=1 > "$out/sampling-tests.log" 2>&1 || status=1
-  "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture > "$out/gpu-engine-tests.log" 2>&1 || status=1
+  [ "$what" = kernels ] || "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture > "$out/gpu-engine-tests.log" 2>&1 || status=1
   grep -hE "^test |test result|rel\. err|top-1|preemptions|KV blocks|panicked|^  |^(BF16|F16)" \
     "$out/kernel-tests.log" "$out/prefill-tests.log" "$out/sampling-tests.log" "$out/gpu-engine-tests.log"
 fi
@@ -47,9 +49,15 @@ if [ "$what" = serve ] || [ "$what" = all ]; then
   kill -TERM $pid; wait $pid || status=1
   grep -E "KV cache allocated|GPU memory after" "$out/serve.log" | tail -2
 fi
-if [ "$what" = bench ] || [ "$what" = all ]; then
+if [ "$what" = bench ] || [ "$what" = kernels ] || [ "$what" = all ]; then
   "$work/bin/kernel-tests" --ignored --nocapture --test-threads=1 decode_bandwidth > "$out/decode-bandwidth.log" 2>&1 || status=1
   tail -15 "$out/decode-bandwidth.log"
+  for t in ${PAGEWISE_TRY_TARGET_BLOCKS:-}; do
+    echo "== PAGEWISE_DECODE_TARGET_BLOCKS=$t"
+    PAGEWISE_DECODE_TARGET_BLOCKS=$t "$work/bin/kernel-tests" --ignored --nocapture --test-threads=1 decode_bandwidth 2>&1 | grep "^| [0-9]"
+  done
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
   pw() { "$work/bin/pagewise" "$@" 2>> "$out/bench-stderr.log"; }
   m1b="$PAGEWISE_GPU_MODELS/llama-1b"
   echo "== 1B batch-1 latency, 128 in / 512 out"
@@ -58,5 +66,8 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   echo "== 1B throughput, 200 x (1024 in, 128 out)"
   pw bench throughput --model "$m1b" --num-prompts 200 --input-len 1024 --output-len 128 \
     --output-json "$out/throughput-1b.json" | tail -4 || status=1
+fi
+if [ "$what" = scoreboard ]; then
+  PAGEWISE_BIN="$work/bin/pagewise" bash "$here/scripts/gpu/scoreboard.sh" || status=1
 fi
 exit $status

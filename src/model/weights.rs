@@ -183,6 +183,15 @@ impl candle_nn::var_builder::SimpleBackend for DummyBackend {
         device: &Device,
     ) -> candle_core::Result<Tensor> {
         let n = shape.elem_count();
+        let is_random = !name.ends_with(".bias") && !name.contains("norm");
+        if is_random && !device.is_cpu() {
+            // A GPU draws its own: an 8B model's weights take seconds instead of minutes. Seeded
+            // per tensor, so a run reproduces (the values differ from the CPU's stream).
+            let mut h = std::hash::DefaultHasher::new();
+            std::hash::Hash::hash(name, &mut h);
+            device.set_seed(self.seed ^ std::hash::Hasher::finish(&h))?;
+            return Tensor::randn(0f32, 0.02, shape, device)?.to_dtype(dtype);
+        }
         let values: Vec<f32> = if name.ends_with(".bias") {
             vec![0.0; n]
         } else if name.contains("norm") {

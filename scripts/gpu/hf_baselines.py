@@ -1,0 +1,65 @@
+"""Hugging Face transformers baselines for the scoreboard, on the same GPU in the same call as our
+runs (scripts/gpu/scoreboard.sh). Random weights, bf16, the shapes of benches (1B, 8B configs).
+
+    python3 scripts/gpu/hf_baselines.py CONFIG_DIR... > hf.json
+
+Per model: batch-1 decode tok/s, 128 prompt tokens, eager `generate`; offline throughput of `generate` over padded batches of
+64 prompts of 1024 tokens, 128 new tokens each (req/s), on 128 prompts. Prints one JSON line per
+measurement. (static cache + torch.compile "reduce-overhead" failed inside `generate` with
+transformers 5.17 / torch 2.11 on 2026-11-29: CUDA-graph outputs overwritten by the next run; the
+GPU.md figures for it were measured separately.)
+"""
+
+import json
+import sys
+import time
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+torch.backends.cuda.matmul.allow_tf32 = True
+
+
+def model_for(path):
+    cfg = AutoConfig.from_pretrained(path)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    return model.eval(), cfg
+
+
+def decode_rate(model, cfg, new_tokens, **kw):
+    ids = torch.randint(0, cfg.vocab_size, (1, 128), device="cuda")
+    args = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, **kw)
+    model.generate(ids, **{**args, "max_new_tokens": 8, "min_new_tokens": 8})  # warm up / compile
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    model.generate(ids, **args)
+    torch.cuda.synchronize()
+    return new_tokens / (time.perf_counter() - t)
+
+
+def throughput(model, cfg, prompts=128, batch=64):
+    done, t = 0, None
+    for i in range(0, prompts, batch):
+        ids = torch.randint(0, cfg.vocab_size, (batch, 1024), device="cuda")
+        if t is None:
+            model.generate(ids[:2, :64], max_new_tokens=4, do_sample=False)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+        model.generate(ids, max_new_tokens=128, min_new_tokens=128, do_sample=False)
+        done += batch
+    torch.cuda.synchronize()
+    return done / (time.perf_counter() - t)
+
+
+for path in sys.argv[1:]:
+    name = path.rstrip("/").split("/")[-1]
+    model, cfg = model_for(path)
+    with torch.no_grad():
+        r = decode_rate(model, cfg, 64)
+        print(json.dumps({"model": name, "what": "batch-1 decode, eager", "tok_s": r}), flush=True)
+        r = throughput(model, cfg)
+        print(json.dumps({"model": name, "what": "offline 1024/128, eager generate, batch 64",
+                          "req_s": r}), flush=True)
+    del model
+    torch.cuda.empty_cache()

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The H200 scoreboard (benches/RESULTS.md), run on the GPU machine by `bash .gpu/run.sh scoreboard`:
+# random weights (--load-format dummy), bf16, Llama-3.2-1B and Llama-3.1-8B shapes; batch-1 decode,
+# offline throughput, serving at several request rates with `pagewise bench serve`, then the
+# transformers baselines (scripts/gpu/hf_baselines.py). Each run is bounded so the call fits the
+# device tool's 10 minutes. SCOREBOARD_MODELS and SCOREBOARD_RATES (rate:prompts ...) narrow it.
+# Raw results stay in /tmp/pagewise-scoreboard; $OUT/scoreboard.json merges them (the device tool
+# brings back only a few files), and a summary is printed.
+set -uo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)   # the staged .gpu folder
+bin=${PAGEWISE_BIN:-/tmp/pagewise-gpu/bin/pagewise}
+out=/tmp/pagewise-scoreboard
+final=${OUT:-/tmp/pagewise-out}/scoreboard.json
+cfg=/tmp/pagewise-gpu/shapes
+mkdir -p "$out" "$cfg/llama-1b" "$cfg/llama-8b"
+python3 - "$cfg" <<'PY'
+import json, sys
+base = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu", vocab_size=128256,
+            max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0, bos_token_id=128000,
+            eos_token_id=128001, torch_dtype="bfloat16", attention_bias=False, mlp_bias=False,
+            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+shapes = {"llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                           num_key_value_heads=8, head_dim=64, tie_word_embeddings=True),
+          "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                           num_key_value_heads=8, head_dim=128, tie_word_embeddings=False)}
+for name, s in shapes.items():
+    json.dump({**base, **s}, open(f"{sys.argv[1]}/{name}/config.json", "w"), indent=1)
+PY
+for m in llama-1b llama-8b; do cp "$here/tests/fixtures/llama-gqa-tied/tokenizer.json" "$cfg/$m/"; done
+
+run() { local t=$1; shift; timeout "$t" "$@" 2>> "$out/stderr.log"; }
+for m in ${SCOREBOARD_MODELS:-llama-1b llama-8b}; do
+  d="$cfg/$m"
+  echo "== $m: batch-1 decode, 128 in / 512 out"
+  run 120 "$bin" bench latency --model "$d" --load-format dummy --batch-size 1 --input-len 128 --output-len 512 \
+    --num-iters-warmup 1 --num-iters 3 --output-json "$out/$m-latency.json" | tail -2
+  echo "== $m: offline, 1000 x (1024 in, 128 out)"
+  run 180 "$bin" bench throughput --model "$d" --load-format dummy --num-prompts 1000 --input-len 1024 --output-len 128 \
+    --output-json "$out/$m-throughput.json" | tail -1
+  "$bin" serve "$d" --load-format dummy --port 8100 --served-model-name "$m" > "$out/$m-serve.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 240); do curl -sf localhost:8100/ready > /dev/null && break; sleep 0.5; done
+  for spec in ${SCOREBOARD_RATES:-inf:1000 16:500 4:100}; do
+    rate=${spec%%:*} n=${spec##*:}
+    echo "== $m: serving, $n prompts of 1024/128 at request rate $rate"
+    run 150 "$bin" bench serve --base-url http://127.0.0.1:8100 --model "$m" --num-prompts "$n" \
+      --random-input-len 1024 --random-output-len 128 --request-rate "$rate" --ignore-eos --no-progress \
+      --result-file "$out/$m-serve-$rate.json" | grep -E "throughput|TTFT|TPOT|ITL|Successful" | head -12
+  done
+  kill -TERM $pid; wait $pid
+done
+echo "== transformers baselines"
+timeout 240 python3 "$here/scripts/gpu/hf_baselines.py" $(for m in ${SCOREBOARD_MODELS:-llama-1b llama-8b}; do echo "$cfg/$m"; done) \
+  > "$out/hf.jsonl" 2> "$out/hf.err"; tail -3 "$out/hf.err"
+python3 - "$out" "$final" <<'PY'
+import glob, json, os, sys
+raw, final = sys.argv[1], sys.argv[2]
+merged = {}
+for f in sorted(glob.glob(f"{raw}/*.json")):
+    merged[os.path.basename(f)[:-5]] = json.load(open(f))
+hf = f"{raw}/hf.jsonl"
+merged["hf"] = [json.loads(l) for l in open(hf)] if os.path.exists(hf) else []
+json.dump(merged, open(final, "w"), indent=1)
+for k, v in merged.items():
+    if k == "hf":
+        for row in v: print(row)
+    elif "serve" in k:
+        print(k, {m: (round(v[m]["median_ms"], 1), round(v[m]["p99_ms"], 1)) for m in ("ttft", "tpot", "itl")},
+              "req/s", round(v["request_throughput"], 2), "done", v["completed"], "failed", v["failed"])
+    else:
+        print(k, {a: b for a, b in v.items() if not isinstance(b, dict)})
+PY
