@@ -136,18 +136,36 @@ impl Rotary {
         })
     }
 
-    /// Rotates `x` (`[tokens, heads, head_dim]`), token `t` at `positions[t]`.
-    pub fn apply(&self, x: &Tensor, positions: &Tensor) -> candle_core::Result<Tensor> {
-        let cos = self.cos.index_select(positions, 0)?;
-        let sin = self.sin.index_select(positions, 0)?;
-        // candle's kernels take [batch, heads, tokens, head_dim] with per-token tables.
-        let x = x.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
-        let y = if self.interleaved {
-            candle_nn::rotary_emb::rope_i(&x, &cos, &sin)?
+    /// The step's cos and sin rows (`[tokens, head_dim / 2]`), gathered once and shared by every
+    /// layer's q and k.
+    pub fn at(&self, positions: &Tensor) -> candle_core::Result<RotaryRows> {
+        Ok(RotaryRows {
+            cos: self.cos.index_select(positions, 0)?,
+            sin: self.sin.index_select(positions, 0)?,
+            interleaved: self.interleaved,
+        })
+    }
+}
+
+/// The rotary tables gathered at one step's positions.
+pub struct RotaryRows {
+    cos: Tensor,
+    sin: Tensor,
+    interleaved: bool,
+}
+
+impl RotaryRows {
+    /// Rotates `x` (`[tokens, heads, head_dim]`, contiguous).
+    pub fn apply(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if self.interleaved {
+            // candle's interleaved kernel takes [batch, heads, tokens, head_dim].
+            let x = x.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;
+            let y = candle_nn::rotary_emb::rope_i(&x, &self.cos, &self.sin)?;
+            y.squeeze(0)?.transpose(0, 1)?.contiguous()
         } else {
-            candle_nn::rotary_emb::rope(&x, &cos, &sin)?
-        };
-        y.squeeze(0)?.transpose(0, 1)?.contiguous()
+            // Rotate-half over [batch, tokens, heads, head_dim]: the packed layout as it is.
+            candle_nn::rotary_emb::rope_thd(&x.unsqueeze(0)?, &self.cos, &self.sin)?.squeeze(0)
+        }
     }
 }
 

@@ -95,13 +95,14 @@ impl CausalLm for Llama {
         );
         let scale = 1.0 / (d as f32).sqrt();
         let mut x = self.embed.forward(&batch.input_ids)?;
+        let rotary = self.rotary.at(&batch.positions)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let h = layer.input_norm.forward(&x)?;
             let q = layer.q.forward(&h)?.reshape((n, nq, d))?;
             let k = layer.k.forward(&h)?.reshape((n, nkv, d))?;
             let v = layer.v.forward(&h)?.reshape((n, nkv, d))?;
-            let q = self.rotary.apply(&q, &batch.positions)?;
-            let k = self.rotary.apply(&k, &batch.positions)?;
+            let q = rotary.apply(&q)?;
+            let k = rotary.apply(&k)?;
             let attn = kv.attend(i, &q, &k, &v, &batch.attention, scale)?;
             x = (x + layer.o.forward(&attn)?)?;
             let h = layer.post_norm.forward(&x)?;
