@@ -1,7 +1,7 @@
 """Makes the GPU test models on the accelerator machine (they are too big to carry, so they are
 built where they run) and Hugging Face transformers' reference logits for them.
 
-    python3 scripts/gpu/make_gpu_models.py OUT_DIR
+    python3 scripts/gpu/make_gpu_models.py OUT_DIR [tiny]   (tiny: only the tiny model)
 
 OUT_DIR/tiny-d64     Llama-family model with GPU head dims (hidden 256, 4 heads, 2 KV heads,
                      head_dim 64, 2 layers), vocab 320 with the byte-level tokenizer of
@@ -72,5 +72,6 @@ if __name__ == "__main__":
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
     tiny(os.path.join(out, "tiny-d64"))
-    llama_1b(os.path.join(out, "llama-1b"))
+    if sys.argv[2:] != ["tiny"]:
+        llama_1b(os.path.join(out, "llama-1b"))
     print("models written to", out)

@@ -4,6 +4,7 @@
 #   bash .gpu/run.sh serve    `pagewise serve` on the GPU, answered with curl
 #   bash .gpu/run.sh kernels  kernel tests and the decode bandwidth table only
 #   bash .gpu/run.sh scoreboard  the H200 scoreboard (scripts/gpu/scoreboard.sh)
+#   bash .gpu/run.sh quick    tiny-model engine tests, decode kernel tests, 1B batch-1 latency
 #   bash .gpu/run.sh bench    kernel bandwidth + `pagewise bench` runs
 #   bash .gpu/run.sh all      both (default)
 # Logs go to $OUT (the device tool brings them back); a summary is printed last.
@@ -20,7 +21,7 @@ for f in pagewise kernel-tests prefill-tests sampling-tests gpu-engine-tests; do
   chmod +x "$work/bin/$f"
 done
 export PAGEWISE_GPU_MODELS=$work/models
-if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
+if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
   (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS") > "$out/make-models.log" 2>&1 \
     || { tail -20 "$out/make-models.log"; exit 1; }
 fi
@@ -66,6 +67,16 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   echo "== 1B throughput, 200 x (1024 in, 128 out)"
   pw bench throughput --model "$m1b" --num-prompts 200 --input-len 1024 --output-len 128 \
     --output-json "$out/throughput-1b.json" | tail -4 || status=1
+fi
+if [ "$what" = quick ]; then
+  # A short check within little device time: the tiny-model engine tests, decode kernel tests and
+  # batch-1 latency on the 1B shape.
+  (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS" tiny) > "$out/make-models.log" 2>&1 || status=1
+  "$work/bin/kernel-tests" --test-threads=1 2>&1 | grep -E "^test |test result" || status=1
+  "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture gpu_ seeded batched 2>&1 \
+    | grep -E "^test |test result|rel\. err|preemptions|panicked" || status=1
+  SCOREBOARD_MODELS=llama-1b SCOREBOARD_RATES="" SCOREBOARD_NO_THROUGHPUT=1 SCOREBOARD_NO_HF=1 \
+    PAGEWISE_BIN="$work/bin/pagewise" bash "$here/scripts/gpu/scoreboard.sh" 2>&1 | grep -E "tok/s|latency" || status=1
 fi
 if [ "$what" = scoreboard ]; then
   PAGEWISE_BIN="$work/bin/pagewise" bash "$here/scripts/gpu/scoreboard.sh" || status=1

@@ -35,6 +35,7 @@ for m in ${SCOREBOARD_MODELS:-llama-1b llama-8b}; do
   echo "== $m: batch-1 decode, 128 in / 512 out"
   run 120 "$bin" bench latency --model "$d" --load-format dummy --batch-size 1 --input-len 128 --output-len 512 \
     --num-iters-warmup 1 --num-iters 3 --output-json "$out/$m-latency.json" | tail -2
+  [ -n "${SCOREBOARD_NO_THROUGHPUT:-}" ] && continue
   echo "== $m: offline, 1000 x (1024 in, 128 out)"
   run 180 "$bin" bench throughput --model "$d" --load-format dummy --num-prompts 1000 --input-len 1024 --output-len 128 \
     --output-json "$out/$m-throughput.json" | tail -1
@@ -50,6 +51,7 @@ for m in ${SCOREBOARD_MODELS:-llama-1b llama-8b}; do
   done
   kill -TERM $pid; wait $pid
 done
+[ -n "${SCOREBOARD_NO_HF:-}" ] && exit 0
 echo "== transformers baselines"
 timeout 240 python3 "$here/scripts/gpu/hf_baselines.py" $(for m in ${SCOREBOARD_MODELS:-llama-1b llama-8b}; do echo "$cfg/$m"; done) \
   > "$out/hf.jsonl" 2> "$out/hf.err"; tail -3 "$out/hf.err"
