@@ -54,6 +54,11 @@ impl Llm {
         &self.core
     }
 
+    /// The engine, mutable (step-time accounting, aborts).
+    pub fn core_mut(&mut self) -> &mut EngineCore {
+        &mut self.core
+    }
+
     /// Token ids of each text (`add_special`: the tokenizer's BOS/EOS post-processing).
     fn encode_all<S: AsRef<str>>(
         &self,

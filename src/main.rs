@@ -191,6 +191,7 @@ fn bench(cmd: BenchCmd) -> Result<()> {
                 r.total_tokens_per_s,
                 r.output_tokens_per_s
             );
+            println!("{}", r.step_breakdown.row());
             write_json(a.output_json.as_ref(), &r)
         }
         BenchKind::Latency(a) => {
@@ -209,6 +210,7 @@ fn bench(cmd: BenchCmd) -> Result<()> {
                 "{:.1} output tok/s per sequence",
                 r.decode_tokens_per_s_per_seq
             );
+            println!("{}", r.step_breakdown.row());
             write_json(a.output_json.as_ref(), &r)
         }
     }

@@ -2,9 +2,12 @@
 //! the sampler; builds the packed batch, runs the model for logits of the sampling rows only, and
 //! samples each row with its sequence's own parameters and random stream.
 
+use std::time::Instant;
+
 use candle_core::Device;
 
 use crate::engine::sequence::Sequence;
+use crate::engine::step_times::{Phase, StepTimes};
 use crate::model::{CausalLm, ForwardBatch, KvCache, ModelError};
 use crate::sampler::{SampledToken, Sampler};
 use crate::scheduler::SchedulerOutput;
@@ -35,16 +38,33 @@ impl ModelRunner {
 
     /// Computes `out` and samples one token per sampling sequence. `seqs` are the scheduled
     /// sequences in `out.seqs` order ([`crate::Scheduler::scheduled_mut`]).
+    /// Phases are timed into `times` (the forward pass is waited for on a GPU).
     pub fn execute(
         &mut self,
         out: &SchedulerOutput,
         seqs: &mut [Sequence],
+        times: &mut StepTimes,
     ) -> Result<Vec<SampledToken>, ModelError> {
         if out.is_empty() {
             return Ok(Vec::new());
         }
+        let start = Instant::now();
         let batch = ForwardBatch::new(out, &self.device)?;
+        let start = times.lap(Phase::Prepare, start);
         let logits = self.model.forward(&batch, &mut self.kv)?;
+        self.device.synchronize()?;
+        let start = times.lap(Phase::Forward, start);
+        let sampled = self.sample(out, seqs, &logits)?;
+        times.lap(Phase::Sample, start);
+        Ok(sampled)
+    }
+
+    fn sample(
+        &mut self,
+        out: &SchedulerOutput,
+        seqs: &mut [Sequence],
+        logits: &candle_core::Tensor,
+    ) -> Result<Vec<SampledToken>, ModelError> {
         let (rows, vocab) = logits.dims2()?;
         debug_assert_eq!(rows, out.num_sampling());
         let requests = out
@@ -57,7 +77,7 @@ impl ModelRunner {
         if !self.device.is_cpu() {
             return Ok(crate::sampler::device::sample_on_device(
                 &mut self.sampler,
-                &logits,
+                logits,
                 requests,
             )?);
         }

@@ -117,7 +117,17 @@ fn offline_throughput_and_latency() {
     assert_eq!(t.num_prompts, 12);
     assert!((t.output_tokens_per_s * t.elapsed_s - 72.0).abs() < 1e-6);
     assert!(t.requests_per_s > 0.0);
+    // The step breakdown covers the run: at least one step per output token (the prompts are
+    // prefilled first), its phases fit inside the wall time, and the model dominates.
+    let b = t.step_breakdown;
+    assert!(b.steps >= 6, "{b:?}");
+    assert!(b.total_ms() * b.steps as f64 <= t.elapsed_s * 1e3, "{b:?}");
+    assert!(b.forward_ms > b.schedule_ms && b.forward_ms > 0.0, "{b:?}");
+    assert!(b.row().contains("forward"));
     let l = offline::latency(args(), 2, 8, 5, 1, 3).unwrap();
     assert_eq!(l.batch_size, 2);
     assert!(l.latency.mean_ms > 0.0 && l.decode_tokens_per_s_per_seq > 0.0);
+    // Three timed iterations of one prefill step and four decode steps each (the fifth token
+    // comes from the prefill).
+    assert_eq!(l.step_breakdown.steps, 3 * 5, "{:?}", l.step_breakdown);
 }

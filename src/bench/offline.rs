@@ -8,6 +8,7 @@ use serde::Serialize;
 use super::stats::Summary;
 use crate::engine::args::{EngineArgs, EngineError};
 use crate::engine::request::SamplingParams;
+use crate::engine::step_times::StepBreakdown;
 use crate::llm::Llm;
 use crate::sampler::SeededRng;
 
@@ -46,6 +47,8 @@ pub struct ThroughputResult {
     pub total_tokens_per_s: f64,
     /// Output tokens per second.
     pub output_tokens_per_s: f64,
+    /// Mean time per engine step of each phase.
+    pub step_breakdown: StepBreakdown,
 }
 
 /// All prompts at once through `Llm::generate_tokens`.
@@ -58,9 +61,11 @@ pub fn throughput(
     let mut llm = Llm::new(args)?;
     let vocab = llm.core().model_config().vocab_size;
     let prompts = random_prompts(num_prompts, input_len, vocab, 0);
+    llm.core_mut().reset_step_times();
     let start = Instant::now();
     let outs = llm.generate_tokens(prompts, &fixed_length(output_len))?;
     let elapsed = start.elapsed().as_secs_f64();
+    let step_breakdown = llm.core().step_times().per_step();
     let output: usize = outs.iter().map(|o| o.outputs[0].token_ids.len()).sum();
     let total = output + num_prompts * input_len;
     Ok(ThroughputResult {
@@ -69,6 +74,7 @@ pub fn throughput(
         requests_per_s: num_prompts as f64 / elapsed,
         total_tokens_per_s: total as f64 / elapsed,
         output_tokens_per_s: output as f64 / elapsed,
+        step_breakdown,
     })
 }
 
@@ -81,6 +87,8 @@ pub struct LatencyResult {
     pub latency: Summary,
     /// Output tokens per second per sequence, from the mean latency.
     pub decode_tokens_per_s_per_seq: f64,
+    /// Mean time per engine step of each phase, over the timed iterations.
+    pub step_breakdown: StepBreakdown,
 }
 
 /// `iters` timed batches after `warmup` untimed ones.
@@ -101,6 +109,9 @@ pub fn latency(
     let mut samples = Vec::with_capacity(iters);
     for i in 0..warmup + iters {
         let prompts = random_prompts(batch_size, input_len, vocab, i as u64);
+        if i == warmup {
+            llm.core_mut().reset_step_times();
+        }
         let start = Instant::now();
         llm.generate_tokens(prompts, &params)?;
         if i >= warmup {
@@ -108,7 +119,9 @@ pub fn latency(
         }
     }
     let latency = Summary::of_seconds(&samples);
+    let step_breakdown = llm.core().step_times().per_step();
     Ok(LatencyResult {
+        step_breakdown,
         batch_size,
         decode_tokens_per_s_per_seq: output_len as f64 / (latency.mean_ms / 1e3),
         latency,

@@ -15,6 +15,7 @@ use super::detokenizer::IncrementalDetokenizer;
 use super::kv_sizing::KvSizing;
 use super::request::{FinishReason, SamplingParams};
 use super::sequence::{SeqId, Sequence};
+use super::step_times::{Phase, StepTimes};
 use super::stop::StopMatcher;
 use crate::kv::BLOCK_SIZES;
 use crate::loader::{self, LoadOptions};
@@ -57,6 +58,7 @@ pub struct EngineCore {
     text: HashMap<SeqId, TextState>,
     next_seq_id: u64,
     queue_times: Vec<Duration>,
+    step_times: StepTimes,
 }
 
 impl EngineCore {
@@ -155,6 +157,7 @@ impl EngineCore {
             text: HashMap::new(),
             next_seq_id: 0,
             queue_times: Vec::new(),
+            step_times: StepTimes::default(),
         })
     }
 
@@ -244,23 +247,40 @@ impl EngineCore {
         self.scheduler.abort(id)
     }
 
+    /// Where the steps since the last [`EngineCore::reset_step_times`] spent their time.
+    pub fn step_times(&self) -> &StepTimes {
+        &self.step_times
+    }
+
+    /// Starts the step-time accounting afresh.
+    pub fn reset_step_times(&mut self) {
+        self.step_times = StepTimes::default();
+    }
+
     /// Runs one step; returns one event per sequence that sampled a token.
     pub fn step(&mut self) -> Result<Vec<SeqEvent>, EngineError> {
+        let start = Instant::now();
         let out = self.scheduler.schedule();
         if out.is_empty() {
             return Ok(Vec::new());
         }
+
         for s in &out.seqs {
             if let Some(state) = self.text.get_mut(&s.seq_id).filter(|t| !t.scheduled) {
                 state.scheduled = true;
                 self.queue_times.push(state.arrival.elapsed());
             }
         }
-        let sampled = self
-            .runner
-            .execute(&out, self.scheduler.scheduled_mut(&out))?;
+        self.step_times.lap(Phase::Schedule, start);
+        let sampled = self.runner.execute(
+            &out,
+            self.scheduler.scheduled_mut(&out),
+            &mut self.step_times,
+        )?;
+        let start = Instant::now();
         let ids: Vec<u32> = sampled.iter().map(|s| s.token_id).collect();
         let updates = self.scheduler.update(&out, &ids);
+        let start = self.step_times.lap(Phase::Update, start);
         let mut events = Vec::with_capacity(updates.len());
         for (u, s) in updates.into_iter().zip(sampled) {
             let Some(state) = self.text.get_mut(&u.seq_id) else {
@@ -291,6 +311,8 @@ impl EngineCore {
                 finish,
             });
         }
+        self.step_times.lap(Phase::Text, start);
+        self.step_times.end_step();
         Ok(events)
     }
 }

@@ -8,4 +8,5 @@ pub mod handle;
 pub mod kv_sizing;
 pub mod request;
 pub mod sequence;
+pub mod step_times;
 pub mod stop;

@@ -1,0 +1,111 @@
+//! Where an engine step's time goes: schedule, prepare (inputs to the device), forward (waited for
+//! on a GPU), sample, update (scheduler bookkeeping) and text (detokenize + stop strings). The engine
+//! accumulates them; `pagewise bench` reports the mean per step.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// One phase of a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// The scheduler builds the step.
+    Schedule,
+    /// The step's inputs are built and copied to the device.
+    Prepare,
+    /// The model runs (the GPU is waited for).
+    Forward,
+    /// Tokens are picked.
+    Sample,
+    /// The scheduler appends tokens, finishes and frees.
+    Update,
+    /// Detokenization and stop strings.
+    Text,
+}
+
+/// Accumulated step time since the last reset.
+#[derive(Clone, Debug, Default)]
+pub struct StepTimes {
+    steps: u64,
+    phases: [Duration; 6],
+}
+
+impl StepTimes {
+    /// Adds the time since `since` to `phase`; returns now, the start of the next phase.
+    pub fn lap(&mut self, phase: Phase, since: Instant) -> Instant {
+        let now = Instant::now();
+        self.phases[phase as usize] += now - since;
+        now
+    }
+
+    /// Counts one finished step.
+    pub fn end_step(&mut self) {
+        self.steps += 1;
+    }
+
+    /// Steps counted.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Mean milliseconds per step of each phase.
+    pub fn per_step(&self) -> StepBreakdown {
+        let ms = |p: Phase| self.phases[p as usize].as_secs_f64() * 1e3 / self.steps.max(1) as f64;
+        StepBreakdown {
+            steps: self.steps,
+            schedule_ms: ms(Phase::Schedule),
+            prepare_ms: ms(Phase::Prepare),
+            forward_ms: ms(Phase::Forward),
+            sample_ms: ms(Phase::Sample),
+            update_ms: ms(Phase::Update),
+            text_ms: ms(Phase::Text),
+        }
+    }
+}
+
+/// Mean time per step of each phase, in milliseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct StepBreakdown {
+    /// Steps measured.
+    pub steps: u64,
+    /// Scheduling.
+    pub schedule_ms: f64,
+    /// Building inputs and copying them to the device.
+    pub prepare_ms: f64,
+    /// The model's forward pass.
+    pub forward_ms: f64,
+    /// Sampling.
+    pub sample_ms: f64,
+    /// Scheduler update.
+    pub update_ms: f64,
+    /// Detokenization and stop strings.
+    pub text_ms: f64,
+}
+
+impl StepBreakdown {
+    /// All phases together.
+    pub fn total_ms(&self) -> f64 {
+        self.schedule_ms
+            + self.prepare_ms
+            + self.forward_ms
+            + self.sample_ms
+            + self.update_ms
+            + self.text_ms
+    }
+
+    /// One line for a terminal.
+    pub fn row(&self) -> String {
+        format!(
+            "per step over {} steps (ms): schedule {:.3}, prepare {:.3}, forward {:.3}, sample {:.3}, \
+             update {:.3}, text {:.3}; total {:.3}",
+            self.steps,
+            self.schedule_ms,
+            self.prepare_ms,
+            self.forward_ms,
+            self.sample_ms,
+            self.update_ms,
+            self.text_ms,
+            self.total_ms()
+        )
+    }
+}
