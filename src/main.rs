@@ -173,7 +173,29 @@ fn bench(cmd: BenchCmd) -> Result<()> {
                 .block_on(bench::serve::run(&config))
                 .map_err(anyhow::Error::msg)?;
             println!("{}", result.report());
+            if let Some(png) = &a.plot {
+                bench::plot::load_font(a.plot_font.as_deref()).map_err(anyhow::Error::msg)?;
+                bench::plot::percentiles_chart(&result, png).map_err(anyhow::Error::msg)?;
+                println!("chart: {}", png.display());
+            }
             write_json(a.result_file.as_ref(), &result)
+        }
+        BenchKind::Plot(a) => {
+            let results = a
+                .results
+                .iter()
+                .map(|p| {
+                    let text = std::fs::read_to_string(p)
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+                    serde_json::from_str(&text).map_err(|e| {
+                        anyhow::anyhow!("{}: not a `bench serve` result: {e}", p.display())
+                    })
+                })
+                .collect::<Result<Vec<bench::serve::ServeBenchResult>>>()?;
+            bench::plot::load_font(a.plot_font.as_deref()).map_err(anyhow::Error::msg)?;
+            bench::plot::rate_sweep_chart(&results, &a.out).map_err(anyhow::Error::msg)?;
+            println!("chart: {}", a.out.display());
+            Ok(())
         }
         BenchKind::Throughput(a) => {
             let model = resolve_model(&a.engine)?;

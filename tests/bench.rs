@@ -56,6 +56,8 @@ async fn serve_benchmark_measures_a_real_server() {
     assert!(r.e2e.mean_ms >= r.ttft.mean_ms);
     assert!(r.itl.mean_ms > 0.0 && r.tpot.mean_ms > 0.0);
     assert!(r.report().contains("successful requests: 30"));
+    assert_eq!(r.request_rate, Some(300.0));
+    check_charts(&r);
 
     let chat = run(&ServeBenchConfig {
         endpoint: "/v1/chat/completions".into(),
@@ -130,4 +132,53 @@ fn offline_throughput_and_latency() {
     // Three timed iterations of one prefill step and four decode steps each (the fifth token
     // comes from the prefill).
     assert_eq!(l.step_breakdown.steps, 3 * 5, "{:?}", l.step_breakdown);
+}
+
+/// A PNG's width and height from its IHDR chunk.
+fn png_size(path: &std::path::Path) -> (u32, u32) {
+    let b = std::fs::read(path).unwrap();
+    assert_eq!(
+        &b[..8],
+        b"\x89PNG\r\n\x1a\n",
+        "{} is not a PNG",
+        path.display()
+    );
+    let be = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    (be(16), be(20))
+}
+
+/// `--plot` and `bench plot` draw real PNGs (skipped outside CI when no system font exists).
+fn check_charts(r: &pagewise::bench::serve::ServeBenchResult) {
+    use pagewise::bench::plot;
+    let bad = plot::load_font(Some(std::path::Path::new("/no/such/font.ttf"))).unwrap_err();
+    assert!(bad.contains("/no/such/font.ttf"), "{bad}");
+    if let Err(e) = plot::load_font(None) {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI needs a font for --plot: {e}"
+        );
+        eprintln!("skipping the charts: {e}");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("pagewise-plot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let one = dir.join("run.png");
+    plot::percentiles_chart(r, &one).unwrap();
+    assert_eq!(png_size(&one), (1000, 600));
+    let inf = pagewise::bench::serve::ServeBenchResult {
+        request_rate: None,
+        ..r.clone()
+    };
+    let sweep = dir.join("sweep.png");
+    plot::rate_sweep_chart(&[inf, r.clone()], &sweep).unwrap();
+    assert_eq!(png_size(&sweep), (1000, 800));
+    // Not a blank canvas: the bars and text leave many non-white pixels (a PNG of one flat colour
+    // compresses to a few hundred bytes).
+    assert!(std::fs::metadata(&sweep).unwrap().len() > 10_000);
+    assert!(
+        plot::rate_sweep_chart(&[], &sweep)
+            .unwrap_err()
+            .contains("no results")
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

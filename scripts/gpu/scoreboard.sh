@@ -50,6 +50,8 @@ for m in ${SCOREBOARD_MODELS:-llama-1b llama-8b}; do
       --result-file "$out/$m-serve-$rate.json" | grep -E "throughput|TTFT|TPOT|ITL|Successful" | head -12
   done
   kill -TERM $pid; wait $pid
+  ls "$out/$m"-serve-*.json > /dev/null 2>&1 && \
+    "$bin" bench plot "$out/$m"-serve-*.json --out "$(dirname "$final")/$m-sweep.png"
 done
 [ -n "${SCOREBOARD_NO_HF:-}" ] && exit 0
 echo "== transformers baselines"

@@ -2,6 +2,7 @@
 //! latency through the library, with vLLM's benchmark semantics so numbers compare.
 
 pub mod offline;
+pub mod plot;
 pub mod serve;
 pub mod stats;
 
@@ -26,6 +27,22 @@ pub enum BenchKind {
     Throughput(BenchThroughputArgs),
     /// Offline: one batch at a time; latency percentiles over iterations.
     Latency(BenchLatencyArgs),
+    /// Charts TTFT and TPOT (median, p99) against request rate from `bench serve` result files.
+    Plot(BenchPlotArgs),
+}
+
+/// `pagewise bench plot`.
+#[derive(Args, Debug)]
+pub struct BenchPlotArgs {
+    /// Result files written by `pagewise bench serve --result-file` (one per request rate).
+    #[arg(required = true)]
+    pub results: Vec<std::path::PathBuf>,
+    /// The PNG to write.
+    #[arg(long, default_value = "serve-sweep.png")]
+    pub out: std::path::PathBuf,
+    /// TrueType font for the chart's text (default: DejaVu Sans or similar from the system).
+    #[arg(long)]
+    pub plot_font: Option<std::path::PathBuf>,
 }
 
 /// `pagewise bench serve`.
@@ -88,6 +105,12 @@ pub struct BenchServeArgs {
     /// No progress line on stderr.
     #[arg(long)]
     pub no_progress: bool,
+    /// Also draw the run's TTFT/TPOT/ITL/E2E percentiles as a PNG here.
+    #[arg(long)]
+    pub plot: Option<std::path::PathBuf>,
+    /// TrueType font for chart text (default: DejaVu Sans or similar from the system).
+    #[arg(long)]
+    pub plot_font: Option<std::path::PathBuf>,
 }
 
 impl BenchServeArgs {

@@ -67,8 +67,11 @@ struct RequestResult {
 }
 
 /// The benchmark's report (also written as JSON).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct ServeBenchResult {
+    /// The request rate asked for (requests per second); absent for inf.
+    #[serde(default)]
+    pub request_rate: Option<f64>,
     /// Requests that succeeded.
     pub completed: usize,
     /// Requests that failed.
@@ -385,6 +388,7 @@ pub async fn run(cfg: &ServeBenchConfig) -> Result<ServeBenchResult, String> {
         .collect();
     let itl: Vec<f64> = ok.iter().flat_map(|r| r.itl.iter().copied()).collect();
     Ok(ServeBenchResult {
+        request_rate: cfg.request_rate.is_finite().then_some(cfg.request_rate),
         completed: ok.len(),
         failed: results.len() - ok.len(),
         first_error: results.iter().find_map(|r| r.error.clone()),

@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 /// Mean and percentiles of one metric, in milliseconds.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct Summary {
     /// Arithmetic mean.
     pub mean_ms: f64,
