@@ -1,0 +1,248 @@
+//! Paged decode attention: query rows attend over their sequence's context through block tables,
+//! split-KV with a log-sum-exp merge when the batch is too small to fill the GPU.
+
+use std::ffi::c_void;
+
+use candle_core::{DType, Result, Tensor, bail};
+
+use crate::{check_launch, device_ptr, dtype_code, ffi};
+
+/// Below this many (sequence, KV head) blocks the GPU (132 SMs on an H200) is underfed, and the
+/// context is split.
+const SPLIT_BELOW: usize = 264;
+/// Blocks a split plan aims for: every SM four times over, so a small batch keeps enough loads in
+/// flight. `PAGEWISE_DECODE_TARGET_BLOCKS` overrides it (tuning).
+const TARGET_BLOCKS: usize = 528;
+/// Fewest context positions worth a split of their own.
+const MIN_CHUNK: usize = 128;
+
+fn target_blocks() -> usize {
+    static TARGET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *TARGET.get_or_init(|| {
+        std::env::var("PAGEWISE_DECODE_TARGET_BLOCKS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(TARGET_BLOCKS)
+    })
+}
+
+/// How many splits of the context each (sequence, KV head) gets, and the positions per split:
+/// enough blocks to fill the GPU when the batch is small, one split when it is large (measured on
+/// the H200: a second split costs more than it brings once there are 2 blocks per SM).
+pub fn split_plan(seqs: usize, kv_heads: usize, max_context_len: usize) -> (usize, usize) {
+    let pairs = (seqs * kv_heads).max(1);
+    if pairs >= SPLIT_BELOW {
+        return (1, max_context_len.max(1));
+    }
+    let by_occupancy = target_blocks().div_ceil(pairs);
+    let by_length = max_context_len.div_ceil(MIN_CHUNK).max(1);
+    let splits = by_occupancy.min(by_length).max(1);
+    (splits, max_context_len.div_ceil(splits).max(1))
+}
+
+/// Decode attention: `q` (`[seqs, heads, head_dim]`, one token per sequence) attends over the first
+/// `context_lens[s]` positions of sequence `s`, read from the caches through `block_tables`
+/// (`[seqs, max_blocks]`, i32). `max_context_len` bounds `context_lens` (it picks the split-KV plan
+/// without reading the GPU). Returns `[seqs, heads, head_dim]` in `q`'s dtype.
+pub fn paged_decode_attention(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    block_tables: &Tensor,
+    context_lens: &Tensor,
+    max_context_len: usize,
+    scale: f32,
+) -> Result<Tensor> {
+    paged_attention(
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        None,
+        context_lens,
+        max_context_len,
+        scale,
+    )
+}
+
+/// Scratch space of the split-KV path (per-split softmax statistics and partial outputs, f32),
+/// reusable across calls and layers so a step allocates it once.
+pub struct DecodeWorkspace {
+    part_ml: Tensor,
+    part_acc: Tensor,
+}
+
+impl DecodeWorkspace {
+    /// Room for `rows × heads × splits` partials of width `head_dim`.
+    pub fn new(
+        rows: usize,
+        heads: usize,
+        splits: usize,
+        head_dim: usize,
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        let n = (rows * heads * splits).max(1);
+        Ok(DecodeWorkspace {
+            part_ml: Tensor::zeros(n * 2, DType::F32, device)?,
+            part_acc: Tensor::zeros(n * head_dim, DType::F32, device)?,
+        })
+    }
+
+    /// A workspace large enough for `q` (`[rows, heads, head_dim]`) at `max_context_len` over
+    /// `kv_heads` KV heads.
+    pub fn for_query(q: &Tensor, kv_heads: usize, max_context_len: usize) -> Result<Self> {
+        let (rows, heads, head_dim) = q.dims3()?;
+        let (splits, _) = split_plan(rows, kv_heads, max_context_len);
+        Self::new(rows, heads, splits, head_dim, q.device())
+    }
+}
+
+/// Paged attention for a packed batch of query rows (decode tokens and prefill chunks alike): row
+/// `r` of `q` (`[rows, heads, head_dim]`) attends over the first `context_lens[r]` positions of the
+/// sequence whose block table is row `row_seq[r]` of `block_tables` (`[seqs, max_blocks]`). With
+/// `context_lens[r]` = the row's position + 1 a chunk is causal over itself and full over its
+/// cached prefix. Without `row_seq`, row `r` uses table `r`. Returns `[rows, heads, head_dim]`.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    block_tables: &Tensor,
+    row_seq: Option<&Tensor>,
+    context_lens: &Tensor,
+    max_context_len: usize,
+    scale: f32,
+) -> Result<Tensor> {
+    let out = Tensor::zeros(q.shape(), q.dtype(), q.device())?;
+    let (_, _, kv_heads, _) = k_cache.dims4()?;
+    let ws = DecodeWorkspace::for_query(q, kv_heads, max_context_len)?;
+    paged_attention_into(
+        &out,
+        &ws,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        row_seq,
+        context_lens,
+        max_context_len,
+        scale,
+    )?;
+    Ok(out)
+}
+
+/// [`paged_attention`] writing into `out` (`q`'s shape and dtype) with caller-owned scratch space.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_into(
+    out: &Tensor,
+    ws: &DecodeWorkspace,
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    block_tables: &Tensor,
+    row_seq: Option<&Tensor>,
+    context_lens: &Tensor,
+    max_context_len: usize,
+    scale: f32,
+) -> Result<()> {
+    let (seqs, heads, head_dim) = q.dims3()?;
+    let (_, block_size, kv_heads, cd) = k_cache.dims4()?;
+    if out.dims() != q.dims() || out.dtype() != q.dtype() {
+        bail!("out {:?} must match q {:?}", out.dims(), q.dims());
+    }
+    if cd != head_dim || v_cache.dims() != k_cache.dims() {
+        bail!(
+            "caches {:?}/{:?} do not match q's head_dim {head_dim}",
+            k_cache.dims(),
+            v_cache.dims()
+        );
+    }
+    if kv_heads == 0 || heads % kv_heads != 0 || heads / kv_heads > 8 {
+        bail!("{heads} query heads cannot share {kv_heads} KV heads evenly in groups of at most 8");
+    }
+    if ![64, 128, 256].contains(&head_dim) {
+        bail!("head_dim {head_dim} is not supported (64, 128, 256)");
+    }
+    for (t, what) in [(k_cache, "k_cache"), (v_cache, "v_cache")] {
+        if t.dtype() != q.dtype() {
+            bail!("{what} is {:?} but q is {:?}", t.dtype(), q.dtype());
+        }
+    }
+    let (bt_seqs, max_blocks) = block_tables.dims2()?;
+    if block_tables.dtype() != DType::I32 || (row_seq.is_none() && bt_seqs != seqs) {
+        bail!(
+            "block_tables must be i32 [{seqs}, _], got {:?} {:?}",
+            block_tables.dtype(),
+            block_tables.dims()
+        );
+    }
+    if let Some(rs) = row_seq
+        && (rs.dtype() != DType::I32 || rs.dims() != [seqs])
+    {
+        bail!(
+            "row_seq must be i32 [{seqs}], got {:?} {:?}",
+            rs.dtype(),
+            rs.dims()
+        );
+    }
+    if context_lens.dtype() != DType::I32 || context_lens.dims() != [seqs] {
+        bail!(
+            "context_lens must be i32 [{seqs}], got {:?} {:?}",
+            context_lens.dtype(),
+            context_lens.dims()
+        );
+    }
+    let dtype = dtype_code(q.dtype(), "paged_attention")?;
+    if seqs == 0 {
+        return Ok(());
+    }
+    let (splits, chunk) = split_plan(seqs, kv_heads, max_context_len);
+    let needed = seqs * heads * splits;
+    if splits > 1
+        && (ws.part_ml.elem_count() < needed * 2 || ws.part_acc.elem_count() < needed * head_dim)
+    {
+        bail!(
+            "the decode workspace is too small for {seqs} rows x {heads} heads x {splits} splits"
+        );
+    }
+    let (ml, _) = device_ptr(&ws.part_ml, "workspace")?;
+    let (pa, _) = device_ptr(&ws.part_acc, "workspace")?;
+    let (o, stream) = device_ptr(out, "out")?;
+    let (qp, _) = device_ptr(q, "q")?;
+    let (kc, _) = device_ptr(k_cache, "k_cache")?;
+    let (vc, _) = device_ptr(v_cache, "v_cache")?;
+    let (bt, _) = device_ptr(block_tables, "block_tables")?;
+    let rs = match row_seq {
+        Some(rs) => device_ptr(rs, "row_seq")?.0,
+        None => 0,
+    };
+    let (cl, _) = device_ptr(context_lens, "context_lens")?;
+    // SAFETY: as in `reshape_and_cache`; block table entries, row_seq entries and context lengths
+    // are the caller's contract (they must address blocks inside the caches).
+    let code = unsafe {
+        ffi::pagewise_paged_decode(
+            dtype,
+            o as *mut c_void,
+            ml as *mut f32,
+            pa as *mut f32,
+            qp as *const c_void,
+            kc as *const c_void,
+            vc as *const c_void,
+            bt as *const i32,
+            rs as *const i32,
+            cl as *const i32,
+            seqs as i32,
+            max_blocks as i32,
+            heads as i32,
+            kv_heads as i32,
+            head_dim as i32,
+            block_size as i32,
+            splits as i32,
+            chunk as i32,
+            scale,
+            stream,
+        )
+    };
+    check_launch(code, "paged_attention")
+}
