@@ -3,11 +3,13 @@ runs (scripts/gpu/scoreboard.sh). Random weights, bf16, the shapes of benches (1
 
     python3 scripts/gpu/hf_baselines.py CONFIG_DIR... > hf.json
 
-Per model: batch-1 decode tok/s, 128 prompt tokens, eager `generate`; offline throughput of `generate` over padded batches of
+Per model: batch-1 decode tok/s, 128 prompt tokens, eager `generate` and with a static cache;
+offline throughput of `generate` over padded batches of
 64 prompts of 1024 tokens, 128 new tokens each (req/s), on 128 prompts. Prints one JSON line per
-measurement. (static cache + torch.compile "reduce-overhead" failed inside `generate` with
-transformers 5.17 / torch 2.11 on 2026-11-29: CUDA-graph outputs overwritten by the next run; the
-GPU.md figures for it were measured separately.)
+measurement. Static cache: `generate` with cache_implementation="static", which compiles the
+decoding forward itself (wrapping model.forward in torch.compile(mode="reduce-overhead") failed
+inside `generate` with transformers 5.17 / torch 2.11 on 2026-11-29: CUDA-graph outputs overwritten
+by the next run); a failure is recorded as an "error" row. Not yet run in this form.
 """
 
 import json
@@ -61,5 +63,15 @@ for path in sys.argv[1:]:
         r = throughput(model, cfg)
         print(json.dumps({"model": name, "what": "offline 1024/128, eager generate, batch 64",
                           "req_s": r}), flush=True)
+        # Static cache: recent transformers compile the decoding forward inside `generate` itself
+        # (wrapping model.forward in torch.compile(mode="reduce-overhead") broke, see above). A
+        # failure is recorded, not fatal, so the eager rows still land.
+        what = "batch-1 decode, static cache + torch.compile (transformers' own)"
+        try:
+            model.generation_config.cache_implementation = "static"
+            r = decode_rate(model, cfg, 256)
+            print(json.dumps({"model": name, "what": what, "tok_s": r}), flush=True)
+        except Exception as e:  # noqa: BLE001 - any failure is reported in the results
+            print(json.dumps({"model": name, "what": what, "error": str(e)[:300]}), flush=True)
     del model
     torch.cuda.empty_cache()
