@@ -5,7 +5,7 @@ use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
-use crate::{check_launch, device_ptr, dtype_code, ffi};
+use crate::{check_attention, check_launch, device_ptr, dtype_code, ffi};
 
 /// Below this many (sequence, KV head) blocks the GPU (132 SMs on an H200) is underfed, and the
 /// context is split.
@@ -147,27 +147,9 @@ pub fn paged_attention_into(
     scale: f32,
 ) -> Result<()> {
     let (seqs, heads, head_dim) = q.dims3()?;
-    let (_, block_size, kv_heads, cd) = k_cache.dims4()?;
-    if out.dims() != q.dims() || out.dtype() != q.dtype() {
-        bail!("out {:?} must match q {:?}", out.dims(), q.dims());
-    }
-    if cd != head_dim || v_cache.dims() != k_cache.dims() {
-        bail!(
-            "caches {:?}/{:?} do not match q's head_dim {head_dim}",
-            k_cache.dims(),
-            v_cache.dims()
-        );
-    }
-    if kv_heads == 0 || heads % kv_heads != 0 || heads / kv_heads > 8 {
-        bail!("{heads} query heads cannot share {kv_heads} KV heads evenly in groups of at most 8");
-    }
-    if ![64, 128, 256].contains(&head_dim) {
-        bail!("head_dim {head_dim} is not supported (64, 128, 256)");
-    }
-    for (t, what) in [(k_cache, "k_cache"), (v_cache, "v_cache")] {
-        if t.dtype() != q.dtype() {
-            bail!("{what} is {:?} but q is {:?}", t.dtype(), q.dtype());
-        }
+    let (block_size, kv_heads) = check_attention(out, q, k_cache, v_cache)?;
+    if heads / kv_heads > 8 {
+        bail!("{heads} query heads cannot share {kv_heads} KV heads in groups of at most 8");
     }
     let (bt_seqs, max_blocks) = block_tables.dims2()?;
     if block_tables.dtype() != DType::I32 || (row_seq.is_none() && bt_seqs != seqs) {

@@ -55,6 +55,41 @@ pub(crate) fn device_ptr(t: &Tensor, what: &str) -> Result<(u64, *mut c_void)> {
     Ok((base + offset, stream.cu_stream() as *mut c_void))
 }
 
+/// The checks every attention kernel needs: `out` has `q`'s shape and dtype, the two caches
+/// match each other and `q`'s head dim (64, 128 or 256) and dtype, and the query heads share the KV
+/// heads evenly. Returns the caches' (block_size, kv_heads).
+pub(crate) fn check_attention(
+    out: &Tensor,
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+) -> Result<(usize, usize)> {
+    let (_, heads, head_dim) = q.dims3()?;
+    let (_, block_size, kv_heads, cd) = k_cache.dims4()?;
+    if out.dims() != q.dims() || out.dtype() != q.dtype() {
+        bail!("out {:?} must match q {:?}", out.dims(), q.dims());
+    }
+    if cd != head_dim || v_cache.dims() != k_cache.dims() {
+        bail!(
+            "caches {:?}/{:?} do not match q's head_dim {head_dim}",
+            k_cache.dims(),
+            v_cache.dims()
+        );
+    }
+    if kv_heads == 0 || heads % kv_heads != 0 {
+        bail!("{heads} query heads cannot share {kv_heads} KV heads evenly");
+    }
+    if ![64, 128, 256].contains(&head_dim) {
+        bail!("head_dim {head_dim} is not supported (64, 128, 256)");
+    }
+    for (t, what) in [(k_cache, "k_cache"), (v_cache, "v_cache")] {
+        if t.dtype() != q.dtype() {
+            bail!("{what} is {:?} but q is {:?}", t.dtype(), q.dtype());
+        }
+    }
+    Ok((block_size, kv_heads))
+}
+
 pub(crate) fn check_launch(code: i32, what: &str) -> Result<()> {
     if code != 0 {
         bail!("{what}: CUDA launch failed with error {code}");

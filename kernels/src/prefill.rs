@@ -4,7 +4,7 @@ use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
-use crate::{check_launch, device_ptr, ffi};
+use crate::{check_attention, check_launch, device_ptr, ffi};
 
 /// The varlen prefill batch of [`paged_prefill_attention`]: per prefill sequence (all i32
 /// `[num_seqs]`), where its query rows start in `q`, how many there are, how many of its tokens the
@@ -36,32 +36,12 @@ pub fn paged_prefill_attention(
     scale: f32,
 ) -> Result<()> {
     let (_, heads, head_dim) = q.dims3()?;
-    let (_, block_size, kv_heads, cd) = k_cache.dims4()?;
-    if out.dims() != q.dims() || out.dtype() != q.dtype() {
-        bail!("out {:?} must match q {:?}", out.dims(), q.dims());
-    }
-    if cd != head_dim || v_cache.dims() != k_cache.dims() {
-        bail!(
-            "caches {:?} do not match q's head_dim {head_dim}",
-            k_cache.dims()
-        );
-    }
-    if kv_heads == 0 || heads % kv_heads != 0 {
-        bail!("{heads} query heads cannot share {kv_heads} KV heads evenly");
-    }
-    if ![64, 128, 256].contains(&head_dim) {
-        bail!("head_dim {head_dim} is not supported (64, 128, 256)");
-    }
+    let (block_size, kv_heads) = check_attention(out, q, k_cache, v_cache)?;
     let dtype = match q.dtype() {
         DType::F16 => 1,
         DType::BF16 => 2,
         other => bail!("prefill attention runs on tensor cores: f16 or bf16, not {other:?}"),
     };
-    for (t, what) in [(k_cache, "k_cache"), (v_cache, "v_cache")] {
-        if t.dtype() != q.dtype() {
-            bail!("{what} is {:?} but q is {:?}", t.dtype(), q.dtype());
-        }
-    }
     let (_, max_blocks) = block_tables.dims2()?;
     let num_seqs = seqs.q_start.dims1()?;
     for (t, what) in [

@@ -7,27 +7,9 @@ use pagewise_kernels::{
     DecodeWorkspace, paged_attention_into, paged_decode_attention, reshape_and_cache,
 };
 
-/// A small deterministic generator (no dependency): uniform in [-1, 1).
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
+mod common;
 
-/// A tensor's values as f32 on the host.
-fn host_f32(t: &Tensor) -> Vec<f32> {
-    t.to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()
-}
+use common::{Lcg, host_f32};
 
 fn case(
     dtype: DType,

@@ -6,25 +6,9 @@
 use candle_core::{DType, Device, Tensor};
 use pagewise_kernels::{PrefillSeqs, paged_prefill_attention, reshape_and_cache};
 
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
+mod common;
 
-fn host(t: &Tensor) -> Vec<f32> {
-    t.to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()
-}
+use common::{Lcg, host_f32};
 
 /// `seqs`: (cached prefix, chunk length) per sequence. Returns the relative L2 error.
 fn case(
@@ -68,7 +52,7 @@ fn case(
             .unwrap()
             .to_dtype(dtype)
             .unwrap();
-        let h = host(&t);
+        let h = host_f32(&t);
         (t.to_device(&dev).unwrap(), h)
     };
     let (k, kh) = to(rand(all * kvh * d, &mut rng), (all, kvh, d));
@@ -122,7 +106,7 @@ fn case(
         max_q_len: seqs.iter().map(|s| s.1).max().unwrap(),
     };
     paged_prefill_attention(&out, &q, &kc, &vc, &bt, &meta, scale).unwrap();
-    let got = host(&out);
+    let got = host_f32(&out);
     assert!(
         got[..lead * heads * d].iter().all(|x| x.is_nan()),
         "rows outside the chunks were written"
