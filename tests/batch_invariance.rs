@@ -2,6 +2,8 @@
 //! with a tiny token budget (chunked prefill), prefix caching, and a cache small enough to force
 //! preemption, give exactly the greedy tokens each prompt gives alone.
 
+mod common;
+
 use pagewise::sampler::SeededRng;
 use pagewise::{EngineArgs, Llm, SamplingParams};
 
@@ -67,16 +69,5 @@ fn batched_chunked_cached_preempted_equals_solo() {
             prompts[i].len()
         );
     }
-    let s = batched.core().scheduler();
-    let hits = s.kv().prefix_cache_stats().num_hit_tokens;
-    eprintln!(
-        "preemptions {}, prefix-cache hit tokens {hits}",
-        s.num_preemptions_total()
-    );
-    assert!(
-        s.num_preemptions_total() > 0,
-        "the cache must be small enough to preempt"
-    );
-    assert!(hits > 0, "the shared prefix must be served from cache");
-    assert_eq!(s.kv().pool().num_free(), s.kv().pool().num_usable());
+    common::assert_preempted_cached_and_freed(&batched, "");
 }

@@ -214,18 +214,7 @@ fn batch_invariance(dtype: DtypeArg, kv_bytes_per_token: u64) {
     for (i, (out, want)) in outs.iter().zip(&expected).enumerate() {
         assert_eq!(&out.outputs[0].token_ids, want, "{dtype:?}: prompt {i}");
     }
-    let s = batched.core().scheduler();
-    let hits = s.kv().prefix_cache_stats().num_hit_tokens;
-    eprintln!(
-        "GPU {dtype:?}: preemptions {}, prefix-cache hit tokens {hits}",
-        s.num_preemptions_total()
-    );
-    assert!(
-        s.num_preemptions_total() > 0,
-        "the cache must be small enough to preempt"
-    );
-    assert!(hits > 0, "the shared prefix must be served from cache");
-    assert_eq!(s.kv().pool().num_free(), s.kv().pool().num_usable());
+    common::assert_preempted_cached_and_freed(&batched, &format!("GPU {dtype:?}: "));
 }
 
 #[test]

@@ -93,3 +93,21 @@ pub fn smollm2_gguf() -> Option<String> {
     }
     path
 }
+
+/// After a batched run: the scheduler preempted, the shared prefix was served from the prefix
+/// cache, and every block is free again. `label` prefixes the printed counts.
+#[allow(dead_code)]
+pub fn assert_preempted_cached_and_freed(llm: &pagewise::Llm, label: &str) {
+    let s = llm.core().scheduler();
+    let hits = s.kv().prefix_cache_stats().num_hit_tokens;
+    eprintln!(
+        "{label}preemptions {}, prefix-cache hit tokens {hits}",
+        s.num_preemptions_total()
+    );
+    assert!(
+        s.num_preemptions_total() > 0,
+        "the cache must be small enough to preempt"
+    );
+    assert!(hits > 0, "the shared prefix must be served from cache");
+    assert_eq!(s.kv().pool().num_free(), s.kv().pool().num_usable());
+}
