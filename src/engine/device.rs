@@ -83,27 +83,39 @@ pub struct GpuMemory {
     pub pool_used: u64,
 }
 
+#[cfg(feature = "cuda")]
+use candle_core::cuda_backend::cudarc::driver::{CudaContext, sys};
+
+/// Waits for `device`'s queued work, binds its context to this thread and looks up its default
+/// memory pool (where candle's stream-ordered allocations come from), if the driver reports one.
+#[cfg(feature = "cuda")]
+fn default_pool(
+    device: &Device,
+) -> candle_core::Result<(std::sync::Arc<CudaContext>, Option<sys::CUmemoryPool>)> {
+    device.synchronize()?;
+    let ctx = device.as_cuda_device()?.cuda_stream().context().clone();
+    ctx.bind_to_thread()
+        .map_err(|e| candle_core::Error::Msg(format!("binding the CUDA context: {e}")))?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: the context is bound; the call writes only to `pool`.
+    let found = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }
+        == sys::CUresult::CUDA_SUCCESS;
+    Ok((ctx, found.then_some(pool)))
+}
+
 /// What the GPU behind `device` reports (waits for its queued work first).
 #[cfg(feature = "cuda")]
 pub fn gpu_memory(device: &Device) -> candle_core::Result<GpuMemory> {
-    use candle_core::cuda_backend::cudarc::driver::sys;
-    device.synchronize()?;
-    let stream = device.as_cuda_device()?.cuda_stream();
-    let ctx = stream.context();
+    let (ctx, pool) = default_pool(device)?;
     let (free, total) = ctx
         .mem_get_info()
         .map_err(|e| candle_core::Error::Msg(format!("cuMemGetInfo: {e}")))?;
     let attr = |a: sys::CUmemPool_attribute| -> u64 {
-        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         let mut value = 0u64;
-        // SAFETY: the context is bound by mem_get_info above; both calls write to the locals
-        // passed by pointer, and a failure leaves `value` 0.
-        unsafe {
-            if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
-                == sys::CUresult::CUDA_SUCCESS
-            {
-                sys::cuMemPoolGetAttribute(pool, a, (&mut value as *mut u64).cast());
-            }
+        if let Some(pool) = pool {
+            // SAFETY: `pool` belongs to the bound context; the call writes only to `value`, and
+            // a failure leaves it 0.
+            unsafe { sys::cuMemPoolGetAttribute(pool, a, (&mut value as *mut u64).cast()) };
         }
         value
     };
@@ -118,24 +130,16 @@ pub fn gpu_memory(device: &Device) -> candle_core::Result<GpuMemory> {
 /// Restarts the peak of [`GpuMemory::pool_peak`] from the current use.
 #[cfg(feature = "cuda")]
 pub fn reset_peak(device: &Device) -> candle_core::Result<()> {
-    use candle_core::cuda_backend::cudarc::driver::sys;
-    device.synchronize()?;
-    let stream = device.as_cuda_device()?.cuda_stream();
-    let ctx = stream.context();
-    ctx.bind_to_thread()
-        .map_err(|e| candle_core::Error::Msg(format!("binding the CUDA context: {e}")))?;
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    let mut zero = 0u64;
-    // SAFETY: as in `gpu_memory`; setting USED_MEM_HIGH to 0 resets it to the current use.
-    unsafe {
-        if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) == sys::CUresult::CUDA_SUCCESS
-        {
+    if let (_ctx, Some(pool)) = default_pool(device)? {
+        let mut zero = 0u64;
+        // SAFETY: as in `gpu_memory`; setting USED_MEM_HIGH to 0 resets it to the current use.
+        unsafe {
             sys::cuMemPoolSetAttribute(
                 pool,
                 sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
                 (&mut zero as *mut u64).cast(),
-            );
-        }
+            )
+        };
     }
     Ok(())
 }
