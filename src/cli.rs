@@ -136,6 +136,14 @@ pub struct EngineFlags {
     /// Chat template replacing the model's: a file path, or the template text.
     #[arg(long, env = "PAGEWISE_CHAT_TEMPLATE")]
     pub chat_template: Option<String>,
+    /// GPU: run every step eagerly; by default decode steps of up to min(max-num-seqs, 512)
+    /// sequences replay CUDA graphs captured at startup.
+    #[arg(long, env = "PAGEWISE_ENFORCE_EAGER")]
+    pub enforce_eager: bool,
+    /// GPU: the longest context (tokens) a CUDA graph serves; decode steps with a longer sequence
+    /// run eagerly. Larger values upload wider block tables every step.
+    #[arg(long, env = "PAGEWISE_MAX_SEQ_LEN_TO_CAPTURE", default_value_t = crate::engine::args::DEFAULT_MAX_SEQ_LEN_TO_CAPTURE)]
+    pub max_seq_len_to_capture: usize,
 }
 
 impl EngineFlags {
@@ -156,6 +164,8 @@ impl EngineFlags {
             seed: self.seed,
             gguf_matmul: self.gguf_matmul,
             chat_template: self.chat_template.clone(),
+            enforce_eager: self.enforce_eager,
+            max_seq_len_to_capture: self.max_seq_len_to_capture,
         }
     }
 }

@@ -8,6 +8,8 @@ pub mod bench;
 pub mod chat;
 pub mod cli;
 pub mod config_file;
+#[cfg(feature = "cuda")]
+pub mod cuda_graphs;
 pub mod default_model;
 pub mod engine;
 pub mod kv;

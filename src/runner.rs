@@ -18,6 +18,9 @@ pub struct ModelRunner {
     kv: KvCache,
     device: Device,
     sampler: Sampler,
+    /// Captured decode graphs (GPU, unless eager).
+    #[cfg(feature = "cuda")]
+    graphs: Option<crate::cuda_graphs::DecodeGraphs>,
 }
 
 impl ModelRunner {
@@ -28,7 +31,42 @@ impl ModelRunner {
             kv,
             device,
             sampler: Sampler::default(),
+            #[cfg(feature = "cuda")]
+            graphs: None,
         }
+    }
+
+    /// Captures CUDA graphs for decode steps (GPU only; a no-op on the CPU). A model whose forward
+    /// pass cannot be captured keeps running eagerly, with a warning.
+    pub fn capture_graphs(&mut self, max_num_seqs: usize, max_seq_len: usize, block_size: usize) {
+        #[cfg(feature = "cuda")]
+        if !self.device.is_cpu() {
+            let start = Instant::now();
+            let spec = crate::cuda_graphs::CaptureSpec {
+                max_num_seqs,
+                max_seq_len,
+                block_size,
+            };
+            match crate::cuda_graphs::DecodeGraphs::capture(
+                self.model.as_ref(),
+                &mut self.kv,
+                &self.device,
+                &spec,
+            ) {
+                Ok(g) => {
+                    tracing::info!(
+                        buckets = ?g.buckets(),
+                        max_seq_len,
+                        seconds = start.elapsed().as_secs_f64(),
+                        "captured CUDA graphs for decode steps"
+                    );
+                    self.graphs = Some(g);
+                }
+                Err(e) => tracing::warn!("running eagerly: CUDA graph capture failed: {e}"),
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        let _ = (max_num_seqs, max_seq_len, block_size);
     }
 
     /// The model.
@@ -49,6 +87,19 @@ impl ModelRunner {
             return Ok(Vec::new());
         }
         let start = Instant::now();
+        #[cfg(feature = "cuda")]
+        if let Some(graphs) = self.graphs.as_mut()
+            && let Some(bucket) = graphs.prepare(out)?
+        {
+            let start = times.lap(Phase::Prepare, start);
+            let logits = graphs.replay(bucket, out.seqs.len())?;
+            self.device.synchronize()?;
+            let start = times.lap(Phase::Forward, start);
+            times.count_graph_step();
+            let sampled = self.sample(out, seqs, &logits)?;
+            times.lap(Phase::Sample, start);
+            return Ok(sampled);
+        }
         let batch = ForwardBatch::new(out, &self.device)?;
         let start = times.lap(Phase::Prepare, start);
         let logits = self.model.forward(&batch, &mut self.kv)?;

@@ -286,3 +286,44 @@ fn seeded_sampling_on_the_gpu_is_reproducible_and_batch_independent() {
         a.iter().map(|o| o.outputs[0].token_ids.clone()).collect();
     assert!(distinct.len() > 1, "unseeded draws must differ");
 }
+
+#[test]
+fn cuda_graph_decode_steps_equal_eager_steps() {
+    let args = |enforce_eager| EngineArgs {
+        model: model("tiny-d64"),
+        device: DeviceArg::Cuda(0),
+        dtype: DtypeArg::Float32,
+        enforce_eager,
+        max_num_seqs: 16,
+        // Prompts reach 110 + 24 tokens: the longest sequences outgrow the graphs (7 blocks of
+        // 16) mid-run and finish their decode eagerly.
+        max_seq_len_to_capture: 112,
+        ..Default::default()
+    };
+    let mut eager = Llm::new(args(true)).unwrap();
+    let mut graphs = Llm::new(args(false)).unwrap();
+    let mut replays = Vec::new();
+    // 1 and 16 fill a bucket; 3 and 13 pad up to 4 and 16; sequences finish and the batch
+    // shrinks across buckets as they go.
+    for n in [1, 3, 13, 16] {
+        let prompts = prompts(n, 256);
+        let want = eager.generate_tokens(prompts.clone(), &greedy(24)).unwrap();
+        graphs.core_mut().reset_step_times();
+        let got = graphs.generate_tokens(prompts, &greedy(24)).unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g.outputs[0].token_ids, w.outputs[0].token_ids,
+                "{n} prompts: prompt {i}"
+            );
+        }
+        let times = graphs.core().step_times().per_step();
+        replays.push((times.graph_steps, times.steps));
+    }
+    eprintln!("(graph replays, steps) per run: {replays:?}");
+    // One prompt: a prefill step, then 23 decode steps, every one a replay.
+    assert_eq!(replays[0], (23, 24));
+    assert!(replays.iter().all(|&(g, _)| g > 0), "{replays:?}");
+    // Some decode steps ran eagerly: a sequence longer than max_seq_len_to_capture.
+    assert!(replays.iter().any(|&(g, s)| g + 1 < s), "{replays:?}");
+    assert_eq!(eager.core().step_times().per_step().graph_steps, 0);
+}

@@ -75,8 +75,11 @@ __global__ void paged_decode_kernel(T* __restrict__ out, float* __restrict__ par
   const int group = num_heads / num_kv_heads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int ctx = context_lens[seq];
-  const int begin = split * chunk;
-  const int end = min(ctx, begin + chunk);
+  // `chunk` is a floor: a row splits its own context evenly when that gives longer chunks (a
+  // CUDA graph fixes the split count while the contexts vary from replay to replay).
+  const int row_chunk = max(chunk, (ctx + num_splits - 1) / num_splits);
+  const int begin = split * row_chunk;
+  const int end = min(ctx, begin + row_chunk);
   const int32_t* table = block_tables + (int64_t)(row_seq ? row_seq[seq] : seq) * max_blocks;
 
   // The group's queries (pre-scaled) in shared memory: every lane reads the same element at once.

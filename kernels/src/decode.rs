@@ -41,6 +41,20 @@ pub fn split_plan(seqs: usize, kv_heads: usize, max_context_len: usize) -> (usiz
     (splits, max_context_len.div_ceil(splits).max(1))
 }
 
+/// The split plan of a CUDA graph, captured once and replayed over contexts up to
+/// `max_context_len`: splits chosen by occupancy alone (the contexts are unknown at capture), and
+/// `MIN_CHUNK` as the floor of each row's chunk, so a row spreads its own context over the splits
+/// (the kernel takes `max(chunk, ceil(context / splits))`) and the splits past it return at once.
+pub fn graph_split_plan(seqs: usize, kv_heads: usize, max_context_len: usize) -> (usize, usize) {
+    let pairs = (seqs * kv_heads).max(1);
+    if pairs >= SPLIT_BELOW {
+        return (1, MIN_CHUNK);
+    }
+    let by_occupancy = target_blocks().div_ceil(pairs);
+    let by_length = max_context_len.div_ceil(MIN_CHUNK).max(1);
+    (by_occupancy.min(by_length).max(1), MIN_CHUNK)
+}
+
 /// Decode attention: `q` (`[seqs, heads, head_dim]`, one token per sequence) attends over the first
 /// `context_lens[s]` positions of sequence `s`, read from the caches through `block_tables`
 /// (`[seqs, max_blocks]`, i32). `max_context_len` bounds `context_lens` (it picks the split-KV plan
@@ -146,7 +160,70 @@ pub fn paged_attention_into(
     max_context_len: usize,
     scale: f32,
 ) -> Result<()> {
+    let (_, _, kv_heads, _) = k_cache.dims4()?;
+    let plan = split_plan(q.dim(0)?, kv_heads, max_context_len);
+    paged_attention_planned_into(
+        out,
+        ws,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        row_seq,
+        context_lens,
+        plan,
+        scale,
+    )
+}
+
+/// [`paged_attention`] with a given `(splits, chunk)` plan (see [`graph_split_plan`]) instead of
+/// one derived from the longest context: what a CUDA graph captures.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_planned(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    block_tables: &Tensor,
+    row_seq: Option<&Tensor>,
+    context_lens: &Tensor,
+    plan: (usize, usize),
+    scale: f32,
+) -> Result<Tensor> {
+    let out = Tensor::zeros(q.shape(), q.dtype(), q.device())?;
+    let (rows, heads, head_dim) = q.dims3()?;
+    let ws = DecodeWorkspace::new(rows, heads, plan.0, head_dim, q.device())?;
+    paged_attention_planned_into(
+        &out,
+        &ws,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        row_seq,
+        context_lens,
+        plan,
+        scale,
+    )?;
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn paged_attention_planned_into(
+    out: &Tensor,
+    ws: &DecodeWorkspace,
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    block_tables: &Tensor,
+    row_seq: Option<&Tensor>,
+    context_lens: &Tensor,
+    (splits, chunk): (usize, usize),
+    scale: f32,
+) -> Result<()> {
     let (seqs, heads, head_dim) = q.dims3()?;
+    if splits == 0 || chunk == 0 {
+        bail!("a split plan needs at least one split and chunk, got ({splits}, {chunk})");
+    }
     let (block_size, kv_heads) = check_attention(out, q, k_cache, v_cache)?;
     if heads / kv_heads > 8 {
         bail!("{heads} query heads cannot share {kv_heads} KV heads in groups of at most 8");
@@ -179,7 +256,6 @@ pub fn paged_attention_into(
     if seqs == 0 {
         return Ok(());
     }
-    let (splits, chunk) = split_plan(seqs, kv_heads, max_context_len);
     let needed = seqs * heads * splits;
     if splits > 1
         && (ws.part_ml.elem_count() < needed * 2 || ws.part_acc.elem_count() < needed * head_dim)

@@ -11,12 +11,15 @@ mod decode;
 mod ffi;
 mod prefill;
 mod sampling;
+mod upload;
 
 pub use decode::{
-    DecodeWorkspace, paged_attention, paged_attention_into, paged_decode_attention, split_plan,
+    DecodeWorkspace, graph_split_plan, paged_attention, paged_attention_into,
+    paged_attention_planned, paged_decode_attention, split_plan,
 };
 pub use prefill::{PrefillSeqs, paged_prefill_attention};
 pub use sampling::sample;
+pub use upload::{upload, upload_rows};
 
 use std::ffi::c_void;
 

@@ -69,6 +69,11 @@ pub struct EngineArgs {
     pub chat_template: Option<String>,
     /// GGUF: quantized or dequantized matmuls.
     pub gguf_matmul: GgufMatmul,
+    /// GPU: run every step eagerly instead of replaying captured CUDA graphs for decode steps.
+    pub enforce_eager: bool,
+    /// GPU: the longest context a CUDA graph serves (capped at `max_model_len`); decode steps with
+    /// a longer sequence run eagerly.
+    pub max_seq_len_to_capture: usize,
 }
 
 impl Default for EngineArgs {
@@ -88,12 +93,16 @@ impl Default for EngineArgs {
             seed: 0,
             chat_template: None,
             gguf_matmul: GgufMatmul::Auto,
+            enforce_eager: false,
+            max_seq_len_to_capture: DEFAULT_MAX_SEQ_LEN_TO_CAPTURE,
         }
     }
 }
 
 /// Default CPU KV-cache size.
 pub const DEFAULT_KV_CACHE_MEMORY: u64 = 1 << 30;
+/// Default longest context a CUDA graph serves (vLLM's default).
+pub const DEFAULT_MAX_SEQ_LEN_TO_CAPTURE: usize = 8192;
 /// Default token budget per step.
 pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 8192;
 

@@ -147,9 +147,17 @@ impl EngineCore {
             num_blocks,
             enable_prefix_caching: args.enable_prefix_caching,
         });
+        let mut runner = ModelRunner::new(model, kv, device);
+        if !args.enforce_eager {
+            runner.capture_graphs(
+                args.max_num_seqs,
+                args.max_seq_len_to_capture.min(max_model_len),
+                bs,
+            );
+        }
         Ok(EngineCore {
             scheduler,
-            runner: ModelRunner::new(model, kv, device),
+            runner,
             tokenizer: Arc::new(loaded.tokenizer),
             eos_token_ids: Arc::from(cfg.eos_token_ids.clone()),
             config: cfg,

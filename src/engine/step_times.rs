@@ -27,6 +27,7 @@ pub enum Phase {
 #[derive(Clone, Debug, Default)]
 pub struct StepTimes {
     steps: u64,
+    graph_steps: u64,
     phases: [Duration; 6],
 }
 
@@ -43,6 +44,11 @@ impl StepTimes {
         self.steps += 1;
     }
 
+    /// Counts one step whose forward pass replayed a CUDA graph.
+    pub fn count_graph_step(&mut self) {
+        self.graph_steps += 1;
+    }
+
     /// Steps counted.
     pub fn steps(&self) -> u64 {
         self.steps
@@ -53,6 +59,7 @@ impl StepTimes {
         let ms = |p: Phase| self.phases[p as usize].as_secs_f64() * 1e3 / self.steps.max(1) as f64;
         StepBreakdown {
             steps: self.steps,
+            graph_steps: self.graph_steps,
             schedule_ms: ms(Phase::Schedule),
             prepare_ms: ms(Phase::Prepare),
             forward_ms: ms(Phase::Forward),
@@ -68,6 +75,8 @@ impl StepTimes {
 pub struct StepBreakdown {
     /// Steps measured.
     pub steps: u64,
+    /// Of those, steps whose forward pass replayed a CUDA graph.
+    pub graph_steps: u64,
     /// Scheduling.
     pub schedule_ms: f64,
     /// Building inputs and copying them to the device.
@@ -96,9 +105,10 @@ impl StepBreakdown {
     /// One line for a terminal.
     pub fn row(&self) -> String {
         format!(
-            "per step over {} steps (ms): schedule {:.3}, prepare {:.3}, forward {:.3}, sample {:.3}, \
+            "per step over {} steps ({} CUDA graph replays) (ms): schedule {:.3}, prepare {:.3}, forward {:.3}, sample {:.3}, \
              update {:.3}, text {:.3}; total {:.3}",
             self.steps,
+            self.graph_steps,
             self.schedule_ms,
             self.prepare_ms,
             self.forward_ms,

@@ -132,11 +132,12 @@ impl KvCache {
                 k.shape()
             );
         }
-        if meta.slot_mapping.len() != num_tokens {
-            candle_core::bail!(
-                "paged attention: {} slots for {num_tokens} tokens",
-                meta.slot_mapping.len()
-            );
+        let slots = match &meta.device {
+            Some(dm) => dm.slot_mapping.dim(0)?,
+            None => meta.slot_mapping.len(),
+        };
+        if slots != num_tokens {
+            candle_core::bail!("paged attention: {slots} slots for {num_tokens} tokens");
         }
         #[allow(clippy::infallible_destructuring_match)] // a second arm exists with `cuda`
         let layers = match &mut self.store {

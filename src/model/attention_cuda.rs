@@ -65,16 +65,28 @@ pub(super) fn attend(
                 None => out,
             }
         }
-        _ => pagewise_kernels::paged_attention(
-            &q,
-            k_cache,
-            v_cache,
-            &meta.block_tables,
-            Some(&meta.row_seq),
-            &meta.context_lens,
-            meta.max_context_len,
-            scale,
-        )?,
+        _ => match meta.split {
+            Some(plan) => pagewise_kernels::paged_attention_planned(
+                &q,
+                k_cache,
+                v_cache,
+                &meta.block_tables,
+                Some(&meta.row_seq),
+                &meta.context_lens,
+                plan,
+                scale,
+            )?,
+            None => pagewise_kernels::paged_attention(
+                &q,
+                k_cache,
+                v_cache,
+                &meta.block_tables,
+                Some(&meta.row_seq),
+                &meta.context_lens,
+                meta.max_context_len,
+                scale,
+            )?,
+        },
     };
     out.reshape((tokens, heads * head_dim))
 }

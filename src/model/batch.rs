@@ -47,6 +47,9 @@ pub struct DeviceAttentionMeta {
     pub context_lens: Tensor,
     /// The largest entry of `context_lens`.
     pub max_context_len: usize,
+    /// A fixed split-KV plan `(splits, chunk)` for the decode kernel (a CUDA graph's, captured
+    /// once for every context up to `max_context_len`); `None` plans from `max_context_len`.
+    pub split: Option<(usize, usize)>,
     /// The sequences computing more than one token (prefill chunks), for a tensor-core kernel.
     pub prefill: Option<PrefillMeta>,
     /// When prefill chunks and decode tokens share the step: just the decode rows.
@@ -173,6 +176,7 @@ impl DeviceAttentionMeta {
             row_seq: Tensor::from_vec(row_seq, n, device)?,
             max_context_len: context_lens.iter().copied().max().unwrap_or(0) as usize,
             context_lens: Tensor::from_vec(context_lens, n, device)?,
+            split: None,
         })
     }
 }

@@ -1,0 +1,100 @@
+//! Host-to-device copies into existing tensors: what a replayed CUDA graph reads must sit at the
+//! addresses it was captured with, so each step's inputs are written in place.
+
+use candle_core::cuda_backend::cudarc::driver::sys;
+use candle_core::{Result, Storage, Tensor, WithDType, bail};
+
+use crate::device_ptr;
+
+fn check_code(code: sys::CUresult, what: &str) -> Result<()> {
+    if code != sys::CUresult::CUDA_SUCCESS {
+        bail!("{what}: copy to the GPU failed with {code:?}");
+    }
+    Ok(())
+}
+
+/// Binds `t`'s CUDA context to this thread; returns its first element's address and stream.
+fn target<T: WithDType>(t: &Tensor, what: &str) -> Result<(u64, sys::CUstream)> {
+    if t.dtype() != T::DTYPE {
+        bail!(
+            "{what}: writing {:?} into a {:?} tensor",
+            T::DTYPE,
+            t.dtype()
+        );
+    }
+    {
+        let (storage, _) = t.storage_and_layout();
+        let Storage::Cuda(cs) = &*storage else {
+            bail!("{what} must be on a CUDA device, it is on {:?}", t.device());
+        };
+        cs.device
+            .cuda_stream()
+            .context()
+            .bind_to_thread()
+            .map_err(|e| candle_core::Error::Msg(format!("{what}: {e:?}")))?;
+    }
+    let (ptr, stream) = device_ptr(t, what)?;
+    Ok((ptr, stream as sys::CUstream))
+}
+
+/// Writes `src` over the first `src.len()` elements of the contiguous CUDA tensor `dst`, ordered on
+/// its device's stream (the host buffer may be dropped when this returns).
+pub fn upload<T: WithDType>(dst: &Tensor, src: &[T]) -> Result<()> {
+    if src.len() > dst.elem_count() {
+        bail!(
+            "upload: {} elements do not fit a tensor of {}",
+            src.len(),
+            dst.elem_count()
+        );
+    }
+    if src.is_empty() {
+        return Ok(());
+    }
+    let (ptr, stream) = target::<T>(dst, "upload")?;
+    // SAFETY: `ptr` addresses at least `src.len()` elements of `dst` (checked above); the copy is
+    // staged out of `src` before the call returns (pageable host memory).
+    let code = unsafe {
+        sys::cuMemcpyHtoDAsync_v2(ptr, src.as_ptr().cast(), std::mem::size_of_val(src), stream)
+    };
+    check_code(code, "upload")
+}
+
+/// Writes `rows` rows of `width` elements (`src`, row-major) into the first columns of the first
+/// rows of the contiguous 2-D CUDA tensor `dst` (`[_, cols]`, `width <= cols`), in one copy.
+pub fn upload_rows<T: WithDType>(dst: &Tensor, src: &[T], rows: usize, width: usize) -> Result<()> {
+    let (dst_rows, cols) = dst.dims2()?;
+    if src.len() != rows * width || rows > dst_rows || width > cols {
+        bail!(
+            "upload_rows: {rows} x {width} from {} elements into {:?}",
+            src.len(),
+            dst.dims()
+        );
+    }
+    if src.is_empty() {
+        return Ok(());
+    }
+    let (ptr, stream) = target::<T>(dst, "upload_rows")?;
+    let size = std::mem::size_of::<T>();
+    let copy = sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+        srcHost: src.as_ptr().cast(),
+        srcDevice: 0,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: width * size,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: ptr,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: cols * size,
+        WidthInBytes: width * size,
+        Height: rows,
+    };
+    // SAFETY: the copy stays inside `dst` (rows and width checked against its shape) and reads
+    // exactly `src`; pageable host memory is staged before the call returns.
+    let code = unsafe { sys::cuMemcpy2DAsync_v2(&copy, stream) };
+    check_code(code, "upload_rows")
+}

@@ -1,0 +1,242 @@
+//! CUDA graphs for decode steps. A decode step of a small batch is launch-bound: hundreds of small
+//! kernels, each costing more on the CPU than on the GPU. At startup the runner captures one
+//! forward pass per batch-size bucket into a CUDA graph; a decode step then uploads its inputs
+//! into fixed buffers and replays the graph of the smallest bucket that holds it, one launch for
+//! the whole model. Padding rows write nothing (slot -1) and attend over nothing (context 0).
+//! Steps with prefill chunks, more sequences than the largest bucket or contexts longer than
+//! `max_seq_len_to_capture` run eagerly.
+
+use candle_core::cuda_backend::cudarc::driver::{CudaGraph, sys};
+use candle_core::{DType, Device, Tensor};
+
+use crate::model::attention::KvCache;
+use crate::model::batch::{AttentionMeta, DeviceAttentionMeta};
+use crate::model::{CausalLm, ForwardBatch, ModelError};
+use crate::scheduler::SchedulerOutput;
+
+/// Batch sizes captured (those up to `max_num_seqs`, plus `max_num_seqs` itself when it lies in
+/// between): sizes between two buckets pad up to the larger.
+const BUCKETS: [usize; 14] = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512];
+
+/// The buckets for `max_num_seqs` sequences.
+pub fn buckets(max_num_seqs: usize) -> Vec<usize> {
+    let mut b: Vec<usize> = BUCKETS
+        .iter()
+        .copied()
+        .filter(|&b| b <= max_num_seqs)
+        .collect();
+    if max_num_seqs < BUCKETS[BUCKETS.len() - 1] && b.last() != Some(&max_num_seqs) {
+        b.push(max_num_seqs);
+    }
+    b
+}
+
+/// The fixed-address inputs every graph reads (sized for the largest bucket; bucket `b` reads
+/// the first `b` rows) and the logits every graph writes.
+struct Buffers {
+    input_ids: Tensor,
+    positions: Tensor,
+    slot_mapping: Tensor,
+    block_tables: Tensor,
+    row_seq: Tensor,
+    sample_rows: Tensor,
+    context_lens: Tensor,
+    logits: Tensor,
+}
+
+impl Buffers {
+    fn new(
+        rows: usize,
+        max_blocks: usize,
+        vocab: usize,
+        device: &Device,
+    ) -> candle_core::Result<Self> {
+        let rows_i32: Vec<i32> = (0..rows as i32).collect();
+        let rows_u32: Vec<u32> = (0..rows as u32).collect();
+        Ok(Buffers {
+            input_ids: Tensor::zeros(rows, DType::U32, device)?,
+            positions: Tensor::zeros(rows, DType::U32, device)?,
+            slot_mapping: Tensor::full(-1i64, rows, device)?,
+            block_tables: Tensor::zeros((rows, max_blocks), DType::I32, device)?,
+            sample_rows: Tensor::from_vec(rows_u32, rows, device)?,
+            row_seq: Tensor::from_vec(rows_i32, rows, device)?,
+            context_lens: Tensor::zeros(rows, DType::I32, device)?,
+            logits: Tensor::zeros((rows, vocab), DType::F32, device)?,
+        })
+    }
+
+    /// The forward batch of bucket `b` over these buffers, with the split plan its graph uses.
+    fn batch(
+        &self,
+        b: usize,
+        split: (usize, usize),
+        max_context_len: usize,
+    ) -> candle_core::Result<ForwardBatch<'static>> {
+        let rows = |t: &Tensor| t.narrow(0, 0, b);
+        Ok(ForwardBatch {
+            input_ids: rows(&self.input_ids)?,
+            positions: rows(&self.positions)?,
+            sample_rows: rows(&self.sample_rows)?,
+            num_sample_rows: b,
+            attention: AttentionMeta {
+                slot_mapping: &[],
+                block_tables: &[],
+                seqs: Vec::new(),
+                device: Some(DeviceAttentionMeta {
+                    slot_mapping: rows(&self.slot_mapping)?,
+                    block_tables: rows(&self.block_tables)?,
+                    row_seq: rows(&self.row_seq)?,
+                    context_lens: rows(&self.context_lens)?,
+                    max_context_len,
+                    split: Some(split),
+                    prefill: None,
+                    decode: None,
+                }),
+            },
+        })
+    }
+}
+
+/// Captured decode graphs, one per bucket, and the buffers they read and write.
+pub struct DecodeGraphs {
+    buckets: Vec<usize>,
+    graphs: Vec<CudaGraph>,
+    buffers: Buffers,
+    max_blocks: usize,
+}
+
+/// What capturing needs to know about the engine.
+pub struct CaptureSpec {
+    /// Most sequences per step.
+    pub max_num_seqs: usize,
+    /// Longest context a graph serves.
+    pub max_seq_len: usize,
+    /// Token slots per KV block.
+    pub block_size: usize,
+}
+
+impl DecodeGraphs {
+    /// Captures a graph per bucket (largest first, so smaller graphs reuse its memory). Fails
+    /// when a forward pass cannot be captured; the caller then runs eagerly.
+    pub fn capture(
+        model: &dyn CausalLm,
+        kv: &mut KvCache,
+        device: &Device,
+        spec: &CaptureSpec,
+    ) -> Result<Self, ModelError> {
+        let cfg = model.config();
+        let buckets = buckets(spec.max_num_seqs);
+        let rows = *buckets.last().unwrap_or(&1);
+        let max_blocks = spec.max_seq_len.div_ceil(spec.block_size).max(1);
+        let buffers = Buffers::new(rows, max_blocks, cfg.vocab_size, device)?;
+        let cuda = device.as_cuda_device()?;
+        // Warm-up passes fill candle's cache of small host uploads (shapes, strides), which a
+        // capture must not perform, and load every kernel.
+        let _htod_cache = cuda.enable_cuda_graph_htod_cache();
+        let stream = cuda.cuda_stream();
+        let mut graphs = Vec::with_capacity(buckets.len());
+        for &b in buckets.iter().rev() {
+            let split =
+                pagewise_kernels::graph_split_plan(b, cfg.num_key_value_heads, spec.max_seq_len);
+            let batch = buffers.batch(b, split, spec.max_seq_len)?;
+            drop(model.forward(&batch, kv)?);
+            device.synchronize()?;
+            stream
+                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(driver_error)?;
+            let captured = model
+                .forward(&batch, kv)
+                .and_then(|logits| Ok(buffers.logits.slice_set(&logits, 0, 0)?));
+            let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+            captured?;
+            let graph = graph.map_err(driver_error)?.ok_or_else(|| {
+                ModelError::Unsupported("CUDA graph capture produced no graph".into())
+            })?;
+            graph.upload().map_err(driver_error)?;
+            graphs.push(graph);
+        }
+        graphs.reverse();
+        device.synchronize()?;
+        Ok(DecodeGraphs {
+            buckets,
+            graphs,
+            buffers,
+            max_blocks,
+        })
+    }
+
+    /// The captured batch sizes.
+    pub fn buckets(&self) -> &[usize] {
+        &self.buckets
+    }
+
+    /// Uploads `out`'s inputs when it is a decode step a graph serves; returns the bucket's
+    /// index for [`DecodeGraphs::replay`], or `None` to run the step eagerly.
+    pub fn prepare(&mut self, out: &SchedulerOutput) -> Result<Option<usize>, ModelError> {
+        let n = out.seqs.len();
+        let Some(slot) = self.buckets.iter().position(|&b| b >= n) else {
+            return Ok(None);
+        };
+        let decode = out.seqs.iter().all(|s| s.num_new_tokens == 1 && s.samples);
+        let width = out
+            .seqs
+            .iter()
+            .map(|s| s.block_table.len())
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        if n == 0 || !decode || width > self.max_blocks {
+            return Ok(None);
+        }
+        let b = self.buckets[slot];
+        // Rows past `n` are padding: no slot to write, nothing to attend over.
+        let mut ids = vec![0u32; b];
+        let mut positions = vec![0u32; b];
+        let mut slots = vec![-1i64; b];
+        let mut context_lens = vec![0i32; b];
+        let mut tables = vec![0i32; n * width];
+        for (i, s) in out.seqs.iter().enumerate() {
+            let row = s.tokens.start;
+            ids[i] = out.token_ids[row];
+            positions[i] = out.positions[row];
+            slots[i] = i64::from(out.slot_mapping[row]);
+            context_lens[i] = (s.num_computed_tokens + 1) as i32;
+            let table = &out.block_tables[s.block_table.clone()];
+            for (dst, &blk) in tables[i * width..].iter_mut().zip(table) {
+                *dst = blk as i32;
+            }
+        }
+        let buf = &self.buffers;
+        pagewise_kernels::upload(&buf.input_ids, &ids)?;
+        pagewise_kernels::upload(&buf.positions, &positions)?;
+        pagewise_kernels::upload(&buf.slot_mapping, &slots)?;
+        pagewise_kernels::upload(&buf.context_lens, &context_lens)?;
+        pagewise_kernels::upload_rows(&buf.block_tables, &tables, n, width)?;
+        Ok(Some(slot))
+    }
+
+    /// Replays bucket `slot`'s graph over the uploaded inputs; returns the first `n` rows of the
+    /// logits (`[n, vocab]` f32, valid until the next replay).
+    pub fn replay(&self, slot: usize, n: usize) -> Result<Tensor, ModelError> {
+        self.graphs[slot].launch().map_err(driver_error)?;
+        Ok(self.buffers.logits.narrow(0, 0, n)?)
+    }
+}
+
+fn driver_error(e: candle_core::cuda_backend::cudarc::driver::DriverError) -> ModelError {
+    ModelError::Candle(candle_core::Error::Msg(format!("CUDA graph: {e:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::buckets;
+
+    #[test]
+    fn buckets_stop_at_max_num_seqs() {
+        assert_eq!(buckets(1), vec![1]);
+        assert_eq!(buckets(6), vec![1, 2, 4, 6]);
+        assert_eq!(buckets(256).last(), Some(&256));
+        assert_eq!(buckets(300).last(), Some(&300));
+        assert_eq!(buckets(4096).last(), Some(&512));
+    }
+}
