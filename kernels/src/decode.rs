@@ -97,9 +97,10 @@ impl DecodeWorkspace {
         device: &candle_core::Device,
     ) -> Result<Self> {
         let n = (rows * heads * splits).max(1);
+        // Every split writes its partials (an empty one with a zero sum) before the merge reads.
         Ok(DecodeWorkspace {
-            part_ml: Tensor::zeros(n * 2, DType::F32, device)?,
-            part_acc: Tensor::zeros(n * head_dim, DType::F32, device)?,
+            part_ml: crate::empty(n * 2, DType::F32, device)?,
+            part_acc: crate::empty(n * head_dim, DType::F32, device)?,
         })
     }
 
@@ -128,7 +129,8 @@ pub fn paged_attention(
     max_context_len: usize,
     scale: f32,
 ) -> Result<Tensor> {
-    let out = Tensor::zeros(q.shape(), q.dtype(), q.device())?;
+    // The kernel writes every row (zeros for an empty context).
+    let out = crate::empty(q.shape(), q.dtype(), q.device())?;
     let (_, _, kv_heads, _) = k_cache.dims4()?;
     let ws = DecodeWorkspace::for_query(q, kv_heads, max_context_len)?;
     paged_attention_into(
@@ -189,7 +191,8 @@ pub fn paged_attention_planned(
     plan: (usize, usize),
     scale: f32,
 ) -> Result<Tensor> {
-    let out = Tensor::zeros(q.shape(), q.dtype(), q.device())?;
+    // The kernel writes every row (zeros for an empty context).
+    let out = crate::empty(q.shape(), q.dtype(), q.device())?;
     let (rows, heads, head_dim) = q.dims3()?;
     let ws = DecodeWorkspace::new(rows, heads, plan.0, head_dim, q.device())?;
     paged_attention_planned_into(

@@ -71,4 +71,37 @@ unsafe extern "C" {
         scale: f32,
         stream: *mut c_void,
     ) -> c_int;
+
+    pub fn pagewise_add_rms_norm(
+        dtype: c_int,
+        sum_out: *mut c_void,
+        normed: *mut c_void,
+        x: *const c_void,
+        delta: *const c_void,
+        weight: *const c_void,
+        rows: c_int,
+        hidden: c_int,
+        eps: f32,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn pagewise_silu_mul(
+        dtype: c_int,
+        out: *mut c_void,
+        gate_up: *const c_void,
+        rows: i64,
+        inter: c_int,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn pagewise_gemv(
+        dtype: c_int,
+        y: *mut c_void,
+        x: *const c_void,
+        w: *const c_void,
+        rows: c_int,
+        out_dim: c_int,
+        k_dim: c_int,
+        stream: *mut c_void,
+    ) -> c_int;
 }

@@ -9,6 +9,7 @@
 
 mod decode;
 mod ffi;
+mod fused;
 mod prefill;
 mod sampling;
 mod upload;
@@ -17,6 +18,7 @@ pub use decode::{
     DecodeWorkspace, graph_split_plan, paged_attention, paged_attention_into,
     paged_attention_planned, paged_decode_attention, split_plan,
 };
+pub use fused::{GEMV_MAX_ROWS, add_rms_norm, gemv, silu_mul};
 pub use prefill::{PrefillSeqs, paged_prefill_attention};
 pub use sampling::sample;
 pub use upload::{upload, upload_rows};
@@ -91,6 +93,35 @@ pub(crate) fn check_attention(
         }
     }
     Ok((block_size, kv_heads))
+}
+
+/// A tensor whose memory is allocated but not initialized, for outputs a kernel fully writes.
+pub fn empty(
+    shape: impl Into<candle_core::Shape>,
+    dtype: DType,
+    device: &candle_core::Device,
+) -> Result<Tensor> {
+    use candle_core::cuda_backend::CudaStorage;
+    let shape = shape.into();
+    let n = shape.elem_count().max(1);
+    let Ok(dev) = device.as_cuda_device().cloned() else {
+        bail!("kernel outputs must be on a CUDA device, got {device:?}");
+    };
+    // SAFETY: the memory goes only to kernels that write every element before anything reads it.
+    let storage = unsafe {
+        match dtype {
+            DType::F32 => CudaStorage::wrap_cuda_slice(dev.alloc::<f32>(n)?, dev.clone()),
+            DType::F16 => CudaStorage::wrap_cuda_slice(dev.alloc::<half::f16>(n)?, dev.clone()),
+            DType::BF16 => CudaStorage::wrap_cuda_slice(dev.alloc::<half::bf16>(n)?, dev.clone()),
+            other => bail!("empty: dtype {other:?} is not supported"),
+        }
+    };
+    Ok(Tensor::from_storage(
+        Storage::Cuda(storage),
+        shape,
+        candle_core::op::BackpropOp::none(),
+        false,
+    ))
 }
 
 pub(crate) fn check_launch(code: i32, what: &str) -> Result<()> {

@@ -16,7 +16,7 @@ mkdir -p "$out" "$work/bin"
 what=${1:-all}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 
-for f in pagewise kernel-tests prefill-tests sampling-tests gpu-engine-tests; do
+for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests gpu-engine-tests; do
   [ -x "$work/bin/$f" ] || python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$here/$f.xz" "$work/bin/$f"
   chmod +x "$work/bin/$f"
 done
@@ -30,9 +30,10 @@ if [ "$what" = tests ] || [ "$what" = kernels ] || [ "$what" = all ]; then
   "$work/bin/kernel-tests" --test-threads=1 > "$out/kernel-tests.log" 2>&1 || status=1
   "$work/bin/prefill-tests" --test-threads=1 --nocapture > "$out/prefill-tests.log" 2>&1 || status=1
   "$work/bin/sampling-tests" --test-threads=1 > "$out/sampling-tests.log" 2>&1 || status=1
+  "$work/bin/fused-tests" --test-threads=1 > "$out/fused-tests.log" 2>&1 || status=1
   [ "$what" = kernels ] || "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture > "$out/gpu-engine-tests.log" 2>&1 || status=1
   grep -hE "^test |test result|rel\. err|top-1|preemptions|KV blocks|panicked|^  |^(BF16|F16)" \
-    "$out/kernel-tests.log" "$out/prefill-tests.log" "$out/sampling-tests.log" "$out/gpu-engine-tests.log"
+    "$out/kernel-tests.log" "$out/prefill-tests.log" "$out/sampling-tests.log" "$out/fused-tests.log" "$out/gpu-engine-tests.log"
 fi
 if [ "$what" = serve ] || [ "$what" = all ]; then
   # The server on the GPU, end to end: /ready, a completion and a streamed chat-less completion.
@@ -73,6 +74,7 @@ if [ "$what" = quick ]; then
   # batch-1 latency on the 1B shape.
   (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS" tiny) > "$out/make-models.log" 2>&1 || status=1
   "$work/bin/kernel-tests" --test-threads=1 2>&1 | grep -E "^test |test result" || status=1
+  "$work/bin/fused-tests" --test-threads=1 2>&1 | grep -E "^test |test result|panicked" || status=1
   "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture gpu_ seeded batched cuda_graph 2>&1 \
     | grep -E "^test |test result|rel\. err|preemptions|panicked" || status=1
   SCOREBOARD_MODELS=llama-1b SCOREBOARD_RATES="" SCOREBOARD_NO_THROUGHPUT=1 SCOREBOARD_NO_HF=1 \

@@ -35,7 +35,17 @@ impl Linear {
     /// Applies the layer to `[tokens, in]`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
-            Linear::Dense(l) => l.forward(x),
+            Linear::Dense(l) => {
+                #[cfg(feature = "cuda")]
+                if use_gemv(x, l.weight()) {
+                    let y = pagewise_kernels::gemv(x, l.weight())?;
+                    return match l.bias() {
+                        Some(b) => y.broadcast_add(b),
+                        None => Ok(y),
+                    };
+                }
+                l.forward(x)
+            }
             Linear::Quantized { weight, bias } => {
                 let dtype = x.dtype();
                 let y = weight
@@ -51,29 +61,81 @@ impl Linear {
     }
 }
 
-/// Llama's MLP: `down(silu(gate(x)) * up(x))`.
+/// Whether our GEMV kernel takes `x w^T`: with `PAGEWISE_GEMV=1`, a GPU decode batch of at most
+/// `pagewise_kernels::GEMV_MAX_ROWS` rows in 16-bit floats. Off by default: it is 5% faster at 8B
+/// batch 1 (benches/RESULTS.md) but sums in another order than cuBLAS, so a sequence's bf16 tokens
+/// would depend on how many others share its step (batch invariance, which the GPU tests assert).
+#[cfg(feature = "cuda")]
+fn use_gemv(x: &Tensor, w: &Tensor) -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let enabled = *ENABLED.get_or_init(|| std::env::var("PAGEWISE_GEMV").is_ok_and(|v| v == "1"));
+    enabled
+        && x.device().is_cuda()
+        && matches!(x.dtype(), DType::BF16 | DType::F16)
+        && x.rank() == 2
+        && x.dim(0).is_ok_and(|r| r <= pagewise_kernels::GEMV_MAX_ROWS)
+        && x.dim(1).is_ok_and(|k| k % 8 == 0)
+        && x.is_contiguous()
+        && w.is_contiguous()
+        && w.dtype() == x.dtype()
+}
+
+/// Llama's MLP: `down(silu(gate(x)) * up(x))`. Dense gate and up weights are fused into one
+/// `[2 * intermediate, hidden]` projection (one matmul, then SiLU-and-multiply in one kernel on a
+/// GPU); quantized ones stay two.
 pub struct GatedMlp {
-    gate: Linear,
-    up: Linear,
+    gate_up: GateUp,
     down: Linear,
+}
+
+enum GateUp {
+    Fused(Linear),
+    Split(Linear, Linear),
 }
 
 impl GatedMlp {
     /// Loads `prefix.{gate,up,down}_proj`.
     pub fn load(w: &Weights, prefix: &str, cfg: &ModelConfig) -> Result<Self, ModelError> {
         let (h, i, b) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias);
+        let gate = w.linear(&format!("{prefix}.gate_proj"), h, i, b)?;
+        let up = w.linear(&format!("{prefix}.up_proj"), h, i, b)?;
+        let gate_up = match (&gate, &up) {
+            (Linear::Dense(g), Linear::Dense(u)) => {
+                let weight = Tensor::cat(&[g.weight(), u.weight()], 0)?;
+                let bias = match (g.bias(), u.bias()) {
+                    (Some(gb), Some(ub)) => Some(Tensor::cat(&[gb, ub], 0)?),
+                    _ => None,
+                };
+                GateUp::Fused(Linear::dense(weight, bias))
+            }
+            _ => GateUp::Split(gate, up),
+        };
         Ok(GatedMlp {
-            gate: w.linear(&format!("{prefix}.gate_proj"), h, i, b)?,
-            up: w.linear(&format!("{prefix}.up_proj"), h, i, b)?,
+            gate_up,
             down: w.linear(&format!("{prefix}.down_proj"), i, h, b)?,
         })
     }
 
     /// Applies the MLP to `[tokens, hidden]`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let gate = candle_nn::ops::silu(&self.gate.forward(x)?)?;
-        self.down.forward(&(gate * self.up.forward(x)?)?)
+        let act = match &self.gate_up {
+            GateUp::Fused(l) => silu_mul(&l.forward(x)?)?,
+            GateUp::Split(gate, up) => {
+                (candle_nn::ops::silu(&gate.forward(x)?)? * up.forward(x)?)?
+            }
+        };
+        self.down.forward(&act)
     }
+}
+
+/// `silu(gate) * up` over `[tokens, 2 * intermediate]` (gate columns first).
+fn silu_mul(gate_up: &Tensor) -> candle_core::Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if gate_up.device().is_cuda() && gate_up.is_contiguous() {
+        return pagewise_kernels::silu_mul(gate_up);
+    }
+    let i = gate_up.dim(1)? / 2;
+    candle_nn::ops::silu(&gate_up.narrow(1, 0, i)?)? * gate_up.narrow(1, i, i)?
 }
 
 /// Rotary position embedding tables and their application to packed `[tokens, heads, head_dim]`.
@@ -167,16 +229,6 @@ impl RotaryRows {
             candle_nn::rotary_emb::rope_thd(&x.unsqueeze(0)?, &self.cos, &self.sin)?.squeeze(0)
         }
     }
-}
-
-/// RMSNorm over the last dimension.
-pub fn rms_norm(
-    w: &Weights,
-    name: &str,
-    size: usize,
-    eps: f64,
-) -> Result<candle_nn::RmsNorm, ModelError> {
-    Ok(candle_nn::RmsNorm::new(w.tensor(name, size)?, eps))
 }
 
 /// LayerNorm over the last dimension (`prefix.weight`, `prefix.bias`).

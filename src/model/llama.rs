@@ -1,12 +1,13 @@
 //! The Llama family (Llama 2/3/3.1/3.2, SmolLM/SmolLM2, Mistral, Qwen2/2.5) on the paged KV cache.
 
 use candle_core::{Module, Tensor};
-use candle_nn::{Embedding, RmsNorm};
+use candle_nn::Embedding;
 
 use super::attention::KvCache;
 use super::batch::ForwardBatch;
 use super::config::ModelConfig;
-use super::layers::{GatedMlp, Linear, Rotary, rms_norm};
+use super::layers::{GatedMlp, Linear, Rotary};
+use super::norm::RmsNorm;
 use super::weights::Weights;
 use super::{CausalLm, ModelError};
 
@@ -49,7 +50,7 @@ impl Llama {
                 let p = format!("model.layers.{i}");
                 let attn = format!("{p}.self_attn");
                 Ok(DecoderLayer {
-                    input_norm: rms_norm(
+                    input_norm: RmsNorm::load(
                         w,
                         &format!("{p}.input_layernorm.weight"),
                         h,
@@ -59,7 +60,7 @@ impl Llama {
                     k: w.linear(&format!("{attn}.k_proj"), h, nkv * d, cfg.qkv_bias)?,
                     v: w.linear(&format!("{attn}.v_proj"), h, nkv * d, cfg.qkv_bias)?,
                     o: w.linear(&format!("{attn}.o_proj"), nq * d, h, cfg.o_bias)?,
-                    post_norm: rms_norm(
+                    post_norm: RmsNorm::load(
                         w,
                         &format!("{p}.post_attention_layernorm.weight"),
                         h,
@@ -73,7 +74,7 @@ impl Llama {
             cfg: cfg.clone(),
             embed: Embedding::new(embed_w, h),
             layers,
-            norm: rms_norm(w, "model.norm.weight", h, cfg.norm_eps)?,
+            norm: RmsNorm::load(w, "model.norm.weight", h, cfg.norm_eps)?,
             lm_head,
             rotary: Rotary::new(cfg, max_len, w.dtype(), w.device())?,
         })
@@ -96,20 +97,26 @@ impl CausalLm for Llama {
         let scale = 1.0 / (d as f32).sqrt();
         let mut x = self.embed.forward(&batch.input_ids)?;
         let rotary = self.rotary.at(&batch.positions)?;
+        // `h` is the normalized residual stream entering the next block: each residual add is
+        // fused with the norm that follows it (the next layer's input norm, or the final norm).
+        let mut h = match self.layers.first() {
+            Some(first) => first.input_norm.forward(&x)?,
+            None => self.norm.forward(&x)?,
+        };
         for (i, layer) in self.layers.iter().enumerate() {
-            let h = layer.input_norm.forward(&x)?;
             let q = layer.q.forward(&h)?.reshape((n, nq, d))?;
             let k = layer.k.forward(&h)?.reshape((n, nkv, d))?;
             let v = layer.v.forward(&h)?.reshape((n, nkv, d))?;
             let q = rotary.apply(&q)?;
             let k = rotary.apply(&k)?;
             let attn = kv.attend(i, &q, &k, &v, &batch.attention, scale)?;
-            x = (x + layer.o.forward(&attn)?)?;
-            let h = layer.post_norm.forward(&x)?;
-            x = (&x + layer.mlp.forward(&h)?)?;
+            let (x_mid, h_mid) = layer.post_norm.add_forward(&x, &layer.o.forward(&attn)?)?;
+            let next_norm = self.layers.get(i + 1).map_or(&self.norm, |l| &l.input_norm);
+            (x, h) = next_norm.add_forward(&x_mid, &layer.mlp.forward(&h_mid)?)?;
         }
-        let last = x.index_select(&batch.sample_rows, 0)?;
-        let logits = self.lm_head.forward(&self.norm.forward(&last)?)?;
+        drop(x);
+        let last = h.index_select(&batch.sample_rows, 0)?;
+        let logits = self.lm_head.forward(&last)?;
         Ok(logits.to_dtype(candle_core::DType::F32)?)
     }
 }

@@ -8,6 +8,7 @@ pub mod batch;
 pub mod config;
 pub mod layers;
 pub mod llama;
+pub mod norm;
 pub mod opt;
 pub mod weights;
 

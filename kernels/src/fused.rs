@@ -1,0 +1,139 @@
+//! Fused elementwise kernels of the decoder layer: residual add + RMSNorm, and SiLU-and-multiply
+//! over a fused gate/up projection. Each replaces two or three candle kernels (and their
+//! intermediate tensors) with one pass.
+
+use std::ffi::c_void;
+
+use candle_core::{Result, Tensor, bail};
+
+use crate::{check_launch, device_ptr, dtype_code, empty, ffi};
+
+/// `sum = x + delta` and `normed = rms_norm(sum) * weight` in one pass over `[rows, hidden]`
+/// (`weight`: `[hidden]`; all one dtype, contiguous, on one GPU). Returns `(sum, normed)`.
+pub fn add_rms_norm(
+    x: &Tensor,
+    delta: &Tensor,
+    weight: &Tensor,
+    eps: f32,
+) -> Result<(Tensor, Tensor)> {
+    let (rows, hidden) = x.dims2()?;
+    if delta.dims() != x.dims() || weight.dims() != [hidden] {
+        bail!(
+            "add_rms_norm: x {:?}, delta {:?} and weight {:?} do not match",
+            x.dims(),
+            delta.dims(),
+            weight.dims()
+        );
+    }
+    if delta.dtype() != x.dtype() || weight.dtype() != x.dtype() {
+        bail!("add_rms_norm: x, delta and weight must share one dtype");
+    }
+    let dtype = dtype_code(x.dtype(), "add_rms_norm")?;
+    let sum = empty(x.shape(), x.dtype(), x.device())?;
+    let normed = empty(x.shape(), x.dtype(), x.device())?;
+    let (s, stream) = device_ptr(&sum, "sum")?;
+    let (n, _) = device_ptr(&normed, "normed")?;
+    let (xp, _) = device_ptr(x, "x")?;
+    let (dp, _) = device_ptr(delta, "delta")?;
+    let (wp, _) = device_ptr(weight, "weight")?;
+    // SAFETY: every pointer addresses a contiguous tensor of the checked shape and dtype on this
+    // stream's device; the kernel reads and writes `rows * hidden` elements (`hidden` of weight).
+    let code = unsafe {
+        ffi::pagewise_add_rms_norm(
+            dtype,
+            s as *mut c_void,
+            n as *mut c_void,
+            xp as *const c_void,
+            dp as *const c_void,
+            wp as *const c_void,
+            rows as i32,
+            hidden as i32,
+            eps,
+            stream,
+        )
+    };
+    check_launch(code, "add_rms_norm")?;
+    Ok((sum, normed))
+}
+
+/// `silu(gate) * up` for `gate_up` = `[rows, 2 * inter]` (gate columns first, as a fused gate/up
+/// projection writes them); returns `[rows, inter]`.
+pub fn silu_mul(gate_up: &Tensor) -> Result<Tensor> {
+    let (rows, width) = gate_up.dims2()?;
+    if width % 2 != 0 {
+        bail!("silu_mul: gate_up needs an even width, got {width}");
+    }
+    let inter = width / 2;
+    let dtype = dtype_code(gate_up.dtype(), "silu_mul")?;
+    let out = empty((rows, inter), gate_up.dtype(), gate_up.device())?;
+    let (o, stream) = device_ptr(&out, "out")?;
+    let (g, _) = device_ptr(gate_up, "gate_up")?;
+    // SAFETY: `out` holds `rows * inter` and `gate_up` `rows * 2 * inter` elements of the dtype.
+    let code = unsafe {
+        ffi::pagewise_silu_mul(
+            dtype,
+            o as *mut c_void,
+            g as *const c_void,
+            rows as i64,
+            inter as i32,
+            stream,
+        )
+    };
+    check_launch(code, "silu_mul")?;
+    Ok(out)
+}
+
+/// Most rows [`gemv`] takes.
+pub const GEMV_MAX_ROWS: usize = 8;
+
+/// `x w^T` for `x` = `[rows, k]` with `rows <= GEMV_MAX_ROWS` and `w` = `[out, k]` (f16 or bf16,
+/// `k` a multiple of 8, contiguous): the weight-streaming matmul of small decode batches. Returns
+/// `[rows, out]`.
+pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let (rows, k) = x.dims2()?;
+    let (out_dim, wk) = w.dims2()?;
+    if wk != k || k % 8 != 0 || rows > GEMV_MAX_ROWS {
+        bail!(
+            "gemv: x {:?} and w {:?} need equal inner sizes that are multiples of 8, and at most {GEMV_MAX_ROWS} rows",
+            x.dims(),
+            w.dims()
+        );
+    }
+    if w.dtype() != x.dtype()
+        || !matches!(
+            x.dtype(),
+            candle_core::DType::BF16 | candle_core::DType::F16
+        )
+    {
+        bail!(
+            "gemv: x and w must both be f16 or bf16, got {:?} and {:?}",
+            x.dtype(),
+            w.dtype()
+        );
+    }
+    let dtype = dtype_code(x.dtype(), "gemv")?;
+    let y = empty((rows, out_dim), x.dtype(), x.device())?;
+    let (yp, stream) = device_ptr(&y, "y")?;
+    let (xp, _) = device_ptr(x, "x")?;
+    let (wp, _) = device_ptr(w, "w")?;
+    // SAFETY: contiguous tensors of the checked shapes and dtype; 16-byte loads stay inside rows
+    // of `k` (a multiple of 8 elements) whose starts are 16-byte aligned when the tensor base is
+    // (candle's allocations are 256-byte aligned; checked below for views).
+    if xp % 16 != 0 || wp % 16 != 0 {
+        bail!("gemv: x and w must start on 16-byte boundaries");
+    }
+    let code = unsafe {
+        ffi::pagewise_gemv(
+            dtype,
+            yp as *mut c_void,
+            xp as *const c_void,
+            wp as *const c_void,
+            rows as i32,
+            out_dim as i32,
+            k as i32,
+            stream,
+        )
+    };
+    check_launch(code, "gemv")?;
+    Ok(y)
+}

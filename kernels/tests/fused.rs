@@ -1,0 +1,145 @@
+//! The fused decoder-layer kernels against the same math done by candle's separate ops in f32
+//! (run on the GPU machine: scripts/gpu/run.sh).
+
+mod common;
+
+use candle_core::{DType, Device, Tensor};
+use common::{Lcg, host_f32};
+
+fn random(rng: &mut Lcg, shape: (usize, usize), scale: f32, dtype: DType, dev: &Device) -> Tensor {
+    if shape.0 * shape.1 == 0 {
+        return Tensor::zeros(shape, dtype, dev).unwrap();
+    }
+    let v: Vec<f32> = (0..shape.0 * shape.1).map(|_| rng.next() * scale).collect();
+    Tensor::from_vec(v, shape, dev)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+}
+
+fn max_rel_diff(got: &[f32], want: &[f32]) -> f32 {
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+    got.iter()
+        .zip(want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+        / scale
+}
+
+#[test]
+fn add_rms_norm_matches_add_then_rms_norm() {
+    let dev = Device::new_cuda(0).unwrap();
+    let mut rng = Lcg(11);
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (rows, hidden) in [(1, 576), (3, 2048), (37, 4096), (5, 8192), (0, 64)] {
+            let x = random(&mut rng, (rows, hidden), 4.0, dtype, &dev);
+            let delta = random(&mut rng, (rows, hidden), 1.0, dtype, &dev);
+            let w = random(&mut rng, (1, hidden), 1.0, dtype, &dev)
+                .squeeze(0)
+                .unwrap();
+            let (sum, normed) = pagewise_kernels::add_rms_norm(&x, &delta, &w, 1e-5).unwrap();
+            if rows == 0 {
+                assert_eq!((sum.dims(), normed.dims()), (x.dims(), x.dims()));
+                continue;
+            }
+            // Reference: the sum rounded to the dtype (as the unfused add stores it), normalized
+            // in f32 on the host.
+            let want_sum = (&x + &delta).unwrap();
+            let (s, wv) = (host_f32(&want_sum), host_f32(&w));
+            let mut want_norm = vec![0f32; s.len()];
+            for r in 0..rows {
+                let row = &s[r * hidden..(r + 1) * hidden];
+                let ms = row.iter().map(|v| v * v).sum::<f32>() / hidden as f32;
+                let inv = 1.0 / (ms + 1e-5).sqrt();
+                for i in 0..hidden {
+                    want_norm[r * hidden + i] = row[i] * inv * wv[i];
+                }
+            }
+            assert_eq!(
+                host_f32(&sum),
+                host_f32(&want_sum),
+                "{dtype:?} {rows}x{hidden} sum"
+            );
+            let tol = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+            let err = max_rel_diff(&host_f32(&normed), &want_norm);
+            assert!(err < tol, "{dtype:?} {rows}x{hidden}: normed off by {err}");
+        }
+    }
+}
+
+#[test]
+fn silu_mul_matches_silu_times_up() {
+    let dev = Device::new_cuda(0).unwrap();
+    let mut rng = Lcg(5);
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (rows, inter) in [(1, 1536), (7, 8192), (300, 14336), (0, 64)] {
+            let gu = random(&mut rng, (rows, 2 * inter), 6.0, dtype, &dev);
+            let got = pagewise_kernels::silu_mul(&gu).unwrap();
+            assert_eq!(got.dims(), [rows, inter]);
+            if rows == 0 {
+                continue;
+            }
+            let h = host_f32(&gu);
+            let want: Vec<f32> = (0..rows * inter)
+                .map(|idx| {
+                    let (r, i) = (idx / inter, idx % inter);
+                    let g = h[r * 2 * inter + i];
+                    g / (1.0 + (-g).exp()) * h[r * 2 * inter + inter + i]
+                })
+                .collect();
+            let tol = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+            let err = max_rel_diff(&host_f32(&got), &want);
+            assert!(err < tol, "{dtype:?} {rows}x{inter}: off by {err}");
+        }
+    }
+}
+
+#[test]
+fn fused_kernels_refuse_mismatched_inputs() {
+    let dev = Device::new_cuda(0).unwrap();
+    let x = Tensor::zeros((2, 64), DType::BF16, &dev).unwrap();
+    let w = Tensor::zeros(32, DType::BF16, &dev).unwrap();
+    let e = pagewise_kernels::add_rms_norm(&x, &x, &w, 1e-5).unwrap_err();
+    assert!(e.to_string().contains("do not match"), "{e}");
+    let w32 = Tensor::zeros(64, DType::F32, &dev).unwrap();
+    let e = pagewise_kernels::add_rms_norm(&x, &x, &w32, 1e-5).unwrap_err();
+    assert!(e.to_string().contains("one dtype"), "{e}");
+    let odd = Tensor::zeros((2, 63), DType::BF16, &dev).unwrap();
+    let e = pagewise_kernels::silu_mul(&odd).unwrap_err();
+    assert!(e.to_string().contains("even width"), "{e}");
+}
+
+#[test]
+fn gemv_matches_a_host_matmul() {
+    let dev = Device::new_cuda(0).unwrap();
+    let mut rng = Lcg(3);
+    for dtype in [DType::F16, DType::BF16] {
+        for (rows, out, k) in [
+            (1, 1000, 576),
+            (3, 4096, 2048),
+            (8, 777, 4096),
+            (5, 64, 14336),
+        ] {
+            let x = random(&mut rng, (rows, k), 1.0, dtype, &dev);
+            let w = random(&mut rng, (out, k), 0.05, dtype, &dev);
+            let got = host_f32(&pagewise_kernels::gemv(&x, &w).unwrap());
+            let (xh, wh) = (host_f32(&x), host_f32(&w));
+            let want: Vec<f32> = (0..rows * out)
+                .map(|i| {
+                    let (r, o) = (i / out, i % out);
+                    (0..k).map(|j| xh[r * k + j] * wh[o * k + j]).sum()
+                })
+                .collect();
+            let err = max_rel_diff(&got, &want);
+            assert!(err < 1e-2, "{dtype:?} {rows}x{out}x{k}: off by {err}");
+        }
+    }
+    let x = Tensor::zeros((9, 64), DType::BF16, &dev).unwrap();
+    let w = Tensor::zeros((4, 64), DType::BF16, &dev).unwrap();
+    assert!(pagewise_kernels::gemv(&x, &w).is_err(), "9 rows");
+    let x = Tensor::zeros((1, 60), DType::BF16, &dev).unwrap();
+    let w = Tensor::zeros((4, 60), DType::BF16, &dev).unwrap();
+    assert!(
+        pagewise_kernels::gemv(&x, &w).is_err(),
+        "k not a multiple of 8"
+    );
+}

@@ -1,0 +1,39 @@
+//! RMSNorm, alone or fused with the residual add before it: on a GPU one kernel computes
+//! `x + delta` and its normalization (`pagewise_kernels::add_rms_norm`); elsewhere candle's ops do
+//! the same in two steps.
+
+use candle_core::Tensor;
+
+use super::ModelError;
+use super::weights::Weights;
+
+/// RMSNorm over the last dimension with a learned scale.
+pub struct RmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    /// Loads the scale `name` (`[size]`).
+    pub fn load(w: &Weights, name: &str, size: usize, eps: f64) -> Result<Self, ModelError> {
+        let weight = w.tensor(name, size)?;
+        Ok(RmsNorm { weight, eps })
+    }
+
+    /// Normalizes `x` (`[tokens, size]`).
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps as f32)
+    }
+
+    /// The residual stream after adding `delta` to `x`, and its normalization: `(x + delta,
+    /// norm(x + delta))`.
+    pub fn add_forward(&self, x: &Tensor, delta: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
+        #[cfg(feature = "cuda")]
+        if x.device().is_cuda() && x.is_contiguous() && delta.is_contiguous() {
+            return pagewise_kernels::add_rms_norm(x, delta, &self.weight, self.eps as f32);
+        }
+        let sum = (x + delta)?;
+        let normed = self.forward(&sum)?;
+        Ok((sum, normed))
+    }
+}
