@@ -104,4 +104,21 @@ unsafe extern "C" {
         k_dim: c_int,
         stream: *mut c_void,
     ) -> c_int;
+
+    pub fn pagewise_rope_qkv_cache(
+        dtype: c_int,
+        q_out: *mut c_void,
+        k_cache: *mut c_void,
+        v_cache: *mut c_void,
+        qkv: *const c_void,
+        cos: *const c_void,
+        sin: *const c_void,
+        slots: *const i64,
+        tokens: c_int,
+        heads: c_int,
+        kv_heads: c_int,
+        head_dim: c_int,
+        interleaved: c_int,
+        stream: *mut c_void,
+    ) -> c_int;
 }

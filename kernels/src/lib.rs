@@ -11,6 +11,7 @@ mod decode;
 mod ffi;
 mod fused;
 mod prefill;
+mod rope;
 mod sampling;
 mod upload;
 
@@ -20,6 +21,7 @@ pub use decode::{
 };
 pub use fused::{GEMV_MAX_ROWS, add_rms_norm, gemv, silu_mul};
 pub use prefill::{PrefillSeqs, paged_prefill_attention};
+pub use rope::{QkvRope, rope_qkv_cache};
 pub use sampling::sample;
 pub use upload::{upload, upload_rows};
 

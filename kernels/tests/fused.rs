@@ -143,3 +143,91 @@ fn gemv_matches_a_host_matmul() {
         "k not a multiple of 8"
     );
 }
+
+/// Host reference of one rotary pair rotation.
+fn rotate(x1: f32, x2: f32, c: f32, s: f32) -> (f32, f32) {
+    (x1 * c - x2 * s, x1 * s + x2 * c)
+}
+
+#[test]
+fn rope_qkv_cache_rotates_q_and_writes_the_cache_at_each_slot() {
+    let dev = Device::new_cuda(0).unwrap();
+    let mut rng = Lcg(9);
+    for dtype in [DType::F32, DType::BF16] {
+        for (interleaved, heads, kv_heads, d) in
+            [(false, 8, 2, 64), (true, 4, 4, 128), (false, 32, 8, 128)]
+        {
+            let (tokens, blocks, bs) = (5, 4, 16);
+            let width = (heads + 2 * kv_heads) * d;
+            let qkv = random(&mut rng, (tokens, width), 1.0, dtype, &dev);
+            let angles: Vec<f32> = (0..tokens * d / 2).map(|_| rng.next() * 3.0).collect();
+            let table = |f: fn(f32) -> f32| {
+                let v: Vec<f32> = angles.iter().map(|&a| f(a)).collect();
+                Tensor::from_vec(v, (tokens, d / 2), &dev)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap()
+            };
+            let (cos, sin) = (table(f32::cos), table(f32::sin));
+            // Scattered slots; token 3 is padding (-1) and must write nothing.
+            let slots_host = vec![37i64, 2, 63, -1, 16];
+            let slots = Tensor::new(slots_host.as_slice(), &dev).unwrap();
+            let k_cache = Tensor::zeros((blocks, bs, kv_heads, d), dtype, &dev).unwrap();
+            let v_cache = Tensor::zeros((blocks, bs, kv_heads, d), dtype, &dev).unwrap();
+            let x = pagewise_kernels::QkvRope {
+                qkv: &qkv,
+                heads,
+                kv_heads,
+                cos: &cos,
+                sin: &sin,
+                interleaved,
+            };
+            let q = pagewise_kernels::rope_qkv_cache(&x, &k_cache, &v_cache, &slots).unwrap();
+            assert_eq!(q.dims(), [tokens, heads, d]);
+            let (src, c, s) = (host_f32(&qkv), host_f32(&cos), host_f32(&sin));
+            let (q, kc, vc) = (host_f32(&q), host_f32(&k_cache), host_f32(&v_cache));
+            // The rotated head `h` of token `t`, from the fused row.
+            let rotated = |t: usize, h: usize| {
+                let row = &src[t * width + h * d..t * width + (h + 1) * d];
+                let mut out = vec![0f32; d];
+                for i in 0..d / 2 {
+                    let (a, b) = if interleaved {
+                        (2 * i, 2 * i + 1)
+                    } else {
+                        (i, i + d / 2)
+                    };
+                    let (y1, y2) = rotate(row[a], row[b], c[t * d / 2 + i], s[t * d / 2 + i]);
+                    out[a] = y1;
+                    out[b] = y2;
+                }
+                out
+            };
+            let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
+            let mut want_k = vec![0f32; kc.len()];
+            let mut want_v = vec![0f32; vc.len()];
+            for t in 0..tokens {
+                for h in 0..heads {
+                    let err = max_rel_diff(
+                        &q[(t * heads + h) * d..(t * heads + h + 1) * d],
+                        &rotated(t, h),
+                    );
+                    assert!(err < tol, "{dtype:?} q token {t} head {h}: {err}");
+                }
+                let Ok(slot) = usize::try_from(slots_host[t]) else {
+                    continue;
+                };
+                for h in 0..kv_heads {
+                    let at = (slot * kv_heads + h) * d;
+                    want_k[at..at + d].copy_from_slice(&rotated(t, heads + h));
+                    let v0 = t * width + (heads + kv_heads + h) * d;
+                    want_v[at..at + d].copy_from_slice(&src[v0..v0 + d]);
+                }
+            }
+            assert!(max_rel_diff(&kc, &want_k) < tol, "{dtype:?} k cache");
+            assert_eq!(
+                vc, want_v,
+                "{dtype:?} v cache: exact copies, nothing else written"
+            );
+        }
+    }
+}

@@ -111,6 +111,32 @@ impl KvCache {
         self.layout
     }
 
+    /// Layer `layer`'s K and V cache tensors when the cache lives on a GPU.
+    #[cfg(feature = "cuda")]
+    pub fn device_layer(&self, layer: usize) -> Option<(&Tensor, &Tensor)> {
+        match &self.store {
+            Store::Cuda(layers) => layers.get(layer).map(|(k, v)| (k, v)),
+            Store::Host(_) => None,
+        }
+    }
+
+    /// Attends `q` (`[tokens, heads, head_dim]`) over layer `layer` of a GPU cache that already
+    /// holds this step's K/V (written by `pagewise_kernels::rope_qkv_cache`). Returns
+    /// `[tokens, heads * head_dim]`.
+    #[cfg(feature = "cuda")]
+    pub fn attend_written(
+        &self,
+        layer: usize,
+        q: &Tensor,
+        meta: &AttentionMeta<'_>,
+        scale: f32,
+    ) -> candle_core::Result<Tensor> {
+        let (Some((k_cache, v_cache)), Some(dm)) = (self.device_layer(layer), &meta.device) else {
+            candle_core::bail!("attend_written needs a GPU cache and device metadata");
+        };
+        super::attention_cuda::attend_cached(k_cache, v_cache, q, dm, scale)
+    }
+
     /// Writes `k`, `v` (`[tokens, kv_heads, head_dim]`) of layer `layer` at the slot mapping, then
     /// attends `q` (`[tokens, heads, head_dim]`) over the cache. Returns `[tokens, heads * head_dim]`.
     pub fn attend(

@@ -19,7 +19,6 @@ pub(super) fn attend(
     meta: &DeviceAttentionMeta,
     scale: f32,
 ) -> candle_core::Result<Tensor> {
-    let (tokens, heads, head_dim) = q.dims3()?;
     pagewise_kernels::reshape_and_cache(
         &k.contiguous()?,
         &v.contiguous()?,
@@ -27,6 +26,18 @@ pub(super) fn attend(
         v_cache,
         &meta.slot_mapping,
     )?;
+    attend_cached(k_cache, v_cache, q, meta, scale)
+}
+
+/// Attends `q` over caches that already hold this step's K/V; returns `[tokens, heads * head_dim]`.
+pub(super) fn attend_cached(
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    q: &Tensor,
+    meta: &DeviceAttentionMeta,
+    scale: f32,
+) -> candle_core::Result<Tensor> {
+    let (tokens, heads, head_dim) = q.dims3()?;
     let q = q.contiguous()?;
     let out = match &meta.prefill {
         Some(p) if matches!(q.dtype(), DType::BF16 | DType::F16) => {

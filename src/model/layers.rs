@@ -32,6 +32,28 @@ impl Linear {
         Linear::Quantized { weight, bias }
     }
 
+    /// One layer computing all of `parts` side by side (their weights stacked along the output
+    /// dimension, biases too), or `None` when any part is quantized or only some have a bias.
+    pub fn concat(parts: &[&Linear]) -> candle_core::Result<Option<Linear>> {
+        let mut weights = Vec::with_capacity(parts.len());
+        let mut biases = Vec::with_capacity(parts.len());
+        for part in parts {
+            let Linear::Dense(l) = part else {
+                return Ok(None);
+            };
+            weights.push(l.weight().clone());
+            if let Some(b) = l.bias() {
+                biases.push(b.clone());
+            }
+        }
+        let bias = match biases.len() {
+            0 => None,
+            n if n == parts.len() => Some(Tensor::cat(&biases, 0)?),
+            _ => return Ok(None),
+        };
+        Ok(Some(Linear::dense(Tensor::cat(&weights, 0)?, bias)))
+    }
+
     /// Applies the layer to `[tokens, in]`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
@@ -99,16 +121,9 @@ impl GatedMlp {
         let (h, i, b) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias);
         let gate = w.linear(&format!("{prefix}.gate_proj"), h, i, b)?;
         let up = w.linear(&format!("{prefix}.up_proj"), h, i, b)?;
-        let gate_up = match (&gate, &up) {
-            (Linear::Dense(g), Linear::Dense(u)) => {
-                let weight = Tensor::cat(&[g.weight(), u.weight()], 0)?;
-                let bias = match (g.bias(), u.bias()) {
-                    (Some(gb), Some(ub)) => Some(Tensor::cat(&[gb, ub], 0)?),
-                    _ => None,
-                };
-                GateUp::Fused(Linear::dense(weight, bias))
-            }
-            _ => GateUp::Split(gate, up),
+        let gate_up = match Linear::concat(&[&gate, &up])? {
+            Some(fused) => GateUp::Fused(fused),
+            None => GateUp::Split(gate, up),
         };
         Ok(GatedMlp {
             gate_up,
@@ -217,6 +232,28 @@ pub struct RotaryRows {
 }
 
 impl RotaryRows {
+    /// The fused q/k/v projection `qkv` rotated on the GPU in one kernel that also writes this
+    /// step's K/V into the caches at `slot_mapping`; returns q, `[tokens, heads, head_dim]`.
+    #[cfg(feature = "cuda")]
+    pub fn apply_qkv_and_cache(
+        &self,
+        qkv: &Tensor,
+        heads: usize,
+        kv_heads: usize,
+        (k_cache, v_cache): (&Tensor, &Tensor),
+        slot_mapping: &Tensor,
+    ) -> candle_core::Result<Tensor> {
+        let x = pagewise_kernels::QkvRope {
+            qkv,
+            heads,
+            kv_heads,
+            cos: &self.cos,
+            sin: &self.sin,
+            interleaved: self.interleaved,
+        };
+        pagewise_kernels::rope_qkv_cache(&x, k_cache, v_cache, slot_mapping)
+    }
+
     /// Rotates `x` (`[tokens, heads, head_dim]`, contiguous).
     pub fn apply(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         if self.interleaved {

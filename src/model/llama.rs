@@ -8,14 +8,13 @@ use super::batch::ForwardBatch;
 use super::config::ModelConfig;
 use super::layers::{GatedMlp, Linear, Rotary};
 use super::norm::RmsNorm;
+use super::qkv::{Heads, QkvProj, attention};
 use super::weights::Weights;
 use super::{CausalLm, ModelError};
 
 struct DecoderLayer {
     input_norm: RmsNorm,
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    qkv: QkvProj,
     o: Linear,
     post_norm: RmsNorm,
     mlp: GatedMlp,
@@ -34,8 +33,7 @@ pub struct Llama {
 impl Llama {
     /// Loads the model; rotary tables cover positions below `max_len`.
     pub fn load(cfg: &ModelConfig, w: &Weights, max_len: usize) -> Result<Self, ModelError> {
-        let (h, d) = (cfg.hidden_size, cfg.head_dim);
-        let (nq, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+        let (h, d, nq) = (cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads);
         let embed_w = w.tensor("model.embed_tokens.weight", (cfg.vocab_size, h))?;
         let lm_head = if cfg.tie_word_embeddings || !w.contains("lm_head.weight") {
             match w {
@@ -56,9 +54,7 @@ impl Llama {
                         h,
                         cfg.norm_eps,
                     )?,
-                    q: w.linear(&format!("{attn}.q_proj"), h, nq * d, cfg.qkv_bias)?,
-                    k: w.linear(&format!("{attn}.k_proj"), h, nkv * d, cfg.qkv_bias)?,
-                    v: w.linear(&format!("{attn}.v_proj"), h, nkv * d, cfg.qkv_bias)?,
+                    qkv: QkvProj::load(w, &attn, cfg)?,
                     o: w.linear(&format!("{attn}.o_proj"), nq * d, h, cfg.o_bias)?,
                     post_norm: RmsNorm::load(
                         w,
@@ -88,13 +84,12 @@ impl CausalLm for Llama {
 
     fn forward(&self, batch: &ForwardBatch<'_>, kv: &mut KvCache) -> Result<Tensor, ModelError> {
         let cfg = &self.cfg;
-        let n = batch.input_ids.dim(0)?;
-        let (d, nq, nkv) = (
-            cfg.head_dim,
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-        );
-        let scale = 1.0 / (d as f32).sqrt();
+        let heads = Heads {
+            q: cfg.num_attention_heads,
+            kv: cfg.num_key_value_heads,
+            dim: cfg.head_dim,
+            scale: 1.0 / (cfg.head_dim as f32).sqrt(),
+        };
         let mut x = self.embed.forward(&batch.input_ids)?;
         let rotary = self.rotary.at(&batch.positions)?;
         // `h` is the normalized residual stream entering the next block: each residual add is
@@ -104,12 +99,7 @@ impl CausalLm for Llama {
             None => self.norm.forward(&x)?,
         };
         for (i, layer) in self.layers.iter().enumerate() {
-            let q = layer.q.forward(&h)?.reshape((n, nq, d))?;
-            let k = layer.k.forward(&h)?.reshape((n, nkv, d))?;
-            let v = layer.v.forward(&h)?.reshape((n, nkv, d))?;
-            let q = rotary.apply(&q)?;
-            let k = rotary.apply(&k)?;
-            let attn = kv.attend(i, &q, &k, &v, &batch.attention, scale)?;
+            let attn = attention(&layer.qkv, i, &h, &rotary, batch, kv, heads)?;
             let (x_mid, h_mid) = layer.post_norm.add_forward(&x, &layer.o.forward(&attn)?)?;
             let next_norm = self.layers.get(i + 1).map_or(&self.norm, |l| &l.input_norm);
             (x, h) = next_norm.add_forward(&x_mid, &layer.mlp.forward(&h_mid)?)?;

@@ -10,6 +10,7 @@ pub mod layers;
 pub mod llama;
 pub mod norm;
 pub mod opt;
+pub mod qkv;
 pub mod weights;
 
 use candle_core::Tensor;

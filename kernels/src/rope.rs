@@ -1,0 +1,114 @@
+//! Rotary embedding and the KV-cache write in one kernel, reading a fused q/k/v projection: what
+//! would be two rotary launches, two copies to contiguous q/k and `reshape_and_cache`.
+
+use std::ffi::c_void;
+
+use candle_core::{DType, Result, Tensor, bail};
+
+use crate::{device_ptr, dtype_code, empty, ffi};
+
+/// The fused q/k/v projection of a step and how to rotate it.
+pub struct QkvRope<'a> {
+    /// `[tokens, (heads + 2 * kv_heads) * head_dim]`: q heads, then k heads, then v heads.
+    pub qkv: &'a Tensor,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Rotary cos and sin at each token's position, `[tokens, head_dim / 2]`.
+    pub cos: &'a Tensor,
+    /// See `cos`.
+    pub sin: &'a Tensor,
+    /// Pairs (2i, 2i + 1) instead of rotate-half's (i, i + head_dim / 2).
+    pub interleaved: bool,
+}
+
+/// Rotates q and k of `x`, writes the rotated k and the v of each token into the paged caches
+/// (`[blocks, block_size, kv_heads, head_dim]`) at its slot (`slot_mapping`, i64, -1 = skip), and
+/// returns the rotated q, `[tokens, heads, head_dim]`.
+pub fn rope_qkv_cache(
+    x: &QkvRope<'_>,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot_mapping: &Tensor,
+) -> Result<Tensor> {
+    let (tokens, width) = x.qkv.dims2()?;
+    let (_, _, kv_heads, d) = k_cache.dims4()?;
+    if kv_heads != x.kv_heads || width != (x.heads + 2 * kv_heads) * d || d % 2 != 0 {
+        bail!(
+            "rope_qkv_cache: qkv {:?} does not hold {} + 2 x {} heads of the caches' {:?}",
+            x.qkv.dims(),
+            x.heads,
+            x.kv_heads,
+            k_cache.dims()
+        );
+    }
+    if v_cache.dims() != k_cache.dims() {
+        bail!(
+            "rope_qkv_cache: caches {:?}/{:?} differ",
+            k_cache.dims(),
+            v_cache.dims()
+        );
+    }
+    for (t, what) in [(x.cos, "cos"), (x.sin, "sin")] {
+        if t.dims() != [tokens, d / 2] {
+            bail!(
+                "rope_qkv_cache: {what} must be [{tokens}, {}], got {:?}",
+                d / 2,
+                t.dims()
+            );
+        }
+    }
+    for (t, what) in [
+        (x.cos, "cos"),
+        (x.sin, "sin"),
+        (k_cache, "k_cache"),
+        (v_cache, "v_cache"),
+    ] {
+        if t.dtype() != x.qkv.dtype() {
+            bail!(
+                "rope_qkv_cache: {what} is {:?} but qkv is {:?}",
+                t.dtype(),
+                x.qkv.dtype()
+            );
+        }
+    }
+    if slot_mapping.dtype() != DType::I64 || slot_mapping.dims() != [tokens] {
+        bail!(
+            "rope_qkv_cache: slot_mapping must be i64 [{tokens}], got {:?} {:?}",
+            slot_mapping.dtype(),
+            slot_mapping.dims()
+        );
+    }
+    let dtype = dtype_code(x.qkv.dtype(), "rope_qkv_cache")?;
+    let q = empty((tokens, x.heads, d), x.qkv.dtype(), x.qkv.device())?;
+    let (qo, stream) = device_ptr(&q, "q")?;
+    let (kc, _) = device_ptr(k_cache, "k_cache")?;
+    let (vc, _) = device_ptr(v_cache, "v_cache")?;
+    let (src, _) = device_ptr(x.qkv, "qkv")?;
+    let (c, _) = device_ptr(x.cos, "cos")?;
+    let (s, _) = device_ptr(x.sin, "sin")?;
+    let (slots, _) = device_ptr(slot_mapping, "slot_mapping")?;
+    // SAFETY: shapes and dtypes checked above; slots address rows inside the caches by the
+    // caller's contract (the block manager's slot mapping), as for `reshape_and_cache`.
+    let code = unsafe {
+        ffi::pagewise_rope_qkv_cache(
+            dtype,
+            qo as *mut c_void,
+            kc as *mut c_void,
+            vc as *mut c_void,
+            src as *const c_void,
+            c as *const c_void,
+            s as *const c_void,
+            slots as *const i64,
+            tokens as i32,
+            x.heads as i32,
+            kv_heads as i32,
+            d as i32,
+            i32::from(x.interleaved),
+            stream,
+        )
+    };
+    crate::check_launch(code, "rope_qkv_cache")?;
+    Ok(q)
+}
