@@ -53,10 +53,11 @@ for m in ${SCOREBOARD_MODELS:-llama-1b llama-8b}; do
   ls "$out/$m"-serve-*.json > /dev/null 2>&1 && \
     "$bin" bench plot "$out/$m"-serve-*.json --out "$(dirname "$final")/$m-sweep.png"
 done
-[ -n "${SCOREBOARD_NO_HF:-}" ] && exit 0
-echo "== transformers baselines"
-timeout 240 python3 "$here/scripts/gpu/hf_baselines.py" $(for m in ${SCOREBOARD_MODELS:-llama-1b llama-8b}; do echo "$cfg/$m"; done) \
-  > "$out/hf.jsonl" 2> "$out/hf.err"; tail -3 "$out/hf.err"
+if [ -z "${SCOREBOARD_NO_HF:-}" ]; then
+  echo "== transformers baselines"
+  timeout 240 python3 "$here/scripts/gpu/hf_baselines.py" $(for m in ${SCOREBOARD_MODELS:-llama-1b llama-8b}; do echo "$cfg/$m"; done) \
+    > "$out/hf.jsonl" 2> "$out/hf.err"; tail -3 "$out/hf.err"
+fi
 python3 - "$out" "$final" <<'PY'
 import glob, json, os, sys
 raw, final = sys.argv[1], sys.argv[2]
