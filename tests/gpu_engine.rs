@@ -327,3 +327,53 @@ fn cuda_graph_decode_steps_equal_eager_steps() {
     assert!(replays.iter().any(|&(g, s)| g + 1 < s), "{replays:?}");
     assert_eq!(eager.core().step_times().per_step().graph_steps, 0);
 }
+
+/// A real quantized model through candle's CUDA quantized matmuls: the first 4 blocks of
+/// SmolLM2-135M-Instruct (Q4_1 blocks, Q8_0 embedding; made by scripts/gpu/truncate_gguf.py),
+/// on the GPU against the CPU's quantized path, then served through the engine.
+#[test]
+fn quantized_gguf_on_the_gpu_matches_the_cpu() {
+    let path = model("smollm2-4l.gguf");
+    let tokens: Vec<u32> = prompts(1, 49152)[0]
+        .iter()
+        .copied()
+        .cycle()
+        .take(200)
+        .collect();
+    let on = |device: &Device, dtype| {
+        common::logits_at_every_position_on(&path, GgufMatmul::Quantized, &tokens, device, dtype)
+    };
+    let want = on(&Device::Cpu, DType::F32);
+    for dtype in [DType::F32, DType::BF16] {
+        let got = on(&gpu(), dtype);
+        let err = rel_err(&got, &want);
+        let (agree, decisive) = top1_agreement(&got, &want);
+        eprintln!(
+            "SmolLM2 4 blocks, quantized, GPU {dtype:?} vs CPU: rel. err. {err:.2e}, top-1 {agree}/{decisive}"
+        );
+        assert!(err < 0.1, "{dtype:?}: {err}");
+        assert!(
+            agree as f64 >= 0.9 * decisive as f64,
+            "{dtype:?}: {agree}/{decisive}"
+        );
+    }
+    let mut llm = Llm::new(EngineArgs {
+        model: path.clone(),
+        device: DeviceArg::Cuda(0),
+        gguf_matmul: GgufMatmul::Quantized,
+        ..Default::default()
+    })
+    .unwrap();
+    let out = llm
+        .generate_tokens(vec![tokens[..20].to_vec(); 3], &greedy(16))
+        .unwrap();
+    let times = llm.core().step_times().per_step();
+    eprintln!(
+        "engine on the GPU: {} steps, {} graph replays",
+        times.steps, times.graph_steps
+    );
+    for o in &out {
+        assert_eq!(o.outputs[0].token_ids, out[0].outputs[0].token_ids);
+        assert_eq!(o.outputs[0].token_ids.len(), 16);
+    }
+}

@@ -7,6 +7,7 @@
 #   bash .gpu/run.sh quick    tiny-model engine tests, decode kernel tests, 1B batch-1 latency
 #   bash .gpu/run.sh bench    kernel bandwidth + `pagewise bench` runs
 #   bash .gpu/run.sh all      both (default)
+#   bash .gpu-gguf/run.sh gguf  the quantized-GGUF engine test (staged by scripts/gpu/stage_gguf.sh)
 # Logs go to $OUT (the device tool brings them back); a summary is printed last.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -17,11 +18,12 @@ what=${1:-all}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 
 for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests gpu-engine-tests; do
+  [ -f "$here/$f.xz" ] || continue
   [ -x "$work/bin/$f" ] || python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$here/$f.xz" "$work/bin/$f"
   chmod +x "$work/bin/$f"
 done
 export PAGEWISE_GPU_MODELS=$work/models
-if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
+if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ "$what" != gguf ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
   (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS") > "$out/make-models.log" 2>&1 \
     || { tail -20 "$out/make-models.log"; exit 1; }
 fi
@@ -79,6 +81,12 @@ if [ "$what" = quick ]; then
     | grep -E "^test |test result|rel\. err|preemptions|panicked" || status=1
   SCOREBOARD_MODELS=llama-1b SCOREBOARD_RATES="" SCOREBOARD_NO_THROUGHPUT=1 SCOREBOARD_NO_HF=1 \
     PAGEWISE_BIN="$work/bin/pagewise" bash "$here/scripts/gpu/scoreboard.sh" 2>&1 | grep -E "tok/s|latency" || status=1
+fi
+if [ "$what" = gguf ]; then
+  # The quantized-GGUF test, staged alone by scripts/gpu/stage_gguf.sh.
+  mkdir -p "$PAGEWISE_GPU_MODELS" && cp "$here/smollm2-4l.gguf" "$PAGEWISE_GPU_MODELS/"
+  "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture quantized_gguf 2>&1 \
+    | grep -E "^test |test result|rel\. err|engine on|panicked|WARN" || status=1
 fi
 if [ "$what" = scoreboard ]; then
   PAGEWISE_BIN="$work/bin/pagewise" bash "$here/scripts/gpu/scoreboard.sh" || status=1
