@@ -71,3 +71,43 @@ fn batched_chunked_cached_preempted_equals_solo() {
     }
     common::assert_preempted_cached_and_freed(&batched, "");
 }
+
+/// 96 sequences in one step run the text phase (detokenization, stop strings) on a thread pool;
+/// each sequence's text, tokens and finish reason must be what it gets alone (sequential text).
+#[test]
+fn a_large_batch_detokenizes_and_stops_like_each_prompt_alone() {
+    let mut rng = SeededRng::new(5, 0);
+    let prompts: Vec<Vec<u32>> = (0..96)
+        .map(|i| {
+            (0..4 + i % 9)
+                .map(|_| (rng.next_u64() % 250) as u32 + 1)
+                .collect()
+        })
+        .collect();
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens: 20,
+        ignore_eos: true,
+        stop: vec!["e".into(), "an".into()],
+        ..Default::default()
+    };
+    let mut llm = Llm::new(EngineArgs {
+        model: MODEL.into(),
+        ..Default::default()
+    })
+    .unwrap();
+    let batched = llm.generate_tokens(prompts.clone(), &params).unwrap();
+    let mut stopped = 0;
+    for (i, (p, b)) in prompts.into_iter().zip(&batched).enumerate() {
+        let alone = llm.generate_tokens(vec![p], &params).unwrap();
+        let (a, b) = (&alone[0].outputs[0], &b.outputs[0]);
+        assert_eq!(
+            (&b.text, &b.token_ids, b.finish_reason),
+            (&a.text, &a.token_ids, a.finish_reason),
+            "prompt {i}"
+        );
+        stopped += usize::from(b.token_ids.len() < 20);
+    }
+    // The stop strings matter: some sequences end on them, some run to max_tokens.
+    assert!(stopped > 0 && stopped < 96, "{stopped} of 96 stopped early");
+}

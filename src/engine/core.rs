@@ -17,6 +17,7 @@ use super::request::{FinishReason, SamplingParams};
 use super::sequence::{SeqId, Sequence};
 use super::step_times::{Phase, StepTimes};
 use super::stop::StopMatcher;
+use super::text::{self as text_phase, TextJob, TextState};
 use crate::kv::BLOCK_SIZES;
 use crate::loader::{self, LoadOptions};
 use crate::model::{self, KvCache, KvLayout, ModelConfig};
@@ -37,14 +38,6 @@ pub struct SeqEvent {
     pub logprobs: Option<Logprobs>,
     /// Set on the sequence's last event.
     pub finish: Option<FinishReason>,
-}
-
-/// Per-sequence text state.
-struct TextState {
-    detokenizer: IncrementalDetokenizer,
-    stop: StopMatcher,
-    arrival: Instant,
-    scheduled: bool,
 }
 
 /// A loaded model and everything mutable around it; single-threaded by design.
@@ -289,32 +282,42 @@ impl EngineCore {
         let ids: Vec<u32> = sampled.iter().map(|s| s.token_id).collect();
         let updates = self.scheduler.update(&out, &ids);
         let start = self.step_times.lap(Phase::Update, start);
-        let mut events = Vec::with_capacity(updates.len());
+        // Sequences without text state (aborted meanwhile) produce no event.
+        let (mut jobs, mut rest) = (Vec::with_capacity(updates.len()), Vec::new());
         for (u, s) in updates.into_iter().zip(sampled) {
-            let Some(state) = self.text.get_mut(&u.seq_id) else {
-                continue;
-            };
-            let delta = state.detokenizer.step(&self.tokenizer, u.token_id)?;
-            let pushed = state.stop.push(&delta);
-            let mut text = pushed.text;
+            if let Some(state) = self.text.remove(&u.seq_id) {
+                jobs.push(TextJob {
+                    state,
+                    token: u.token_id,
+                    finished: u.finish.is_some(),
+                    text: String::new(),
+                    stopped: false,
+                });
+                rest.push((u, s));
+            }
+        }
+        if let Err(e) = text_phase::run_all(&self.tokenizer, &mut jobs) {
+            for (job, (u, _)) in jobs.into_iter().zip(rest) {
+                self.text.insert(u.seq_id, job.state);
+            }
+            return Err(e.into());
+        }
+        let mut events = Vec::with_capacity(jobs.len());
+        for (job, (u, s)) in jobs.into_iter().zip(rest) {
             let mut finish = u.finish;
-            if pushed.stopped_on.is_some() {
+            if job.stopped {
                 if finish.is_none() {
                     self.scheduler.finish(u.seq_id, FinishReason::Stop);
                 }
                 finish = Some(FinishReason::Stop);
-            } else if finish.is_some() {
-                let tail = state.detokenizer.flush(&self.tokenizer)?;
-                text.push_str(&state.stop.push(&tail).text);
-                text.push_str(&state.stop.flush());
             }
-            if finish.is_some() {
-                self.text.remove(&u.seq_id);
+            if finish.is_none() {
+                self.text.insert(u.seq_id, job.state);
             }
             events.push(SeqEvent {
                 seq_id: u.seq_id,
                 token_id: u.token_id,
-                text,
+                text: job.text,
                 logprobs: s.logprobs,
                 finish,
             });

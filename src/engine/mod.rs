@@ -10,3 +10,4 @@ pub mod request;
 pub mod sequence;
 pub mod step_times;
 pub mod stop;
+mod text;
