@@ -7,12 +7,15 @@ Per model: batch-1 decode tok/s, 128 prompt tokens, eager `generate` and with a 
 offline throughput of `generate` over padded batches of
 64 prompts of 1024 tokens, 128 new tokens each (req/s), on 128 prompts. Prints one JSON line per
 measurement. Static cache: `generate` with cache_implementation="static", which compiles the
-decoding forward itself (wrapping model.forward in torch.compile(mode="reduce-overhead") failed
-inside `generate` with transformers 5.17 / torch 2.11 on 2026-11-29: CUDA-graph outputs overwritten
-by the next run); a failure is recorded as an "error" row. Not yet run in this form.
+decoding forward itself (torch.compile, mode "reduce-overhead": CUDA graphs). The warm-up run uses
+the same lengths as the timed one: the static cache is sized by them, and a different size means a
+recompilation inside the timed run (which is what made the first attempt, on 2026-11-29, slower
+than eager). A failure is recorded as an "error" row. `HF_BASELINE_DEVICE=cpu` runs the script's
+logic on a CPU (no compilation there) as a dry run.
 """
 
 import json
+import os
 import sys
 import time
 
@@ -20,37 +23,43 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 torch.backends.cuda.matmul.allow_tf32 = True
+DEVICE = os.environ.get("HF_BASELINE_DEVICE", "cuda")
+
+
+def sync():
+    if DEVICE == "cuda":
+        sync()
 
 
 def model_for(path):
     cfg = AutoConfig.from_pretrained(path)
-    with torch.device("cuda"):
+    with torch.device(DEVICE):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     return model.eval(), cfg
 
 
 def decode_rate(model, cfg, new_tokens, **kw):
-    ids = torch.randint(0, cfg.vocab_size, (1, 128), device="cuda")
+    ids = torch.randint(0, cfg.vocab_size, (1, 128), device=DEVICE)
     args = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, **kw)
-    model.generate(ids, **{**args, "max_new_tokens": 8, "min_new_tokens": 8})  # warm up / compile
-    torch.cuda.synchronize()
+    model.generate(ids, **args)  # warm-up (and compilation), at the timed lengths
+    sync()
     t = time.perf_counter()
     model.generate(ids, **args)
-    torch.cuda.synchronize()
+    sync()
     return new_tokens / (time.perf_counter() - t)
 
 
 def throughput(model, cfg, prompts=128, batch=64):
     done, t = 0, None
     for i in range(0, prompts, batch):
-        ids = torch.randint(0, cfg.vocab_size, (batch, 1024), device="cuda")
+        ids = torch.randint(0, cfg.vocab_size, (batch, 1024), device=DEVICE)
         if t is None:
             model.generate(ids[:2, :64], max_new_tokens=4, do_sample=False)
-            torch.cuda.synchronize()
+            sync()
             t = time.perf_counter()
         model.generate(ids, max_new_tokens=128, min_new_tokens=128, do_sample=False)
         done += batch
-    torch.cuda.synchronize()
+    sync()
     return done / (time.perf_counter() - t)
 
 
@@ -76,4 +85,5 @@ for path in sys.argv[1:]:
             except Exception as e:  # noqa: BLE001 - any failure is reported in the results
                 print(json.dumps({"model": name, "what": what, "error": str(e)[:300]}), flush=True)
     del model
-    torch.cuda.empty_cache()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()

@@ -55,7 +55,7 @@ for m in ${SCOREBOARD_MODELS:-llama-1b llama-8b}; do
 done
 if [ -z "${SCOREBOARD_NO_HF:-}" ]; then
   echo "== transformers baselines"
-  timeout 240 python3 "$here/scripts/gpu/hf_baselines.py" $(for m in ${SCOREBOARD_MODELS:-llama-1b llama-8b}; do echo "$cfg/$m"; done) \
+  timeout 360 python3 "$here/scripts/gpu/hf_baselines.py" $(for m in ${SCOREBOARD_MODELS:-llama-1b llama-8b}; do echo "$cfg/$m"; done) \
     > "$out/hf.jsonl" 2> "$out/hf.err"; tail -3 "$out/hf.err"
 fi
 python3 - "$out" "$final" <<'PY'
