@@ -10,7 +10,7 @@ use candle_core::cuda_backend::cudarc::driver::{CudaGraph, sys};
 use candle_core::{DType, Device, Tensor};
 
 use crate::model::attention::KvCache;
-use crate::model::batch::{AttentionMeta, DeviceAttentionMeta};
+use crate::model::batch::{AttentionMeta, DeviceAttentionMeta, padded_block_tables};
 use crate::model::{CausalLm, ForwardBatch, ModelError};
 use crate::scheduler::SchedulerOutput;
 
@@ -178,14 +178,11 @@ impl DecodeGraphs {
             return Ok(None);
         };
         let decode = out.seqs.iter().all(|s| s.num_new_tokens == 1 && s.samples);
-        let width = out
-            .seqs
-            .iter()
-            .map(|s| s.block_table.len())
-            .max()
-            .unwrap_or(0)
-            .max(1);
-        if n == 0 || !decode || width > self.max_blocks {
+        if n == 0 || !decode {
+            return Ok(None);
+        }
+        let (tables, width) = padded_block_tables(out);
+        if width > self.max_blocks {
             return Ok(None);
         }
         let b = self.buckets[slot];
@@ -194,17 +191,12 @@ impl DecodeGraphs {
         let mut positions = vec![0u32; b];
         let mut slots = vec![-1i64; b];
         let mut context_lens = vec![0i32; b];
-        let mut tables = vec![0i32; n * width];
         for (i, s) in out.seqs.iter().enumerate() {
             let row = s.tokens.start;
             ids[i] = out.token_ids[row];
             positions[i] = out.positions[row];
             slots[i] = i64::from(out.slot_mapping[row]);
             context_lens[i] = (s.num_computed_tokens + 1) as i32;
-            let table = &out.block_tables[s.block_table.clone()];
-            for (dst, &blk) in tables[i * width..].iter_mut().zip(table) {
-                *dst = blk as i32;
-            }
         }
         let buf = &self.buffers;
         pagewise_kernels::upload(&buf.input_ids, &ids)?;

@@ -4,18 +4,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include "dtype.cuh"
 
 namespace {
-
-template <typename T> __device__ __forceinline__ float f32(T x);
-template <> __device__ __forceinline__ float f32(float x) { return x; }
-template <> __device__ __forceinline__ float f32(__half x) { return __half2float(x); }
-template <> __device__ __forceinline__ float f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T> __device__ __forceinline__ T store(float x);
-template <> __device__ __forceinline__ float store(float x) { return x; }
-template <> __device__ __forceinline__ __half store(float x) { return __float2half(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 store(float x) { return __float2bfloat16(x); }
 
 constexpr int kThreads = 256;
 
@@ -28,9 +19,9 @@ __global__ void add_rms_norm_kernel(T* __restrict__ sum_out, T* __restrict__ nor
   const int64_t base = (int64_t)blockIdx.x * hidden;
   float sq = 0.f;
   for (int i = threadIdx.x; i < hidden; i += kThreads) {
-    const T s = store<T>(f32(x[base + i]) + f32(delta[base + i]));
+    const T s = from_float<T>(to_float(x[base + i]) + to_float(delta[base + i]));
     sum_out[base + i] = s;
-    const float v = f32(s);
+    const float v = to_float(s);
     sq += v * v;
   }
   __shared__ float warp_sums[kThreads / 32];
@@ -46,7 +37,7 @@ __global__ void add_rms_norm_kernel(T* __restrict__ sum_out, T* __restrict__ nor
   __syncthreads();
   // Each thread reads back the elements it wrote itself: no barrier needed for them.
   for (int i = threadIdx.x; i < hidden; i += kThreads)
-    normed[base + i] = store<T>(f32(sum_out[base + i]) * inv_rms * f32(weight[i]));
+    normed[base + i] = from_float<T>(to_float(sum_out[base + i]) * inv_rms * to_float(weight[i]));
 }
 
 // out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i].
@@ -57,9 +48,9 @@ __global__ void silu_mul_kernel(T* __restrict__ out, const T* __restrict__ gate_
   for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n;
        idx += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = idx / inter, i = idx % inter;
-    const float g = f32(gate_up[r * 2 * inter + i]);
-    const float u = f32(gate_up[r * 2 * inter + inter + i]);
-    out[idx] = store<T>(g / (1.f + __expf(-g)) * u);
+    const float g = to_float(gate_up[r * 2 * inter + i]);
+    const float u = to_float(gate_up[r * 2 * inter + inter + i]);
+    out[idx] = from_float<T>(g / (1.f + __expf(-g)) * u);
   }
 }
 
@@ -127,13 +118,13 @@ __global__ void gemv_kernel(T* __restrict__ y, const T* __restrict__ x, const T*
     const T* wv = reinterpret_cast<const T*>(&wraw);
     float wf[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) wf[j] = f32(wv[j]);
+    for (int j = 0; j < 8; ++j) wf[j] = to_float(wv[j]);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const uint4 xraw = __ldg(reinterpret_cast<const uint4*>(x + (int64_t)r * k_dim + k));
       const T* xv = reinterpret_cast<const T*>(&xraw);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc[r] += wf[j] * f32(xv[j]);
+      for (int j = 0; j < 8; ++j) acc[r] += wf[j] * to_float(xv[j]);
     }
   }
 #pragma unroll
@@ -141,7 +132,7 @@ __global__ void gemv_kernel(T* __restrict__ y, const T* __restrict__ x, const T*
     float v = acc[r];
 #pragma unroll
     for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffff, v, s);
-    if (lane == 0) y[(int64_t)r * out_dim + o] = store<T>(v);
+    if (lane == 0) y[(int64_t)r * out_dim + o] = from_float<T>(v);
   }
 }
 

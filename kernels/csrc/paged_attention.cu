@@ -5,18 +5,9 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include "dtype.cuh"
 
 namespace {
-
-template <typename T> __device__ __forceinline__ float to_float(T x);
-template <> __device__ __forceinline__ float to_float(float x) { return x; }
-template <> __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-template <> __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ float from_float(float x) { return x; }
-template <> __device__ __forceinline__ __half from_float(float x) { return __float2half(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16(x); }
 
 // Eight consecutive elements as floats, in 16-byte loads (rows are 16-byte aligned: head dims are
 // multiples of 8 and cudaMalloc aligns to 256).

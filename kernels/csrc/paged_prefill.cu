@@ -14,6 +14,7 @@
 #include <math.h>
 #include <mma.h>
 #include <stdint.h>
+#include "dtype.cuh"
 
 namespace {
 
@@ -21,9 +22,6 @@ using namespace nvcuda;
 
 constexpr int kBM = 64, kBN = 64, kWarps = 4;
 
-template <typename T> __device__ __forceinline__ T cvt(float x);
-template <> __device__ __forceinline__ __half cvt(float x) { return __float2half(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 cvt(float x) { return __float2bfloat16(x); }
 
 template <int D> struct Smem {
   static constexpr int ld = D + 8;         // 16-bit tiles: Q, K, V
@@ -128,7 +126,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       const float s = sS[r * S::lds + c];
       const float p = m_new == -INFINITY ? 0.f : __expf(s - m_new);
       sum += p;
-      sP[r * S::ldp + c] = cvt<T>(p);
+      sP[r * S::ldp + c] = from_float<T>(p);
     }
     sum += __shfl_xor_sync(0xffffffff, sum, 1);
     const float corr = m == -INFINITY ? 0.f : __expf(m - m_new);
@@ -158,7 +156,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (row < qlen) {
     const float inv = l > 0.f ? 1.f / l : 0.f;
     T* o = out + ((int64_t)(qs + row) * num_heads + head) * D;
-    for (int d = half * (D / 2); d < (half + 1) * (D / 2); ++d) o[d] = cvt<T>(sO[r * S::ldo + d] * inv);
+    for (int d = half * (D / 2); d < (half + 1) * (D / 2); ++d) o[d] = from_float<T>(sO[r * S::ldo + d] * inv);
   }
 }
 

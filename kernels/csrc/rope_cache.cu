@@ -6,18 +6,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include "dtype.cuh"
 
 namespace {
-
-template <typename T> __device__ __forceinline__ float tf(T x);
-template <> __device__ __forceinline__ float tf(float x) { return x; }
-template <> __device__ __forceinline__ float tf(__half x) { return __half2float(x); }
-template <> __device__ __forceinline__ float tf(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T> __device__ __forceinline__ T ft(float x);
-template <> __device__ __forceinline__ float ft(float x) { return x; }
-template <> __device__ __forceinline__ __half ft(float x) { return __float2half(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 ft(float x) { return __float2bfloat16(x); }
 
 template <typename T>
 __global__ void rope_qkv_cache_kernel(T* __restrict__ q_out, T* __restrict__ k_cache,
@@ -38,10 +29,10 @@ __global__ void rope_qkv_cache_kernel(T* __restrict__ q_out, T* __restrict__ k_c
     const int h = idx / half, i = idx % half;
     const int a = interleaved ? 2 * i : i;
     const int b = interleaved ? 2 * i + 1 : i + half;
-    const float x1 = tf(row[h * d + a]), x2 = tf(row[h * d + b]);
-    const float cc = tf(c[i]), ss = tf(s[i]);
-    const T y1 = ft<T>(x1 * cc - x2 * ss);
-    const T y2 = ft<T>(x1 * ss + x2 * cc);
+    const float x1 = to_float(row[h * d + a]), x2 = to_float(row[h * d + b]);
+    const float cc = to_float(c[i]), ss = to_float(s[i]);
+    const T y1 = from_float<T>(x1 * cc - x2 * ss);
+    const T y2 = from_float<T>(x1 * ss + x2 * cc);
     if (h < heads) {
       T* o = q_out + (t * heads + h) * d;
       o[a] = y1;

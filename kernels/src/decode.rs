@@ -129,23 +129,17 @@ pub fn paged_attention(
     max_context_len: usize,
     scale: f32,
 ) -> Result<Tensor> {
-    // The kernel writes every row (zeros for an empty context).
-    let out = crate::empty(q.shape(), q.dtype(), q.device())?;
     let (_, _, kv_heads, _) = k_cache.dims4()?;
-    let ws = DecodeWorkspace::for_query(q, kv_heads, max_context_len)?;
-    paged_attention_into(
-        &out,
-        &ws,
+    paged_attention_planned(
         q,
         k_cache,
         v_cache,
         block_tables,
         row_seq,
         context_lens,
-        max_context_len,
+        split_plan(q.dim(0)?, kv_heads, max_context_len),
         scale,
-    )?;
-    Ok(out)
+    )
 }
 
 /// [`paged_attention`] writing into `out` (`q`'s shape and dtype) with caller-owned scratch space.

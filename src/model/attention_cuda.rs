@@ -76,8 +76,12 @@ pub(super) fn attend_cached(
                 None => out,
             }
         }
-        _ => match meta.split {
-            Some(plan) => pagewise_kernels::paged_attention_planned(
+        _ => {
+            let (_, _, kv_heads, _) = k_cache.dims4()?;
+            let plan = meta.split.unwrap_or_else(|| {
+                pagewise_kernels::split_plan(tokens, kv_heads, meta.max_context_len)
+            });
+            pagewise_kernels::paged_attention_planned(
                 &q,
                 k_cache,
                 v_cache,
@@ -86,18 +90,8 @@ pub(super) fn attend_cached(
                 &meta.context_lens,
                 plan,
                 scale,
-            )?,
-            None => pagewise_kernels::paged_attention(
-                &q,
-                k_cache,
-                v_cache,
-                &meta.block_tables,
-                Some(&meta.row_seq),
-                &meta.context_lens,
-                meta.max_context_len,
-                scale,
-            )?,
-        },
+            )?
+        }
     };
     out.reshape((tokens, heads * head_dim))
 }

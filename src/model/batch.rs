@@ -137,26 +137,32 @@ impl DecodeRows {
     }
 }
 
+/// The step's block tables as one row per sequence, padded with the null block to the longest:
+/// `([seqs * width], width)` with `width >= 1`.
+pub fn padded_block_tables(out: &SchedulerOutput) -> (Vec<i32>, usize) {
+    let width = out
+        .seqs
+        .iter()
+        .map(|s| s.block_table.len())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let mut tables = vec![0i32; out.seqs.len() * width];
+    for (row, s) in tables.chunks_mut(width).zip(&out.seqs) {
+        for (dst, &b) in row.iter_mut().zip(&out.block_tables[s.block_table.clone()]) {
+            *dst = b as i32;
+        }
+    }
+    (tables, width)
+}
+
 impl DeviceAttentionMeta {
     fn new(out: &SchedulerOutput, device: &Device) -> candle_core::Result<Self> {
         let n = out.num_batched_tokens();
-        let max_blocks = out
-            .seqs
-            .iter()
-            .map(|s| s.block_table.len())
-            .max()
-            .unwrap_or(0)
-            .max(1);
-        let mut tables = vec![0i32; out.seqs.len() * max_blocks];
+        let (tables, max_blocks) = padded_block_tables(out);
         let mut row_seq = Vec::with_capacity(n);
         let mut context_lens = Vec::with_capacity(n);
         for (i, s) in out.seqs.iter().enumerate() {
-            for (dst, &b) in tables[i * max_blocks..]
-                .iter_mut()
-                .zip(&out.block_tables[s.block_table.clone()])
-            {
-                *dst = b as i32;
-            }
             for j in 0..s.num_new_tokens {
                 row_seq.push(i as i32);
                 context_lens.push((s.num_computed_tokens + j + 1) as i32);
