@@ -135,9 +135,23 @@ impl DecodeGraphs {
         let _htod_cache = cuda.enable_cuda_graph_htod_cache();
         let stream = cuda.cuda_stream();
         let mut graphs = Vec::with_capacity(buckets.len());
+        let dtype = match kv.device_layer(0) {
+            Some((k, _)) => k.dtype(),
+            None => {
+                return Err(ModelError::Unsupported(
+                    "CUDA graphs need a GPU KV cache".into(),
+                ));
+            }
+        };
+        let group = cfg.num_attention_heads / cfg.num_key_value_heads.max(1);
+        let slots = pagewise_kernels::decode_slots(dtype, cfg.head_dim, group)?;
         for &b in buckets.iter().rev() {
-            let split =
-                pagewise_kernels::graph_split_plan(b, cfg.num_key_value_heads, spec.max_seq_len);
+            let split = pagewise_kernels::graph_split_plan(
+                b,
+                cfg.num_key_value_heads,
+                spec.max_seq_len,
+                slots,
+            );
             let batch = buffers.batch(b, split, spec.max_seq_len)?;
             drop(model.forward(&batch, kv)?);
             device.synchronize()?;

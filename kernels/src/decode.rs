@@ -5,55 +5,7 @@ use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
-use crate::{check_attention, check_launch, device_ptr, dtype_code, ffi};
-
-/// Below this many (sequence, KV head) blocks the GPU (132 SMs on an H200) is underfed, and the
-/// context is split.
-const SPLIT_BELOW: usize = 264;
-/// Blocks a split plan aims for: every SM four times over, so a small batch keeps enough loads in
-/// flight. `PAGEWISE_DECODE_TARGET_BLOCKS` overrides it (tuning).
-const TARGET_BLOCKS: usize = 528;
-/// Fewest context positions worth a split of their own.
-const MIN_CHUNK: usize = 128;
-
-fn target_blocks() -> usize {
-    static TARGET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *TARGET.get_or_init(|| {
-        std::env::var("PAGEWISE_DECODE_TARGET_BLOCKS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|&n| n > 0)
-            .unwrap_or(TARGET_BLOCKS)
-    })
-}
-
-/// How many splits of the context each (sequence, KV head) gets, and the positions per split:
-/// enough blocks to fill the GPU when the batch is small, one split when it is large (measured on
-/// the H200: a second split costs more than it brings once there are 2 blocks per SM).
-pub fn split_plan(seqs: usize, kv_heads: usize, max_context_len: usize) -> (usize, usize) {
-    let pairs = (seqs * kv_heads).max(1);
-    if pairs >= SPLIT_BELOW {
-        return (1, max_context_len.max(1));
-    }
-    let by_occupancy = target_blocks().div_ceil(pairs);
-    let by_length = max_context_len.div_ceil(MIN_CHUNK).max(1);
-    let splits = by_occupancy.min(by_length).max(1);
-    (splits, max_context_len.div_ceil(splits).max(1))
-}
-
-/// The split plan of a CUDA graph, captured once and replayed over contexts up to
-/// `max_context_len`: splits chosen by occupancy alone (the contexts are unknown at capture), and
-/// `MIN_CHUNK` as the floor of each row's chunk, so a row spreads its own context over the splits
-/// (the kernel takes `max(chunk, ceil(context / splits))`) and the splits past it return at once.
-pub fn graph_split_plan(seqs: usize, kv_heads: usize, max_context_len: usize) -> (usize, usize) {
-    let pairs = (seqs * kv_heads).max(1);
-    if pairs >= SPLIT_BELOW {
-        return (1, MIN_CHUNK);
-    }
-    let by_occupancy = target_blocks().div_ceil(pairs);
-    let by_length = max_context_len.div_ceil(MIN_CHUNK).max(1);
-    (by_occupancy.min(by_length).max(1), MIN_CHUNK)
-}
+use crate::{check_attention, check_launch, decode_slots, device_ptr, dtype_code, ffi, split_plan};
 
 /// Decode attention: `q` (`[seqs, heads, head_dim]`, one token per sequence) attends over the first
 /// `context_lens[s]` positions of sequence `s`, read from the caches through `block_tables`
@@ -108,9 +60,18 @@ impl DecodeWorkspace {
     /// `kv_heads` KV heads.
     pub fn for_query(q: &Tensor, kv_heads: usize, max_context_len: usize) -> Result<Self> {
         let (rows, heads, head_dim) = q.dims3()?;
-        let (splits, _) = split_plan(rows, kv_heads, max_context_len);
+        let slots = decode_slots(q.dtype(), head_dim, heads / kv_heads.max(1))?;
+        let (splits, _) = split_plan(rows, kv_heads, max_context_len, slots);
         Self::new(rows, heads, splits, head_dim, q.device())
     }
+}
+
+/// The split plan for `q` (`[rows, heads, head_dim]`) over `k_cache`'s KV heads on this GPU.
+pub fn plan_for(q: &Tensor, k_cache: &Tensor, max_context_len: usize) -> Result<(usize, usize)> {
+    let (rows, heads, head_dim) = q.dims3()?;
+    let (_, _, kv_heads, _) = k_cache.dims4()?;
+    let slots = decode_slots(q.dtype(), head_dim, heads / kv_heads.max(1))?;
+    Ok(split_plan(rows, kv_heads, max_context_len, slots))
 }
 
 /// Paged attention for a packed batch of query rows (decode tokens and prefill chunks alike): row
@@ -129,7 +90,6 @@ pub fn paged_attention(
     max_context_len: usize,
     scale: f32,
 ) -> Result<Tensor> {
-    let (_, _, kv_heads, _) = k_cache.dims4()?;
     paged_attention_planned(
         q,
         k_cache,
@@ -137,7 +97,7 @@ pub fn paged_attention(
         block_tables,
         row_seq,
         context_lens,
-        split_plan(q.dim(0)?, kv_heads, max_context_len),
+        plan_for(q, k_cache, max_context_len)?,
         scale,
     )
 }
@@ -156,8 +116,7 @@ pub fn paged_attention_into(
     max_context_len: usize,
     scale: f32,
 ) -> Result<()> {
-    let (_, _, kv_heads, _) = k_cache.dims4()?;
-    let plan = split_plan(q.dim(0)?, kv_heads, max_context_len);
+    let plan = plan_for(q, k_cache, max_context_len)?;
     paged_attention_planned_into(
         out,
         ws,

@@ -16,6 +16,14 @@ unsafe extern "C" {
         stream: *mut c_void,
     ) -> c_int;
 
+    pub fn pagewise_decode_occupancy(
+        dtype: c_int,
+        head_dim: c_int,
+        group: c_int,
+        blocks_per_sm: *mut c_int,
+        sms: *mut c_int,
+    ) -> c_int;
+
     pub fn pagewise_paged_decode(
         dtype: c_int,
         out: *mut c_void,

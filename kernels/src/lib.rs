@@ -13,16 +13,18 @@ mod fused;
 mod prefill;
 mod rope;
 mod sampling;
+mod split;
 mod upload;
 
 pub use decode::{
-    DecodeWorkspace, graph_split_plan, paged_attention, paged_attention_into,
-    paged_attention_planned, paged_decode_attention, split_plan,
+    DecodeWorkspace, paged_attention, paged_attention_into, paged_attention_planned,
+    paged_decode_attention, plan_for,
 };
 pub use fused::{GEMV_MAX_ROWS, add_rms_norm, gemv, silu_mul};
 pub use prefill::{PrefillSeqs, paged_prefill_attention};
 pub use rope::{QkvRope, rope_qkv_cache};
 pub use sampling::sample;
+pub use split::{MIN_CHUNK, decode_slots, graph_split_plan, split_plan};
 pub use upload::{upload, upload_rows};
 
 use std::ffi::c_void;

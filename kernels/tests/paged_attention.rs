@@ -2,9 +2,12 @@
 //! batch sizes, context lengths from 1 to 16k, GQA ratios 1/4/8, head dims 64 and 128, three dtypes.
 //! Needs a CUDA GPU: `cargo test -p pagewise-kernels` on the accelerator machine.
 
+use candle_core::cuda_backend::cudarc::driver::sys::{
+    CUgraphInstantiate_flags, CUstreamCaptureMode,
+};
 use candle_core::{DType, Device, Tensor};
 use pagewise_kernels::{
-    DecodeWorkspace, paged_attention_into, paged_decode_attention, reshape_and_cache,
+    DecodeWorkspace, decode_slots, paged_attention_into, paged_decode_attention, reshape_and_cache,
 };
 
 mod common;
@@ -17,10 +20,10 @@ fn case(
     heads: usize,
     kv_heads: usize,
     ctx_lens: &[usize],
+    bs: usize,
     seed: u64,
 ) -> f32 {
     let dev = Device::new_cuda(0).unwrap();
-    let bs = 16;
     let mut rng = Lcg(seed);
     let blocks: usize = ctx_lens.iter().map(|c| c.div_ceil(bs)).sum();
     let num_blocks = blocks + 1;
@@ -133,7 +136,7 @@ fn decode_attention_matches_the_reference() {
                     vec![1000, 1, 2048, 33],
                 ] {
                     seed += 1;
-                    let err = case(dtype, head_dim, heads, kv_heads, &lens, seed);
+                    let err = case(dtype, head_dim, heads, kv_heads, &lens, 16, seed);
                     assert!(
                         err <= tol,
                         "{dtype:?} d{head_dim} {heads}/{kv_heads} {lens:?}: max err {err}"
@@ -143,8 +146,19 @@ fn decode_attention_matches_the_reference() {
         }
     }
     // One long context.
-    let err = case(DType::BF16, 128, 32, 8, &[16384], 99);
+    let err = case(DType::BF16, 128, 32, 8, &[16384], 16, 99);
     assert!(err <= 2e-2, "16k context: {err}");
+    // Block size 32 and head dim 256 (two stages of 32 KB per block).
+    for (dtype, tol) in [(DType::BF16, 2e-2), (DType::F32, 1e-4)] {
+        for (head_dim, heads, kv_heads) in [(128, 32, 8), (256, 8, 1), (64, 16, 2)] {
+            let lens = [1, 31, 33, 700, 4099];
+            let err = case(dtype, head_dim, heads, kv_heads, &lens, 32, 7);
+            assert!(
+                err <= tol,
+                "{dtype:?} d{head_dim} {heads}/{kv_heads} bs 32: {err}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -173,7 +187,10 @@ fn bad_arguments_are_refused_clearly() {
 
 /// Decode attention bandwidth: KV bytes read per second, batch × context, GQA 32/8, head dim 128,
 /// bf16, block size 16, scattered block tables. Buffers are allocated once and the kernel is timed
-/// with CUDA events over back-to-back launches, so the time is the GPU's. Run on the GPU machine:
+/// with CUDA events over 64 launches, issued one by one and replayed from a CUDA graph (the GPU's
+/// time: the table's bandwidth); the launches rotate over
+/// copies of the cache totalling at least 128 MB, so small cases do not run out of the 50 MB L2.
+/// Run on the GPU machine:
 /// `kernel-tests --ignored --nocapture decode_bandwidth`.
 #[test]
 #[ignore]
@@ -183,14 +200,35 @@ fn decode_bandwidth() {
     let timing =
         Some(candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
     let (heads, kv_heads, d, bs) = (32, 8, 128, 16);
-    println!("| batch | context | time (µs) | KV read (TB/s) | share of 3.97 TB/s |");
-    println!("|---|---|---|---|---|");
+    let group = heads / kv_heads;
+    let slots = decode_slots(DType::BF16, d, group).unwrap();
+    println!("decode blocks at once (bf16, d{d}, group {group}): {slots}");
+    // PAGEWISE_BW_CASES="64x2048 1x8192" limits the table to those cases (tuning, profiling).
+    let only = std::env::var("PAGEWISE_BW_CASES").unwrap_or_default();
+    println!(
+        "| batch | context | launched one by one (µs) | graph replay (µs) | KV read (TB/s) | share of 3.97 TB/s |"
+    );
+    println!("|---|---|---|---|---|---|");
     for batch in [1usize, 8, 64, 256] {
         for ctx in [512usize, 2048, 8192] {
+            if !only.is_empty()
+                && !only
+                    .split_whitespace()
+                    .any(|c| c == format!("{batch}x{ctx}"))
+            {
+                continue;
+            }
             let blocks_per_seq = ctx / bs;
             let num_blocks = batch * blocks_per_seq + 1;
-            let kc = Tensor::zeros((num_blocks, bs, kv_heads, d), DType::BF16, &dev).unwrap();
-            let vc = kc.copy().unwrap();
+            let bytes = (batch * ctx * kv_heads * d * 2 * 2) as f64;
+            let copies = ((128e6 / bytes).ceil() as usize).clamp(1, 64);
+            let caches: Vec<(Tensor, Tensor)> = (0..copies)
+                .map(|_| {
+                    let kc =
+                        Tensor::zeros((num_blocks, bs, kv_heads, d), DType::BF16, &dev).unwrap();
+                    (kc.copy().unwrap(), kc)
+                })
+                .collect();
             // Each sequence's blocks in a scattered order.
             let tables: Vec<i32> = (0..batch * blocks_per_seq)
                 .map(|i| 1 + ((i * 7919) % (batch * blocks_per_seq)) as i32)
@@ -200,22 +238,41 @@ fn decode_bandwidth() {
             let q = Tensor::zeros((batch, heads, d), DType::BF16, &dev).unwrap();
             let out = q.zeros_like().unwrap();
             let ws = DecodeWorkspace::for_query(&q, kv_heads, ctx).unwrap();
-            let run =
-                || paged_attention_into(&out, &ws, &q, &kc, &vc, &bt, None, &cl, ctx, 0.1).unwrap();
-            for _ in 0..3 {
-                run();
+            let run = |i: usize| {
+                let (kc, vc) = &caches[i % copies];
+                paged_attention_into(&out, &ws, &q, kc, vc, &bt, None, &cl, ctx, 0.1).unwrap()
+            };
+            for i in 0..copies.max(3) {
+                run(i);
             }
-            let iters = 50;
+            let iters = 64;
+            // Launched one by one (the host's submission can be the bottleneck at small sizes)...
             let start = stream.record_event(timing).unwrap();
-            for _ in 0..iters {
-                run();
+            for i in 0..iters {
+                run(i);
             }
             let end = stream.record_event(timing).unwrap();
+            let eager = f64::from(start.elapsed_ms(&end).unwrap()) / 1e3 / iters as f64;
+            // ...and replayed from a CUDA graph, as the engine's decode steps run: GPU time.
+            stream
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .unwrap();
+            for i in 0..iters {
+                run(i);
+            }
+            let graph = stream
+                .end_capture(CUgraphInstantiate_flags(0))
+                .unwrap()
+                .unwrap();
+            graph.launch().unwrap();
+            let start = stream.record_event(timing).unwrap();
+            graph.launch().unwrap();
+            let end = stream.record_event(timing).unwrap();
             let secs = f64::from(start.elapsed_ms(&end).unwrap()) / 1e3 / iters as f64;
-            let bytes = (batch * ctx * kv_heads * d * 2 * 2) as f64;
             let rate = bytes / secs;
             println!(
-                "| {batch} | {ctx} | {:.1} | {:.2} | {:.0}% |",
+                "| {batch} | {ctx} | {:.1} | {:.1} | {:.2} | {:.0}% |",
+                eager * 1e6,
                 secs * 1e6,
                 rate / 1e12,
                 rate / 3.97e12 * 100.0

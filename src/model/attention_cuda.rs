@@ -77,10 +77,10 @@ pub(super) fn attend_cached(
             }
         }
         _ => {
-            let (_, _, kv_heads, _) = k_cache.dims4()?;
-            let plan = meta.split.unwrap_or_else(|| {
-                pagewise_kernels::split_plan(tokens, kv_heads, meta.max_context_len)
-            });
+            let plan = match meta.split {
+                Some(plan) => plan,
+                None => pagewise_kernels::plan_for(&q, k_cache, meta.max_context_len)?,
+            };
             pagewise_kernels::paged_attention_planned(
                 &q,
                 k_cache,

@@ -1,0 +1,105 @@
+// pagewise: what the two paged decode kernels share (cp.async helpers, launch arguments, the
+// split's range of positions). Included by paged_decode.cu.
+#pragma once
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kMaxGroup = 8;
+
+// 16 bytes global -> shared without passing through registers; `fill` false writes zeros instead
+// (rows past the context, so a masked score never meets an uninitialized V row).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool fill) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+               "r"(fill ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+struct DecodeArgs {
+  void* out;
+  float* part_ml;
+  float* part_acc;
+  const void* q;
+  const void* k_cache;
+  const void* v_cache;
+  const int32_t* block_tables;
+  const int32_t* row_seq;
+  const int32_t* context_lens;
+  int num_seqs, max_blocks, num_heads, num_kv_heads, head_dim, block_size, num_splits, chunk;
+  float scale;
+  cudaStream_t stream;
+};
+
+// The positions [begin, end) of a row's context that split `split` of `num_splits` covers.
+// `chunk` is a floor: a row splits its own context evenly when that gives longer chunks (a CUDA
+// graph fixes the split count while the contexts vary from replay to replay).
+__device__ __forceinline__ void split_range(int ctx, int split, int num_splits, int chunk,
+                                            int* begin, int* end) {
+  const int row_chunk = max(chunk, (ctx + num_splits - 1) / num_splits);
+  *begin = (int)min((int64_t)ctx, (int64_t)split * row_chunk);
+  *end = min(ctx, *begin + row_chunk);
+}
+
+// Streams tiles of kRows context positions of one KV head (its K and V rows, D elements each)
+// from the paged cache into shared-memory stages with cp.async. Stage layout: the K tile
+// [kRows][D], then the V tile. K rows, and V rows when kSwizzleV, store their 16-byte chunks
+// XOR-swizzled by row (chunk c of row r at c ^ (r % 8)), so reads of one chunk column by eight
+// rows hit distinct banks. The cache offsets of a tile are fetched one tile before its copies
+// are issued, so the block-table reads are in flight during a tile's math.
+template <typename T, int D, int kRows, bool kSwizzleV>
+struct TileCopier {
+  static constexpr int kChunks = D * (int)sizeof(T) / 16;    // 16-byte chunks per row
+  static constexpr int kRowsPerPass = kThreads / kChunks;    // rows one pass of copies covers
+  static constexpr int kPer = kRows / kRowsPerPass;          // rows each thread copies per tile
+  static constexpr int kStageElems = 2 * kRows * D;
+  static_assert(kChunks >= 8 && kThreads % kChunks == 0 && kRows % kRowsPerPass == 0, "shape");
+
+  const T* k_cache;
+  const T* v_cache;
+  const int32_t* table;
+  int begin, end, block_size, col, row0;
+  int64_t row_stride, head_off;
+  int64_t offs[kPer];
+
+  __device__ TileCopier(const T* k, const T* v, const int32_t* tbl, int b, int e, int bs,
+                        int num_kv_heads, int kv_head)
+      : k_cache(k), v_cache(v), table(tbl), begin(b), end(e), block_size(bs),
+        col(threadIdx.x % kChunks), row0(threadIdx.x / kChunks),
+        row_stride((int64_t)num_kv_heads * D),
+        head_off((int64_t)kv_head * D + (threadIdx.x % kChunks) * (16 / (int)sizeof(T))) {}
+
+  // Cache offsets of this thread's rows of `tile` (-1 past the split's end).
+  __device__ __forceinline__ void fetch(int tile) {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int p = begin + tile * kRows + row0 + i * kRowsPerPass;
+      offs[i] = p < end ? ((int64_t)table[p / block_size] * block_size + p % block_size) *
+                                  row_stride + head_off
+                        : -1;
+    }
+  }
+
+  // Copies the fetched tile into `stage`; rows past the end are zero-filled.
+  __device__ __forceinline__ void issue(T* stage) const {
+    constexpr int kVec = 16 / (int)sizeof(T);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int r = row0 + i * kRowsPerPass;
+      const bool ok = offs[i] >= 0;
+      const int64_t off = ok ? offs[i] : 0;
+      const int sw = (col ^ (r & 7)) * kVec;
+      cp_async16(stage + r * D + sw, k_cache + off, ok);
+      cp_async16(stage + (kRows + r) * D + (kSwizzleV ? sw : col * kVec), v_cache + off, ok);
+    }
+  }
+};
+
+}  // namespace

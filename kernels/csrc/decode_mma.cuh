@@ -1,0 +1,261 @@
+// pagewise: paged decode attention on tensor cores (mma.sync m16n8k16, bf16 and f16, head dims 64
+// and 128). The query heads sharing a KV head are the rows of the matrix product (up to 8 of its
+// 16 rows), so the scores and the weighted sum of V rows each take a few tensor-core
+// instructions per 16 positions instead of one FMA per element. Included by paged_decode.cu.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include "decode_common.cuh"
+#include "dtype.cuh"
+
+namespace {
+
+// Positions per pipeline stage: 16 for each warp.
+constexpr int kMmaRows = 16 * kWarps;
+
+template <typename T, int D>
+struct MmaShape {
+  using Copier = TileCopier<T, D, kMmaRows, true>;
+  static constexpr int kStageBytes = Copier::kStageElems * (int)sizeof(T);
+  // 2 stages of 32 KB at d128 (3 blocks per SM), 3 of 16 KB at d64 (4 per SM).
+#ifdef PAGEWISE_DECODE_MMA_STAGES
+  static constexpr int kStages = PAGEWISE_DECODE_MMA_STAGES;
+#else
+  static constexpr int kStages = kStageBytes <= 16384 ? 3 : 2;
+#endif
+  static constexpr int kSmemBytes = kStages * kStageBytes;
+  // The end-of-block merge of the warps reuses the stages: (max, sum) and D sums per head.
+  static_assert((kWarps * 8 * (D + 2)) * 4 <= kSmemBytes, "merge space");
+};
+
+template <typename T>
+__device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint32_t b0,
+                                          uint32_t b1);
+template <>
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float c[4], const uint32_t a[4],
+                                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma_16816<__half>(float c[4], const uint32_t a[4], uint32_t b0,
+                                                  uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* p) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* p) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+// Two floats as the element pair of one 32-bit matrix register (first in the low half).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// One block per (query row, KV head, context split), as the CUDA-core kernel. The split streams
+// through shared memory in tiles of 64 positions (cp.async, kStages - 1 tiles ahead); warp w takes
+// positions [16w, 16w + 16) of every tile and keeps its own online softmax, so the warps never wait
+// on each other inside the loop (one barrier per tile, for the stage ring). Per tile and warp:
+// scores S = Q K^T as 2 n8-blocks over D / 16 k-steps, with Q (the group's heads as rows, rows
+// past the group zero) held in registers for the whole split; lane l holds head l / 4's scores
+// at 4 positions; then O += P V with P taken straight from the score registers (FlashAttention-2
+// style) and V read transposed by ldmatrix. At the end the 4 warps merge through shared memory.
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads)
+    paged_decode_mma_kernel(T* __restrict__ out, float* __restrict__ part_ml,
+                            float* __restrict__ part_acc, const T* __restrict__ q,
+                            const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                            const int32_t* __restrict__ block_tables,
+                            const int32_t* __restrict__ row_seq,
+                            const int32_t* __restrict__ context_lens, int max_blocks,
+                            int num_heads, int num_kv_heads, int block_size, int chunk,
+                            float scale) {
+  using S = MmaShape<T, D>;
+  using Copier = typename S::Copier;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* stages = reinterpret_cast<T*>(smem);
+
+  const int seq = blockIdx.x, kv_head = blockIdx.y, split = blockIdx.z, num_splits = gridDim.z;
+  const int group = num_heads / num_kv_heads;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int r = lane / 4, c = lane % 4;  // this lane's head (matrix row) and column pair
+  int begin, end;
+  split_range(context_lens[seq], split, num_splits, chunk, &begin, &end);
+  const int tiles = (end - begin + kMmaRows - 1) / kMmaRows;
+  const int32_t* table = block_tables + (int64_t)(row_seq ? row_seq[seq] : seq) * max_blocks;
+
+  Copier copier(k_cache, v_cache, table, begin, end, block_size, num_kv_heads, kv_head);
+  for (int s = 0; s < S::kStages - 1; ++s) {
+    if (s < tiles) {
+      copier.fetch(s);
+      copier.issue(stages + s * Copier::kStageElems);
+    }
+    cp_async_commit();
+  }
+  copier.fetch(S::kStages - 1);
+
+  // Q as the A operand: row r = head r of the group, columns 2c, 2c + 1 (+ 8) of each k-step.
+  uint32_t qa[D / 16][2];
+  {
+    const T* qr = q + ((int64_t)seq * num_heads + (int64_t)kv_head * group + r) * D + 2 * c;
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k) {
+      qa[k][0] = r < group ? *reinterpret_cast<const uint32_t*>(qr + k * 16) : 0u;
+      qa[k][1] = r < group ? *reinterpret_cast<const uint32_t*>(qr + k * 16 + 8) : 0u;
+    }
+  }
+
+  // o[n][0..1]: head r, dims 8n + 2c, + 1 (o[n][2..3] are the zero rows 8-15).
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m = -INFINITY, l = 0.f;  // l: this lane's share of the row sum
+  const int prow = warp * 16;    // the warp's first row of each tile
+  const int sub = lane / 8, row8 = lane % 8;  // ldmatrix: this lane addresses row8 of matrix sub
+
+  for (int t = 0; t < tiles; ++t) {
+    cp_async_wait<S::kStages - 2>();
+    // Tile t has landed for every thread, and everyone is done with tile t - 1's stage.
+    __syncthreads();
+    if (t + S::kStages - 1 < tiles)
+      copier.issue(stages + ((t + S::kStages - 1) % S::kStages) * Copier::kStageElems);
+    cp_async_commit();
+    copier.fetch(t + S::kStages);
+    const T* kt = stages + (t % S::kStages) * Copier::kStageElems;
+    const T* vt = kt + kMmaRows * D;
+
+    // Scores: sc[b] covers the warp's positions 8b .. 8b + 7 (lane: 8b + 2c, + 1).
+    float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    {
+      // Matrix sub: positions 8 (sub / 2) + row8, dims 8 (sub % 2) of each k-step.
+      const int row = prow + (sub >> 1) * 8 + row8;
+#pragma unroll
+      for (int k = 0; k < D / 16; ++k) {
+        uint32_t b[4];
+        ldmatrix_x4(b, kt + row * D + (((2 * k + (sub & 1)) ^ (row & 7)) * 8));
+        const uint32_t a[4] = {qa[k][0], 0u, qa[k][1], 0u};
+        mma_16816<T>(sc[0], a, b[0], b[1]);
+        mma_16816<T>(sc[1], a, b[2], b[3]);
+      }
+    }
+    // Online softmax of row r over the warp's 16 positions (the quad of lanes 4r .. 4r + 3).
+    const int first = begin + t * kMmaRows + prow;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const bool valid = first + 8 * b + 2 * c + j < end;
+        sc[b][j] = valid ? sc[b][j] * scale : -INFINITY;
+        mx = fmaxf(mx, sc[b][j]);
+      }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+    const float m_new = fmaxf(m, mx);
+    // Nothing valid yet in this row: keep everything at zero.
+    const float base = m_new == -INFINITY ? 0.f : m_new;
+    const float correction = __expf(m - base);
+    m = m_new;
+    float p[2][2];
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) p[b][j] = __expf(sc[b][j] - base);
+    l = l * correction + p[0][0] + p[0][1] + p[1][0] + p[1][1];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= correction;
+      o[n][1] *= correction;
+    }
+    // O += P V: P's row r at k = 2c (+1) and 8 + 2c (+1) are the score registers.
+    const uint32_t pa[4] = {pack2<T>(p[0][0], p[0][1]), 0u, pack2<T>(p[1][0], p[1][1]), 0u};
+    {
+      // Matrix sub: positions 8 (sub % 2) + row8, dims 16 nd + 8 (sub / 2).
+      const int row = prow + (sub & 1) * 8 + row8;
+#pragma unroll
+      for (int nd = 0; nd < D / 16; ++nd) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, vt + row * D + (((2 * nd + (sub >> 1)) ^ (row & 7)) * 8));
+        mma_16816<T>(o[2 * nd], pa, b[0], b[1]);
+        mma_16816<T>(o[2 * nd + 1], pa, b[2], b[3]);
+      }
+    }
+  }
+
+  // Merge the warps: per head, (max, sum) and the D unnormalized sums of each warp.
+  l += __shfl_xor_sync(0xffffffff, l, 1);
+  l += __shfl_xor_sync(0xffffffff, l, 2);
+  cp_async_wait<0>();
+  __syncthreads();
+  float* sm_ml = reinterpret_cast<float*>(smem);  // [kWarps][8][2]
+  float* sm_o = sm_ml + kWarps * 8 * 2;           // [kWarps][8][D]
+  if (r < group) {
+    if (c == 0) {
+      sm_ml[(warp * 8 + r) * 2] = m;
+      sm_ml[(warp * 8 + r) * 2 + 1] = l;
+    }
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      sm_o[(warp * 8 + r) * D + 8 * n + 2 * c] = o[n][0];
+      sm_o[(warp * 8 + r) * D + 8 * n + 2 * c + 1] = o[n][1];
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < group * D; i += kThreads) {
+    const int g = i / D, d = i % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w)
+      if (sm_ml[(w * 8 + g) * 2 + 1] > 0.f) M = fmaxf(M, sm_ml[(w * 8 + g) * 2]);
+    float L = 0.f, acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float lw = sm_ml[(w * 8 + g) * 2 + 1];
+      if (lw == 0.f) continue;
+      const float f = __expf(sm_ml[(w * 8 + g) * 2] - M);
+      L += lw * f;
+      acc += sm_o[(w * 8 + g) * D + d] * f;
+    }
+    const int head = kv_head * group + g;
+    if (num_splits == 1) {
+      out[((int64_t)seq * num_heads + head) * D + d] = from_float<T>(L > 0.f ? acc / L : 0.f);
+    } else {
+      const int64_t part = ((int64_t)seq * num_heads + head) * num_splits + split;
+      if (d == 0) {
+        part_ml[part * 2] = M;
+        part_ml[part * 2 + 1] = L;
+      }
+      part_acc[part * D + d] = acc;
+    }
+  }
+}
+
+}  // namespace

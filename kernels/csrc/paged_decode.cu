@@ -1,0 +1,348 @@
+// pagewise CUDA kernels: paged decode attention over the NHD paged KV cache
+// ([num_blocks, block_size, num_kv_heads, head_dim] per layer; slot s = block s / bs, row s % bs),
+// split-KV with a log-sum-exp merge. The CUDA-core kernel here serves f32 and head dim 256; bf16
+// and f16 at head dims 64 and 128 run on tensor cores (decode_mma.cuh). Needs sm_80+ (cp.async,
+// mma.sync).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <type_traits>
+#include "dtype.cuh"
+#include "decode_common.cuh"
+#include "decode_mma.cuh"
+
+namespace {
+
+// Context positions per pipeline stage: one per lane in the softmax.
+constexpr int kTile = 32;
+
+// Sizes that follow from the element type and head dim.
+template <typename T, int D>
+struct Shape {
+  static constexpr int kVec = 16 / sizeof(T);              // elements per 16-byte chunk
+  static constexpr int kChunks = D / kVec;                 // chunks per K or V row (8..64)
+  static constexpr int kStageElems = 2 * kTile * D;        // the K tile, then the V tile
+  static constexpr int kStageBytes = kStageElems * (int)sizeof(T);
+  // Tiles in flight: about 48 KB of stages per block, so 4 blocks fit an SM at bf16 d128
+  // (PAGEWISE_DECODE_STAGES overrides it at compile time, for tuning).
+#ifdef PAGEWISE_DECODE_STAGES
+  static constexpr int kStages = PAGEWISE_DECODE_STAGES;
+#else
+  static constexpr int kStages = kStageBytes <= 12288 ? 4 : (kStageBytes <= 16384 ? 3 : 2);
+#endif
+  static constexpr int kPart = D / 32;                     // output dims per lane
+};
+
+template <typename T, int N>
+struct alignas(N * sizeof(T)) Vec {
+  T v[N];
+};
+
+template <typename T, int N>
+__device__ __forceinline__ void load_vec(const T* p, float out[N]) {
+  const Vec<T, N> x = *reinterpret_cast<const Vec<T, N>*>(p);
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = to_float(x.v[i]);
+}
+
+template <typename T, int D, int G>
+constexpr int decode_smem_bytes() {
+  using S = Shape<T, D>;
+  return S::kStages * S::kStageBytes + (G * D + kWarps * G * kTile) * (int)sizeof(float);
+}
+
+// One block per (query row, KV head, context split); the block serves every query head of the KV
+// head's group, so each K/V row is read once. A row is one query token: a decoding sequence's, or
+// one of a prefill chunk's (row_seq names its sequence's block table; its context length is its
+// position + 1, which makes a chunk causal over itself and full over its prefix).
+//
+// The split's context streams through shared memory in tiles of 32 positions, kStages - 1 tiles
+// ahead of the math (cp.async), so the loads in flight do not wait on the softmax. Per tile:
+// scores with lane = position and warp = a quarter of the head dims (K rows are stored with their
+// 16-byte chunks XOR-swizzled by row, so the lanes' reads hit distinct banks); then warp w owns
+// query heads w, w + 4, ... of the group: it sums the quarters, updates that head's online
+// softmax, and accumulates the V rows with lane l holding dims [l*P, l*P+P). One split writes the
+// output; several write unnormalized partials (max, sum, acc) for the merge kernel.
+// G bounds the group size at compile time (1, 2, 4 or 8), so registers scale with the real group.
+template <typename T, int D, int G>
+__global__ void __launch_bounds__(kThreads)
+    paged_decode_kernel(T* __restrict__ out, float* __restrict__ part_ml,
+                        float* __restrict__ part_acc, const T* __restrict__ q,
+                        const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                        const int32_t* __restrict__ block_tables,
+                        const int32_t* __restrict__ row_seq,
+                        const int32_t* __restrict__ context_lens, int max_blocks, int num_heads,
+                        int num_kv_heads, int block_size, int chunk, float scale) {
+  using S = Shape<T, D>;
+  constexpr int kHeadsPerWarp = (G + kWarps - 1) / kWarps;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* stages = reinterpret_cast<T*>(smem);
+  float* sq = reinterpret_cast<float*>(smem + S::kStages * S::kStageBytes);  // [G][D]
+  float* sp = sq + G * D;                                                     // [kWarps][G][kTile]
+
+  const int seq = blockIdx.x, kv_head = blockIdx.y, split = blockIdx.z, num_splits = gridDim.z;
+  const int group = num_heads / num_kv_heads;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  int begin, end;
+  split_range(context_lens[seq], split, num_splits, chunk, &begin, &end);
+  const int tiles = (end - begin + kTile - 1) / kTile;
+  const int32_t* table = block_tables + (int64_t)(row_seq ? row_seq[seq] : seq) * max_blocks;
+
+  // The group's queries (the heads are adjacent), pre-scaled, as f32.
+  const T* qg = q + ((int64_t)seq * num_heads + (int64_t)kv_head * group) * D;
+  for (int i = tid; i < group * D; i += kThreads) sq[i] = to_float(qg[i]) * scale;
+
+  TileCopier<T, D, kTile, false> copier(k_cache, v_cache, table, begin, end, block_size,
+                                        num_kv_heads, kv_head);
+  for (int s = 0; s < S::kStages - 1; ++s) {
+    if (s < tiles) {
+      copier.fetch(s);
+      copier.issue(stages + (s % S::kStages) * S::kStageElems);
+    }
+    cp_async_commit();
+  }
+  copier.fetch(S::kStages - 1);
+
+  float acc[kHeadsPerWarp][S::kPart], m[kHeadsPerWarp], l[kHeadsPerWarp], w[kHeadsPerWarp];
+#pragma unroll
+  for (int h = 0; h < kHeadsPerWarp; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0.f;
+    w[h] = 0.f;
+#pragma unroll
+    for (int i = 0; i < S::kPart; ++i) acc[h][i] = 0.f;
+  }
+
+  for (int t = 0; t < tiles; ++t) {
+    cp_async_wait<S::kStages - 2>();
+    // Tile t has landed for every thread, and everyone is done with tile t - 1's buffer.
+    __syncthreads();
+    if (t + S::kStages - 1 < tiles)
+      copier.issue(stages + ((t + S::kStages - 1) % S::kStages) * S::kStageElems);
+    cp_async_commit();
+    copier.fetch(t + S::kStages);
+    const T* kt = stages + (t % S::kStages) * S::kStageElems;
+    const T* vt = kt + kTile * D;
+
+    // Partial scores over this warp's quarter of the head dims.
+    float s[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) s[g] = 0.f;
+#pragma unroll
+    for (int c = warp; c < S::kChunks; c += kWarps) {
+      float kf[S::kVec];
+      load_vec<T, S::kVec>(kt + lane * D + (c ^ (lane & 7)) * S::kVec, kf);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        if (g >= group) break;
+#pragma unroll
+        for (int j = 0; j < S::kVec; ++j) s[g] += sq[g * D + c * S::kVec + j] * kf[j];
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      if (g >= group) break;
+      sp[(warp * G + g) * kTile + lane] = s[g];
+    }
+    __syncthreads();
+
+    const int rows = min(kTile, end - (begin + t * kTile));
+    const bool valid = lane < rows;
+#pragma unroll
+    for (int h = 0; h < kHeadsPerWarp; ++h) {
+      const int g = warp + h * kWarps;
+      if (g >= group) break;
+      float x = 0.f;
+#pragma unroll
+      for (int v = 0; v < kWarps; ++v) x += sp[(v * G + g) * kTile + lane];
+      x = valid ? x : -INFINITY;
+      float mx = x;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
+      const float m_new = fmaxf(m[h], mx);
+      w[h] = valid ? __expf(x - m_new) : 0.f;
+      float sum = w[h];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, o);
+      const float correction = __expf(m[h] - m_new);
+      l[h] = l[h] * correction + sum;
+#pragma unroll
+      for (int i = 0; i < S::kPart; ++i) acc[h][i] *= correction;
+      m[h] = m_new;
+    }
+    if (warp < group) {
+#pragma unroll 8
+      for (int r = 0; r < rows; ++r) {
+        float vf[S::kPart];
+        load_vec<T, S::kPart>(vt + r * D + lane * S::kPart, vf);
+#pragma unroll
+        for (int h = 0; h < kHeadsPerWarp; ++h) {
+          if (warp + h * kWarps >= group) break;
+          const float wr = __shfl_sync(0xffffffff, w[h], r);
+#pragma unroll
+          for (int i = 0; i < S::kPart; ++i) acc[h][i] += wr * vf[i];
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int h = 0; h < kHeadsPerWarp; ++h) {
+    const int g = warp + h * kWarps;
+    if (g >= group) break;
+    const int head = kv_head * group + g;
+    if (num_splits == 1) {
+      const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+      T* op = out + ((int64_t)seq * num_heads + head) * D + lane * S::kPart;
+#pragma unroll
+      for (int i = 0; i < S::kPart; ++i) op[i] = from_float<T>(acc[h][i] * inv);
+    } else {
+      const int64_t part = ((int64_t)seq * num_heads + head) * num_splits + split;
+      if (lane == 0) {
+        part_ml[part * 2] = m[h];
+        part_ml[part * 2 + 1] = l[h];
+      }
+#pragma unroll
+      for (int i = 0; i < S::kPart; ++i) part_acc[part * D + lane * S::kPart + i] = acc[h][i];
+    }
+  }
+}
+
+// One block per (sequence, head): merges the splits' partials by log-sum-exp.
+template <typename T, int D>
+__global__ void merge_splits_kernel(T* __restrict__ out, const float* __restrict__ part_ml,
+                                    const float* __restrict__ part_acc, int num_splits) {
+  const int64_t row = (int64_t)blockIdx.x * gridDim.y + blockIdx.y;
+  const float* ml = part_ml + row * num_splits * 2;
+  float M = -INFINITY;
+  for (int s = 0; s < num_splits; ++s)
+    if (ml[2 * s + 1] > 0.f) M = fmaxf(M, ml[2 * s]);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float L = 0.f, o = 0.f;
+    for (int s = 0; s < num_splits; ++s) {
+      if (ml[2 * s + 1] == 0.f) continue;
+      const float c = __expf(ml[2 * s] - M);
+      L += ml[2 * s + 1] * c;
+      o += part_acc[(row * num_splits + s) * D + d] * c;
+    }
+    out[row * D + d] = from_float<T>(L > 0.f ? o / L : 0.f);
+  }
+}
+
+
+// Whether PAGEWISE_DECODE_CORE is set: the CUDA-core kernel even where the tensor-core one
+// applies (for comparisons).
+bool core_forced() {
+  static const bool forced = getenv("PAGEWISE_DECODE_CORE") != nullptr;
+  return forced;
+}
+
+// Opts `kernel` in to its dynamic shared memory (above 48 KB a kernel must) and the largest
+// shared-memory carveout, once per device; then launches it over `a` (with the merge when the
+// context is split), or, when `a` is null, writes how many of its blocks fit on one SM.
+template <typename T, int D, typename K>
+int run_kernel(K kernel, int smem, bool (&configured)[64], const DecodeArgs* a, int* blocks) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return (int)err;
+  if (dev < 0 || dev >= 64) return 1;
+  if (!configured[dev]) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err == cudaSuccess)
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
+    if (err != cudaSuccess) return (int)err;
+    configured[dev] = true;
+  }
+  if (a == nullptr)
+    return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, smem);
+  const dim3 grid(a->num_seqs, a->num_kv_heads, a->num_splits);
+  kernel<<<grid, kThreads, smem, a->stream>>>(
+      (T*)a->out, a->part_ml, a->part_acc, (const T*)a->q, (const T*)a->k_cache,
+      (const T*)a->v_cache, a->block_tables, a->row_seq, a->context_lens, a->max_blocks,
+      a->num_heads, a->num_kv_heads, a->block_size, a->chunk, a->scale);
+  if (a->num_splits > 1)
+    merge_splits_kernel<T, D><<<dim3(a->num_seqs, a->num_heads), D, 0, a->stream>>>(
+        (T*)a->out, a->part_ml, a->part_acc, a->num_splits);
+  return (int)cudaGetLastError();
+}
+
+// The kernel for (T, D, group bound G): tensor cores for bf16 and f16 at head dims 64 and 128,
+// the CUDA-core kernel otherwise.
+template <typename T, int D, int G>
+int decode_g(const DecodeArgs* a, int* blocks) {
+  if constexpr (!std::is_same<T, float>::value && D <= 128) {
+    if (!core_forced()) {
+      static bool configured[64] = {};
+      return run_kernel<T, D>(paged_decode_mma_kernel<T, D>, MmaShape<T, D>::kSmemBytes,
+                              configured, a, blocks);
+    }
+  }
+  static bool configured[64] = {};
+  return run_kernel<T, D>(paged_decode_kernel<T, D, G>, decode_smem_bytes<T, D, G>(), configured,
+                          a, blocks);
+}
+
+template <typename T>
+int decode(int head_dim, int group, const DecodeArgs* a, int* blocks) {
+  if (group < 1 || group > kMaxGroup) return 1;
+#define PAGEWISE_BY_GROUP(D)                                 \
+  (group == 1   ? decode_g<T, D, 1>(a, blocks)               \
+   : group == 2 ? decode_g<T, D, 2>(a, blocks)               \
+   : group <= 4 ? decode_g<T, D, 4>(a, blocks)               \
+                : decode_g<T, D, 8>(a, blocks))
+  switch (head_dim) {
+    case 64: return PAGEWISE_BY_GROUP(64);
+    case 128: return PAGEWISE_BY_GROUP(128);
+    case 256: return PAGEWISE_BY_GROUP(256);
+    default: return 1;
+  }
+#undef PAGEWISE_BY_GROUP
+}
+
+int decode_any(int dtype, int head_dim, int group, const DecodeArgs* a, int* blocks) {
+  switch (dtype) {
+    case 0: return decode<float>(head_dim, group, a, blocks);
+    case 1: return decode<__half>(head_dim, group, a, blocks);
+    case 2: return decode<__nv_bfloat16>(head_dim, group, a, blocks);
+    default: return 1;
+  }
+}
+
+}  // namespace
+
+// dtype: 0 = f32, 1 = f16, 2 = bf16. Returns 0 on success, a CUDA error code otherwise (1 for an
+// unsupported dtype, head dim or group size).
+// part_ml ([seqs, heads, splits, 2]) and part_acc ([seqs, heads, splits, head_dim]), f32, are
+// workspace used only when num_splits > 1; split s covers positions [s * c, (s + 1) * c) with
+// c = max(chunk, ceil(context / num_splits)). row_seq ([num_seqs] rows) maps each query row to
+// its block table row; null means row i uses table i.
+extern "C" int pagewise_paged_decode(int dtype, void* out, float* part_ml, float* part_acc,
+                                     const void* q, const void* k_cache, const void* v_cache,
+                                     const int32_t* block_tables, const int32_t* row_seq,
+                                     const int32_t* context_lens, int num_seqs, int max_blocks,
+                                     int num_heads, int num_kv_heads, int head_dim,
+                                     int block_size, int num_splits, int chunk, float scale,
+                                     cudaStream_t stream) {
+  const DecodeArgs a{out,       part_ml,    part_acc,     q,          k_cache,      v_cache,
+                     block_tables, row_seq,  context_lens, num_seqs,   max_blocks,   num_heads,
+                     num_kv_heads, head_dim, block_size,   num_splits, chunk,        scale,
+                     stream};
+  if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return 1;
+  return decode_any(dtype, head_dim, num_heads / num_kv_heads, &a, nullptr);
+}
+
+// How many decode blocks (dtype as above, head dim, query heads per KV head) fit on one
+// multiprocessor of the current device at once, and how many multiprocessors it has: what a split
+// plan needs to fill the GPU.
+extern "C" int pagewise_decode_occupancy(int dtype, int head_dim, int group, int* blocks_per_sm,
+                                         int* sms) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err != cudaSuccess) return (int)err;
+  return decode_any(dtype, head_dim, group, nullptr, blocks_per_sm);
+}

@@ -1,0 +1,126 @@
+//! How decode attention splits a context across blocks. The kernel runs one block per (query
+//! row, KV head, split); all blocks of a launch do about the same work, so they finish in waves of
+//! `slots` (the blocks that fit on the whole GPU at once). A plan picks the split count that
+//! minimizes waves × (positions per block + a block's start-up), with a small charge for the merge
+//! kernel that a split context needs.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use candle_core::{DType, Result};
+
+use crate::{check_launch, dtype_code, ffi};
+
+/// Fewest context positions worth a split of their own.
+pub const MIN_CHUNK: usize = 128;
+/// Most splits of one context (bounds the partials' workspace).
+const MAX_SPLITS: usize = 512;
+/// A block's start-up (block-table reads, the first tile's round trip), in context positions.
+const BLOCK_OVERHEAD: usize = 128;
+/// The merge kernel's cost (writing and reading the partials, one more launch), as a share.
+const MERGE_COST: f64 = 0.05;
+
+/// How many splits of the context each (sequence, KV head) gets and the positions per split,
+/// for `seqs` query rows over `kv_heads` KV heads and contexts up to `max_context_len`, on a GPU
+/// that runs `slots` blocks at once (see [`decode_slots`]).
+pub fn split_plan(
+    seqs: usize,
+    kv_heads: usize,
+    max_context_len: usize,
+    slots: usize,
+) -> (usize, usize) {
+    let splits = choose_splits(seqs * kv_heads, max_context_len, slots);
+    (splits, max_context_len.div_ceil(splits).max(1))
+}
+
+/// The split plan of a CUDA graph, captured once and replayed over contexts up to
+/// `max_context_len`: the split count for the longest context, and `MIN_CHUNK` as the floor of
+/// each row's chunk, so a row spreads its own context over the splits (the kernel takes
+/// `max(chunk, ceil(context / splits))`) and the splits past it return at once.
+pub fn graph_split_plan(
+    seqs: usize,
+    kv_heads: usize,
+    max_context_len: usize,
+    slots: usize,
+) -> (usize, usize) {
+    (
+        choose_splits(seqs * kv_heads, max_context_len, slots),
+        MIN_CHUNK,
+    )
+}
+
+fn choose_splits(pairs: usize, context: usize, slots: usize) -> usize {
+    let (pairs, context, slots) = (pairs.max(1), context.max(1), slots.max(1));
+    // Past a few waves' worth of splits the cost only grows.
+    let most = context
+        .div_ceil(MIN_CHUNK)
+        .min(MAX_SPLITS)
+        .min((4 * slots).div_ceil(pairs))
+        .max(1);
+    let cost = |s: usize| {
+        let waves = (pairs * s).div_ceil(slots) as f64;
+        let merge = if s > 1 { 1.0 + MERGE_COST } else { 1.0 };
+        waves * (context.div_ceil(s) + BLOCK_OVERHEAD) as f64 * merge
+    };
+    let mut best = 1;
+    for s in 2..=most {
+        if cost(s) < cost(best) {
+            best = s;
+        }
+    }
+    best
+}
+
+/// Decode blocks that run at once on the current CUDA device (multiprocessors × blocks per
+/// multiprocessor, by the kernel's shared memory and registers) for `dtype`, `head_dim` and
+/// `group` query heads per KV head. Queried once per combination (all GPUs of a process are
+/// taken to be alike).
+pub fn decode_slots(dtype: DType, head_dim: usize, group: usize) -> Result<usize> {
+    static SLOTS: [AtomicUsize; 3 * 3 * 8] = [const { AtomicUsize::new(0) }; 72];
+    let code = dtype_code(dtype, "decode_slots")?;
+    let dim = match head_dim {
+        64 => 0,
+        128 => 1,
+        256 => 2,
+        other => candle_core::bail!("decode attention: head_dim {other} is not 64, 128 or 256"),
+    };
+    if !(1..=8).contains(&group) {
+        candle_core::bail!("decode attention: {group} query heads per KV head (at most 8)");
+    }
+    let slot = &SLOTS[(code as usize * 3 + dim) * 8 + group - 1];
+    let known = slot.load(Ordering::Relaxed);
+    if known > 0 {
+        return Ok(known);
+    }
+    let (mut per_sm, mut sms) = (0, 0);
+    // SAFETY: writes two ints; the arguments are checked by the callee (1 when unsupported).
+    let err = unsafe {
+        ffi::pagewise_decode_occupancy(code, head_dim as i32, group as i32, &mut per_sm, &mut sms)
+    };
+    check_launch(err, "decode_slots")?;
+    let slots = (per_sm.max(1) * sms.max(1)) as usize;
+    slot.store(slots, Ordering::Relaxed);
+    Ok(slots)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_fill_one_wave_or_avoid_a_ragged_last_one() {
+        // 396 slots (132 SMs x 3 blocks), the H200 at bf16 d128.
+        // Batch 1 at 8k over 8 KV heads: as many splits as fit in one wave.
+        assert_eq!(split_plan(1, 8, 8192, 396), (49, 168));
+        // Batch 8 at 8k: 64 pairs, 6 splits = 384 blocks, one wave.
+        assert_eq!(split_plan(8, 8, 8192, 396).0, 6);
+        // Batch 64 at 2k: 512 pairs are 1.3 waves; 3 splits make 3.9 full ones.
+        assert_eq!(split_plan(64, 8, 2048, 396).0, 3);
+        // Batch 256: 5.2 waves, the ragged tail is small: no split.
+        assert_eq!(split_plan(256, 8, 2048, 396).0, 1);
+        // Short contexts are not split below MIN_CHUNK positions.
+        assert_eq!(split_plan(1, 8, 100, 396), (1, 100));
+        assert_eq!(split_plan(1, 1, 300, 396).0, 3);
+        // A graph's plan keeps the floor chunk.
+        assert_eq!(graph_split_plan(1, 8, 8192, 396), (49, MIN_CHUNK));
+    }
+}
