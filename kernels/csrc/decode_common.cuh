@@ -9,6 +9,8 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kMaxGroup = 8;
+// Most splits of one context the merges take (the plans stay within it).
+constexpr int kMaxSplits = 512;
 
 // 16 bytes global -> shared without passing through registers; `fill` false writes zeros instead
 // (rows past the context, so a masked score never meets an uninitialized V row).

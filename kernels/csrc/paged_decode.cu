@@ -211,27 +211,78 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One block per (sequence, head): merges the splits' partials by log-sum-exp.
-template <typename T, int D>
-__global__ void merge_splits_kernel(T* __restrict__ out, const float* __restrict__ part_ml,
-                                    const float* __restrict__ part_acc, int num_splits) {
+constexpr int kMergeThreads = 512;
+
+// The block's max (kMax) or sum of one value per thread; every thread gets the result.
+template <bool kMax>
+__device__ __forceinline__ float block_reduce(float x, float* scratch) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float y = __shfl_xor_sync(0xffffffff, x, o);
+    x = kMax ? fmaxf(x, y) : x + y;
+  }
+  const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  if (threadIdx.x % 32 == 0) scratch[warp] = x;
+  __syncthreads();
+  x = kMax ? -INFINITY : 0.f;
+  for (int w = 0; w < warps; ++w) x = kMax ? fmaxf(x, scratch[w]) : x + scratch[w];
+  __syncthreads();
+  return x;
+}
+
+// One block per (row, head): merges the splits' partials by log-sum-exp. The splits' weights
+// are computed once into shared memory; then thread (dim d, lane j) sums every kLanes-th split's
+// partial of dim d, so many splits' loads are in flight at once, and the lanes meet in shared
+// memory.
+// kThreadsM: D for a few splits, kMergeThreads for many.
+template <typename T, int D, int kThreadsM>
+__global__ void __launch_bounds__(kThreadsM)
+    merge_splits_kernel(T* __restrict__ out, const float* __restrict__ part_ml,
+                        const float* __restrict__ part_acc, int num_splits) {
+  constexpr int kLanes = kThreadsM / D;
+  __shared__ float weight[kMaxSplits];
+  __shared__ float scratch[kThreadsM / 32];
+  __shared__ float sums[kLanes][D];
   const int64_t row = (int64_t)blockIdx.x * gridDim.y + blockIdx.y;
   const float* ml = part_ml + row * num_splits * 2;
-  float M = -INFINITY;
-  for (int s = 0; s < num_splits; ++s)
-    if (ml[2 * s + 1] > 0.f) M = fmaxf(M, ml[2 * s]);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float L = 0.f, o = 0.f;
-    for (int s = 0; s < num_splits; ++s) {
-      if (ml[2 * s + 1] == 0.f) continue;
-      const float c = __expf(ml[2 * s] - M);
-      L += ml[2 * s + 1] * c;
-      o += part_acc[(row * num_splits + s) * D + d] * c;
-    }
+  const int tid = threadIdx.x;
+  float m = -INFINITY;
+  for (int s = tid; s < num_splits; s += kThreadsM)
+    if (ml[2 * s + 1] > 0.f) m = fmaxf(m, ml[2 * s]);
+  const float M = block_reduce<true>(m, scratch);
+  float l = 0.f;
+  for (int s = tid; s < num_splits; s += kThreadsM) {
+    const float w = ml[2 * s + 1] > 0.f ? __expf(ml[2 * s] - M) : 0.f;
+    weight[s] = w;
+    l += ml[2 * s + 1] * w;
+  }
+  const float L = block_reduce<false>(l, scratch);  // (its barrier also publishes `weight`)
+  const int d = tid % D, j = tid / D;
+  const float* acc = part_acc + row * num_splits * D + d;
+  float o = 0.f;
+#pragma unroll 4
+  for (int s = j; s < num_splits; s += kLanes) o += acc[(int64_t)s * D] * weight[s];
+  sums[j][d] = o;
+  __syncthreads();
+  if (j == 0) {
+#pragma unroll
+    for (int k = 1; k < kLanes; ++k) o += sums[k][d];
     out[row * D + d] = from_float<T>(L > 0.f ? o / L : 0.f);
   }
 }
 
+// The merge kernel over a split launch's partials: D threads a block for a few splits, more
+// for many.
+template <typename T, int D>
+void launch_merge(const DecodeArgs* a) {
+  const dim3 rows(a->num_seqs, a->num_heads);
+  if (a->num_splits > 8)
+    merge_splits_kernel<T, D, kMergeThreads><<<rows, kMergeThreads, 0, a->stream>>>(
+        (T*)a->out, a->part_ml, a->part_acc, a->num_splits);
+  else if (a->num_splits > 1)
+    merge_splits_kernel<T, D, D><<<rows, D, 0, a->stream>>>((T*)a->out, a->part_ml, a->part_acc,
+                                                            a->num_splits);
+}
 
 // Whether PAGEWISE_DECODE_CORE is set: the CUDA-core kernel even where the tensor-core one
 // applies (for comparisons).
@@ -241,49 +292,61 @@ bool core_forced() {
 }
 
 // Opts `kernel` in to its dynamic shared memory (above 48 KB a kernel must) and the largest
-// shared-memory carveout, once per device; then launches it over `a` (with the merge when the
-// context is split), or, when `a` is null, writes how many of its blocks fit on one SM.
-template <typename T, int D, typename K>
-int run_kernel(K kernel, int smem, bool (&configured)[64], const DecodeArgs* a, int* blocks) {
+// shared-memory carveout, once per device.
+template <typename K>
+cudaError_t configure(K kernel, int smem, bool (&configured)[64]) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return (int)err;
-  if (dev < 0 || dev >= 64) return 1;
-  if (!configured[dev]) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err == cudaSuccess)
-      err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 cudaSharedmemCarveoutMaxShared);
-    if (err != cudaSuccess) return (int)err;
-    configured[dev] = true;
-  }
-  if (a == nullptr)
-    return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, smem);
-  const dim3 grid(a->num_seqs, a->num_kv_heads, a->num_splits);
-  kernel<<<grid, kThreads, smem, a->stream>>>(
-      (T*)a->out, a->part_ml, a->part_acc, (const T*)a->q, (const T*)a->k_cache,
-      (const T*)a->v_cache, a->block_tables, a->row_seq, a->context_lens, a->max_blocks,
-      a->num_heads, a->num_kv_heads, a->block_size, a->chunk, a->scale);
-  if (a->num_splits > 1)
-    merge_splits_kernel<T, D><<<dim3(a->num_seqs, a->num_heads), D, 0, a->stream>>>(
-        (T*)a->out, a->part_ml, a->part_acc, a->num_splits);
-  return (int)cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
+  if (configured[dev]) return cudaSuccess;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared);
+  if (err == cudaSuccess) configured[dev] = true;
+  return err;
 }
 
-// The kernel for (T, D, group bound G): tensor cores for bf16 and f16 at head dims 64 and 128,
-// the CUDA-core kernel otherwise.
+// The kernel for (T, D, group bound G) over `a`, then the merge when the context is split: tensor
+// cores for bf16 and f16 at head dims 64 and 128, the CUDA-core kernel and the merge kernel otherwise. With
+// `a` null, writes how many of its blocks fit on one SM instead.
 template <typename T, int D, int G>
 int decode_g(const DecodeArgs* a, int* blocks) {
+  if (a != nullptr && a->num_splits > kMaxSplits) return 1;
   if constexpr (!std::is_same<T, float>::value && D <= 128) {
     if (!core_forced()) {
       static bool configured[64] = {};
-      return run_kernel<T, D>(paged_decode_mma_kernel<T, D>, MmaShape<T, D>::kSmemBytes,
-                              configured, a, blocks);
+      constexpr int smem = MmaShape<T, D>::kSmemBytes;
+      if (const cudaError_t err = configure(paged_decode_mma_kernel<T, D>, smem, configured))
+        return (int)err;
+      if (a == nullptr)
+        return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            blocks, paged_decode_mma_kernel<T, D>, kThreads, smem);
+      const dim3 grid(a->num_seqs, a->num_kv_heads, a->num_splits);
+      paged_decode_mma_kernel<T, D><<<grid, kThreads, smem, a->stream>>>(
+          (T*)a->out, a->part_ml, a->part_acc, (const T*)a->q,
+          (const T*)a->k_cache, (const T*)a->v_cache, a->block_tables, a->row_seq,
+          a->context_lens, a->max_blocks, a->num_heads, a->num_kv_heads, a->block_size,
+          a->chunk, a->scale);
+      launch_merge<T, D>(a);
+      return (int)cudaGetLastError();
     }
   }
   static bool configured[64] = {};
-  return run_kernel<T, D>(paged_decode_kernel<T, D, G>, decode_smem_bytes<T, D, G>(), configured,
-                          a, blocks);
+  constexpr int smem = decode_smem_bytes<T, D, G>();
+  if (const cudaError_t err = configure(paged_decode_kernel<T, D, G>, smem, configured))
+    return (int)err;
+  if (a == nullptr)
+    return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        blocks, paged_decode_kernel<T, D, G>, kThreads, smem);
+  const dim3 grid(a->num_seqs, a->num_kv_heads, a->num_splits);
+  paged_decode_kernel<T, D, G><<<grid, kThreads, smem, a->stream>>>(
+      (T*)a->out, a->part_ml, a->part_acc, (const T*)a->q, (const T*)a->k_cache,
+      (const T*)a->v_cache, a->block_tables, a->row_seq, a->context_lens, a->max_blocks,
+      a->num_heads, a->num_kv_heads, a->block_size, a->chunk, a->scale);
+  launch_merge<T, D>(a);
+  return (int)cudaGetLastError();
 }
 
 template <typename T>

@@ -177,8 +177,11 @@ fn paged_attention_planned_into(
     scale: f32,
 ) -> Result<()> {
     let (seqs, heads, head_dim) = q.dims3()?;
-    if splits == 0 || chunk == 0 {
-        bail!("a split plan needs at least one split and chunk, got ({splits}, {chunk})");
+    if splits == 0 || chunk == 0 || splits > crate::split::MAX_SPLITS {
+        bail!(
+            "a split plan needs 1 to {} splits and a chunk, got ({splits}, {chunk})",
+            crate::split::MAX_SPLITS
+        );
     }
     let (block_size, kv_heads) = check_attention(out, q, k_cache, v_cache)?;
     if heads / kv_heads > 8 {

@@ -12,8 +12,8 @@ use crate::{check_launch, dtype_code, ffi};
 
 /// Fewest context positions worth a split of their own.
 pub const MIN_CHUNK: usize = 128;
-/// Most splits of one context (bounds the partials' workspace).
-const MAX_SPLITS: usize = 512;
+/// Most splits of one context (bounds the partials' workspace; the merge kernel takes up to this).
+pub(crate) const MAX_SPLITS: usize = 512;
 /// A block's start-up (block-table reads, the first tile's round trip), in context positions.
 const BLOCK_OVERHEAD: usize = 128;
 /// The merge kernel's cost (writing and reading the partials, one more launch), as a share.
