@@ -11,7 +11,8 @@ decoding forward itself (torch.compile, mode "reduce-overhead": CUDA graphs). Th
 the same lengths as the timed one: the static cache is sized by them, and a different size means a
 recompilation inside the timed run (which is what made the first attempt, on 2026-11-29, slower
 than eager). A failure is recorded as an "error" row. `HF_BASELINE_DEVICE=cpu` runs the script's
-logic on a CPU (no compilation there) as a dry run.
+logic on a CPU (no compilation there) as a dry run. `HF_BASELINE_ROWS=static` (or `eager`) runs
+only those rows.
 """
 
 import json
@@ -26,9 +27,13 @@ torch.backends.cuda.matmul.allow_tf32 = True
 DEVICE = os.environ.get("HF_BASELINE_DEVICE", "cuda")
 
 
+# Which rows to run: "eager", "static" or both (default).
+ROWS = os.environ.get("HF_BASELINE_ROWS", "eager static").split()
+
+
 def sync():
     if DEVICE == "cuda":
-        sync()
+        torch.cuda.synchronize()
 
 
 def model_for(path):
@@ -67,17 +72,21 @@ for path in sys.argv[1:]:
     name = path.rstrip("/").split("/")[-1]
     model, cfg = model_for(path)
     with torch.no_grad():
-        r = decode_rate(model, cfg, 64)
-        print(json.dumps({"model": name, "what": "batch-1 decode, eager", "tok_s": r}), flush=True)
-        r = throughput(model, cfg)
-        print(json.dumps({"model": name, "what": "offline 1024/128, eager generate, batch 64",
-                          "req_s": r}), flush=True)
+        if "eager" in ROWS:
+            r = decode_rate(model, cfg, 64)
+            print(json.dumps({"model": name, "what": "batch-1 decode, eager", "tok_s": r}),
+                  flush=True)
+            r = throughput(model, cfg)
+            print(json.dumps({"model": name, "what": "offline 1024/128, eager generate, batch 64",
+                              "req_s": r}), flush=True)
         # Static cache: recent transformers compile the decoding forward inside `generate` itself
         # (wrapping model.forward in torch.compile(mode="reduce-overhead") broke, see above). A
         # failure is recorded, not fatal, so the eager rows still land.
         what = "batch-1 decode, static cache + torch.compile (transformers' own)"
-        # Compiling the 8B takes minutes: 1B only, as in GPU.md's table.
-        if "1b" in name:
+        # The compiled row for the models named in HF_BASELINE_STATIC_FOR (default "1b": the 8B
+        # takes longer to compile than a scoreboard call spares).
+        static_for = os.environ.get("HF_BASELINE_STATIC_FOR", "1b").split()
+        if "static" in ROWS and any(s in name for s in static_for):
             try:
                 model.generation_config.cache_implementation = "static"
                 r = decode_rate(model, cfg, 256)
