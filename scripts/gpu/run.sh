@@ -56,11 +56,10 @@ if [ "$what" = serve ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = kernels ] || [ "$what" = all ]; then
   "$work/bin/kernel-tests" --ignored --nocapture --test-threads=1 decode_bandwidth > "$out/decode-bandwidth.log" 2>&1 || status=1
-  tail -15 "$out/decode-bandwidth.log"
-  for t in ${PAGEWISE_TRY_TARGET_BLOCKS:-}; do
-    echo "== PAGEWISE_DECODE_TARGET_BLOCKS=$t"
-    PAGEWISE_DECODE_TARGET_BLOCKS=$t "$work/bin/kernel-tests" --ignored --nocapture --test-threads=1 decode_bandwidth 2>&1 | grep "^| [0-9]"
-  done
+  grep -E "^\||at once" "$out/decode-bandwidth.log"
+  # The same table with the CUDA-core kernel where the tensor-core one applies (comparison).
+  [ -n "${PAGEWISE_BW_COMPARE_CORE:-}" ] && PAGEWISE_DECODE_CORE=1 "$work/bin/kernel-tests" --ignored --nocapture \
+    --test-threads=1 decode_bandwidth 2>&1 | grep -E "^\| [0-9]"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   pw() { "$work/bin/pagewise" "$@" 2>> "$out/bench-stderr.log"; }
