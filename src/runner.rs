@@ -75,15 +75,19 @@ impl ModelRunner {
     }
 
     /// Computes `out` and samples one token per sampling sequence. `seqs` are the scheduled
-    /// sequences in `out.seqs` order ([`crate::Scheduler::scheduled_mut`]).
-    /// Phases are timed into `times` (the forward pass is waited for on a GPU).
+    /// sequences in `out.seqs` order ([`crate::Scheduler::scheduled_mut`]). `overlap` runs once,
+    /// while the forward pass is on the GPU (after it on the CPU): the engine's text phase of the
+    /// previous step. Phases are timed into `times`: forward is the launch plus the wait for the
+    /// GPU that `overlap` did not cover, and `overlap` counts as text.
     pub fn execute(
         &mut self,
         out: &SchedulerOutput,
         seqs: &mut [Sequence],
         times: &mut StepTimes,
+        overlap: &mut dyn FnMut(),
     ) -> Result<Vec<SampledToken>, ModelError> {
         if out.is_empty() {
+            overlap();
             return Ok(Vec::new());
         }
         let start = Instant::now();
@@ -93,6 +97,9 @@ impl ModelRunner {
         {
             let start = times.lap(Phase::Prepare, start);
             let logits = graphs.replay(bucket, out.seqs.len())?;
+            let start = times.lap(Phase::Forward, start);
+            overlap();
+            let start = times.lap(Phase::Text, start);
             self.device.synchronize()?;
             let start = times.lap(Phase::Forward, start);
             times.count_graph_step();
@@ -103,6 +110,9 @@ impl ModelRunner {
         let batch = ForwardBatch::new(out, &self.device)?;
         let start = times.lap(Phase::Prepare, start);
         let logits = self.model.forward(&batch, &mut self.kv)?;
+        let start = times.lap(Phase::Forward, start);
+        overlap();
+        let start = times.lap(Phase::Text, start);
         self.device.synchronize()?;
         let start = times.lap(Phase::Forward, start);
         let sampled = self.sample(out, seqs, &logits)?;

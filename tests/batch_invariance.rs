@@ -111,3 +111,67 @@ fn a_large_batch_detokenizes_and_stops_like_each_prompt_alone() {
     // The stop strings matter: some sequences end on them, some run to max_tokens.
     assert!(stopped > 0 && stopped < 96, "{stopped} of 96 stopped early");
 }
+
+/// The text phase runs one step late (during the next forward pass), so a sequence that a stop
+/// string ends has already been scheduled once more: that token must not reach the output, the
+/// output must end where the stop string starts, and every block must be free afterwards.
+#[test]
+fn a_stop_string_ends_the_output_at_its_token_despite_the_late_text_phase() {
+    let mut rng = SeededRng::new(11, 0);
+    let prompts: Vec<Vec<u32>> = (0..8)
+        .map(|_| (0..6).map(|_| (rng.next_u64() % 250) as u32 + 1).collect())
+        .collect();
+    let free = SamplingParams {
+        temperature: 0.0,
+        max_tokens: 24,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let stopping = SamplingParams {
+        stop: vec!["e".into()],
+        ..free.clone()
+    };
+    let mut llm = Llm::new(EngineArgs {
+        model: MODEL.into(),
+        ..Default::default()
+    })
+    .unwrap();
+    let unstopped = llm.generate_tokens(prompts.clone(), &free).unwrap();
+    let stopped = llm.generate_tokens(prompts, &stopping).unwrap();
+    let tokenizer = llm.core().tokenizer().clone();
+    let mut ended = 0;
+    for (i, (u, s)) in unstopped.iter().zip(&stopped).enumerate() {
+        let (u, s) = (&u.outputs[0], &s.outputs[0]);
+        match u.text.find('e') {
+            Some(at) => {
+                ended += 1;
+                assert_eq!(
+                    s.text,
+                    u.text[..at],
+                    "prompt {i}: text up to the stop string"
+                );
+                assert_eq!(
+                    s.finish_reason,
+                    Some(pagewise::FinishReason::Stop),
+                    "prompt {i}"
+                );
+                // The tokens end with the one whose text reached the stop string.
+                let n = s.token_ids.len();
+                assert_eq!(s.token_ids[..], u.token_ids[..n], "prompt {i}");
+                let text_before = tokenizer.decode(&u.token_ids[..n - 1], true).unwrap();
+                assert!(!text_before.contains('e'), "prompt {i}: one token too many");
+                assert!(
+                    tokenizer
+                        .decode(&u.token_ids[..n], true)
+                        .unwrap()
+                        .contains('e')
+                );
+            }
+            None => assert_eq!(s.token_ids, u.token_ids, "prompt {i}"),
+        }
+    }
+    assert!(ended > 0, "some outputs must contain the stop string");
+    let s = llm.core().scheduler();
+    assert!(!llm.core().has_unfinished());
+    assert_eq!(s.kv().pool().num_free(), s.kv().pool().num_usable());
+}

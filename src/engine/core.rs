@@ -1,5 +1,6 @@
 //! The engine step, without threads: load a model, accept sequences, and run
-//! `schedule -> execute -> update -> detokenize/stop` one step at a time. The engine thread (server)
+//! `schedule -> execute (with the last step's detokenize/stop during the forward pass) -> update`
+//! one step at a time. The engine thread (server)
 //! and [`crate::Llm`] (library) both drive this.
 
 use std::collections::HashMap;
@@ -49,6 +50,8 @@ pub struct EngineCore {
     chat: Result<Arc<ChatTemplate>, ChatError>,
     eos_token_ids: Arc<[u32]>,
     text: HashMap<SeqId, TextState>,
+    /// The last step's tokens, whose text phase runs during the next step's forward pass.
+    pending: Vec<TextJob>,
     next_seq_id: u64,
     queue_times: Vec<Duration>,
     step_times: StepTimes,
@@ -156,6 +159,7 @@ impl EngineCore {
             config: cfg,
             chat,
             text: HashMap::new(),
+            pending: Vec::new(),
             next_seq_id: 0,
             queue_times: Vec::new(),
             step_times: StepTimes::default(),
@@ -184,7 +188,7 @@ impl EngineCore {
 
     /// Whether any sequence is unfinished.
     pub fn has_unfinished(&self) -> bool {
-        self.scheduler.has_unfinished()
+        self.scheduler.has_unfinished() || !self.pending.is_empty()
     }
 
     /// Queues `params.n` sequences for `prompt` and returns their ids (choice `i` is `ids[i]`).
@@ -245,7 +249,11 @@ impl EngineCore {
     /// Cancels a sequence and frees its blocks.
     pub fn abort(&mut self, id: SeqId) -> bool {
         self.text.remove(&id);
-        self.scheduler.abort(id)
+        let pending = self.pending.len();
+        self.pending.retain(|job| job.seq_id != id);
+        // A sequence whose last token is still waiting for its text phase is already finished
+        // in the scheduler.
+        self.scheduler.abort(id) || self.pending.len() < pending
     }
 
     /// Where the steps since the last [`EngineCore::reset_step_times`] spent their time.
@@ -258,73 +266,64 @@ impl EngineCore {
         self.step_times = StepTimes::default();
     }
 
-    /// Runs one step; returns one event per sequence that sampled a token.
+    /// Runs one step; returns the events [`EngineCore::step_with`] hands out.
     pub fn step(&mut self) -> Result<Vec<SeqEvent>, EngineError> {
+        let mut events = Vec::new();
+        self.step_with(&mut |e| events.push(e))?;
+        Ok(events)
+    }
+
+    /// Runs one step. The tokens it samples get their text phase during the next step's forward
+    /// pass (or the next call, when nothing more is scheduled), which hands `sink` one event per
+    /// token as soon as its text is final: so each call delivers the previous step's events.
+    pub fn step_with(&mut self, sink: &mut dyn FnMut(SeqEvent)) -> Result<(), EngineError> {
         let start = Instant::now();
         let out = self.scheduler.schedule();
-        if out.is_empty() {
-            return Ok(Vec::new());
-        }
-
         for s in &out.seqs {
             if let Some(state) = self.text.get_mut(&s.seq_id).filter(|t| !t.scheduled) {
                 state.scheduled = true;
                 self.queue_times.push(state.arrival.elapsed());
             }
         }
-        self.step_times.lap(Phase::Schedule, start);
+        let start = self.step_times.lap(Phase::Schedule, start);
+        let (tokenizer, pending, states) = (&self.tokenizer, &mut self.pending, &mut self.text);
+        let mut stopped = Ok(Vec::new());
+        let mut text_phase = || {
+            if !pending.is_empty() {
+                stopped = text_phase::finish_jobs(tokenizer, pending, states, sink);
+            }
+        };
         let sampled = self.runner.execute(
             &out,
             self.scheduler.scheduled_mut(&out),
             &mut self.step_times,
-        )?;
-        let start = Instant::now();
+            &mut text_phase,
+        );
+        let stopped = stopped?;
+        let sampled = sampled?;
+        let start = if out.is_empty() {
+            self.step_times.lap(Phase::Text, start)
+        } else {
+            Instant::now()
+        };
         let ids: Vec<u32> = sampled.iter().map(|s| s.token_id).collect();
         let updates = self.scheduler.update(&out, &ids);
-        let start = self.step_times.lap(Phase::Update, start);
-        // Sequences without text state (aborted meanwhile) produce no event.
-        let (mut jobs, mut rest) = (Vec::with_capacity(updates.len()), Vec::new());
+        // A stop string ended these in the last step's text phase; this step ran them once more.
+        for id in stopped {
+            self.scheduler.finish(id, FinishReason::Stop);
+        }
+        // Sequences without text state (aborted, or ended by a stop string) produce no event.
         for (u, s) in updates.into_iter().zip(sampled) {
             if let Some(state) = self.text.remove(&u.seq_id) {
-                jobs.push(TextJob {
-                    state,
-                    token: u.token_id,
-                    finished: u.finish.is_some(),
-                    text: String::new(),
-                    stopped: false,
-                });
-                rest.push((u, s));
+                let job = TextJob::new(state, u.seq_id, u.token_id, u.finish, s.logprobs);
+                self.pending.push(job);
             }
         }
-        if let Err(e) = text_phase::run_all(&self.tokenizer, &mut jobs) {
-            for (job, (u, _)) in jobs.into_iter().zip(rest) {
-                self.text.insert(u.seq_id, job.state);
-            }
-            return Err(e.into());
+        if !out.is_empty() {
+            self.step_times.lap(Phase::Update, start);
+            self.step_times.end_step();
         }
-        let mut events = Vec::with_capacity(jobs.len());
-        for (job, (u, s)) in jobs.into_iter().zip(rest) {
-            let mut finish = u.finish;
-            if job.stopped {
-                if finish.is_none() {
-                    self.scheduler.finish(u.seq_id, FinishReason::Stop);
-                }
-                finish = Some(FinishReason::Stop);
-            }
-            if finish.is_none() {
-                self.text.insert(u.seq_id, job.state);
-            }
-            events.push(SeqEvent {
-                seq_id: u.seq_id,
-                token_id: u.token_id,
-                text: job.text,
-                logprobs: s.logprobs,
-                finish,
-            });
-        }
-        self.step_times.lap(Phase::Text, start);
-        self.step_times.end_step();
-        Ok(events)
+        Ok(())
     }
 }
 

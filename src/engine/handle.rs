@@ -229,27 +229,30 @@ fn run(mut core: EngineCore, mut rx: mpsc::Receiver<Submission>, stats: &EngineS
             core.abort(id);
             routes.remove(&id);
         }
-        match core.step() {
-            Ok(events) => {
-                stats
-                    .num_generated_tokens
-                    .fetch_add(events.len() as u64, Ordering::Relaxed);
-                for e in events {
-                    let Some(route) = routes.get(&e.seq_id) else {
-                        continue;
-                    };
-                    let _ = route.events.send(StreamEvent::Token {
-                        index: route.index,
-                        token_id: e.token_id,
-                        text: e.text,
-                        logprobs: e.logprobs,
-                        finish: e.finish,
-                    });
-                    if e.finish.is_some() {
-                        routes.remove(&e.seq_id);
-                    }
-                }
+        // Events go out as the step produces them (during the next forward pass, see
+        // EngineCore::step_with), not when it returns.
+        let mut generated = 0;
+        let stepped = core.step_with(&mut |e| {
+            generated += 1;
+            let Some(route) = routes.get(&e.seq_id) else {
+                return;
+            };
+            let _ = route.events.send(StreamEvent::Token {
+                index: route.index,
+                token_id: e.token_id,
+                text: e.text,
+                logprobs: e.logprobs,
+                finish: e.finish,
+            });
+            if e.finish.is_some() {
+                routes.remove(&e.seq_id);
             }
+        });
+        stats
+            .num_generated_tokens
+            .fetch_add(generated, Ordering::Relaxed);
+        match stepped {
+            Ok(()) => {}
             Err(e) => {
                 tracing::error!("engine step failed: {e}");
                 for (id, route) in routes.drain() {

@@ -1,6 +1,7 @@
-//! Where an engine step's time goes: schedule, prepare (inputs to the device), forward (waited for
-//! on a GPU), sample, update (scheduler bookkeeping) and text (detokenize + stop strings). The engine
-//! accumulates them; `pagewise bench` reports the mean per step.
+//! Where an engine step's time goes: schedule, prepare (inputs to the device), forward (launched,
+//! then waited for on a GPU), sample, update (scheduler bookkeeping) and text (detokenize + stop
+//! strings of the previous step, during the forward pass). The engine accumulates them;
+//! `pagewise bench` reports the mean per step.
 
 use std::time::{Duration, Instant};
 
@@ -13,13 +14,15 @@ pub enum Phase {
     Schedule,
     /// The step's inputs are built and copied to the device.
     Prepare,
-    /// The model runs (the GPU is waited for).
+    /// The model runs: the launch, and the wait for the GPU that the text phase (running
+    /// meanwhile) did not cover.
     Forward,
     /// Tokens are picked.
     Sample,
     /// The scheduler appends tokens, finishes and frees.
     Update,
-    /// Detokenization and stop strings.
+    /// Detokenization and stop strings of the previous step's tokens, run while this step's
+    /// forward pass is on the GPU.
     Text,
 }
 

@@ -1,14 +1,22 @@
 //! The text phase of a step: each sequence's new token is detokenized incrementally and checked
-//! against its stop strings. Sequences are independent, so a step with many of them spreads the
-//! work over rayon's thread pool (the engine thread only waits for the slowest share).
+//! against its stop strings. It runs one step late, while the next step's forward pass is on the
+//! GPU ([`crate::runner::ModelRunner::execute`]'s `overlap`), so it leaves no gap between forward
+//! passes; a sequence that a stop string ends has then already been scheduled for one more token,
+//! which is dropped. Sequences are independent, so a step with many of them spreads the work over
+//! rayon's thread pool (the engine thread only waits for the slowest share).
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use rayon::prelude::*;
 use tokenizers::Tokenizer;
 
+use super::core::SeqEvent;
 use super::detokenizer::{DetokenizeError, IncrementalDetokenizer};
+use super::request::FinishReason;
+use super::sequence::SeqId;
 use super::stop::StopMatcher;
+use crate::sampler::Logprobs;
 
 /// Below this many sequences a step's text work stays on the engine thread (handing it to the
 /// pool costs more than it saves).
@@ -22,12 +30,14 @@ pub(super) struct TextState {
     pub scheduled: bool,
 }
 
-/// One sequence's share of the phase: its state (taken out of the engine's map while the phase
-/// runs), the token it appended and whether the scheduler already finished it.
+/// One sequence's share of the phase: its state (taken out of the engine's map until the phase
+/// runs), the token it appended, whether the scheduler finished it, and the token's logprobs.
 pub(super) struct TextJob {
     pub state: TextState,
+    pub seq_id: SeqId,
     pub token: u32,
-    pub finished: bool,
+    pub finish: Option<FinishReason>,
+    pub logprobs: Option<Logprobs>,
     /// Text made final by this token.
     pub text: String,
     /// A stop string matched.
@@ -35,12 +45,31 @@ pub(super) struct TextJob {
 }
 
 impl TextJob {
+    /// The job of a token that `seq_id` just appended.
+    pub fn new(
+        state: TextState,
+        seq_id: SeqId,
+        token: u32,
+        finish: Option<FinishReason>,
+        logprobs: Option<Logprobs>,
+    ) -> Self {
+        TextJob {
+            state,
+            seq_id,
+            token,
+            finish,
+            logprobs,
+            text: String::new(),
+            stopped: false,
+        }
+    }
+
     fn run(&mut self, tokenizer: &Tokenizer) -> Result<(), DetokenizeError> {
         let delta = self.state.detokenizer.step(tokenizer, self.token)?;
         let pushed = self.state.stop.push(&delta);
         self.text = pushed.text;
         self.stopped = pushed.stopped_on.is_some();
-        if !self.stopped && self.finished {
+        if !self.stopped && self.finish.is_some() {
             // The last token: release what the detokenizer and the stop matcher held back.
             let tail = self.state.detokenizer.flush(tokenizer)?;
             self.text.push_str(&self.state.stop.push(&tail).text);
@@ -57,4 +86,38 @@ pub(super) fn run_all(tokenizer: &Tokenizer, jobs: &mut [TextJob]) -> Result<(),
     } else {
         jobs.iter_mut().try_for_each(|j| j.run(tokenizer))
     }
+}
+
+/// Runs the text phase of `jobs` (emptying it): each sequence's event goes to `sink`, the state of
+/// a sequence that goes on returns to `states`. Returns the sequences a stop string ended, which
+/// the scheduler still holds.
+pub(super) fn finish_jobs(
+    tokenizer: &Tokenizer,
+    jobs: &mut Vec<TextJob>,
+    states: &mut HashMap<SeqId, TextState>,
+    sink: &mut dyn FnMut(SeqEvent),
+) -> Result<Vec<SeqId>, DetokenizeError> {
+    let mut jobs = std::mem::take(jobs);
+    run_all(tokenizer, &mut jobs)?;
+    let mut stopped = Vec::new();
+    for job in jobs {
+        let mut finish = job.finish;
+        if job.stopped {
+            if finish.is_none() {
+                stopped.push(job.seq_id);
+            }
+            finish = Some(FinishReason::Stop);
+        }
+        if finish.is_none() {
+            states.insert(job.seq_id, job.state);
+        }
+        sink(SeqEvent {
+            seq_id: job.seq_id,
+            token_id: job.token,
+            text: job.text,
+            logprobs: job.logprobs,
+            finish,
+        });
+    }
+    Ok(stopped)
 }
