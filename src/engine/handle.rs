@@ -230,10 +230,10 @@ fn run(mut core: EngineCore, mut rx: mpsc::Receiver<Submission>, stats: &EngineS
             routes.remove(&id);
         }
         // Events go out as the step produces them (during the next forward pass, see
-        // EngineCore::step_with), not when it returns.
-        let mut generated = 0;
+        // EngineCore::step_with), not when it returns; so are they counted (a client may read
+        // the metrics as soon as its last event arrives).
         let stepped = core.step_with(&mut |e| {
-            generated += 1;
+            stats.num_generated_tokens.fetch_add(1, Ordering::Relaxed);
             let Some(route) = routes.get(&e.seq_id) else {
                 return;
             };
@@ -248,9 +248,6 @@ fn run(mut core: EngineCore, mut rx: mpsc::Receiver<Submission>, stats: &EngineS
                 routes.remove(&e.seq_id);
             }
         });
-        stats
-            .num_generated_tokens
-            .fetch_add(generated, Ordering::Relaxed);
         match stepped {
             Ok(()) => {}
             Err(e) => {

@@ -278,9 +278,7 @@ async fn pump(
             e = events.next() => e,
             _ = tx.closed() => {
                 // The client left: its unfinished sequences are aborted when `events` drops.
-                for _ in finished.iter().filter(|f| !**f) {
-                    state.metrics.finished(crate::engine::request::FinishReason::Abort);
-                }
+                count_aborted(&state, &finished);
                 return;
             }
         };
@@ -335,6 +333,8 @@ async fn pump(
         };
         started[index] = true;
         if !send(body).await {
+            // The client left while this chunk was on its way (the same as `tx.closed()` above).
+            count_aborted(&state, &finished);
             return;
         }
     }
@@ -349,4 +349,14 @@ async fn pump(
         }
     }
     let _ = tx.send(Event::default().data("[DONE]")).await;
+}
+
+/// Counts the choices a client left unfinished as aborted (their sequences are aborted when the
+/// stream's event receiver drops).
+fn count_aborted(state: &AppState, finished: &[bool]) {
+    for _ in finished.iter().filter(|f| !**f) {
+        state
+            .metrics
+            .finished(crate::engine::request::FinishReason::Abort);
+    }
 }
