@@ -24,7 +24,7 @@ use crate::loader::{self, LoadOptions};
 use crate::model::{self, KvCache, KvLayout, ModelConfig};
 use crate::runner::ModelRunner;
 use crate::sampler::Logprobs;
-use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerOutput, SeqUpdate};
 
 /// What one step produced for one sequence.
 #[derive(Clone, Debug, PartialEq)]
@@ -52,6 +52,10 @@ pub struct EngineCore {
     text: HashMap<SeqId, TextState>,
     /// The last step's tokens, whose text phase runs during the next step's forward pass.
     pending: Vec<TextJob>,
+    /// Buffers reused from step to step (no per-step allocation in the steady state).
+    out: SchedulerOutput,
+    updates: Vec<SeqUpdate>,
+    ids: Vec<u32>,
     next_seq_id: u64,
     queue_times: Vec<Duration>,
     step_times: StepTimes,
@@ -160,6 +164,9 @@ impl EngineCore {
             chat,
             text: HashMap::new(),
             pending: Vec::new(),
+            out: SchedulerOutput::default(),
+            updates: Vec::new(),
+            ids: Vec::new(),
             next_seq_id: 0,
             queue_times: Vec::new(),
             step_times: StepTimes::default(),
@@ -278,7 +285,8 @@ impl EngineCore {
     /// token as soon as its text is final: so each call delivers the previous step's events.
     pub fn step_with(&mut self, sink: &mut dyn FnMut(SeqEvent)) -> Result<(), EngineError> {
         let start = Instant::now();
-        let out = self.scheduler.schedule();
+        let mut out = std::mem::take(&mut self.out);
+        self.scheduler.schedule_into(&mut out);
         for s in &out.seqs {
             if let Some(state) = self.text.get_mut(&s.seq_id).filter(|t| !t.scheduled) {
                 state.scheduled = true;
@@ -306,14 +314,16 @@ impl EngineCore {
         } else {
             Instant::now()
         };
-        let ids: Vec<u32> = sampled.iter().map(|s| s.token_id).collect();
-        let updates = self.scheduler.update(&out, &ids);
+        self.ids.clear();
+        self.ids.extend(sampled.iter().map(|s| s.token_id));
+        self.scheduler
+            .update_into(&out, &self.ids, &mut self.updates);
         // A stop string ended these in the last step's text phase; this step ran them once more.
         for id in stopped {
             self.scheduler.finish(id, FinishReason::Stop);
         }
         // Sequences without text state (aborted, or ended by a stop string) produce no event.
-        for (u, s) in updates.into_iter().zip(sampled) {
+        for (u, s) in self.updates.drain(..).zip(sampled) {
             if let Some(state) = self.text.remove(&u.seq_id) {
                 let job = TextJob::new(state, u.seq_id, u.token_id, u.finish, s.logprobs);
                 self.pending.push(job);
@@ -323,6 +333,7 @@ impl EngineCore {
             self.step_times.lap(Phase::Update, start);
             self.step_times.end_step();
         }
+        self.out = out;
         Ok(())
     }
 }
