@@ -3,7 +3,6 @@
 //! one step at a time. The engine thread (server)
 //! and [`crate::Llm`] (library) both drive this.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +14,7 @@ use super::args::{DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineArgs, EngineError};
 use super::detokenizer::IncrementalDetokenizer;
 use super::kv_sizing::KvSizing;
 use super::request::{FinishReason, SamplingParams};
-use super::sequence::{SeqId, Sequence};
+use super::sequence::{SeqId, SeqMap, Sequence};
 use super::step_times::{Phase, StepTimes};
 use super::stop::StopMatcher;
 use super::text::{self as text_phase, TextJob, TextState};
@@ -49,7 +48,7 @@ pub struct EngineCore {
     config: ModelConfig,
     chat: Result<Arc<ChatTemplate>, ChatError>,
     eos_token_ids: Arc<[u32]>,
-    text: HashMap<SeqId, TextState>,
+    text: SeqMap<TextState>,
     /// The last step's tokens, whose text phase runs during the next step's forward pass.
     pending: Vec<TextJob>,
     /// Buffers reused from step to step (no per-step allocation in the steady state).
@@ -162,7 +161,7 @@ impl EngineCore {
             eos_token_ids: Arc::from(cfg.eos_token_ids.clone()),
             config: cfg,
             chat,
-            text: HashMap::new(),
+            text: SeqMap::default(),
             pending: Vec::new(),
             out: SchedulerOutput::default(),
             updates: Vec::new(),

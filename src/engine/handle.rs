@@ -2,7 +2,6 @@
 //! async callers submit requests over a bounded channel and read each request's events from a
 //! channel of its own. Dropping a request's receiver aborts its sequences on the next step.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -11,7 +10,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::args::{EngineArgs, EngineError};
 use super::core::EngineCore;
 use super::request::{FinishReason, SamplingParams};
-use super::sequence::SeqId;
+use super::sequence::{SeqId, SeqMap};
 use crate::chat::ChatTemplate;
 use crate::metrics::Histogram;
 use crate::sampler::Logprobs;
@@ -207,7 +206,7 @@ struct Route {
 }
 
 fn run(mut core: EngineCore, mut rx: mpsc::Receiver<Submission>, stats: &EngineStats) {
-    let mut routes: HashMap<SeqId, Route> = HashMap::new();
+    let mut routes: SeqMap<Route> = SeqMap::default();
     loop {
         // Idle: sleep until a request arrives. Busy: take whatever is queued, without waiting.
         if !core.has_unfinished() {
@@ -262,7 +261,7 @@ fn run(mut core: EngineCore, mut rx: mpsc::Receiver<Submission>, stats: &EngineS
     }
 }
 
-fn admit(core: &mut EngineCore, routes: &mut HashMap<SeqId, Route>, s: Submission) {
+fn admit(core: &mut EngineCore, routes: &mut SeqMap<Route>, s: Submission) {
     let (request, events, accepted) = match s {
         Submission::Add {
             request,

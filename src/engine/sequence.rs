@@ -11,6 +11,40 @@ use crate::sampler::{SampleRequest, SeededRng};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeqId(pub u64);
 
+/// A map keyed by sequence: the engine looks its sequences up several times per step, so the key
+/// (a counter) is hashed by one multiplication instead of SipHash (no untrusted keys here).
+pub type SeqMap<V> = std::collections::HashMap<SeqId, V, BuildSeqIdHasher>;
+
+/// [`SeqMap`]'s hasher: Fibonacci hashing of the id.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BuildSeqIdHasher;
+
+impl std::hash::BuildHasher for BuildSeqIdHasher {
+    type Hasher = SeqIdHasher;
+    fn build_hasher(&self) -> SeqIdHasher {
+        SeqIdHasher(0)
+    }
+}
+
+/// Hashes the `u64` inside a [`SeqId`].
+#[derive(Clone, Copy, Debug)]
+pub struct SeqIdHasher(u64);
+
+impl std::hash::Hasher for SeqIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only reached for keys other than SeqId; fold the bytes in.
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
 /// Where a sequence is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SeqStatus {
@@ -184,6 +218,22 @@ impl Sequence {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seq_maps_hash_sequential_ids_apart_and_work_as_maps() {
+        use std::hash::BuildHasher;
+        let hashes: std::collections::HashSet<u64> = (0..10_000u64)
+            .map(|i| BuildSeqIdHasher.hash_one(SeqId(i)))
+            .collect();
+        assert_eq!(hashes.len(), 10_000);
+        let mut map = SeqMap::default();
+        for i in 0..1000u64 {
+            map.insert(SeqId(i), i * 2);
+        }
+        assert!((0..1000u64).all(|i| map.get(&SeqId(i)) == Some(&(i * 2))));
+        assert_eq!(map.remove(&SeqId(7)), Some(14));
+        assert_eq!(map.len(), 999);
+    }
 
     fn seq(params: SamplingParams) -> Sequence {
         Sequence::new(

@@ -5,7 +5,6 @@
 //! which is dropped. Sequences are independent, so a step with many of them spreads the work over
 //! rayon's thread pool (the engine thread only waits for the slowest share).
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use rayon::prelude::*;
@@ -14,7 +13,7 @@ use tokenizers::Tokenizer;
 use super::core::SeqEvent;
 use super::detokenizer::{DetokenizeError, IncrementalDetokenizer};
 use super::request::FinishReason;
-use super::sequence::SeqId;
+use super::sequence::{SeqId, SeqMap};
 use super::stop::StopMatcher;
 use crate::sampler::Logprobs;
 
@@ -94,7 +93,7 @@ pub(super) fn run_all(tokenizer: &Tokenizer, jobs: &mut [TextJob]) -> Result<(),
 pub(super) fn finish_jobs(
     tokenizer: &Tokenizer,
     jobs: &mut Vec<TextJob>,
-    states: &mut HashMap<SeqId, TextState>,
+    states: &mut SeqMap<TextState>,
     sink: &mut dyn FnMut(SeqEvent),
 ) -> Result<Vec<SeqId>, DetokenizeError> {
     let mut jobs = std::mem::take(jobs);
