@@ -123,4 +123,22 @@ mod tests {
         // A graph's plan keeps the floor chunk.
         assert_eq!(graph_split_plan(1, 8, 8192, 396), (49, MIN_CHUNK));
     }
+
+    #[test]
+    fn every_plan_covers_its_context_within_the_merge_limit() {
+        for seqs in [1, 2, 3, 7, 16, 64, 255, 1024] {
+            for kv_heads in [1, 2, 8] {
+                for ctx in [1, 15, 128, 129, 1000, 8192, 131_072, 1 << 20] {
+                    for slots in [1, 132, 396, 1056] {
+                        let (splits, chunk) = split_plan(seqs, kv_heads, ctx, slots);
+                        assert!((1..=MAX_SPLITS).contains(&splits), "{splits} splits");
+                        assert!(splits * chunk >= ctx, "{splits} x {chunk} < {ctx}");
+                        assert!(ctx > MIN_CHUNK || splits == 1, "{ctx} split {splits} ways");
+                        let (g, floor) = graph_split_plan(seqs, kv_heads, ctx, slots);
+                        assert_eq!((g, floor), (splits, MIN_CHUNK));
+                    }
+                }
+            }
+        }
+    }
 }
