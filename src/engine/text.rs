@@ -87,7 +87,7 @@ pub(super) fn run_all(tokenizer: &Tokenizer, jobs: &mut [TextJob]) -> Result<(),
     }
 }
 
-/// Runs the text phase of `jobs` (emptying it): each sequence's event goes to `sink`, the state of
+/// Runs the text phase of `jobs` (emptying it, also on an error): each sequence's event goes to `sink`, the state of
 /// a sequence that goes on returns to `states`. Returns the sequences a stop string ended, which
 /// the scheduler still holds.
 pub(super) fn finish_jobs(
@@ -96,10 +96,13 @@ pub(super) fn finish_jobs(
     states: &mut SeqMap<TextState>,
     sink: &mut dyn FnMut(SeqEvent),
 ) -> Result<Vec<SeqId>, DetokenizeError> {
-    let mut jobs = std::mem::take(jobs);
-    run_all(tokenizer, &mut jobs)?;
+    if let Err(e) = run_all(tokenizer, jobs) {
+        jobs.clear();
+        return Err(e);
+    }
     let mut stopped = Vec::new();
-    for job in jobs {
+    // (Drained, not taken: the vector keeps its capacity for the next step.)
+    for job in jobs.drain(..) {
         let mut finish = job.finish;
         if job.stopped {
             if finish.is_none() {
