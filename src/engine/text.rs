@@ -87,9 +87,9 @@ pub(super) fn run_all(tokenizer: &Tokenizer, jobs: &mut [TextJob]) -> Result<(),
     }
 }
 
-/// Runs the text phase of `jobs` (emptying it, also on an error): each sequence's event goes to `sink`, the state of
-/// a sequence that goes on returns to `states`. Returns the sequences a stop string ended, which
-/// the scheduler still holds.
+/// Runs the text phase of `jobs` (emptying it, also on an error): each sequence's event goes to
+/// `sink`, the state of a sequence that goes on returns to `states`. Returns the sequences a stop
+/// string ended, which the scheduler still holds.
 pub(super) fn finish_jobs(
     tokenizer: &Tokenizer,
     jobs: &mut Vec<TextJob>,
