@@ -89,6 +89,32 @@ struct TileCopier {
     }
   }
 
+  // The ring of kStages stages at `stages`: its first kStages - 1 tiles in flight (one commit
+  // group each, empty past the last tile) and the next tile's offsets fetched.
+  template <int kStages>
+  __device__ __forceinline__ void start(T* stages, int tiles) {
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < tiles) {
+        fetch(s);
+        issue(stages + s * kStageElems);
+      }
+      cp_async_commit();
+    }
+    fetch(kStages - 1);
+  }
+
+  // Waits until tile t has landed for every thread (the barrier also means everyone is done with
+  // tile t - 1's stage), refills that stage with tile t + kStages - 1, and returns tile t's stage.
+  template <int kStages>
+  __device__ __forceinline__ const T* next(T* stages, int t, int tiles) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    if (t + kStages - 1 < tiles) issue(stages + ((t + kStages - 1) % kStages) * kStageElems);
+    cp_async_commit();
+    fetch(t + kStages);
+    return stages + (t % kStages) * kStageElems;
+  }
+
   // Copies the fetched tile into `stage`; rows past the end are zero-filled.
   __device__ __forceinline__ void issue(T* stage) const {
     constexpr int kVec = 16 / (int)sizeof(T);

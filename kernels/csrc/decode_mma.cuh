@@ -113,14 +113,7 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t* table = block_tables + (int64_t)(row_seq ? row_seq[seq] : seq) * max_blocks;
 
   Copier copier(k_cache, v_cache, table, begin, end, block_size, num_kv_heads, kv_head);
-  for (int s = 0; s < S::kStages - 1; ++s) {
-    if (s < tiles) {
-      copier.fetch(s);
-      copier.issue(stages + s * Copier::kStageElems);
-    }
-    cp_async_commit();
-  }
-  copier.fetch(S::kStages - 1);
+  copier.template start<S::kStages>(stages, tiles);
 
   // Q as the A operand: row r = head r of the group, columns 2c, 2c + 1 (+ 8) of each k-step.
   uint32_t qa[D / 16][2];
@@ -142,14 +135,7 @@ __global__ void __launch_bounds__(kThreads)
   const int sub = lane / 8, row8 = lane % 8;  // ldmatrix: this lane addresses row8 of matrix sub
 
   for (int t = 0; t < tiles; ++t) {
-    cp_async_wait<S::kStages - 2>();
-    // Tile t has landed for every thread, and everyone is done with tile t - 1's stage.
-    __syncthreads();
-    if (t + S::kStages - 1 < tiles)
-      copier.issue(stages + ((t + S::kStages - 1) % S::kStages) * Copier::kStageElems);
-    cp_async_commit();
-    copier.fetch(t + S::kStages);
-    const T* kt = stages + (t % S::kStages) * Copier::kStageElems;
+    const T* kt = copier.template next<S::kStages>(stages, t, tiles);
     const T* vt = kt + kMmaRows * D;
 
     // Scores: sc[b] covers the warp's positions 8b .. 8b + 7 (lane: 8b + 2c, + 1).

@@ -97,14 +97,7 @@ __global__ void __launch_bounds__(kThreads)
 
   TileCopier<T, D, kTile, false> copier(k_cache, v_cache, table, begin, end, block_size,
                                         num_kv_heads, kv_head);
-  for (int s = 0; s < S::kStages - 1; ++s) {
-    if (s < tiles) {
-      copier.fetch(s);
-      copier.issue(stages + (s % S::kStages) * S::kStageElems);
-    }
-    cp_async_commit();
-  }
-  copier.fetch(S::kStages - 1);
+  copier.template start<S::kStages>(stages, tiles);
 
   float acc[kHeadsPerWarp][S::kPart], m[kHeadsPerWarp], l[kHeadsPerWarp], w[kHeadsPerWarp];
 #pragma unroll
@@ -117,14 +110,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   for (int t = 0; t < tiles; ++t) {
-    cp_async_wait<S::kStages - 2>();
-    // Tile t has landed for every thread, and everyone is done with tile t - 1's buffer.
-    __syncthreads();
-    if (t + S::kStages - 1 < tiles)
-      copier.issue(stages + ((t + S::kStages - 1) % S::kStages) * S::kStageElems);
-    cp_async_commit();
-    copier.fetch(t + S::kStages);
-    const T* kt = stages + (t % S::kStages) * S::kStageElems;
+    const T* kt = copier.template next<S::kStages>(stages, t, tiles);
     const T* vt = kt + kTile * D;
 
     // Partial scores over this warp's quarter of the head dims.
