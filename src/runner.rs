@@ -90,26 +90,7 @@ impl ModelRunner {
             overlap();
             return Ok(Vec::new());
         }
-        let start = Instant::now();
-        #[cfg(feature = "cuda")]
-        if let Some(graphs) = self.graphs.as_mut()
-            && let Some(bucket) = graphs.prepare(out)?
-        {
-            let start = times.lap(Phase::Prepare, start);
-            let logits = graphs.replay(bucket, out.seqs.len())?;
-            let start = times.lap(Phase::Forward, start);
-            overlap();
-            let start = times.lap(Phase::Text, start);
-            self.device.synchronize()?;
-            let start = times.lap(Phase::Forward, start);
-            times.count_graph_step();
-            let sampled = self.sample(out, seqs, &logits)?;
-            times.lap(Phase::Sample, start);
-            return Ok(sampled);
-        }
-        let batch = ForwardBatch::new(out, &self.device)?;
-        let start = times.lap(Phase::Prepare, start);
-        let logits = self.model.forward(&batch, &mut self.kv)?;
+        let (logits, start) = self.launch(out, times)?;
         let start = times.lap(Phase::Forward, start);
         overlap();
         let start = times.lap(Phase::Text, start);
@@ -118,6 +99,29 @@ impl ModelRunner {
         let sampled = self.sample(out, seqs, &logits)?;
         times.lap(Phase::Sample, start);
         Ok(sampled)
+    }
+
+    /// Prepares `out`'s inputs (timed as prepare) and launches its forward pass: a CUDA-graph
+    /// replay when a graph serves the step, else the model eagerly. Returns the logits, not yet
+    /// waited for, and when the launch began.
+    fn launch(
+        &mut self,
+        out: &SchedulerOutput,
+        times: &mut StepTimes,
+    ) -> Result<(candle_core::Tensor, Instant), ModelError> {
+        let start = Instant::now();
+        #[cfg(feature = "cuda")]
+        if let Some(graphs) = self.graphs.as_mut()
+            && let Some(bucket) = graphs.prepare(out)?
+        {
+            let start = times.lap(Phase::Prepare, start);
+            let logits = graphs.replay(bucket, out.seqs.len())?;
+            times.count_graph_step();
+            return Ok((logits, start));
+        }
+        let batch = ForwardBatch::new(out, &self.device)?;
+        let start = times.lap(Phase::Prepare, start);
+        Ok((self.model.forward(&batch, &mut self.kv)?, start))
     }
 
     fn sample(

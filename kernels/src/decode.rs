@@ -60,16 +60,19 @@ impl DecodeWorkspace {
     /// `kv_heads` KV heads.
     pub fn for_query(q: &Tensor, kv_heads: usize, max_context_len: usize) -> Result<Self> {
         let (rows, heads, head_dim) = q.dims3()?;
-        let slots = decode_slots(q.dtype(), head_dim, heads / kv_heads.max(1))?;
-        let (splits, _) = split_plan(rows, kv_heads, max_context_len, slots);
+        let (splits, _) = plan(q, kv_heads, max_context_len)?;
         Self::new(rows, heads, splits, head_dim, q.device())
     }
 }
 
 /// The split plan for `q` (`[rows, heads, head_dim]`) over `k_cache`'s KV heads on this GPU.
 pub fn plan_for(q: &Tensor, k_cache: &Tensor, max_context_len: usize) -> Result<(usize, usize)> {
-    let (rows, heads, head_dim) = q.dims3()?;
     let (_, _, kv_heads, _) = k_cache.dims4()?;
+    plan(q, kv_heads, max_context_len)
+}
+
+fn plan(q: &Tensor, kv_heads: usize, max_context_len: usize) -> Result<(usize, usize)> {
+    let (rows, heads, head_dim) = q.dims3()?;
     let slots = decode_slots(q.dtype(), head_dim, heads / kv_heads.max(1))?;
     Ok(split_plan(rows, kv_heads, max_context_len, slots))
 }
