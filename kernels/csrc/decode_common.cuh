@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include "pdl.cuh"
 
 namespace {
 
@@ -90,12 +91,13 @@ struct TileCopier {
   }
 
   // The ring of kStages stages at `stages`: its first kStages - 1 tiles in flight (one commit
-  // group each, empty past the last tile) and the next tile's offsets fetched.
+  // group each, empty past the last tile) and the next tile's offsets fetched. Tile 0's offsets
+  // are fetched before (fetch(0)): a kernel does that before it waits for the previous grid.
   template <int kStages>
   __device__ __forceinline__ void start(T* stages, int tiles) {
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < tiles) {
-        fetch(s);
+        if (s > 0) fetch(s);
         issue(stages + s * kStageElems);
       }
       cp_async_commit();

@@ -113,6 +113,9 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t* table = block_tables + (int64_t)(row_seq ? row_seq[seq] : seq) * max_blocks;
 
   Copier copier(k_cache, v_cache, table, begin, end, block_size, num_kv_heads, kv_head);
+  copier.fetch(0);           // block tables and lengths are inputs, not earlier kernels' outputs
+  wait_for_previous_grid();  // the query and the cache are
+  let_next_grid_launch();    // the merge may be scheduled now; it waits for this grid's end
   copier.template start<S::kStages>(stages, tiles);
 
   // Q as the A operand: row r = head r of the group, columns 2c, 2c + 1 (+ 8) of each k-step.

@@ -90,13 +90,15 @@ __global__ void __launch_bounds__(kThreads)
   split_range(context_lens[seq], split, num_splits, chunk, &begin, &end);
   const int tiles = (end - begin + kTile - 1) / kTile;
   const int32_t* table = block_tables + (int64_t)(row_seq ? row_seq[seq] : seq) * max_blocks;
+  TileCopier<T, D, kTile, false> copier(k_cache, v_cache, table, begin, end, block_size,
+                                        num_kv_heads, kv_head);
+  copier.fetch(0);           // block tables and lengths are inputs, not earlier kernels' outputs
+  wait_for_previous_grid();  // the query and the cache are
+  let_next_grid_launch();    // the merge may be scheduled now; it waits for this grid's end
 
   // The group's queries (the heads are adjacent), pre-scaled, as f32.
   const T* qg = q + ((int64_t)seq * num_heads + (int64_t)kv_head * group) * D;
   for (int i = tid; i < group * D; i += kThreads) sq[i] = to_float(qg[i]) * scale;
-
-  TileCopier<T, D, kTile, false> copier(k_cache, v_cache, table, begin, end, block_size,
-                                        num_kv_heads, kv_head);
   copier.template start<S::kStages>(stages, tiles);
 
   float acc[kHeadsPerWarp][S::kPart], m[kHeadsPerWarp], l[kHeadsPerWarp], w[kHeadsPerWarp];
@@ -231,7 +233,19 @@ __global__ void __launch_bounds__(kThreadsM)
   __shared__ float sums[kLanes][D];
   const int64_t row = (int64_t)blockIdx.x * gridDim.y + blockIdx.y;
   const float* ml = part_ml + row * num_splits * 2;
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, d = tid % D, j = tid / D;
+  const float* acc = part_acc + row * num_splits * D + d;
+  wait_for_previous_grid();  // the split kernel's partials
+  let_next_grid_launch();
+  // This thread's first kHeld partials of dim d, loaded together with the (max, sum) pairs so
+  // the merge waits on one round trip to memory instead of two.
+  constexpr int kHeld = 16;
+  float held[kHeld];
+#pragma unroll
+  for (int k = 0; k < kHeld; ++k) {
+    const int s = j + k * kLanes;
+    held[k] = s < num_splits ? acc[(int64_t)s * D] : 0.f;
+  }
   float m = -INFINITY;
   for (int s = tid; s < num_splits; s += kThreadsM)
     if (ml[2 * s + 1] > 0.f) m = fmaxf(m, ml[2 * s]);
@@ -243,11 +257,13 @@ __global__ void __launch_bounds__(kThreadsM)
     l += ml[2 * s + 1] * w;
   }
   const float L = block_reduce<false>(l, scratch);  // (its barrier also publishes `weight`)
-  const int d = tid % D, j = tid / D;
-  const float* acc = part_acc + row * num_splits * D + d;
   float o = 0.f;
-#pragma unroll 4
-  for (int s = j; s < num_splits; s += kLanes) o += acc[(int64_t)s * D] * weight[s];
+#pragma unroll
+  for (int k = 0; k < kHeld; ++k) {
+    const int s = j + k * kLanes;
+    if (s < num_splits) o += held[k] * weight[s];
+  }
+  for (int s = j + kHeld * kLanes; s < num_splits; s += kLanes) o += acc[(int64_t)s * D] * weight[s];
   sums[j][d] = o;
   __syncthreads();
   if (j == 0) {
@@ -260,14 +276,15 @@ __global__ void __launch_bounds__(kThreadsM)
 // The merge kernel over a split launch's partials: D threads a block for a few splits, more
 // for many.
 template <typename T, int D>
-void launch_merge(const DecodeArgs* a) {
+cudaError_t launch_merge(const DecodeArgs* a) {
   const dim3 rows(a->num_seqs, a->num_heads);
   if (a->num_splits > 8)
-    merge_splits_kernel<T, D, kMergeThreads><<<rows, kMergeThreads, 0, a->stream>>>(
-        (T*)a->out, a->part_ml, a->part_acc, a->num_splits);
-  else if (a->num_splits > 1)
-    merge_splits_kernel<T, D, D><<<rows, D, 0, a->stream>>>((T*)a->out, a->part_ml, a->part_acc,
-                                                            a->num_splits);
+    return launch_early(merge_splits_kernel<T, D, kMergeThreads>, rows, kMergeThreads, 0,
+                        a->stream, a->out, a->part_ml, a->part_acc, a->num_splits);
+  if (a->num_splits > 1)
+    return launch_early(merge_splits_kernel<T, D, D>, rows, D, 0, a->stream, a->out,
+                        a->part_ml, a->part_acc, a->num_splits);
+  return cudaSuccess;
 }
 
 // Whether PAGEWISE_DECODE_CORE is set: the CUDA-core kernel even where the tensor-core one
@@ -294,6 +311,20 @@ cudaError_t configure(K kernel, int smem, bool (&configured)[64]) {
   return err;
 }
 
+// One decode kernel over `a`'s rows, KV heads and splits, then the merge of the splits. Both are
+// launched early (see launch_early): the kernel's set-up overlaps the previous kernel's end, and
+// the merge is scheduled while the splits run.
+template <typename T, int D, typename K>
+cudaError_t launch_split(K kernel, int smem, const DecodeArgs* a) {
+  const dim3 grid(a->num_seqs, a->num_kv_heads, a->num_splits);
+  cudaError_t err = launch_early(kernel, grid, kThreads, smem, a->stream, a->out, a->part_ml,
+                                 a->part_acc, a->q, a->k_cache, a->v_cache, a->block_tables,
+                                 a->row_seq, a->context_lens, a->max_blocks, a->num_heads,
+                                 a->num_kv_heads, a->block_size, a->chunk, a->scale);
+  if (err == cudaSuccess) err = launch_merge<T, D>(a);
+  return err;
+}
+
 // The kernel for (T, D, group bound G) over `a`, then the merge when the context is split: tensor
 // cores for bf16 and f16 at head dims 64 and 128, the CUDA-core kernel and the merge kernel otherwise. With
 // `a` null, writes how many of its blocks fit on one SM instead.
@@ -304,19 +335,11 @@ int decode_g(const DecodeArgs* a, int* blocks) {
     if (!core_forced()) {
       static bool configured[64] = {};
       constexpr int smem = MmaShape<T, D>::kSmemBytes;
-      if (const cudaError_t err = configure(paged_decode_mma_kernel<T, D>, smem, configured))
-        return (int)err;
+      const auto kernel = paged_decode_mma_kernel<T, D>;
+      if (const cudaError_t err = configure(kernel, smem, configured)) return (int)err;
       if (a == nullptr)
-        return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            blocks, paged_decode_mma_kernel<T, D>, kThreads, smem);
-      const dim3 grid(a->num_seqs, a->num_kv_heads, a->num_splits);
-      paged_decode_mma_kernel<T, D><<<grid, kThreads, smem, a->stream>>>(
-          (T*)a->out, a->part_ml, a->part_acc, (const T*)a->q,
-          (const T*)a->k_cache, (const T*)a->v_cache, a->block_tables, a->row_seq,
-          a->context_lens, a->max_blocks, a->num_heads, a->num_kv_heads, a->block_size,
-          a->chunk, a->scale);
-      launch_merge<T, D>(a);
-      return (int)cudaGetLastError();
+        return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, smem);
+      return (int)launch_split<T, D>(kernel, smem, a);
     }
   }
   static bool configured[64] = {};
@@ -326,13 +349,7 @@ int decode_g(const DecodeArgs* a, int* blocks) {
   if (a == nullptr)
     return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         blocks, paged_decode_kernel<T, D, G>, kThreads, smem);
-  const dim3 grid(a->num_seqs, a->num_kv_heads, a->num_splits);
-  paged_decode_kernel<T, D, G><<<grid, kThreads, smem, a->stream>>>(
-      (T*)a->out, a->part_ml, a->part_acc, (const T*)a->q, (const T*)a->k_cache,
-      (const T*)a->v_cache, a->block_tables, a->row_seq, a->context_lens, a->max_blocks,
-      a->num_heads, a->num_kv_heads, a->block_size, a->chunk, a->scale);
-  launch_merge<T, D>(a);
-  return (int)cudaGetLastError();
+  return (int)launch_split<T, D>(paged_decode_kernel<T, D, G>, smem, a);
 }
 
 template <typename T>

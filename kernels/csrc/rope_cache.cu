@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include "dtype.cuh"
+#include "pdl.cuh"
 
 namespace {
 
@@ -16,6 +17,9 @@ __global__ void rope_qkv_cache_kernel(T* __restrict__ q_out, T* __restrict__ k_c
                                       const T* __restrict__ cos, const T* __restrict__ sin,
                                       const int64_t* __restrict__ slots, int heads, int kv_heads,
                                       int d, int interleaved) {
+  // Decode attention, launched early after this kernel, may be scheduled now: it reads the block
+  // tables while this runs, and waits for this kernel's end before the query and the cache.
+  let_next_grid_launch();
   const int64_t t = blockIdx.x;
   const int half = d / 2;
   const int row_width = (heads + 2 * kv_heads) * d;

@@ -81,7 +81,7 @@ if [ "$what" = quick ]; then
   "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture gpu_ seeded batched cuda_graph \
     --skip quantized_gguf --skip sized_by_gpu_memory 2>&1 \
     | grep -E "^test |test result|rel\. err|preemptions|panicked" || status=1
-  SCOREBOARD_MODELS=llama-1b SCOREBOARD_RATES="" SCOREBOARD_NO_THROUGHPUT=1 SCOREBOARD_NO_HF=1 \
+  SCOREBOARD_MODELS=llama-1b SCOREBOARD_PARTS=latency SCOREBOARD_NO_HF=1 \
     PAGEWISE_BIN="$work/bin/pagewise" bash "$here/scripts/gpu/scoreboard.sh" 2>&1 | grep -E "tok/s|latency" || status=1
 fi
 if [ "$what" = gguf ]; then

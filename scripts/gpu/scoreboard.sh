@@ -3,7 +3,8 @@
 # random weights (--load-format dummy), bf16, Llama-3.2-1B and Llama-3.1-8B shapes; batch-1 decode,
 # offline throughput, serving at several request rates with `pagewise bench serve`, then the
 # transformers baselines (scripts/gpu/hf_baselines.py). Each run is bounded so the call fits the
-# device tool's 10 minutes. SCOREBOARD_MODELS and SCOREBOARD_RATES (rate:prompts ...) narrow it.
+# device tool's 10 minutes. SCOREBOARD_MODELS, SCOREBOARD_PARTS (latency throughput serve) and
+# SCOREBOARD_RATES (rate:prompts ...) narrow it; SCOREBOARD_NO_HF=1 skips the baselines.
 # Raw results stay in /tmp/pagewise-scoreboard; $OUT/scoreboard.json merges them (the device tool
 # brings back only a few files), and a summary is printed.
 set -uo pipefail
@@ -30,22 +31,31 @@ PY
 for m in llama-1b llama-8b; do cp "$here/tests/fixtures/llama-gqa-tied/tokenizer.json" "$cfg/$m/"; done
 
 run() { local t=$1; shift; timeout "$t" "$@" 2>> "$out/stderr.log"; }
+parts=${SCOREBOARD_PARTS:-latency throughput serve}
+has() { [[ " $parts " == *" $1 "* ]]; }
 for m in ${SCOREBOARD_MODELS:-llama-1b llama-8b}; do
   d="$cfg/$m"
-  echo "== $m: batch-1 decode, 128 in / 512 out"
-  run 120 "$bin" bench latency --model "$d" --load-format dummy --batch-size 1 --input-len 128 --output-len 512 \
-    --num-iters-warmup 1 --num-iters 3 --output-json "$out/$m-latency.json" | tail -2
-  [ -n "${SCOREBOARD_NO_THROUGHPUT:-}" ] && continue
-  echo "== $m: offline, 1000 x (1024 in, 128 out)"
-  run 180 "$bin" bench throughput --model "$d" --load-format dummy --num-prompts 1000 --input-len 1024 --output-len 128 \
-    --output-json "$out/$m-throughput.json" | tail -1
+  if has latency; then
+    echo "== $m: batch-1 decode, 128 in / 512 out"
+    run 120 "$bin" bench latency --model "$d" --load-format dummy --batch-size 1 --input-len 128 --output-len 512 \
+      --num-iters-warmup 1 --num-iters 3 --output-json "$out/$m-latency.json" | tail -2
+  fi
+  if has throughput; then
+    echo "== $m: offline, 1000 x (1024 in, 128 out)"
+    run 180 "$bin" bench throughput --model "$d" --load-format dummy --num-prompts 1000 --input-len 1024 --output-len 128 \
+      --output-json "$out/$m-throughput.json" | tail -1
+  fi
+  has serve || continue
   "$bin" serve "$d" --load-format dummy --port 8100 --served-model-name "$m" > "$out/$m-serve.log" 2>&1 &
   pid=$!
   for _ in $(seq 240); do curl -sf localhost:8100/ready > /dev/null && break; sleep 0.5; done
   for spec in ${SCOREBOARD_RATES:-inf:1000 16:500 4:100}; do
     rate=${spec%%:*} n=${spec##*:}
     echo "== $m: serving, $n prompts of 1024/128 at request rate $rate"
-    run 150 "$bin" bench serve --base-url http://127.0.0.1:8100 --model "$m" --num-prompts "$n" \
+    # The arrivals alone take n / rate seconds; two minutes more for the last requests.
+    limit=150
+    [ "$rate" != inf ] && limit=$(( n / rate + 120 ))
+    run "$limit" "$bin" bench serve --base-url http://127.0.0.1:8100 --model "$m" --num-prompts "$n" \
       --random-input-len 1024 --random-output-len 128 --request-rate "$rate" --ignore-eos --no-progress \
       --result-file "$out/$m-serve-$rate.json" | grep -E "throughput|TTFT|TPOT|ITL|Successful" | head -12
   done
