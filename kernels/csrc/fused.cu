@@ -40,6 +40,59 @@ __global__ void add_rms_norm_kernel(T* __restrict__ sum_out, T* __restrict__ nor
     normed[base + i] = from_float<T>(to_float(sum_out[base + i]) * inv_rms * to_float(weight[i]));
 }
 
+// The same for rows whose elements fit 16-byte vectors (hidden % (16 / sizeof(T)) == 0, 16-byte
+// aligned rows, hidden <= kThreads * kPer vectors): one load of x, delta and weight per vector,
+// all issued before the reduction, and the sum kept in registers instead of read back.
+template <typename T, int kPer>
+__global__ void add_rms_norm_vec_kernel(T* __restrict__ sum_out, T* __restrict__ normed,
+                                        const T* __restrict__ x, const T* __restrict__ delta,
+                                        const T* __restrict__ weight, int hidden, float eps) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t base = (int64_t)blockIdx.x * hidden;
+  const int vectors = hidden / kVec;
+  float s[kPer][kVec];
+  uint4 w[kPer];
+  float sq = 0.f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int v = threadIdx.x + j * kThreads;
+    if (v >= vectors) break;
+    const uint4 xa = *reinterpret_cast<const uint4*>(x + base + v * kVec);
+    const uint4 da = *reinterpret_cast<const uint4*>(delta + base + v * kVec);
+    w[j] = *reinterpret_cast<const uint4*>(weight + v * kVec);
+    const T* xv = reinterpret_cast<const T*>(&xa);
+    const T* dv = reinterpret_cast<const T*>(&da);
+    uint4 sa;
+    T* sv = reinterpret_cast<T*>(&sa);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      sv[e] = from_float<T>(to_float(xv[e]) + to_float(dv[e]));
+      s[j][e] = to_float(sv[e]);
+      sq += s[j][e] * s[j][e];
+    }
+    *reinterpret_cast<uint4*>(sum_out + base + v * kVec) = sa;
+  }
+  __shared__ float warp_sums[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffff, sq, o);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sq;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int i = 0; i < kThreads / 32; ++i) total += warp_sums[i];
+  const float inv_rms = rsqrtf(total / hidden + eps);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int v = threadIdx.x + j * kThreads;
+    if (v >= vectors) break;
+    const T* wv = reinterpret_cast<const T*>(&w[j]);
+    uint4 na;
+    T* nv = reinterpret_cast<T*>(&na);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) nv[e] = from_float<T>(s[j][e] * inv_rms * to_float(wv[e]));
+    *reinterpret_cast<uint4*>(normed + base + v * kVec) = na;
+  }
+}
+
 // out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i].
 template <typename T>
 __global__ void silu_mul_kernel(T* __restrict__ out, const T* __restrict__ gate_up, int64_t rows,
@@ -57,6 +110,14 @@ __global__ void silu_mul_kernel(T* __restrict__ out, const T* __restrict__ gate_
 template <typename T>
 int launch_add_rms_norm(void* sum_out, void* normed, const void* x, const void* delta,
                         const void* weight, int rows, int hidden, float eps, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T), kPer = 4;
+  const uintptr_t addresses = (uintptr_t)sum_out | (uintptr_t)normed | (uintptr_t)x |
+                              (uintptr_t)delta | (uintptr_t)weight;
+  if (addresses % 16 == 0 && hidden % kVec == 0 && hidden <= kThreads * kVec * kPer) {
+    add_rms_norm_vec_kernel<T, kPer><<<rows, kThreads, 0, stream>>>(
+        (T*)sum_out, (T*)normed, (const T*)x, (const T*)delta, (const T*)weight, hidden, eps);
+    return (int)cudaGetLastError();
+  }
   add_rms_norm_kernel<T><<<rows, kThreads, 0, stream>>>((T*)sum_out, (T*)normed, (const T*)x,
                                                         (const T*)delta, (const T*)weight, hidden,
                                                         eps);

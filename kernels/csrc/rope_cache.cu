@@ -56,7 +56,11 @@ template <typename T>
 int launch_rope(void* q_out, void* k_cache, void* v_cache, const void* qkv, const void* cos,
                 const void* sin, const int64_t* slots, int tokens, int heads, int kv_heads, int d,
                 int interleaved, cudaStream_t stream) {
-  rope_qkv_cache_kernel<T><<<tokens, 256, 0, stream>>>((T*)q_out, (T*)k_cache, (T*)v_cache,
+  // A thread per rotation where they fit one block (a decode token is latency-bound: fewer,
+  // longer loops per thread left it waiting on one load after another).
+  const int rotations = (heads + kv_heads) * (d / 2);
+  const int threads = rotations >= 1024 ? 1024 : (rotations + 31) / 32 * 32;
+  rope_qkv_cache_kernel<T><<<tokens, threads, 0, stream>>>((T*)q_out, (T*)k_cache, (T*)v_cache,
                                                        (const T*)qkv, (const T*)cos, (const T*)sin,
                                                        slots, heads, kv_heads, d, interleaved);
   return (int)cudaGetLastError();

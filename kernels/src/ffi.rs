@@ -47,8 +47,11 @@ unsafe extern "C" {
         stream: *mut c_void,
     ) -> c_int;
 
+    pub fn pagewise_sample_chunks(vocab: c_int) -> c_int;
+
     pub fn pagewise_sample(
         out: *mut u32,
+        parts: *mut c_void,
         logits: *const f32,
         rows: c_int,
         vocab: c_int,

@@ -1,4 +1,7 @@
-//! Token sampling on the GPU: argmax, or a seeded Gumbel-max draw per row.
+//! Token sampling on the GPU: argmax, or a seeded Gumbel-max draw per row (each row cut into
+//! chunks that blocks search in parallel).
+
+use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
@@ -31,11 +34,17 @@ pub fn sample(
             );
         }
     }
-    let out = Tensor::zeros(rows, DType::U32, logits.device())?;
-    if rows == 0 {
+    // Every row's id is written by the last kernel.
+    let out = crate::empty(rows, DType::U32, logits.device())?;
+    if rows == 0 || vocab == 0 {
         return Ok(out);
     }
+    // SAFETY: a pure function of its argument.
+    let chunks = unsafe { ffi::pagewise_sample_chunks(vocab as i32) } as usize;
+    // Each chunk's best logit and best draw (16 bytes), written before they are read.
+    let parts = crate::empty(rows * chunks * 4, DType::F32, logits.device())?;
     let (o, stream) = device_ptr(&out, "out")?;
+    let (p, _) = device_ptr(&parts, "parts")?;
     let (l, _) = device_ptr(logits, "logits")?;
     let (t, _) = device_ptr(temperatures, "temperatures")?;
     let (m, _) = device_ptr(min_ps, "min_ps")?;
@@ -45,6 +54,7 @@ pub fn sample(
     let code = unsafe {
         ffi::pagewise_sample(
             o as *mut u32,
+            p as *mut c_void,
             l as *const f32,
             rows as i32,
             vocab as i32,

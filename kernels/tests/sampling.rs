@@ -88,3 +88,64 @@ fn a_rows_draw_depends_on_its_seed_alone() {
     let other: Vec<i64> = seeds.iter().map(|s| s + 1_000_000).collect();
     assert_ne!(run(&logits, &[1.0; 32], &[0.0; 32], &other), all);
 }
+
+/// The kernel's noise, on the host: splitmix64 of (seed, token index), mapped into (0, 1).
+fn uniform(seed: u64, i: usize) -> f32 {
+    fn splitmix64(mut x: u64) -> u64 {
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^ (x >> 31)
+    }
+    let h = splitmix64(seed ^ splitmix64(i as u64));
+    ((h >> 40) as f32 + 0.5) * (1.0 / 16_777_216.0)
+}
+
+#[test]
+fn a_large_vocabulary_draws_the_same_token_as_the_gumbel_max_on_the_host() {
+    // 128,256 tokens: the row is searched in many chunks; the winner must be the row's own.
+    let (rows, vocab) = (24, 128_256);
+    let logits = pseudo_logits(rows, vocab);
+    let seeds: Vec<i64> = (0..rows as i64).map(|i| 31 * i + 5).collect();
+    let temps: Vec<f32> = (0..rows).map(|r| [0.0, 0.7, 1.0, 1.3][r % 4]).collect();
+    let min_ps: Vec<f32> = (0..rows)
+        .map(|r| [0.0, 0.0, 0.05, 0.5][(r / 4) % 4])
+        .collect();
+    let got = run(&logits, &temps, &min_ps, &seeds);
+    for r in 0..rows {
+        let row = &logits[r];
+        let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let (t, min_p) = (temps[r], min_ps[r]);
+        let score = |i: usize| row[i] / t - (-uniform(seeds[r] as u64, i).ln()).ln();
+        let want = if t <= 0.0 {
+            row.iter().position(|&x| x == max).unwrap()
+        } else {
+            let floor = if min_p > 0.0 {
+                max + t * min_p.ln()
+            } else {
+                f32::NEG_INFINITY
+            };
+            (0..vocab)
+                .filter(|&i| row[i] >= floor)
+                .max_by(|&a, &b| score(a).total_cmp(&score(b)).then(b.cmp(&a)))
+                .unwrap()
+        };
+        let g = got[r] as usize;
+        if g != want {
+            // Only a near-tie that the GPU's and the host's logarithms round apart may differ.
+            assert!(
+                t > 0.0 && (score(g) - score(want)).abs() < 1e-4,
+                "row {r}: {g} vs {want}"
+            );
+            let floor = if min_p > 0.0 {
+                max + t * min_p.ln()
+            } else {
+                f32::NEG_INFINITY
+            };
+            assert!(
+                row[g] >= floor,
+                "row {r}: token {g} is below the min_p floor"
+            );
+        }
+    }
+}
