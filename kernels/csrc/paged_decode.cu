@@ -385,7 +385,9 @@ int decode_any(int dtype, int head_dim, int group, const DecodeArgs* a, int* blo
 // part_ml ([seqs, heads, splits, 2]) and part_acc ([seqs, heads, splits, head_dim]), f32, are
 // workspace used only when num_splits > 1; split s covers positions [s * c, (s + 1) * c) with
 // c = max(chunk, ceil(context / num_splits)). row_seq ([num_seqs] rows) maps each query row to
-// its block table row; null means row i uses table i.
+// its block table row; null means row i uses table i. On sm_90 the kernel is launched early and
+// reads block_tables, row_seq and context_lens before it waits for the kernel before it: they
+// must be uploaded inputs, not that kernel's output (q and the caches may be).
 extern "C" int pagewise_paged_decode(int dtype, void* out, float* part_ml, float* part_acc,
                                      const void* q, const void* k_cache, const void* v_cache,
                                      const int32_t* block_tables, const int32_t* row_seq,

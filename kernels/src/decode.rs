@@ -82,6 +82,9 @@ fn plan(q: &Tensor, kv_heads: usize, max_context_len: usize) -> Result<(usize, u
 /// sequence whose block table is row `row_seq[r]` of `block_tables` (`[seqs, max_blocks]`). With
 /// `context_lens[r]` = the row's position + 1 a chunk is causal over itself and full over its
 /// cached prefix. Without `row_seq`, row `r` uses table `r`. Returns `[rows, heads, head_dim]`.
+/// On sm_90 the kernel starts before the previous kernel on the stream ends and reads
+/// `block_tables`, `row_seq` and `context_lens` before waiting for it: they must not be that
+/// kernel's output (host uploads are fine; `q` and the caches are waited for).
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     q: &Tensor,
