@@ -7,6 +7,7 @@
 #   bash .gpu/run.sh quick    tiny-model engine tests, decode kernel tests, 1B batch-1 latency
 #   bash .gpu/run.sh bench    kernel bandwidth + `pagewise bench` runs
 #   bash .gpu/run.sh all      both (default)
+#   bash .gpu/run.sh long start|wait ...  a serving run longer than one call (scripts/gpu/long_serve.sh)
 #   bash .gpu-gguf/run.sh gguf  the quantized-GGUF engine test (staged by scripts/gpu/stage_gguf.sh)
 # Logs go to $OUT (the device tool brings them back); a summary is printed last.
 set -uo pipefail
@@ -23,7 +24,7 @@ for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests gpu-engi
   chmod +x "$work/bin/$f"
 done
 export PAGEWISE_GPU_MODELS=$work/models
-if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ "$what" != gguf ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
+if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ "$what" != gguf ] && [ "$what" != long ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
   (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS") > "$out/make-models.log" 2>&1 \
     || { tail -20 "$out/make-models.log"; exit 1; }
 fi
@@ -89,6 +90,9 @@ if [ "$what" = gguf ]; then
   mkdir -p "$PAGEWISE_GPU_MODELS" && cp "$here/smollm2-4l.gguf" "$PAGEWISE_GPU_MODELS/"
   "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture quantized_gguf 2>&1 \
     | grep -E "^test |test result|rel\. err|engine on|panicked|WARN" || status=1
+fi
+if [ "$what" = long ]; then
+  PAGEWISE_BIN="$work/bin/pagewise" bash "$here/scripts/gpu/long_serve.sh" "${@:2}" || status=$?
 fi
 if [ "$what" = scoreboard ]; then
   PAGEWISE_BIN="$work/bin/pagewise" bash "$here/scripts/gpu/scoreboard.sh" || status=1
