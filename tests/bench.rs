@@ -57,6 +57,14 @@ async fn serve_benchmark_measures_a_real_server() {
     assert!(r.itl.mean_ms > 0.0 && r.tpot.mean_ms > 0.0);
     assert!(r.report().contains("successful requests: 30"));
     assert_eq!(r.request_rate, Some(300.0));
+    // Our server publishes its engine steps: the run's share of them comes back per step.
+    let steps = r.server_steps.expect("the server's step counters");
+    assert!(
+        steps.steps >= 8,
+        "30 requests of 8 tokens take steps: {steps:?}"
+    );
+    assert!(steps.forward_ms > 0.0 && steps.total_ms() >= steps.forward_ms);
+    assert!(r.report().contains("server engine, per step over"));
     check_charts(&r);
 
     let chat = run(&ServeBenchConfig {

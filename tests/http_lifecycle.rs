@@ -93,6 +93,13 @@ async fn metrics_use_vllm_names() {
     ] {
         assert!(text.contains(name), "{name} missing from\n{text}");
     }
+    // Our own: where the engine's steps spend their time, read back the way `bench serve` does.
+    let steps = pagewise::bench::server_steps::StepCounters::parse(&text).expect("step counters");
+    assert!(steps.steps >= 1, "{text}");
+    assert!(steps.seconds.iter().sum::<f64>() > 0.0, "{text}");
+    assert!(text.contains(
+        "pagewise:engine_step_phase_seconds_total{model_name=\"tiny\",phase=\"forward\"}"
+    ));
     assert!(
         text.contains("vllm:prompt_tokens_total{model_name=\"tiny\"} 3\n"),
         "{text}"

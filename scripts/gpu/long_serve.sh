@@ -55,7 +55,7 @@ case "${1:-}" in
     fi
     mkdir -p "$out"
     cp "$dir"/*.json "$out/" 2> /dev/null
-    grep -E "requests|throughput|TTFT|TPOT|ITL|E2E" "$dir/bench.log"
+    grep -E "requests|throughput|TTFT|TPOT|ITL|E2E|server engine" "$dir/bench.log"
     exit "$(cat "$dir/status")"
     ;;
   *)

@@ -83,6 +83,12 @@ for k, v in merged.items():
     elif "serve" in k:
         print(k, {m: (round(v[m]["median_ms"], 1), round(v[m]["p99_ms"], 1)) for m in ("ttft", "tpot", "itl")},
               "req/s", round(v["request_throughput"], 2), "done", v["completed"], "failed", v["failed"])
+        st = v.get("server_steps")
+        if st:
+            host = st["schedule_ms"] + st["prepare_ms"] + st["update_ms"]
+            print("   server engine per step (ms): host (schedule + prepare + update)", round(host, 3),
+                  "forward", round(st["forward_ms"], 3), "sample", round(st["sample_ms"], 3),
+                  "text", round(st["text_ms"], 3), "over", st["steps"], "steps")
     else:
         print(k, {a: b for a, b in v.items() if not isinstance(b, dict)})
 PY

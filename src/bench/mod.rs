@@ -4,6 +4,7 @@
 pub mod offline;
 pub mod plot;
 pub mod serve;
+pub mod server_steps;
 pub mod stats;
 
 use clap::{Args, Subcommand};

@@ -10,7 +10,9 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
+use super::server_steps;
 use super::stats::Summary;
+use crate::engine::step_times::StepBreakdown;
 use crate::sampler::SeededRng;
 
 /// What to send and how fast.
@@ -94,6 +96,10 @@ pub struct ServeBenchResult {
     pub itl: Summary,
     /// End-to-end latency.
     pub e2e: Summary,
+    /// Where the server's engine steps spent their time during the run (a pagewise server's
+    /// /metrics counters; absent for other servers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_steps: Option<StepBreakdown>,
 }
 
 impl ServeBenchResult {
@@ -123,6 +129,9 @@ impl ServeBenchResult {
         ] {
             out.push_str(&s.row(name));
             out.push('\n');
+        }
+        if let Some(b) = &self.server_steps {
+            out.push_str(&format!("server engine, {}\n", b.row()));
         }
         out
     }
@@ -331,6 +340,7 @@ pub async fn run(cfg: &ServeBenchConfig) -> Result<ServeBenchResult, String> {
         cfg.max_concurrency.unwrap_or(Semaphore::MAX_PERMITS),
     ));
     let mut arrivals = SeededRng::new(cfg.seed, 0x6172_7276);
+    let steps_before = server_steps::scrape(&client, &cfg.base_url).await;
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(cfg.num_prompts);
     let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -375,6 +385,13 @@ pub async fn run(cfg: &ServeBenchConfig) -> Result<ServeBenchResult, String> {
         }));
     }
     let duration = start.elapsed().as_secs_f64();
+    let server_steps = match (
+        steps_before,
+        server_steps::scrape(&client, &cfg.base_url).await,
+    ) {
+        (Some(before), Some(after)) => after.since(&before),
+        _ => None,
+    };
     if let Some(t) = ticker {
         let _ = t.await;
     }
@@ -400,6 +417,7 @@ pub async fn run(cfg: &ServeBenchConfig) -> Result<ServeBenchResult, String> {
         tpot: Summary::of_seconds(&tpot),
         itl: Summary::of_seconds(&itl),
         e2e: Summary::of_seconds(&ok.iter().map(|r| r.e2e).collect::<Vec<_>>()),
+        server_steps,
     })
 }
 

@@ -11,6 +11,7 @@ use super::args::{EngineArgs, EngineError};
 use super::core::EngineCore;
 use super::request::{FinishReason, SamplingParams};
 use super::sequence::{SeqId, SeqMap};
+use super::step_times::Phase;
 use crate::chat::ChatTemplate;
 use crate::metrics::Histogram;
 use crate::sampler::Logprobs;
@@ -65,6 +66,12 @@ pub struct EngineStats {
     pub prefix_cache_hits: AtomicU64,
     /// Time from submission to a sequence's first scheduled step.
     pub queue_time: Histogram,
+    /// Engine steps run.
+    pub steps: AtomicU64,
+    /// Of those, steps that replayed a CUDA graph.
+    pub graph_steps: AtomicU64,
+    /// Engine-thread time per step phase, in microseconds ([`Phase::ALL`] order).
+    pub phase_micros: [AtomicU64; 6],
 }
 
 /// Why a submission was refused before it reached the engine.
@@ -324,4 +331,12 @@ fn publish(core: &mut EngineCore, stats: &EngineStats) {
     stats
         .num_preemptions
         .store(s.num_preemptions_total(), Ordering::Relaxed);
+    let times = core.step_times();
+    for ((phase, _), micros) in Phase::ALL.iter().zip(&stats.phase_micros) {
+        micros.store(times.total(*phase).as_micros() as u64, Ordering::Relaxed);
+    }
+    stats
+        .graph_steps
+        .store(times.graph_steps(), Ordering::Relaxed);
+    stats.steps.store(times.steps(), Ordering::Relaxed);
 }

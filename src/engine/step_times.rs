@@ -26,6 +26,18 @@ pub enum Phase {
     Text,
 }
 
+impl Phase {
+    /// Every phase in accounting order, with its name (the `phase` label on /metrics).
+    pub const ALL: [(Phase, &'static str); 6] = [
+        (Phase::Schedule, "schedule"),
+        (Phase::Prepare, "prepare"),
+        (Phase::Forward, "forward"),
+        (Phase::Sample, "sample"),
+        (Phase::Update, "update"),
+        (Phase::Text, "text"),
+    ];
+}
+
 /// Accumulated step time since the last reset.
 #[derive(Clone, Debug, Default)]
 pub struct StepTimes {
@@ -57,24 +69,28 @@ impl StepTimes {
         self.steps
     }
 
+    /// Steps counted whose forward pass replayed a CUDA graph.
+    pub fn graph_steps(&self) -> u64 {
+        self.graph_steps
+    }
+
+    /// Time spent in `phase` so far.
+    pub fn total(&self, phase: Phase) -> Duration {
+        self.phases[phase as usize]
+    }
+
     /// Mean milliseconds per step of each phase.
     pub fn per_step(&self) -> StepBreakdown {
-        let ms = |p: Phase| self.phases[p as usize].as_secs_f64() * 1e3 / self.steps.max(1) as f64;
-        StepBreakdown {
-            steps: self.steps,
-            graph_steps: self.graph_steps,
-            schedule_ms: ms(Phase::Schedule),
-            prepare_ms: ms(Phase::Prepare),
-            forward_ms: ms(Phase::Forward),
-            sample_ms: ms(Phase::Sample),
-            update_ms: ms(Phase::Update),
-            text_ms: ms(Phase::Text),
-        }
+        StepBreakdown::from_totals(
+            self.steps,
+            self.graph_steps,
+            self.phases.map(|d| d.as_secs_f64()),
+        )
     }
 }
 
 /// Mean time per step of each phase, in milliseconds.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct StepBreakdown {
     /// Steps measured.
     pub steps: u64,
@@ -95,6 +111,21 @@ pub struct StepBreakdown {
 }
 
 impl StepBreakdown {
+    /// The means of `steps` steps that spent `seconds` in each phase (in [`Phase::ALL`] order).
+    pub fn from_totals(steps: u64, graph_steps: u64, seconds: [f64; 6]) -> Self {
+        let ms = |p: Phase| seconds[p as usize] * 1e3 / steps.max(1) as f64;
+        StepBreakdown {
+            steps,
+            graph_steps,
+            schedule_ms: ms(Phase::Schedule),
+            prepare_ms: ms(Phase::Prepare),
+            forward_ms: ms(Phase::Forward),
+            sample_ms: ms(Phase::Sample),
+            update_ms: ms(Phase::Update),
+            text_ms: ms(Phase::Text),
+        }
+    }
+
     /// All phases together.
     pub fn total_ms(&self) -> f64 {
         self.schedule_ms

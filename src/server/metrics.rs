@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::AppState;
 use crate::engine::request::FinishReason;
+use crate::engine::step_times::Phase;
 use crate::metrics::{Histogram, render_sample};
 
 /// What the HTTP layer measures.
@@ -141,6 +142,16 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
             "Prompt tokens served from the prefix cache.",
             load(&e.prefix_cache_hits),
         ),
+        (
+            "pagewise:engine_steps_total",
+            "Engine steps run.",
+            load(&e.steps),
+        ),
+        (
+            "pagewise:engine_cuda_graph_steps_total",
+            "Engine steps whose forward pass replayed a CUDA graph.",
+            load(&e.graph_steps),
+        ),
     ];
     for (name, help, v) in counters {
         render_sample(&mut out, name, "counter", help, &labels, v);
@@ -151,6 +162,16 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         let v = m.success[i].load(Ordering::Relaxed);
         out.push_str(&format!(
             "vllm:request_success_total{{{labels},finished_reason=\"{reason}\"}} {v}\n"
+        ));
+    }
+    out.push_str(
+        "# HELP pagewise:engine_step_phase_seconds_total Engine-thread time by step phase.\n\
+         # TYPE pagewise:engine_step_phase_seconds_total counter\n",
+    );
+    for ((_, phase), micros) in Phase::ALL.iter().zip(&e.phase_micros) {
+        let v = load(micros) / 1e6;
+        out.push_str(&format!(
+            "pagewise:engine_step_phase_seconds_total{{{labels},phase=\"{phase}\"}} {v}\n"
         ));
     }
     m.ttft.render(
