@@ -10,6 +10,19 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// 1 / rms of a row of `hidden` elements from each thread's sum of squares `sq`, for every thread
+// of the block: warp sums by shuffles, then the warps' sums added in warp order.
+__device__ __forceinline__ float block_inv_rms(float sq, int hidden, float eps) {
+  __shared__ float warp_sums[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffff, sq, o);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sq;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
+  return rsqrtf(total / hidden + eps);
+}
+
 // One block per row: sum = x + delta (stored, rounded to T, as the unfused ops would), then
 // normed = sum / rms(sum) * weight, with the rms taken over the rounded sum.
 template <typename T>
@@ -24,17 +37,7 @@ __global__ void add_rms_norm_kernel(T* __restrict__ sum_out, T* __restrict__ nor
     const float v = to_float(s);
     sq += v * v;
   }
-  __shared__ float warp_sums[kThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffff, sq, o);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sq;
-  __syncthreads();
-  __shared__ float inv_rms;
-  if (threadIdx.x == 0) {
-    float total = 0.f;
-    for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
-    inv_rms = rsqrtf(total / hidden + eps);
-  }
-  __syncthreads();
+  const float inv_rms = block_inv_rms(sq, hidden, eps);
   // Each thread reads back the elements it wrote itself: no barrier needed for them.
   for (int i = threadIdx.x; i < hidden; i += kThreads)
     normed[base + i] = from_float<T>(to_float(sum_out[base + i]) * inv_rms * to_float(weight[i]));
@@ -72,14 +75,7 @@ __global__ void add_rms_norm_vec_kernel(T* __restrict__ sum_out, T* __restrict__
     }
     *reinterpret_cast<uint4*>(sum_out + base + v * kVec) = sa;
   }
-  __shared__ float warp_sums[kThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffff, sq, o);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sq;
-  __syncthreads();
-  float total = 0.f;
-#pragma unroll
-  for (int i = 0; i < kThreads / 32; ++i) total += warp_sums[i];
-  const float inv_rms = rsqrtf(total / hidden + eps);
+  const float inv_rms = block_inv_rms(sq, hidden, eps);
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int v = threadIdx.x + j * kThreads;

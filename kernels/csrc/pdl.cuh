@@ -7,9 +7,9 @@
 namespace {
 
 // A kernel launched early (`launch_early`) may be scheduled while the kernel before it in the
-// stream is still running. It must call wait_for_previous_grid()
-// before touching memory that kernel may write; it calls let_next_grid_launch() to let an early
-// kernel after it be scheduled before it ends (that one still waits for it to finish).
+// stream is still running. It must call wait_for_previous_grid() before touching memory that
+// kernel may write; it calls let_next_grid_launch() to let an early kernel after it be scheduled
+// before it ends (that one still waits for it to finish).
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
