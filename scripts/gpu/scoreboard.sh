@@ -3,17 +3,24 @@
 # random weights (--load-format dummy), bf16, Llama-3.2-1B and Llama-3.1-8B shapes; batch-1 decode,
 # offline throughput, serving at several request rates with `pagewise bench serve`, then the
 # transformers baselines (scripts/gpu/hf_baselines.py). Each run is bounded so the call fits the
-# device tool's 10 minutes. SCOREBOARD_MODELS, SCOREBOARD_PARTS (latency throughput serve) and
-# SCOREBOARD_RATES (rate:prompts ...) narrow it; SCOREBOARD_NO_HF=1 skips the baselines.
-# Raw results stay in /tmp/pagewise-scoreboard; $OUT/scoreboard.json merges them (the device tool
-# brings back only a few files), and a summary is printed.
+# device tool's 10 minutes. SCOREBOARD_MODELS, SCOREBOARD_PARTS (latency throughput serve hfserve)
+# and SCOREBOARD_RATES (rate:prompts ...) narrow it; SCOREBOARD_NO_HF=1 skips the batch-1 and
+# offline baselines. The part `hfserve` (not run by default: it is slow) serves the same shapes
+# with transformers (scripts/gpu/hf_server.py) and measures them with the same `bench serve` at
+# SCOREBOARD_HF_RATES (default "inf:100 16:100 4:100 1:100").
+# Raw results stay in /tmp/pagewise-scoreboard-NAME; $OUT/NAME.json merges them (the device tool
+# brings back only a few files), and a summary is printed. NAME is SCOREBOARD_NAME (default
+# scoreboard); give two runs on two GPUs (CUDA_VISIBLE_DEVICES) different names and
+# SCOREBOARD_PORT / SCOREBOARD_HF_PORT (default 8100 / 8200).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)   # the staged .gpu folder
 bin=${PAGEWISE_BIN:-/tmp/pagewise-gpu/bin/pagewise}
-out=/tmp/pagewise-scoreboard
-final=${OUT:-/tmp/pagewise-out}/scoreboard.json
+name=${SCOREBOARD_NAME:-scoreboard}
+out=/tmp/pagewise-$name
+final=${OUT:-/tmp/pagewise-out}/$name.json
+port=${SCOREBOARD_PORT:-8100} hf_port=${SCOREBOARD_HF_PORT:-8200}
 cfg=/tmp/pagewise-gpu/shapes
-mkdir -p "$out" "$cfg/llama-1b" "$cfg/llama-8b"
+mkdir -p "$out" "$(dirname "$final")" "$cfg/llama-1b" "$cfg/llama-8b"
 python3 - "$cfg" <<'PY'
 import json, sys
 base = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu", vocab_size=128256,
@@ -33,6 +40,20 @@ for m in llama-1b llama-8b; do cp "$here/tests/fixtures/llama-gqa-tied/tokenizer
 run() { local t=$1; shift; timeout "$t" "$@" 2>> "$out/stderr.log"; }
 parts=${SCOREBOARD_PARTS:-latency throughput serve}
 has() { [[ " $parts " == *" $1 "* ]]; }
+# serve_rates PORT PREFIX RATE:PROMPTS...: `bench serve` against the server on PORT at each rate.
+serve_rates() {
+  local port=$1 prefix=$2 spec rate n limit; shift 2
+  for spec in "$@"; do
+    rate=${spec%%:*} n=${spec##*:}
+    echo "== $prefix: $n prompts of 1024/128 at request rate $rate"
+    # The arrivals alone take n / rate seconds; four minutes more for the last requests.
+    limit=300
+    [ "$rate" != inf ] && limit=$(( n / rate + 240 ))
+    run "$limit" "$bin" bench serve --base-url "http://127.0.0.1:$port" --model "$m" --num-prompts "$n" \
+      --random-input-len 1024 --random-output-len 128 --request-rate "$rate" --ignore-eos --no-progress \
+      --result-file "$out/$prefix-$rate.json" | grep -E "throughput|TTFT|TPOT|ITL|Successful" | head -12
+  done
+}
 for m in ${SCOREBOARD_MODELS:-llama-1b llama-8b}; do
   d="$cfg/$m"
   if has latency; then
@@ -45,23 +66,23 @@ for m in ${SCOREBOARD_MODELS:-llama-1b llama-8b}; do
     run 180 "$bin" bench throughput --model "$d" --load-format dummy --num-prompts 1000 --input-len 1024 --output-len 128 \
       --output-json "$out/$m-throughput.json" | tail -1
   fi
-  has serve || continue
-  "$bin" serve "$d" --load-format dummy --port 8100 --served-model-name "$m" > "$out/$m-serve.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 240); do curl -sf localhost:8100/ready > /dev/null && break; sleep 0.5; done
-  for spec in ${SCOREBOARD_RATES:-inf:1000 16:500 4:100}; do
-    rate=${spec%%:*} n=${spec##*:}
-    echo "== $m: serving, $n prompts of 1024/128 at request rate $rate"
-    # The arrivals alone take n / rate seconds; two minutes more for the last requests.
-    limit=150
-    [ "$rate" != inf ] && limit=$(( n / rate + 120 ))
-    run "$limit" "$bin" bench serve --base-url http://127.0.0.1:8100 --model "$m" --num-prompts "$n" \
-      --random-input-len 1024 --random-output-len 128 --request-rate "$rate" --ignore-eos --no-progress \
-      --result-file "$out/$m-serve-$rate.json" | grep -E "throughput|TTFT|TPOT|ITL|Successful" | head -12
-  done
-  kill -TERM $pid; wait $pid
-  ls "$out/$m"-serve-*.json > /dev/null 2>&1 && \
-    "$bin" bench plot "$out/$m"-serve-*.json --out "$(dirname "$final")/$m-sweep.png"
+  if has serve; then
+    "$bin" serve "$d" --load-format dummy --port "$port" --served-model-name "$m" > "$out/$m-serve.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 240); do curl -sf "localhost:$port/ready" > /dev/null && break; sleep 0.5; done
+    serve_rates "$port" "$m-serve" ${SCOREBOARD_RATES:-inf:1000 16:500 4:100}
+    kill -TERM $pid; wait $pid
+    # (a chart needs a TrueType font, which the GPU machine lacks: draw it here with `bench plot`)
+    ls "$out/$m"-serve-*.json > /dev/null 2>&1 && \
+      "$bin" bench plot "$out/$m"-serve-*.json --out "$(dirname "$final")/$m-sweep.png" 2> /dev/null
+  fi
+  if has hfserve; then
+    python3 "$here/scripts/gpu/hf_server.py" "$d" --port "$hf_port" > "$out/$m-hf-server.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 600); do curl -sf "localhost:$hf_port/ready" > /dev/null && break; sleep 0.5; done
+    serve_rates "$hf_port" "$m-hf-serve" ${SCOREBOARD_HF_RATES:-inf:100 16:100 4:100 1:100}
+    kill -TERM $pid; wait $pid
+  fi
 done
 if [ -z "${SCOREBOARD_NO_HF:-}" ]; then
   echo "== transformers baselines"
