@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include "decode_common.cuh"
 #include "dtype.cuh"
+#include "timeline.cuh"
 
 namespace {
 
@@ -98,6 +99,7 @@ __global__ void __launch_bounds__(kThreads)
                             const int32_t* __restrict__ context_lens, int max_blocks,
                             int num_heads, int num_kv_heads, int block_size, int chunk,
                             float scale) {
+  BlockTimeline timeline(1);  // (empty unless built with PAGEWISE_DECODE_TIMELINE)
   using S = MmaShape<T, D>;
   using Copier = typename S::Copier;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -115,6 +117,7 @@ __global__ void __launch_bounds__(kThreads)
   Copier copier(k_cache, v_cache, table, begin, end, block_size, num_kv_heads, kv_head);
   copier.fetch(0);           // block tables and lengths are inputs, not earlier kernels' outputs
   wait_for_previous_grid();  // the query and the cache are
+  timeline.mark(kWaited);
   let_next_grid_launch();    // the merge may be scheduled now; it waits for this grid's end
   copier.template start<S::kStages>(stages, tiles);
 
@@ -140,6 +143,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int t = 0; t < tiles; ++t) {
     const T* kt = copier.template next<S::kStages>(stages, t, tiles);
     const T* vt = kt + kMmaRows * D;
+    if (t == 0) timeline.mark(kFirstTile);
 
     // Scores: sc[b] covers the warp's positions 8b .. 8b + 7 (lane: 8b + 2c, + 1).
     float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -199,6 +203,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
+  timeline.mark(kLoopEnd);
   // Merge the warps: per head, (max, sum) and the D unnormalized sums of each warp.
   l += __shfl_xor_sync(0xffffffff, l, 1);
   l += __shfl_xor_sync(0xffffffff, l, 2);
@@ -245,6 +250,7 @@ __global__ void __launch_bounds__(kThreads)
       part_acc[part * D + d] = acc;
     }
   }
+  timeline.end();
 }
 
 }  // namespace

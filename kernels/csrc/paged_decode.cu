@@ -13,6 +13,7 @@
 #include "dtype.cuh"
 #include "decode_common.cuh"
 #include "decode_mma.cuh"
+#include "timeline.cuh"
 
 namespace {
 
@@ -235,7 +236,9 @@ __global__ void __launch_bounds__(kThreadsM)
   const float* ml = part_ml + row * num_splits * 2;
   const int tid = threadIdx.x, d = tid % D, j = tid / D;
   const float* acc = part_acc + row * num_splits * D + d;
-  wait_for_previous_grid();  // the split kernel's partials
+  BlockTimeline timeline(2);  // (empty unless built with PAGEWISE_DECODE_TIMELINE)
+  wait_for_previous_grid();   // the split kernel's partials
+  timeline.mark(kWaited);
   let_next_grid_launch();
   // This thread's first kHeld partials of dim d, loaded together with the (max, sum) pairs so
   // the merge waits on one round trip to memory instead of two.
@@ -271,6 +274,7 @@ __global__ void __launch_bounds__(kThreadsM)
     for (int k = 1; k < kLanes; ++k) o += sums[k][d];
     out[row * D + d] = from_float<T>(L > 0.f ? o / L : 0.f);
   }
+  timeline.end();
 }
 
 // The merge kernel over a split launch's partials: D threads a block for a few splits, more
@@ -413,4 +417,25 @@ extern "C" int pagewise_decode_occupancy(int dtype, int head_dim, int group, int
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess) return (int)err;
   return decode_any(dtype, head_dim, group, nullptr, blocks_per_sm);
+}
+
+// The decode timeline (timeline.cuh): copies its first `n` values (kTimelineSlots x 8 at most)
+// to `host` when it is not null, then zeroes it when `reset` is set. Returns -1 when the kernels
+// were built without PAGEWISE_DECODE_TIMELINE, a CUDA error code on failure, 0 otherwise.
+extern "C" int pagewise_decode_timeline(unsigned long long* host, int n, int reset) {
+#ifdef PAGEWISE_DECODE_TIMELINE
+  const size_t total = sizeof(unsigned long long) * kTimelineSlots * kTimelineFields;
+  void* dev = nullptr;
+  cudaError_t err = cudaDeviceSynchronize();
+  if (err == cudaSuccess) err = cudaGetSymbolAddress(&dev, g_decode_timeline);
+  const size_t bytes = sizeof(unsigned long long) * (size_t)(n < 0 ? 0 : n);
+  if (err == cudaSuccess && host != nullptr)
+    err = cudaMemcpy(host, dev, bytes < total ? bytes : total, cudaMemcpyDeviceToHost);
+  if (err == cudaSuccess && reset) err = cudaMemset(dev, 0, total);
+  if (err == cudaSuccess) err = cudaDeviceSynchronize();
+  return (int)err;
+#else
+  (void)host, (void)n, (void)reset;
+  return -1;
+#endif
 }

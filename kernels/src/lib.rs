@@ -14,6 +14,7 @@ mod prefill;
 mod rope;
 mod sampling;
 mod split;
+mod timeline;
 mod upload;
 
 pub use decode::{
@@ -25,6 +26,7 @@ pub use prefill::{PrefillSeqs, paged_prefill_attention};
 pub use rope::{QkvRope, rope_qkv_cache};
 pub use sampling::sample;
 pub use split::{MIN_CHUNK, decode_slots, graph_split_plan, split_plan};
+pub use timeline::{BlockRecord, decode_timeline};
 pub use upload::{upload, upload_rows};
 
 use std::ffi::c_void;

@@ -218,30 +218,10 @@ fn decode_bandwidth() {
             {
                 continue;
             }
-            let blocks_per_seq = ctx / bs;
-            let num_blocks = batch * blocks_per_seq + 1;
             let bytes = (batch * ctx * kv_heads * d * 2 * 2) as f64;
-            let copies = ((128e6 / bytes).ceil() as usize).clamp(1, 64);
-            let caches: Vec<(Tensor, Tensor)> = (0..copies)
-                .map(|_| {
-                    let kc =
-                        Tensor::zeros((num_blocks, bs, kv_heads, d), DType::BF16, &dev).unwrap();
-                    (kc.copy().unwrap(), kc)
-                })
-                .collect();
-            // Each sequence's blocks in a scattered order.
-            let tables: Vec<i32> = (0..batch * blocks_per_seq)
-                .map(|i| 1 + ((i * 7919) % (batch * blocks_per_seq)) as i32)
-                .collect();
-            let bt = Tensor::from_vec(tables, (batch, blocks_per_seq), &dev).unwrap();
-            let cl = Tensor::from_vec(vec![ctx as i32; batch], batch, &dev).unwrap();
-            let q = Tensor::zeros((batch, heads, d), DType::BF16, &dev).unwrap();
-            let out = q.zeros_like().unwrap();
-            let ws = DecodeWorkspace::for_query(&q, kv_heads, ctx).unwrap();
-            let run = |i: usize| {
-                let (kc, vc) = &caches[i % copies];
-                paged_attention_into(&out, &ws, &q, kc, vc, &bt, None, &cl, ctx, 0.1).unwrap()
-            };
+            let setup = Setup::new(&dev, batch, ctx, (heads, kv_heads, d, bs));
+            let copies = setup.caches.len();
+            let run = |i: usize| setup.run(i);
             for i in 0..copies.max(3) {
                 run(i);
             }
@@ -279,4 +259,173 @@ fn decode_bandwidth() {
             );
         }
     }
+}
+
+/// A decode launch over `batch` sequences of `ctx` positions (bf16; zeros: only the time counts)
+/// with copies of the cache totalling at least 128 MB, so that launches rotating over them do
+/// not run out of the 50 MB L2.
+struct Setup {
+    caches: Vec<(Tensor, Tensor)>,
+    bt: Tensor,
+    cl: Tensor,
+    q: Tensor,
+    out: Tensor,
+    ws: DecodeWorkspace,
+    ctx: usize,
+}
+
+impl Setup {
+    fn new(dev: &Device, batch: usize, ctx: usize, shape: (usize, usize, usize, usize)) -> Self {
+        let (heads, kv_heads, d, bs) = shape;
+        let blocks_per_seq = ctx / bs;
+        let num_blocks = batch * blocks_per_seq + 1;
+        let bytes = (batch * ctx * kv_heads * d * 2 * 2) as f64;
+        // PAGEWISE_BW_COPIES overrides the count (1: every launch reads the same cache).
+        let copies = std::env::var("PAGEWISE_BW_COPIES")
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(((128e6 / bytes).ceil() as usize).clamp(1, 64));
+        let caches = (0..copies)
+            .map(|_| {
+                let kc = Tensor::zeros((num_blocks, bs, kv_heads, d), DType::BF16, dev).unwrap();
+                (kc.copy().unwrap(), kc)
+            })
+            .collect();
+        // Each sequence's blocks in a scattered order.
+        let tables: Vec<i32> = (0..batch * blocks_per_seq)
+            .map(|i| 1 + ((i * 7919) % (batch * blocks_per_seq)) as i32)
+            .collect();
+        let bt = Tensor::from_vec(tables, (batch, blocks_per_seq), dev).unwrap();
+        let cl = Tensor::from_vec(vec![ctx as i32; batch], batch, dev).unwrap();
+        let q = Tensor::zeros((batch, heads, d), DType::BF16, dev).unwrap();
+        let out = q.zeros_like().unwrap();
+        let ws = DecodeWorkspace::for_query(&q, kv_heads, ctx).unwrap();
+        Setup {
+            caches,
+            bt,
+            cl,
+            q,
+            out,
+            ws,
+            ctx,
+        }
+    }
+
+    /// Launch `i`, on copy `i` of the cache (round robin).
+    fn run(&self, i: usize) {
+        let (kc, vc) = &self.caches[i % self.caches.len()];
+        paged_attention_into(
+            &self.out, &self.ws, &self.q, kc, vc, &self.bt, None, &self.cl, self.ctx, 0.1,
+        )
+        .unwrap()
+    }
+}
+
+/// Where a decode launch's time goes, block by block, for batch x context cases
+/// (`PAGEWISE_TIMELINE_CASES`, default "1x8192 8x8192"): the kernels must be built with
+/// `PAGEWISE_NVCC_FLAGS=-DPAGEWISE_DECODE_TIMELINE` (the test says so and passes otherwise).
+/// The last of 16 graph-replayed launches is recorded. Run on the GPU machine:
+/// `kernel-tests --ignored --nocapture decode_timeline`.
+#[test]
+#[ignore]
+fn decode_timeline() {
+    let dev = Device::new_cuda(0).unwrap();
+    let stream = dev.as_cuda_device().unwrap().cuda_stream();
+    if pagewise_kernels::decode_timeline(true).unwrap().is_none() {
+        println!("built without PAGEWISE_DECODE_TIMELINE: nothing recorded");
+        return;
+    }
+    let cases = std::env::var("PAGEWISE_TIMELINE_CASES").unwrap_or("1x8192 8x8192".into());
+    for case in cases.split_whitespace() {
+        let (batch, ctx) = case.split_once('x').unwrap();
+        let (batch, ctx): (usize, usize) = (batch.parse().unwrap(), ctx.parse().unwrap());
+        let setup = Setup::new(&dev, batch, ctx, (32, 8, 128, 16));
+        for i in 0..4 {
+            setup.run(i);
+        }
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .unwrap();
+        for i in 0..16 {
+            setup.run(i);
+        }
+        let graph = stream
+            .end_capture(CUgraphInstantiate_flags(0))
+            .unwrap()
+            .unwrap();
+        pagewise_kernels::decode_timeline(true).unwrap();
+        graph.launch().unwrap();
+        let blocks = pagewise_kernels::decode_timeline(true).unwrap().unwrap();
+        print_timeline(case, &blocks);
+    }
+}
+
+/// Min, median and max of `f` over `blocks`.
+fn spread(
+    blocks: &[&pagewise_kernels::BlockRecord],
+    f: impl Fn(&pagewise_kernels::BlockRecord) -> f64,
+) -> String {
+    let mut v: Vec<f64> = blocks.iter().map(|b| f(b)).collect();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return "-".into();
+    }
+    format!(
+        "{:.2} / {:.2} / {:.2}",
+        v[0],
+        v[v.len() / 2],
+        v[v.len() - 1]
+    )
+}
+
+fn print_timeline(case: &str, blocks: &[pagewise_kernels::BlockRecord]) {
+    let split: Vec<_> = blocks.iter().filter(|b| !b.merge).collect();
+    let merge: Vec<_> = blocks.iter().filter(|b| b.merge).collect();
+    let t0 = split.iter().map(|b| b.start_ns).min().unwrap_or(0);
+    let us = |ns: u64| ns.saturating_sub(t0) as f64 / 1e3;
+    let cyc = |c: u64| c as f64 / 1980.0; // µs at the H200's 1.98 GHz SM clock
+    let sms: std::collections::HashSet<_> = split.iter().map(|b| b.sm).collect();
+    println!(
+        "== {case}: {} split blocks on {} SMs, {} merge blocks",
+        split.len(),
+        sms.len(),
+        merge.len()
+    );
+    println!("(µs; min / median / max over blocks; cycles read at 1.98 GHz)");
+    println!(
+        "split start (from the first split start): {}",
+        spread(&split, |b| us(b.start_ns))
+    );
+    println!(
+        "split end:                                {}",
+        spread(&split, |b| us(b.end_ns))
+    );
+    println!(
+        "split wait for the previous kernel:       {}",
+        spread(&split, |b| cyc(b.waited))
+    );
+    println!(
+        "split first tile landed:                  {}",
+        spread(&split, |b| cyc(b.first_tile))
+    );
+    println!(
+        "split tile loop after the first tile:     {}",
+        spread(&split, |b| cyc(b.loop_end.saturating_sub(b.first_tile)))
+    );
+    println!(
+        "split after the loop (merge of warps, writes): {}",
+        spread(&split, |b| cyc(b.end.saturating_sub(b.loop_end)))
+    );
+    println!(
+        "merge start:                              {}",
+        spread(&merge, |b| us(b.start_ns))
+    );
+    println!(
+        "merge wait ended (cycles from its start): {}",
+        spread(&merge, |b| cyc(b.waited))
+    );
+    println!(
+        "merge end:                                {}",
+        spread(&merge, |b| us(b.end_ns))
+    );
 }
