@@ -14,14 +14,15 @@
 #include <math.h>
 #include <mma.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include "dtype.cuh"
+#include "prefill_mma.cuh"
 
 namespace {
 
 using namespace nvcuda;
 
-constexpr int kBM = 64, kBN = 64, kWarps = 4;
-
+constexpr int kBM = 64, kBN = 64;  // (kWarps: 4, from decode_common.cuh)
 
 template <int D> struct Smem {
   static constexpr int ld = D + 8;         // 16-bit tiles: Q, K, V
@@ -161,10 +162,24 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 template <typename T, int D>
-int launch(void* out, const void* q, const void* k_cache, const void* v_cache,
+int launch(int kernel, void* out, const void* q, const void* k_cache, const void* v_cache,
            const int32_t* block_tables, const int32_t* seq_table, const int32_t* q_start,
            const int32_t* q_len, const int32_t* ctx_len, int num_seqs, int max_q_len, int max_blocks,
            int num_heads, int num_kv_heads, int block_size, float scale, cudaStream_t stream) {
+  if constexpr (D <= 128) {
+    if (kernel == 1) {
+      constexpr int smem = PrefillShape<T, D>::kSmemBytes;
+      const auto k = paged_prefill_mma_kernel<T, D>;
+      cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (e != cudaSuccess) return (int)e;
+      const dim3 grid((max_q_len + kPrefillRows - 1) / kPrefillRows, num_heads, num_seqs);
+      k<<<grid, kThreads, smem, stream>>>((T*)out, (const T*)q, (const T*)k_cache,
+                                          (const T*)v_cache, block_tables, seq_table, q_start,
+                                          q_len, ctx_len, max_blocks, num_heads, num_kv_heads,
+                                          block_size, scale);
+      return (int)cudaGetLastError();
+    }
+  }
   const size_t smem = Smem<D>::bytes;
   cudaError_t e = cudaFuncSetAttribute(paged_prefill_kernel<T, D>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -177,13 +192,13 @@ int launch(void* out, const void* q, const void* k_cache, const void* v_cache,
 }
 
 template <typename T>
-int dispatch(int head_dim, void* out, const void* q, const void* k_cache, const void* v_cache,
+int dispatch(int kernel, int head_dim, void* out, const void* q, const void* k_cache, const void* v_cache,
              const int32_t* block_tables, const int32_t* seq_table, const int32_t* q_start,
              const int32_t* q_len, const int32_t* ctx_len, int num_seqs, int max_q_len,
              int max_blocks, int num_heads, int num_kv_heads, int block_size, float scale,
              cudaStream_t stream) {
 #define PAGEWISE_PREFILL(DIM)                                                                   \
-  return launch<T, DIM>(out, q, k_cache, v_cache, block_tables, seq_table, q_start, q_len,     \
+  return launch<T, DIM>(kernel, out, q, k_cache, v_cache, block_tables, seq_table, q_start, q_len,     \
                         ctx_len, num_seqs, max_q_len, max_blocks, num_heads, num_kv_heads,      \
                         block_size, scale, stream)
   switch (head_dim) {
@@ -199,9 +214,11 @@ int dispatch(int head_dim, void* out, const void* q, const void* k_cache, const 
 
 // dtype: 1 = f16, 2 = bf16 (tensor cores need 16-bit inputs). Per prefill sequence s: its query
 // rows start at q_start[s], number q_len[s], and its block table is row seq_table[s] of
-// block_tables; ctx_len[s] counts its tokens in the cache including this chunk. Returns 0 or a
-// CUDA error code (1 for an unsupported dtype or head dim).
-extern "C" int pagewise_paged_prefill(int dtype, void* out, const void* q, const void* k_cache,
+// block_tables; ctx_len[s] counts its tokens in the cache including this chunk. kernel: 0 the
+// WMMA kernel above, 1 the FlashAttention-2 style one (prefill_mma.cuh) at head dims 64 and 128
+// (the WMMA kernel at 256). Returns 0 or a CUDA error code (1 for an unsupported dtype or head
+// dim).
+extern "C" int pagewise_paged_prefill(int kernel, int dtype, void* out, const void* q, const void* k_cache,
                                       const void* v_cache, const int32_t* block_tables,
                                       const int32_t* seq_table, const int32_t* q_start,
                                       const int32_t* q_len, const int32_t* ctx_len, int num_seqs,
@@ -209,7 +226,7 @@ extern "C" int pagewise_paged_prefill(int dtype, void* out, const void* q, const
                                       int num_kv_heads, int head_dim, int block_size, float scale,
                                       cudaStream_t stream) {
   if (num_seqs == 0 || max_q_len == 0) return 0;
-#define PAGEWISE_ARGS head_dim, out, q, k_cache, v_cache, block_tables, seq_table, q_start, q_len, \
+#define PAGEWISE_ARGS kernel, head_dim, out, q, k_cache, v_cache, block_tables, seq_table, q_start, q_len, \
                       ctx_len, num_seqs, max_q_len, max_blocks, num_heads, num_kv_heads,           \
                       block_size, scale, stream
   switch (dtype) {

@@ -22,7 +22,9 @@ pub use decode::{
     paged_decode_attention, plan_for,
 };
 pub use fused::{GEMV_MAX_ROWS, add_rms_norm, gemv, silu_mul};
-pub use prefill::{PrefillSeqs, paged_prefill_attention};
+pub use prefill::{
+    PrefillKernel, PrefillSeqs, paged_prefill_attention, paged_prefill_attention_with,
+};
 pub use rope::{QkvRope, rope_qkv_cache};
 pub use sampling::sample;
 pub use split::{MIN_CHUNK, decode_slots, graph_split_plan, split_plan};

@@ -22,11 +22,53 @@ pub struct PrefillSeqs<'a> {
     pub max_q_len: usize,
 }
 
+/// Which prefill attention kernel runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillKernel {
+    /// WMMA tiles with the output accumulated in shared memory (every head dim).
+    Wmma,
+    /// FlashAttention-2 style: scores, probabilities and output in registers, mma.sync, K/V
+    /// streamed with cp.async (head dims 64 and 128; the WMMA kernel serves 256).
+    Mma,
+}
+
+impl PrefillKernel {
+    /// The kernel [`paged_prefill_attention`] runs: `Mma` with `PAGEWISE_PREFILL_MMA=1` (opt-in
+    /// while it is new), `Wmma` otherwise.
+    pub fn from_env() -> Self {
+        static MMA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let mma =
+            *MMA.get_or_init(|| std::env::var("PAGEWISE_PREFILL_MMA").is_ok_and(|v| v == "1"));
+        if mma {
+            PrefillKernel::Mma
+        } else {
+            PrefillKernel::Wmma
+        }
+    }
+}
+
 /// Prefill attention on tensor cores (f16/bf16): each sequence's query rows attend causally within
 /// the chunk and fully over its cached prefix, reading K/V (already written by
 /// [`reshape_and_cache`]) through `block_tables`. Writes those rows of `out` (`q`'s shape,
-/// `[tokens, heads, head_dim]`) in place and leaves the other rows alone.
+/// `[tokens, heads, head_dim]`) in place and leaves the other rows alone. Runs
+/// [`PrefillKernel::from_env`].
 pub fn paged_prefill_attention(
+    out: &Tensor,
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    block_tables: &Tensor,
+    seqs: &PrefillSeqs<'_>,
+    scale: f32,
+) -> Result<()> {
+    let kernel = PrefillKernel::from_env();
+    paged_prefill_attention_with(kernel, out, q, k_cache, v_cache, block_tables, seqs, scale)
+}
+
+/// [`paged_prefill_attention`] with the kernel named.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_prefill_attention_with(
+    kernel: PrefillKernel,
     out: &Tensor,
     q: &Tensor,
     k_cache: &Tensor,
@@ -74,6 +116,7 @@ pub fn paged_prefill_attention(
     // address rows of `q`/`out` and blocks inside the caches (the caller's contract).
     let code = unsafe {
         ffi::pagewise_paged_prefill(
+            i32::from(kernel == PrefillKernel::Mma),
             dtype,
             o as *mut c_void,
             qp as *const c_void,
