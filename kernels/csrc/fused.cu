@@ -103,6 +103,33 @@ __global__ void silu_mul_kernel(T* __restrict__ out, const T* __restrict__ gate_
   }
 }
 
+// The same with 16-byte vectors of gate and up (widths a multiple of the vector, aligned rows):
+// one load of each per 8 (16-bit) or 4 (f32) outputs, and one store.
+template <typename T>
+__global__ void silu_mul_vec_kernel(T* __restrict__ out, const T* __restrict__ gate_up,
+                                    int64_t rows, int inter) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int per_row = inter / kVec;
+  const int64_t n = rows * per_row;
+  for (int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; v < n;
+       v += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = v / per_row;
+    const int i = (int)(v - r * per_row) * kVec;
+    const uint4 ga = *reinterpret_cast<const uint4*>(gate_up + r * 2 * inter + i);
+    const uint4 ua = *reinterpret_cast<const uint4*>(gate_up + r * 2 * inter + inter + i);
+    const T* g = reinterpret_cast<const T*>(&ga);
+    const T* u = reinterpret_cast<const T*>(&ua);
+    uint4 oa;
+    T* o = reinterpret_cast<T*>(&oa);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float gf = to_float(g[j]);
+      o[j] = from_float<T>(gf / (1.f + __expf(-gf)) * to_float(u[j]));
+    }
+    *reinterpret_cast<uint4*>(out + r * inter + i) = oa;
+  }
+}
+
 template <typename T>
 int launch_add_rms_norm(void* sum_out, void* normed, const void* x, const void* delta,
                         const void* weight, int rows, int hidden, float eps, cudaStream_t stream) {
@@ -122,9 +149,15 @@ int launch_add_rms_norm(void* sum_out, void* normed, const void* x, const void* 
 
 template <typename T>
 int launch_silu_mul(void* out, const void* gate_up, int64_t rows, int inter, cudaStream_t stream) {
-  const int64_t n = rows * inter;
-  const int blocks = (int)((n + kThreads - 1) / kThreads < 132 * 16 ? (n + kThreads - 1) / kThreads : 132 * 16);
-  silu_mul_kernel<T><<<blocks, kThreads, 0, stream>>>((T*)out, (const T*)gate_up, rows, inter);
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vec = ((uintptr_t)out | (uintptr_t)gate_up) % 16 == 0 && inter % kVec == 0;
+  const int64_t n = vec ? rows * (inter / kVec) : rows * inter;  // threads' work items
+  const int64_t wanted = (n + kThreads - 1) / kThreads;
+  const int blocks = (int)(wanted < 132 * 16 ? wanted : 132 * 16);
+  if (vec)
+    silu_mul_vec_kernel<T><<<blocks, kThreads, 0, stream>>>((T*)out, (const T*)gate_up, rows, inter);
+  else
+    silu_mul_kernel<T><<<blocks, kThreads, 0, stream>>>((T*)out, (const T*)gate_up, rows, inter);
   return (int)cudaGetLastError();
 }
 

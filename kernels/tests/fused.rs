@@ -71,7 +71,15 @@ fn silu_mul_matches_silu_times_up() {
     let dev = Device::new_cuda(0).unwrap();
     let mut rng = Lcg(5);
     for dtype in [DType::F32, DType::F16, DType::BF16] {
-        for (rows, inter) in [(1, 1536), (7, 8192), (300, 14336), (0, 64)] {
+        // (100 and 33: widths the 16-byte vector path does not take)
+        for (rows, inter) in [
+            (1, 1536),
+            (7, 8192),
+            (300, 14336),
+            (3, 100),
+            (2, 33),
+            (0, 64),
+        ] {
             let gu = random(&mut rng, (rows, 2 * inter), 6.0, dtype, &dev);
             let got = pagewise_kernels::silu_mul(&gu).unwrap();
             assert_eq!(got.dims(), [rows, inter]);

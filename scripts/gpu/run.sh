@@ -8,6 +8,7 @@
 #   bash .gpu/run.sh bench    kernel bandwidth + `pagewise bench` runs
 #   bash .gpu/run.sh all      both (default)
 #   bash .gpu/run.sh long start|wait ...  a serving run longer than one call (scripts/gpu/long_serve.sh)
+#   bash .gpu/run.sh prefill  the FlashAttention-2 style prefill kernel: tests, speed, engine, 8B offline
 #   bash .gpu-gguf/run.sh gguf  the quantized-GGUF engine test (staged by scripts/gpu/stage_gguf.sh)
 # Logs go to $OUT (the device tool brings them back); a summary is printed last.
 set -uo pipefail
@@ -90,6 +91,24 @@ if [ "$what" = gguf ]; then
   mkdir -p "$PAGEWISE_GPU_MODELS" && cp "$here/smollm2-4l.gguf" "$PAGEWISE_GPU_MODELS/"
   "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture quantized_gguf 2>&1 \
     | grep -E "^test |test result|rel\. err|engine on|panicked|WARN" || status=1
+fi
+if [ "$what" = prefill ]; then
+  # The FlashAttention-2 style prefill kernel (PAGEWISE_PREFILL_MMA=1): both prefill kernels
+  # against the reference, their speed on the 8B shape, the fused kernels, the engine's GPU
+  # tests with it, then 8B offline throughput with each kernel.
+  "$work/bin/prefill-tests" --test-threads=1 --nocapture 2>&1 | grep -E "^test |test result|rel\. err|panicked" || status=1
+  "$work/bin/prefill-tests" --ignored --nocapture --test-threads=1 prefill_speed 2>&1 | grep -E "TFLOP|panicked" || status=1
+  "$work/bin/fused-tests" --test-threads=1 2>&1 | grep -E "^test |test result|panicked" || status=1
+  PAGEWISE_PREFILL_MMA=1 "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture --skip quantized_gguf 2>&1 \
+    | grep -E "^test |test result|rel\. err|top-1|panicked" || status=1
+  SCOREBOARD_MODELS=none SCOREBOARD_PARTS=none SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \
+    bash "$here/scripts/gpu/scoreboard.sh" > /dev/null 2>&1   # (writes the shapes' configs)
+  for mma in 0 1; do
+    echo "== 8B offline, 1000 x (1024 in, 128 out), PAGEWISE_PREFILL_MMA=$mma"
+    PAGEWISE_PREFILL_MMA=$mma timeout 200 "$work/bin/pagewise" bench throughput --model /tmp/pagewise-gpu/shapes/llama-8b \
+      --load-format dummy --num-prompts 1000 --input-len 1024 --output-len 128 \
+      --output-json "$out/throughput-8b-mma$mma.json" 2>> "$out/bench-stderr.log" | tail -2 || status=1
+  done
 fi
 if [ "$what" = long ]; then
   PAGEWISE_BIN="$work/bin/pagewise" bash "$here/scripts/gpu/long_serve.sh" "${@:2}" || status=$?
