@@ -37,6 +37,10 @@ struct DecodeArgs {
   const int32_t* row_seq;
   const int32_t* context_lens;
   int num_seqs, max_blocks, num_heads, num_kv_heads, head_dim, block_size, num_splits, chunk;
+  // How many positions at the end of each row's context the kernel before this one may still be
+  // writing in the caches (1: a decode step's new tokens); -1: any, so no K/V is read before it
+  // ends. The tensor-core kernel starts copying tiles wholly before them early.
+  int fresh_tail;
   float scale;
   cudaStream_t stream;
 };

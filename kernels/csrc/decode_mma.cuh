@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kThreads)
                             const int32_t* __restrict__ row_seq,
                             const int32_t* __restrict__ context_lens, int max_blocks,
                             int num_heads, int num_kv_heads, int block_size, int chunk,
-                            float scale) {
+                            int fresh_tail, float scale) {
   BlockTimeline timeline(1);  // (empty unless built with PAGEWISE_DECODE_TIMELINE)
   using S = MmaShape<T, D>;
   using Copier = typename S::Copier;
@@ -63,16 +63,24 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int r = lane / 4, c = lane % 4;  // this lane's head (matrix row) and column pair
   int begin, end;
-  split_range(context_lens[seq], split, num_splits, chunk, &begin, &end);
+  const int ctx = context_lens[seq];
+  split_range(ctx, split, num_splits, chunk, &begin, &end);
   const int tiles = (end - begin + kMmaRows - 1) / kMmaRows;
   const int32_t* table = block_tables + (int64_t)(row_seq ? row_seq[seq] : seq) * max_blocks;
 
+  // Block tables and lengths are inputs, not earlier kernels' outputs: read them at once. So are
+  // the cache's positions before the last fresh_tail of the context: when the ring's first tiles
+  // lie wholly before them, they are copied before the wait too (the memory system is busy
+  // while the kernel before ends).
   Copier copier(k_cache, v_cache, table, begin, end, block_size, num_kv_heads, kv_head);
-  copier.fetch(0);           // block tables and lengths are inputs, not earlier kernels' outputs
-  wait_for_previous_grid();  // the query and the cache are
+  copier.fetch(0);
+  const bool early = fresh_tail >= 0 && tiles > 0 &&
+                     min(begin + (S::kStages - 1) * kMmaRows, end) <= ctx - fresh_tail;
+  if (early) copier.template start<S::kStages>(stages, tiles);
+  wait_for_previous_grid();  // the query (and the cache's fresh positions) are written by it
   timeline.mark(kWaited);
   let_next_grid_launch();    // the merge may be scheduled now; it waits for this grid's end
-  copier.template start<S::kStages>(stages, tiles);
+  if (!early) copier.template start<S::kStages>(stages, tiles);
 
   // Q as the A operand: row r = head r of the group, columns 2c, 2c + 1 (+ 8) of each k-step.
   uint32_t qa[D / 16][2];

@@ -76,7 +76,8 @@ __global__ void __launch_bounds__(kThreads)
                         const int32_t* __restrict__ block_tables,
                         const int32_t* __restrict__ row_seq,
                         const int32_t* __restrict__ context_lens, int max_blocks, int num_heads,
-                        int num_kv_heads, int block_size, int chunk, float scale) {
+                        int num_kv_heads, int block_size, int chunk, int /*fresh_tail*/,
+                        float scale) {
   using S = Shape<T, D>;
   constexpr int kHeadsPerWarp = (G + kWarps - 1) / kWarps;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -324,7 +325,8 @@ cudaError_t launch_split(K kernel, int smem, const DecodeArgs* a) {
   cudaError_t err = launch_early(kernel, grid, kThreads, smem, a->stream, a->out, a->part_ml,
                                  a->part_acc, a->q, a->k_cache, a->v_cache, a->block_tables,
                                  a->row_seq, a->context_lens, a->max_blocks, a->num_heads,
-                                 a->num_kv_heads, a->block_size, a->chunk, a->scale);
+                                 a->num_kv_heads, a->block_size, a->chunk, a->fresh_tail,
+                                 a->scale);
   if (err == cudaSuccess) err = launch_merge<T, D>(a);
   return err;
 }
@@ -391,18 +393,20 @@ int decode_any(int dtype, int head_dim, int group, const DecodeArgs* a, int* blo
 // c = max(chunk, ceil(context / num_splits)). row_seq ([num_seqs] rows) maps each query row to
 // its block table row; null means row i uses table i. On sm_90 the kernel is launched early and
 // reads block_tables, row_seq and context_lens before it waits for the kernel before it: they
-// must be uploaded inputs, not that kernel's output (q and the caches may be).
+// must be uploaded inputs, not that kernel's output (q may be). The caches may be that kernel's
+// output only in the last fresh_tail positions of each row's context (1 when it writes a
+// decode step's new tokens); -1 means anywhere, and no K/V is read before it ends.
 extern "C" int pagewise_paged_decode(int dtype, void* out, float* part_ml, float* part_acc,
                                      const void* q, const void* k_cache, const void* v_cache,
                                      const int32_t* block_tables, const int32_t* row_seq,
                                      const int32_t* context_lens, int num_seqs, int max_blocks,
                                      int num_heads, int num_kv_heads, int head_dim,
-                                     int block_size, int num_splits, int chunk, float scale,
-                                     cudaStream_t stream) {
-  const DecodeArgs a{out,       part_ml,    part_acc,     q,          k_cache,      v_cache,
-                     block_tables, row_seq,  context_lens, num_seqs,   max_blocks,   num_heads,
-                     num_kv_heads, head_dim, block_size,   num_splits, chunk,        scale,
-                     stream};
+                                     int block_size, int num_splits, int chunk, int fresh_tail,
+                                     float scale, cudaStream_t stream) {
+  const DecodeArgs a{out,          part_ml,  part_acc,     q,          k_cache,    v_cache,
+                     block_tables, row_seq,  context_lens, num_seqs,   max_blocks, num_heads,
+                     num_kv_heads, head_dim, block_size,   num_splits, chunk,      fresh_tail,
+                     scale,        stream};
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return 1;
   return decode_any(dtype, head_dim, num_heads / num_kv_heads, &a, nullptr);
 }

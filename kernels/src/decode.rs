@@ -7,6 +7,27 @@ use candle_core::{DType, Result, Tensor, bail};
 
 use crate::{check_attention, check_launch, decode_slots, device_ptr, dtype_code, ffi, split_plan};
 
+/// Where the kernel before the attention kernel on the stream may still be writing the caches.
+/// On sm_90 the attention kernel starts before that kernel ends (programmatic dependent launch);
+/// it reads K/V early only where that kernel cannot be writing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheWrites {
+    /// Anywhere: no K/V is read before it ends (always safe).
+    Anywhere,
+    /// At most at each row's last context position: a decode step whose rows are its sequences'
+    /// new tokens, written by the kernel just before. Earlier positions are copied at once.
+    LastPosition,
+}
+
+impl CacheWrites {
+    fn fresh_tail(self) -> i32 {
+        match self {
+            CacheWrites::Anywhere => -1,
+            CacheWrites::LastPosition => 1,
+        }
+    }
+}
+
 /// Decode attention: `q` (`[seqs, heads, head_dim]`, one token per sequence) attends over the first
 /// `context_lens[s]` positions of sequence `s`, read from the caches through `block_tables`
 /// (`[seqs, max_blocks]`, i32). `max_context_len` bounds `context_lens` (it picks the split-KV plan
@@ -104,11 +125,13 @@ pub fn paged_attention(
         row_seq,
         context_lens,
         plan_for(q, k_cache, max_context_len)?,
+        CacheWrites::Anywhere,
         scale,
     )
 }
 
-/// [`paged_attention`] writing into `out` (`q`'s shape and dtype) with caller-owned scratch space.
+/// [`paged_attention`] writing into `out` (`q`'s shape and dtype) with caller-owned scratch space,
+/// for a stream where the kernel before writes the caches only as `writes` says.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention_into(
     out: &Tensor,
@@ -120,6 +143,7 @@ pub fn paged_attention_into(
     row_seq: Option<&Tensor>,
     context_lens: &Tensor,
     max_context_len: usize,
+    writes: CacheWrites,
     scale: f32,
 ) -> Result<()> {
     let plan = plan_for(q, k_cache, max_context_len)?;
@@ -133,12 +157,14 @@ pub fn paged_attention_into(
         row_seq,
         context_lens,
         plan,
+        writes,
         scale,
     )
 }
 
 /// [`paged_attention`] with a given `(splits, chunk)` plan (see [`graph_split_plan`]) instead of
-/// one derived from the longest context: what a CUDA graph captures.
+/// one derived from the longest context (what a CUDA graph captures), for a stream where the
+/// kernel before writes the caches only as `writes` says.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention_planned(
     q: &Tensor,
@@ -148,6 +174,7 @@ pub fn paged_attention_planned(
     row_seq: Option<&Tensor>,
     context_lens: &Tensor,
     plan: (usize, usize),
+    writes: CacheWrites,
     scale: f32,
 ) -> Result<Tensor> {
     // The kernel writes every row (zeros for an empty context).
@@ -164,6 +191,7 @@ pub fn paged_attention_planned(
         row_seq,
         context_lens,
         plan,
+        writes,
         scale,
     )?;
     Ok(out)
@@ -180,6 +208,7 @@ fn paged_attention_planned_into(
     row_seq: Option<&Tensor>,
     context_lens: &Tensor,
     (splits, chunk): (usize, usize),
+    writes: CacheWrites,
     scale: f32,
 ) -> Result<()> {
     let (seqs, heads, head_dim) = q.dims3()?;
@@ -263,6 +292,7 @@ fn paged_attention_planned_into(
             block_size as i32,
             splits as i32,
             chunk as i32,
+            writes.fresh_tail(),
             scale,
             stream,
         )

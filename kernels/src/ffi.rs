@@ -45,6 +45,7 @@ unsafe extern "C" {
         block_size: c_int,
         num_splits: c_int,
         chunk: c_int,
+        fresh_tail: c_int,
         scale: f32,
         stream: *mut c_void,
     ) -> c_int;

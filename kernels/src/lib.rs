@@ -18,7 +18,7 @@ mod timeline;
 mod upload;
 
 pub use decode::{
-    DecodeWorkspace, paged_attention, paged_attention_into, paged_attention_planned,
+    CacheWrites, DecodeWorkspace, paged_attention, paged_attention_into, paged_attention_planned,
     paged_decode_attention, plan_for,
 };
 pub use fused::{GEMV_MAX_ROWS, add_rms_norm, gemv, silu_mul};

@@ -7,7 +7,8 @@ use candle_core::cuda_backend::cudarc::driver::sys::{
 };
 use candle_core::{DType, Device, Tensor};
 use pagewise_kernels::{
-    DecodeWorkspace, decode_slots, paged_attention_into, paged_decode_attention, reshape_and_cache,
+    CacheWrites, DecodeWorkspace, decode_slots, paged_attention_into, paged_attention_planned,
+    paged_decode_attention, plan_for, reshape_and_cache,
 };
 
 mod common;
@@ -89,6 +90,17 @@ fn case(
     let max_ctx = *ctx_lens.iter().max().unwrap();
     let out = paged_decode_attention(&q, &kc, &vc, &bt, &cl, max_ctx, scale).unwrap();
     let got = host_f32(&out);
+    // The same with K/V copied before the wait on the kernel before (all of it has ended here):
+    // the same values, bit for bit.
+    dev.synchronize().unwrap();
+    let plan = plan_for(&q, &kc, max_ctx).unwrap();
+    let writes = CacheWrites::LastPosition;
+    let early = paged_attention_planned(&q, &kc, &vc, &bt, None, &cl, plan, writes, scale);
+    assert_eq!(
+        host_f32(&early.unwrap()),
+        got,
+        "copies before the wait changed the result"
+    );
 
     let mut max_err = 0f32;
     let mut first = 0;
@@ -314,8 +326,14 @@ impl Setup {
     /// Launch `i`, on copy `i` of the cache (round robin).
     fn run(&self, i: usize) {
         let (kc, vc) = &self.caches[i % self.caches.len()];
+        // As the engine: K/V copied before the wait with PAGEWISE_DECODE_EARLY_KV=1 (nothing on
+        // the stream writes the caches, so a decode step's contract holds).
+        let writes = match std::env::var("PAGEWISE_DECODE_EARLY_KV").as_deref() {
+            Ok("1") => CacheWrites::LastPosition,
+            _ => CacheWrites::Anywhere,
+        };
         paged_attention_into(
-            &self.out, &self.ws, &self.q, kc, vc, &self.bt, None, &self.cl, self.ctx, 0.1,
+            &self.out, &self.ws, &self.q, kc, vc, &self.bt, None, &self.cl, self.ctx, writes, 0.1,
         )
         .unwrap()
     }

@@ -37,8 +37,12 @@ if [ "$what" = tests ] || [ "$what" = kernels ] || [ "$what" = all ]; then
   "$work/bin/fused-tests" --test-threads=1 > "$out/fused-tests.log" 2>&1 || status=1
   # (the quantized-GGUF test needs its model staged apart: `gguf` mode)
   [ "$what" = kernels ] || "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture --skip quantized_gguf > "$out/gpu-engine-tests.log" 2>&1 || status=1
+  # The same engine tests with decode attention copying K/V before the rope kernel ends.
+  [ "$what" = kernels ] || PAGEWISE_DECODE_EARLY_KV=1 "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture \
+    --skip quantized_gguf > "$out/gpu-engine-tests-early-kv.log" 2>&1 || status=1
   grep -hE "^test |test result|rel\. err|top-1|preemptions|KV blocks|panicked|^  |^(BF16|F16)" \
-    "$out/kernel-tests.log" "$out/prefill-tests.log" "$out/sampling-tests.log" "$out/fused-tests.log" "$out/gpu-engine-tests.log"
+    "$out/kernel-tests.log" "$out/prefill-tests.log" "$out/sampling-tests.log" "$out/fused-tests.log" "$out/gpu-engine-tests.log" \
+    "$out"/gpu-engine-tests-early-kv.log 2> /dev/null
 fi
 if [ "$what" = serve ] || [ "$what" = all ]; then
   # The server on the GPU, end to end: /ready, a completion and a streamed chat-less completion.
@@ -59,6 +63,9 @@ fi
 if [ "$what" = bench ] || [ "$what" = kernels ] || [ "$what" = all ]; then
   "$work/bin/kernel-tests" --ignored --nocapture --test-threads=1 decode_bandwidth > "$out/decode-bandwidth.log" 2>&1 || status=1
   grep -E "^\||at once" "$out/decode-bandwidth.log"
+  echo "== with PAGEWISE_DECODE_EARLY_KV=1 (K/V copied before the wait on the kernel before)"
+  PAGEWISE_DECODE_EARLY_KV=1 "$work/bin/kernel-tests" --ignored --nocapture --test-threads=1 decode_bandwidth 2>&1 \
+    | grep -E "^\| [0-9]"
   # The same table with the CUDA-core kernel where the tensor-core one applies (comparison).
   [ -n "${PAGEWISE_BW_COMPARE_CORE:-}" ] && PAGEWISE_DECODE_CORE=1 "$work/bin/kernel-tests" --ignored --nocapture \
     --test-threads=1 decode_bandwidth 2>&1 | grep -E "^\| [0-9]"

@@ -89,9 +89,25 @@ pub(super) fn attend_cached(
                 Some(&meta.row_seq),
                 &meta.context_lens,
                 plan,
+                cache_writes(meta),
                 scale,
             )?
         }
     };
     out.reshape((tokens, heads * head_dim))
+}
+
+/// Where the kernel before decode attention may be writing the caches. A step without prefill
+/// rows has one row per sequence, its new token, whose K/V the kernel just before wrote (rope +
+/// cache write): the attention kernel may then copy earlier positions before that kernel ends.
+/// Opt-in with `PAGEWISE_DECODE_EARLY_KV=1` until measured on the H200 with the engine's GPU tests.
+fn cache_writes(meta: &DeviceAttentionMeta) -> pagewise_kernels::CacheWrites {
+    static EARLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let early =
+        *EARLY.get_or_init(|| std::env::var("PAGEWISE_DECODE_EARLY_KV").is_ok_and(|v| v == "1"));
+    if early && meta.prefill.is_none() {
+        pagewise_kernels::CacheWrites::LastPosition
+    } else {
+        pagewise_kernels::CacheWrites::Anywhere
+    }
 }
