@@ -1,35 +1,22 @@
 //! CUDA graphs for decode steps. A decode step of a small batch is launch-bound: hundreds of small
 //! kernels, each costing more on the CPU than on the GPU. At startup the runner captures one
-//! forward pass per batch-size bucket into a CUDA graph; a decode step then uploads its inputs
-//! into fixed buffers and replays the graph of the smallest bucket that holds it, one launch for
-//! the whole model. Padding rows write nothing (slot -1) and attend over nothing (context 0).
+//! forward pass per batch-size bucket (and, with `PAGEWISE_GRAPH_CONTEXTS`, per context-length
+//! bucket: src/graph_buckets.rs) into a CUDA graph; a decode step then uploads its inputs into
+//! fixed buffers and replays the graph of the smallest bucket that holds it, one launch for the
+//! whole model. Padding rows write nothing (slot -1) and attend over nothing (context 0).
 //! Steps with prefill chunks, more sequences than the largest bucket or contexts longer than
 //! `max_seq_len_to_capture` run eagerly.
 
 use candle_core::cuda_backend::cudarc::driver::{CudaGraph, sys};
 use candle_core::{DType, Device, Tensor};
 
+use crate::graph_buckets::{
+    batch_buckets, context_bounds_from_env, context_buckets, smallest_holding,
+};
 use crate::model::attention::KvCache;
 use crate::model::batch::{AttentionMeta, DeviceAttentionMeta, padded_block_tables};
 use crate::model::{CausalLm, ForwardBatch, ModelError};
 use crate::scheduler::SchedulerOutput;
-
-/// Batch sizes captured (those up to `max_num_seqs`, plus `max_num_seqs` itself when it lies in
-/// between): sizes between two buckets pad up to the larger.
-const BUCKETS: [usize; 14] = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512];
-
-/// The buckets for `max_num_seqs` sequences.
-pub fn buckets(max_num_seqs: usize) -> Vec<usize> {
-    let mut b: Vec<usize> = BUCKETS
-        .iter()
-        .copied()
-        .filter(|&b| b <= max_num_seqs)
-        .collect();
-    if max_num_seqs < BUCKETS[BUCKETS.len() - 1] && b.last() != Some(&max_num_seqs) {
-        b.push(max_num_seqs);
-    }
-    b
-}
 
 /// The fixed-address inputs every graph reads (sized for the largest bucket; bucket `b` reads
 /// the first `b` rows) and the logits every graph writes.
@@ -97,9 +84,12 @@ impl Buffers {
     }
 }
 
-/// Captured decode graphs, one per bucket, and the buffers they read and write.
+/// Captured decode graphs, one per (batch bucket, context bucket), and the buffers they read and
+/// write.
 pub struct DecodeGraphs {
     buckets: Vec<usize>,
+    contexts: Vec<usize>,
+    /// Bucket `b`'s graph for context bucket `c` at `b * contexts.len() + c`.
     graphs: Vec<CudaGraph>,
     buffers: Buffers,
     max_blocks: usize,
@@ -125,7 +115,9 @@ impl DecodeGraphs {
         spec: &CaptureSpec,
     ) -> Result<Self, ModelError> {
         let cfg = model.config();
-        let buckets = buckets(spec.max_num_seqs);
+        let buckets = batch_buckets(spec.max_num_seqs);
+        let bounds = context_bounds_from_env().map_err(ModelError::Unsupported)?;
+        let contexts = context_buckets(spec.max_seq_len, &bounds);
         let rows = *buckets.last().unwrap_or(&1);
         let max_blocks = spec.max_seq_len.div_ceil(spec.block_size).max(1);
         let buffers = Buffers::new(rows, max_blocks, cfg.vocab_size, device)?;
@@ -134,7 +126,7 @@ impl DecodeGraphs {
         // capture must not perform, and load every kernel.
         let _htod_cache = cuda.enable_cuda_graph_htod_cache();
         let stream = cuda.cuda_stream();
-        let mut graphs = Vec::with_capacity(buckets.len());
+        let mut graphs = Vec::with_capacity(buckets.len() * contexts.len());
         let dtype = match kv.device_layer(0) {
             Some((k, _)) => k.dtype(),
             None => {
@@ -145,14 +137,14 @@ impl DecodeGraphs {
         };
         let group = cfg.num_attention_heads / cfg.num_key_value_heads.max(1);
         let slots = pagewise_kernels::decode_slots(dtype, cfg.head_dim, group)?;
-        for &b in buckets.iter().rev() {
-            let split = pagewise_kernels::graph_split_plan(
-                b,
-                cfg.num_key_value_heads,
-                spec.max_seq_len,
-                slots,
-            );
-            let batch = buffers.batch(b, split, spec.max_seq_len)?;
+        for (&b, &context) in buckets
+            .iter()
+            .flat_map(|b| contexts.iter().map(move |c| (b, c)))
+            .rev()
+        {
+            let split =
+                pagewise_kernels::graph_split_plan(b, cfg.num_key_value_heads, context, slots);
+            let batch = buffers.batch(b, split, context)?;
             drop(model.forward(&batch, kv)?);
             device.synchronize()?;
             stream
@@ -173,6 +165,7 @@ impl DecodeGraphs {
         device.synchronize()?;
         Ok(DecodeGraphs {
             buckets,
+            contexts,
             graphs,
             buffers,
             max_blocks,
@@ -184,11 +177,16 @@ impl DecodeGraphs {
         &self.buckets
     }
 
+    /// The captured context bounds (the last is the longest context a graph serves).
+    pub fn contexts(&self) -> &[usize] {
+        &self.contexts
+    }
+
     /// Uploads `out`'s inputs when it is a decode step a graph serves; returns the bucket's
     /// index for [`DecodeGraphs::replay`], or `None` to run the step eagerly.
     pub fn prepare(&mut self, out: &SchedulerOutput) -> Result<Option<usize>, ModelError> {
         let n = out.seqs.len();
-        let Some(slot) = self.buckets.iter().position(|&b| b >= n) else {
+        let Some(slot) = smallest_holding(&self.buckets, n) else {
             return Ok(None);
         };
         let decode = out.seqs.iter().all(|s| s.num_new_tokens == 1 && s.samples);
@@ -218,11 +216,14 @@ impl DecodeGraphs {
         pagewise_kernels::upload(&buf.slot_mapping, &slots)?;
         pagewise_kernels::upload(&buf.context_lens, &context_lens)?;
         pagewise_kernels::upload_rows(&buf.block_tables, &tables, n, width)?;
-        Ok(Some(slot))
+        // The last context bucket also takes contexts that round up to its last block.
+        let longest = context_lens.iter().copied().max().unwrap_or(0) as usize;
+        let c = smallest_holding(&self.contexts, longest).unwrap_or(self.contexts.len() - 1);
+        Ok(Some(slot * self.contexts.len() + c))
     }
 
-    /// Replays bucket `slot`'s graph over the uploaded inputs; returns the first `n` rows of the
-    /// logits (`[n, vocab]` f32, valid until the next replay).
+    /// Replays graph `slot` (from [`DecodeGraphs::prepare`]) over the uploaded inputs; returns the
+    /// first `n` rows of the logits (`[n, vocab]` f32, valid until the next replay).
     pub fn replay(&self, slot: usize, n: usize) -> Result<Tensor, ModelError> {
         self.graphs[slot].launch().map_err(driver_error)?;
         Ok(self.buffers.logits.narrow(0, 0, n)?)
@@ -231,18 +232,4 @@ impl DecodeGraphs {
 
 fn driver_error(e: candle_core::cuda_backend::cudarc::driver::DriverError) -> ModelError {
     ModelError::Candle(candle_core::Error::Msg(format!("CUDA graph: {e:?}")))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::buckets;
-
-    #[test]
-    fn buckets_stop_at_max_num_seqs() {
-        assert_eq!(buckets(1), vec![1]);
-        assert_eq!(buckets(6), vec![1, 2, 4, 6]);
-        assert_eq!(buckets(256).last(), Some(&256));
-        assert_eq!(buckets(300).last(), Some(&300));
-        assert_eq!(buckets(4096).last(), Some(&512));
-    }
 }

@@ -12,6 +12,7 @@ pub mod config_file;
 pub mod cuda_graphs;
 pub mod default_model;
 pub mod engine;
+pub mod graph_buckets;
 pub mod kv;
 pub mod llm;
 pub mod loader;

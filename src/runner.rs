@@ -56,7 +56,7 @@ impl ModelRunner {
                 Ok(g) => {
                     tracing::info!(
                         buckets = ?g.buckets(),
-                        max_seq_len,
+                        contexts = ?g.contexts(),
                         seconds = start.elapsed().as_secs_f64(),
                         "captured CUDA graphs for decode steps"
                     );
