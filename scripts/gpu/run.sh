@@ -8,7 +8,8 @@
 #   bash .gpu/run.sh bench    kernel bandwidth + `pagewise bench` runs
 #   bash .gpu/run.sh all      both (default)
 #   bash .gpu/run.sh long start|wait ...  a serving run longer than one call (scripts/gpu/long_serve.sh)
-#   bash .gpu/run.sh prefill  the FlashAttention-2 style prefill kernel: tests, speed, engine, 8B offline
+#   bash .gpu/run.sh verify   the opt-in paths (prefill MMA, early K/V, graph contexts): tests, speed
+#   bash .gpu/run.sh verify-offline  8B offline throughput with each prefill kernel
 #   bash .gpu-gguf/run.sh gguf  the quantized-GGUF engine test (staged by scripts/gpu/stage_gguf.sh)
 # Logs go to $OUT (the device tool brings them back); a summary is printed last.
 set -uo pipefail
@@ -25,7 +26,7 @@ for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests gpu-engi
   chmod +x "$work/bin/$f"
 done
 export PAGEWISE_GPU_MODELS=$work/models
-if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ "$what" != gguf ] && [ "$what" != long ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
+if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ "$what" != gguf ] && [ "$what" != long ] && [ "$what" != verify-offline ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
   (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS") > "$out/make-models.log" 2>&1 \
     || { tail -20 "$out/make-models.log"; exit 1; }
 fi
@@ -99,22 +100,55 @@ if [ "$what" = gguf ]; then
   "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture quantized_gguf 2>&1 \
     | grep -E "^test |test result|rel\. err|engine on|panicked|WARN" || status=1
 fi
-if [ "$what" = prefill ]; then
-  # The FlashAttention-2 style prefill kernel (PAGEWISE_PREFILL_MMA=1): both prefill kernels
-  # against the reference, their speed on the 8B shape, the fused kernels, the engine's GPU
-  # tests with it, then 8B offline throughput with each kernel.
-  "$work/bin/prefill-tests" --test-threads=1 --nocapture 2>&1 | grep -E "^test |test result|rel\. err|panicked" || status=1
-  "$work/bin/prefill-tests" --ignored --nocapture --test-threads=1 prefill_speed 2>&1 | grep -E "TFLOP|panicked" || status=1
-  "$work/bin/fused-tests" --test-threads=1 2>&1 | grep -E "^test |test result|panicked" || status=1
-  PAGEWISE_PREFILL_MMA=1 "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture --skip quantized_gguf 2>&1 \
+if [ "$what" = verify ]; then
+  # The opt-in paths in one call: PAGEWISE_PREFILL_MMA=1 (FlashAttention-2 style prefill),
+  # PAGEWISE_DECODE_EARLY_KV=1 (K/V copied before the rope kernel ends) and
+  # PAGEWISE_GRAPH_CONTEXTS (graphs per context bound). Kernel tests, the engine's GPU tests with
+  # all three on, then each one's speed against the default.
+  optin=(PAGEWISE_PREFILL_MMA=1 PAGEWISE_DECODE_EARLY_KV=1 "PAGEWISE_GRAPH_CONTEXTS=1024 4096")
+  for t in kernel-tests prefill-tests sampling-tests fused-tests; do
+    "$work/bin/$t" --test-threads=1 --nocapture 2>&1 | grep -E "^test |test result|panicked|rel\. err" || status=1
+  done
+  env "${optin[@]}" "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture --skip quantized_gguf 2>&1 \
     | grep -E "^test |test result|rel\. err|top-1|panicked" || status=1
+  "$work/bin/prefill-tests" --ignored --nocapture --test-threads=1 prefill_speed 2>&1 | grep -E "TFLOP|panicked"
+  PAGEWISE_BW_CASES="1x8192 8x8192 64x2048 1x512" "$work/bin/kernel-tests" --ignored --nocapture \
+    --test-threads=1 decode_bandwidth 2>&1 | grep -E "^\| [0-9]"
+  echo "== the same with PAGEWISE_DECODE_EARLY_KV=1"
+  PAGEWISE_DECODE_EARLY_KV=1 PAGEWISE_BW_CASES="1x8192 8x8192 64x2048 1x512" "$work/bin/kernel-tests" --ignored \
+    --nocapture --test-threads=1 decode_bandwidth 2>&1 | grep -E "^\| [0-9]"
+  SCOREBOARD_MODELS=none SCOREBOARD_PARTS=none SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \
+    bash "$here/scripts/gpu/scoreboard.sh" > /dev/null 2>&1   # (writes the shapes' configs)
+  shapes=/tmp/pagewise-gpu/shapes
+  # Variant 0: defaults; 1: early K/V; 2: graphs per context bound; 3: both.
+  variant() {
+    case $1 in
+      1) export PAGEWISE_DECODE_EARLY_KV=1 ;;
+      2) export PAGEWISE_GRAPH_CONTEXTS="1024 4096" ;;
+      3) export PAGEWISE_DECODE_EARLY_KV=1 PAGEWISE_GRAPH_CONTEXTS="1024 4096" ;;
+    esac
+  }
+  for mv in llama-1b:0 llama-1b:1 llama-1b:2 llama-1b:3 llama-8b:0 llama-8b:3; do
+    m=${mv%%:*} v=${mv##*:}
+    (
+      variant "$v"
+      echo "== $m batch-1 decode, 128 in / 512 out, variant $v:" \
+        "EARLY_KV=${PAGEWISE_DECODE_EARLY_KV:-} GRAPH_CONTEXTS=${PAGEWISE_GRAPH_CONTEXTS:-}"
+      timeout 120 "$work/bin/pagewise" bench latency --model "$shapes/$m" --load-format dummy \
+        --batch-size 1 --input-len 128 --output-len 512 --num-iters-warmup 1 --num-iters 3 \
+        2>> "$out/bench-stderr.log" | tail -3
+    )
+  done
+fi
+if [ "$what" = verify-offline ]; then
+  # 8B offline throughput with each prefill kernel.
   SCOREBOARD_MODELS=none SCOREBOARD_PARTS=none SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \
     bash "$here/scripts/gpu/scoreboard.sh" > /dev/null 2>&1   # (writes the shapes' configs)
   for mma in 0 1; do
     echo "== 8B offline, 1000 x (1024 in, 128 out), PAGEWISE_PREFILL_MMA=$mma"
-    PAGEWISE_PREFILL_MMA=$mma timeout 200 "$work/bin/pagewise" bench throughput --model /tmp/pagewise-gpu/shapes/llama-8b \
-      --load-format dummy --num-prompts 1000 --input-len 1024 --output-len 128 \
-      --output-json "$out/throughput-8b-mma$mma.json" 2>> "$out/bench-stderr.log" | tail -2 || status=1
+    PAGEWISE_PREFILL_MMA=$mma timeout 250 "$work/bin/pagewise" bench throughput \
+      --model /tmp/pagewise-gpu/shapes/llama-8b --load-format dummy --num-prompts 1000 --input-len 1024 \
+      --output-len 128 --output-json "$out/throughput-8b-mma$mma.json" 2>> "$out/bench-stderr.log" | tail -2 || status=1
   done
 fi
 if [ "$what" = long ]; then
