@@ -33,7 +33,6 @@ struct MmaShape {
   static_assert((kWarps * 8 * (D + 2)) * 4 <= kSmemBytes, "merge space");
 };
 
-
 // One block per (query row, KV head, context split), as the CUDA-core kernel. The split streams
 // through shared memory in tiles of 64 positions (cp.async, kStages - 1 tiles ahead); warp w takes
 // positions [16w, 16w + 16) of every tile and keeps its own online softmax, so the warps never wait
