@@ -178,7 +178,14 @@ fn bench(cmd: BenchCmd) -> Result<()> {
                 bench::plot::percentiles_chart(&result, png).map_err(anyhow::Error::msg)?;
                 println!("chart: {}", png.display());
             }
-            write_json(a.result_file.as_ref(), &result)
+            write_json(a.result_file.as_ref(), &result)?;
+            if result.completed == 0 && result.failed > 0 {
+                anyhow::bail!(
+                    "every request failed; the first: {}",
+                    result.first_error.as_deref().unwrap_or("no message")
+                );
+            }
+            Ok(())
         }
         BenchKind::Plot(a) => {
             let results = a

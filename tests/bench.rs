@@ -88,6 +88,11 @@ async fn serve_benchmark_measures_a_real_server() {
     .await
     .unwrap();
     assert_eq!(bad.failed, 2);
+    assert!(
+        bad.report().contains("first error: HTTP 404"),
+        "{}",
+        bad.report()
+    );
     assert!(bad.first_error.unwrap().contains("404"));
 
     // ShareGPT prompts, lengths measured with the model's tokenizer; too-short turns are skipped.

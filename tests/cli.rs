@@ -91,3 +91,31 @@ fn unavailable_tensor_parallelism_is_refused_clearly() {
         String::from_utf8_lossy(&out.stderr).contains("--tensor-parallel-size 2 is not available")
     );
 }
+
+#[test]
+fn a_serving_benchmark_whose_every_request_fails_exits_with_the_first_error() {
+    // Nothing listens on port 1: every request fails to connect.
+    let out = pagewise(&[
+        "bench",
+        "serve",
+        "--base-url",
+        "http://127.0.0.1:1",
+        "--model",
+        "nobody",
+        "--num-prompts",
+        "2",
+        "--random-input-len",
+        "4",
+        "--random-output-len",
+        "2",
+        "--random-vocab-size",
+        "100",
+        "--no-progress",
+    ]);
+    assert!(!out.status.success(), "a run with no answer exited 0");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("failed requests: 2"), "{stdout}");
+    assert!(stdout.contains("first error:"), "{stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("every request failed"), "{stderr}");
+}

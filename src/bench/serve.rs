@@ -133,6 +133,9 @@ impl ServeBenchResult {
         if let Some(b) = &self.server_steps {
             out.push_str(&format!("server engine, {}\n", b.row()));
         }
+        if let (true, Some(e)) = (self.failed > 0, &self.first_error) {
+            out.push_str(&format!("first error: {e}\n"));
+        }
         out
     }
 }
