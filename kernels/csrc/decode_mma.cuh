@@ -81,14 +81,16 @@ __global__ void __launch_bounds__(kThreads)
   let_next_grid_launch();    // the merge may be scheduled now; it waits for this grid's end
   if (!early) copier.template start<S::kStages>(stages, tiles);
 
-  // Q as the A operand: row r = head r of the group, columns 2c, 2c + 1 (+ 8) of each k-step.
-  uint32_t qa[D / 16][2];
+  // Q as the A operand: row r = head r of the group, columns 2c, 2c + 1 (+ 8) of each k-step;
+  // rows 8-15 are zero.
+  uint32_t qa[D / 16][4];
   {
     const T* qr = q + ((int64_t)seq * num_heads + (int64_t)kv_head * group + r) * D + 2 * c;
 #pragma unroll
     for (int k = 0; k < D / 16; ++k) {
       qa[k][0] = r < group ? *reinterpret_cast<const uint32_t*>(qr + k * 16) : 0u;
-      qa[k][1] = r < group ? *reinterpret_cast<const uint32_t*>(qr + k * 16 + 8) : 0u;
+      qa[k][2] = r < group ? *reinterpret_cast<const uint32_t*>(qr + k * 16 + 8) : 0u;
+      qa[k][1] = qa[k][3] = 0u;
     }
   }
 
@@ -98,7 +100,6 @@ __global__ void __launch_bounds__(kThreads)
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m = -INFINITY, l = 0.f;  // l: this lane's share of the row sum
   const int prow = warp * 16;    // the warp's first row of each tile
-  const int sub = lane / 8, row8 = lane % 8;  // ldmatrix: this lane addresses row8 of matrix sub
 
   for (int t = 0; t < tiles; ++t) {
     const T* kt = copier.template next<S::kStages>(stages, t, tiles);
@@ -107,18 +108,7 @@ __global__ void __launch_bounds__(kThreads)
 
     // Scores: sc[b] covers the warp's positions 8b .. 8b + 7 (lane: 8b + 2c, + 1).
     float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-    {
-      // Matrix sub: positions 8 (sub / 2) + row8, dims 8 (sub % 2) of each k-step.
-      const int row = prow + (sub >> 1) * 8 + row8;
-#pragma unroll
-      for (int k = 0; k < D / 16; ++k) {
-        uint32_t b[4];
-        ldmatrix_x4(b, kt + row * D + (((2 * k + (sub & 1)) ^ (row & 7)) * 8));
-        const uint32_t a[4] = {qa[k][0], 0u, qa[k][1], 0u};
-        mma_16816<T>(sc[0], a, b[0], b[1]);
-        mma_16816<T>(sc[1], a, b[2], b[3]);
-      }
-    }
+    mma_scores16<T, D>(sc[0], sc[1], qa, kt, prow);
     // Online softmax of row r over the warp's 16 positions (the quad of lanes 4r .. 4r + 3).
     const int first = begin + t * kMmaRows + prow;
     float mx = -INFINITY;
@@ -150,17 +140,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     // O += P V: P's row r at k = 2c (+1) and 8 + 2c (+1) are the score registers.
     const uint32_t pa[4] = {pack2<T>(p[0][0], p[0][1]), 0u, pack2<T>(p[1][0], p[1][1]), 0u};
-    {
-      // Matrix sub: positions 8 (sub % 2) + row8, dims 16 nd + 8 (sub / 2).
-      const int row = prow + (sub & 1) * 8 + row8;
-#pragma unroll
-      for (int nd = 0; nd < D / 16; ++nd) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, vt + row * D + (((2 * nd + (sub >> 1)) ^ (row & 7)) * 8));
-        mma_16816<T>(o[2 * nd], pa, b[0], b[1]);
-        mma_16816<T>(o[2 * nd + 1], pa, b[2], b[3]);
-      }
-    }
+    mma_values16<T, D>(o, pa, vt, prow);
   }
 
   timeline.mark(kLoopEnd);

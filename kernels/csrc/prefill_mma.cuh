@@ -70,7 +70,6 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t* table = block_tables + (int64_t)seq_table[seq] * max_blocks;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
-  const int sub = lane / 8, row8 = lane % 8;  // ldmatrix: this lane addresses row8 of matrix sub
 
   // Keys 0 .. end - 1: through the block's last query position.
   const int end = first_pos + min(qlen, tile0 + kPrefillRows);
@@ -107,17 +106,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j = 0; j < kPrefillRows / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
 #pragma unroll
-    for (int kb = 0; kb < kPrefillRows / 16; ++kb) {
-      // Matrix sub: keys 16 kb + 8 (sub / 2) + row8, dims 8 (sub % 2) of each k-step.
-      const int row = kb * 16 + (sub >> 1) * 8 + row8;
-#pragma unroll
-      for (int k = 0; k < D / 16; ++k) {
-        uint32_t b[4];
-        ldmatrix_x4(b, kt + row * D + (((2 * k + (sub & 1)) ^ (row & 7)) * 8));
-        mma_16816<T>(sc[2 * kb], qa[k], b[0], b[1]);
-        mma_16816<T>(sc[2 * kb + 1], qa[k], b[2], b[3]);
-      }
-    }
+    for (int kb = 0; kb < kPrefillRows / 16; ++kb)
+      mma_scores16<T, D>(sc[2 * kb], sc[2 * kb + 1], qa, kt, kb * 16);
 
     // Scale, mask (causal: key position <= the row's; no mask when every key of the tile is at
     // or before the warp's first row), and the rows' maxima over the quad.
@@ -172,15 +162,7 @@ __global__ void __launch_bounds__(kThreads)
                               pack2<T>(sc[2 * kk][2], sc[2 * kk][3]),
                               pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
                               pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-      // Matrix sub: keys 16 kk + 8 (sub % 2) + row8, dims 16 nd + 8 (sub / 2).
-      const int row = kk * 16 + (sub & 1) * 8 + row8;
-#pragma unroll
-      for (int nd = 0; nd < D / 16; ++nd) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, vt + row * D + (((2 * nd + (sub >> 1)) ^ (row & 7)) * 8));
-        mma_16816<T>(o[2 * nd], pa, b[0], b[1]);
-        mma_16816<T>(o[2 * nd + 1], pa, b[2], b[3]);
-      }
+      mma_values16<T, D>(o, pa, vt, kk * 16);
     }
   }
   cp_async_wait<0>();
