@@ -103,6 +103,12 @@ pub(crate) fn check_attention(
     Ok((block_size, kv_heads))
 }
 
+/// Whether the opt-in switch `name` is set to "1" in the environment, read once into `cache`
+/// (one `static` per switch at its call site).
+pub fn env_switch(cache: &'static std::sync::OnceLock<bool>, name: &str) -> bool {
+    *cache.get_or_init(|| std::env::var(name).is_ok_and(|v| v == "1"))
+}
+
 /// A tensor whose memory is allocated but not initialized, for outputs a kernel fully writes.
 pub fn empty(
     shape: impl Into<candle_core::Shape>,

@@ -37,9 +37,7 @@ impl PrefillKernel {
     /// while it is new), `Wmma` otherwise.
     pub fn from_env() -> Self {
         static MMA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let mma =
-            *MMA.get_or_init(|| std::env::var("PAGEWISE_PREFILL_MMA").is_ok_and(|v| v == "1"));
-        if mma {
+        if crate::env_switch(&MMA, "PAGEWISE_PREFILL_MMA") {
             PrefillKernel::Mma
         } else {
             PrefillKernel::Wmma

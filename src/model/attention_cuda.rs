@@ -103,9 +103,7 @@ pub(super) fn attend_cached(
 /// Opt-in with `PAGEWISE_DECODE_EARLY_KV=1` until measured on the H200 with the engine's GPU tests.
 fn cache_writes(meta: &DeviceAttentionMeta) -> pagewise_kernels::CacheWrites {
     static EARLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let early =
-        *EARLY.get_or_init(|| std::env::var("PAGEWISE_DECODE_EARLY_KV").is_ok_and(|v| v == "1"));
-    if early && meta.prefill.is_none() {
+    if pagewise_kernels::env_switch(&EARLY, "PAGEWISE_DECODE_EARLY_KV") && meta.prefill.is_none() {
         pagewise_kernels::CacheWrites::LastPosition
     } else {
         pagewise_kernels::CacheWrites::Anywhere

@@ -90,8 +90,7 @@ impl Linear {
 #[cfg(feature = "cuda")]
 fn use_gemv(x: &Tensor, w: &Tensor) -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let enabled = *ENABLED.get_or_init(|| std::env::var("PAGEWISE_GEMV").is_ok_and(|v| v == "1"));
-    enabled
+    pagewise_kernels::env_switch(&ENABLED, "PAGEWISE_GEMV")
         && x.device().is_cuda()
         && matches!(x.dtype(), DType::BF16 | DType::F16)
         && x.rank() == 2
