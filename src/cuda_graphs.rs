@@ -1,8 +1,8 @@
 //! CUDA graphs for decode steps. A decode step of a small batch is launch-bound: hundreds of small
 //! kernels, each costing more on the CPU than on the GPU. At startup the runner captures one
-//! forward pass per batch-size bucket (and, with `PAGEWISE_GRAPH_CONTEXTS`, per context-length
-//! bucket: src/graph_buckets.rs) into a CUDA graph; a decode step then uploads its inputs into
-//! fixed buffers and replays the graph of the smallest bucket that holds it, one launch for the
+//! forward pass per batch-size bucket and context-length bucket (src/graph_buckets.rs;
+//! `PAGEWISE_GRAPH_CONTEXTS` sets the context bounds) into a CUDA graph; a decode step then
+//! uploads its inputs into fixed buffers and replays the graph of the smallest bucket that holds it, one launch for the
 //! whole model. Padding rows write nothing (slot -1) and attend over nothing (context 0).
 //! Steps with prefill chunks, more sequences than the largest bucket or contexts longer than
 //! `max_seq_len_to_capture` run eagerly.

@@ -35,13 +35,23 @@ pub fn context_buckets(max_seq_len: usize, bounds: &[usize]) -> Vec<usize> {
     c
 }
 
+/// The context bounds captured unless `PAGEWISE_GRAPH_CONTEXTS` says otherwise: at batch 1 they
+/// took the 1B shape from 810 to 829 tok/s (benches/RESULTS.md) for three times the graphs.
+pub const DEFAULT_CONTEXT_BOUNDS: [usize; 2] = [1024, 4096];
+
 /// Context bounds from `PAGEWISE_GRAPH_CONTEXTS` (lengths separated by spaces or commas, e.g.
-/// "1024 4096"); none when unset. Opt-in until measured on the H200.
+/// "1024 4096", or "none" for one graph per batch bucket); [`DEFAULT_CONTEXT_BOUNDS`] when unset.
 pub fn context_bounds_from_env() -> Result<Vec<usize>, String> {
-    parse_bounds(&std::env::var("PAGEWISE_GRAPH_CONTEXTS").unwrap_or_default())
+    match std::env::var("PAGEWISE_GRAPH_CONTEXTS") {
+        Ok(text) => parse_bounds(&text),
+        Err(_) => Ok(DEFAULT_CONTEXT_BOUNDS.to_vec()),
+    }
 }
 
 fn parse_bounds(text: &str) -> Result<Vec<usize>, String> {
+    if text.trim() == "none" {
+        return Ok(Vec::new());
+    }
     text.split([' ', ','])
         .filter(|s| !s.is_empty())
         .map(|s| {
@@ -85,6 +95,7 @@ mod tests {
     #[test]
     fn bounds_parse_or_fail_clearly() {
         assert_eq!(parse_bounds(""), Ok(vec![]));
+        assert_eq!(parse_bounds(" none "), Ok(vec![]));
         assert_eq!(parse_bounds("1024 4096"), Ok(vec![1024, 4096]));
         assert_eq!(parse_bounds("1024,4096"), Ok(vec![1024, 4096]));
         let err = parse_bounds("1024 lots").unwrap_err();

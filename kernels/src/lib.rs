@@ -103,10 +103,14 @@ pub(crate) fn check_attention(
     Ok((block_size, kv_heads))
 }
 
-/// Whether the opt-in switch `name` is set to "1" in the environment, read once into `cache`
-/// (one `static` per switch at its call site).
-pub fn env_switch(cache: &'static std::sync::OnceLock<bool>, name: &str) -> bool {
-    *cache.get_or_init(|| std::env::var(name).is_ok_and(|v| v == "1"))
+/// The switch `name` from the environment, read once into `cache` (one `static` per switch at its
+/// call site): "1" turns it on, "0" off, anything else (or unset) leaves `default`.
+pub fn env_switch(cache: &'static std::sync::OnceLock<bool>, name: &str, default: bool) -> bool {
+    *cache.get_or_init(|| match std::env::var(name).as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => default,
+    })
 }
 
 /// A tensor whose memory is allocated but not initialized, for outputs a kernel fully writes.

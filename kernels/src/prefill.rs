@@ -33,11 +33,11 @@ pub enum PrefillKernel {
 }
 
 impl PrefillKernel {
-    /// The kernel [`paged_prefill_attention`] runs: `Mma` with `PAGEWISE_PREFILL_MMA=1` (opt-in
-    /// while it is new), `Wmma` otherwise.
+    /// The kernel [`paged_prefill_attention`] runs: `Mma` (4.2x faster on the 8B shape,
+    /// benches/RESULTS.md), or `Wmma` with `PAGEWISE_PREFILL_MMA=0`, for comparisons.
     pub fn from_env() -> Self {
         static MMA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if crate::env_switch(&MMA, "PAGEWISE_PREFILL_MMA") {
+        if crate::env_switch(&MMA, "PAGEWISE_PREFILL_MMA", true) {
             PrefillKernel::Mma
         } else {
             PrefillKernel::Wmma

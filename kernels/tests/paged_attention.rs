@@ -326,11 +326,11 @@ impl Setup {
     /// Launch `i`, on copy `i` of the cache (round robin).
     fn run(&self, i: usize) {
         let (kc, vc) = &self.caches[i % self.caches.len()];
-        // As the engine: K/V copied before the wait with PAGEWISE_DECODE_EARLY_KV=1 (nothing on
-        // the stream writes the caches, so a decode step's contract holds).
+        // As the engine: K/V copied before the wait unless PAGEWISE_DECODE_EARLY_KV=0 (nothing
+        // on the stream writes the caches, so a decode step's contract holds).
         let writes = match std::env::var("PAGEWISE_DECODE_EARLY_KV").as_deref() {
-            Ok("1") => CacheWrites::LastPosition,
-            _ => CacheWrites::Anywhere,
+            Ok("0") => CacheWrites::Anywhere,
+            _ => CacheWrites::LastPosition,
         };
         paged_attention_into(
             &self.out, &self.ws, &self.q, kc, vc, &self.bt, None, &self.cl, self.ctx, writes, 0.1,

@@ -8,7 +8,8 @@
 #   bash .gpu/run.sh bench    kernel bandwidth + `pagewise bench` runs
 #   bash .gpu/run.sh all      both (default)
 #   bash .gpu/run.sh long start|wait ...  a serving run longer than one call (scripts/gpu/long_serve.sh)
-#   bash .gpu/run.sh verify   the opt-in paths (prefill MMA, early K/V, graph contexts): tests, speed
+#   bash .gpu/run.sh verify   the default paths against the older ones they replaced (WMMA prefill,
+#                             K/V after the wait, one graph context): tests with the older, speed of each
 #   bash .gpu/run.sh verify-offline  8B offline throughput with each prefill kernel
 #   bash .gpu-gguf/run.sh gguf  the quantized-GGUF engine test (staged by scripts/gpu/stage_gguf.sh)
 # Logs go to $OUT (the device tool brings them back); a summary is printed last.
@@ -38,12 +39,14 @@ if [ "$what" = tests ] || [ "$what" = kernels ] || [ "$what" = all ]; then
   "$work/bin/fused-tests" --test-threads=1 > "$out/fused-tests.log" 2>&1 || status=1
   # (the quantized-GGUF test needs its model staged apart: `gguf` mode)
   [ "$what" = kernels ] || "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture --skip quantized_gguf > "$out/gpu-engine-tests.log" 2>&1 || status=1
-  # The same engine tests with decode attention copying K/V before the rope kernel ends.
-  [ "$what" = kernels ] || PAGEWISE_DECODE_EARLY_KV=1 "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture \
-    --skip quantized_gguf > "$out/gpu-engine-tests-early-kv.log" 2>&1 || status=1
+  # The same engine tests on the older paths kept for comparisons (WMMA prefill, decode K/V read
+  # after the wait, one graph context).
+  [ "$what" = kernels ] || PAGEWISE_DECODE_EARLY_KV=0 PAGEWISE_PREFILL_MMA=0 PAGEWISE_GRAPH_CONTEXTS=none \
+    "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture \
+    --skip quantized_gguf > "$out/gpu-engine-tests-older-paths.log" 2>&1 || status=1
   grep -hE "^test |test result|rel\. err|top-1|preemptions|KV blocks|panicked|^  |^(BF16|F16)" \
     "$out/kernel-tests.log" "$out/prefill-tests.log" "$out/sampling-tests.log" "$out/fused-tests.log" "$out/gpu-engine-tests.log" \
-    "$out"/gpu-engine-tests-early-kv.log 2> /dev/null
+    "$out"/gpu-engine-tests-older-paths.log 2> /dev/null
 fi
 if [ "$what" = serve ] || [ "$what" = all ]; then
   # The server on the GPU, end to end: /ready, a completion and a streamed chat-less completion.
@@ -64,8 +67,8 @@ fi
 if [ "$what" = bench ] || [ "$what" = kernels ] || [ "$what" = all ]; then
   "$work/bin/kernel-tests" --ignored --nocapture --test-threads=1 decode_bandwidth > "$out/decode-bandwidth.log" 2>&1 || status=1
   grep -E "^\||at once" "$out/decode-bandwidth.log"
-  echo "== with PAGEWISE_DECODE_EARLY_KV=1 (K/V copied before the wait on the kernel before)"
-  PAGEWISE_DECODE_EARLY_KV=1 "$work/bin/kernel-tests" --ignored --nocapture --test-threads=1 decode_bandwidth 2>&1 \
+  echo "== with PAGEWISE_DECODE_EARLY_KV=0 (no K/V copied before the wait on the kernel before)"
+  PAGEWISE_DECODE_EARLY_KV=0 "$work/bin/kernel-tests" --ignored --nocapture --test-threads=1 decode_bandwidth 2>&1 \
     | grep -E "^\| [0-9]"
   # The same table with the CUDA-core kernel where the tensor-core one applies (comparison).
   [ -n "${PAGEWISE_BW_COMPARE_CORE:-}" ] && PAGEWISE_DECODE_CORE=1 "$work/bin/kernel-tests" --ignored --nocapture \
@@ -101,39 +104,30 @@ if [ "$what" = gguf ]; then
     | grep -E "^test |test result|rel\. err|engine on|panicked|WARN" || status=1
 fi
 if [ "$what" = verify ]; then
-  # The opt-in paths in one call: PAGEWISE_PREFILL_MMA=1 (FlashAttention-2 style prefill),
-  # PAGEWISE_DECODE_EARLY_KV=1 (K/V copied before the rope kernel ends) and
-  # PAGEWISE_GRAPH_CONTEXTS (graphs per context bound). Kernel tests, the engine's GPU tests with
-  # all three on, then each one's speed against the default.
-  optin=(PAGEWISE_PREFILL_MMA=1 PAGEWISE_DECODE_EARLY_KV=1 "PAGEWISE_GRAPH_CONTEXTS=1024 4096")
+  # The default paths against the older ones kept for comparisons: PAGEWISE_PREFILL_MMA=0 (WMMA
+  # prefill), PAGEWISE_DECODE_EARLY_KV=0 (K/V read after the rope kernel ends) and
+  # PAGEWISE_GRAPH_CONTEXTS=none (one graph per batch bucket). Kernel tests, the engine's GPU
+  # tests on the older paths (`tests` runs them on the defaults), then each one's speed.
+  older=(PAGEWISE_PREFILL_MMA=0 PAGEWISE_DECODE_EARLY_KV=0 PAGEWISE_GRAPH_CONTEXTS=none)
   for t in kernel-tests prefill-tests sampling-tests fused-tests; do
     "$work/bin/$t" --test-threads=1 --nocapture 2>&1 | grep -E "^test |test result|panicked|rel\. err" || status=1
   done
-  env "${optin[@]}" "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture --skip quantized_gguf 2>&1 \
+  env "${older[@]}" "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture --skip quantized_gguf 2>&1 \
     | grep -E "^test |test result|rel\. err|top-1|panicked" || status=1
   "$work/bin/prefill-tests" --ignored --nocapture --test-threads=1 prefill_speed 2>&1 | grep -E "TFLOP|panicked"
-  PAGEWISE_BW_CASES="1x8192 8x8192 64x2048 1x512" "$work/bin/kernel-tests" --ignored --nocapture \
-    --test-threads=1 decode_bandwidth 2>&1 | grep -E "^\| [0-9]"
-  echo "== the same with PAGEWISE_DECODE_EARLY_KV=1"
-  PAGEWISE_DECODE_EARLY_KV=1 PAGEWISE_BW_CASES="1x8192 8x8192 64x2048 1x512" "$work/bin/kernel-tests" --ignored \
-    --nocapture --test-threads=1 decode_bandwidth 2>&1 | grep -E "^\| [0-9]"
+  for early in 1 0; do
+    echo "== decode bandwidth, PAGEWISE_DECODE_EARLY_KV=$early"
+    PAGEWISE_DECODE_EARLY_KV=$early PAGEWISE_BW_CASES="1x8192 8x8192 64x2048 1x512" "$work/bin/kernel-tests" \
+      --ignored --nocapture --test-threads=1 decode_bandwidth 2>&1 | grep -E "^\| [0-9]"
+  done
   SCOREBOARD_MODELS=none SCOREBOARD_PARTS=none SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \
     bash "$here/scripts/gpu/scoreboard.sh" > /dev/null 2>&1   # (writes the shapes' configs)
   shapes=/tmp/pagewise-gpu/shapes
-  # Variant 0: defaults; 1: early K/V; 2: graphs per context bound; 3: both.
-  variant() {
-    case $1 in
-      1) export PAGEWISE_DECODE_EARLY_KV=1 ;;
-      2) export PAGEWISE_GRAPH_CONTEXTS="1024 4096" ;;
-      3) export PAGEWISE_DECODE_EARLY_KV=1 PAGEWISE_GRAPH_CONTEXTS="1024 4096" ;;
-    esac
-  }
-  for mv in llama-1b:0 llama-1b:1 llama-1b:2 llama-1b:3 llama-8b:0 llama-8b:3; do
+  for mv in llama-1b:default llama-1b:older llama-8b:default llama-8b:older; do
     m=${mv%%:*} v=${mv##*:}
     (
-      variant "$v"
-      echo "== $m batch-1 decode, 128 in / 512 out, variant $v:" \
-        "EARLY_KV=${PAGEWISE_DECODE_EARLY_KV:-} GRAPH_CONTEXTS=${PAGEWISE_GRAPH_CONTEXTS:-}"
+      [ "$v" = older ] && export "${older[@]}"
+      echo "== $m batch-1 decode, 128 in / 512 out, $v paths"
       timeout 120 "$work/bin/pagewise" bench latency --model "$shapes/$m" --load-format dummy \
         --batch-size 1 --input-len 128 --output-len 512 --num-iters-warmup 1 --num-iters 3 \
         2>> "$out/bench-stderr.log" | tail -3

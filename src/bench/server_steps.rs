@@ -14,6 +14,8 @@ pub struct StepCounters {
     pub graph_steps: u64,
     /// Seconds per phase, in [`Phase::ALL`] order.
     pub seconds: [f64; 6],
+    /// Forward seconds of the CUDA-graph replays.
+    pub graph_forward_seconds: f64,
 }
 
 impl StepCounters {
@@ -35,6 +37,9 @@ impl StepCounters {
                     seen = true;
                 }
                 "pagewise:engine_cuda_graph_steps_total" => c.graph_steps = value as u64,
+                "pagewise:engine_cuda_graph_forward_seconds_total" => {
+                    c.graph_forward_seconds = value
+                }
                 "pagewise:engine_step_phase_seconds_total" => {
                     for (i, (_, phase)) in Phase::ALL.iter().enumerate() {
                         if series.contains(&format!("phase=\"{phase}\"")) {
@@ -59,6 +64,7 @@ impl StepCounters {
             steps,
             self.graph_steps.saturating_sub(before.graph_steps),
             seconds,
+            (self.graph_forward_seconds - before.graph_forward_seconds).max(0.0),
         ))
     }
 }
@@ -80,10 +86,13 @@ mod tests {
             format!(
                 "# HELP pagewise:engine_steps_total Engine steps run.\n\
                  pagewise:engine_steps_total{{model_name=\"m\"}} {steps}\n\
-                 pagewise:engine_cuda_graph_steps_total{{model_name=\"m\"}} 3\n\
+                 pagewise:engine_cuda_graph_steps_total{{model_name=\"m\"}} {}\n\
+                 pagewise:engine_cuda_graph_forward_seconds_total{{model_name=\"m\"}} {}\n\
                  pagewise:engine_step_phase_seconds_total{{model_name=\"m\",phase=\"schedule\"}} {schedule}\n\
                  pagewise:engine_step_phase_seconds_total{{model_name=\"m\",phase=\"forward\"}} {forward}\n\
-                 vllm:num_requests_running{{model_name=\"m\"}} 2\n"
+                 vllm:num_requests_running{{model_name=\"m\"}} 2\n",
+                steps / 2,
+                forward / 5.0,
             )
         };
         let before = StepCounters::parse(&page(10, 0.001, 0.5)).unwrap();
@@ -93,6 +102,10 @@ mod tests {
         let b = after.since(&before).unwrap();
         assert_eq!(b.steps, 10);
         assert!((b.schedule_ms - 0.2).abs() < 1e-9 && (b.forward_ms - 100.0).abs() < 1e-9);
+        // 5 graph steps of 0.2 s forward, 5 eager ones of 0.8 s.
+        assert_eq!(b.graph_steps, 5);
+        assert!((b.graph_forward_ms - 40.0).abs() < 1e-9, "{b:?}");
+        assert!((b.eager_forward_ms - 160.0).abs() < 1e-9, "{b:?}");
         assert_eq!(after.since(&after), None, "no steps in between");
         assert_eq!(StepCounters::parse("vllm:num_requests_running 1\n"), None);
     }

@@ -72,6 +72,8 @@ pub struct EngineStats {
     pub graph_steps: AtomicU64,
     /// Engine-thread time per step phase, in microseconds ([`Phase::ALL`] order).
     pub phase_micros: [AtomicU64; 6],
+    /// The forward phase of graph-replay steps, in microseconds.
+    pub graph_forward_micros: AtomicU64,
 }
 
 /// Why a submission was refused before it reached the engine.
@@ -338,5 +340,8 @@ fn publish(core: &mut EngineCore, stats: &EngineStats) {
     stats
         .graph_steps
         .store(times.graph_steps(), Ordering::Relaxed);
+    stats
+        .graph_forward_micros
+        .store(times.graph_forward().as_micros() as u64, Ordering::Relaxed);
     stats.steps.store(times.steps(), Ordering::Relaxed);
 }

@@ -44,6 +44,10 @@ pub struct StepTimes {
     steps: u64,
     graph_steps: u64,
     phases: [Duration; 6],
+    /// The forward phase of graph-replay steps (also in `phases`).
+    graph_forward: Duration,
+    /// Whether the step under way replays a graph.
+    in_graph_step: bool,
 }
 
 impl StepTimes {
@@ -51,17 +55,22 @@ impl StepTimes {
     pub fn lap(&mut self, phase: Phase, since: Instant) -> Instant {
         let now = Instant::now();
         self.phases[phase as usize] += now - since;
+        if phase == Phase::Forward && self.in_graph_step {
+            self.graph_forward += now - since;
+        }
         now
     }
 
     /// Counts one finished step.
     pub fn end_step(&mut self) {
         self.steps += 1;
+        self.in_graph_step = false;
     }
 
-    /// Counts one step whose forward pass replayed a CUDA graph.
+    /// Counts the step under way as one whose forward pass replays a CUDA graph.
     pub fn count_graph_step(&mut self) {
         self.graph_steps += 1;
+        self.in_graph_step = true;
     }
 
     /// Steps counted.
@@ -79,12 +88,18 @@ impl StepTimes {
         self.phases[phase as usize]
     }
 
+    /// Forward time of the graph-replay steps so far.
+    pub fn graph_forward(&self) -> Duration {
+        self.graph_forward
+    }
+
     /// Mean milliseconds per step of each phase.
     pub fn per_step(&self) -> StepBreakdown {
         StepBreakdown::from_totals(
             self.steps,
             self.graph_steps,
             self.phases.map(|d| d.as_secs_f64()),
+            self.graph_forward.as_secs_f64(),
         )
     }
 }
@@ -108,12 +123,26 @@ pub struct StepBreakdown {
     pub update_ms: f64,
     /// Detokenization and stop strings.
     pub text_ms: f64,
+    /// The forward phase of a graph-replay step (decode only), on average.
+    #[serde(default)]
+    pub graph_forward_ms: f64,
+    /// The forward phase of an eager step (prefill chunks, or past the graphs), on average.
+    #[serde(default)]
+    pub eager_forward_ms: f64,
 }
 
 impl StepBreakdown {
-    /// The means of `steps` steps that spent `seconds` in each phase (in [`Phase::ALL`] order).
-    pub fn from_totals(steps: u64, graph_steps: u64, seconds: [f64; 6]) -> Self {
+    /// The means of `steps` steps that spent `seconds` in each phase (in [`Phase::ALL`] order),
+    /// `graph_steps` of them replaying graphs with `graph_forward_s` of forward time.
+    pub fn from_totals(
+        steps: u64,
+        graph_steps: u64,
+        seconds: [f64; 6],
+        graph_forward_s: f64,
+    ) -> Self {
         let ms = |p: Phase| seconds[p as usize] * 1e3 / steps.max(1) as f64;
+        let eager_steps = steps.saturating_sub(graph_steps);
+        let eager_forward_s = (seconds[Phase::Forward as usize] - graph_forward_s).max(0.0);
         StepBreakdown {
             steps,
             graph_steps,
@@ -123,6 +152,8 @@ impl StepBreakdown {
             sample_ms: ms(Phase::Sample),
             update_ms: ms(Phase::Update),
             text_ms: ms(Phase::Text),
+            graph_forward_ms: graph_forward_s * 1e3 / graph_steps.max(1) as f64,
+            eager_forward_ms: eager_forward_s * 1e3 / eager_steps.max(1) as f64,
         }
     }
 
@@ -139,17 +170,46 @@ impl StepBreakdown {
     /// One line for a terminal.
     pub fn row(&self) -> String {
         format!(
-            "per step over {} steps ({} CUDA graph replays) (ms): schedule {:.3}, prepare {:.3}, forward {:.3}, sample {:.3}, \
-             update {:.3}, text {:.3}; total {:.3}",
+            "per step over {} steps ({} CUDA graph replays) (ms): schedule {:.3}, prepare {:.3}, \
+             forward {:.3} (graph replays {:.3}, eager steps {:.3}), sample {:.3}, update {:.3}, \
+             text {:.3}; total {:.3}",
             self.steps,
             self.graph_steps,
             self.schedule_ms,
             self.prepare_ms,
             self.forward_ms,
+            self.graph_forward_ms,
+            self.eager_forward_ms,
             self.sample_ms,
             self.update_ms,
             self.text_ms,
             self.total_ms()
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn graph_replays_forward_time_is_kept_apart() {
+        let ago = |ms: u64| Instant::now() - Duration::from_millis(ms);
+        let mut t = StepTimes::default();
+        t.count_graph_step();
+        t.lap(Phase::Forward, ago(5));
+        t.end_step();
+        t.lap(Phase::Forward, ago(20));
+        t.end_step();
+        let graph = t.graph_forward();
+        assert!(graph >= Duration::from_millis(5) && graph < Duration::from_millis(20));
+        let b = t.per_step();
+        assert_eq!((b.steps, b.graph_steps), (2, 1));
+        assert!(
+            b.graph_forward_ms >= 5.0 && b.graph_forward_ms < 20.0,
+            "{b:?}"
+        );
+        assert!(b.eager_forward_ms >= 20.0, "{b:?}");
+        assert!((b.forward_ms * 2.0 - b.graph_forward_ms - b.eager_forward_ms).abs() < 1e-6);
     }
 }

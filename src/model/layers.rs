@@ -90,7 +90,7 @@ impl Linear {
 #[cfg(feature = "cuda")]
 fn use_gemv(x: &Tensor, w: &Tensor) -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    pagewise_kernels::env_switch(&ENABLED, "PAGEWISE_GEMV")
+    pagewise_kernels::env_switch(&ENABLED, "PAGEWISE_GEMV", false)
         && x.device().is_cuda()
         && matches!(x.dtype(), DType::BF16 | DType::F16)
         && x.rank() == 2

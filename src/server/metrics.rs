@@ -152,6 +152,11 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
             "Engine steps whose forward pass replayed a CUDA graph.",
             load(&e.graph_steps),
         ),
+        (
+            "pagewise:engine_cuda_graph_forward_seconds_total",
+            "Forward-phase time of the steps that replayed a CUDA graph.",
+            load(&e.graph_forward_micros) / 1e6,
+        ),
     ];
     for (name, help, v) in counters {
         render_sample(&mut out, name, "counter", help, &labels, v);
