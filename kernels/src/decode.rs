@@ -197,8 +197,10 @@ pub fn paged_attention_planned(
     Ok(out)
 }
 
+/// [`paged_attention_planned`] writing into `out` with caller-owned scratch space (`ws` must hold
+/// the plan's splits).
 #[allow(clippy::too_many_arguments)]
-fn paged_attention_planned_into(
+pub fn paged_attention_planned_into(
     out: &Tensor,
     ws: &DecodeWorkspace,
     q: &Tensor,

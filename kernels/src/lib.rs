@@ -19,7 +19,7 @@ mod upload;
 
 pub use decode::{
     CacheWrites, DecodeWorkspace, paged_attention, paged_attention_into, paged_attention_planned,
-    paged_decode_attention, plan_for,
+    paged_attention_planned_into, paged_decode_attention, plan_for,
 };
 pub use fused::{GEMV_MAX_ROWS, add_rms_norm, gemv, silu_mul};
 pub use prefill::{

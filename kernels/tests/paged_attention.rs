@@ -7,8 +7,8 @@ use candle_core::cuda_backend::cudarc::driver::sys::{
 };
 use candle_core::{DType, Device, Tensor};
 use pagewise_kernels::{
-    CacheWrites, DecodeWorkspace, decode_slots, paged_attention_into, paged_attention_planned,
-    paged_decode_attention, plan_for, reshape_and_cache,
+    CacheWrites, DecodeWorkspace, decode_slots, paged_attention_planned,
+    paged_attention_planned_into, paged_decode_attention, plan_for, reshape_and_cache,
 };
 
 mod common;
@@ -283,7 +283,7 @@ struct Setup {
     q: Tensor,
     out: Tensor,
     ws: DecodeWorkspace,
-    ctx: usize,
+    plan: (usize, usize),
 }
 
 impl Setup {
@@ -297,7 +297,7 @@ impl Setup {
             .ok()
             .and_then(|c| c.parse().ok())
             .unwrap_or(((128e6 / bytes).ceil() as usize).clamp(1, 64));
-        let caches = (0..copies)
+        let caches: Vec<(Tensor, Tensor)> = (0..copies)
             .map(|_| {
                 let kc = Tensor::zeros((num_blocks, bs, kv_heads, d), DType::BF16, dev).unwrap();
                 (kc.copy().unwrap(), kc)
@@ -311,7 +311,12 @@ impl Setup {
         let cl = Tensor::from_vec(vec![ctx as i32; batch], batch, dev).unwrap();
         let q = Tensor::zeros((batch, heads, d), DType::BF16, dev).unwrap();
         let out = q.zeros_like().unwrap();
-        let ws = DecodeWorkspace::for_query(&q, kv_heads, ctx).unwrap();
+        // PAGEWISE_BW_SPLITS=N times N splits instead of the planned count (tuning the plan).
+        let plan = match std::env::var("PAGEWISE_BW_SPLITS").map(|s| s.parse::<usize>()) {
+            Ok(Ok(n)) => (n, ctx.div_ceil(n)),
+            _ => plan_for(&q, &caches[0].0, ctx).unwrap(),
+        };
+        let ws = DecodeWorkspace::new(batch, heads, plan.0, d, dev).unwrap();
         Setup {
             caches,
             bt,
@@ -319,7 +324,7 @@ impl Setup {
             q,
             out,
             ws,
-            ctx,
+            plan,
         }
     }
 
@@ -332,8 +337,8 @@ impl Setup {
             Ok("0") => CacheWrites::Anywhere,
             _ => CacheWrites::LastPosition,
         };
-        paged_attention_into(
-            &self.out, &self.ws, &self.q, kc, vc, &self.bt, None, &self.cl, self.ctx, writes, 0.1,
+        paged_attention_planned_into(
+            &self.out, &self.ws, &self.q, kc, vc, &self.bt, None, &self.cl, self.plan, writes, 0.1,
         )
         .unwrap()
     }
