@@ -111,14 +111,20 @@ unsafe extern "C" {
 
     pub fn pagewise_gemv(
         dtype: c_int,
+        input: c_int,
         y: *mut c_void,
         x: *const c_void,
+        norm_w: *const c_void,
         w: *const c_void,
+        residual: *const c_void,
         rows: c_int,
         out_dim: c_int,
         k_dim: c_int,
+        eps: f32,
         stream: *mut c_void,
     ) -> c_int;
+
+    pub fn pagewise_gemv_max_stage_bytes() -> c_int;
 
     pub fn pagewise_rope_qkv_cache(
         dtype: c_int,

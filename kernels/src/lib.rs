@@ -10,6 +10,7 @@
 mod decode;
 mod ffi;
 mod fused;
+mod gemv;
 mod prefill;
 mod rope;
 mod sampling;
@@ -21,7 +22,8 @@ pub use decode::{
     CacheWrites, DecodeWorkspace, paged_attention, paged_attention_into, paged_attention_planned,
     paged_attention_planned_into, paged_decode_attention, plan_for,
 };
-pub use fused::{GEMV_MAX_ROWS, add_rms_norm, gemv, silu_mul};
+pub use fused::{add_rms_norm, silu_mul};
+pub use gemv::{GEMV_MAX_ROWS, GemvInput, gemv, gemv_fits, gemv_fused};
 pub use prefill::{
     PrefillKernel, PrefillSeqs, paged_prefill_attention, paged_prefill_attention_with,
 };

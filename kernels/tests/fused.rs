@@ -125,7 +125,7 @@ fn gemv_matches_a_host_matmul() {
             (1, 1000, 576),
             (3, 4096, 2048),
             (8, 777, 4096),
-            (5, 64, 14336),
+            (2, 64, 14336),
         ] {
             let x = random(&mut rng, (rows, k), 1.0, dtype, &dev);
             let w = random(&mut rng, (out, k), 0.05, dtype, &dev);
@@ -150,6 +150,71 @@ fn gemv_matches_a_host_matmul() {
         pagewise_kernels::gemv(&x, &w).is_err(),
         "k not a multiple of 8"
     );
+    // 8 rows of 14336 do not fit the staging space: refused, not truncated.
+    assert!(!pagewise_kernels::gemv_fits(8, 14336, DType::BF16));
+    let x = Tensor::zeros((8, 14336), DType::BF16, &dev).unwrap();
+    let w = Tensor::zeros((4, 14336), DType::BF16, &dev).unwrap();
+    let err = pagewise_kernels::gemv(&x, &w).unwrap_err().to_string();
+    assert!(err.contains("staging space"), "{err}");
+}
+
+/// The folded-in steps against the separate kernels they replace: RMSNorm then GEMV, SiLU-and-mul
+/// then GEMV, GEMV then the residual add. The staged input is rounded as the separate kernels
+/// store theirs, so only the 1/rms (reduced in another order) can differ.
+#[test]
+fn fused_gemv_matches_the_separate_kernels() {
+    use pagewise_kernels::{GemvInput, add_rms_norm, gemv, gemv_fused, silu_mul};
+    let dev = Device::new_cuda(0).unwrap();
+    let mut rng = Lcg(11);
+    for dtype in [DType::F16, DType::BF16] {
+        for (rows, out, k) in [
+            (1, 1000, 576),
+            (3, 4104, 2048),
+            (8, 777, 4096),
+            (2, 96, 14336),
+        ] {
+            let x = random(&mut rng, (rows, k), 1.0, dtype, &dev);
+            let w = random(&mut rng, (out, k), 0.05, dtype, &dev);
+            let g = random(&mut rng, (1, k), 1.0, dtype, &dev)
+                .squeeze(0)
+                .unwrap();
+            let res = random(&mut rng, (rows, out), 1.0, dtype, &dev);
+            let case = format!("{dtype:?} {rows}x{out}x{k}");
+
+            let zeros = x.zeros_like().unwrap();
+            let (_, normed) = add_rms_norm(&zeros, &x, &g, 1e-5).unwrap();
+            let want = host_f32(&gemv(&normed, &w).unwrap());
+            let input = GemvInput::RmsNorm {
+                weight: &g,
+                eps: 1e-5,
+            };
+            let got = host_f32(&gemv_fused(&x, &w, input, None).unwrap());
+            let err = max_rel_diff(&got, &want);
+            assert!(err < 2e-2, "{case} RMSNorm: off by {err}");
+
+            let gu = random(&mut rng, (rows, 2 * k), 2.0, dtype, &dev);
+            let want = host_f32(&gemv(&silu_mul(&gu).unwrap(), &w).unwrap());
+            let got = host_f32(&gemv_fused(&gu, &w, GemvInput::SiluMul, None).unwrap());
+            assert_eq!(got, want, "{case} SiLU-and-mul");
+
+            let want = host_f32(&(gemv(&x, &w).unwrap() + &res).unwrap());
+            let got = host_f32(&gemv_fused(&x, &w, GemvInput::Plain, Some(&res)).unwrap());
+            let err = max_rel_diff(&got, &want);
+            assert!(err < 1e-2, "{case} residual add: off by {err}");
+        }
+    }
+    // Shapes that do not fit are refused clearly.
+    let x = Tensor::zeros((1, 64), DType::BF16, &dev).unwrap();
+    let w = Tensor::zeros((4, 64), DType::BF16, &dev).unwrap();
+    let r = Tensor::zeros((1, 5), DType::BF16, &dev).unwrap();
+    let err = gemv_fused(&x, &w, GemvInput::Plain, Some(&r))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("residual"), "{err}");
+    let err = gemv_fused(&x, &w, GemvInput::SiluMul, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("does not fit"), "{err}");
 }
 
 /// Host reference of one rotary pair rotation.

@@ -44,9 +44,12 @@ if [ "$what" = tests ] || [ "$what" = kernels ] || [ "$what" = all ]; then
   [ "$what" = kernels ] || PAGEWISE_DECODE_EARLY_KV=0 PAGEWISE_PREFILL_MMA=0 PAGEWISE_GRAPH_CONTEXTS=none \
     "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture \
     --skip quantized_gguf > "$out/gpu-engine-tests-older-paths.log" 2>&1 || status=1
+  # Decode steps with the GEMV kernels folded around the norms (opt-in path).
+  [ "$what" = kernels ] || PAGEWISE_DECODE_FUSED=1 "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture \
+    bfloat16_decode_steps > "$out/gpu-engine-tests-fused-decode.log" 2>&1 || status=1
   grep -hE "^test |test result|rel\. err|top-1|preemptions|KV blocks|panicked|^  |^(BF16|F16)" \
     "$out/kernel-tests.log" "$out/prefill-tests.log" "$out/sampling-tests.log" "$out/fused-tests.log" "$out/gpu-engine-tests.log" \
-    "$out"/gpu-engine-tests-older-paths.log 2> /dev/null
+    "$out"/gpu-engine-tests-older-paths.log "$out"/gpu-engine-tests-fused-decode.log 2> /dev/null
 fi
 if [ "$what" = serve ] || [ "$what" = all ]; then
   # The server on the GPU, end to end: /ready, a completion and a streamed chat-less completion.

@@ -54,6 +54,14 @@ impl Linear {
         Ok(Some(Linear::dense(Tensor::cat(&weights, 0)?, bias)))
     }
 
+    /// The weight `[out, in]` of a dense layer without a bias (what the fused decode kernels take).
+    pub fn dense_weight(&self) -> Option<&Tensor> {
+        match self {
+            Linear::Dense(l) if l.bias().is_none() => Some(l.weight()),
+            _ => None,
+        }
+    }
+
     /// Applies the layer to `[tokens, in]`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
@@ -94,8 +102,8 @@ fn use_gemv(x: &Tensor, w: &Tensor) -> bool {
         && x.device().is_cuda()
         && matches!(x.dtype(), DType::BF16 | DType::F16)
         && x.rank() == 2
-        && x.dim(0).is_ok_and(|r| r <= pagewise_kernels::GEMV_MAX_ROWS)
-        && x.dim(1).is_ok_and(|k| k % 8 == 0)
+        && x.dims2()
+            .is_ok_and(|(rows, k)| pagewise_kernels::gemv_fits(rows, k, x.dtype()))
         && x.is_contiguous()
         && w.is_contiguous()
         && w.dtype() == x.dtype()
@@ -130,6 +138,15 @@ impl GatedMlp {
         })
     }
 
+    /// The fused gate/up weight `[2 * intermediate, hidden]` and the down weight, when both are
+    /// dense without biases.
+    pub fn dense_weights(&self) -> Option<(&Tensor, &Tensor)> {
+        match &self.gate_up {
+            GateUp::Fused(l) => Some((l.dense_weight()?, self.down.dense_weight()?)),
+            GateUp::Split(..) => None,
+        }
+    }
+
     /// Applies the MLP to `[tokens, hidden]`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let act = match &self.gate_up {
@@ -143,7 +160,7 @@ impl GatedMlp {
 }
 
 /// `silu(gate) * up` over `[tokens, 2 * intermediate]` (gate columns first).
-fn silu_mul(gate_up: &Tensor) -> candle_core::Result<Tensor> {
+pub(super) fn silu_mul(gate_up: &Tensor) -> candle_core::Result<Tensor> {
     #[cfg(feature = "cuda")]
     if gate_up.device().is_cuda() && gate_up.is_contiguous() {
         return pagewise_kernels::silu_mul(gate_up);

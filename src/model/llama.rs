@@ -6,8 +6,12 @@ use candle_nn::Embedding;
 use super::attention::KvCache;
 use super::batch::ForwardBatch;
 use super::config::ModelConfig;
+#[cfg(feature = "cuda")]
+use super::decode_fused;
 use super::layers::{GatedMlp, Linear, Rotary};
 use super::norm::RmsNorm;
+#[cfg(feature = "cuda")]
+use super::qkv::attend_projected;
 use super::qkv::{Heads, QkvProj, attention};
 use super::weights::Weights;
 use super::{CausalLm, ModelError};
@@ -92,6 +96,17 @@ impl CausalLm for Llama {
         };
         let mut x = self.embed.forward(&batch.input_ids)?;
         let rotary = self.rotary.at(&batch.positions)?;
+        #[cfg(feature = "cuda")]
+        if let Some(layers) = self.fused_layers(&x, batch, kv) {
+            decode_fused::count_step();
+            for (i, layer) in layers.iter().enumerate() {
+                let qkv = decode_fused::qkv(&x, layer)?;
+                let attn = attend_projected(&qkv, i, &rotary, batch, kv, heads)
+                    .ok_or_else(|| candle_core::Error::Msg("no GPU cache".into()))??;
+                x = decode_fused::finish_layer(&x, &attn, layer)?;
+            }
+            return self.logits(&self.norm.forward(&x)?, batch);
+        }
         // `h` is the normalized residual stream entering the next block: each residual add is
         // fused with the norm that follows it (the next layer's input norm, or the final norm).
         let mut h = match self.layers.first() {
@@ -105,8 +120,47 @@ impl CausalLm for Llama {
             (x, h) = next_norm.add_forward(&x_mid, &layer.mlp.forward(&h_mid)?)?;
         }
         drop(x);
+        self.logits(&h, batch)
+    }
+}
+
+impl Llama {
+    /// The f32 logits of the rows of the normalized stream `h` that sample.
+    fn logits(&self, h: &Tensor, batch: &ForwardBatch<'_>) -> Result<Tensor, ModelError> {
         let last = h.index_select(&batch.sample_rows, 0)?;
         let logits = self.lm_head.forward(&last)?;
         Ok(logits.to_dtype(candle_core::DType::F32)?)
+    }
+
+    /// The layers' weights for the fused decode path, when it is switched on and takes this step
+    /// (src/model/decode_fused.rs).
+    #[cfg(feature = "cuda")]
+    fn fused_layers(
+        &self,
+        x: &Tensor,
+        batch: &ForwardBatch<'_>,
+        kv: &KvCache,
+    ) -> Option<Vec<decode_fused::FusedLayer<'_>>> {
+        if !decode_fused::enabled() || batch.attention.device.is_none() {
+            return None;
+        }
+        let layers = self
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                kv.device_layer(i)?;
+                let (gate_up, down) = l.mlp.dense_weights()?;
+                Some(decode_fused::FusedLayer {
+                    input_norm: &l.input_norm,
+                    qkv: l.qkv.dense_weight()?,
+                    o: l.o.dense_weight()?,
+                    post_norm: &l.post_norm,
+                    gate_up,
+                    down,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        decode_fused::fits(x, &layers).then_some(layers)
     }
 }

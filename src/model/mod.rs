@@ -6,6 +6,8 @@ pub mod attention;
 mod attention_cuda;
 pub mod batch;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod decode_fused;
 pub mod layers;
 pub mod llama;
 pub mod norm;

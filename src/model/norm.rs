@@ -20,6 +20,16 @@ impl RmsNorm {
         Ok(RmsNorm { weight, eps })
     }
 
+    /// The learned scale, `[size]`.
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
+    /// The epsilon under the square root.
+    pub fn eps(&self) -> f64 {
+        self.eps
+    }
+
     /// Normalizes `x` (`[tokens, size]`).
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps as f32)

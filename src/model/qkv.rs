@@ -32,6 +32,14 @@ impl QkvProj {
             None => QkvProj::Split(q, k, v),
         })
     }
+
+    /// The fused weight, when dense without a bias.
+    pub fn dense_weight(&self) -> Option<&Tensor> {
+        match self {
+            QkvProj::Fused(l) => l.dense_weight(),
+            QkvProj::Split(..) => None,
+        }
+    }
 }
 
 /// Head counts and scale of an attention block.
@@ -63,15 +71,8 @@ pub fn attention(
         QkvProj::Fused(linear) => {
             let qkv = linear.forward(h)?;
             #[cfg(feature = "cuda")]
-            if let (Some(caches), Some(dm)) = (kv.device_layer(layer), &batch.attention.device) {
-                let q = rotary.apply_qkv_and_cache(
-                    &qkv,
-                    heads.q,
-                    heads.kv,
-                    caches,
-                    &dm.slot_mapping,
-                )?;
-                return kv.attend_written(layer, &q, &batch.attention, heads.scale);
+            if let Some(out) = attend_projected(&qkv, layer, rotary, batch, kv, heads) {
+                return out;
             }
             let (qw, kvw) = (heads.q * heads.dim, heads.kv * heads.dim);
             (
@@ -86,4 +87,27 @@ pub fn attention(
     let k = rotary.apply(&k.reshape((n, heads.kv, heads.dim))?)?;
     let v = v.reshape((n, heads.kv, heads.dim))?;
     kv.attend(layer, &q, &k, &v, &batch.attention, heads.scale)
+}
+
+/// On a GPU, the rest of [`attention`] from the fused projection's output `qkv`
+/// (`[tokens, (heads + 2 * kv_heads) * head_dim]`): one kernel rotates q and k and writes k and v
+/// into the cache, then paged attention. `None` when the layer's cache or the step's device
+/// metadata is not on a GPU.
+#[cfg(feature = "cuda")]
+pub fn attend_projected(
+    qkv: &Tensor,
+    layer: usize,
+    rotary: &RotaryRows,
+    batch: &ForwardBatch<'_>,
+    kv: &mut KvCache,
+    heads: Heads,
+) -> Option<candle_core::Result<Tensor>> {
+    let (Some(caches), Some(dm)) = (kv.device_layer(layer), &batch.attention.device) else {
+        return None;
+    };
+    let q = match rotary.apply_qkv_and_cache(qkv, heads.q, heads.kv, caches, &dm.slot_mapping) {
+        Ok(q) => q,
+        Err(e) => return Some(Err(e)),
+    };
+    Some(kv.attend_written(layer, &q, &batch.attention, heads.scale))
 }

@@ -75,6 +75,77 @@ pub fn logits_at_every_position_on(
         .unwrap()
 }
 
+/// f32 logits of `seqs` (all of one length) decoded one token per sequence per step, all
+/// sequences in every step (each step a batch of `seqs.len()` decode rows), with the model in
+/// `dtype` on `device`: `[sequence][position][vocab]`.
+#[allow(dead_code)]
+pub fn logits_decoding_step_by_step(
+    model_path: &str,
+    seqs: &[Vec<u32>],
+    device: &Device,
+    dtype: DType,
+) -> Vec<Vec<Vec<f32>>> {
+    let opts = LoadOptions {
+        load_format: loader::LoadFormat::Auto,
+        dtype,
+        device: device.clone(),
+        gguf_matmul: GgufMatmul::Auto,
+        seed: 0,
+    };
+    let loaded = loader::load(model_path, &opts).unwrap();
+    let cfg = &loaded.config;
+    let n = seqs[0].len();
+    assert!(seqs.iter().all(|s| s.len() == n), "one length");
+    let m = model::build(cfg, &loaded.weights, n).unwrap();
+    let bs = 16;
+    let per_seq = n.div_ceil(bs);
+    // Sequence i's blocks, interleaved with the others' (block 0 is the null block).
+    let table = |i: usize| -> Vec<u32> {
+        (0..per_seq)
+            .map(|b| (1 + b * seqs.len() + i) as u32)
+            .collect()
+    };
+    let layout = KvLayout {
+        num_blocks: per_seq * seqs.len() + 1,
+        block_size: bs,
+        num_kv_heads: cfg.num_key_value_heads,
+        head_dim: cfg.head_dim,
+    };
+    let mut kv = KvCache::on_device(layout, cfg.num_hidden_layers, dtype, device).unwrap();
+    let mut logits = vec![Vec::with_capacity(n); seqs.len()];
+    for p in 0..n {
+        let out = SchedulerOutput {
+            seqs: (0..seqs.len())
+                .map(|i| ScheduledSeq {
+                    seq_id: SeqId(i as u64),
+                    num_computed_tokens: p,
+                    num_new_tokens: 1,
+                    tokens: i..i + 1,
+                    block_table: i * per_seq..(i + 1) * per_seq,
+                    samples: true,
+                })
+                .collect(),
+            token_ids: seqs.iter().map(|s| s[p]).collect(),
+            positions: vec![p as u32; seqs.len()],
+            slot_mapping: (0..seqs.len())
+                .map(|i| table(i)[p / bs] * bs as u32 + (p % bs) as u32)
+                .collect(),
+            block_tables: (0..seqs.len()).flat_map(table).collect(),
+            preempted: Vec::new(),
+        };
+        let batch = ForwardBatch::new(&out, device).unwrap();
+        let step = m
+            .forward(&batch, &mut kv)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        for (i, row) in step.into_iter().enumerate() {
+            logits[i].push(row);
+        }
+    }
+    logits
+}
+
 /// Path of the SmolLM2-135M-Instruct GGUF: `$PAGEWISE_SMOLLM2_GGUF`, else the cache that
 /// `scripts/fetch_smollm2.py` fills. `None` (test skipped) only outside CI.
 #[allow(dead_code)]

@@ -1,0 +1,165 @@
+//! The weight-streaming matmul of small decode batches (up to [`GEMV_MAX_ROWS`] rows, f16/bf16),
+//! optionally with the step before it (RMSNorm, or SiLU-and-multiply) folded into its reading of
+//! `x` and the residual add after it folded into its stores: one kernel where the unfused layer
+//! runs two or three, which is what a batch-1 decode step is made of.
+
+use std::ffi::c_void;
+
+use candle_core::{DType, Result, Tensor, bail};
+
+use crate::{check_launch, device_ptr, dtype_code, empty, ffi};
+
+/// Most rows [`gemv`] takes.
+pub const GEMV_MAX_ROWS: usize = 8;
+
+/// What [`gemv_fused`] computes from `x` before the matmul.
+#[derive(Clone, Copy, Debug)]
+pub enum GemvInput<'a> {
+    /// `x` itself (`[rows, k]`).
+    Plain,
+    /// `rms_norm(x) * weight` (`x`: `[rows, k]`, `weight`: `[k]`).
+    RmsNorm {
+        /// The norm's scale.
+        weight: &'a Tensor,
+        /// Its epsilon.
+        eps: f32,
+    },
+    /// `silu(x[:, :k]) * x[:, k:]` (`x`: `[rows, 2k]`, gate columns first).
+    SiluMul,
+}
+
+impl GemvInput<'_> {
+    fn code(&self) -> i32 {
+        match self {
+            GemvInput::Plain => 0,
+            GemvInput::RmsNorm { .. } => 1,
+            GemvInput::SiluMul => 2,
+        }
+    }
+
+    /// The matmul's inner size `k` for an `x` of `x_cols` columns.
+    fn inner(&self, x_cols: usize) -> usize {
+        match self {
+            GemvInput::SiluMul => x_cols / 2,
+            _ => x_cols,
+        }
+    }
+}
+
+/// Whether [`gemv_fused`] takes `rows` rows of inner size `k` in `dtype`: the kernel stages them
+/// in shared memory, so `rows x k` is bounded (8 x 4096 and 2 x 14336 bf16 fit, 8 x 14336 does
+/// not), and `k` must be a multiple of 8.
+pub fn gemv_fits(rows: usize, k: usize, dtype: DType) -> bool {
+    // SAFETY: a pure function of no arguments.
+    let most = unsafe { ffi::pagewise_gemv_max_stage_bytes() } as usize;
+    (1..=GEMV_MAX_ROWS).contains(&rows)
+        && k.is_multiple_of(8)
+        && rows * k * dtype.size_in_bytes() <= most
+}
+
+/// `x w^T` for `x` = `[rows, k]` with `rows <= GEMV_MAX_ROWS` and `w` = `[out, k]` (f16 or bf16,
+/// `k` a multiple of 8, contiguous). Returns `[rows, out]`.
+pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    gemv_fused(x, w, GemvInput::Plain, None)
+}
+
+/// `input(x) w^T (+ residual)`: `w` = `[out, k]`, `x` as [`GemvInput`] says, `residual` =
+/// `[rows, out]`; all f16 or bf16, contiguous, on one GPU, and [`gemv_fits`]. The staged input and
+/// the product before the residual add are rounded to the dtype, as the unfused kernels store
+/// them. Returns `[rows, out]`.
+pub fn gemv_fused(
+    x: &Tensor,
+    w: &Tensor,
+    input: GemvInput<'_>,
+    residual: Option<&Tensor>,
+) -> Result<Tensor> {
+    let (rows, x_cols) = x.dims2()?;
+    let k = input.inner(x_cols);
+    let (out_dim, wk) = w.dims2()?;
+    if wk != k || (matches!(input, GemvInput::SiluMul) && x_cols != 2 * k) {
+        bail!(
+            "gemv: x {:?} ({input:?}) does not fit w {:?}",
+            x.dims(),
+            w.dims()
+        );
+    }
+    if w.dtype() != x.dtype() || !matches!(x.dtype(), DType::BF16 | DType::F16) {
+        bail!(
+            "gemv: x and w must both be f16 or bf16, got {:?} and {:?}",
+            x.dtype(),
+            w.dtype()
+        );
+    }
+    if !gemv_fits(rows, k, x.dtype()) {
+        bail!(
+            "gemv: {rows} rows of {k} (a multiple of 8) do not fit its staging space or its {GEMV_MAX_ROWS} rows"
+        );
+    }
+    let norm = match input {
+        GemvInput::RmsNorm { weight, .. } => {
+            if weight.dims() != [k] || weight.dtype() != x.dtype() {
+                bail!(
+                    "gemv: the norm weight must be {:?} [{k}], got {:?} {:?}",
+                    x.dtype(),
+                    weight.dtype(),
+                    weight.dims()
+                );
+            }
+            Some(weight)
+        }
+        _ => None,
+    };
+    if let Some(r) = residual
+        && (r.dims() != [rows, out_dim] || r.dtype() != x.dtype())
+    {
+        bail!(
+            "gemv: the residual must be {:?} [{rows}, {out_dim}], got {:?} {:?}",
+            x.dtype(),
+            r.dtype(),
+            r.dims()
+        );
+    }
+    let dtype = dtype_code(x.dtype(), "gemv")?;
+    let y = empty((rows, out_dim), x.dtype(), x.device())?;
+    let (yp, stream) = device_ptr(&y, "y")?;
+    let (xp, _) = device_ptr(x, "x")?;
+    let (wp, _) = device_ptr(w, "w")?;
+    let np = match norm {
+        Some(n) => device_ptr(n, "norm weight")?.0,
+        None => 0,
+    };
+    let rp = match residual {
+        Some(r) => device_ptr(r, "residual")?.0,
+        None => 0,
+    };
+    // 16-byte loads: every row starts 16-byte aligned when the tensor does (k is a multiple of
+    // 8 elements; candle's allocations are 256-byte aligned, views are checked here).
+    if xp % 16 != 0 || wp % 16 != 0 || np % 16 != 0 {
+        bail!("gemv: x, w and the norm weight must start on 16-byte boundaries");
+    }
+    let eps = match input {
+        GemvInput::RmsNorm { eps, .. } => eps,
+        _ => 0.0,
+    };
+    // SAFETY: contiguous tensors of the checked shapes and dtype on the stream's device; the
+    // kernel reads rows x k (2k for SiluMul) of x, out x k of w, k of the norm weight, rows x out
+    // of the residual, and writes rows x out of y.
+    let code = unsafe {
+        ffi::pagewise_gemv(
+            dtype,
+            input.code(),
+            yp as *mut c_void,
+            xp as *const c_void,
+            np as *const c_void,
+            wp as *const c_void,
+            rp as *const c_void,
+            rows as i32,
+            out_dim as i32,
+            k as i32,
+            eps,
+            stream,
+        )
+    };
+    check_launch(code, "gemv")?;
+    Ok(y)
+}

@@ -1,0 +1,99 @@
+//! Decode steps of up to 8 rows on a GPU with each layer's element-wise steps folded into its
+//! matmuls (`pagewise_kernels::gemv_fused`): the qkv and gate/up projections normalize their input
+//! as they stage it, the o and down projections add the residual as they store, and the down
+//! projection applies SiLU-and-multiply as it stages its input. A layer is then five kernels
+//! (qkv, rope + cache write, attention, o, gate/up, down: plus the merge of split attention)
+//! instead of ten or more, which is what bounds a batch-1 step.
+//!
+//! Opt-in with `PAGEWISE_DECODE_FUSED=1` until it has been measured on the H200. Like
+//! `PAGEWISE_GEMV` it replaces cuBLAS for steps of at most 8 rows, so a sequence's bf16 tokens can
+//! depend on how many others share its step (batch invariance, which the GPU tests assert).
+
+use candle_core::{DType, Tensor};
+use pagewise_kernels::{GemvInput, gemv_fits, gemv_fused};
+
+use super::layers::silu_mul;
+use super::norm::RmsNorm;
+
+/// One decoder layer's weights as the fused path takes them (dense, no biases).
+pub(super) struct FusedLayer<'a> {
+    pub input_norm: &'a RmsNorm,
+    /// `[(heads + 2 * kv_heads) * head_dim, hidden]`.
+    pub qkv: &'a Tensor,
+    /// `[hidden, heads * head_dim]`.
+    pub o: &'a Tensor,
+    pub post_norm: &'a RmsNorm,
+    /// `[2 * intermediate, hidden]`, gate rows first.
+    pub gate_up: &'a Tensor,
+    /// `[hidden, intermediate]`.
+    pub down: &'a Tensor,
+}
+
+/// Forward passes that took the fused path in this process.
+static STEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Forward passes that took the fused path in this process (tests check that a switched-on run
+/// really took it).
+pub fn steps_run() -> u64 {
+    STEPS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Counts one forward pass on the fused path.
+pub(super) fn count_step() {
+    STEPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether `PAGEWISE_DECODE_FUSED=1` asks for the fused path.
+pub(super) fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    pagewise_kernels::env_switch(&ON, "PAGEWISE_DECODE_FUSED", false)
+}
+
+/// Whether a step whose embedded tokens are `x` (`[rows, hidden]`) fits the fused kernels with
+/// these layers: a GPU, f16 or bf16, at most 8 rows, and inputs the kernels can stage.
+pub(super) fn fits(x: &Tensor, layers: &[FusedLayer<'_>]) -> bool {
+    let (Ok(rows), dtype) = (x.dim(0), x.dtype()) else {
+        return false;
+    };
+    let inner = |w: &Tensor| w.dim(1).unwrap_or(usize::MAX);
+    x.device().is_cuda()
+        && matches!(dtype, DType::BF16 | DType::F16)
+        && layers.iter().all(|l| {
+            [l.qkv, l.o, l.gate_up, l.down]
+                .iter()
+                .all(|w| w.dtype() == dtype && w.is_contiguous())
+                && gemv_fits(rows, inner(l.qkv), dtype)
+                && gemv_fits(rows, inner(l.o), dtype)
+                && gemv_fits(rows, inner(l.gate_up), dtype)
+        })
+}
+
+fn norm_input(norm: &RmsNorm) -> GemvInput<'_> {
+    GemvInput::RmsNorm {
+        weight: norm.weight(),
+        eps: norm.eps() as f32,
+    }
+}
+
+/// The qkv projection of the normalized residual stream `x` (`[rows, hidden]`).
+pub(super) fn qkv(x: &Tensor, l: &FusedLayer<'_>) -> candle_core::Result<Tensor> {
+    gemv_fused(x, l.qkv, norm_input(l.input_norm), None)
+}
+
+/// The residual stream after the layer, from the stream `x` entering it and the attention
+/// output `attn` (`[rows, heads * head_dim]`): `x + o(attn)`, then that plus the MLP of its norm.
+pub(super) fn finish_layer(
+    x: &Tensor,
+    attn: &Tensor,
+    l: &FusedLayer<'_>,
+) -> candle_core::Result<Tensor> {
+    let x_mid = gemv_fused(attn, l.o, GemvInput::Plain, Some(x))?;
+    let gate_up = gemv_fused(&x_mid, l.gate_up, norm_input(l.post_norm), None)?;
+    let (rows, inter) = (x.dim(0)?, l.down.dim(1)?);
+    if gemv_fits(rows, inter, x.dtype()) {
+        gemv_fused(&gate_up, l.down, GemvInput::SiluMul, Some(&x_mid))
+    } else {
+        // (8 x 14336 bf16 is past the staging space: SiLU-and-mul and cuBLAS, as unfused.)
+        x_mid + silu_mul(&gate_up)?.matmul(&l.down.t()?)?
+    }
+}
