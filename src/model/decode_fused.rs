@@ -1,9 +1,9 @@
-//! Decode steps of up to 8 rows on a GPU with each layer's element-wise steps folded into its
-//! matmuls (`pagewise_kernels::gemv_fused`): the qkv and gate/up projections normalize their input
-//! as they stage it, the o and down projections add the residual as they store, and the down
-//! projection applies SiLU-and-multiply as it stages its input. A layer is then five kernels
-//! (qkv, rope + cache write, attention, o, gate/up, down: plus the merge of split attention)
-//! instead of ten or more, which is what bounds a batch-1 step.
+//! Steps of up to 8 tokens on a GPU (decode steps of up to 8 sequences, or a short prompt) with
+//! each layer's element-wise steps folded into its matmuls (`pagewise_kernels::gemv_fused`): the
+//! qkv and gate/up projections normalize their input as they stage it, the o and down projections
+//! add the residual as they store, and the down projection applies SiLU-and-multiply as it stages
+//! its input. A layer is then six kernels (qkv, rope + cache write, attention (+ its merge), o,
+//! gate/up, down) instead of ten or more, which is what bounds a batch-1 step.
 //!
 //! Opt-in with `PAGEWISE_DECODE_FUSED=1` until it has been measured on the H200. Like
 //! `PAGEWISE_GEMV` it replaces cuBLAS for steps of at most 8 rows, so a sequence's bf16 tokens can
