@@ -11,6 +11,9 @@
 #   bash .gpu/run.sh verify   the default paths against the older ones they replaced (WMMA prefill,
 #                             K/V after the wait, one graph context): tests with the older, speed of each
 #   bash .gpu/run.sh verify-offline  8B offline throughput with each prefill kernel
+#   bash .gpu/run.sh fused    PAGEWISE_DECODE_FUSED=1 (GEMV kernels with the norms folded in): its
+#                             kernel and engine tests, then batch-1 latency with it and without (with
+#                             it on, the bf16 batch-invariance test may fail: see decode_fused.rs)
 #   bash .gpu-gguf/run.sh gguf  the quantized-GGUF engine test (staged by scripts/gpu/stage_gguf.sh)
 # Logs go to $OUT (the device tool brings them back); a summary is printed last.
 set -uo pipefail
@@ -136,6 +139,24 @@ if [ "$what" = verify ]; then
         2>> "$out/bench-stderr.log" | tail -3
     )
   done
+fi
+if [ "$what" = fused ]; then
+  "$work/bin/fused-tests" --test-threads=1 2>&1 | grep -E "^test |test result|panicked|off by" || status=1
+  for f in 1 0; do
+    echo "== engine tests, PAGEWISE_DECODE_FUSED=$f"
+    PAGEWISE_DECODE_FUSED=$f "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture --skip quantized_gguf 2>&1 \
+      | grep -E "^test |test result|rel\. err|top-1|panicked" || status=1
+  done
+  SCOREBOARD_MODELS=none SCOREBOARD_PARTS=none SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \
+    bash "$here/scripts/gpu/scoreboard.sh" > /dev/null 2>&1   # (writes the shapes' configs)
+  for mf in llama-1b:1 llama-1b:0 llama-8b:1 llama-8b:0; do
+    m=${mf%%:*} f=${mf##*:}
+    echo "== $m batch-1 decode, 128 in / 512 out, PAGEWISE_DECODE_FUSED=$f"
+    PAGEWISE_DECODE_FUSED=$f timeout 120 "$work/bin/pagewise" bench latency --model "/tmp/pagewise-gpu/shapes/$m" \
+      --load-format dummy --batch-size 1 --input-len 128 --output-len 512 --num-iters-warmup 1 --num-iters 3 \
+      2>> "$out/bench-stderr.log" | tail -3
+  done
+  grep -E "capture failed" "$out/bench-stderr.log" | head -3
 fi
 if [ "$what" = verify-offline ]; then
   # 8B offline throughput with each prefill kernel.
