@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include "dtype.cuh"
+#include "silu.cuh"
 
 namespace {
 
@@ -99,7 +100,7 @@ __global__ void silu_mul_kernel(T* __restrict__ out, const T* __restrict__ gate_
     const int64_t r = idx / inter, i = idx % inter;
     const float g = to_float(gate_up[r * 2 * inter + i]);
     const float u = to_float(gate_up[r * 2 * inter + inter + i]);
-    out[idx] = from_float<T>(g / (1.f + __expf(-g)) * u);
+    out[idx] = from_float<T>(silu_mul(g, u));
   }
 }
 
@@ -117,16 +118,7 @@ __global__ void silu_mul_vec_kernel(T* __restrict__ out, const T* __restrict__ g
     const int i = (int)(v - r * per_row) * kVec;
     const uint4 ga = *reinterpret_cast<const uint4*>(gate_up + r * 2 * inter + i);
     const uint4 ua = *reinterpret_cast<const uint4*>(gate_up + r * 2 * inter + inter + i);
-    const T* g = reinterpret_cast<const T*>(&ga);
-    const T* u = reinterpret_cast<const T*>(&ua);
-    uint4 oa;
-    T* o = reinterpret_cast<T*>(&oa);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const float gf = to_float(g[j]);
-      o[j] = from_float<T>(gf / (1.f + __expf(-gf)) * to_float(u[j]));
-    }
-    *reinterpret_cast<uint4*>(out + r * inter + i) = oa;
+    *reinterpret_cast<uint4*>(out + r * inter + i) = silu_mul16<T>(ga, ua);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include "dtype.cuh"
+#include "silu.cuh"
 
 namespace {
 
@@ -19,11 +20,6 @@ constexpr int kMaxStageBytes = 96 * 1024;
 
 // What the block computes from x before the matmul.
 enum Input { kPlain = 0, kRmsNorm = 1, kSiluMul = 2 };
-
-template <typename T>
-__device__ __forceinline__ T round_to(float v) {
-  return from_float<T>(v);
-}
 
 // Stages the R rows of the matmul's input in `xs` ([R, k_dim], T): x itself, RMSNorm(x) * norm_w,
 // or silu(gate) * up from x = [R, 2 k_dim] (gate columns first).
@@ -37,16 +33,7 @@ __device__ void stage_input(T* xs, const T* __restrict__ x, const T* __restrict_
       const int r = i / vecs, k = (i % vecs) * kVec;
       const uint4 ga = *reinterpret_cast<const uint4*>(x + (int64_t)r * 2 * k_dim + k);
       const uint4 ua = *reinterpret_cast<const uint4*>(x + (int64_t)r * 2 * k_dim + k_dim + k);
-      const T* g = reinterpret_cast<const T*>(&ga);
-      const T* u = reinterpret_cast<const T*>(&ua);
-      uint4 oa;
-      T* o = reinterpret_cast<T*>(&oa);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        const float gf = to_float(g[j]);
-        o[j] = round_to<T>(gf / (1.f + __expf(-gf)) * to_float(u[j]));
-      }
-      *reinterpret_cast<uint4*>(xs + r * k_dim + k) = oa;
+      *reinterpret_cast<uint4*>(xs + r * k_dim + k) = silu_mul16<T>(ga, ua);
     }
   } else {
     float sq[R];
@@ -94,7 +81,7 @@ __device__ void stage_input(T* xs, const T* __restrict__ x, const T* __restrict_
         T* v = reinterpret_cast<T*>(&a);
         const T* g = reinterpret_cast<const T*>(&wa);
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) v[j] = round_to<T>(to_float(v[j]) * inv[r] * to_float(g[j]));
+        for (int j = 0; j < kVec; ++j) v[j] = from_float<T>(to_float(v[j]) * inv[r] * to_float(g[j]));
         *reinterpret_cast<uint4*>(xs + r * k_dim + k) = a;
       }
     }
@@ -141,8 +128,8 @@ __global__ void __launch_bounds__(kGemvThreads)
       for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffff, v, s);
       if (lane == 0) {
         const int64_t at = (int64_t)r * out_dim + o;
-        if constexpr (kAdd) v = to_float(round_to<T>(v)) + to_float(residual[at]);
-        y[at] = round_to<T>(v);
+        if constexpr (kAdd) v = to_float(from_float<T>(v)) + to_float(residual[at]);
+        y[at] = from_float<T>(v);
       }
     }
   }

@@ -1,0 +1,26 @@
+// pagewise: SiLU(gate) * up, the one formula of the SiLU-and-mul kernel (fused.cu) and of the GEMV
+// that folds it into its input (gemv.cu): their outputs must agree bit for bit. Included by both.
+#pragma once
+#include <stdint.h>
+#include "dtype.cuh"
+
+namespace {
+
+__device__ __forceinline__ float silu_mul(float gate, float up) {
+  return gate / (1.f + __expf(-gate)) * up;
+}
+
+// silu(gate) * up over 16 bytes of T (f16 / bf16: 8 elements), rounded to T.
+template <typename T>
+__device__ __forceinline__ uint4 silu_mul16(uint4 gate, uint4 up) {
+  const T* g = reinterpret_cast<const T*>(&gate);
+  const T* u = reinterpret_cast<const T*>(&up);
+  uint4 out;
+  T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+  for (int j = 0; j < (int)(16 / sizeof(T)); ++j)
+    o[j] = from_float<T>(silu_mul(to_float(g[j]), to_float(u[j])));
+  return out;
+}
+
+}  // namespace
