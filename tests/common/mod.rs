@@ -18,6 +18,28 @@ pub fn logits_at_every_position(
     logits_at_every_position_on(model_path, matmul, tokens, &Device::Cpu, DType::F32)
 }
 
+/// The model at `model_path` in `dtype` on `device`, with rotary tables for `max_len` positions,
+/// and its config.
+#[allow(dead_code)]
+fn load_model(
+    model_path: &str,
+    matmul: GgufMatmul,
+    device: &Device,
+    dtype: DType,
+    max_len: usize,
+) -> (model::ModelConfig, Box<dyn model::CausalLm>) {
+    let opts = LoadOptions {
+        load_format: loader::LoadFormat::Auto,
+        dtype,
+        device: device.clone(),
+        gguf_matmul: matmul,
+        seed: 0,
+    };
+    let loaded = loader::load(model_path, &opts).unwrap();
+    let m = model::build(&loaded.config, &loaded.weights, max_len).unwrap();
+    (loaded.config, m)
+}
+
 /// [`logits_at_every_position`] with the model in `dtype` on `device`.
 #[allow(dead_code)]
 pub fn logits_at_every_position_on(
@@ -27,16 +49,8 @@ pub fn logits_at_every_position_on(
     device: &Device,
     dtype: DType,
 ) -> Vec<Vec<f32>> {
-    let opts = LoadOptions {
-        load_format: loader::LoadFormat::Auto,
-        dtype,
-        device: device.clone(),
-        gguf_matmul: matmul,
-        seed: 0,
-    };
-    let loaded = loader::load(model_path, &opts).unwrap();
-    let cfg = &loaded.config;
-    let m = model::build(cfg, &loaded.weights, tokens.len()).unwrap();
+    let (cfg, m) = load_model(model_path, matmul, device, dtype, tokens.len());
+    let cfg = &cfg;
     let bs = 16;
     let n = tokens.len();
     let num_blocks = n.div_ceil(bs);
@@ -85,18 +99,10 @@ pub fn logits_decoding_step_by_step(
     device: &Device,
     dtype: DType,
 ) -> Vec<Vec<Vec<f32>>> {
-    let opts = LoadOptions {
-        load_format: loader::LoadFormat::Auto,
-        dtype,
-        device: device.clone(),
-        gguf_matmul: GgufMatmul::Auto,
-        seed: 0,
-    };
-    let loaded = loader::load(model_path, &opts).unwrap();
-    let cfg = &loaded.config;
     let n = seqs[0].len();
     assert!(seqs.iter().all(|s| s.len() == n), "one length");
-    let m = model::build(cfg, &loaded.weights, n).unwrap();
+    let (cfg, m) = load_model(model_path, GgufMatmul::Auto, device, dtype, n);
+    let cfg = &cfg;
     let bs = 16;
     let per_seq = n.div_ceil(bs);
     // Sequence i's blocks, interleaved with the others' (block 0 is the null block).
