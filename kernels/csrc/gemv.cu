@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include "dtype.cuh"
+#include "pdl.cuh"
 #include "silu.cuh"
 
 namespace {
@@ -99,6 +100,9 @@ __global__ void __launch_bounds__(kGemvThreads)
                 float eps) {
   extern __shared__ __align__(16) unsigned char smem[];
   T* xs = reinterpret_cast<T*>(smem);
+  // Launched early (see launch_early): x and y belong to the kernels around this one.
+  wait_for_previous_grid();
+  let_next_grid_launch();
   stage_input<T, R, kIn>(xs, x, norm_w, k_dim, eps);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int o = blockIdx.x * kGemvWarps + warp; o < out_dim; o += gridDim.x * kGemvWarps) {
@@ -167,10 +171,9 @@ int launch_r(const void* x, const void* norm_w, const void* w, const void* resid
   const int wanted = (out_dim + kGemvWarps - 1) / kGemvWarps;
   const int rounds = (wanted + resident_by[dev][step] - 1) / resident_by[dev][step];
   const int blocks = (wanted + rounds - 1) / rounds;
-  kernel<<<blocks, kGemvThreads, smem, stream>>>((T*)y, (const T*)x, (const T*)norm_w,
-                                                  (const T*)w, (const T*)residual, out_dim,
-                                                  k_dim, eps);
-  return (int)cudaGetLastError();
+  err = launch_early(kernel, blocks, kGemvThreads, smem, stream, (T*)y, (const T*)x,
+                     (const T*)norm_w, (const T*)w, (const T*)residual, out_dim, k_dim, eps);
+  return (int)(err != cudaSuccess ? err : cudaGetLastError());
 }
 
 template <typename T, int kIn, bool kAdd>

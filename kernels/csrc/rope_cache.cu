@@ -17,8 +17,10 @@ __global__ void rope_qkv_cache_kernel(T* __restrict__ q_out, T* __restrict__ k_c
                                       const T* __restrict__ cos, const T* __restrict__ sin,
                                       const int64_t* __restrict__ slots, int heads, int kv_heads,
                                       int d, int interleaved) {
-  // Decode attention, launched early after this kernel, may be scheduled now: it reads the block
-  // tables while this runs, and waits for this kernel's end before the query and the cache.
+  // Launched early (see launch_early): wait for the projection that wrote qkv. Decode attention,
+  // launched early after this kernel, may be scheduled now: it reads the block tables while this
+  // runs, and waits for this kernel's end before the query and the cache.
+  wait_for_previous_grid();
   let_next_grid_launch();
   const int64_t t = blockIdx.x;
   const int half = d / 2;
@@ -60,10 +62,11 @@ int launch_rope(void* q_out, void* k_cache, void* v_cache, const void* qkv, cons
   // longer loops per thread left it waiting on one load after another).
   const int rotations = (heads + kv_heads) * (d / 2);
   const int threads = rotations >= 1024 ? 1024 : (rotations + 31) / 32 * 32;
-  rope_qkv_cache_kernel<T><<<tokens, threads, 0, stream>>>((T*)q_out, (T*)k_cache, (T*)v_cache,
-                                                       (const T*)qkv, (const T*)cos, (const T*)sin,
-                                                       slots, heads, kv_heads, d, interleaved);
-  return (int)cudaGetLastError();
+  const cudaError_t err = launch_early(rope_qkv_cache_kernel<T>, tokens, threads, 0, stream,
+                                       (T*)q_out, (T*)k_cache, (T*)v_cache, (const T*)qkv,
+                                       (const T*)cos, (const T*)sin, slots, heads, kv_heads, d,
+                                       interleaved);
+  return (int)(err != cudaSuccess ? err : cudaGetLastError());
 }
 
 }  // namespace

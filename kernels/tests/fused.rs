@@ -304,3 +304,101 @@ fn rope_qkv_cache_rotates_q_and_writes_the_cache_at_each_slot() {
         }
     }
 }
+
+/// GEMV bandwidth at the Llama-3.2-1B and Llama-3.1-8B decode shapes (batch 1, bf16): weight
+/// bytes read per second by `gemv_fused` with the input each projection takes in the fused
+/// layer, against cuBLAS on the same plain product. 64 launches are replayed from a CUDA graph
+/// (as the engine's decode steps run), rotating over copies of the weight totalling at least
+/// 128 MB so that none is served from the 50 MB L2. Run on the GPU machine:
+/// `fused-tests --ignored --nocapture gemv_bandwidth`.
+#[test]
+#[ignore]
+fn gemv_bandwidth() {
+    use candle_core::cuda_backend::cudarc::driver::sys::{
+        CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode,
+    };
+    use pagewise_kernels::{GemvInput, gemv_fused};
+    let dev = Device::new_cuda(0).unwrap();
+    let stream = dev.as_cuda_device().unwrap().cuda_stream();
+    let mut rng = Lcg(5);
+    // Times `run(i)` for i in 0..64 replayed from a graph: seconds per launch.
+    let time = |run: &dyn Fn(usize)| {
+        for i in 0..4 {
+            run(i);
+        }
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .unwrap();
+        for i in 0..64 {
+            run(i);
+        }
+        let graph = stream
+            .end_capture(CUgraphInstantiate_flags(0))
+            .unwrap()
+            .unwrap();
+        graph.launch().unwrap();
+        let start = stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .unwrap();
+        graph.launch().unwrap();
+        let end = stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .unwrap();
+        f64::from(start.elapsed_ms(&end).unwrap()) / 1e3 / 64.0
+    };
+    println!(
+        "| shape | projection (out x k) | gemv_fused (µs) | TB/s | cuBLAS plain (µs) | TB/s |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let shapes = [
+        ("1B", "qkv", 3072, 2048),
+        ("1B", "o", 2048, 2048),
+        ("1B", "gate/up", 16384, 2048),
+        ("1B", "down", 2048, 8192),
+        ("8B", "qkv", 6144, 4096),
+        ("8B", "o", 4096, 4096),
+        ("8B", "gate/up", 28672, 4096),
+        ("8B", "down", 4096, 14336),
+    ];
+    for (model, name, out, k) in shapes {
+        let bytes = (out * k * 2) as f64;
+        let copies = (128e6 / bytes).ceil() as usize;
+        let ws: Vec<Tensor> = (0..copies)
+            .map(|_| random(&mut rng, (out, k), 0.05, DType::BF16, &dev))
+            .collect();
+        let g = random(&mut rng, (1, k), 1.0, DType::BF16, &dev)
+            .squeeze(0)
+            .unwrap();
+        let x = random(&mut rng, (1, k), 1.0, DType::BF16, &dev);
+        let gu = random(&mut rng, (1, 2 * k), 1.0, DType::BF16, &dev);
+        let res = random(&mut rng, (1, out), 1.0, DType::BF16, &dev);
+        let fused = |i: usize| {
+            let w = &ws[i % copies];
+            let y = match name {
+                "qkv" | "gate/up" => gemv_fused(
+                    &x,
+                    w,
+                    GemvInput::RmsNorm {
+                        weight: &g,
+                        eps: 1e-5,
+                    },
+                    None,
+                ),
+                "o" => gemv_fused(&x, w, GemvInput::Plain, Some(&res)),
+                _ => gemv_fused(&gu, w, GemvInput::SiluMul, Some(&res)),
+            };
+            y.unwrap();
+        };
+        let cublas = |i: usize| {
+            x.matmul(&ws[i % copies].t().unwrap()).unwrap();
+        };
+        let (a, b) = (time(&fused), time(&cublas));
+        println!(
+            "| {model} | {name} ({out} x {k}) | {:.2} | {:.2} | {:.2} | {:.2} |",
+            a * 1e6,
+            bytes / a / 1e12,
+            b * 1e6,
+            bytes / b / 1e12
+        );
+    }
+}

@@ -11,9 +11,9 @@
 #   bash .gpu/run.sh verify   the default paths against the older ones they replaced (WMMA prefill,
 #                             K/V after the wait, one graph context): tests with the older, speed of each
 #   bash .gpu/run.sh verify-offline  8B offline throughput with each prefill kernel
-#   bash .gpu/run.sh fused    PAGEWISE_DECODE_FUSED=1 (GEMV kernels with the norms folded in): its
-#                             kernel and engine tests, then batch-1 latency with it and without (with
-#                             it on, the bf16 batch-invariance test may fail: see decode_fused.rs)
+#   bash .gpu/run.sh fused    the fused decode path (GEMV kernels with the norms folded in, default)
+#                             against PAGEWISE_DECODE_FUSED=0: kernel and engine tests, then
+#                             batch-1 latency, each way
 #   bash .gpu-gguf/run.sh gguf  the quantized-GGUF engine test (staged by scripts/gpu/stage_gguf.sh)
 # Logs go to $OUT (the device tool brings them back); a summary is printed last.
 set -uo pipefail
@@ -43,16 +43,13 @@ if [ "$what" = tests ] || [ "$what" = kernels ] || [ "$what" = all ]; then
   # (the quantized-GGUF test needs its model staged apart: `gguf` mode)
   [ "$what" = kernels ] || "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture --skip quantized_gguf > "$out/gpu-engine-tests.log" 2>&1 || status=1
   # The same engine tests on the older paths kept for comparisons (WMMA prefill, decode K/V read
-  # after the wait, one graph context).
+  # after the wait, one graph context, cuBLAS and the separate kernels for decode steps).
   [ "$what" = kernels ] || PAGEWISE_DECODE_EARLY_KV=0 PAGEWISE_PREFILL_MMA=0 PAGEWISE_GRAPH_CONTEXTS=none \
-    "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture \
+    PAGEWISE_DECODE_FUSED=0 "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture \
     --skip quantized_gguf > "$out/gpu-engine-tests-older-paths.log" 2>&1 || status=1
-  # Decode steps with the GEMV kernels folded around the norms (opt-in path).
-  [ "$what" = kernels ] || PAGEWISE_DECODE_FUSED=1 "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture \
-    bfloat16_decode_steps > "$out/gpu-engine-tests-fused-decode.log" 2>&1 || status=1
   grep -hE "^test |test result|rel\. err|top-1|preemptions|KV blocks|panicked|^  |^(BF16|F16)" \
     "$out/kernel-tests.log" "$out/prefill-tests.log" "$out/sampling-tests.log" "$out/fused-tests.log" "$out/gpu-engine-tests.log" \
-    "$out"/gpu-engine-tests-older-paths.log "$out"/gpu-engine-tests-fused-decode.log 2> /dev/null
+    "$out"/gpu-engine-tests-older-paths.log 2> /dev/null
 fi
 if [ "$what" = serve ] || [ "$what" = all ]; then
   # The server on the GPU, end to end: /ready, a completion and a streamed chat-less completion.
@@ -76,6 +73,8 @@ if [ "$what" = bench ] || [ "$what" = kernels ] || [ "$what" = all ]; then
   echo "== with PAGEWISE_DECODE_EARLY_KV=0 (no K/V copied before the wait on the kernel before)"
   PAGEWISE_DECODE_EARLY_KV=0 "$work/bin/kernel-tests" --ignored --nocapture --test-threads=1 decode_bandwidth 2>&1 \
     | grep -E "^\| [0-9]"
+  # The GEMV kernel against cuBLAS at the 1B and 8B batch-1 projection shapes.
+  "$work/bin/fused-tests" --ignored --nocapture --test-threads=1 gemv_bandwidth 2>&1 | grep -E "^\|" || status=1
   # The same table with the CUDA-core kernel where the tensor-core one applies (comparison).
   [ -n "${PAGEWISE_BW_COMPARE_CORE:-}" ] && PAGEWISE_DECODE_CORE=1 "$work/bin/kernel-tests" --ignored --nocapture \
     --test-threads=1 decode_bandwidth 2>&1 | grep -E "^\| [0-9]"

@@ -93,10 +93,11 @@ impl Linear {
 
 /// Whether our GEMV kernel takes `x w^T`: with `PAGEWISE_GEMV=1`, a GPU decode batch of at most
 /// `pagewise_kernels::GEMV_MAX_ROWS` rows in 16-bit floats whose input fits its staging space. Off
-/// by default: its first version was 5% faster at 8B batch 1 (benches/RESULTS.md; the kernel now
-/// stages x in shared memory, shared with `PAGEWISE_DECODE_FUSED`, not yet timed alone) but it
-/// sums in another order than cuBLAS, so a sequence's bf16 tokens would depend on how many others
-/// share its step (batch invariance, which the GPU tests assert).
+/// by default: the decode steps it would serve already take the fused path
+/// (`super::decode_fused`, the same kernel with the norms folded in); this switch is for the
+/// matmuls that path leaves (e.g. with `PAGEWISE_DECODE_FUSED=0`, for comparisons). It sums in
+/// another order than cuBLAS, so a sequence's bf16 tokens can depend on how many others share
+/// its step.
 #[cfg(feature = "cuda")]
 fn use_gemv(x: &Tensor, w: &Tensor) -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
