@@ -139,21 +139,112 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
-template <typename T, int R, int kIn, bool kAdd>
-int launch_r(const void* x, const void* norm_w, const void* w, const void* residual, void* y,
-             int out_dim, int k_dim, float eps, cudaStream_t stream) {
-  const auto kernel = gemv_kernel<T, R, kIn, kAdd>;
-  const int smem = R * k_dim * (int)sizeof(T);
-  if (smem > kMaxStageBytes) return 1;
-  // Per device and staging size (in steps of 8 KB), once: the shared-memory opt-in (past 48 KB a
-  // kernel must ask) and how many blocks fit on the GPU at once.
-  constexpr int kStep = 8 * 1024, kSteps = kMaxStageBytes / kStep;
-  static int resident_by[64][kSteps + 1] = {};
+// A warp's dot products of N weight rows with the R staged rows, summed over the warp (every
+// lane gets the sums): acc[n][r] = sum_k xs[r, k] * rows[n][k], in gemv_kernel's order.
+template <typename T, int R, int N>
+__device__ __forceinline__ void dot_rows(float (&acc)[N][R], const T* const (&rows)[N],
+                                         const T* xs, int k_dim, int lane) {
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[n][r] = 0.f;
+#pragma unroll 4
+  for (int k = lane * 8; k < k_dim; k += 32 * 8) {
+    float wf[N][8];
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      const uint4 wraw = __ldg(reinterpret_cast<const uint4*>(rows[n] + k));
+      const T* wv = reinterpret_cast<const T*>(&wraw);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) wf[n][j] = to_float(wv[j]);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const uint4 xraw = *reinterpret_cast<const uint4*>(xs + r * k_dim + k);
+      const T* xv = reinterpret_cast<const T*>(&xraw);
+#pragma unroll
+      for (int n = 0; n < N; ++n)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[n][r] += wf[n][j] * to_float(xv[j]);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int s = 16; s > 0; s >>= 1) acc[n][r] += __shfl_xor_sync(0xffffffff, acc[n][r], s);
+}
+
+// The qkv projection of RMSNorm(x) with rotary and the KV-cache write folded into its store
+// (what gemv_kernel then rope_qkv_cache_kernel compute, with the same rounding): a warp takes a
+// rotation pair of q or k (both rows, so it can rotate them) or one v output. Row r's rotated q
+// goes to q_out [R, heads, d]; its k and v to the caches at slots[r] (skipped when negative).
+template <typename T, int R>
+__global__ void __launch_bounds__(kGemvThreads)
+    gemv_rope_kernel(T* __restrict__ q_out, T* __restrict__ k_cache, T* __restrict__ v_cache,
+                     const T* __restrict__ cos, const T* __restrict__ sin,
+                     const int64_t* __restrict__ slots, const T* __restrict__ x,
+                     const T* __restrict__ norm_w, const T* __restrict__ w, int heads,
+                     int kv_heads, int d, int interleaved, int k_dim, float eps) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* xs = reinterpret_cast<T*>(smem);
+  wait_for_previous_grid();  // (launched early: x is the kernel before's output)
+  let_next_grid_launch();
+  stage_input<T, R, kRmsNorm>(xs, x, norm_w, k_dim, eps);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int half = d / 2, pairs = (heads + kv_heads) * half, units = pairs + kv_heads * d;
+  for (int u = blockIdx.x * kGemvWarps + warp; u < units; u += gridDim.x * kGemvWarps) {
+    if (u < pairs) {
+      const int h = u / half, i = u % half;
+      const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+      const T* const rows[2] = {w + (int64_t)(h * d + a) * k_dim, w + (int64_t)(h * d + b) * k_dim};
+      float acc[2][R];
+      dot_rows<T, R, 2>(acc, rows, xs, k_dim, lane);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (lane != r) continue;
+        // Rounded as the projection stores qkv, rotated as rope_qkv_cache_kernel does.
+        const float x1 = to_float(from_float<T>(acc[0][r])), x2 = to_float(from_float<T>(acc[1][r]));
+        const float cc = to_float(cos[r * half + i]), ss = to_float(sin[r * half + i]);
+        const T y1 = from_float<T>(x1 * cc - x2 * ss), y2 = from_float<T>(x1 * ss + x2 * cc);
+        T* o = nullptr;
+        if (h < heads) {
+          o = q_out + ((int64_t)r * heads + h) * d;
+        } else if (slots[r] >= 0) {
+          o = k_cache + slots[r] * kv_heads * d + (int64_t)(h - heads) * d;
+        }
+        if (o != nullptr) {
+          o[a] = y1;
+          o[b] = y2;
+        }
+      }
+    } else {
+      const int j = u - pairs;  // v head j / d, dim j % d
+      const T* const rows[1] = {w + (int64_t)((heads + kv_heads) * d + j) * k_dim};
+      float acc[1][R];
+      dot_rows<T, R, 1>(acc, rows, xs, k_dim, lane);
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (lane == r && slots[r] >= 0) v_cache[slots[r] * kv_heads * d + j] = from_float<T>(acc[0][r]);
+    }
+  }
+}
+
+// Blocks for a GEMV-style launch of `units` warp tasks: as many as run at once (each stages x
+// once), fewer when the tasks run out, spread evenly so every warp takes the same number of
+// rounds. `resident_by` caches blocks-at-once per device and staging size (in steps of 8 KB),
+// with the shared-memory opt-in done on first use. Returns 0 or a CUDA error code.
+constexpr int kStageStep = 8 * 1024;
+constexpr int kStageSteps = kMaxStageBytes / kStageStep;
+template <typename Kernel>
+int grid_for(Kernel kernel, int smem, int units, int (&resident_by)[64][kStageSteps + 1],
+             int* blocks) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return (int)err;
   if (dev < 0 || dev >= 64) return (int)cudaErrorInvalidDevice;
-  const int step = (smem + kStep - 1) / kStep;
+  const int step = (smem + kStageStep - 1) / kStageStep;
   if (resident_by[dev][step] == 0) {
     int sms = 0, per_sm = 0;
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -162,18 +253,69 @@ int launch_r(const void* x, const void* norm_w, const void* w, const void* resid
       err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (err == cudaSuccess)
       err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvThreads,
-                                                          step * kStep);
+                                                          step * kStageStep);
     if (err != cudaSuccess) return (int)err;
     resident_by[dev][step] = (per_sm > 0 ? per_sm : 1) * (sms > 0 ? sms : 1);
   }
-  // As many blocks as run at once (each stages x once), fewer when the outputs run out, and
-  // the outputs spread evenly: every warp takes the same number of rounds.
-  const int wanted = (out_dim + kGemvWarps - 1) / kGemvWarps;
+  const int wanted = (units + kGemvWarps - 1) / kGemvWarps;
   const int rounds = (wanted + resident_by[dev][step] - 1) / resident_by[dev][step];
-  const int blocks = (wanted + rounds - 1) / rounds;
-  err = launch_early(kernel, blocks, kGemvThreads, smem, stream, (T*)y, (const T*)x,
+  *blocks = (wanted + rounds - 1) / rounds;
+  return 0;
+}
+
+template <typename T, int R, int kIn, bool kAdd>
+int launch_r(const void* x, const void* norm_w, const void* w, const void* residual, void* y,
+             int out_dim, int k_dim, float eps, cudaStream_t stream) {
+  const auto kernel = gemv_kernel<T, R, kIn, kAdd>;
+  const int smem = R * k_dim * (int)sizeof(T);
+  if (smem > kMaxStageBytes) return 1;
+  static int resident_by[64][kStageSteps + 1] = {};
+  int blocks = 0;
+  if (const int e = grid_for(kernel, smem, out_dim, resident_by, &blocks)) return e;
+  const cudaError_t err = launch_early(kernel, blocks, kGemvThreads, smem, stream, (T*)y, (const T*)x,
                      (const T*)norm_w, (const T*)w, (const T*)residual, out_dim, k_dim, eps);
   return (int)(err != cudaSuccess ? err : cudaGetLastError());
+}
+
+// The arguments of gemv_rope_kernel (see pagewise_gemv_rope).
+struct QkvRopeArgs {
+  void *q_out, *k_cache, *v_cache;
+  const void *cos, *sin;
+  const int64_t* slots;
+  const void *x, *norm_w, *w;
+  int rows, heads, kv_heads, d, interleaved, k_dim;
+  float eps;
+};
+
+template <typename T, int R>
+int launch_rope_r(const QkvRopeArgs& a, cudaStream_t stream) {
+  const auto kernel = gemv_rope_kernel<T, R>;
+  const int smem = R * a.k_dim * (int)sizeof(T);
+  if (smem > kMaxStageBytes) return 1;
+  static int resident_by[64][kStageSteps + 1] = {};
+  const int units = (a.heads + a.kv_heads) * (a.d / 2) + a.kv_heads * a.d;
+  int blocks = 0;
+  if (const int e = grid_for(kernel, smem, units, resident_by, &blocks)) return e;
+  const cudaError_t err = launch_early(
+      kernel, blocks, kGemvThreads, smem, stream, (T*)a.q_out, (T*)a.k_cache, (T*)a.v_cache,
+      (const T*)a.cos, (const T*)a.sin, a.slots, (const T*)a.x, (const T*)a.norm_w, (const T*)a.w,
+      a.heads, a.kv_heads, a.d, a.interleaved, a.k_dim, a.eps);
+  return (int)(err != cudaSuccess ? err : cudaGetLastError());
+}
+
+template <typename T>
+int launch_rope(const QkvRopeArgs& a, cudaStream_t s) {
+  switch (a.rows) {
+    case 1: return launch_rope_r<T, 1>(a, s);
+    case 2: return launch_rope_r<T, 2>(a, s);
+    case 3: return launch_rope_r<T, 3>(a, s);
+    case 4: return launch_rope_r<T, 4>(a, s);
+    case 5: return launch_rope_r<T, 5>(a, s);
+    case 6: return launch_rope_r<T, 6>(a, s);
+    case 7: return launch_rope_r<T, 7>(a, s);
+    case 8: return launch_rope_r<T, 8>(a, s);
+    default: return 1;
+  }
 }
 
 template <typename T, int kIn, bool kAdd>
@@ -229,6 +371,30 @@ extern "C" int pagewise_gemv(int dtype, int input, void* y, const void* x, const
     case 2:
       return launch<__nv_bfloat16>(input, add, rows, x, norm_w, w, residual, y, out_dim, k_dim,
                                    eps, s);
+    default: return 1;
+  }
+}
+
+// The qkv projection of RMSNorm(x) * norm_w (x [rows, k_dim], w [(heads + 2 kv_heads) d, k_dim],
+// q heads then k heads then v heads) with rotary and the cache write folded in: the rotated q
+// goes to q_out ([rows, heads, d]), the rotated k and the v to the caches ([.., kv_heads, d] per
+// slot) at slots[r] (i64; skipped when negative). cos and sin: [rows, d / 2]; pairs (2i, 2i + 1)
+// when interleaved, else (i, i + d / 2). Rows 1..8, dtype 1 = f16, 2 = bf16, d even, k_dim a
+// multiple of 8, x, norm_w and w 16-byte aligned. Returns 0, a CUDA error code, or 1 when the
+// arguments are unsupported.
+extern "C" int pagewise_gemv_rope(int dtype, void* q_out, void* k_cache, void* v_cache,
+                                  const void* cos, const void* sin, const int64_t* slots,
+                                  const void* x, const void* norm_w, const void* w, int rows,
+                                  int heads, int kv_heads, int head_dim, int interleaved,
+                                  int k_dim, float eps, void* stream) {
+  if (rows == 0) return 0;
+  if (k_dim % 8 != 0 || head_dim % 2 != 0) return 1;
+  const QkvRopeArgs a = {q_out, k_cache, v_cache, cos, sin, slots, x, norm_w, w,
+                         rows, heads, kv_heads, head_dim, interleaved, k_dim, eps};
+  cudaStream_t s = (cudaStream_t)stream;
+  switch (dtype) {
+    case 1: return launch_rope<__half>(a, s);
+    case 2: return launch_rope<__nv_bfloat16>(a, s);
     default: return 1;
   }
 }

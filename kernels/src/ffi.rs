@@ -126,6 +126,27 @@ unsafe extern "C" {
 
     pub fn pagewise_gemv_max_stage_bytes() -> c_int;
 
+    pub fn pagewise_gemv_rope(
+        dtype: c_int,
+        q_out: *mut c_void,
+        k_cache: *mut c_void,
+        v_cache: *mut c_void,
+        cos: *const c_void,
+        sin: *const c_void,
+        slots: *const i64,
+        x: *const c_void,
+        norm_w: *const c_void,
+        w: *const c_void,
+        rows: c_int,
+        heads: c_int,
+        kv_heads: c_int,
+        head_dim: c_int,
+        interleaved: c_int,
+        k_dim: c_int,
+        eps: f32,
+        stream: *mut c_void,
+    ) -> c_int;
+
     pub fn pagewise_rope_qkv_cache(
         dtype: c_int,
         q_out: *mut c_void,

@@ -11,6 +11,7 @@ mod decode;
 mod ffi;
 mod fused;
 mod gemv;
+mod gemv_rope;
 mod prefill;
 mod rope;
 mod sampling;
@@ -24,6 +25,7 @@ pub use decode::{
 };
 pub use fused::{add_rms_norm, silu_mul};
 pub use gemv::{GEMV_MAX_ROWS, GemvInput, gemv, gemv_fits, gemv_fused};
+pub use gemv_rope::{RopeCacheTarget, gemv_rope_cache};
 pub use prefill::{
     PrefillKernel, PrefillSeqs, paged_prefill_attention, paged_prefill_attention_with,
 };

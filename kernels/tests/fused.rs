@@ -305,6 +305,105 @@ fn rope_qkv_cache_rotates_q_and_writes_the_cache_at_each_slot() {
     }
 }
 
+/// The qkv GEMV with rotary and the cache write folded in against the two kernels it replaces
+/// (RMSNorm-then-GEMV, then rope + cache write): the same q and caches, bit for bit, since it
+/// sums each output in the GEMV's order and rounds as the projection stores qkv.
+#[test]
+fn gemv_rope_cache_equals_the_gemv_then_rope_and_cache() {
+    use pagewise_kernels::{
+        GemvInput, QkvRope, RopeCacheTarget, gemv_fused, gemv_rope_cache, rope_qkv_cache,
+    };
+    let dev = Device::new_cuda(0).unwrap();
+    let mut rng = Lcg(21);
+    for dtype in [DType::F16, DType::BF16] {
+        for (rows, interleaved, heads, kv_heads, d, k) in [
+            (1, false, 32, 8, 128, 4096),
+            (3, true, 4, 4, 128, 576),
+            (8, false, 8, 2, 64, 2048),
+            (2, false, 14, 2, 64, 896),
+        ] {
+            let case = format!("{dtype:?} rows {rows} {heads}/{kv_heads} d{d} k{k}");
+            let (blocks, bs) = (4, 16);
+            let width = (heads + 2 * kv_heads) * d;
+            let x = random(&mut rng, (rows, k), 1.0, dtype, &dev);
+            let w = random(&mut rng, (width, k), 0.05, dtype, &dev);
+            let g = random(&mut rng, (1, k), 1.0, dtype, &dev)
+                .squeeze(0)
+                .unwrap();
+            let angles: Vec<f32> = (0..rows * d / 2).map(|_| rng.next() * 3.0).collect();
+            let table = |f: fn(f32) -> f32| {
+                let v: Vec<f32> = angles.iter().map(|&a| f(a)).collect();
+                Tensor::from_vec(v, (rows, d / 2), &dev)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap()
+            };
+            let (cos, sin) = (table(f32::cos), table(f32::sin));
+            // Scattered slots, the second row padding (-1: writes nothing).
+            let slots_host: Vec<i64> = [37i64, -1, 63, 2, 16, 40, 5, 50][..rows].to_vec();
+            let slots = Tensor::new(slots_host.as_slice(), &dev).unwrap();
+            let k0 = random(&mut rng, (blocks * bs, kv_heads * d), 9.0, dtype, &dev);
+            let v0 = random(&mut rng, (blocks * bs, kv_heads * d), 9.0, dtype, &dev);
+            let cache = |t: &Tensor| {
+                t.reshape((blocks, bs, kv_heads, d))
+                    .unwrap()
+                    .copy()
+                    .unwrap()
+            };
+
+            let (want_k, want_v) = (cache(&k0), cache(&v0));
+            let norm = GemvInput::RmsNorm {
+                weight: &g,
+                eps: 1e-5,
+            };
+            let qkv = gemv_fused(&x, &w, norm, None).unwrap();
+            let rope = QkvRope {
+                qkv: &qkv,
+                heads,
+                kv_heads,
+                cos: &cos,
+                sin: &sin,
+                interleaved,
+            };
+            let want_q = rope_qkv_cache(&rope, &want_k, &want_v, &slots).unwrap();
+
+            let (got_k, got_v) = (cache(&k0), cache(&v0));
+            let target = RopeCacheTarget {
+                heads,
+                kv_heads,
+                cos: &cos,
+                sin: &sin,
+                interleaved,
+                k_cache: &got_k,
+                v_cache: &got_v,
+                slot_mapping: &slots,
+            };
+            let got_q = gemv_rope_cache(&x, &w, &g, 1e-5, &target).unwrap();
+            assert_eq!(host_f32(&got_q), host_f32(&want_q), "{case}: q");
+            assert_eq!(host_f32(&got_k), host_f32(&want_k), "{case}: k cache");
+            assert_eq!(host_f32(&got_v), host_f32(&want_v), "{case}: v cache");
+        }
+    }
+    // Mismatched shapes are refused clearly.
+    let z = |shape: &[usize]| Tensor::zeros(shape, DType::BF16, &dev).unwrap();
+    let (x, g, c) = (z(&[1, 64]), z(&[64]), z(&[1, 32]));
+    let (kc, slots) = (z(&[2, 16, 2, 64]), Tensor::new(&[0i64], &dev).unwrap());
+    let target = pagewise_kernels::RopeCacheTarget {
+        heads: 4,
+        kv_heads: 2,
+        cos: &c,
+        sin: &c,
+        interleaved: false,
+        k_cache: &kc,
+        v_cache: &kc,
+        slot_mapping: &slots,
+    };
+    let err = pagewise_kernels::gemv_rope_cache(&x, &z(&[7 * 64, 64]), &g, 1e-5, &target)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("heads"), "{err}");
+}
+
 /// GEMV bandwidth at the Llama-3.2-1B and Llama-3.1-8B decode shapes (batch 1, bf16): weight
 /// bytes read per second by `gemv_fused` with the input each projection takes in the fused
 /// layer, against cuBLAS on the same plain product. 64 launches are replayed from a CUDA graph

@@ -1,8 +1,9 @@
 //! Steps of up to 8 tokens on a GPU (decode steps of up to 8 sequences, or a short prompt) with
 //! each layer's element-wise steps folded into its matmuls (`pagewise_kernels::gemv_fused`): the
-//! qkv and gate/up projections normalize their input as they stage it, the o and down projections
-//! add the residual as they store, and the down projection applies SiLU-and-multiply as it stages
-//! its input. A layer is then six kernels (qkv, rope + cache write, attention (+ its merge), o,
+//! qkv and gate/up projections normalize their input as they stage it, the qkv projection rotates
+//! q and k and writes k and v into the cache as it stores, the o and down projections add the
+//! residual as they store, and the down projection applies SiLU-and-multiply as it stages its
+//! input. A layer is then five kernels (qkv + rope + cache write, attention (+ its merge), o,
 //! gate/up, down) instead of ten or more, which is what bounds a batch-1 step.
 //!
 //! On by default (`PAGEWISE_DECODE_FUSED=0` turns it off): on the H200 it makes batch-1 decode
@@ -15,8 +16,11 @@
 use candle_core::{DType, Tensor};
 use pagewise_kernels::{GemvInput, gemv_fits, gemv_fused};
 
-use super::layers::silu_mul;
+use super::attention::KvCache;
+use super::batch::ForwardBatch;
+use super::layers::{RotaryRows, silu_mul};
 use super::norm::RmsNorm;
+use super::qkv::Heads;
 
 /// One decoder layer's weights as the fused path takes them (dense, no biases).
 pub(super) struct FusedLayer<'a> {
@@ -78,9 +82,32 @@ fn norm_input(norm: &RmsNorm) -> GemvInput<'_> {
     }
 }
 
-/// The qkv projection of the normalized residual stream `x` (`[rows, hidden]`).
-pub(super) fn qkv(x: &Tensor, l: &FusedLayer<'_>) -> candle_core::Result<Tensor> {
-    gemv_fused(x, l.qkv, norm_input(l.input_norm), None)
+/// Layer `layer`'s attention output (`[rows, heads * head_dim]`) from the residual stream `x`
+/// (`[rows, hidden]`): the qkv projection of its norm with rotary and the cache write folded in
+/// (one kernel), then paged attention.
+pub(super) fn attention(
+    x: &Tensor,
+    l: &FusedLayer<'_>,
+    layer: usize,
+    rotary: &RotaryRows,
+    batch: &ForwardBatch<'_>,
+    kv: &KvCache,
+    heads: Heads,
+) -> candle_core::Result<Tensor> {
+    let (Some(caches), Some(dm)) = (kv.device_layer(layer), &batch.attention.device) else {
+        candle_core::bail!(
+            "the fused decode path needs the cache and the step's metadata on the GPU"
+        );
+    };
+    let q = rotary.project_qkv_and_cache(
+        x,
+        l.qkv,
+        l.input_norm,
+        (heads.q, heads.kv),
+        caches,
+        &dm.slot_mapping,
+    )?;
+    kv.attend_written(layer, &q, &batch.attention, heads.scale)
 }
 
 /// The residual stream after the layer, from the stream `x` entering it and the attention

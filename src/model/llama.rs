@@ -10,8 +10,6 @@ use super::config::ModelConfig;
 use super::decode_fused;
 use super::layers::{GatedMlp, Linear, Rotary};
 use super::norm::RmsNorm;
-#[cfg(feature = "cuda")]
-use super::qkv::attend_projected;
 use super::qkv::{Heads, QkvProj, attention};
 use super::weights::Weights;
 use super::{CausalLm, ModelError};
@@ -100,9 +98,7 @@ impl CausalLm for Llama {
         if let Some(layers) = self.fused_layers(&x, batch, kv) {
             decode_fused::count_step();
             for (i, layer) in layers.iter().enumerate() {
-                let qkv = decode_fused::qkv(&x, layer)?;
-                let attn = attend_projected(&qkv, i, &rotary, batch, kv, heads)
-                    .ok_or_else(|| candle_core::Error::Msg("no GPU cache".into()))??;
+                let attn = decode_fused::attention(&x, layer, i, &rotary, batch, kv, heads)?;
                 x = decode_fused::finish_layer(&x, &attn, layer)?;
             }
             return self.logits(&self.norm.forward(&x)?, batch);

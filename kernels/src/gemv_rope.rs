@@ -1,0 +1,151 @@
+//! The qkv projection of a small decode batch with what follows it folded into its stores: the
+//! GEMV of `rms_norm(x)` (as [`crate::gemv_fused`] with [`crate::GemvInput::RmsNorm`]) whose q and
+//! k outputs are rotated and whose k and v outputs go straight into the paged caches (as
+//! [`crate::rope_qkv_cache`] would, with the same rounding). One kernel instead of two a layer.
+
+use std::ffi::c_void;
+
+use candle_core::{DType, Result, Tensor, bail};
+
+use crate::{check_launch, device_ptr, dtype_code, empty, ffi, gemv_fits};
+
+/// Where [`gemv_rope_cache`] puts the projection, and how it rotates it.
+pub struct RopeCacheTarget<'a> {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Rotary cos and sin at each row's position, `[rows, head_dim / 2]`.
+    pub cos: &'a Tensor,
+    /// See `cos`.
+    pub sin: &'a Tensor,
+    /// Pairs (2i, 2i + 1) instead of rotate-half's (i, i + head_dim / 2).
+    pub interleaved: bool,
+    /// `[blocks, block_size, kv_heads, head_dim]`.
+    pub k_cache: &'a Tensor,
+    /// Same shape as `k_cache`.
+    pub v_cache: &'a Tensor,
+    /// Each row's cache slot (i64 `[rows]`; -1 writes no K/V).
+    pub slot_mapping: &'a Tensor,
+}
+
+/// `rms_norm(x) * norm_weight` projected by `w` (`[(heads + 2 * kv_heads) * head_dim, k]`: q
+/// rows, then k, then v), with q and k rotated, k and v written into the caches at each row's
+/// slot, and the rotated q returned (`[rows, heads, head_dim]`). `x` is `[rows, k]`; all f16 or
+/// bf16, contiguous, on one GPU, and within [`gemv_fits`].
+pub fn gemv_rope_cache(
+    x: &Tensor,
+    w: &Tensor,
+    norm_weight: &Tensor,
+    eps: f32,
+    t: &RopeCacheTarget<'_>,
+) -> Result<Tensor> {
+    let (rows, k) = x.dims2()?;
+    let (_, _, kv_heads, d) = t.k_cache.dims4()?;
+    let width = (t.heads + 2 * t.kv_heads) * d;
+    if kv_heads != t.kv_heads || w.dims() != [width, k] || d % 2 != 0 {
+        bail!(
+            "gemv_rope_cache: w {:?} is not {} + 2 x {} heads of the caches' {:?} over k = {k}",
+            w.dims(),
+            t.heads,
+            t.kv_heads,
+            t.k_cache.dims()
+        );
+    }
+    if t.v_cache.dims() != t.k_cache.dims() {
+        bail!(
+            "gemv_rope_cache: caches {:?}/{:?} differ",
+            t.k_cache.dims(),
+            t.v_cache.dims()
+        );
+    }
+    for (a, what) in [(t.cos, "cos"), (t.sin, "sin")] {
+        if a.dims() != [rows, d / 2] {
+            bail!(
+                "gemv_rope_cache: {what} must be [{rows}, {}], got {:?}",
+                d / 2,
+                a.dims()
+            );
+        }
+    }
+    if norm_weight.dims() != [k] {
+        bail!(
+            "gemv_rope_cache: the norm weight must be [{k}], got {:?}",
+            norm_weight.dims()
+        );
+    }
+    if !matches!(x.dtype(), DType::BF16 | DType::F16) {
+        bail!(
+            "gemv_rope_cache: x must be f16 or bf16, got {:?}",
+            x.dtype()
+        );
+    }
+    for (a, what) in [
+        (w, "w"),
+        (norm_weight, "norm weight"),
+        (t.cos, "cos"),
+        (t.sin, "sin"),
+        (t.k_cache, "k_cache"),
+        (t.v_cache, "v_cache"),
+    ] {
+        if a.dtype() != x.dtype() {
+            bail!(
+                "gemv_rope_cache: {what} is {:?} but x is {:?}",
+                a.dtype(),
+                x.dtype()
+            );
+        }
+    }
+    if t.slot_mapping.dtype() != DType::I64 || t.slot_mapping.dims() != [rows] {
+        bail!(
+            "gemv_rope_cache: slot_mapping must be i64 [{rows}], got {:?} {:?}",
+            t.slot_mapping.dtype(),
+            t.slot_mapping.dims()
+        );
+    }
+    if !gemv_fits(rows, k, x.dtype()) {
+        bail!("gemv_rope_cache: {rows} rows of {k} do not fit the GEMV's staging space");
+    }
+    let dtype = dtype_code(x.dtype(), "gemv_rope_cache")?;
+    let q = empty((rows, t.heads, d), x.dtype(), x.device())?;
+    let (qp, stream) = device_ptr(&q, "q")?;
+    let (kc, _) = device_ptr(t.k_cache, "k_cache")?;
+    let (vc, _) = device_ptr(t.v_cache, "v_cache")?;
+    let (c, _) = device_ptr(t.cos, "cos")?;
+    let (s, _) = device_ptr(t.sin, "sin")?;
+    let (slots, _) = device_ptr(t.slot_mapping, "slot_mapping")?;
+    let (xp, _) = device_ptr(x, "x")?;
+    let (np, _) = device_ptr(norm_weight, "norm weight")?;
+    let (wp, _) = device_ptr(w, "w")?;
+    if xp % 16 != 0 || wp % 16 != 0 || np % 16 != 0 {
+        bail!("gemv_rope_cache: x, w and the norm weight must start on 16-byte boundaries");
+    }
+    // SAFETY: shapes and dtypes checked above; the kernel reads rows x k of x, k of the norm
+    // weight, width x k of w, rows x d/2 of cos and sin, rows slots, and writes rows x heads x d
+    // of q and the caches' rows at the slots, which address rows inside the caches by the
+    // caller's contract (the block manager's slot mapping), as for `rope_qkv_cache`.
+    let code = unsafe {
+        ffi::pagewise_gemv_rope(
+            dtype,
+            qp as *mut c_void,
+            kc as *mut c_void,
+            vc as *mut c_void,
+            c as *const c_void,
+            s as *const c_void,
+            slots as *const i64,
+            xp as *const c_void,
+            np as *const c_void,
+            wp as *const c_void,
+            rows as i32,
+            t.heads as i32,
+            kv_heads as i32,
+            d as i32,
+            i32::from(t.interleaved),
+            k as i32,
+            eps,
+            stream,
+        )
+    };
+    check_launch(code, "gemv_rope_cache")?;
+    Ok(q)
+}
