@@ -7,7 +7,7 @@
 //! gate/up, down) instead of ten or more, which is what bounds a batch-1 step.
 //!
 //! On by default (`PAGEWISE_DECODE_FUSED=0` turns it off): on the H200 it makes batch-1 decode
-//! 4-10% faster at the Llama-3.2-1B and 3.1-8B shapes (benches/RESULTS.md, "Eighth session").
+//! 6-12% faster at the Llama-3.2-1B and 3.1-8B shapes (benches/RESULTS.md, "Eighth session").
 //! It sums the matmuls in another order than cuBLAS, which it replaces for steps of at most 8
 //! rows, so at real shapes a sequence's bf16 tokens can depend on whether its step had more than
 //! 8 rows; so can cuBLAS's own, which picks its kernels by row count. The GPU batch-invariance
