@@ -90,57 +90,9 @@ __device__ void stage_input(T* xs, const T* __restrict__ x, const T* __restrict_
   __syncthreads();
 }
 
-// y[r, o] = sum_k xs[r, k] * w[o, k] (+ residual[r, o], added to the product rounded to T as the
-// unfused add would see it). A block stages its input once, then its warps take outputs
-// blockIdx.x * warps + warp, stepping by the grid's warps.
-template <typename T, int R, int kIn, bool kAdd>
-__global__ void __launch_bounds__(kGemvThreads)
-    gemv_kernel(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ norm_w,
-                const T* __restrict__ w, const T* __restrict__ residual, int out_dim, int k_dim,
-                float eps) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  T* xs = reinterpret_cast<T*>(smem);
-  // Launched early (see launch_early): x and y belong to the kernels around this one.
-  wait_for_previous_grid();
-  let_next_grid_launch();
-  stage_input<T, R, kIn>(xs, x, norm_w, k_dim, eps);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int o = blockIdx.x * kGemvWarps + warp; o < out_dim; o += gridDim.x * kGemvWarps) {
-    const T* wr = w + (int64_t)o * k_dim;
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.f;
-#pragma unroll 4
-    for (int k = lane * 8; k < k_dim; k += 32 * 8) {
-      const uint4 wraw = __ldg(reinterpret_cast<const uint4*>(wr + k));
-      const T* wv = reinterpret_cast<const T*>(&wraw);
-      float wf[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) wf[j] = to_float(wv[j]);
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const uint4 xraw = *reinterpret_cast<const uint4*>(xs + r * k_dim + k);
-        const T* xv = reinterpret_cast<const T*>(&xraw);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[r] += wf[j] * to_float(xv[j]);
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      float v = acc[r];
-#pragma unroll
-      for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffff, v, s);
-      if (lane == 0) {
-        const int64_t at = (int64_t)r * out_dim + o;
-        if constexpr (kAdd) v = to_float(from_float<T>(v)) + to_float(residual[at]);
-        y[at] = from_float<T>(v);
-      }
-    }
-  }
-}
-
 // A warp's dot products of N weight rows with the R staged rows, summed over the warp (every
-// lane gets the sums): acc[n][r] = sum_k xs[r, k] * rows[n][k], in gemv_kernel's order.
+// lane gets the sums): acc[n][r] = sum_k xs[r, k] * rows[n][k]; each row's sum in the same
+// order whatever N.
 template <typename T, int R, int N>
 __device__ __forceinline__ void dot_rows(float (&acc)[N][R], const T* const (&rows)[N],
                                          const T* xs, int k_dim, int lane) {
@@ -174,6 +126,36 @@ __device__ __forceinline__ void dot_rows(float (&acc)[N][R], const T* const (&ro
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int s = 16; s > 0; s >>= 1) acc[n][r] += __shfl_xor_sync(0xffffffff, acc[n][r], s);
+}
+
+// y[r, o] = sum_k xs[r, k] * w[o, k] (+ residual[r, o], added to the product rounded to T as the
+// unfused add would see it). A block stages its input once, then its warps take outputs
+// blockIdx.x * warps + warp, stepping by the grid's warps.
+template <typename T, int R, int kIn, bool kAdd>
+__global__ void __launch_bounds__(kGemvThreads)
+    gemv_kernel(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ norm_w,
+                const T* __restrict__ w, const T* __restrict__ residual, int out_dim, int k_dim,
+                float eps) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* xs = reinterpret_cast<T*>(smem);
+  // Launched early (see launch_early): x and y belong to the kernels around this one.
+  wait_for_previous_grid();
+  let_next_grid_launch();
+  stage_input<T, R, kIn>(xs, x, norm_w, k_dim, eps);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int o = blockIdx.x * kGemvWarps + warp; o < out_dim; o += gridDim.x * kGemvWarps) {
+    const T* const rows[1] = {w + (int64_t)o * k_dim};
+    float acc[1][R];
+    dot_rows<T, R, 1>(acc, rows, xs, k_dim, lane);
+    if (lane != 0) continue;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (int64_t)r * out_dim + o;
+      float v = acc[0][r];
+      if constexpr (kAdd) v = to_float(from_float<T>(v)) + to_float(residual[at]);
+      y[at] = from_float<T>(v);
+    }
+  }
 }
 
 // The qkv projection of RMSNorm(x) with rotary and the KV-cache write folded into its store
