@@ -1,8 +1,9 @@
 // pagewise: x W^T for decode batches of up to 8 rows, streaming the weight once (one warp per
 // output, 16-byte loads), with the layer's neighbouring element-wise steps folded in: the RMSNorm
 // before a projection or the SiLU-and-mul before the down projection are applied while the block
-// stages x in shared memory, and the residual add after a projection is applied as it stores.
-// The staged x is rounded to the tensor dtype as the separate kernels would store it, so only the
+// stages x in shared memory, and the residual add after a projection is applied as it stores;
+// the qkv projection's variant (gemv_rope_kernel) rotates q and k and writes k and v into the
+// paged caches as it stores. The staged x is rounded to the tensor dtype as the separate kernels would store it, so only the
 // matmul's summation order differs from the unfused path.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
