@@ -14,6 +14,8 @@
 #   bash .gpu/run.sh fused    the fused decode path (GEMV kernels with the norms folded in, default)
 #                             against PAGEWISE_DECODE_FUSED=0: kernel and engine tests, then
 #                             batch-1 latency, each way
+#   bash .gpu/run.sh profile  one eager batch-1 decode step kernel by kernel under Nsight Compute
+#                             (PROFILE_MODELS="llama-8b llama-1b" by default; scripts/gpu/ncu_step.py)
 #   bash .gpu-gguf/run.sh gguf  the quantized-GGUF engine test (staged by scripts/gpu/stage_gguf.sh)
 # Logs go to $OUT (the device tool brings them back); a summary is printed last.
 set -uo pipefail
@@ -30,7 +32,7 @@ for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests gpu-engi
   chmod +x "$work/bin/$f"
 done
 export PAGEWISE_GPU_MODELS=$work/models
-if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ "$what" != gguf ] && [ "$what" != long ] && [ "$what" != verify-offline ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
+if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ "$what" != gguf ] && [ "$what" != long ] && [ "$what" != verify-offline ] && [ "$what" != profile ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
   (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS") > "$out/make-models.log" 2>&1 \
     || { tail -20 "$out/make-models.log"; exit 1; }
 fi
@@ -166,6 +168,19 @@ if [ "$what" = verify-offline ]; then
     PAGEWISE_PREFILL_MMA=$mma timeout 250 "$work/bin/pagewise" bench throughput \
       --model /tmp/pagewise-gpu/shapes/llama-8b --load-format dummy --num-prompts 1000 --input-len 1024 \
       --output-len 128 --output-json "$out/throughput-8b-mma$mma.json" 2>> "$out/bench-stderr.log" | tail -2 || status=1
+  done
+fi
+if [ "$what" = profile ]; then
+  SCOREBOARD_MODELS=none SCOREBOARD_PARTS=none SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \
+    bash "$here/scripts/gpu/scoreboard.sh" > /dev/null 2>&1   # (writes the shapes' configs)
+  for m in ${PROFILE_MODELS:-llama-8b llama-1b}; do
+    echo "== $m: the last of 2 decode steps (eager), kernel by kernel"
+    timeout 300 /usr/local/cuda/bin/ncu --clock-control none --cache-control none \
+      --metrics gpu__time_duration.sum --csv "$work/bin/pagewise" bench latency \
+      --model "/tmp/pagewise-gpu/shapes/$m" --load-format dummy --enforce-eager \
+      --max-num-batched-tokens 512 --batch-size 1 --input-len 128 --output-len 3 \
+      --num-iters-warmup 0 --num-iters 1 > "$out/ncu-$m.csv" 2> "$out/ncu-$m.err" || status=1
+    python3 "$here/scripts/gpu/ncu_step.py" "$out/ncu-$m.csv" || status=1
   done
 fi
 if [ "$what" = long ]; then
