@@ -413,37 +413,16 @@ fn gemv_rope_cache_equals_the_gemv_then_rope_and_cache() {
 #[test]
 #[ignore]
 fn gemv_bandwidth() {
-    use candle_core::cuda_backend::cudarc::driver::sys::{
-        CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode,
-    };
     use pagewise_kernels::{GemvInput, gemv_fused};
     let dev = Device::new_cuda(0).unwrap();
     let stream = dev.as_cuda_device().unwrap().cuda_stream();
     let mut rng = Lcg(5);
-    // Times `run(i)` for i in 0..64 replayed from a graph: seconds per launch.
+    // Seconds per launch of `run(i)`, i in 0..64, replayed from a graph after a warm-up.
     let time = |run: &dyn Fn(usize)| {
         for i in 0..4 {
             run(i);
         }
-        stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .unwrap();
-        for i in 0..64 {
-            run(i);
-        }
-        let graph = stream
-            .end_capture(CUgraphInstantiate_flags(0))
-            .unwrap()
-            .unwrap();
-        graph.launch().unwrap();
-        let start = stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .unwrap();
-        graph.launch().unwrap();
-        let end = stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .unwrap();
-        f64::from(start.elapsed_ms(&end).unwrap()) / 1e3 / 64.0
+        common::graph_replay_seconds(&stream, 64, run)
     };
     println!(
         "| shape | projection (out x k) | gemv_fused (µs) | TB/s | cuBLAS plain (µs) | TB/s |"

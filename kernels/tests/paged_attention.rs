@@ -13,7 +13,7 @@ use pagewise_kernels::{
 
 mod common;
 
-use common::{Lcg, host_f32};
+use common::{Lcg, graph_replay_seconds, host_f32};
 
 fn case(
     dtype: DType,
@@ -246,21 +246,7 @@ fn decode_bandwidth() {
             let end = stream.record_event(timing).unwrap();
             let eager = f64::from(start.elapsed_ms(&end).unwrap()) / 1e3 / iters as f64;
             // ...and replayed from a CUDA graph, as the engine's decode steps run: GPU time.
-            stream
-                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .unwrap();
-            for i in 0..iters {
-                run(i);
-            }
-            let graph = stream
-                .end_capture(CUgraphInstantiate_flags(0))
-                .unwrap()
-                .unwrap();
-            graph.launch().unwrap();
-            let start = stream.record_event(timing).unwrap();
-            graph.launch().unwrap();
-            let end = stream.record_event(timing).unwrap();
-            let secs = f64::from(start.elapsed_ms(&end).unwrap()) / 1e3 / iters as f64;
+            let secs = graph_replay_seconds(&stream, iters, &run);
             let rate = bytes / secs;
             println!(
                 "| {batch} | {ctx} | {:.1} | {:.1} | {:.2} | {:.0}% |",
