@@ -52,22 +52,13 @@ pub fn gemv_rope_cache(
             t.k_cache.dims()
         );
     }
-    if t.v_cache.dims() != t.k_cache.dims() {
-        bail!(
-            "gemv_rope_cache: caches {:?}/{:?} differ",
-            t.k_cache.dims(),
-            t.v_cache.dims()
-        );
-    }
-    for (a, what) in [(t.cos, "cos"), (t.sin, "sin")] {
-        if a.dims() != [rows, d / 2] {
-            bail!(
-                "gemv_rope_cache: {what} must be [{rows}, {}], got {:?}",
-                d / 2,
-                a.dims()
-            );
-        }
-    }
+    crate::rope::check_rope_inputs(
+        "gemv_rope_cache",
+        rows,
+        (t.cos, t.sin),
+        (t.k_cache, t.v_cache),
+        t.slot_mapping,
+    )?;
     if norm_weight.dims() != [k] {
         bail!(
             "gemv_rope_cache: the norm weight must be [{k}], got {:?}",
@@ -95,13 +86,6 @@ pub fn gemv_rope_cache(
                 x.dtype()
             );
         }
-    }
-    if t.slot_mapping.dtype() != DType::I64 || t.slot_mapping.dims() != [rows] {
-        bail!(
-            "gemv_rope_cache: slot_mapping must be i64 [{rows}], got {:?} {:?}",
-            t.slot_mapping.dtype(),
-            t.slot_mapping.dims()
-        );
     }
     if !gemv_fits(rows, k, x.dtype()) {
         bail!("gemv_rope_cache: {rows} rows of {k} do not fit the GEMV's staging space");

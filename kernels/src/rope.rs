@@ -43,22 +43,13 @@ pub fn rope_qkv_cache(
             k_cache.dims()
         );
     }
-    if v_cache.dims() != k_cache.dims() {
-        bail!(
-            "rope_qkv_cache: caches {:?}/{:?} differ",
-            k_cache.dims(),
-            v_cache.dims()
-        );
-    }
-    for (t, what) in [(x.cos, "cos"), (x.sin, "sin")] {
-        if t.dims() != [tokens, d / 2] {
-            bail!(
-                "rope_qkv_cache: {what} must be [{tokens}, {}], got {:?}",
-                d / 2,
-                t.dims()
-            );
-        }
-    }
+    check_rope_inputs(
+        "rope_qkv_cache",
+        tokens,
+        (x.cos, x.sin),
+        (k_cache, v_cache),
+        slot_mapping,
+    )?;
     for (t, what) in [
         (x.cos, "cos"),
         (x.sin, "sin"),
@@ -72,13 +63,6 @@ pub fn rope_qkv_cache(
                 x.qkv.dtype()
             );
         }
-    }
-    if slot_mapping.dtype() != DType::I64 || slot_mapping.dims() != [tokens] {
-        bail!(
-            "rope_qkv_cache: slot_mapping must be i64 [{tokens}], got {:?} {:?}",
-            slot_mapping.dtype(),
-            slot_mapping.dims()
-        );
     }
     let dtype = dtype_code(x.qkv.dtype(), "rope_qkv_cache")?;
     let q = empty((tokens, x.heads, d), x.qkv.dtype(), x.qkv.device())?;
@@ -111,4 +95,41 @@ pub fn rope_qkv_cache(
     };
     crate::check_launch(code, "rope_qkv_cache")?;
     Ok(q)
+}
+
+/// The checks both kernels that rotate and write the cache (`op`, named in the messages) make
+/// of their step's `tokens` rows: the two caches alike (`[blocks, block_size, kv_heads,
+/// head_dim]`), cos and sin `[tokens, head_dim / 2]`, the slot mapping i64 `[tokens]`.
+pub(crate) fn check_rope_inputs(
+    op: &str,
+    tokens: usize,
+    (cos, sin): (&Tensor, &Tensor),
+    (k_cache, v_cache): (&Tensor, &Tensor),
+    slot_mapping: &Tensor,
+) -> Result<()> {
+    let (_, _, _, d) = k_cache.dims4()?;
+    if v_cache.dims() != k_cache.dims() {
+        bail!(
+            "{op}: caches {:?}/{:?} differ",
+            k_cache.dims(),
+            v_cache.dims()
+        );
+    }
+    for (t, what) in [(cos, "cos"), (sin, "sin")] {
+        if t.dims() != [tokens, d / 2] {
+            bail!(
+                "{op}: {what} must be [{tokens}, {}], got {:?}",
+                d / 2,
+                t.dims()
+            );
+        }
+    }
+    if slot_mapping.dtype() != DType::I64 || slot_mapping.dims() != [tokens] {
+        bail!(
+            "{op}: slot_mapping must be i64 [{tokens}], got {:?} {:?}",
+            slot_mapping.dtype(),
+            slot_mapping.dims()
+        );
+    }
+    Ok(())
 }
