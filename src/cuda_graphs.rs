@@ -6,6 +6,12 @@
 //! whole model. Padding rows write nothing (slot -1) and attend over nothing (context 0).
 //! Steps with prefill chunks, more sequences than the largest bucket or contexts longer than
 //! `max_seq_len_to_capture` run eagerly.
+//!
+//! A graph also samples: its last kernels pick each row's token from the logits (the model's
+//! dtype, no cast) with the temperatures, min-p floors and seeds uploaded with the step's inputs,
+//! and copy the ids into page-locked host memory, so when the replay is done the ids are on the
+//! host. Rows the GPU cannot sample (logprobs, penalties, top-k/top-p) are redone by the host
+//! sampler from their logits rows.
 
 use candle_core::cuda_backend::cudarc::driver::{CudaGraph, sys};
 use candle_core::{DType, Device, Tensor};
@@ -14,12 +20,13 @@ use crate::graph_buckets::{
     batch_buckets, context_bounds_from_env, context_buckets, smallest_holding,
 };
 use crate::model::attention::KvCache;
-use crate::model::batch::{AttentionMeta, DeviceAttentionMeta, padded_block_tables};
+use crate::model::batch::{AttentionMeta, DeviceAttentionMeta};
 use crate::model::{CausalLm, ForwardBatch, ModelError};
+use crate::sampler::device::DeviceRows;
 use crate::scheduler::SchedulerOutput;
 
 /// The fixed-address inputs every graph reads (sized for the largest bucket; bucket `b` reads
-/// the first `b` rows) and the logits every graph writes.
+/// the first `b` rows), the logits and token ids every graph writes, and the sampler's scratch.
 struct Buffers {
     input_ids: Tensor,
     positions: Tensor,
@@ -29,15 +36,58 @@ struct Buffers {
     sample_rows: Tensor,
     context_lens: Tensor,
     logits: Tensor,
+    temperatures: Tensor,
+    min_ps: Tensor,
+    seeds: Tensor,
+    sampled: Tensor,
+    sample_parts: Tensor,
+    /// Where each replay leaves its sampled ids on the host.
+    ids_host: pagewise_kernels::PinnedIds,
+    /// The step's inputs as the host writes them (see [`Layout`]); each graph's first kernel
+    /// copies them into the tensors above.
+    staging: pagewise_kernels::Staging,
+    layout: Layout,
+}
+
+/// Where each input sits in the staging buffer, in 32-bit words, for `rows` rows: word 0 is the
+/// step's block-table width, then one run of `rows` words per 4-byte field and `2 * rows` per
+/// 8-byte one, then the block tables, `max_blocks` words a row.
+#[derive(Clone, Copy)]
+struct Layout {
+    rows: usize,
+    max_blocks: usize,
+}
+
+impl Layout {
+    const IDS: usize = 0;
+    const POSITIONS: usize = 1;
+    const CONTEXT_LENS: usize = 2;
+    const TEMPERATURES: usize = 3;
+    const MIN_PS: usize = 4;
+    /// Two words a row.
+    const SLOTS: usize = 5;
+    /// Two words a row.
+    const SEEDS: usize = 7;
+    const TABLES: usize = 9;
+
+    /// First word of the field at run `field` (the constants above).
+    fn at(&self, field: usize) -> usize {
+        1 + field * self.rows
+    }
+
+    fn words(&self) -> usize {
+        self.at(Self::TABLES) + self.rows * self.max_blocks
+    }
 }
 
 impl Buffers {
     fn new(
         rows: usize,
         max_blocks: usize,
-        vocab: usize,
+        (vocab, logits_dtype): (usize, DType),
         device: &Device,
     ) -> candle_core::Result<Self> {
+        let layout = Layout { rows, max_blocks };
         let rows_i32: Vec<i32> = (0..rows as i32).collect();
         let rows_u32: Vec<u32> = (0..rows as u32).collect();
         Ok(Buffers {
@@ -48,8 +98,110 @@ impl Buffers {
             sample_rows: Tensor::from_vec(rows_u32, rows, device)?,
             row_seq: Tensor::from_vec(rows_i32, rows, device)?,
             context_lens: Tensor::zeros(rows, DType::I32, device)?,
-            logits: Tensor::zeros((rows, vocab), DType::F32, device)?,
+            logits: Tensor::zeros((rows, vocab), logits_dtype, device)?,
+            temperatures: Tensor::zeros(rows, DType::F32, device)?,
+            min_ps: Tensor::zeros(rows, DType::F32, device)?,
+            seeds: Tensor::zeros(rows, DType::I64, device)?,
+            sampled: Tensor::zeros(rows, DType::U32, device)?,
+            sample_parts: Tensor::zeros(
+                pagewise_kernels::sample_workspace_len(rows, vocab).max(1),
+                DType::F32,
+                device,
+            )?,
+            ids_host: pagewise_kernels::PinnedIds::new(rows)?,
+            staging: pagewise_kernels::Staging::new(layout.words())?,
+            layout,
         })
+    }
+
+    /// Bucket `b`'s head of a graph: the staged inputs of `b` rows into the input tensors.
+    fn unpack(&self, b: usize) -> candle_core::Result<()> {
+        let l = self.layout;
+        let run = |dst, field, words_per_row| pagewise_kernels::StagedField {
+            dst,
+            src_word: l.at(field),
+            rows: 1,
+            row_words: Some(b * words_per_row),
+            src_row_words: 0,
+            dst_row_words: 0,
+        };
+        self.staging.unpack(&[
+            run(&self.input_ids, Layout::IDS, 1),
+            run(&self.positions, Layout::POSITIONS, 1),
+            run(&self.context_lens, Layout::CONTEXT_LENS, 1),
+            run(&self.temperatures, Layout::TEMPERATURES, 1),
+            run(&self.min_ps, Layout::MIN_PS, 1),
+            run(&self.slot_mapping, Layout::SLOTS, 2),
+            run(&self.seeds, Layout::SEEDS, 2),
+            pagewise_kernels::StagedField {
+                dst: &self.block_tables,
+                src_word: l.at(Layout::TABLES),
+                rows: b,
+                row_words: None,
+                src_row_words: l.max_blocks,
+                dst_row_words: l.max_blocks,
+            },
+        ])
+    }
+
+    /// Writes a decode step's inputs into the staging buffer: `n` sequences, padded to `b` rows
+    /// (padding writes no slot and attends over nothing).
+    fn stage(&mut self, out: &SchedulerOutput, rows: &DeviceRows<'_>, b: usize, width: usize) {
+        let l = self.layout;
+        let w = self.staging.words_mut();
+        w[0] = width as u32;
+        let n = out.seqs.len();
+        for i in 0..b {
+            let (id, pos, slot, ctx) = match out.seqs.get(i) {
+                Some(s) => {
+                    let row = s.tokens.start;
+                    let ctx = (s.num_computed_tokens + 1) as u32;
+                    (
+                        out.token_ids[row],
+                        out.positions[row],
+                        i64::from(out.slot_mapping[row]),
+                        ctx,
+                    )
+                }
+                None => (0, 0, -1, 0),
+            };
+            w[l.at(Layout::IDS) + i] = id;
+            w[l.at(Layout::POSITIONS) + i] = pos;
+            w[l.at(Layout::CONTEXT_LENS) + i] = ctx;
+            let (t, m, seed) = if i < n {
+                (rows.temperatures[i], rows.min_ps[i], rows.seeds[i])
+            } else {
+                (0.0, 0.0, 0)
+            };
+            w[l.at(Layout::TEMPERATURES) + i] = t.to_bits();
+            w[l.at(Layout::MIN_PS) + i] = m.to_bits();
+            put_i64(&mut w[l.at(Layout::SLOTS) + 2 * i..], slot);
+            put_i64(&mut w[l.at(Layout::SEEDS) + 2 * i..], seed);
+        }
+        for (i, s) in out.seqs.iter().enumerate() {
+            let row = &mut w[l.at(Layout::TABLES) + i * l.max_blocks..][..width];
+            let table = &out.block_tables[s.block_table.clone()];
+            for (dst, &block) in row.iter_mut().zip(table) {
+                *dst = block;
+            }
+        }
+    }
+
+    /// Bucket `b`'s tail of a graph: the forward pass's `logits` into the logits buffer, each
+    /// row's token sampled from them into `sampled`, and the ids copied to the host.
+    fn sample(&mut self, b: usize, logits: &Tensor) -> candle_core::Result<()> {
+        self.logits.slice_set(logits, 0, 0)?;
+        let rows = |t: &Tensor| t.narrow(0, 0, b);
+        let sampled = rows(&self.sampled)?;
+        pagewise_kernels::sample_into(
+            &sampled,
+            &self.sample_parts,
+            &rows(&self.logits)?,
+            &rows(&self.temperatures)?,
+            &rows(&self.min_ps)?,
+            &rows(&self.seeds)?,
+        )?;
+        self.ids_host.copy_from(&sampled)
     }
 
     /// The forward batch of bucket `b` over these buffers, with the split plan its graph uses.
@@ -120,13 +272,6 @@ impl DecodeGraphs {
         let contexts = context_buckets(spec.max_seq_len, &bounds);
         let rows = *buckets.last().unwrap_or(&1);
         let max_blocks = spec.max_seq_len.div_ceil(spec.block_size).max(1);
-        let buffers = Buffers::new(rows, max_blocks, cfg.vocab_size, device)?;
-        let cuda = device.as_cuda_device()?;
-        // Warm-up passes fill candle's cache of small host uploads (shapes, strides), which a
-        // capture must not perform, and load every kernel.
-        let _htod_cache = cuda.enable_cuda_graph_htod_cache();
-        let stream = cuda.cuda_stream();
-        let mut graphs = Vec::with_capacity(buckets.len() * contexts.len());
         let dtype = match kv.device_layer(0) {
             Some((k, _)) => k.dtype(),
             None => {
@@ -135,6 +280,14 @@ impl DecodeGraphs {
                 ));
             }
         };
+        // (Logits come in the activations' dtype, the KV cache's; checked at the first pass.)
+        let mut buffers = Buffers::new(rows, max_blocks, (cfg.vocab_size, dtype), device)?;
+        let cuda = device.as_cuda_device()?;
+        // Warm-up passes fill candle's cache of small host uploads (shapes, strides), which a
+        // capture must not perform, and load every kernel.
+        let _htod_cache = cuda.enable_cuda_graph_htod_cache();
+        let stream = cuda.cuda_stream();
+        let mut graphs = Vec::with_capacity(buckets.len() * contexts.len());
         let group = cfg.num_attention_heads / cfg.num_key_value_heads.max(1);
         let slots = pagewise_kernels::decode_slots(dtype, cfg.head_dim, group)?;
         for (&b, &context) in buckets
@@ -145,14 +298,24 @@ impl DecodeGraphs {
             let split =
                 pagewise_kernels::graph_split_plan(b, cfg.num_key_value_heads, context, slots);
             let batch = buffers.batch(b, split, context)?;
-            drop(model.forward(&batch, kv)?);
+            let logits_dtype = model.forward_native(&batch, kv)?.dtype();
+            if logits_dtype != buffers.logits.dtype() {
+                if !graphs.is_empty() {
+                    return Err(ModelError::Unsupported(format!(
+                        "logits change dtype between buckets ({logits_dtype:?})"
+                    )));
+                }
+                buffers.logits = Tensor::zeros((rows, cfg.vocab_size), logits_dtype, device)?;
+            }
             device.synchronize()?;
             stream
                 .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(driver_error)?;
-            let captured = model
-                .forward(&batch, kv)
-                .and_then(|logits| Ok(buffers.logits.slice_set(&logits, 0, 0)?));
+            let captured = buffers
+                .unpack(b)
+                .map_err(ModelError::from)
+                .and_then(|()| model.forward_native(&batch, kv))
+                .and_then(|logits| Ok(buffers.sample(b, &logits)?));
             let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
             captured?;
             let graph = graph.map_err(driver_error)?.ok_or_else(|| {
@@ -182,9 +345,13 @@ impl DecodeGraphs {
         &self.contexts
     }
 
-    /// Uploads `out`'s inputs when it is a decode step a graph serves; returns the bucket's
-    /// index for [`DecodeGraphs::replay`], or `None` to run the step eagerly.
-    pub fn prepare(&mut self, out: &SchedulerOutput) -> Result<Option<usize>, ModelError> {
+    /// Uploads `out`'s inputs and its sampling rows when it is a decode step a graph serves;
+    /// returns the bucket's index for [`DecodeGraphs::replay`], or `None` to run the step eagerly.
+    pub fn prepare(
+        &mut self,
+        out: &SchedulerOutput,
+        rows: &DeviceRows<'_>,
+    ) -> Result<Option<usize>, ModelError> {
         let n = out.seqs.len();
         let Some(slot) = smallest_holding(&self.buckets, n) else {
             return Ok(None);
@@ -193,43 +360,53 @@ impl DecodeGraphs {
         if n == 0 || !decode {
             return Ok(None);
         }
-        let (tables, width) = padded_block_tables(out);
+        if rows.len() != n {
+            return Err(ModelError::Unsupported(format!(
+                "a decode step of {n} sequences with {} sampling rows",
+                rows.len()
+            )));
+        }
+        let width = out
+            .seqs
+            .iter()
+            .map(|s| s.block_table.len())
+            .max()
+            .unwrap_or(0)
+            .max(1);
         if width > self.max_blocks {
             return Ok(None);
         }
-        let b = self.buckets[slot];
-        // Rows past `n` are padding: no slot to write, nothing to attend over.
-        let mut ids = vec![0u32; b];
-        let mut positions = vec![0u32; b];
-        let mut slots = vec![-1i64; b];
-        let mut context_lens = vec![0i32; b];
-        for (i, s) in out.seqs.iter().enumerate() {
-            let row = s.tokens.start;
-            ids[i] = out.token_ids[row];
-            positions[i] = out.positions[row];
-            slots[i] = i64::from(out.slot_mapping[row]);
-            context_lens[i] = (s.num_computed_tokens + 1) as i32;
-        }
-        let buf = &self.buffers;
-        pagewise_kernels::upload(&buf.input_ids, &ids)?;
-        pagewise_kernels::upload(&buf.positions, &positions)?;
-        pagewise_kernels::upload(&buf.slot_mapping, &slots)?;
-        pagewise_kernels::upload(&buf.context_lens, &context_lens)?;
-        pagewise_kernels::upload_rows(&buf.block_tables, &tables, n, width)?;
+        self.buffers.stage(out, rows, self.buckets[slot], width);
+        let longest = out
+            .seqs
+            .iter()
+            .map(|s| s.num_computed_tokens + 1)
+            .max()
+            .unwrap_or(0);
         // The last context bucket also takes contexts that round up to its last block.
-        let longest = context_lens.iter().copied().max().unwrap_or(0) as usize;
         let c = smallest_holding(&self.contexts, longest).unwrap_or(self.contexts.len() - 1);
         Ok(Some(slot * self.contexts.len() + c))
     }
 
     /// Replays graph `slot` (from [`DecodeGraphs::prepare`]) over the uploaded inputs; returns the
-    /// first `n` rows of the logits (`[n, vocab]` f32, valid until the next replay).
+    /// first `n` rows of the logits (`[n, vocab]`, the model's dtype, valid until the next replay).
     pub fn replay(&self, slot: usize, n: usize) -> Result<Tensor, ModelError> {
         self.graphs[slot].launch().map_err(driver_error)?;
         Ok(self.buffers.logits.narrow(0, 0, n)?)
+    }
+
+    /// The first `n` token ids the last replay sampled; call after synchronizing the device.
+    pub fn sampled_ids(&self, n: usize) -> Result<Vec<u32>, ModelError> {
+        Ok(self.buffers.ids_host.read(n)?)
     }
 }
 
 fn driver_error(e: candle_core::cuda_backend::cudarc::driver::DriverError) -> ModelError {
     ModelError::Candle(candle_core::Error::Msg(format!("CUDA graph: {e:?}")))
+}
+
+/// `v` as two 32-bit words, low first (the GPU's little-endian i64).
+fn put_i64(w: &mut [u32], v: i64) {
+    w[0] = v as u32;
+    w[1] = (v >> 32) as u32;
 }

@@ -90,48 +90,6 @@ impl ModelRunner {
             overlap();
             return Ok(Vec::new());
         }
-        let (logits, start) = self.launch(out, times)?;
-        let start = times.lap(Phase::Forward, start);
-        overlap();
-        let start = times.lap(Phase::Text, start);
-        self.device.synchronize()?;
-        let start = times.lap(Phase::Forward, start);
-        let sampled = self.sample(out, seqs, &logits)?;
-        times.lap(Phase::Sample, start);
-        Ok(sampled)
-    }
-
-    /// Prepares `out`'s inputs (timed as prepare) and launches its forward pass: a CUDA-graph
-    /// replay when a graph serves the step, else the model eagerly. Returns the logits, not yet
-    /// waited for, and when the launch began.
-    fn launch(
-        &mut self,
-        out: &SchedulerOutput,
-        times: &mut StepTimes,
-    ) -> Result<(candle_core::Tensor, Instant), ModelError> {
-        let start = Instant::now();
-        #[cfg(feature = "cuda")]
-        if let Some(graphs) = self.graphs.as_mut()
-            && let Some(bucket) = graphs.prepare(out)?
-        {
-            let start = times.lap(Phase::Prepare, start);
-            let logits = graphs.replay(bucket, out.seqs.len())?;
-            times.count_graph_step();
-            return Ok((logits, start));
-        }
-        let batch = ForwardBatch::new(out, &self.device)?;
-        let start = times.lap(Phase::Prepare, start);
-        Ok((self.model.forward(&batch, &mut self.kv)?, start))
-    }
-
-    fn sample(
-        &mut self,
-        out: &SchedulerOutput,
-        seqs: &mut [Sequence],
-        logits: &candle_core::Tensor,
-    ) -> Result<Vec<SampledToken>, ModelError> {
-        let (rows, vocab) = logits.dims2()?;
-        debug_assert_eq!(rows, out.num_sampling());
         let requests = out
             .seqs
             .iter()
@@ -140,13 +98,70 @@ impl ModelRunner {
             .map(|(_, seq)| seq.sample_request());
         #[cfg(feature = "cuda")]
         if !self.device.is_cpu() {
-            return Ok(crate::sampler::device::sample_on_device(
-                &mut self.sampler,
-                logits,
-                requests,
-            )?);
+            return self.execute_on_gpu(out, requests, times, overlap);
         }
-        let mut data = logits.flatten_all()?.to_vec1::<f32>()?;
-        Ok(self.sampler.sample_batch(&mut data, vocab, requests))
+        let start = Instant::now();
+        let batch = ForwardBatch::new(out, &self.device)?;
+        let start = times.lap(Phase::Prepare, start);
+        let logits = self.model.forward_native(&batch, &mut self.kv)?;
+        let start = times.lap(Phase::Forward, start);
+        overlap();
+        let start = times.lap(Phase::Text, start);
+        let (rows, vocab) = logits.dims2()?;
+        debug_assert_eq!(rows, out.num_sampling());
+        let mut data = logits
+            .to_dtype(candle_core::DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let sampled = self.sampler.sample_batch(&mut data, vocab, requests);
+        times.lap(Phase::Sample, start);
+        Ok(sampled)
+    }
+
+    /// [`ModelRunner::execute`] on a GPU: the rows' sampling inputs are set before the launch, so
+    /// a graph replay samples too and ends with the ids on the host; an eager step samples after
+    /// its forward pass.
+    #[cfg(feature = "cuda")]
+    fn execute_on_gpu<'a>(
+        &mut self,
+        out: &SchedulerOutput,
+        requests: impl Iterator<Item = crate::sampler::SampleRequest<'a>>,
+        times: &mut StepTimes,
+        overlap: &mut dyn FnMut(),
+    ) -> Result<Vec<SampledToken>, ModelError> {
+        let start = Instant::now();
+        let rows = crate::sampler::device::DeviceRows::new(requests);
+        let replayed = match self.graphs.as_mut() {
+            Some(graphs) => graphs.prepare(out, &rows)?,
+            None => None,
+        };
+        let (logits, start) = match (replayed, self.graphs.as_ref()) {
+            (Some(slot), Some(graphs)) => {
+                let start = times.lap(Phase::Prepare, start);
+                times.count_graph_step();
+                (graphs.replay(slot, out.seqs.len())?, start)
+            }
+            _ => {
+                let batch = ForwardBatch::new(out, &self.device)?;
+                let start = times.lap(Phase::Prepare, start);
+                (self.model.forward_native(&batch, &mut self.kv)?, start)
+            }
+        };
+        let start = times.lap(Phase::Forward, start);
+        overlap();
+        let start = times.lap(Phase::Text, start);
+        self.device.synchronize()?;
+        let start = times.lap(Phase::Forward, start);
+        debug_assert_eq!(logits.dim(0)?, rows.len());
+        let sampled = match (replayed, self.graphs.as_ref()) {
+            (Some(_), Some(graphs)) => rows.finish(
+                &mut self.sampler,
+                &graphs.sampled_ids(out.seqs.len())?,
+                &logits,
+            )?,
+            _ => rows.sample(&mut self.sampler, &logits)?,
+        };
+        times.lap(Phase::Sample, start);
+        Ok(sampled)
     }
 }

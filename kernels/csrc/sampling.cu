@@ -1,4 +1,6 @@
-// Sampling on the GPU: picks a token per row of f32 logits, so only the ids travel back.
+// Sampling on the GPU: picks a token per row of logits (f32, f16 or bf16: the model's output as
+// it is; every comparison is made in f32, so a row picks the same token from its f32 cast), so
+// only the ids travel back.
 // temperature <= 0: the argmax (lowest index on ties, like the CPU sampler). Otherwise a draw from
 // softmax(logits / temperature) restricted to tokens whose probability is at least min_p times the
 // most likely one's, by the Gumbel-max trick: argmax(x / t + g) with g = -log(-log(u)), u uniform
@@ -11,6 +13,8 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+
+#include "dtype.cuh"
 
 namespace {
 
@@ -70,10 +74,11 @@ __device__ void block_best(float& v, int& i) {
 }
 
 // The draws of row `row`'s tokens [begin, end) whose logit is at least `floor`, into (v, vi).
-__device__ __forceinline__ void draw_range(const float* x, int begin, int end, float floor,
+template <typename T>
+__device__ __forceinline__ void draw_range(const T* x, int begin, int end, float floor,
                                            float inv_t, uint64_t seed, float& v, int& vi) {
   for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float xi = x[i];
+    const float xi = to_float(x[i]);
     if (!(xi >= floor) || xi == -INFINITY) continue;
     keep_best(v, vi, xi * inv_t - logf(-logf(uniform(seed, i))), i);
   }
@@ -81,16 +86,17 @@ __device__ __forceinline__ void draw_range(const float* x, int begin, int end, f
 
 // Pass 1, grid (rows, chunks): each chunk's best logit, and its best draw for rows that sample
 // without a min_p floor.
+template <typename T>
 __global__ void __launch_bounds__(kChunkThreads)
-    chunk_pass(Part* __restrict__ parts, const float* __restrict__ logits, int vocab,
+    chunk_pass(Part* __restrict__ parts, const T* __restrict__ logits, int vocab,
                const float* __restrict__ temperatures, const float* __restrict__ min_ps,
                const uint64_t* __restrict__ seeds) {
   const int row = blockIdx.x, chunk = blockIdx.y;
-  const float* x = logits + (int64_t)row * vocab;
+  const T* x = logits + (int64_t)row * vocab;
   const int begin = chunk * kChunk, end = min(vocab, begin + kChunk);
   float best = -INFINITY;
   int best_i = kNone;
-  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) keep_best(best, best_i, x[i], i);
+  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) keep_best(best, best_i, to_float(x[i]), i);
   const float t = temperatures[row];
   float v = -INFINITY;
   int vi = kNone;
@@ -111,8 +117,9 @@ __device__ __forceinline__ void row_best(const Part* p, int chunks, float& best,
 
 // Pass 2, grid (rows, chunks): for rows with a min_p floor, each chunk's best draw among the
 // tokens at or above max + t * ln(min_p) (p_i >= min_p * p_max); other rows return at once.
+template <typename T>
 __global__ void __launch_bounds__(kChunkThreads)
-    floor_pass(Part* __restrict__ parts, const float* __restrict__ logits, int vocab,
+    floor_pass(Part* __restrict__ parts, const T* __restrict__ logits, int vocab,
                const float* __restrict__ temperatures, const float* __restrict__ min_ps,
                const uint64_t* __restrict__ seeds) {
   const int row = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
@@ -156,21 +163,44 @@ __global__ void __launch_bounds__(kFinalThreads)
   if (threadIdx.x == 0) out[row] = vi == kNone ? best_i : vi;
 }
 
+template <typename T>
+void launch_sample(uint32_t* out, Part* p, const T* logits, int rows, int vocab, int chunks,
+                   const float* temperatures, const float* min_ps, const uint64_t* seeds,
+                   cudaStream_t stream) {
+  const dim3 grid(rows, chunks);
+  chunk_pass<T><<<grid, kChunkThreads, 0, stream>>>(p, logits, vocab, temperatures, min_ps, seeds);
+  floor_pass<T><<<grid, kChunkThreads, 0, stream>>>(p, logits, vocab, temperatures, min_ps, seeds);
+  pick<<<rows, kFinalThreads, 0, stream>>>(out, p, chunks, temperatures);
+}
+
 }  // namespace
 
 // Chunks a row of `vocab` tokens is cut into: the `parts` workspace holds rows x chunks x 16 bytes.
 extern "C" int pagewise_sample_chunks(int vocab) { return (vocab + kChunk - 1) / kChunk; }
 
-// Returns 0 on success or a CUDA error code. `parts`: rows x pagewise_sample_chunks(vocab) x 16
-// bytes of scratch.
-extern "C" int pagewise_sample(uint32_t* out, void* parts, const float* logits, int rows,
+// Returns 0 on success or a CUDA error code. `dtype`: 0 f32, 1 f16, 2 bf16 logits. `parts`:
+// rows x pagewise_sample_chunks(vocab) x 16 bytes of scratch.
+extern "C" int pagewise_sample(int dtype, uint32_t* out, void* parts, const void* logits, int rows,
                                int vocab, const float* temperatures, const float* min_ps,
                                const uint64_t* seeds, cudaStream_t stream) {
   if (rows == 0 || vocab <= 0) return 0;
-  const dim3 grid(rows, pagewise_sample_chunks(vocab));
+  const int chunks = pagewise_sample_chunks(vocab);
   Part* p = static_cast<Part*>(parts);
-  chunk_pass<<<grid, kChunkThreads, 0, stream>>>(p, logits, vocab, temperatures, min_ps, seeds);
-  floor_pass<<<grid, kChunkThreads, 0, stream>>>(p, logits, vocab, temperatures, min_ps, seeds);
-  pick<<<rows, kFinalThreads, 0, stream>>>(out, p, grid.y, temperatures);
+  switch (dtype) {
+    case 0:
+      launch_sample(out, p, static_cast<const float*>(logits), rows, vocab, chunks, temperatures,
+                    min_ps, seeds, stream);
+      break;
+    case 1:
+      launch_sample(out, p, static_cast<const __half*>(logits), rows, vocab, chunks, temperatures,
+                    min_ps, seeds, stream);
+      break;
+    case 2:
+      launch_sample(out, p, static_cast<const __nv_bfloat16*>(logits), rows, vocab, chunks,
+                    temperatures, min_ps, seeds, stream);
+      break;
+    default:
+      return (int)cudaErrorInvalidValue;
+  }
   return (int)cudaGetLastError();
 }

@@ -52,10 +52,18 @@ unsafe extern "C" {
 
     pub fn pagewise_sample_chunks(vocab: c_int) -> c_int;
 
+    pub fn pagewise_unpack_staged(
+        staging: *const u32,
+        fields: *const crate::staging::RawField,
+        n: c_int,
+        stream: *mut c_void,
+    ) -> c_int;
+
     pub fn pagewise_sample(
+        dtype: c_int,
         out: *mut u32,
         parts: *mut c_void,
-        logits: *const f32,
+        logits: *const c_void,
         rows: c_int,
         vocab: c_int,
         temperatures: *const f32,

@@ -16,6 +16,7 @@ mod prefill;
 mod rope;
 mod sampling;
 mod split;
+mod staging;
 mod timeline;
 mod upload;
 
@@ -30,10 +31,11 @@ pub use prefill::{
     PrefillKernel, PrefillSeqs, paged_prefill_attention, paged_prefill_attention_with,
 };
 pub use rope::{QkvRope, rope_qkv_cache};
-pub use sampling::sample;
+pub use sampling::{sample, sample_into, sample_workspace_len};
 pub use split::{MIN_CHUNK, decode_slots, graph_split_plan, split_plan};
+pub use staging::{MAX_STAGED_FIELDS, StagedField, Staging};
 pub use timeline::{BlockRecord, decode_timeline};
-pub use upload::{upload, upload_rows};
+pub use upload::{PinnedIds, upload, upload_rows};
 
 use std::ffi::c_void;
 

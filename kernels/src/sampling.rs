@@ -5,12 +5,13 @@ use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
-use crate::{check_launch, device_ptr, ffi};
+use crate::{check_launch, device_ptr, dtype_code, ffi};
 
-/// Picks one token per row of `logits` (`[rows, vocab]`, f32) on the GPU; returns `[rows]` u32.
-/// Row `r` takes the argmax when `temperatures[r]` <= 0, else draws from
+/// Picks one token per row of `logits` (`[rows, vocab]`: f32, f16 or bf16) on the GPU; returns
+/// `[rows]` u32. Row `r` takes the argmax when `temperatures[r]` <= 0, else draws from
 /// softmax(logits / temperature) over the tokens whose probability is at least `min_ps[r]` times
 /// the most likely one's, with randomness from `seeds[r]` alone (i64 holding the seed's bits).
+/// Comparisons are made in f32, so half-precision logits pick what their f32 cast would.
 pub fn sample(
     logits: &Tensor,
     temperatures: &Tensor,
@@ -18,9 +19,36 @@ pub fn sample(
     seeds: &Tensor,
 ) -> Result<Tensor> {
     let (rows, vocab) = logits.dims2()?;
-    if logits.dtype() != DType::F32 {
-        bail!("logits must be f32, got {:?}", logits.dtype());
-    }
+    // Every row's id is written by the last kernel; the parts before they are read.
+    let out = crate::empty(rows, DType::U32, logits.device())?;
+    let parts = crate::empty(
+        sample_workspace_len(rows, vocab).max(1),
+        DType::F32,
+        logits.device(),
+    )?;
+    sample_into(&out, &parts, logits, temperatures, min_ps, seeds)?;
+    Ok(out)
+}
+
+/// f32 elements of scratch that [`sample_into`] needs for `rows` rows of `vocab` logits.
+pub fn sample_workspace_len(rows: usize, vocab: usize) -> usize {
+    // SAFETY: a pure function of its argument.
+    let chunks = unsafe { ffi::pagewise_sample_chunks(vocab.min(i32::MAX as usize) as i32) };
+    rows * chunks.max(0) as usize * 4
+}
+
+/// [`sample`] into the first `rows` elements of `out` (u32), with `parts` (f32, at least
+/// [`sample_workspace_len`] elements) as scratch: no allocation, so a CUDA graph can capture it.
+pub fn sample_into(
+    out: &Tensor,
+    parts: &Tensor,
+    logits: &Tensor,
+    temperatures: &Tensor,
+    min_ps: &Tensor,
+    seeds: &Tensor,
+) -> Result<()> {
+    let (rows, vocab) = logits.dims2()?;
+    let code = dtype_code(logits.dtype(), "sample")?;
     for (t, what, dtype) in [
         (temperatures, "temperatures", DType::F32),
         (min_ps, "min_ps", DType::F32),
@@ -34,28 +62,38 @@ pub fn sample(
             );
         }
     }
-    // Every row's id is written by the last kernel.
-    let out = crate::empty(rows, DType::U32, logits.device())?;
-    if rows == 0 || vocab == 0 {
-        return Ok(out);
+    if out.dtype() != DType::U32 || out.elem_count() < rows {
+        bail!(
+            "sample: out must be u32 with room for {rows} ids, got {:?} {:?}",
+            out.dtype(),
+            out.dims()
+        );
     }
-    // SAFETY: a pure function of its argument.
-    let chunks = unsafe { ffi::pagewise_sample_chunks(vocab as i32) } as usize;
-    // Each chunk's best logit and best draw (16 bytes), written before they are read.
-    let parts = crate::empty(rows * chunks * 4, DType::F32, logits.device())?;
-    let (o, stream) = device_ptr(&out, "out")?;
-    let (p, _) = device_ptr(&parts, "parts")?;
+    let need = sample_workspace_len(rows, vocab);
+    if parts.dtype() != DType::F32 || parts.elem_count() < need {
+        bail!(
+            "sample: the workspace must be f32 with {need} elements, got {:?} {:?}",
+            parts.dtype(),
+            parts.dims()
+        );
+    }
+    if rows == 0 || vocab == 0 {
+        return Ok(());
+    }
+    let (o, stream) = device_ptr(out, "out")?;
+    let (p, _) = device_ptr(parts, "parts")?;
     let (l, _) = device_ptr(logits, "logits")?;
     let (t, _) = device_ptr(temperatures, "temperatures")?;
     let (m, _) = device_ptr(min_ps, "min_ps")?;
     let (s, _) = device_ptr(seeds, "seeds")?;
-    // SAFETY: dtypes, shapes and contiguity are checked above; all tensors live on the stream's
-    // device and outlive the launch.
+    // SAFETY: dtypes, shapes and contiguity are checked above (`out` and `parts` hold at least
+    // what the kernels write); all tensors live on the stream's device and outlive the launch.
     let code = unsafe {
         ffi::pagewise_sample(
+            code,
             o as *mut u32,
             p as *mut c_void,
-            l as *const f32,
+            l as *const c_void,
             rows as i32,
             vocab as i32,
             t as *const f32,
@@ -64,6 +102,5 @@ pub fn sample(
             stream,
         )
     };
-    check_launch(code, "sample")?;
-    Ok(out)
+    check_launch(code, "sample")
 }

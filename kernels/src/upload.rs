@@ -98,3 +98,66 @@ pub fn upload_rows<T: WithDType>(dst: &Tensor, src: &[T], rows: usize, width: us
     let code = unsafe { sys::cuMemcpy2DAsync_v2(&copy, stream) };
     check_code(code, "upload_rows")
 }
+
+/// Page-locked host memory for `u32` results (sampled token ids) that the GPU copies back
+/// asynchronously: a copy into it can be captured in a CUDA graph, so a replay ends with the ids
+/// already on the host, and reading them costs no driver call.
+pub struct PinnedIds {
+    ptr: *mut u32,
+    len: usize,
+}
+
+// SAFETY: the allocation is owned by this value alone; the GPU writes it only through copies the
+// owner enqueues, and reads go through `&self` after the owner synchronized.
+unsafe impl Send for PinnedIds {}
+
+impl PinnedIds {
+    /// Page-locked room for `len` ids, zeroed, in the CUDA context current on this thread (bind
+    /// the device's context first: any kernel-crate call on its tensors does).
+    pub fn new(len: usize) -> Result<Self> {
+        let len = len.max(1);
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: writes the address of a fresh allocation of `len` u32s into `ptr`.
+        let code = unsafe { sys::cuMemHostAlloc(&mut ptr, len * 4, 0) };
+        check_code(code, "PinnedIds::new")?;
+        let ptr = ptr.cast::<u32>();
+        // SAFETY: `ptr` holds `len` u32s, just allocated and not yet shared.
+        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        Ok(PinnedIds { ptr, len })
+    }
+
+    /// Enqueues a copy of `src` (a contiguous u32 CUDA tensor of at most `len` elements) into the
+    /// first elements, on `src`'s stream. The values are readable once that stream is synchronized.
+    pub fn copy_from(&mut self, src: &Tensor) -> Result<()> {
+        let n = src.elem_count();
+        if n > self.len {
+            bail!("PinnedIds: {n} ids do not fit {}", self.len);
+        }
+        let (ptr, stream) = target::<u32>(src, "PinnedIds::copy_from")?;
+        // SAFETY: `src` holds `n` u32s at `ptr` (dtype checked by `target`), and `self.ptr` has
+        // room for them; `&mut self` keeps host reads away until the owner synchronizes.
+        let code = unsafe { sys::cuMemcpyDtoHAsync_v2(self.ptr.cast(), ptr, n * 4, stream) };
+        check_code(code, "PinnedIds::copy_from")
+    }
+
+    /// The first `n` ids as the last completed copy left them. Call after synchronizing the stream
+    /// the copies run on (or the whole device), else the values may be a step old.
+    pub fn read(&self, n: usize) -> Result<Vec<u32>> {
+        if n > self.len {
+            bail!("PinnedIds: reading {n} of {} ids", self.len);
+        }
+        // SAFETY: `n` is within the allocation; a copy still in flight can only make the values
+        // stale (u32s are written whole), which the caller's synchronization rules out.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr, n) }.to_vec())
+    }
+}
+
+impl Drop for PinnedIds {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemHostAlloc in `new`, freed once. (A failure cannot be reported
+        // from drop; the memory then stays page-locked until the process ends.)
+        unsafe {
+            sys::cuMemFreeHost(self.ptr.cast());
+        }
+    }
+}

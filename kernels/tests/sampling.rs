@@ -149,3 +149,48 @@ fn a_large_vocabulary_draws_the_same_token_as_the_gumbel_max_on_the_host() {
         }
     }
 }
+
+#[test]
+fn half_precision_logits_pick_what_their_f32_cast_picks() {
+    use candle_core::DType;
+    let dev = Device::new_cuda(0).unwrap();
+    let rows = 24;
+    let vocab = 50_000;
+    let f32_logits =
+        Tensor::from_vec(pseudo_logits(rows, vocab).concat(), (rows, vocab), &dev).unwrap();
+    // Greedy, plain draws and min-p draws, each with its own seed.
+    let temps: Vec<f32> = (0..rows).map(|r| [0.0, 0.7, 1.3][r % 3]).collect();
+    let min_ps: Vec<f32> = (0..rows)
+        .map(|r| if r % 4 == 3 { 0.2 } else { 0.0 })
+        .collect();
+    let seeds: Vec<i64> = (0..rows as i64).map(|r| r * 31 + 5).collect();
+    let t = Tensor::from_slice(&temps, rows, &dev).unwrap();
+    let m = Tensor::from_slice(&min_ps, rows, &dev).unwrap();
+    let s = Tensor::from_slice(&seeds, rows, &dev).unwrap();
+    for dtype in [DType::BF16, DType::F16] {
+        let half = f32_logits.to_dtype(dtype).unwrap();
+        let want = sample(&half.to_dtype(DType::F32).unwrap(), &t, &m, &s)
+            .unwrap()
+            .to_vec1::<u32>()
+            .unwrap();
+        let got = sample(&half, &t, &m, &s).unwrap().to_vec1::<u32>().unwrap();
+        assert_eq!(got, want, "{dtype:?}");
+        // The allocation-free form writes the same ids into a larger buffer, over old contents.
+        let out = Tensor::full(u32::MAX, rows + 3, &dev).unwrap();
+        let parts = Tensor::full(
+            f32::NAN,
+            pagewise_kernels::sample_workspace_len(rows, vocab),
+            &dev,
+        )
+        .unwrap();
+        pagewise_kernels::sample_into(&out, &parts, &half, &t, &m, &s).unwrap();
+        let written = out.to_vec1::<u32>().unwrap();
+        assert_eq!(&written[..rows], &want[..], "{dtype:?} sample_into");
+        assert_eq!(&written[rows..], &[u32::MAX; 3], "{dtype:?}: past the rows");
+    }
+    // Too small a workspace is refused, not overrun.
+    let small = Tensor::zeros(8, DType::F32, &dev).unwrap();
+    let out = Tensor::zeros(rows, DType::U32, &dev).unwrap();
+    let err = pagewise_kernels::sample_into(&out, &small, &f32_logits, &t, &m, &s).unwrap_err();
+    assert!(err.to_string().contains("workspace"), "{err}");
+}

@@ -85,6 +85,16 @@ impl CausalLm for Llama {
     }
 
     fn forward(&self, batch: &ForwardBatch<'_>, kv: &mut KvCache) -> Result<Tensor, ModelError> {
+        Ok(self
+            .forward_native(batch, kv)?
+            .to_dtype(candle_core::DType::F32)?)
+    }
+
+    fn forward_native(
+        &self,
+        batch: &ForwardBatch<'_>,
+        kv: &mut KvCache,
+    ) -> Result<Tensor, ModelError> {
         let cfg = &self.cfg;
         let heads = Heads {
             q: cfg.num_attention_heads,
@@ -121,11 +131,14 @@ impl CausalLm for Llama {
 }
 
 impl Llama {
-    /// The f32 logits of the rows of the normalized stream `h` that sample.
+    /// The logits (model dtype) of the rows of the normalized stream `h` that sample. When every
+    /// row samples (a decode step), the rows are already in order and need no gather.
     fn logits(&self, h: &Tensor, batch: &ForwardBatch<'_>) -> Result<Tensor, ModelError> {
+        if batch.num_sample_rows == h.dim(0)? {
+            return Ok(self.lm_head.forward(h)?);
+        }
         let last = h.index_select(&batch.sample_rows, 0)?;
-        let logits = self.lm_head.forward(&last)?;
-        Ok(logits.to_dtype(candle_core::DType::F32)?)
+        Ok(self.lm_head.forward(&last)?)
     }
 
     /// The layers' weights for the fused decode path, when it is switched on and takes this step

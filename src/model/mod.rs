@@ -47,6 +47,16 @@ pub trait CausalLm: Send {
     /// Runs the packed batch, writing its K/V into `kv`, and returns f32 logits
     /// `[batch.num_sample_rows, vocab]` for the sampled rows only.
     fn forward(&self, batch: &ForwardBatch<'_>, kv: &mut KvCache) -> Result<Tensor, ModelError>;
+
+    /// [`CausalLm::forward`] with the logits left in the model's own dtype (bf16 on a GPU): the
+    /// GPU sampler reads them as they are, so a step skips the cast. The runner calls this one.
+    fn forward_native(
+        &self,
+        batch: &ForwardBatch<'_>,
+        kv: &mut KvCache,
+    ) -> Result<Tensor, ModelError> {
+        self.forward(batch, kv)
+    }
 }
 
 /// Builds the model `cfg` describes from `weights`; rotary tables cover `max_len` positions.

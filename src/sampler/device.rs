@@ -3,62 +3,117 @@
 //! top-p copy just their own logits back for the host sampler. A GPU row's randomness is one draw
 //! from its sequence's own stream per step, so seeded requests stay reproducible and independent
 //! of the batch.
+//!
+//! [`DeviceRows`] splits a step's rows before its forward pass, so a CUDA graph can sample inside
+//! the replay (src/cuda_graphs.rs); eager steps run the kernel after the forward pass.
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use super::{SampleRequest, SampledToken, Sampler};
 
-/// Samples every row of `logits` (`[rows, vocab]` f32 on a GPU), one request per row in order.
-pub fn sample_on_device<'a>(
-    sampler: &mut Sampler,
-    logits: &Tensor,
-    requests: impl IntoIterator<Item = SampleRequest<'a>>,
-) -> candle_core::Result<Vec<SampledToken>> {
-    let device = logits.device();
-    let mut host_rows: Vec<(u32, SampleRequest<'a>)> = Vec::new();
-    let (mut temps, mut min_ps, mut seeds) = (Vec::new(), Vec::new(), Vec::new());
-    for (row, req) in requests.into_iter().enumerate() {
-        match req.device_temperature() {
-            Some(t) => {
-                temps.push(t);
-                min_ps.push(req.params.min_p);
-                seeds.push(if t > 0.0 {
-                    req.rng.next_u64() as i64
-                } else {
-                    0
-                });
-            }
-            None => {
-                // Ignored by the kernel's caller below; the host sampler decides this row.
-                temps.push(0.0);
-                min_ps.push(0.0);
-                seeds.push(0);
-                host_rows.push((row as u32, req));
+/// A step's sampling rows, as the GPU sampler's per-row inputs plus the rows the host samples.
+pub struct DeviceRows<'a> {
+    /// Per row: the GPU temperature (0 = argmax; 0 also for host rows, whose id is replaced).
+    pub temperatures: Vec<f32>,
+    /// Per row: the min-p floor.
+    pub min_ps: Vec<f32>,
+    /// Per row: this step's seed (one draw from the sequence's stream when it samples at t > 0).
+    pub seeds: Vec<i64>,
+    host_rows: Vec<(u32, SampleRequest<'a>)>,
+}
+
+impl<'a> DeviceRows<'a> {
+    /// The rows of `requests`, one per sampling row in order; draws each GPU row's seed now.
+    pub fn new(requests: impl IntoIterator<Item = SampleRequest<'a>>) -> Self {
+        let mut rows = DeviceRows {
+            temperatures: Vec::new(),
+            min_ps: Vec::new(),
+            seeds: Vec::new(),
+            host_rows: Vec::new(),
+        };
+        for (row, req) in requests.into_iter().enumerate() {
+            match req.device_temperature() {
+                Some(t) => {
+                    rows.temperatures.push(t);
+                    rows.min_ps.push(req.params.min_p);
+                    rows.seeds.push(if t > 0.0 {
+                        req.rng.next_u64() as i64
+                    } else {
+                        0
+                    });
+                }
+                None => {
+                    // Ignored by `finish`: the host sampler decides this row.
+                    rows.temperatures.push(0.0);
+                    rows.min_ps.push(0.0);
+                    rows.seeds.push(0);
+                    rows.host_rows.push((row as u32, req));
+                }
             }
         }
+        rows
     }
-    let rows = temps.len();
-    let ids = pagewise_kernels::sample(
-        logits,
-        &Tensor::from_vec(temps, rows, device)?,
-        &Tensor::from_vec(min_ps, rows, device)?,
-        &Tensor::from_vec(seeds, rows, device)?,
-    )?
-    .to_vec1::<u32>()?;
-    let mut out: Vec<SampledToken> = ids
-        .into_iter()
-        .map(|token_id| SampledToken {
-            token_id,
-            logprobs: None,
-        })
-        .collect();
-    if !host_rows.is_empty() {
-        let index: Vec<u32> = host_rows.iter().map(|(r, _)| *r).collect();
-        let picked = logits.index_select(&Tensor::from_vec(index, host_rows.len(), device)?, 0)?;
-        let mut data = picked.to_device(&Device::Cpu)?.to_vec2::<f32>()?;
-        for ((row, req), logits) in host_rows.into_iter().zip(data.iter_mut()) {
-            out[row as usize] = sampler.sample(logits, req);
+
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.temperatures.len()
+    }
+
+    /// Whether there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.temperatures.is_empty()
+    }
+
+    /// Samples every row of `logits` (`[rows, vocab]` on a GPU, f32 or the model's half type):
+    /// the kernel for the GPU rows, then [`DeviceRows::finish`].
+    pub fn sample(
+        self,
+        sampler: &mut Sampler,
+        logits: &Tensor,
+    ) -> candle_core::Result<Vec<SampledToken>> {
+        let device = logits.device();
+        let rows = self.len();
+        let ids = pagewise_kernels::sample(
+            logits,
+            &Tensor::from_slice(&self.temperatures, rows, device)?,
+            &Tensor::from_slice(&self.min_ps, rows, device)?,
+            &Tensor::from_slice(&self.seeds, rows, device)?,
+        )?
+        .to_vec1::<u32>()?;
+        self.finish(sampler, &ids, logits)
+    }
+
+    /// The step's tokens from the GPU's `ids` (one per row), the host sampler deciding the rows
+    /// that need it from their own `logits` rows (copied back as f32).
+    pub fn finish(
+        self,
+        sampler: &mut Sampler,
+        ids: &[u32],
+        logits: &Tensor,
+    ) -> candle_core::Result<Vec<SampledToken>> {
+        if ids.len() != self.len() {
+            candle_core::bail!("{} sampled ids for {} rows", ids.len(), self.len());
         }
+        let mut out: Vec<SampledToken> = ids
+            .iter()
+            .map(|&token_id| SampledToken {
+                token_id,
+                logprobs: None,
+            })
+            .collect();
+        if !self.host_rows.is_empty() {
+            let device = logits.device();
+            let index: Vec<u32> = self.host_rows.iter().map(|(r, _)| *r).collect();
+            let picked =
+                logits.index_select(&Tensor::from_vec(index, self.host_rows.len(), device)?, 0)?;
+            let mut data = picked
+                .to_dtype(DType::F32)?
+                .to_device(&Device::Cpu)?
+                .to_vec2::<f32>()?;
+            for ((row, req), logits) in self.host_rows.into_iter().zip(data.iter_mut()) {
+                out[row as usize] = sampler.sample(logits, req);
+            }
+        }
+        Ok(out)
     }
-    Ok(out)
 }
