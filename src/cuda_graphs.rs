@@ -8,9 +8,9 @@
 //! `max_seq_len_to_capture` run eagerly.
 //!
 //! A graph also samples: its last kernels pick each row's token from the logits (the model's
-//! dtype, no cast) with the temperatures, min-p floors and seeds uploaded with the step's inputs,
-//! and copy the ids into page-locked host memory, so when the replay is done the ids are on the
-//! host. Rows the GPU cannot sample (logprobs, penalties, top-k/top-p) are redone by the host
+//! dtype, no cast) with the temperatures, min-p floors and seeds staged with the step's inputs,
+//! and write the ids straight into mapped page-locked host memory, so when the replay is done the
+//! ids are on the host. Rows the GPU cannot sample (logprobs, penalties, top-k/top-p) are redone by the host
 //! sampler from their logits rows.
 
 use candle_core::cuda_backend::cudarc::driver::{CudaGraph, sys};
@@ -188,20 +188,20 @@ impl Buffers {
     }
 
     /// Bucket `b`'s tail of a graph: the forward pass's `logits` into the logits buffer, each
-    /// row's token sampled from them into `sampled`, and the ids copied to the host.
-    fn sample(&mut self, b: usize, logits: &Tensor) -> candle_core::Result<()> {
+    /// row's token sampled from them into `sampled` and the host's `ids_host`.
+    fn sample(&self, b: usize, logits: &Tensor) -> candle_core::Result<()> {
         self.logits.slice_set(logits, 0, 0)?;
         let rows = |t: &Tensor| t.narrow(0, 0, b);
         let sampled = rows(&self.sampled)?;
         pagewise_kernels::sample_into(
             &sampled,
+            Some(&self.ids_host),
             &self.sample_parts,
             &rows(&self.logits)?,
             &rows(&self.temperatures)?,
             &rows(&self.min_ps)?,
             &rows(&self.seeds)?,
-        )?;
-        self.ids_host.copy_from(&sampled)
+        )
     }
 
     /// The forward batch of bucket `b` over these buffers, with the split plan its graph uses.

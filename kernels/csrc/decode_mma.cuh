@@ -5,6 +5,7 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -29,9 +30,56 @@ struct MmaShape {
   static constexpr int kStages = kStageBytes <= 16384 ? 3 : 2;
 #endif
   static constexpr int kSmemBytes = kStages * kStageBytes;
-  // The end-of-block merge of the warps reuses the stages: (max, sum) and D sums per head.
-  static_assert((kWarps * 8 * (D + 2)) * 4 <= kSmemBytes, "merge space");
+  // The end-of-block merge of the warps reuses the stages: (max, sum) and D sums per head, then
+  // the block's own (max, sum) and sums per head for a cluster's merge of its splits.
+  static_assert(((kWarps + 1) * 8 * (D + 2)) * 4 <= kSmemBytes, "merge space");
 };
+
+// Merges the splits of a (row, KV head) held by the blocks of one thread-block cluster (one block
+// per split; `ml` [8][2] and `o` [8][D] in each block's shared memory, published by the caller's
+// cluster barrier): block `rank` of `ranks` writes its share of the group's group x D outputs,
+// reading every split's partials through distributed shared memory. Ends with a cluster barrier,
+// so no block leaves while another still reads its shared memory.
+template <typename T, int D>
+__device__ __forceinline__ void merge_cluster_splits(T* out_heads, const float* ml, const float* o,
+                                                     int group) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int ranks = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
+  cluster.sync();
+  for (int i = rank * kThreads + (int)threadIdx.x; i < group * D; i += ranks * kThreads) {
+    const int g = i / D, d = i % D;
+    float M = -INFINITY;
+    for (int s = 0; s < ranks; ++s) {
+      const float* r_ml = cluster.map_shared_rank(ml, s);
+      if (r_ml[g * 2 + 1] > 0.f) M = fmaxf(M, r_ml[g * 2]);
+    }
+    float L = 0.f, acc = 0.f;
+    for (int s = 0; s < ranks; ++s) {
+      const float* r_ml = cluster.map_shared_rank(ml, s);
+      const float ls = r_ml[g * 2 + 1];
+      if (ls == 0.f) continue;
+      const float f = __expf(r_ml[g * 2] - M);
+      L += ls * f;
+      acc += cluster.map_shared_rank(o, s)[g * D + d] * f;
+    }
+    out_heads[g * D + d] = from_float<T>(L > 0.f ? acc / L : 0.f);
+  }
+  cluster.sync();
+#else
+  (void)out_heads, (void)ml, (void)o, (void)group;
+#endif
+}
+
+// Blocks in this block's thread-block cluster (1 when launched without clusters).
+__device__ __forceinline__ int cluster_blocks() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return (int)cooperative_groups::this_cluster().num_blocks();
+#else
+  return 1;
+#endif
+}
 
 // One block per (query row, KV head, context split), as the CUDA-core kernel. The split streams
 // through shared memory in tiles of 64 positions (cp.async, kStages - 1 tiles ahead); warp w takes
@@ -151,6 +199,10 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   float* sm_ml = reinterpret_cast<float*>(smem);  // [kWarps][8][2]
   float* sm_o = sm_ml + kWarps * 8 * 2;           // [kWarps][8][D]
+  float* res_ml = sm_o + kWarps * 8 * D;          // [8][2]: the block's, for a cluster merge
+  float* res_o = res_ml + 8 * 2;                  // [8][D]
+  // Launched in clusters of the splits (launch_split): the splits merge through shared memory.
+  const bool clustered = num_splits > 1 && cluster_blocks() == num_splits;
   if (r < group) {
     if (c == 0) {
       sm_ml[(warp * 8 + r) * 2] = m;
@@ -181,6 +233,12 @@ __global__ void __launch_bounds__(kThreads)
     const int head = kv_head * group + g;
     if (num_splits == 1) {
       out[((int64_t)seq * num_heads + head) * D + d] = from_float<T>(L > 0.f ? acc / L : 0.f);
+    } else if (clustered) {
+      if (d == 0) {
+        res_ml[g * 2] = M;
+        res_ml[g * 2 + 1] = L;
+      }
+      res_o[g * D + d] = acc;
     } else {
       const int64_t part = ((int64_t)seq * num_heads + head) * num_splits + split;
       if (d == 0) {
@@ -190,6 +248,9 @@ __global__ void __launch_bounds__(kThreads)
       part_acc[part * D + d] = acc;
     }
   }
+  if (clustered)
+    merge_cluster_splits<T, D>(out + ((int64_t)seq * num_heads + (int64_t)kv_head * group) * D,
+                               res_ml, res_o, group);
   timeline.end();
 }
 

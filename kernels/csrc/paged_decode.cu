@@ -316,18 +316,64 @@ cudaError_t configure(K kernel, int smem, bool (&configured)[64]) {
   return err;
 }
 
-// One decode kernel over `a`'s rows, KV heads and splits, then the merge of the splits. Both are
-// launched early (see launch_early): the kernel's set-up overlaps the previous kernel's end, and
-// the merge is scheduled while the splits run.
+// Most splits merged inside a thread-block cluster (the portable cluster size).
+constexpr int kMaxClusterSplits = 8;
+
+// Clusters of `splits` blocks of `kernel` that fit on the current device at once (0 when unknown):
+// a cluster's blocks must share a GPC, so fewer blocks run at once than in plain launches.
+template <typename K>
+int cluster_capacity(K kernel, int smem, int splits) {
+  static int known[64][kMaxClusterSplits + 1] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
+  int& n = known[dev][splits];
+  if (n == 0) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = splits;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(1, 1, splits);
+    cfg.blockDim = kThreads;
+    cfg.dynamicSmemBytes = smem;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();
+      n = -1;
+    }
+  }
+  return n;
+}
+
+// Whether a split launch of `a` runs in clusters of its splits, merging them in distributed
+// shared memory instead of a merge kernel: the kernel `can_cluster` (the tensor-core one), 2 to
+// kMaxClusterSplits splits, sm_90 and up, every cluster resident at once (past that, a second
+// wave costs more than the merge kernel), unless PAGEWISE_DECODE_CLUSTER=0.
+template <typename K>
+bool clustered(K kernel, int smem, const DecodeArgs* a, bool can_cluster) {
+  static const bool off = switched_off("PAGEWISE_DECODE_CLUSTER");
+  if (!can_cluster || off || a->num_splits < 2 || a->num_splits > kMaxClusterSplits ||
+      device_major() < 9)
+    return false;
+  return a->num_seqs * a->num_kv_heads <= cluster_capacity(kernel, smem, a->num_splits);
+}
+
+// One decode kernel over `a`'s rows, KV heads and splits, then the merge of the splits (in the
+// kernel when its splits form clusters). Both are launched early (see launch_early): the
+// kernel's set-up overlaps the previous kernel's end, and the merge is scheduled while the
+// splits run.
 template <typename T, int D, typename K>
-cudaError_t launch_split(K kernel, int smem, const DecodeArgs* a) {
+cudaError_t launch_split(K kernel, int smem, const DecodeArgs* a, bool can_cluster) {
   const dim3 grid(a->num_seqs, a->num_kv_heads, a->num_splits);
-  cudaError_t err = launch_early(kernel, grid, kThreads, smem, a->stream, a->out, a->part_ml,
-                                 a->part_acc, a->q, a->k_cache, a->v_cache, a->block_tables,
-                                 a->row_seq, a->context_lens, a->max_blocks, a->num_heads,
-                                 a->num_kv_heads, a->block_size, a->chunk, a->fresh_tail,
-                                 a->scale);
-  if (err == cudaSuccess) err = launch_merge<T, D>(a);
+  const bool in_clusters = clustered(kernel, smem, a, can_cluster);
+  cudaError_t err = launch_early_clustered(
+      kernel, grid, kThreads, smem, a->stream, in_clusters ? a->num_splits : 1, a->out,
+      a->part_ml, a->part_acc, a->q, a->k_cache, a->v_cache, a->block_tables, a->row_seq,
+      a->context_lens, a->max_blocks, a->num_heads, a->num_kv_heads, a->block_size, a->chunk,
+      a->fresh_tail, a->scale);
+  if (err == cudaSuccess && !in_clusters) err = launch_merge<T, D>(a);
   return err;
 }
 
@@ -345,7 +391,7 @@ int decode_g(const DecodeArgs* a, int* blocks) {
       if (const cudaError_t err = configure(kernel, smem, configured)) return (int)err;
       if (a == nullptr)
         return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, smem);
-      return (int)launch_split<T, D>(kernel, smem, a);
+      return (int)launch_split<T, D>(kernel, smem, a, true);
     }
   }
   static bool configured[64] = {};
@@ -355,7 +401,7 @@ int decode_g(const DecodeArgs* a, int* blocks) {
   if (a == nullptr)
     return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         blocks, paged_decode_kernel<T, D, G>, kThreads, smem);
-  return (int)launch_split<T, D>(paged_decode_kernel<T, D, G>, smem, a);
+  return (int)launch_split<T, D>(paged_decode_kernel<T, D, G>, smem, a, false);
 }
 
 template <typename T>

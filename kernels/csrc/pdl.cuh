@@ -38,17 +38,23 @@ inline bool switched_off(const char* name) {
   return v != nullptr && v[0] == '0';
 }
 
-// Launches `kernel` with programmatic stream serialization where the device takes it (sm_90 and
-// up, unless PAGEWISE_DECODE_PDL=0; see wait_for_previous_grid), plainly elsewhere.
+// launch_early in thread-block clusters of `cluster_z` blocks along z (1: no clusters; more needs
+// sm_90 and must divide grid.z).
 template <typename... Params, typename... Args>
-cudaError_t launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, int smem,
-                         cudaStream_t stream, Args... args) {
+cudaError_t launch_early_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, int smem,
+                                   cudaStream_t stream, int cluster_z, Args... args) {
   static const bool pdl_off = switched_off("PAGEWISE_DECODE_PDL");
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   int n = 0;
   if (!pdl_off && device_major() >= 9) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster_z > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = 1;
+    attr[n].val.clusterDim.y = 1;
+    attr[n++].val.clusterDim.z = cluster_z;
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
@@ -58,6 +64,14 @@ cudaError_t launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, int s
   cfg.attrs = attr;
   cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
+
+// Launches `kernel` with programmatic stream serialization where the device takes it (sm_90 and
+// up, unless PAGEWISE_DECODE_PDL=0; see wait_for_previous_grid), plainly elsewhere.
+template <typename... Params, typename... Args>
+cudaError_t launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, int smem,
+                         cudaStream_t stream, Args... args) {
+  return launch_early_clustered(kernel, grid, block, smem, stream, 1, args...);
 }
 
 }  // namespace

@@ -7,9 +7,9 @@
 // from a counter-based hash of (the row's seed, token index), so a row's draw depends on its own
 // seed only, never on the batch around it.
 // A row is cut into chunks of kChunk tokens, one block each (a 128k vocabulary on one
-// multiprocessor took ~110 us); each chunk keeps its best logit and best draw, and a last kernel
-// picks each row's winner among its chunks. Rows with a min_p floor need the row's maximum
-// first, so their draws are made in a second pass over the chunks.
+// multiprocessor took ~110 us); each chunk keeps its best logit and best draw, and a second
+// kernel picks each row's winner among its chunks. Rows with a min_p floor need the row's maximum
+// first, so their draws are made in that second pass, whose last block per row picks.
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -20,7 +20,6 @@ namespace {
 
 constexpr int kChunk = 2048;        // tokens per block of the chunk passes
 constexpr int kChunkThreads = 256;
-constexpr int kFinalThreads = 128;
 constexpr int kNone = 0x7fffffff;   // no index yet
 
 // A chunk's best logit and best draw (index kNone: none).
@@ -88,7 +87,8 @@ __device__ __forceinline__ void draw_range(const T* x, int begin, int end, float
 // without a min_p floor.
 template <typename T>
 __global__ void __launch_bounds__(kChunkThreads)
-    chunk_pass(Part* __restrict__ parts, const T* __restrict__ logits, int vocab,
+    chunk_pass(Part* __restrict__ parts, unsigned int* __restrict__ tickets,
+               const T* __restrict__ logits, int vocab,
                const float* __restrict__ temperatures, const float* __restrict__ min_ps,
                const uint64_t* __restrict__ seeds) {
   const int row = blockIdx.x, chunk = blockIdx.y;
@@ -104,7 +104,10 @@ __global__ void __launch_bounds__(kChunkThreads)
     draw_range(x, begin, end, -INFINITY, 1.f / t, seeds[row], v, vi);
   block_best(best, best_i);
   block_best(v, vi);
-  if (threadIdx.x == 0) parts[(int64_t)row * gridDim.y + chunk] = Part{best, best_i, v, vi};
+  if (threadIdx.x == 0) {
+    parts[(int64_t)row * gridDim.y + chunk] = Part{best, best_i, v, vi};
+    if (chunk == 0) tickets[row] = 0;  // for pass 2's count of finished blocks
+  }
 }
 
 // The best logit of row `row` over its `chunks` parts (every thread gets it).
@@ -115,62 +118,82 @@ __device__ __forceinline__ void row_best(const Part* p, int chunks, float& best,
   block_best(best, best_i);
 }
 
-// Pass 2, grid (rows, chunks): for rows with a min_p floor, each chunk's best draw among the
-// tokens at or above max + t * ln(min_p) (p_i >= min_p * p_max); other rows return at once.
+// The row's token from its chunks' parts: the argmax for greedy rows (and rows with nothing
+// finite), else the best draw (the argmax when no token qualified), into out[row] and, when not
+// null, host_out[row] (mapped host memory). The parts are read past L1 (other blocks of this
+// kernel may have written their draws).
+__device__ void pick_row(uint32_t* out, uint32_t* host_out, int row, const Part* p, int chunks,
+                         float t) {
+  float best = -INFINITY, v = -INFINITY;
+  int best_i = kNone, vi = kNone;
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    keep_best(best, best_i, __ldcg(&p[c].max_v), __ldcg(&p[c].max_i));
+    keep_best(v, vi, __ldcg(&p[c].draw_v), __ldcg(&p[c].draw_i));
+  }
+  block_best(best, best_i);
+  block_best(v, vi);
+  if (threadIdx.x != 0) return;
+  uint32_t id;
+  if (t <= 0.f || best == -INFINITY)
+    id = best_i == kNone ? 0 : best_i;
+  else
+    id = vi == kNone ? best_i : vi;
+  out[row] = id;
+  if (host_out != nullptr) host_out[row] = id;
+}
+
+// Pass 2, grid (rows, chunks), after pass 1. A row without a min_p floor is picked by its chunk
+// 0 block at once (its parts are complete). A row with one: each chunk's best draw among the
+// tokens at or above max + t * ln(min_p) (p_i >= min_p * p_max), then the row's last block to
+// finish (a ticket counter pass 1 zeroed) picks.
 template <typename T>
 __global__ void __launch_bounds__(kChunkThreads)
-    floor_pass(Part* __restrict__ parts, const T* __restrict__ logits, int vocab,
+    floor_pick(uint32_t* __restrict__ out, uint32_t* __restrict__ host_out, Part* parts,
+               unsigned int* __restrict__ tickets, const T* __restrict__ logits, int vocab,
                const float* __restrict__ temperatures, const float* __restrict__ min_ps,
                const uint64_t* __restrict__ seeds) {
   const int row = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
   const float t = temperatures[row], min_p = min_ps[row];
-  if (!(t > 0.f && min_p > 0.f)) return;
   Part* p = parts + (int64_t)row * chunks;
-  float best;
-  int best_i;
-  row_best(p, chunks, best, best_i);
-  if (best == -INFINITY) return;
-  const int begin = chunk * kChunk, end = min(vocab, begin + kChunk);
-  float v = -INFINITY;
-  int vi = kNone;
-  draw_range(logits + (int64_t)row * vocab, begin, end, best + t * logf(min_p), 1.f / t,
-             seeds[row], v, vi);
-  block_best(v, vi);
-  if (threadIdx.x == 0) {
-    p[chunk].draw_v = v;
-    p[chunk].draw_i = vi;
-  }
-}
-
-// Last, one block per row: the argmax for greedy rows (and rows with nothing finite), else the
-// best draw (the argmax when no token qualified).
-__global__ void __launch_bounds__(kFinalThreads)
-    pick(uint32_t* __restrict__ out, const Part* __restrict__ parts, int chunks,
-         const float* __restrict__ temperatures) {
-  const int row = blockIdx.x;
-  const Part* p = parts + (int64_t)row * chunks;
-  float best;
-  int best_i;
-  row_best(p, chunks, best, best_i);
-  if (temperatures[row] <= 0.f || best == -INFINITY) {
-    if (threadIdx.x == 0) out[row] = best_i == kNone ? 0 : best_i;
+  if (!(t > 0.f && min_p > 0.f)) {
+    if (chunk == 0) pick_row(out, host_out, row, p, chunks, t);
     return;
   }
-  float v = -INFINITY;
-  int vi = kNone;
-  for (int c = threadIdx.x; c < chunks; c += blockDim.x) keep_best(v, vi, p[c].draw_v, p[c].draw_i);
-  block_best(v, vi);
-  if (threadIdx.x == 0) out[row] = vi == kNone ? best_i : vi;
+  float best;
+  int best_i;
+  row_best(p, chunks, best, best_i);
+  if (best != -INFINITY) {
+    const int begin = chunk * kChunk, end = min(vocab, begin + kChunk);
+    float v = -INFINITY;
+    int vi = kNone;
+    draw_range(logits + (int64_t)row * vocab, begin, end, best + t * logf(min_p), 1.f / t,
+               seeds[row], v, vi);
+    block_best(v, vi);
+    if (threadIdx.x == 0) {
+      p[chunk].draw_v = v;
+      p[chunk].draw_i = vi;
+    }
+  }
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    __threadfence();  // this block's draw before its ticket
+    last = atomicAdd(&tickets[row], 1u) == (unsigned int)chunks - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  pick_row(out, host_out, row, p, chunks, t);
 }
 
 template <typename T>
-void launch_sample(uint32_t* out, Part* p, const T* logits, int rows, int vocab, int chunks,
-                   const float* temperatures, const float* min_ps, const uint64_t* seeds,
-                   cudaStream_t stream) {
+void launch_sample(uint32_t* out, uint32_t* host_out, Part* p, unsigned int* tickets,
+                   const T* logits, int rows, int vocab, int chunks, const float* temperatures,
+                   const float* min_ps, const uint64_t* seeds, cudaStream_t stream) {
   const dim3 grid(rows, chunks);
-  chunk_pass<T><<<grid, kChunkThreads, 0, stream>>>(p, logits, vocab, temperatures, min_ps, seeds);
-  floor_pass<T><<<grid, kChunkThreads, 0, stream>>>(p, logits, vocab, temperatures, min_ps, seeds);
-  pick<<<rows, kFinalThreads, 0, stream>>>(out, p, chunks, temperatures);
+  chunk_pass<T><<<grid, kChunkThreads, 0, stream>>>(p, tickets, logits, vocab, temperatures,
+                                                    min_ps, seeds);
+  floor_pick<T><<<grid, kChunkThreads, 0, stream>>>(out, host_out, p, tickets, logits, vocab,
+                                                    temperatures, min_ps, seeds);
 }
 
 }  // namespace
@@ -179,25 +202,27 @@ void launch_sample(uint32_t* out, Part* p, const T* logits, int rows, int vocab,
 extern "C" int pagewise_sample_chunks(int vocab) { return (vocab + kChunk - 1) / kChunk; }
 
 // Returns 0 on success or a CUDA error code. `dtype`: 0 f32, 1 f16, 2 bf16 logits. `parts`:
-// rows x pagewise_sample_chunks(vocab) x 16 bytes of scratch.
-extern "C" int pagewise_sample(int dtype, uint32_t* out, void* parts, const void* logits, int rows,
-                               int vocab, const float* temperatures, const float* min_ps,
-                               const uint64_t* seeds, cudaStream_t stream) {
+// rows x (pagewise_sample_chunks(vocab) x 16 + 4) bytes of scratch. `host_out`: null, or the
+// device address of mapped host memory that also receives the ids.
+extern "C" int pagewise_sample(int dtype, uint32_t* out, uint32_t* host_out, void* parts,
+                               const void* logits, int rows, int vocab, const float* temperatures,
+                               const float* min_ps, const uint64_t* seeds, cudaStream_t stream) {
   if (rows == 0 || vocab <= 0) return 0;
   const int chunks = pagewise_sample_chunks(vocab);
   Part* p = static_cast<Part*>(parts);
+  unsigned int* tickets = reinterpret_cast<unsigned int*>(p + (int64_t)rows * chunks);
   switch (dtype) {
     case 0:
-      launch_sample(out, p, static_cast<const float*>(logits), rows, vocab, chunks, temperatures,
-                    min_ps, seeds, stream);
+      launch_sample(out, host_out, p, tickets, static_cast<const float*>(logits), rows, vocab,
+                    chunks, temperatures, min_ps, seeds, stream);
       break;
     case 1:
-      launch_sample(out, p, static_cast<const __half*>(logits), rows, vocab, chunks, temperatures,
-                    min_ps, seeds, stream);
+      launch_sample(out, host_out, p, tickets, static_cast<const __half*>(logits), rows, vocab,
+                    chunks, temperatures, min_ps, seeds, stream);
       break;
     case 2:
-      launch_sample(out, p, static_cast<const __nv_bfloat16*>(logits), rows, vocab, chunks,
-                    temperatures, min_ps, seeds, stream);
+      launch_sample(out, host_out, p, tickets, static_cast<const __nv_bfloat16*>(logits), rows,
+                    vocab, chunks, temperatures, min_ps, seeds, stream);
       break;
     default:
       return (int)cudaErrorInvalidValue;

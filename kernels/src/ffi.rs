@@ -62,6 +62,7 @@ unsafe extern "C" {
     pub fn pagewise_sample(
         dtype: c_int,
         out: *mut u32,
+        host_out: *mut u32,
         parts: *mut c_void,
         logits: *const c_void,
         rows: c_int,

@@ -5,7 +5,7 @@ use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
-use crate::{check_launch, device_ptr, dtype_code, ffi};
+use crate::{PinnedIds, check_launch, device_ptr, dtype_code, ffi};
 
 /// Picks one token per row of `logits` (`[rows, vocab]`: f32, f16 or bf16) on the GPU; returns
 /// `[rows]` u32. Row `r` takes the argmax when `temperatures[r]` <= 0, else draws from
@@ -26,7 +26,7 @@ pub fn sample(
         DType::F32,
         logits.device(),
     )?;
-    sample_into(&out, &parts, logits, temperatures, min_ps, seeds)?;
+    sample_into(&out, None, &parts, logits, temperatures, min_ps, seeds)?;
     Ok(out)
 }
 
@@ -34,13 +34,16 @@ pub fn sample(
 pub fn sample_workspace_len(rows: usize, vocab: usize) -> usize {
     // SAFETY: a pure function of its argument.
     let chunks = unsafe { ffi::pagewise_sample_chunks(vocab.min(i32::MAX as usize) as i32) };
-    rows * chunks.max(0) as usize * 4
+    // 16 bytes per (row, chunk), then a 4-byte counter per row.
+    rows * (chunks.max(0) as usize * 4 + 1)
 }
 
-/// [`sample`] into the first `rows` elements of `out` (u32), with `parts` (f32, at least
+/// [`sample`] into the first `rows` elements of `out` (u32) and, when given, of `host_out` too
+/// (written by the kernel, readable once the stream is synchronized), with `parts` (f32, at least
 /// [`sample_workspace_len`] elements) as scratch: no allocation, so a CUDA graph can capture it.
 pub fn sample_into(
     out: &Tensor,
+    host_out: Option<&PinnedIds>,
     parts: &Tensor,
     logits: &Tensor,
     temperatures: &Tensor,
@@ -77,10 +80,19 @@ pub fn sample_into(
             parts.dims()
         );
     }
+    if let Some(h) = host_out
+        && h.len() < rows
+    {
+        bail!(
+            "sample: {rows} ids do not fit the host buffer of {}",
+            h.len()
+        );
+    }
     if rows == 0 || vocab == 0 {
         return Ok(());
     }
     let (o, stream) = device_ptr(out, "out")?;
+    let h = host_out.map_or(std::ptr::null_mut(), |h| h.device_ptr() as *mut u32);
     let (p, _) = device_ptr(parts, "parts")?;
     let (l, _) = device_ptr(logits, "logits")?;
     let (t, _) = device_ptr(temperatures, "temperatures")?;
@@ -92,6 +104,7 @@ pub fn sample_into(
         ffi::pagewise_sample(
             code,
             o as *mut u32,
+            h,
             p as *mut c_void,
             l as *const c_void,
             rows as i32,

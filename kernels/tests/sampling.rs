@@ -183,7 +183,10 @@ fn half_precision_logits_pick_what_their_f32_cast_picks() {
             &dev,
         )
         .unwrap();
-        pagewise_kernels::sample_into(&out, &parts, &half, &t, &m, &s).unwrap();
+        let host = pagewise_kernels::PinnedIds::new(rows).unwrap();
+        pagewise_kernels::sample_into(&out, Some(&host), &parts, &half, &t, &m, &s).unwrap();
+        dev.synchronize().unwrap();
+        assert_eq!(host.read(rows).unwrap(), want, "{dtype:?}: the host's copy");
         let written = out.to_vec1::<u32>().unwrap();
         assert_eq!(&written[..rows], &want[..], "{dtype:?} sample_into");
         assert_eq!(&written[rows..], &[u32::MAX; 3], "{dtype:?}: past the rows");
@@ -191,6 +194,18 @@ fn half_precision_logits_pick_what_their_f32_cast_picks() {
     // Too small a workspace is refused, not overrun.
     let small = Tensor::zeros(8, DType::F32, &dev).unwrap();
     let out = Tensor::zeros(rows, DType::U32, &dev).unwrap();
-    let err = pagewise_kernels::sample_into(&out, &small, &f32_logits, &t, &m, &s).unwrap_err();
+    let err =
+        pagewise_kernels::sample_into(&out, None, &small, &f32_logits, &t, &m, &s).unwrap_err();
     assert!(err.to_string().contains("workspace"), "{err}");
+    // So is a host buffer too small for the rows.
+    let parts = Tensor::zeros(
+        pagewise_kernels::sample_workspace_len(rows, vocab),
+        DType::F32,
+        &dev,
+    )
+    .unwrap();
+    let host = pagewise_kernels::PinnedIds::new(rows - 1).unwrap();
+    let err = pagewise_kernels::sample_into(&out, Some(&host), &parts, &f32_logits, &t, &m, &s)
+        .unwrap_err();
+    assert!(err.to_string().contains("host buffer"), "{err}");
 }

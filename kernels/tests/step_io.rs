@@ -57,15 +57,14 @@ fn staged_fields_land_in_their_tensors_and_nothing_else_moves() {
         slots.to_vec1::<i64>().unwrap(),
         [two33, two33 + 1, two33 + 2, -1, -9, -9]
     );
-    let t = tables.to_vec2::<i32>().unwrap();
-    for r in 0..4 {
-        for c in 0..8 {
+    for (r, row) in tables.to_vec2::<i32>().unwrap().iter().enumerate() {
+        for (c, &got) in row.iter().enumerate() {
             let want = if r < 3 && c < 3 {
                 (r * 10 + c) as i32
             } else {
                 5
             };
-            assert_eq!(t[r][c], want, "table row {r} column {c}");
+            assert_eq!(got, want, "table row {r} column {c}");
         }
     }
     // A field reaching past the buffer or its tensor is refused before any launch.
