@@ -187,17 +187,20 @@ impl Buffers {
         }
     }
 
-    /// Bucket `b`'s tail of a graph: the forward pass's `logits` into the logits buffer, each
-    /// row's token sampled from them into `sampled` and the host's `ids_host`.
+    /// Bucket `b`'s tail of a graph: each row's token sampled from the forward pass's `logits`
+    /// into `sampled` and the host's `ids_host`, the logits copied into the logits buffer as the
+    /// sampler reads them (for rows the host samples).
     fn sample(&self, b: usize, logits: &Tensor) -> candle_core::Result<()> {
-        self.logits.slice_set(logits, 0, 0)?;
         let rows = |t: &Tensor| t.narrow(0, 0, b);
-        let sampled = rows(&self.sampled)?;
+        let to = pagewise_kernels::SampleOutputs {
+            ids: &self.sampled,
+            host_ids: Some(&self.ids_host),
+            logits_copy: Some(&self.logits),
+            workspace: &self.sample_parts,
+        };
         pagewise_kernels::sample_into(
-            &sampled,
-            Some(&self.ids_host),
-            &self.sample_parts,
-            &rows(&self.logits)?,
+            &to,
+            logits,
             &rows(&self.temperatures)?,
             &rows(&self.min_ps)?,
             &rows(&self.seeds)?,

@@ -167,6 +167,7 @@ template <typename T, int R>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_rope_kernel(T* __restrict__ q_out, T* __restrict__ k_cache, T* __restrict__ v_cache,
                      const T* __restrict__ cos, const T* __restrict__ sin,
+                     const uint32_t* __restrict__ positions, int table_rows,
                      const int64_t* __restrict__ slots, const T* __restrict__ x,
                      const T* __restrict__ norm_w, const T* __restrict__ w, int heads,
                      int kv_heads, int d, int interleaved, int k_dim, float eps) {
@@ -189,7 +190,9 @@ __global__ void __launch_bounds__(kGemvThreads)
         if (lane != r) continue;
         // Rounded as the projection stores qkv, rotated as rope_qkv_cache_kernel does.
         const float x1 = to_float(from_float<T>(acc[0][r])), x2 = to_float(from_float<T>(acc[1][r]));
-        const float cc = to_float(cos[r * half + i]), ss = to_float(sin[r * half + i]);
+        // cos / sin: the step's rows, or whole tables read at each row's position.
+        const int64_t tr = positions != nullptr ? min((int)positions[r], table_rows - 1) : r;
+        const float cc = to_float(cos[tr * half + i]), ss = to_float(sin[tr * half + i]);
         const T y1 = from_float<T>(x1 * cc - x2 * ss), y2 = from_float<T>(x1 * ss + x2 * cc);
         T* o = nullptr;
         if (h < heads) {
@@ -264,6 +267,8 @@ int launch_r(const void* x, const void* norm_w, const void* w, const void* resid
 struct QkvRopeArgs {
   void *q_out, *k_cache, *v_cache;
   const void *cos, *sin;
+  const uint32_t* positions;
+  int table_rows;
   const int64_t* slots;
   const void *x, *norm_w, *w;
   int rows, heads, kv_heads, d, interleaved, k_dim;
@@ -281,7 +286,7 @@ int launch_rope_r(const QkvRopeArgs& a, cudaStream_t stream) {
   if (const int e = grid_for(kernel, smem, units, resident_by, &blocks)) return e;
   const cudaError_t err = launch_early(
       kernel, blocks, kGemvThreads, smem, stream, (T*)a.q_out, (T*)a.k_cache, (T*)a.v_cache,
-      (const T*)a.cos, (const T*)a.sin, a.slots, (const T*)a.x, (const T*)a.norm_w, (const T*)a.w,
+      (const T*)a.cos, (const T*)a.sin, a.positions, a.table_rows, a.slots, (const T*)a.x, (const T*)a.norm_w, (const T*)a.w,
       a.heads, a.kv_heads, a.d, a.interleaved, a.k_dim, a.eps);
   return (int)(err != cudaSuccess ? err : cudaGetLastError());
 }
@@ -361,19 +366,24 @@ extern "C" int pagewise_gemv(int dtype, int input, void* y, const void* x, const
 // The qkv projection of RMSNorm(x) * norm_w (x [rows, k_dim], w [(heads + 2 kv_heads) d, k_dim],
 // q heads then k heads then v heads) with rotary and the cache write folded in: the rotated q
 // goes to q_out ([rows, heads, d]), the rotated k and the v to the caches ([.., kv_heads, d] per
-// slot) at slots[r] (i64; skipped when negative). cos and sin: [rows, d / 2]; pairs (2i, 2i + 1)
+// slot) at slots[r] (i64; skipped when negative). cos and sin: [rows, d / 2], or with
+// `positions` (u32 [rows]) whole tables [table_rows, d / 2] read at row r's position (clamped to
+// the last table row); pairs (2i, 2i + 1)
 // when interleaved, else (i, i + d / 2). Rows 1..8, dtype 1 = f16, 2 = bf16, d even, k_dim a
 // multiple of 8, x, norm_w and w 16-byte aligned. Returns 0, a CUDA error code, or 1 when the
 // arguments are unsupported.
 extern "C" int pagewise_gemv_rope(int dtype, void* q_out, void* k_cache, void* v_cache,
-                                  const void* cos, const void* sin, const int64_t* slots,
+                                  const void* cos, const void* sin, const uint32_t* positions,
+                                  int table_rows, const int64_t* slots,
                                   const void* x, const void* norm_w, const void* w, int rows,
                                   int heads, int kv_heads, int head_dim, int interleaved,
                                   int k_dim, float eps, void* stream) {
   if (rows == 0) return 0;
   if (k_dim % 8 != 0 || head_dim % 2 != 0) return 1;
-  const QkvRopeArgs a = {q_out, k_cache, v_cache, cos, sin, slots, x, norm_w, w,
-                         rows, heads, kv_heads, head_dim, interleaved, k_dim, eps};
+  if (positions != nullptr && table_rows < 1) return 1;
+  const QkvRopeArgs a = {q_out, k_cache, v_cache, cos,   sin,      positions, table_rows,
+                         slots, x,       norm_w,  w,     rows,     heads,     kv_heads,
+                         head_dim, interleaved, k_dim, eps};
   cudaStream_t s = (cudaStream_t)stream;
   switch (dtype) {
     case 1: return launch_rope<__half>(a, s);

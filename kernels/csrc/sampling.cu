@@ -88,7 +88,7 @@ __device__ __forceinline__ void draw_range(const T* x, int begin, int end, float
 template <typename T>
 __global__ void __launch_bounds__(kChunkThreads)
     chunk_pass(Part* __restrict__ parts, unsigned int* __restrict__ tickets,
-               const T* __restrict__ logits, int vocab,
+               const T* __restrict__ logits, T* __restrict__ logits_copy, int vocab,
                const float* __restrict__ temperatures, const float* __restrict__ min_ps,
                const uint64_t* __restrict__ seeds) {
   const int row = blockIdx.x, chunk = blockIdx.y;
@@ -96,7 +96,12 @@ __global__ void __launch_bounds__(kChunkThreads)
   const int begin = chunk * kChunk, end = min(vocab, begin + kChunk);
   float best = -INFINITY;
   int best_i = kNone;
-  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) keep_best(best, best_i, to_float(x[i]), i);
+  T* copy = logits_copy != nullptr ? logits_copy + (int64_t)row * vocab : nullptr;
+  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const T xi = x[i];
+    if (copy != nullptr) copy[i] = xi;
+    keep_best(best, best_i, to_float(xi), i);
+  }
   const float t = temperatures[row];
   float v = -INFINITY;
   int vi = kNone;
@@ -187,11 +192,13 @@ __global__ void __launch_bounds__(kChunkThreads)
 
 template <typename T>
 void launch_sample(uint32_t* out, uint32_t* host_out, Part* p, unsigned int* tickets,
-                   const T* logits, int rows, int vocab, int chunks, const float* temperatures,
-                   const float* min_ps, const uint64_t* seeds, cudaStream_t stream) {
+                   const void* logits_v, void* logits_copy, int rows, int vocab, int chunks,
+                   const float* temperatures, const float* min_ps, const uint64_t* seeds,
+                   cudaStream_t stream) {
   const dim3 grid(rows, chunks);
-  chunk_pass<T><<<grid, kChunkThreads, 0, stream>>>(p, tickets, logits, vocab, temperatures,
-                                                    min_ps, seeds);
+  const T* logits = static_cast<const T*>(logits_v);
+  chunk_pass<T><<<grid, kChunkThreads, 0, stream>>>(p, tickets, logits, static_cast<T*>(logits_copy),
+                                                    vocab, temperatures, min_ps, seeds);
   floor_pick<T><<<grid, kChunkThreads, 0, stream>>>(out, host_out, p, tickets, logits, vocab,
                                                     temperatures, min_ps, seeds);
 }
@@ -203,26 +210,28 @@ extern "C" int pagewise_sample_chunks(int vocab) { return (vocab + kChunk - 1) /
 
 // Returns 0 on success or a CUDA error code. `dtype`: 0 f32, 1 f16, 2 bf16 logits. `parts`:
 // rows x (pagewise_sample_chunks(vocab) x 16 + 4) bytes of scratch. `host_out`: null, or the
-// device address of mapped host memory that also receives the ids.
+// device address of mapped host memory that also receives the ids. `logits_copy`: null, or
+// rows x vocab elements of the logits' dtype that receive a copy of them as they are read.
 extern "C" int pagewise_sample(int dtype, uint32_t* out, uint32_t* host_out, void* parts,
-                               const void* logits, int rows, int vocab, const float* temperatures,
-                               const float* min_ps, const uint64_t* seeds, cudaStream_t stream) {
+                               const void* logits, void* logits_copy, int rows, int vocab,
+                               const float* temperatures, const float* min_ps,
+                               const uint64_t* seeds, cudaStream_t stream) {
   if (rows == 0 || vocab <= 0) return 0;
   const int chunks = pagewise_sample_chunks(vocab);
   Part* p = static_cast<Part*>(parts);
   unsigned int* tickets = reinterpret_cast<unsigned int*>(p + (int64_t)rows * chunks);
   switch (dtype) {
     case 0:
-      launch_sample(out, host_out, p, tickets, static_cast<const float*>(logits), rows, vocab,
-                    chunks, temperatures, min_ps, seeds, stream);
+      launch_sample<float>(out, host_out, p, tickets, logits, logits_copy, rows, vocab, chunks,
+                    temperatures, min_ps, seeds, stream);
       break;
     case 1:
-      launch_sample(out, host_out, p, tickets, static_cast<const __half*>(logits), rows, vocab,
-                    chunks, temperatures, min_ps, seeds, stream);
+      launch_sample<__half>(out, host_out, p, tickets, logits, logits_copy, rows, vocab, chunks,
+                    temperatures, min_ps, seeds, stream);
       break;
     case 2:
-      launch_sample(out, host_out, p, tickets, static_cast<const __nv_bfloat16*>(logits), rows,
-                    vocab, chunks, temperatures, min_ps, seeds, stream);
+      launch_sample<__nv_bfloat16>(out, host_out, p, tickets, logits, logits_copy, rows, vocab, chunks,
+                    temperatures, min_ps, seeds, stream);
       break;
     default:
       return (int)cudaErrorInvalidValue;

@@ -15,10 +15,15 @@ pub struct RopeCacheTarget<'a> {
     pub heads: usize,
     /// Key/value heads.
     pub kv_heads: usize,
-    /// Rotary cos and sin at each row's position, `[rows, head_dim / 2]`.
+    /// Rotary cos at each row's position, `[rows, head_dim / 2]`; or, with `positions`, the
+    /// whole table `[max_positions, head_dim / 2]`.
     pub cos: &'a Tensor,
     /// See `cos`.
     pub sin: &'a Tensor,
+    /// Each row's position (u32 `[rows]`), when `cos` and `sin` are whole tables: the kernel
+    /// reads them there (a position past the table reads its last row), so the step needs no
+    /// gather of its own.
+    pub positions: Option<&'a Tensor>,
     /// Pairs (2i, 2i + 1) instead of rotate-half's (i, i + head_dim / 2).
     pub interleaved: bool,
     /// `[blocks, block_size, kv_heads, head_dim]`.
@@ -55,7 +60,7 @@ pub fn gemv_rope_cache(
     crate::rope::check_rope_inputs(
         "gemv_rope_cache",
         rows,
-        (t.cos, t.sin),
+        (t.cos, t.sin, t.positions),
         (t.k_cache, t.v_cache),
         t.slot_mapping,
     )?;
@@ -97,6 +102,11 @@ pub fn gemv_rope_cache(
     let (vc, _) = device_ptr(t.v_cache, "v_cache")?;
     let (c, _) = device_ptr(t.cos, "cos")?;
     let (s, _) = device_ptr(t.sin, "sin")?;
+    let positions = match t.positions {
+        Some(p) => device_ptr(p, "positions")?.0 as *const u32,
+        None => std::ptr::null(),
+    };
+    let table_rows = i32::try_from(t.cos.dim(0)?).unwrap_or(i32::MAX);
     let (slots, _) = device_ptr(t.slot_mapping, "slot_mapping")?;
     let (xp, _) = device_ptr(x, "x")?;
     let (np, _) = device_ptr(norm_weight, "norm weight")?;
@@ -105,7 +115,8 @@ pub fn gemv_rope_cache(
         bail!("gemv_rope_cache: x, w and the norm weight must start on 16-byte boundaries");
     }
     // SAFETY: shapes and dtypes checked above; the kernel reads rows x k of x, k of the norm
-    // weight, width x k of w, rows x d/2 of cos and sin, rows slots, and writes rows x heads x d
+    // weight, width x k of w, rows x d/2 of cos and sin (or table rows at the positions, clamped
+    // to the table by the kernel), rows slots, and writes rows x heads x d
     // of q and the caches' rows at the slots, which address rows inside the caches by the
     // caller's contract (the block manager's slot mapping), as for `rope_qkv_cache`.
     let code = unsafe {
@@ -116,6 +127,8 @@ pub fn gemv_rope_cache(
             vc as *mut c_void,
             c as *const c_void,
             s as *const c_void,
+            positions,
+            table_rows,
             slots as *const i64,
             xp as *const c_void,
             np as *const c_void,

@@ -46,7 +46,7 @@ pub fn rope_qkv_cache(
     check_rope_inputs(
         "rope_qkv_cache",
         tokens,
-        (x.cos, x.sin),
+        (x.cos, x.sin, None),
         (k_cache, v_cache),
         slot_mapping,
     )?;
@@ -99,11 +99,12 @@ pub fn rope_qkv_cache(
 
 /// The checks both kernels that rotate and write the cache (`op`, named in the messages) make
 /// of their step's `tokens` rows: the two caches alike (`[blocks, block_size, kv_heads,
-/// head_dim]`), cos and sin `[tokens, head_dim / 2]`, the slot mapping i64 `[tokens]`.
+/// head_dim]`), cos and sin `[tokens, head_dim / 2]` (with `positions`, whole tables of any
+/// length read at u32 `positions [tokens]`), the slot mapping i64 `[tokens]`.
 pub(crate) fn check_rope_inputs(
     op: &str,
     tokens: usize,
-    (cos, sin): (&Tensor, &Tensor),
+    (cos, sin, positions): (&Tensor, &Tensor, Option<&Tensor>),
     (k_cache, v_cache): (&Tensor, &Tensor),
     slot_mapping: &Tensor,
 ) -> Result<()> {
@@ -115,10 +116,23 @@ pub(crate) fn check_rope_inputs(
             v_cache.dims()
         );
     }
+    if let Some(p) = positions
+        && (p.dtype() != DType::U32 || p.dims() != [tokens])
+    {
+        bail!(
+            "{op}: positions must be u32 [{tokens}], got {:?} {:?}",
+            p.dtype(),
+            p.dims()
+        );
+    }
+    let rows = match positions {
+        Some(_) => cos.dim(0)?.max(1),
+        None => tokens,
+    };
     for (t, what) in [(cos, "cos"), (sin, "sin")] {
-        if t.dims() != [tokens, d / 2] {
+        if t.dims() != [rows, d / 2] {
             bail!(
-                "{op}: {what} must be [{tokens}, {}], got {:?}",
+                "{op}: {what} must be [{rows}, {}], got {:?}",
                 d / 2,
                 t.dims()
             );

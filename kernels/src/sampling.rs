@@ -26,7 +26,13 @@ pub fn sample(
         DType::F32,
         logits.device(),
     )?;
-    sample_into(&out, None, &parts, logits, temperatures, min_ps, seeds)?;
+    let to = SampleOutputs {
+        ids: &out,
+        host_ids: None,
+        logits_copy: None,
+        workspace: &parts,
+    };
+    sample_into(&to, logits, temperatures, min_ps, seeds)?;
     Ok(out)
 }
 
@@ -38,13 +44,22 @@ pub fn sample_workspace_len(rows: usize, vocab: usize) -> usize {
     rows * (chunks.max(0) as usize * 4 + 1)
 }
 
-/// [`sample`] into the first `rows` elements of `out` (u32) and, when given, of `host_out` too
-/// (written by the kernel, readable once the stream is synchronized), with `parts` (f32, at least
-/// [`sample_workspace_len`] elements) as scratch: no allocation, so a CUDA graph can capture it.
+/// Where [`sample_into`] writes.
+pub struct SampleOutputs<'a> {
+    /// The ids: the first `rows` elements of a u32 tensor.
+    pub ids: &'a Tensor,
+    /// Also the ids, in mapped host memory (readable once the stream is synchronized).
+    pub host_ids: Option<&'a PinnedIds>,
+    /// A copy of the logits, made as the kernel reads them: the first `rows` rows of a
+    /// `[_, vocab]` tensor of the logits' dtype.
+    pub logits_copy: Option<&'a Tensor>,
+    /// Scratch: f32, at least [`sample_workspace_len`] elements.
+    pub workspace: &'a Tensor,
+}
+
+/// [`sample`] into `to`'s fixed buffers: no allocation, so a CUDA graph can capture it.
 pub fn sample_into(
-    out: &Tensor,
-    host_out: Option<&PinnedIds>,
-    parts: &Tensor,
+    to: &SampleOutputs<'_>,
     logits: &Tensor,
     temperatures: &Tensor,
     min_ps: &Tensor,
@@ -65,6 +80,7 @@ pub fn sample_into(
             );
         }
     }
+    let (out, parts) = (to.ids, to.workspace);
     if out.dtype() != DType::U32 || out.elem_count() < rows {
         bail!(
             "sample: out must be u32 with room for {rows} ids, got {:?} {:?}",
@@ -80,7 +96,7 @@ pub fn sample_into(
             parts.dims()
         );
     }
-    if let Some(h) = host_out
+    if let Some(h) = to.host_ids
         && h.len() < rows
     {
         bail!(
@@ -88,11 +104,28 @@ pub fn sample_into(
             h.len()
         );
     }
+    if let Some(c) = to.logits_copy {
+        let fits = c.dims2().is_ok_and(|(r, v)| r >= rows && v == vocab);
+        if !fits || c.dtype() != logits.dtype() {
+            bail!(
+                "sample: the logits copy must be {:?} [>= {rows}, {vocab}], got {:?} {:?}",
+                logits.dtype(),
+                c.dtype(),
+                c.dims()
+            );
+        }
+    }
     if rows == 0 || vocab == 0 {
         return Ok(());
     }
     let (o, stream) = device_ptr(out, "out")?;
-    let h = host_out.map_or(std::ptr::null_mut(), |h| h.device_ptr() as *mut u32);
+    let h = to
+        .host_ids
+        .map_or(std::ptr::null_mut(), |h| h.device_ptr() as *mut u32);
+    let c = match to.logits_copy {
+        Some(c) => device_ptr(c, "logits_copy")?.0 as *mut c_void,
+        None => std::ptr::null_mut(),
+    };
     let (p, _) = device_ptr(parts, "parts")?;
     let (l, _) = device_ptr(logits, "logits")?;
     let (t, _) = device_ptr(temperatures, "temperatures")?;
@@ -107,6 +140,7 @@ pub fn sample_into(
             h,
             p as *mut c_void,
             l as *const c_void,
+            c,
             rows as i32,
             vocab as i32,
             t as *const f32,

@@ -1,9 +1,11 @@
-//! The sampling kernel: argmax rows equal the host argmax (ties to the lowest index), seeded draws
-//! follow softmax(logits / t) and respect min_p, and a row's draw depends on its seed only.
+//! A decode step's inputs and outputs between host and GPU. The sampling kernel: argmax rows
+//! equal the host argmax (ties to the lowest index), seeded draws follow softmax(logits / t) and
+//! respect min_p, and a row's draw depends on its seed only. The staging buffer's kernel copies
+//! each input field into its tensor and nothing else, and page-locked ids come back.
 //! Needs a CUDA GPU.
 
-use candle_core::{Device, Tensor};
-use pagewise_kernels::sample;
+use candle_core::{DType, Device, Tensor};
+use pagewise_kernels::{PinnedIds, StagedField, Staging, sample};
 
 fn run(logits: &[Vec<f32>], temps: &[f32], min_ps: &[f32], seeds: &[i64]) -> Vec<u32> {
     let dev = Device::new_cuda(0).unwrap();
@@ -184,9 +186,29 @@ fn half_precision_logits_pick_what_their_f32_cast_picks() {
         )
         .unwrap();
         let host = pagewise_kernels::PinnedIds::new(rows).unwrap();
-        pagewise_kernels::sample_into(&out, Some(&host), &parts, &half, &t, &m, &s).unwrap();
+        let copy = Tensor::zeros((rows + 1, vocab), dtype, &dev).unwrap();
+        let to = pagewise_kernels::SampleOutputs {
+            ids: &out,
+            host_ids: Some(&host),
+            logits_copy: Some(&copy),
+            workspace: &parts,
+        };
+        pagewise_kernels::sample_into(&to, &half, &t, &m, &s).unwrap();
         dev.synchronize().unwrap();
         assert_eq!(host.read(rows).unwrap(), want, "{dtype:?}: the host's copy");
+        let diff = (copy.narrow(0, 0, rows).unwrap() - &half).unwrap();
+        let max = diff
+            .abs()
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .max_all()
+            .unwrap();
+        assert_eq!(
+            max.to_scalar::<f32>().unwrap(),
+            0.0,
+            "{dtype:?}: the logits copy"
+        );
         let written = out.to_vec1::<u32>().unwrap();
         assert_eq!(&written[..rows], &want[..], "{dtype:?} sample_into");
         assert_eq!(&written[rows..], &[u32::MAX; 3], "{dtype:?}: past the rows");
@@ -194,8 +216,14 @@ fn half_precision_logits_pick_what_their_f32_cast_picks() {
     // Too small a workspace is refused, not overrun.
     let small = Tensor::zeros(8, DType::F32, &dev).unwrap();
     let out = Tensor::zeros(rows, DType::U32, &dev).unwrap();
+    let to = |workspace, host_ids| pagewise_kernels::SampleOutputs {
+        ids: &out,
+        host_ids,
+        logits_copy: None,
+        workspace,
+    };
     let err =
-        pagewise_kernels::sample_into(&out, None, &small, &f32_logits, &t, &m, &s).unwrap_err();
+        pagewise_kernels::sample_into(&to(&small, None), &f32_logits, &t, &m, &s).unwrap_err();
     assert!(err.to_string().contains("workspace"), "{err}");
     // So is a host buffer too small for the rows.
     let parts = Tensor::zeros(
@@ -205,7 +233,91 @@ fn half_precision_logits_pick_what_their_f32_cast_picks() {
     )
     .unwrap();
     let host = pagewise_kernels::PinnedIds::new(rows - 1).unwrap();
-    let err = pagewise_kernels::sample_into(&out, Some(&host), &parts, &f32_logits, &t, &m, &s)
+    let err = pagewise_kernels::sample_into(&to(&parts, Some(&host)), &f32_logits, &t, &m, &s)
         .unwrap_err();
     assert!(err.to_string().contains("host buffer"), "{err}");
+}
+
+#[test]
+fn staged_fields_land_in_their_tensors_and_nothing_else_moves() {
+    let dev = Device::new_cuda(0).unwrap();
+    let ids = Tensor::full(7u32, 6, &dev).unwrap();
+    let slots = Tensor::full(-9i64, 6, &dev).unwrap();
+    let tables = Tensor::from_vec(vec![5i32; 32], (4, 8), &dev).unwrap();
+    let mut staging = Staging::new(64).unwrap();
+    let w = staging.words_mut();
+    w[0] = 3; // the tables' width this step
+    for i in 0..4 {
+        w[1 + i] = 100 + i as u32;
+        let slot = if i == 3 {
+            -1i64
+        } else {
+            (1i64 << 33) + i as i64
+        };
+        w[5 + 2 * i] = slot as u32;
+        w[6 + 2 * i] = (slot >> 32) as u32;
+    }
+    for r in 0..4 {
+        for c in 0..8 {
+            w[20 + r * 8 + c] = (r * 10 + c) as u32;
+        }
+    }
+    let run = |dst, src_word, words| StagedField {
+        dst,
+        src_word,
+        rows: 1,
+        row_words: Some(words),
+        src_row_words: 0,
+        dst_row_words: 0,
+    };
+    staging
+        .unpack(&[
+            run(&ids, 1, 4),
+            run(&slots, 5, 8),
+            StagedField {
+                dst: &tables,
+                src_word: 20,
+                rows: 3,
+                row_words: None,
+                src_row_words: 8,
+                dst_row_words: 8,
+            },
+        ])
+        .unwrap();
+    assert_eq!(ids.to_vec1::<u32>().unwrap(), [100, 101, 102, 103, 7, 7]);
+    let two33 = 1i64 << 33;
+    assert_eq!(
+        slots.to_vec1::<i64>().unwrap(),
+        [two33, two33 + 1, two33 + 2, -1, -9, -9]
+    );
+    for (r, row) in tables.to_vec2::<i32>().unwrap().iter().enumerate() {
+        for (c, &got) in row.iter().enumerate() {
+            let want = if r < 3 && c < 3 {
+                (r * 10 + c) as i32
+            } else {
+                5
+            };
+            assert_eq!(got, want, "table row {r} column {c}");
+        }
+    }
+    // A field reaching past the buffer or its tensor is refused before any launch.
+    let err = staging.unpack(&[run(&ids, 60, 6)]).unwrap_err();
+    assert!(err.to_string().contains("do not fit"), "{err}");
+    let err = staging.unpack(&[run(&ids, 1, 7)]).unwrap_err();
+    assert!(err.to_string().contains("do not fit"), "{err}");
+    let halves = Tensor::zeros(4, DType::F16, &dev).unwrap();
+    assert!(staging.unpack(&[run(&halves, 1, 2)]).is_err());
+}
+
+#[test]
+fn pinned_ids_come_back_after_a_synchronize() {
+    let dev = Device::new_cuda(0).unwrap();
+    let src = Tensor::from_vec(vec![3u32, 1, 4, 1, 5], 5, &dev).unwrap();
+    let mut pinned = PinnedIds::new(8).unwrap();
+    pinned.copy_from(&src.narrow(0, 1, 3).unwrap()).unwrap();
+    dev.synchronize().unwrap();
+    assert_eq!(pinned.read(4).unwrap(), [1, 4, 1, 0]);
+    assert!(pinned.read(9).is_err());
+    let long = Tensor::zeros(9, DType::U32, &dev).unwrap();
+    assert!(pinned.copy_from(&long).is_err());
 }

@@ -7,7 +7,7 @@ out=${OUT:-/tmp/pagewise-out}; work=/tmp/pagewise-gpu
 switch=${1:-PAGEWISE_DECODE_CLUSTER}
 export PAGEWISE_GPU_MODELS=$work/models
 bash "$here/run.sh" none > /dev/null 2>&1   # unpacks the binaries, makes the test models
-for t in kernel-tests sampling-tests step-io-tests fused-tests; do
+for t in kernel-tests sampling-tests fused-tests rope-tests; do
   "$work/bin/$t" --test-threads=1 2>&1 | grep -E "test result|panicked|FAILED"
 done
 "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture --skip quantized_gguf 2>&1 | grep -E "test result|panicked|FAILED" | tail -5

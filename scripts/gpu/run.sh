@@ -26,7 +26,7 @@ mkdir -p "$out" "$work/bin"
 what=${1:-all}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 
-for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests step-io-tests gpu-engine-tests; do
+for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests rope-tests gpu-engine-tests; do
   [ -f "$here/$f.xz" ] || continue
   [ -x "$work/bin/$f" ] || python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$here/$f.xz" "$work/bin/$f"
   chmod +x "$work/bin/$f"
@@ -41,8 +41,8 @@ if [ "$what" = tests ] || [ "$what" = kernels ] || [ "$what" = all ]; then
   "$work/bin/kernel-tests" --test-threads=1 > "$out/kernel-tests.log" 2>&1 || status=1
   "$work/bin/prefill-tests" --test-threads=1 --nocapture > "$out/prefill-tests.log" 2>&1 || status=1
   "$work/bin/sampling-tests" --test-threads=1 > "$out/sampling-tests.log" 2>&1 || status=1
-  "$work/bin/step-io-tests" --test-threads=1 >> "$out/sampling-tests.log" 2>&1 || status=1
   "$work/bin/fused-tests" --test-threads=1 > "$out/fused-tests.log" 2>&1 || status=1
+  "$work/bin/rope-tests" --test-threads=1 >> "$out/fused-tests.log" 2>&1 || status=1
   # (the quantized-GGUF test needs its model staged apart: `gguf` mode)
   [ "$what" = kernels ] || "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture --skip quantized_gguf > "$out/gpu-engine-tests.log" 2>&1 || status=1
   # The same engine tests on the older paths kept for comparisons (WMMA prefill, decode K/V read
@@ -97,7 +97,9 @@ if [ "$what" = quick ]; then
   # batch-1 latency on the 1B shape.
   (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS" tiny) > "$out/make-models.log" 2>&1 || status=1
   "$work/bin/kernel-tests" --test-threads=1 2>&1 | grep -E "^test |test result" || status=1
-  "$work/bin/fused-tests" --test-threads=1 2>&1 | grep -E "^test |test result|panicked" || status=1
+  for t in fused-tests rope-tests; do
+    "$work/bin/$t" --test-threads=1 2>&1 | grep -E "^test |test result|panicked" || status=1
+  done
   # (the KV-sizing test needs the 1B model and the GGUF test its staged file: `tests` / `gguf`)
   "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture gpu_ seeded batched cuda_graph \
     --skip quantized_gguf --skip sized_by_gpu_memory 2>&1 \
@@ -117,7 +119,7 @@ if [ "$what" = verify ]; then
   # PAGEWISE_GRAPH_CONTEXTS=none (one graph per batch bucket). Kernel tests, the engine's GPU
   # tests on the older paths (`tests` runs them on the defaults), then each one's speed.
   older=(PAGEWISE_PREFILL_MMA=0 PAGEWISE_DECODE_EARLY_KV=0 PAGEWISE_GRAPH_CONTEXTS=none)
-  for t in kernel-tests prefill-tests sampling-tests fused-tests; do
+  for t in kernel-tests prefill-tests sampling-tests fused-tests rope-tests; do
     "$work/bin/$t" --test-threads=1 --nocapture 2>&1 | grep -E "^test |test result|panicked|rel\. err" || status=1
   done
   env "${older[@]}" "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture --skip quantized_gguf 2>&1 \
@@ -143,7 +145,9 @@ if [ "$what" = verify ]; then
   done
 fi
 if [ "$what" = fused ]; then
-  "$work/bin/fused-tests" --test-threads=1 2>&1 | grep -E "^test |test result|panicked|off by" || status=1
+  for t in fused-tests rope-tests; do
+    "$work/bin/$t" --test-threads=1 2>&1 | grep -E "^test |test result|panicked|off by" || status=1
+  done
   for f in 1 0; do
     echo "== engine tests, PAGEWISE_DECODE_FUSED=$f"
     PAGEWISE_DECODE_FUSED=$f "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture --skip quantized_gguf 2>&1 \

@@ -18,7 +18,7 @@ use pagewise_kernels::{GemvInput, gemv_fits, gemv_fused};
 
 use super::attention::KvCache;
 use super::batch::ForwardBatch;
-use super::layers::{RotaryRows, silu_mul};
+use super::layers::{Rotary, silu_mul};
 use super::norm::RmsNorm;
 use super::qkv::Heads;
 
@@ -83,13 +83,13 @@ fn norm_input(norm: &RmsNorm) -> GemvInput<'_> {
 }
 
 /// Layer `layer`'s attention output (`[rows, heads * head_dim]`) from the residual stream `x`
-/// (`[rows, hidden]`): the qkv projection of its norm with rotary and the cache write folded in
-/// (one kernel), then paged attention.
+/// (`[rows, hidden]`): the qkv projection of its norm with rotary (the tables read at the step's
+/// positions, no gather) and the cache write folded in (one kernel), then paged attention.
 pub(super) fn attention(
     x: &Tensor,
     l: &FusedLayer<'_>,
     layer: usize,
-    rotary: &RotaryRows,
+    rotary: &Rotary,
     batch: &ForwardBatch<'_>,
     kv: &KvCache,
     heads: Heads,
@@ -105,7 +105,7 @@ pub(super) fn attention(
         l.input_norm,
         (heads.q, heads.kv),
         caches,
-        &dm.slot_mapping,
+        (&batch.positions, &dm.slot_mapping),
     )?;
     kv.attend_written(layer, &q, &batch.attention, heads.scale)
 }

@@ -241,6 +241,34 @@ impl Rotary {
             interleaved: self.interleaved,
         })
     }
+
+    /// The qkv projection of `rms_norm(x)` by the fused weight `w` in one GEMV kernel that also
+    /// rotates q and k (reading the tables at `positions`, u32 `[rows]`) and writes k and v into
+    /// the caches at `slot_mapping` (decode steps of up to 8 rows; see
+    /// `pagewise_kernels::gemv_rope_cache`); returns q, `[rows, heads, head_dim]`.
+    #[cfg(feature = "cuda")]
+    pub fn project_qkv_and_cache(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        norm: &super::norm::RmsNorm,
+        (heads, kv_heads): (usize, usize),
+        (k_cache, v_cache): (&Tensor, &Tensor),
+        (positions, slot_mapping): (&Tensor, &Tensor),
+    ) -> candle_core::Result<Tensor> {
+        let target = pagewise_kernels::RopeCacheTarget {
+            heads,
+            kv_heads,
+            cos: &self.cos,
+            sin: &self.sin,
+            positions: Some(positions),
+            interleaved: self.interleaved,
+            k_cache,
+            v_cache,
+            slot_mapping,
+        };
+        pagewise_kernels::gemv_rope_cache(x, w, norm.weight(), norm.eps() as f32, &target)
+    }
 }
 
 /// The rotary tables gathered at one step's positions.
@@ -271,32 +299,6 @@ impl RotaryRows {
             interleaved: self.interleaved,
         };
         pagewise_kernels::rope_qkv_cache(&x, k_cache, v_cache, slot_mapping)
-    }
-
-    /// The qkv projection of `rms_norm(x)` by the fused weight `w` in one GEMV kernel that also
-    /// rotates q and k and writes k and v into the caches at `slot_mapping` (decode steps of up
-    /// to 8 rows; see `pagewise_kernels::gemv_rope_cache`); returns q, `[rows, heads, head_dim]`.
-    #[cfg(feature = "cuda")]
-    pub fn project_qkv_and_cache(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        norm: &super::norm::RmsNorm,
-        (heads, kv_heads): (usize, usize),
-        (k_cache, v_cache): (&Tensor, &Tensor),
-        slot_mapping: &Tensor,
-    ) -> candle_core::Result<Tensor> {
-        let target = pagewise_kernels::RopeCacheTarget {
-            heads,
-            kv_heads,
-            cos: &self.cos,
-            sin: &self.sin,
-            interleaved: self.interleaved,
-            k_cache,
-            v_cache,
-            slot_mapping,
-        };
-        pagewise_kernels::gemv_rope_cache(x, w, norm.weight(), norm.eps() as f32, &target)
     }
 
     /// Rotates `x` (`[tokens, heads, head_dim]`, contiguous).

@@ -103,16 +103,16 @@ impl CausalLm for Llama {
             scale: 1.0 / (cfg.head_dim as f32).sqrt(),
         };
         let mut x = self.embed.forward(&batch.input_ids)?;
-        let rotary = self.rotary.at(&batch.positions)?;
         #[cfg(feature = "cuda")]
         if let Some(layers) = self.fused_layers(&x, batch, kv) {
             decode_fused::count_step();
             for (i, layer) in layers.iter().enumerate() {
-                let attn = decode_fused::attention(&x, layer, i, &rotary, batch, kv, heads)?;
+                let attn = decode_fused::attention(&x, layer, i, &self.rotary, batch, kv, heads)?;
                 x = decode_fused::finish_layer(&x, &attn, layer)?;
             }
             return self.logits(&self.norm.forward(&x)?, batch);
         }
+        let rotary = self.rotary.at(&batch.positions)?;
         // `h` is the normalized residual stream entering the next block: each residual add is
         // fused with the norm that follows it (the next layer's input norm, or the final norm).
         let mut h = match self.layers.first() {

@@ -1,6 +1,6 @@
 //! Helpers shared by the kernel tests.
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 /// A small deterministic generator (no dependency): uniform in [-1, 1).
 pub struct Lcg(pub u64);
@@ -53,4 +53,33 @@ pub fn graph_replay_seconds(
     graph.launch().unwrap();
     let end = stream.record_event(timing).unwrap();
     f64::from(start.elapsed_ms(&end).unwrap()) / 1e3 / iters as f64
+}
+
+/// A `shape` tensor of `dtype` on `dev` with values uniform in [-scale, scale).
+#[allow(dead_code)] // (not every test binary makes random tensors)
+pub fn random(
+    rng: &mut Lcg,
+    shape: (usize, usize),
+    scale: f32,
+    dtype: DType,
+    dev: &Device,
+) -> Tensor {
+    if shape.0 * shape.1 == 0 {
+        return Tensor::zeros(shape, dtype, dev).unwrap();
+    }
+    let v: Vec<f32> = (0..shape.0 * shape.1).map(|_| rng.next() * scale).collect();
+    Tensor::from_vec(v, shape, dev)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+}
+
+/// Largest |got - want| over the largest |want|.
+#[allow(dead_code)] // (not every test binary compares this way)
+pub fn max_rel_diff(got: &[f32], want: &[f32]) -> f32 {
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+    got.iter()
+        .zip(want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+        / scale
 }
