@@ -7,9 +7,9 @@
 // from a counter-based hash of (the row's seed, token index), so a row's draw depends on its own
 // seed only, never on the batch around it.
 // A row is cut into chunks of kChunk tokens, one block each (a 128k vocabulary on one
-// multiprocessor took ~110 us); each chunk keeps its best logit and best draw, and a second
-// kernel picks each row's winner among its chunks. Rows with a min_p floor need the row's maximum
-// first, so their draws are made in that second pass, whose last block per row picks.
+// multiprocessor took ~110 us); each chunk keeps its best logit and best draw, and the row's last
+// block to finish picks the winner among its chunks. Rows with a min_p floor need the row's
+// maximum first, so that last block makes their draws itself, over the whole row.
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -83,15 +83,34 @@ __device__ __forceinline__ void draw_range(const T* x, int begin, int end, float
   }
 }
 
-// Pass 1, grid (rows, chunks): each chunk's best logit, and its best draw for rows that sample
-// without a min_p floor.
+// The row's token from its chunks' parts: the argmax for greedy rows (and rows with nothing
+// finite), else the best draw (the argmax when no token qualified). Every thread gets it. The
+// parts are read past L1: other blocks wrote them.
+__device__ int pick_from_parts(const Part* p, int chunks, float t) {
+  float best = -INFINITY, v = -INFINITY;
+  int best_i = kNone, vi = kNone;
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    keep_best(best, best_i, __ldcg(&p[c].max_v), __ldcg(&p[c].max_i));
+    keep_best(v, vi, __ldcg(&p[c].draw_v), __ldcg(&p[c].draw_i));
+  }
+  block_best(best, best_i);
+  block_best(v, vi);
+  if (t <= 0.f || best == -INFINITY) return best_i == kNone ? 0 : best_i;
+  return vi == kNone ? best_i : vi;
+}
+
+// One launch, grid (rows, chunks). Each block finds its chunk's best logit and, for rows that
+// sample without a min_p floor, its best draw (copying the logits when asked). The row's last
+// block to finish (a ticket counter, left at zero for the next launch) picks the row's token: from
+// the parts, or for a row with a min_p floor, by drawing over the whole row among the tokens at or
+// above max + t * ln(min_p) (p_i >= min_p * p_max; few pass it, so one block does it).
 template <typename T>
 __global__ void __launch_bounds__(kChunkThreads)
-    chunk_pass(Part* __restrict__ parts, unsigned int* __restrict__ tickets,
-               const T* __restrict__ logits, T* __restrict__ logits_copy, int vocab,
-               const float* __restrict__ temperatures, const float* __restrict__ min_ps,
-               const uint64_t* __restrict__ seeds) {
-  const int row = blockIdx.x, chunk = blockIdx.y;
+    sample_kernel(uint32_t* __restrict__ out, uint32_t* __restrict__ host_out, Part* parts,
+                  unsigned int* __restrict__ tickets, const T* __restrict__ logits,
+                  T* __restrict__ logits_copy, int vocab, const float* __restrict__ temperatures,
+                  const float* __restrict__ min_ps, const uint64_t* __restrict__ seeds) {
+  const int row = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
   const T* x = logits + (int64_t)row * vocab;
   const int begin = chunk * kChunk, end = min(vocab, begin + kChunk);
   float best = -INFINITY;
@@ -102,105 +121,53 @@ __global__ void __launch_bounds__(kChunkThreads)
     if (copy != nullptr) copy[i] = xi;
     keep_best(best, best_i, to_float(xi), i);
   }
-  const float t = temperatures[row];
+  const float t = temperatures[row], min_p = min_ps[row];
+  const bool floored = t > 0.f && min_p > 0.f;
   float v = -INFINITY;
   int vi = kNone;
-  if (t > 0.f && !(min_ps[row] > 0.f))
-    draw_range(x, begin, end, -INFINITY, 1.f / t, seeds[row], v, vi);
+  if (t > 0.f && !floored) draw_range(x, begin, end, -INFINITY, 1.f / t, seeds[row], v, vi);
   block_best(best, best_i);
   block_best(v, vi);
-  if (threadIdx.x == 0) {
-    parts[(int64_t)row * gridDim.y + chunk] = Part{best, best_i, v, vi};
-    if (chunk == 0) tickets[row] = 0;  // for pass 2's count of finished blocks
-  }
-}
-
-// The best logit of row `row` over its `chunks` parts (every thread gets it).
-__device__ __forceinline__ void row_best(const Part* p, int chunks, float& best, int& best_i) {
-  best = -INFINITY;
-  best_i = kNone;
-  for (int c = threadIdx.x; c < chunks; c += blockDim.x) keep_best(best, best_i, p[c].max_v, p[c].max_i);
-  block_best(best, best_i);
-}
-
-// The row's token from its chunks' parts: the argmax for greedy rows (and rows with nothing
-// finite), else the best draw (the argmax when no token qualified), into out[row] and, when not
-// null, host_out[row] (mapped host memory). The parts are read past L1 (other blocks of this
-// kernel may have written their draws).
-__device__ void pick_row(uint32_t* out, uint32_t* host_out, int row, const Part* p, int chunks,
-                         float t) {
-  float best = -INFINITY, v = -INFINITY;
-  int best_i = kNone, vi = kNone;
-  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
-    keep_best(best, best_i, __ldcg(&p[c].max_v), __ldcg(&p[c].max_i));
-    keep_best(v, vi, __ldcg(&p[c].draw_v), __ldcg(&p[c].draw_i));
-  }
-  block_best(best, best_i);
-  block_best(v, vi);
-  if (threadIdx.x != 0) return;
-  uint32_t id;
-  if (t <= 0.f || best == -INFINITY)
-    id = best_i == kNone ? 0 : best_i;
-  else
-    id = vi == kNone ? best_i : vi;
-  out[row] = id;
-  if (host_out != nullptr) host_out[row] = id;
-}
-
-// Pass 2, grid (rows, chunks), after pass 1. A row without a min_p floor is picked by its chunk
-// 0 block at once (its parts are complete). A row with one: each chunk's best draw among the
-// tokens at or above max + t * ln(min_p) (p_i >= min_p * p_max), then the row's last block to
-// finish (a ticket counter pass 1 zeroed) picks.
-template <typename T>
-__global__ void __launch_bounds__(kChunkThreads)
-    floor_pick(uint32_t* __restrict__ out, uint32_t* __restrict__ host_out, Part* parts,
-               unsigned int* __restrict__ tickets, const T* __restrict__ logits, int vocab,
-               const float* __restrict__ temperatures, const float* __restrict__ min_ps,
-               const uint64_t* __restrict__ seeds) {
-  const int row = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
-  const float t = temperatures[row], min_p = min_ps[row];
   Part* p = parts + (int64_t)row * chunks;
-  if (!(t > 0.f && min_p > 0.f)) {
-    if (chunk == 0) pick_row(out, host_out, row, p, chunks, t);
-    return;
-  }
-  float best;
-  int best_i;
-  row_best(p, chunks, best, best_i);
-  if (best != -INFINITY) {
-    const int begin = chunk * kChunk, end = min(vocab, begin + kChunk);
-    float v = -INFINITY;
-    int vi = kNone;
-    draw_range(logits + (int64_t)row * vocab, begin, end, best + t * logf(min_p), 1.f / t,
-               seeds[row], v, vi);
-    block_best(v, vi);
-    if (threadIdx.x == 0) {
-      p[chunk].draw_v = v;
-      p[chunk].draw_i = vi;
-    }
-  }
   __shared__ bool last;
   if (threadIdx.x == 0) {
-    __threadfence();  // this block's draw before its ticket
+    p[chunk] = Part{best, best_i, v, vi};
+    __threadfence();  // the part before the ticket
     last = atomicAdd(&tickets[row], 1u) == (unsigned int)chunks - 1;
   }
   __syncthreads();
   if (!last) return;
   __threadfence();
-  pick_row(out, host_out, row, p, chunks, t);
+  int id;
+  if (floored) {
+    float m = -INFINITY;
+    int mi = kNone;
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x)
+      keep_best(m, mi, __ldcg(&p[c].max_v), __ldcg(&p[c].max_i));
+    block_best(m, mi);
+    float dv = -INFINITY;
+    int di = kNone;
+    if (m != -INFINITY) draw_range(x, 0, vocab, m + t * logf(min_p), 1.f / t, seeds[row], dv, di);
+    block_best(dv, di);
+    id = m == -INFINITY ? 0 : (di == kNone ? mi : di);
+  } else {
+    id = pick_from_parts(p, chunks, t);
+  }
+  if (threadIdx.x == 0) {
+    out[row] = id;
+    if (host_out != nullptr) host_out[row] = id;
+    tickets[row] = 0;
+  }
 }
 
 template <typename T>
 void launch_sample(uint32_t* out, uint32_t* host_out, Part* p, unsigned int* tickets,
-                   const void* logits_v, void* logits_copy, int rows, int vocab, int chunks,
+                   const void* logits, void* logits_copy, int rows, int vocab, int chunks,
                    const float* temperatures, const float* min_ps, const uint64_t* seeds,
                    cudaStream_t stream) {
-  const dim3 grid(rows, chunks);
-  const T* logits = static_cast<const T*>(logits_v);
-  chunk_pass<T><<<grid, kChunkThreads, 0, stream>>>(p, tickets, logits, static_cast<T*>(logits_copy),
-                                                    vocab, temperatures, min_ps, seeds);
-  floor_pick<T><<<grid, kChunkThreads, 0, stream>>>(out, host_out, p, tickets, logits, vocab,
-                                                    temperatures, min_ps, seeds);
+  sample_kernel<T><<<dim3(rows, chunks), kChunkThreads, 0, stream>>>(
+      out, host_out, p, tickets, static_cast<const T*>(logits), static_cast<T*>(logits_copy),
+      vocab, temperatures, min_ps, seeds);
 }
 
 }  // namespace
@@ -209,17 +176,18 @@ void launch_sample(uint32_t* out, uint32_t* host_out, Part* p, unsigned int* tic
 extern "C" int pagewise_sample_chunks(int vocab) { return (vocab + kChunk - 1) / kChunk; }
 
 // Returns 0 on success or a CUDA error code. `dtype`: 0 f32, 1 f16, 2 bf16 logits. `parts`:
-// rows x (pagewise_sample_chunks(vocab) x 16 + 4) bytes of scratch. `host_out`: null, or the
-// device address of mapped host memory that also receives the ids. `logits_copy`: null, or
-// rows x vocab elements of the logits' dtype that receive a copy of them as they are read.
+// rows x pagewise_sample_chunks(vocab) x 16 bytes of scratch. `tickets`: rows counters, zero
+// before the first launch (every launch leaves them zero), at the same address whatever `rows`
+// is when launches of different row counts share them. `host_out`: null, or the device address
+// of mapped host memory that also receives the ids. `logits_copy`: null, or rows x vocab
+// elements of the logits' dtype that receive a copy of them as they are read.
 extern "C" int pagewise_sample(int dtype, uint32_t* out, uint32_t* host_out, void* parts,
-                               const void* logits, void* logits_copy, int rows, int vocab,
+                               unsigned int* tickets, const void* logits, void* logits_copy, int rows, int vocab,
                                const float* temperatures, const float* min_ps,
                                const uint64_t* seeds, cudaStream_t stream) {
   if (rows == 0 || vocab <= 0) return 0;
   const int chunks = pagewise_sample_chunks(vocab);
   Part* p = static_cast<Part*>(parts);
-  unsigned int* tickets = reinterpret_cast<unsigned int*>(p + (int64_t)rows * chunks);
   switch (dtype) {
     case 0:
       launch_sample<float>(out, host_out, p, tickets, logits, logits_copy, rows, vocab, chunks,

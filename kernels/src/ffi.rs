@@ -64,6 +64,7 @@ unsafe extern "C" {
         out: *mut u32,
         host_out: *mut u32,
         parts: *mut c_void,
+        tickets: *mut u32,
         logits: *const c_void,
         logits_copy: *mut c_void,
         rows: c_int,

@@ -19,9 +19,9 @@ pub fn sample(
     seeds: &Tensor,
 ) -> Result<Tensor> {
     let (rows, vocab) = logits.dims2()?;
-    // Every row's id is written by the last kernel; the parts before they are read.
+    // Every row's id is written by the kernel; the workspace's counters start at zero.
     let out = crate::empty(rows, DType::U32, logits.device())?;
-    let parts = crate::empty(
+    let parts = Tensor::zeros(
         sample_workspace_len(rows, vocab).max(1),
         DType::F32,
         logits.device(),
@@ -40,8 +40,12 @@ pub fn sample(
 pub fn sample_workspace_len(rows: usize, vocab: usize) -> usize {
     // SAFETY: a pure function of its argument.
     let chunks = unsafe { ffi::pagewise_sample_chunks(vocab.min(i32::MAX as usize) as i32) };
-    // 16 bytes per (row, chunk), then a 4-byte counter per row.
-    rows * (chunks.max(0) as usize * 4 + 1)
+    rows * per_row(chunks.max(0) as usize)
+}
+
+/// f32 elements of the workspace per row: a 4-byte counter, 16 bytes per chunk.
+fn per_row(chunks: usize) -> usize {
+    chunks * 4 + 1
 }
 
 /// Where [`sample_into`] writes.
@@ -53,7 +57,8 @@ pub struct SampleOutputs<'a> {
     /// A copy of the logits, made as the kernel reads them: the first `rows` rows of a
     /// `[_, vocab]` tensor of the logits' dtype.
     pub logits_copy: Option<&'a Tensor>,
-    /// Scratch: f32, at least [`sample_workspace_len`] elements.
+    /// Scratch: f32, at least [`sample_workspace_len`] elements, zeroed before its first use
+    /// (`Tensor::zeros`); each call leaves it ready for the next (its counters back at zero).
     pub workspace: &'a Tensor,
 }
 
@@ -126,7 +131,13 @@ pub fn sample_into(
         Some(c) => device_ptr(c, "logits_copy")?.0 as *mut c_void,
         None => std::ptr::null_mut(),
     };
-    let (p, _) = device_ptr(parts, "parts")?;
+    // The workspace serves `capacity` rows, whatever this call's: its counters first (at the
+    // same addresses for every call sharing it), then the parts.
+    // SAFETY: a pure function of its argument.
+    let chunks = unsafe { ffi::pagewise_sample_chunks(vocab as i32) } as usize;
+    let capacity = parts.elem_count() / per_row(chunks);
+    let (tickets, _) = device_ptr(parts, "parts")?;
+    let p = tickets + (capacity * 4) as u64;
     let (l, _) = device_ptr(logits, "logits")?;
     let (t, _) = device_ptr(temperatures, "temperatures")?;
     let (m, _) = device_ptr(min_ps, "min_ps")?;
@@ -139,6 +150,7 @@ pub fn sample_into(
             o as *mut u32,
             h,
             p as *mut c_void,
+            tickets as *mut u32,
             l as *const c_void,
             c,
             rows as i32,

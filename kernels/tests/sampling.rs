@@ -179,9 +179,9 @@ fn half_precision_logits_pick_what_their_f32_cast_picks() {
         assert_eq!(got, want, "{dtype:?}");
         // The allocation-free form writes the same ids into a larger buffer, over old contents.
         let out = Tensor::full(u32::MAX, rows + 3, &dev).unwrap();
-        let parts = Tensor::full(
-            f32::NAN,
+        let parts = Tensor::zeros(
             pagewise_kernels::sample_workspace_len(rows, vocab),
+            DType::F32,
             &dev,
         )
         .unwrap();
@@ -193,9 +193,20 @@ fn half_precision_logits_pick_what_their_f32_cast_picks() {
             logits_copy: Some(&copy),
             workspace: &parts,
         };
-        pagewise_kernels::sample_into(&to, &half, &t, &m, &s).unwrap();
-        dev.synchronize().unwrap();
-        assert_eq!(host.read(rows).unwrap(), want, "{dtype:?}: the host's copy");
+        // Calls of different row counts over one workspace (as graph buckets share it): each
+        // leaves it ready for the next.
+        for (call, n) in [rows, 3, 1, rows - 5, rows].into_iter().enumerate() {
+            let first = |x: &Tensor| x.narrow(0, 0, n).unwrap();
+            pagewise_kernels::sample_into(&to, &first(&half), &first(&t), &first(&m), &first(&s))
+                .unwrap();
+            dev.synchronize().unwrap();
+            let host_ids = host.read(n).unwrap();
+            assert_eq!(
+                host_ids,
+                want[..n],
+                "{dtype:?}: the host's copy, call {call}"
+            );
+        }
         let diff = (copy.narrow(0, 0, rows).unwrap() - &half).unwrap();
         let max = diff
             .abs()
