@@ -12,13 +12,13 @@ mod ffi;
 mod fused;
 mod gemv;
 mod gemv_rope;
+mod pinned;
 mod prefill;
 mod rope;
 mod sampling;
 mod split;
 mod staging;
 mod timeline;
-mod upload;
 
 pub use decode::{
     CacheWrites, DecodeWorkspace, paged_attention, paged_attention_into, paged_attention_planned,
@@ -27,6 +27,7 @@ pub use decode::{
 pub use fused::{add_rms_norm, silu_mul};
 pub use gemv::{GEMV_MAX_ROWS, GemvInput, gemv, gemv_fits, gemv_fused};
 pub use gemv_rope::{RopeCacheTarget, gemv_rope_cache};
+pub use pinned::PinnedIds;
 pub use prefill::{
     PrefillKernel, PrefillSeqs, paged_prefill_attention, paged_prefill_attention_with,
 };
@@ -35,7 +36,6 @@ pub use sampling::{SampleOutputs, sample, sample_into, sample_workspace_len};
 pub use split::{MIN_CHUNK, decode_slots, graph_split_plan, split_plan};
 pub use staging::{MAX_STAGED_FIELDS, StagedField, Staging};
 pub use timeline::{BlockRecord, decode_timeline};
-pub use upload::{PinnedIds, upload, upload_rows};
 
 use std::ffi::c_void;
 
@@ -147,6 +147,17 @@ pub fn empty(
         candle_core::op::BackpropOp::none(),
         false,
     ))
+}
+
+/// A CUDA driver call's result as an error naming `what`.
+pub(crate) fn check_driver(
+    code: candle_core::cuda_backend::cudarc::driver::sys::CUresult,
+    what: &str,
+) -> Result<()> {
+    if code != candle_core::cuda_backend::cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+        bail!("{what}: {code:?}");
+    }
+    Ok(())
 }
 
 pub(crate) fn check_launch(code: i32, what: &str) -> Result<()> {

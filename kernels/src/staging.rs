@@ -7,7 +7,7 @@ use std::ffi::c_int;
 use candle_core::cuda_backend::cudarc::driver::sys;
 use candle_core::{Result, Tensor, bail};
 
-use crate::{check_launch, device_ptr, ffi};
+use crate::{check_driver, check_launch, device_ptr, ffi};
 
 /// Most fields one [`Staging::unpack`] copies.
 pub const MAX_STAGED_FIELDS: usize = 8;
@@ -60,11 +60,11 @@ impl Staging {
         // SAFETY: writes the address of a fresh allocation of `words` u32s into `host`.
         let code =
             unsafe { sys::cuMemHostAlloc(&mut host, words * 4, sys::CU_MEMHOSTALLOC_DEVICEMAP) };
-        check(code, "Staging::new")?;
+        check_driver(code, "Staging::new")?;
         let mut device = 0;
         // SAFETY: `host` is a mapped allocation of this context.
         let code = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) };
-        if let Err(e) = check(code, "Staging::new (device address)") {
+        if let Err(e) = check_driver(code, "Staging::new (device address)") {
             // SAFETY: allocated just above, not shared.
             unsafe { sys::cuMemFreeHost(host) };
             return Err(e);
@@ -156,11 +156,4 @@ impl Drop for Staging {
             sys::cuMemFreeHost(self.host.cast());
         }
     }
-}
-
-fn check(code: sys::CUresult, what: &str) -> Result<()> {
-    if code != sys::CUresult::CUDA_SUCCESS {
-        bail!("{what}: {code:?}");
-    }
-    Ok(())
 }
