@@ -2,16 +2,17 @@
 //! kernels, each costing more on the CPU than on the GPU. At startup the runner captures one
 //! forward pass per batch-size bucket and context-length bucket (src/graph_buckets.rs;
 //! `PAGEWISE_GRAPH_CONTEXTS` sets the context bounds) into a CUDA graph; a decode step then
-//! uploads its inputs into fixed buffers and replays the graph of the smallest bucket that holds it, one launch for the
-//! whole model. Padding rows write nothing (slot -1) and attend over nothing (context 0).
+//! stages its inputs (one mapped host buffer, copied into fixed tensors by the graph's first
+//! kernel) and replays the graph of the smallest bucket that holds it, one launch for the whole
+//! model. Padding rows write nothing (slot -1) and attend over nothing (context 0).
 //! Steps with prefill chunks, more sequences than the largest bucket or contexts longer than
 //! `max_seq_len_to_capture` run eagerly.
 //!
-//! A graph also samples: its last kernels pick each row's token from the logits (the model's
+//! A graph also samples: its last kernel picks each row's token from the logits (the model's
 //! dtype, no cast) with the temperatures, min-p floors and seeds staged with the step's inputs,
-//! and write the ids straight into mapped page-locked host memory, so when the replay is done the
-//! ids are on the host. Rows the GPU cannot sample (logprobs, penalties, top-k/top-p) are redone by the host
-//! sampler from their logits rows.
+//! and writes the ids straight into mapped page-locked host memory, so when the replay is done
+//! the ids are on the host. Rows the GPU cannot sample (logprobs, penalties, top-k/top-p) are
+//! redone by the host sampler from their logits rows.
 
 use candle_core::cuda_backend::cudarc::driver::{CudaGraph, sys};
 use candle_core::{DType, Device, Tensor};
@@ -348,7 +349,7 @@ impl DecodeGraphs {
         &self.contexts
     }
 
-    /// Uploads `out`'s inputs and its sampling rows when it is a decode step a graph serves;
+    /// Stages `out`'s inputs and its sampling rows when it is a decode step a graph serves;
     /// returns the bucket's index for [`DecodeGraphs::replay`], or `None` to run the step eagerly.
     pub fn prepare(
         &mut self,
@@ -391,7 +392,7 @@ impl DecodeGraphs {
         Ok(Some(slot * self.contexts.len() + c))
     }
 
-    /// Replays graph `slot` (from [`DecodeGraphs::prepare`]) over the uploaded inputs; returns the
+    /// Replays graph `slot` (from [`DecodeGraphs::prepare`]) over the staged inputs; returns the
     /// first `n` rows of the logits (`[n, vocab]`, the model's dtype, valid until the next replay).
     pub fn replay(&self, slot: usize, n: usize) -> Result<Tensor, ModelError> {
         self.graphs[slot].launch().map_err(driver_error)?;
