@@ -4,10 +4,10 @@
 
 use std::ffi::c_int;
 
-use candle_core::cuda_backend::cudarc::driver::sys;
 use candle_core::{Result, Tensor, bail};
 
-use crate::{check_driver, check_launch, device_ptr, ffi};
+use crate::pinned::MappedWords;
+use crate::{check_launch, device_ptr, ffi};
 
 /// Most fields one [`Staging::unpack`] copies.
 pub const MAX_STAGED_FIELDS: usize = 8;
@@ -43,47 +43,22 @@ pub struct StagedField<'a> {
 
 /// Page-locked host memory the GPU reads in place (mapped), `words` 32-bit words, zeroed.
 pub struct Staging {
-    host: *mut u32,
-    device: u64,
-    words: usize,
+    mem: MappedWords,
 }
-
-// SAFETY: the allocation is owned by this value alone; the host writes it through `&mut self`.
-unsafe impl Send for Staging {}
 
 impl Staging {
     /// Allocates the buffer in the CUDA context current on this thread (bind the device's context
     /// first: any kernel-crate call on its tensors does).
     pub fn new(words: usize) -> Result<Self> {
-        let words = words.max(1);
-        let mut host = std::ptr::null_mut();
-        // SAFETY: writes the address of a fresh allocation of `words` u32s into `host`.
-        let code =
-            unsafe { sys::cuMemHostAlloc(&mut host, words * 4, sys::CU_MEMHOSTALLOC_DEVICEMAP) };
-        check_driver(code, "Staging::new")?;
-        let mut device = 0;
-        // SAFETY: `host` is a mapped allocation of this context.
-        let code = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) };
-        if let Err(e) = check_driver(code, "Staging::new (device address)") {
-            // SAFETY: allocated just above, not shared.
-            unsafe { sys::cuMemFreeHost(host) };
-            return Err(e);
-        }
-        let host = host.cast::<u32>();
-        // SAFETY: `host` holds `words` u32s, not yet visible to any kernel.
-        unsafe { std::ptr::write_bytes(host, 0, words) };
         Ok(Staging {
-            host,
-            device,
-            words,
+            mem: MappedWords::new(words, "Staging::new")?,
         })
     }
 
     /// The buffer, for the host to write a step's inputs. Only between steps: a kernel reading
     /// it must have finished (the caller synchronized), or it may see a mix of two steps.
     pub fn words_mut(&mut self) -> &mut [u32] {
-        // SAFETY: `words` u32s owned by `self`; `&mut self` excludes other host access.
-        unsafe { std::slice::from_raw_parts_mut(self.host, self.words) }
+        self.mem.as_mut_slice()
     }
 
     /// Enqueues the kernel that copies `fields` from this buffer into their tensors, on the
@@ -109,7 +84,7 @@ impl Staging {
             let last_row = f.rows.saturating_sub(1);
             let src_end = f.src_word + last_row * f.src_row_words + width;
             let dst_end = last_row * f.dst_row_words + width;
-            if f.rows > 0 && (src_end > self.words || dst_end > f.dst.elem_count() * size / 4) {
+            if f.rows > 0 && (src_end > self.mem.len() || dst_end > f.dst.elem_count() * size / 4) {
                 bail!(
                     "unpack: {} rows of {width} words from word {} (stride {}) into {:?} \
                      (stride {}) do not fit ({} staged words)",
@@ -118,7 +93,7 @@ impl Staging {
                     f.src_row_words,
                     f.dst.dims(),
                     f.dst_row_words,
-                    self.words
+                    self.mem.len()
                 );
             }
             let int = |x: usize| {
@@ -139,21 +114,12 @@ impl Staging {
         // its owner keeps it alive while a graph that captured the launch exists.
         let code = unsafe {
             ffi::pagewise_unpack_staged(
-                self.device as *const u32,
+                self.mem.device_ptr() as *const u32,
                 raw.as_ptr(),
                 raw.len() as c_int,
                 stream,
             )
         };
         check_launch(code, "unpack")
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        // SAFETY: allocated by cuMemHostAlloc in `new`, freed once.
-        unsafe {
-            sys::cuMemFreeHost(self.host.cast());
-        }
     }
 }
