@@ -21,7 +21,7 @@ use crate::graph_buckets::{
     batch_buckets, context_bounds_from_env, context_buckets, smallest_holding,
 };
 use crate::model::attention::KvCache;
-use crate::model::batch::{AttentionMeta, DeviceAttentionMeta};
+use crate::model::batch::{AttentionMeta, DeviceAttentionMeta, block_table_width};
 use crate::model::{CausalLm, ForwardBatch, ModelError};
 use crate::sampler::device::DeviceRows;
 use crate::scheduler::SchedulerOutput;
@@ -370,13 +370,7 @@ impl DecodeGraphs {
                 rows.len()
             )));
         }
-        let width = out
-            .seqs
-            .iter()
-            .map(|s| s.block_table.len())
-            .max()
-            .unwrap_or(0)
-            .max(1);
+        let width = block_table_width(out);
         if width > self.max_blocks {
             return Ok(None);
         }

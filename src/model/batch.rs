@@ -137,16 +137,20 @@ impl DecodeRows {
     }
 }
 
-/// The step's block tables as one row per sequence, padded with the null block to the longest:
-/// `([seqs * width], width)` with `width >= 1`.
-pub fn padded_block_tables(out: &SchedulerOutput) -> (Vec<i32>, usize) {
-    let width = out
-        .seqs
+/// The longest block table of the step's sequences, at least 1: the width of its padded tables.
+pub fn block_table_width(out: &SchedulerOutput) -> usize {
+    out.seqs
         .iter()
         .map(|s| s.block_table.len())
         .max()
         .unwrap_or(0)
-        .max(1);
+        .max(1)
+}
+
+/// The step's block tables as one row per sequence, padded with the null block to the longest:
+/// `([seqs * width], width)` with `width >= 1`.
+pub fn padded_block_tables(out: &SchedulerOutput) -> (Vec<i32>, usize) {
+    let width = block_table_width(out);
     let mut tables = vec![0i32; out.seqs.len() * width];
     for (row, s) in tables.chunks_mut(width).zip(&out.seqs) {
         for (dst, &b) in row.iter_mut().zip(&out.block_tables[s.block_table.clone()]) {
