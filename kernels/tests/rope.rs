@@ -7,6 +7,25 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use common::{Lcg, host_f32, max_rel_diff, random};
 
+/// Rotary cos and sin rows (`[rows, d / 2]`, `dtype`) at random angles.
+fn rotary_rows(
+    rng: &mut Lcg,
+    rows: usize,
+    d: usize,
+    dtype: DType,
+    dev: &Device,
+) -> (Tensor, Tensor) {
+    let angles: Vec<f32> = (0..rows * d / 2).map(|_| rng.next() * 3.0).collect();
+    let table = |f: fn(f32) -> f32| {
+        let v: Vec<f32> = angles.iter().map(|&a| f(a)).collect();
+        Tensor::from_vec(v, (rows, d / 2), dev)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
+    };
+    (table(f32::cos), table(f32::sin))
+}
+
 /// Host reference of one rotary pair rotation.
 fn rotate(x1: f32, x2: f32, c: f32, s: f32) -> (f32, f32) {
     (x1 * c - x2 * s, x1 * s + x2 * c)
@@ -23,15 +42,7 @@ fn rope_qkv_cache_rotates_q_and_writes_the_cache_at_each_slot() {
             let (tokens, blocks, bs) = (5, 4, 16);
             let width = (heads + 2 * kv_heads) * d;
             let qkv = random(&mut rng, (tokens, width), 1.0, dtype, &dev);
-            let angles: Vec<f32> = (0..tokens * d / 2).map(|_| rng.next() * 3.0).collect();
-            let table = |f: fn(f32) -> f32| {
-                let v: Vec<f32> = angles.iter().map(|&a| f(a)).collect();
-                Tensor::from_vec(v, (tokens, d / 2), &dev)
-                    .unwrap()
-                    .to_dtype(dtype)
-                    .unwrap()
-            };
-            let (cos, sin) = (table(f32::cos), table(f32::sin));
+            let (cos, sin) = rotary_rows(&mut rng, tokens, d, dtype, &dev);
             // Scattered slots; token 3 is padding (-1) and must write nothing.
             let slots_host = vec![37i64, 2, 63, -1, 16];
             let slots = Tensor::new(slots_host.as_slice(), &dev).unwrap();
@@ -120,15 +131,7 @@ fn gemv_rope_cache_equals_the_gemv_then_rope_and_cache() {
             let g = random(&mut rng, (1, k), 1.0, dtype, &dev)
                 .squeeze(0)
                 .unwrap();
-            let angles: Vec<f32> = (0..rows * d / 2).map(|_| rng.next() * 3.0).collect();
-            let table = |f: fn(f32) -> f32| {
-                let v: Vec<f32> = angles.iter().map(|&a| f(a)).collect();
-                Tensor::from_vec(v, (rows, d / 2), &dev)
-                    .unwrap()
-                    .to_dtype(dtype)
-                    .unwrap()
-            };
-            let (cos, sin) = (table(f32::cos), table(f32::sin));
+            let (cos, sin) = rotary_rows(&mut rng, rows, d, dtype, &dev);
             // Scattered slots, the second row padding (-1: writes nothing).
             let slots_host: Vec<i64> = [37i64, -1, 63, 2, 16, 40, 5, 50][..rows].to_vec();
             let slots = Tensor::new(slots_host.as_slice(), &dev).unwrap();
