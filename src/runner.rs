@@ -135,13 +135,14 @@ impl ModelRunner {
             Some(graphs) => graphs.prepare(out, &rows)?,
             None => None,
         };
-        let (logits, start) = match (replayed, self.graphs.as_ref()) {
-            (Some(slot), Some(graphs)) => {
+        let graph = replayed.zip(self.graphs.as_ref());
+        let (logits, start) = match graph {
+            Some((slot, graphs)) => {
                 let start = times.lap(Phase::Prepare, start);
                 times.count_graph_step();
                 (graphs.replay(slot, out.seqs.len())?, start)
             }
-            _ => {
+            None => {
                 let batch = ForwardBatch::new(out, &self.device)?;
                 let start = times.lap(Phase::Prepare, start);
                 (self.model.forward_native(&batch, &mut self.kv)?, start)
@@ -153,13 +154,12 @@ impl ModelRunner {
         self.device.synchronize()?;
         let start = times.lap(Phase::Forward, start);
         debug_assert_eq!(logits.dim(0)?, rows.len());
-        let sampled = match (replayed, self.graphs.as_ref()) {
-            (Some(_), Some(graphs)) => rows.finish(
-                &mut self.sampler,
-                &graphs.sampled_ids(out.seqs.len())?,
-                &logits,
-            )?,
-            _ => rows.sample(&mut self.sampler, &logits)?,
+        let sampled = match graph {
+            Some((_, graphs)) => {
+                let ids = graphs.sampled_ids(out.seqs.len())?;
+                rows.finish(&mut self.sampler, &ids, &logits)?
+            }
+            None => rows.sample(&mut self.sampler, &logits)?,
         };
         times.lap(Phase::Sample, start);
         Ok(sampled)
