@@ -1,10 +1,10 @@
-// pagewise: x W^T for decode batches of up to 8 rows, streaming the weight once (one warp per
-// output, 16-byte loads), with the layer's neighbouring element-wise steps folded in: the RMSNorm
-// before a projection or the SiLU-and-mul before the down projection are applied while the block
-// stages x in shared memory, and the residual add after a projection is applied as it stores;
-// the qkv projection's variant (gemv_rope_kernel) rotates q and k and writes k and v into the
-// paged caches as it stores. The staged x is rounded to the tensor dtype as the separate kernels would store it, so only the
-// matmul's summation order differs from the unfused path.
+// pagewise: x W^T for decode batches of up to 8 rows, streaming the weight once (one or two warps
+// an output, 16-byte loads), with the layer's neighbouring element-wise steps folded in: the
+// RMSNorm before a projection or the SiLU-and-mul before the down projection are applied while
+// the block stages x in shared memory, and the residual add after a projection is applied as it
+// stores; the qkv projection's variant (gemv_rope_kernel) rotates q and k and writes k and v into
+// the paged caches as it stores. The staged x is rounded to the tensor dtype as the separate
+// kernels would store it, so only the matmul's summation order differs from the unfused path.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -91,18 +91,19 @@ __device__ void stage_input(T* xs, const T* __restrict__ x, const T* __restrict_
   __syncthreads();
 }
 
-// A warp's dot products of N weight rows with the R staged rows, summed over the warp (every
-// lane gets the sums): acc[n][r] = sum_k xs[r, k] * rows[n][k]; each row's sum in the same
-// order whatever N.
-template <typename T, int R, int N>
+// A warp's share of the dot products of N weight rows with the R staged rows, summed over the
+// warp (every lane gets the sums): acc[n][r] = sum over the warp's k of xs[r, k] * rows[n][k].
+// With S warps on one output, warp `part` takes every S-th run of 256 elements (merge_split
+// adds the parts); each row's sum in the same order whatever N and R.
+template <typename T, int R, int N, int S>
 __device__ __forceinline__ void dot_rows(float (&acc)[N][R], const T* const (&rows)[N],
-                                         const T* xs, int k_dim, int lane) {
+                                         const T* xs, int k_dim, int lane, int part) {
 #pragma unroll
   for (int n = 0; n < N; ++n)
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[n][r] = 0.f;
 #pragma unroll 4
-  for (int k = lane * 8; k < k_dim; k += 32 * 8) {
+  for (int k = (part * 32 + lane) * 8; k < k_dim; k += S * 32 * 8) {
     float wf[N][8];
 #pragma unroll
     for (int n = 0; n < N; ++n) {
@@ -129,10 +130,40 @@ __device__ __forceinline__ void dot_rows(float (&acc)[N][R], const T* const (&ro
       for (int s = 16; s > 0; s >>= 1) acc[n][r] += __shfl_xor_sync(0xffffffff, acc[n][r], s);
 }
 
+// Adds the parts of the S warps that share an output (consecutive warps of the block, in part
+// order) into the first one's acc (every lane of it); true for that warp, which stores. Every
+// warp of the block must call it the same number of times (it synchronizes the block).
+template <int R, int N, int S>
+__device__ __forceinline__ bool merge_split(float (&acc)[N][R], int warp, int lane) {
+  if constexpr (S == 1) return true;
+  __shared__ float parts[kGemvWarps][N][R];
+  if (lane == 0) {
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+      for (int r = 0; r < R; ++r) parts[warp][n][r] = acc[n][r];
+  }
+  __syncthreads();
+  const bool first = warp % S == 0;
+  if (first) {
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float t = 0.f;
+#pragma unroll
+        for (int p = 0; p < S; ++p) t += parts[warp + p][n][r];
+        acc[n][r] = t;
+      }
+  }
+  __syncthreads();
+  return first;
+}
+
 // y[r, o] = sum_k xs[r, k] * w[o, k] (+ residual[r, o], added to the product rounded to T as the
-// unfused add would see it). A block stages its input once, then its warps take outputs
-// blockIdx.x * warps + warp, stepping by the grid's warps.
-template <typename T, int R, int kIn, bool kAdd>
+// unfused add would see it). A block stages its input once, then its warps take outputs in
+// rounds of warps / S (S warps an output, see dot_rows), stepping by the grid's.
+template <typename T, int R, int kIn, bool kAdd, int S>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_kernel(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ norm_w,
                 const T* __restrict__ w, const T* __restrict__ residual, int out_dim, int k_dim,
@@ -144,11 +175,15 @@ __global__ void __launch_bounds__(kGemvThreads)
   let_next_grid_launch();
   stage_input<T, R, kIn>(xs, x, norm_w, k_dim, eps);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int o = blockIdx.x * kGemvWarps + warp; o < out_dim; o += gridDim.x * kGemvWarps) {
-    const T* const rows[1] = {w + (int64_t)o * k_dim};
-    float acc[1][R];
-    dot_rows<T, R, 1>(acc, rows, xs, k_dim, lane);
-    if (lane != 0) continue;
+  constexpr int kPerBlock = kGemvWarps / S;
+  for (int base = blockIdx.x * kPerBlock; base < out_dim; base += gridDim.x * kPerBlock) {
+    const int o = base + warp / S;
+    float acc[1][R] = {};
+    if (o < out_dim) {
+      const T* const rows[1] = {w + (int64_t)o * k_dim};
+      dot_rows<T, R, 1, S>(acc, rows, xs, k_dim, lane, warp % S);
+    }
+    if (!merge_split<R, 1, S>(acc, warp, lane) || o >= out_dim || lane != 0) continue;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int64_t at = (int64_t)r * out_dim + o;
@@ -163,7 +198,7 @@ __global__ void __launch_bounds__(kGemvThreads)
 // (what gemv_kernel then rope_qkv_cache_kernel compute, with the same rounding): a warp takes a
 // rotation pair of q or k (both rows, so it can rotate them) or one v output. Row r's rotated q
 // goes to q_out [R, heads, d]; its k and v to the caches at slots[r] (skipped when negative).
-template <typename T, int R>
+template <typename T, int R, int S>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_rope_kernel(T* __restrict__ q_out, T* __restrict__ k_cache, T* __restrict__ v_cache,
                      const T* __restrict__ cos, const T* __restrict__ sin,
@@ -178,13 +213,25 @@ __global__ void __launch_bounds__(kGemvThreads)
   stage_input<T, R, kRmsNorm>(xs, x, norm_w, k_dim, eps);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int half = d / 2, pairs = (heads + kv_heads) * half, units = pairs + kv_heads * d;
-  for (int u = blockIdx.x * kGemvWarps + warp; u < units; u += gridDim.x * kGemvWarps) {
+  constexpr int kPerBlock = kGemvWarps / S;
+  for (int base = blockIdx.x * kPerBlock; base < units; base += gridDim.x * kPerBlock) {
+    const int u = base + warp / S, part = warp % S;
+    // A pair's two rows, or (acc[1] unused) one v row.
+    float acc[2][R] = {};
+    const int h = u / half, i = u % half;
+    const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
     if (u < pairs) {
-      const int h = u / half, i = u % half;
-      const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
       const T* const rows[2] = {w + (int64_t)(h * d + a) * k_dim, w + (int64_t)(h * d + b) * k_dim};
-      float acc[2][R];
-      dot_rows<T, R, 2>(acc, rows, xs, k_dim, lane);
+      dot_rows<T, R, 2, S>(acc, rows, xs, k_dim, lane, part);
+    } else if (u < units) {
+      const T* const rows[1] = {w + (int64_t)((heads + kv_heads) * d + u - pairs) * k_dim};
+      float v_acc[1][R];
+      dot_rows<T, R, 1, S>(v_acc, rows, xs, k_dim, lane, part);
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[0][r] = v_acc[0][r];
+    }
+    if (!merge_split<R, 2, S>(acc, warp, lane) || u >= units) continue;
+    if (u < pairs) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         if (lane != r) continue;
@@ -207,9 +254,6 @@ __global__ void __launch_bounds__(kGemvThreads)
       }
     } else {
       const int j = u - pairs;  // v head j / d, dim j % d
-      const T* const rows[1] = {w + (int64_t)((heads + kv_heads) * d + j) * k_dim};
-      float acc[1][R];
-      dot_rows<T, R, 1>(acc, rows, xs, k_dim, lane);
 #pragma unroll
       for (int r = 0; r < R; ++r)
         if (lane == r && slots[r] >= 0) v_cache[slots[r] * kv_heads * d + j] = from_float<T>(acc[0][r]);
@@ -217,50 +261,83 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
-// Blocks for a GEMV-style launch of `units` warp tasks: as many as run at once (each stages x
-// once), fewer when the tasks run out, spread evenly so every warp takes the same number of
-// rounds. `resident_by` caches blocks-at-once per device and staging size (in steps of 8 KB),
-// with the shared-memory opt-in done on first use. Returns 0 or a CUDA error code.
+// Streaming multiprocessors of the current device (looked up once per device); 0 on error.
+inline int sm_count() {
+  static int known[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
+  if (known[dev] == 0 &&
+      cudaDeviceGetAttribute(&known[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    known[dev] = 0;
+  return known[dev];
+}
+
+// Warps an output takes (see dot_rows): 2 when each warp keeps at least four 256-element runs
+// of k, else 1. Two warps a row streamed the Llama-3.2-1B and -3.1-8B projections faster than one
+// (1B down 12.9 -> 11.5 µs, 8B gate/up 64.5 -> 58.7) and four slower (benches/RESULTS.md). A
+// function of the weight's shape, never of the rows, so an output's sum has the same order at
+// every batch size. PAGEWISE_GEMV_SPLIT=1 or 2 forces it, for comparisons.
+int split_for(int k_dim) {
+  static const int forced = [] {
+    const char* v = getenv("PAGEWISE_GEMV_SPLIT");
+    return v != nullptr && (v[0] == '1' || v[0] == '2') ? v[0] - '0' : 0;
+  }();
+  if (forced != 0) return forced;
+  return k_dim >= 2 * 4 * 256 ? 2 : 1;
+}
+
+// Blocks for a GEMV-style launch of `units` outputs, `per_block` of them a block a round: as many
+// blocks as run at once (each stages x once), fewer when the outputs run out, spread evenly so
+// every warp takes the same number of rounds. `resident_by` caches blocks-at-once per device and
+// staging size (in steps of 8 KB), with the shared-memory opt-in done on first use. Returns 0 or
+// a CUDA error code.
 constexpr int kStageStep = 8 * 1024;
 constexpr int kStageSteps = kMaxStageBytes / kStageStep;
 template <typename Kernel>
-int grid_for(Kernel kernel, int smem, int units, int (&resident_by)[64][kStageSteps + 1],
-             int* blocks) {
+int grid_for(Kernel kernel, int smem, int units, int per_block,
+             int (&resident_by)[64][kStageSteps + 1], int* blocks) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return (int)err;
   if (dev < 0 || dev >= 64) return (int)cudaErrorInvalidDevice;
   const int step = (smem + kStageStep - 1) / kStageStep;
   if (resident_by[dev][step] == 0) {
-    int sms = 0, per_sm = 0;
+    int per_sm = 0;
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                kMaxStageBytes);
-    if (err == cudaSuccess)
-      err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (err == cudaSuccess)
       err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvThreads,
                                                           step * kStageStep);
     if (err != cudaSuccess) return (int)err;
+    const int sms = sm_count();
     resident_by[dev][step] = (per_sm > 0 ? per_sm : 1) * (sms > 0 ? sms : 1);
   }
-  const int wanted = (units + kGemvWarps - 1) / kGemvWarps;
+  const int wanted = (units + per_block - 1) / per_block;
   const int rounds = (wanted + resident_by[dev][step] - 1) / resident_by[dev][step];
   *blocks = (wanted + rounds - 1) / rounds;
   return 0;
 }
 
-template <typename T, int R, int kIn, bool kAdd>
-int launch_r(const void* x, const void* norm_w, const void* w, const void* residual, void* y,
-             int out_dim, int k_dim, float eps, cudaStream_t stream) {
-  const auto kernel = gemv_kernel<T, R, kIn, kAdd>;
+template <typename T, int R, int kIn, bool kAdd, int S>
+int launch_rs(const void* x, const void* norm_w, const void* w, const void* residual, void* y,
+              int out_dim, int k_dim, float eps, cudaStream_t stream) {
+  const auto kernel = gemv_kernel<T, R, kIn, kAdd, S>;
   const int smem = R * k_dim * (int)sizeof(T);
   if (smem > kMaxStageBytes) return 1;
   static int resident_by[64][kStageSteps + 1] = {};
   int blocks = 0;
-  if (const int e = grid_for(kernel, smem, out_dim, resident_by, &blocks)) return e;
+  if (const int e = grid_for(kernel, smem, out_dim, kGemvWarps / S, resident_by, &blocks)) return e;
   const cudaError_t err = launch_early(kernel, blocks, kGemvThreads, smem, stream, (T*)y, (const T*)x,
                      (const T*)norm_w, (const T*)w, (const T*)residual, out_dim, k_dim, eps);
   return (int)(err != cudaSuccess ? err : cudaGetLastError());
+}
+
+template <typename T, int R, int kIn, bool kAdd>
+int launch_r(const void* x, const void* norm_w, const void* w, const void* residual, void* y,
+             int out_dim, int k_dim, float eps, cudaStream_t stream) {
+  return split_for(k_dim) == 2
+             ? launch_rs<T, R, kIn, kAdd, 2>(x, norm_w, w, residual, y, out_dim, k_dim, eps, stream)
+             : launch_rs<T, R, kIn, kAdd, 1>(x, norm_w, w, residual, y, out_dim, k_dim, eps, stream);
 }
 
 // The arguments of gemv_rope_kernel (see pagewise_gemv_rope).
@@ -275,20 +352,27 @@ struct QkvRopeArgs {
   float eps;
 };
 
-template <typename T, int R>
-int launch_rope_r(const QkvRopeArgs& a, cudaStream_t stream) {
-  const auto kernel = gemv_rope_kernel<T, R>;
+template <typename T, int R, int S>
+int launch_rope_rs(const QkvRopeArgs& a, cudaStream_t stream) {
+  const auto kernel = gemv_rope_kernel<T, R, S>;
   const int smem = R * a.k_dim * (int)sizeof(T);
   if (smem > kMaxStageBytes) return 1;
   static int resident_by[64][kStageSteps + 1] = {};
   const int units = (a.heads + a.kv_heads) * (a.d / 2) + a.kv_heads * a.d;
   int blocks = 0;
-  if (const int e = grid_for(kernel, smem, units, resident_by, &blocks)) return e;
+  if (const int e = grid_for(kernel, smem, units, kGemvWarps / S, resident_by, &blocks)) return e;
   const cudaError_t err = launch_early(
       kernel, blocks, kGemvThreads, smem, stream, (T*)a.q_out, (T*)a.k_cache, (T*)a.v_cache,
       (const T*)a.cos, (const T*)a.sin, a.positions, a.table_rows, a.slots, (const T*)a.x, (const T*)a.norm_w, (const T*)a.w,
       a.heads, a.kv_heads, a.d, a.interleaved, a.k_dim, a.eps);
   return (int)(err != cudaSuccess ? err : cudaGetLastError());
+}
+
+// (The same split as the plain GEMV's, so the rotated q, k and v sum as its outputs do.)
+template <typename T, int R>
+int launch_rope_r(const QkvRopeArgs& a, cudaStream_t stream) {
+  return split_for(a.k_dim) == 2 ? launch_rope_rs<T, R, 2>(a, stream)
+                                 : launch_rope_rs<T, R, 1>(a, stream);
 }
 
 template <typename T>

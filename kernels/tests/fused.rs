@@ -107,10 +107,18 @@ fn gemv_matches_a_host_matmul() {
             (3, 4096, 2048),
             (8, 777, 4096),
             (2, 64, 14336),
+            (5, 2048, 8192),
         ] {
             let x = random(&mut rng, (rows, k), 1.0, dtype, &dev);
             let w = random(&mut rng, (out, k), 0.05, dtype, &dev);
             let got = host_f32(&pagewise_kernels::gemv(&x, &w).unwrap());
+            // Batch invariance: each row as it comes out alone, bit for bit (the warps an output
+            // takes depend on the shape, not on the rows).
+            for r in 0..rows {
+                let alone = pagewise_kernels::gemv(&x.narrow(0, r, 1).unwrap(), &w).unwrap();
+                let case = format!("{dtype:?} {rows}x{out}x{k} row {r}");
+                assert_eq!(host_f32(&alone), got[r * out..(r + 1) * out], "{case}");
+            }
             let (xh, wh) = (host_f32(&x), host_f32(&w));
             let want: Vec<f32> = (0..rows * out)
                 .map(|i| {
