@@ -1,5 +1,5 @@
-//! Steps of up to 8 tokens on a GPU (decode steps of up to 8 sequences, or a short prompt) with
-//! each layer's element-wise steps folded into its matmuls (`pagewise_kernels::gemv_fused`): the
+//! Steps of up to [`MAX_ROWS`] tokens on a GPU (decode steps of one or two sequences, or a
+//! one- or two-token prompt) with each layer's element-wise steps folded into its matmuls (`pagewise_kernels::gemv_fused`): the
 //! qkv and gate/up projections normalize their input as they stage it, the qkv projection rotates
 //! q and k and writes k and v into the cache as it stores, the o and down projections add the
 //! residual as they store, and the down projection applies SiLU-and-multiply as it stages its
@@ -8,10 +8,10 @@
 //!
 //! On by default (`PAGEWISE_DECODE_FUSED=0` turns it off): on the H200 it makes batch-1 decode
 //! 6-12% faster at the Llama-3.2-1B and 3.1-8B shapes (benches/RESULTS.md, "Eighth session").
-//! It sums the matmuls in another order than cuBLAS, which it replaces for steps of at most 8
-//! rows, so at real shapes a sequence's bf16 tokens can depend on whether its step had more than
-//! 8 rows; so can cuBLAS's own, which picks its kernels by row count. The GPU batch-invariance
-//! tests (tiny fixture, f32 and bf16) pass with it on.
+//! It sums the matmuls in another order than cuBLAS, which it replaces for steps of at most
+//! [`MAX_ROWS`] rows, so at real shapes a sequence's bf16 tokens can depend on whether its step
+//! had more rows; so can cuBLAS's own, which picks its kernels by row count. The GPU
+//! batch-invariance tests (tiny fixture, f32 and bf16) pass with it on.
 
 use candle_core::{DType, Tensor};
 use pagewise_kernels::{GemvInput, gemv_fits, gemv_fused};
@@ -50,6 +50,14 @@ pub(super) fn count_step() {
     STEPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Most rows a step may have to take the fused path. Its GEMV does each row's multiply-adds on
+/// CUDA cores, reading the staged rows from shared memory once per weight load, so past two rows
+/// it stops being bound by the weights' bytes; cuBLAS's tensor-core kernels are then faster. On
+/// the H200 (benches/RESULTS.md, "Tenth session"), ms a decode step, fused against cuBLAS and the
+/// separate kernels: 1B 1.068 / 1.117 at 2 rows, 1.313 / 1.130 at 4, 1.784 / 1.136 at 8; 8B
+/// 4.758 / 4.710 at 2, 5.646 / 4.734 at 4, 8.483 / 4.773 at 8.
+pub const MAX_ROWS: usize = 2;
+
 /// Whether the fused path is on (unless `PAGEWISE_DECODE_FUSED=0`).
 pub(super) fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -57,13 +65,14 @@ pub(super) fn enabled() -> bool {
 }
 
 /// Whether a step whose embedded tokens are `x` (`[rows, hidden]`) fits the fused kernels with
-/// these layers: a GPU, f16 or bf16, at most 8 rows, and inputs the kernels can stage.
+/// these layers: a GPU, f16 or bf16, at most [`MAX_ROWS`] rows, and inputs the kernels can stage.
 pub(super) fn fits(x: &Tensor, layers: &[FusedLayer<'_>]) -> bool {
     let (Ok(rows), dtype) = (x.dim(0), x.dtype()) else {
         return false;
     };
     let inner = |w: &Tensor| w.dim(1).unwrap_or(usize::MAX);
     x.device().is_cuda()
+        && rows <= MAX_ROWS
         && matches!(dtype, DType::BF16 | DType::F16)
         && layers.iter().all(|l| {
             [l.qkv, l.o, l.gate_up, l.down]

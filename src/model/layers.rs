@@ -244,7 +244,7 @@ impl Rotary {
 
     /// The qkv projection of `rms_norm(x)` by the fused weight `w` in one GEMV kernel that also
     /// rotates q and k (reading the tables at `positions`, u32 `[rows]`) and writes k and v into
-    /// the caches at `slot_mapping` (decode steps of up to 8 rows; see
+    /// the caches at `slot_mapping` (decode steps of up to `decode_fused::MAX_ROWS` rows; see
     /// `pagewise_kernels::gemv_rope_cache`); returns q, `[rows, heads, head_dim]`.
     #[cfg(feature = "cuda")]
     pub fn project_qkv_and_cache(
