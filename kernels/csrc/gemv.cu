@@ -10,86 +10,10 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include "dtype.cuh"
+#include "gemv_stage.cuh"
 #include "pdl.cuh"
-#include "silu.cuh"
 
 namespace {
-
-constexpr int kGemvThreads = 512;
-constexpr int kGemvWarps = kGemvThreads / 32;
-// Shared memory a block may stage x in (rows x k elements); callers check gemv_fits first.
-constexpr int kMaxStageBytes = 96 * 1024;
-
-// What the block computes from x before the matmul.
-enum Input { kPlain = 0, kRmsNorm = 1, kSiluMul = 2 };
-
-// Stages the R rows of the matmul's input in `xs` ([R, k_dim], T): x itself, RMSNorm(x) * norm_w,
-// or silu(gate) * up from x = [R, 2 k_dim] (gate columns first).
-template <typename T, int R, int kIn>
-__device__ void stage_input(T* xs, const T* __restrict__ x, const T* __restrict__ norm_w,
-                            int k_dim, float eps) {
-  constexpr int kVec = 8;  // 16 bytes of T (f16 / bf16)
-  const int vecs = k_dim / kVec;
-  if constexpr (kIn == kSiluMul) {
-    for (int i = threadIdx.x; i < R * vecs; i += kGemvThreads) {
-      const int r = i / vecs, k = (i % vecs) * kVec;
-      const uint4 ga = *reinterpret_cast<const uint4*>(x + (int64_t)r * 2 * k_dim + k);
-      const uint4 ua = *reinterpret_cast<const uint4*>(x + (int64_t)r * 2 * k_dim + k_dim + k);
-      *reinterpret_cast<uint4*>(xs + r * k_dim + k) = silu_mul16<T>(ga, ua);
-    }
-  } else {
-    float sq[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) sq[r] = 0.f;
-    for (int i = threadIdx.x; i < R * vecs; i += kGemvThreads) {
-      const int r = i / vecs, k = (i % vecs) * kVec;
-      const uint4 a = *reinterpret_cast<const uint4*>(x + (int64_t)r * k_dim + k);
-      *reinterpret_cast<uint4*>(xs + r * k_dim + k) = a;
-      if constexpr (kIn == kRmsNorm) {
-        const T* v = reinterpret_cast<const T*>(&a);
-        float s = 0.f;
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) s += to_float(v[j]) * to_float(v[j]);
-        // (r is the same for all of a thread's items only when R == 1; add by row.)
-#pragma unroll
-        for (int rr = 0; rr < R; ++rr)
-          if (rr == r) sq[rr] += s;
-      }
-    }
-    if constexpr (kIn == kRmsNorm) {
-      __shared__ float partial[kGemvWarps][R];
-      __shared__ float inv[R];
-      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float v = sq[r];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-        if (lane == 0) partial[warp][r] = v;
-      }
-      __syncthreads();
-      if (threadIdx.x < R) {
-        float t = 0.f;
-#pragma unroll
-        for (int w = 0; w < kGemvWarps; ++w) t += partial[w][threadIdx.x];
-        inv[threadIdx.x] = rsqrtf(t / k_dim + eps);
-      }
-      __syncthreads();
-      // Each thread rescales the vectors it staged itself.
-      for (int i = threadIdx.x; i < R * vecs; i += kGemvThreads) {
-        const int r = i / vecs, k = (i % vecs) * kVec;
-        uint4 a = *reinterpret_cast<const uint4*>(xs + r * k_dim + k);
-        const uint4 wa = *reinterpret_cast<const uint4*>(norm_w + k);
-        T* v = reinterpret_cast<T*>(&a);
-        const T* g = reinterpret_cast<const T*>(&wa);
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) v[j] = from_float<T>(to_float(v[j]) * inv[r] * to_float(g[j]));
-        *reinterpret_cast<uint4*>(xs + r * k_dim + k) = a;
-      }
-    }
-  }
-  __syncthreads();
-}
 
 // A warp's share of the dot products of N weight rows with the R staged rows, summed over the
 // warp (every lane gets the sums): acc[n][r] = sum over the warp's k of xs[r, k] * rows[n][k].
@@ -261,17 +185,6 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
-// Streaming multiprocessors of the current device (looked up once per device); 0 on error.
-inline int sm_count() {
-  static int known[64] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
-  if (known[dev] == 0 &&
-      cudaDeviceGetAttribute(&known[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    known[dev] = 0;
-  return known[dev];
-}
-
 // Warps an output takes (see dot_rows): 2 when each warp keeps at least four 256-element runs
 // of k, else 1. Two warps a row streamed the Llama-3.2-1B and -3.1-8B projections faster than one
 // (1B down 12.9 -> 11.5 µs, 8B gate/up 64.5 -> 58.7) and four slower (benches/RESULTS.md). A
@@ -284,38 +197,6 @@ int split_for(int k_dim) {
   }();
   if (forced != 0) return forced;
   return k_dim >= 2 * 4 * 256 ? 2 : 1;
-}
-
-// Blocks for a GEMV-style launch of `units` outputs, `per_block` of them a block a round: as many
-// blocks as run at once (each stages x once), fewer when the outputs run out, spread evenly so
-// every warp takes the same number of rounds. `resident_by` caches blocks-at-once per device and
-// staging size (in steps of 8 KB), with the shared-memory opt-in done on first use. Returns 0 or
-// a CUDA error code.
-constexpr int kStageStep = 8 * 1024;
-constexpr int kStageSteps = kMaxStageBytes / kStageStep;
-template <typename Kernel>
-int grid_for(Kernel kernel, int smem, int units, int per_block,
-             int (&resident_by)[64][kStageSteps + 1], int* blocks) {
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return (int)err;
-  if (dev < 0 || dev >= 64) return (int)cudaErrorInvalidDevice;
-  const int step = (smem + kStageStep - 1) / kStageStep;
-  if (resident_by[dev][step] == 0) {
-    int per_sm = 0;
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               kMaxStageBytes);
-    if (err == cudaSuccess)
-      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvThreads,
-                                                          step * kStageStep);
-    if (err != cudaSuccess) return (int)err;
-    const int sms = sm_count();
-    resident_by[dev][step] = (per_sm > 0 ? per_sm : 1) * (sms > 0 ? sms : 1);
-  }
-  const int wanted = (units + per_block - 1) / per_block;
-  const int rounds = (wanted + resident_by[dev][step] - 1) / resident_by[dev][step];
-  *blocks = (wanted + rounds - 1) / rounds;
-  return 0;
 }
 
 template <typename T, int R, int kIn, bool kAdd, int S>
@@ -431,11 +312,23 @@ int launch(int input, bool add, int rows, const void* x, const void* norm_w, con
 // ([rows, k_dim]); 1: RMSNorm(x) * norm_w with `eps` (x [rows, k_dim], norm_w [k_dim]); 2:
 // silu(x[:, :k_dim]) * x[:, k_dim:] (x [rows, 2 k_dim]). Returns 0, a CUDA error code, or 1 when
 // the arguments are unsupported (rows x k_dim past the staging space among them).
+extern "C" int pagewise_gemv_mma(int dtype, int input, void* y, const void* x,
+                                 const void* norm_w, const void* w, const void* residual,
+                                 int rows, int out_dim, int k_dim, float eps, void* stream);
+
 extern "C" int pagewise_gemv(int dtype, int input, void* y, const void* x, const void* norm_w,
                              const void* w, const void* residual, int rows, int out_dim,
                              int k_dim, float eps, void* stream) {
   if (rows == 0 || out_dim == 0) return 0;
   if (k_dim % 8 != 0) return 1;
+  // 3-8 rows on tensor cores when PAGEWISE_GEMV_MMA=1 (gemv_mma.cu; opt-in, not yet measured).
+  static const bool mma = [] {
+    const char* v = getenv("PAGEWISE_GEMV_MMA");
+    return v != nullptr && v[0] == '1';
+  }();
+  if (mma && rows >= 3 && k_dim % 32 == 0)
+    return pagewise_gemv_mma(dtype, input, y, x, norm_w, w, residual, rows, out_dim, k_dim, eps,
+                             stream);
   cudaStream_t s = (cudaStream_t)stream;
   const bool add = residual != nullptr;
   switch (dtype) {
