@@ -63,26 +63,46 @@ __global__ void __launch_bounds__(kGemvThreads)
     const T* wa = w + (int64_t)min(o0 + g, out_dim - 1) * k_dim + 8 * c;
     const T* wb = w + (int64_t)min(o0 + g + 8, out_dim - 1) * k_dim + 8 * c;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    // Groups of kSteps steps: their loads issued together, then their mmas; then the last few
-    // steps one at a time.
-    constexpr int kStride = kGemvWarps * kStepK, kSteps = 4;
+    // Groups of kSteps steps, software-pipelined: the next group's weight loads are issued
+    // before the current group's mmas, so a warp keeps up to 2 x kSteps x 2 loads in flight;
+    // then the last few steps one at a time.
+    constexpr int kStride = kGemvWarps * kStepK, kSteps = 2, kGroup = kSteps * kStride;
     int k = warp * kStepK;
-    for (; k + (kSteps - 1) * kStride < k_dim; k += kSteps * kStride) {
-      uint4 a_lo[kSteps], a_hi[kSteps], b[kSteps];
+    uint4 a_lo[kSteps], a_hi[kSteps];
+    const bool any = k + kGroup - kStride < k_dim;  // a whole first group
+    if (any) {
 #pragma unroll
       for (int u = 0; u < kSteps; ++u) {
         a_lo[u] = __ldg(reinterpret_cast<const uint4*>(wa + k + u * kStride));
         a_hi[u] = __ldg(reinterpret_cast<const uint4*>(wb + k + u * kStride));
-        b[u] = *reinterpret_cast<const uint4*>(xr + k + u * kStride);
+      }
+    }
+    for (; any && k + kGroup - kStride < k_dim; k += kGroup) {
+      const bool more = k + 2 * kGroup - kStride < k_dim;  // a whole next group
+      uint4 n_lo[kSteps], n_hi[kSteps];
+#pragma unroll
+      for (int u = 0; u < kSteps; ++u) {
+        n_lo[u] = more ? __ldg(reinterpret_cast<const uint4*>(wa + k + kGroup + u * kStride))
+                       : a_lo[u];
+        n_hi[u] = more ? __ldg(reinterpret_cast<const uint4*>(wb + k + kGroup + u * kStride))
+                       : a_hi[u];
       }
 #pragma unroll
-      for (int u = 0; u < kSteps; ++u) mma_step<T>(acc, a_lo[u], a_hi[u], live ? b[u] : uint4{});
+      for (int u = 0; u < kSteps; ++u) {
+        const uint4 b = *reinterpret_cast<const uint4*>(xr + k + u * kStride);
+        mma_step<T>(acc, a_lo[u], a_hi[u], live ? b : uint4{});
+      }
+#pragma unroll
+      for (int u = 0; u < kSteps; ++u) {
+        a_lo[u] = n_lo[u];
+        a_hi[u] = n_hi[u];
+      }
     }
     for (; k < k_dim; k += kStride) {
-      const uint4 a_lo = __ldg(reinterpret_cast<const uint4*>(wa + k));
-      const uint4 a_hi = __ldg(reinterpret_cast<const uint4*>(wb + k));
+      const uint4 lo = __ldg(reinterpret_cast<const uint4*>(wa + k));
+      const uint4 hi = __ldg(reinterpret_cast<const uint4*>(wb + k));
       const uint4 b = *reinterpret_cast<const uint4*>(xr + k);
-      mma_step<T>(acc, a_lo, a_hi, live ? b : uint4{});
+      mma_step<T>(acc, lo, hi, live ? b : uint4{});
     }
     // acc: (output g, rows 2c, 2c + 1), (output g + 8, rows 2c, 2c + 1). Add the warps' tiles.
 #pragma unroll
