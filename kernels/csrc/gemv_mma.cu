@@ -10,7 +10,9 @@
 // step, every 16th step a warp) and add their tiles in shared memory in warp order; each element
 // of the product is summed in an order independent of the other rows, so a row's result does not
 // depend on how many rows share the launch (3 to 8). Input staging (x, RMSNorm, SiLU-and-mul) and
-// the residual add are gemv.cu's. Written in the tenth session without a GPU to run it on.
+// the residual add are gemv.cu's. Written in the tenth session without a GPU to run it on; its
+// index math is emulated lane by lane by scripts/dev/gemv_mma_emu.py (run by CI): change both
+// together.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
