@@ -217,8 +217,8 @@ fn fused_gemv_matches_the_separate_kernels() {
     assert!(err.contains("does not fit"), "{err}");
 }
 
-/// GEMV bandwidth at the Llama-3.2-1B and Llama-3.1-8B decode shapes (bf16, batch 1 by default): weight
-/// bytes read per second by `gemv_fused` with the input each projection takes in the fused
+/// GEMV bandwidth at the Llama-3.2-1B and Llama-3.1-8B decode shapes (bf16, batch 1 by default):
+/// weight bytes read per second by `gemv_fused` with the input each projection takes in the fused
 /// layer, against cuBLAS on the same plain product. 64 launches are replayed from a CUDA graph
 /// (as the engine's decode steps run), rotating over copies of the weight totalling at least
 /// 128 MB so that none is served from the 50 MB L2. Run on the GPU machine:
