@@ -200,26 +200,28 @@ int split_for(int k_dim) {
 }
 
 template <typename T, int R, int kIn, bool kAdd, int S>
-int launch_rs(const void* x, const void* norm_w, const void* w, const void* residual, void* y,
-              int out_dim, int k_dim, float eps, cudaStream_t stream) {
+int launch_rs(const GemvArgs& a) {
   const auto kernel = gemv_kernel<T, R, kIn, kAdd, S>;
-  const int smem = R * k_dim * (int)sizeof(T);
+  const int smem = R * a.k_dim * (int)sizeof(T);
   if (smem > kMaxStageBytes) return 1;
   static int resident_by[64][kStageSteps + 1] = {};
   int blocks = 0;
-  if (const int e = grid_for(kernel, smem, out_dim, kGemvWarps / S, resident_by, &blocks)) return e;
-  const cudaError_t err = launch_early(kernel, blocks, kGemvThreads, smem, stream, (T*)y, (const T*)x,
-                     (const T*)norm_w, (const T*)w, (const T*)residual, out_dim, k_dim, eps);
+  if (const int e = grid_for(kernel, smem, a.out_dim, kGemvWarps / S, resident_by, &blocks))
+    return e;
+  const cudaError_t err = launch_early(kernel, blocks, kGemvThreads, smem, a.stream, (T*)a.y,
+                                       (const T*)a.x, (const T*)a.norm_w, (const T*)a.w,
+                                       (const T*)a.residual, a.out_dim, a.k_dim, a.eps);
   return (int)(err != cudaSuccess ? err : cudaGetLastError());
 }
 
-template <typename T, int R, int kIn, bool kAdd>
-int launch_r(const void* x, const void* norm_w, const void* w, const void* residual, void* y,
-             int out_dim, int k_dim, float eps, cudaStream_t stream) {
-  return split_for(k_dim) == 2
-             ? launch_rs<T, R, kIn, kAdd, 2>(x, norm_w, w, residual, y, out_dim, k_dim, eps, stream)
-             : launch_rs<T, R, kIn, kAdd, 1>(x, norm_w, w, residual, y, out_dim, k_dim, eps, stream);
-}
+// gemv_kernel for any rows, with the split split_for picks (see dispatch_gemv).
+struct CudaCoreGemv {
+  template <typename T, int R, int kIn, bool kAdd>
+  static int run(const GemvArgs& a) {
+    return split_for(a.k_dim) == 2 ? launch_rs<T, R, kIn, kAdd, 2>(a)
+                                   : launch_rs<T, R, kIn, kAdd, 1>(a);
+  }
+};
 
 // The arguments of gemv_rope_kernel (see pagewise_gemv_rope).
 struct QkvRopeArgs {
@@ -271,40 +273,6 @@ int launch_rope(const QkvRopeArgs& a, cudaStream_t s) {
   }
 }
 
-template <typename T, int kIn, bool kAdd>
-int launch_rows(int rows, const void* x, const void* norm_w, const void* w, const void* residual,
-                void* y, int out_dim, int k_dim, float eps, cudaStream_t s) {
-#define PAGEWISE_GEMV_R(R) \
-  case R: return launch_r<T, R, kIn, kAdd>(x, norm_w, w, residual, y, out_dim, k_dim, eps, s)
-  switch (rows) {
-    PAGEWISE_GEMV_R(1);
-    PAGEWISE_GEMV_R(2);
-    PAGEWISE_GEMV_R(3);
-    PAGEWISE_GEMV_R(4);
-    PAGEWISE_GEMV_R(5);
-    PAGEWISE_GEMV_R(6);
-    PAGEWISE_GEMV_R(7);
-    PAGEWISE_GEMV_R(8);
-    default: return 1;
-  }
-#undef PAGEWISE_GEMV_R
-}
-
-template <typename T>
-int launch(int input, bool add, int rows, const void* x, const void* norm_w, const void* w,
-           const void* residual, void* y, int out_dim, int k_dim, float eps, cudaStream_t s) {
-#define PAGEWISE_GEMV_IN(IN)                                                                  \
-  return add ? launch_rows<T, IN, true>(rows, x, norm_w, w, residual, y, out_dim, k_dim, eps, s) \
-             : launch_rows<T, IN, false>(rows, x, norm_w, w, residual, y, out_dim, k_dim, eps, s)
-  switch (input) {
-    case kPlain: PAGEWISE_GEMV_IN(kPlain);
-    case kRmsNorm: PAGEWISE_GEMV_IN(kRmsNorm);
-    case kSiluMul: PAGEWISE_GEMV_IN(kSiluMul);
-    default: return 1;
-  }
-#undef PAGEWISE_GEMV_IN
-}
-
 }  // namespace
 
 // y ([rows, out_dim]) = in(x) w^T (+ residual, [rows, out_dim], when not null), rows 1..8, dtype
@@ -329,15 +297,8 @@ extern "C" int pagewise_gemv(int dtype, int input, void* y, const void* x, const
   if (mma && rows >= 3 && k_dim % 32 == 0)
     return pagewise_gemv_mma(dtype, input, y, x, norm_w, w, residual, rows, out_dim, k_dim, eps,
                              stream);
-  cudaStream_t s = (cudaStream_t)stream;
-  const bool add = residual != nullptr;
-  switch (dtype) {
-    case 1: return launch<__half>(input, add, rows, x, norm_w, w, residual, y, out_dim, k_dim, eps, s);
-    case 2:
-      return launch<__nv_bfloat16>(input, add, rows, x, norm_w, w, residual, y, out_dim, k_dim,
-                                   eps, s);
-    default: return 1;
-  }
+  const GemvArgs a = {y, x, norm_w, w, residual, out_dim, k_dim, eps, (cudaStream_t)stream};
+  return dispatch_gemv<CudaCoreGemv>(dtype, input, rows, a);
 }
 
 // The qkv projection of RMSNorm(x) * norm_w (x [rows, k_dim], w [(heads + 2 kv_heads) d, k_dim],

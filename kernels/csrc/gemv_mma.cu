@@ -126,53 +126,27 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
-template <typename T, int R, int kIn, bool kAdd>
-int launch_r(const void* x, const void* norm_w, const void* w, const void* residual, void* y,
-             int out_dim, int k_dim, float eps, cudaStream_t stream) {
-  const auto kernel = gemv_mma_kernel<T, R, kIn, kAdd>;
-  const int smem = R * k_dim * (int)sizeof(T);
-  if (smem > kMaxStageBytes) return 1;
-  static int resident_by[64][kStageSteps + 1] = {};
-  int blocks = 0;
-  const int tiles = (out_dim + kTileOut - 1) / kTileOut;
-  if (const int e = grid_for(kernel, smem, tiles, 1, resident_by, &blocks)) return e;
-  const cudaError_t err = launch_early(kernel, blocks, kGemvThreads, smem, stream, (T*)y,
-                                       (const T*)x, (const T*)norm_w, (const T*)w,
-                                       (const T*)residual, out_dim, k_dim, eps);
-  return (int)(err != cudaSuccess ? err : cudaGetLastError());
-}
-
-template <typename T, int kIn, bool kAdd>
-int launch_rows(int rows, const void* x, const void* norm_w, const void* w, const void* residual,
-                void* y, int out_dim, int k_dim, float eps, cudaStream_t s) {
-#define PAGEWISE_GEMV_MMA_R(R) \
-  case R: return launch_r<T, R, kIn, kAdd>(x, norm_w, w, residual, y, out_dim, k_dim, eps, s)
-  switch (rows) {
-    PAGEWISE_GEMV_MMA_R(3);
-    PAGEWISE_GEMV_MMA_R(4);
-    PAGEWISE_GEMV_MMA_R(5);
-    PAGEWISE_GEMV_MMA_R(6);
-    PAGEWISE_GEMV_MMA_R(7);
-    PAGEWISE_GEMV_MMA_R(8);
-    default: return 1;
+// gemv_mma_kernel for 3 to 8 rows (see dispatch_gemv; 1 for fewer).
+struct TensorCoreGemv {
+  template <typename T, int R, int kIn, bool kAdd>
+  static int run(const GemvArgs& a) {
+    if constexpr (R < 3) {
+      return 1;
+    } else {
+      const auto kernel = gemv_mma_kernel<T, R, kIn, kAdd>;
+      const int smem = R * a.k_dim * (int)sizeof(T);
+      if (smem > kMaxStageBytes) return 1;
+      static int resident_by[64][kStageSteps + 1] = {};
+      int blocks = 0;
+      const int tiles = (a.out_dim + kTileOut - 1) / kTileOut;
+      if (const int e = grid_for(kernel, smem, tiles, 1, resident_by, &blocks)) return e;
+      const cudaError_t err = launch_early(kernel, blocks, kGemvThreads, smem, a.stream, (T*)a.y,
+                                           (const T*)a.x, (const T*)a.norm_w, (const T*)a.w,
+                                           (const T*)a.residual, a.out_dim, a.k_dim, a.eps);
+      return (int)(err != cudaSuccess ? err : cudaGetLastError());
+    }
   }
-#undef PAGEWISE_GEMV_MMA_R
-}
-
-template <typename T>
-int launch(int input, bool add, int rows, const void* x, const void* norm_w, const void* w,
-           const void* residual, void* y, int out_dim, int k_dim, float eps, cudaStream_t s) {
-#define PAGEWISE_GEMV_MMA_IN(IN)                                                               \
-  return add ? launch_rows<T, IN, true>(rows, x, norm_w, w, residual, y, out_dim, k_dim, eps, s) \
-             : launch_rows<T, IN, false>(rows, x, norm_w, w, residual, y, out_dim, k_dim, eps, s)
-  switch (input) {
-    case kPlain: PAGEWISE_GEMV_MMA_IN(kPlain);
-    case kRmsNorm: PAGEWISE_GEMV_MMA_IN(kRmsNorm);
-    case kSiluMul: PAGEWISE_GEMV_MMA_IN(kSiluMul);
-    default: return 1;
-  }
-#undef PAGEWISE_GEMV_MMA_IN
-}
+};
 
 }  // namespace
 
@@ -183,14 +157,6 @@ extern "C" int pagewise_gemv_mma(int dtype, int input, void* y, const void* x,
                                  int rows, int out_dim, int k_dim, float eps, void* stream) {
   if (rows == 0 || out_dim == 0) return 0;
   if (k_dim % kStepK != 0) return 1;
-  cudaStream_t s = (cudaStream_t)stream;
-  const bool add = residual != nullptr;
-  switch (dtype) {
-    case 1:
-      return launch<__half>(input, add, rows, x, norm_w, w, residual, y, out_dim, k_dim, eps, s);
-    case 2:
-      return launch<__nv_bfloat16>(input, add, rows, x, norm_w, w, residual, y, out_dim, k_dim,
-                                   eps, s);
-    default: return 1;
-  }
+  const GemvArgs a = {y, x, norm_w, w, residual, out_dim, k_dim, eps, (cudaStream_t)stream};
+  return dispatch_gemv<TensorCoreGemv>(dtype, input, rows, a);
 }

@@ -131,4 +131,57 @@ int grid_for(Kernel kernel, int smem, int units, int per_block,
 }
 
 
+// The arguments of one GEMV launch (see pagewise_gemv).
+struct GemvArgs {
+  void* y;
+  const void *x, *norm_w, *w, *residual;
+  int out_dim, k_dim;
+  float eps;
+  cudaStream_t stream;
+};
+
+// Launcher::run<T, R, kIn, kAdd>(a) for the call's dtype (1 = f16, 2 = bf16), input (an Input),
+// rows (1..8) and residual (kAdd when not null): the dispatch gemv.cu's and gemv_mma.cu's entry
+// points share. Returns 1 for what no instantiation covers.
+template <typename Launcher, typename T, int kIn, bool kAdd>
+int by_rows(int rows, const GemvArgs& a) {
+  switch (rows) {
+    case 1: return Launcher::template run<T, 1, kIn, kAdd>(a);
+    case 2: return Launcher::template run<T, 2, kIn, kAdd>(a);
+    case 3: return Launcher::template run<T, 3, kIn, kAdd>(a);
+    case 4: return Launcher::template run<T, 4, kIn, kAdd>(a);
+    case 5: return Launcher::template run<T, 5, kIn, kAdd>(a);
+    case 6: return Launcher::template run<T, 6, kIn, kAdd>(a);
+    case 7: return Launcher::template run<T, 7, kIn, kAdd>(a);
+    case 8: return Launcher::template run<T, 8, kIn, kAdd>(a);
+    default: return 1;
+  }
+}
+
+template <typename Launcher, typename T>
+int by_input(int input, int rows, const GemvArgs& a) {
+  const bool add = a.residual != nullptr;
+  switch (input) {
+    case kPlain:
+      return add ? by_rows<Launcher, T, kPlain, true>(rows, a)
+                 : by_rows<Launcher, T, kPlain, false>(rows, a);
+    case kRmsNorm:
+      return add ? by_rows<Launcher, T, kRmsNorm, true>(rows, a)
+                 : by_rows<Launcher, T, kRmsNorm, false>(rows, a);
+    case kSiluMul:
+      return add ? by_rows<Launcher, T, kSiluMul, true>(rows, a)
+                 : by_rows<Launcher, T, kSiluMul, false>(rows, a);
+    default: return 1;
+  }
+}
+
+template <typename Launcher>
+int dispatch_gemv(int dtype, int input, int rows, const GemvArgs& a) {
+  switch (dtype) {
+    case 1: return by_input<Launcher, __half>(input, rows, a);
+    case 2: return by_input<Launcher, __nv_bfloat16>(input, rows, a);
+    default: return 1;
+  }
+}
+
 }  // namespace
