@@ -5,7 +5,10 @@ use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
-use crate::{check_attention, check_launch, decode_slots, device_ptr, dtype_code, ffi, split_plan};
+use crate::{
+    check_attention, check_index_vector, check_launch, decode_slots, device_ptr, dtype_code, ffi,
+    split_plan,
+};
 
 /// Where the kernel before the attention kernel on the stream may still be writing the caches.
 /// On sm_90 the attention kernel starts before that kernel ends (programmatic dependent launch);
@@ -232,22 +235,10 @@ pub fn paged_attention_planned_into(
             block_tables.dims()
         );
     }
-    if let Some(rs) = row_seq
-        && (rs.dtype() != DType::I32 || rs.dims() != [seqs])
-    {
-        bail!(
-            "row_seq must be i32 [{seqs}], got {:?} {:?}",
-            rs.dtype(),
-            rs.dims()
-        );
+    if let Some(rs) = row_seq {
+        check_index_vector(rs, DType::I32, seqs, "row_seq")?;
     }
-    if context_lens.dtype() != DType::I32 || context_lens.dims() != [seqs] {
-        bail!(
-            "context_lens must be i32 [{seqs}], got {:?} {:?}",
-            context_lens.dtype(),
-            context_lens.dims()
-        );
-    }
+    check_index_vector(context_lens, DType::I32, seqs, "context_lens")?;
     let dtype = dtype_code(q.dtype(), "paged_attention")?;
     if seqs == 0 {
         return Ok(());

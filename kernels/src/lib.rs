@@ -160,6 +160,20 @@ pub(crate) fn check_driver(
     Ok(())
 }
 
+/// That `t` is a vector of `len` elements of `dtype` (an index input: slots, lengths,
+/// positions), or an error "`what` must be <dtype> [len], got ...".
+pub(crate) fn check_index_vector(t: &Tensor, dtype: DType, len: usize, what: &str) -> Result<()> {
+    if t.dtype() != dtype || t.dims() != [len] {
+        bail!(
+            "{what} must be {} [{len}], got {:?} {:?}",
+            dtype.as_str(),
+            t.dtype(),
+            t.dims()
+        );
+    }
+    Ok(())
+}
+
 pub(crate) fn check_launch(code: i32, what: &str) -> Result<()> {
     if code != 0 {
         bail!("{what}: CUDA launch failed with error {code}");
@@ -198,13 +212,7 @@ pub fn reshape_and_cache(
             bail!("{what} is {:?} but key is {:?}", t.dtype(), key.dtype());
         }
     }
-    if slot_mapping.dtype() != DType::I64 || slot_mapping.dims() != [tokens] {
-        bail!(
-            "slot_mapping must be i64 [{tokens}], got {:?} {:?}",
-            slot_mapping.dtype(),
-            slot_mapping.dims()
-        );
-    }
+    check_index_vector(slot_mapping, DType::I64, tokens, "slot_mapping")?;
     let dtype = dtype_code(key.dtype(), "reshape_and_cache")?;
     let (k, stream) = device_ptr(key, "key")?;
     let (v, _) = device_ptr(value, "value")?;

@@ -5,7 +5,7 @@ use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
-use crate::{device_ptr, dtype_code, empty, ffi};
+use crate::{check_index_vector, device_ptr, dtype_code, empty, ffi};
 
 /// The fused q/k/v projection of a step and how to rotate it.
 pub struct QkvRope<'a> {
@@ -116,14 +116,8 @@ pub(crate) fn check_rope_inputs(
             v_cache.dims()
         );
     }
-    if let Some(p) = positions
-        && (p.dtype() != DType::U32 || p.dims() != [tokens])
-    {
-        bail!(
-            "{op}: positions must be u32 [{tokens}], got {:?} {:?}",
-            p.dtype(),
-            p.dims()
-        );
+    if let Some(p) = positions {
+        check_index_vector(p, DType::U32, tokens, &format!("{op}: positions"))?;
     }
     let rows = match positions {
         Some(_) => cos.dim(0)?.max(1),
@@ -138,12 +132,10 @@ pub(crate) fn check_rope_inputs(
             );
         }
     }
-    if slot_mapping.dtype() != DType::I64 || slot_mapping.dims() != [tokens] {
-        bail!(
-            "{op}: slot_mapping must be i64 [{tokens}], got {:?} {:?}",
-            slot_mapping.dtype(),
-            slot_mapping.dims()
-        );
-    }
-    Ok(())
+    check_index_vector(
+        slot_mapping,
+        DType::I64,
+        tokens,
+        &format!("{op}: slot_mapping"),
+    )
 }
