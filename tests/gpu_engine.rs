@@ -108,14 +108,14 @@ fn gpu_bfloat16_logits_stay_close_to_the_cpu_float32_logits() {
     assert!(e16 < 5e-2, "bf16 on the GPU: {e16}");
 }
 
-/// Decode steps of as many rows as the fused path takes (`decode_fused::max_rows`) in bf16
+/// Decode steps of as many rows as the fused path takes (`decode_fused::MAX_ROWS`) in bf16
 /// against the CPU's f32 prefill logits: the step-by-step path (by default the GEMV kernels with
 /// the norms, SiLU-and-mul and residual adds folded in; with `PAGEWISE_DECODE_FUSED=0` cuBLAS and
 /// the separate kernels) stays within bf16's error.
 #[test]
 fn bfloat16_decode_steps_stay_close_to_the_cpu_float32_logits() {
     let path = model("tiny-d64");
-    let rows = pagewise::model::decode_fused::max_rows();
+    let rows = pagewise::model::decode_fused::MAX_ROWS;
     let seqs: Vec<Vec<u32>> = (0..rows)
         .map(|i| {
             (0..40)

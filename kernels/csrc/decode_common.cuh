@@ -94,35 +94,25 @@ struct TileCopier {
     }
   }
 
-  // The ring of kStages stages at `stages`: its first kStages - 1 tiles in flight (kFill: all
-  // kStages, so a split of a few tiles waits on one memory round trip for its first kStages
-  // instead of one per tile), one commit group each (empty past the last tile), and the next
-  // tile's offsets fetched. Tile 0's offsets are fetched before (fetch(0)): a kernel does that
-  // before it waits for the previous grid.
-  template <int kStages, bool kFill = false>
+  // The ring of kStages stages at `stages`: its first kStages - 1 tiles in flight (one commit
+  // group each, empty past the last tile) and the next tile's offsets fetched. Tile 0's offsets
+  // are fetched before (fetch(0)): a kernel does that before it waits for the previous grid.
+  template <int kStages>
   __device__ __forceinline__ void start(T* stages, int tiles) {
-    constexpr int kAhead = kFill ? kStages : kStages - 1;
-    for (int s = 0; s < kAhead; ++s) {
+    for (int s = 0; s < kStages - 1; ++s) {
       if (s < tiles) {
         if (s > 0) fetch(s);
         issue(stages + s * kStageElems);
       }
       cp_async_commit();
     }
-    fetch(kAhead);
+    fetch(kStages - 1);
   }
 
   // Waits until tile t has landed for every thread (the barrier also means everyone is done with
-  // tile t - 1's stage), refills that stage with tile t + kStages - 1 (with kFill from t = 1 on:
-  // start issued tiles up to kStages - 1), and returns tile t's stage. Commit group j is tile j's
-  // throughout.
-  template <int kStages, bool kFill = false>
+  // tile t - 1's stage), refills that stage with tile t + kStages - 1, and returns tile t's stage.
+  template <int kStages>
   __device__ __forceinline__ const T* next(T* stages, int t, int tiles) {
-    if (kFill && t == 0) {
-      cp_async_wait<kStages - 1>();
-      __syncthreads();
-      return stages;
-    }
     cp_async_wait<kStages - 2>();
     __syncthreads();
     if (t + kStages - 1 < tiles) issue(stages + ((t + kStages - 1) % kStages) * kStageElems);

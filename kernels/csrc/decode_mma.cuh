@@ -89,11 +89,8 @@ __device__ __forceinline__ int cluster_blocks() {
 // past the group zero) held in registers for the whole split; lane l holds head l / 4's scores
 // at 4 positions; then O += P V with P taken straight from the score registers (FlashAttention-2
 // style) and V read transposed by ldmatrix. At the end the 4 warps merge through shared memory.
-// kFill: the stage ring filled whole before the first tile (TileCopier::start), opt-in with
-// PAGEWISE_DECODE_FILL_RING=1 (not yet measured with the register bound below, which keeps 3
-// blocks per SM at d128: 168 registers with or without it).
-template <typename T, int D, bool kFill>
-__global__ void __launch_bounds__(kThreads, kFill ? 3 : 0)
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads)
     paged_decode_mma_kernel(T* __restrict__ out, float* __restrict__ part_ml,
                             float* __restrict__ part_acc, const T* __restrict__ q,
                             const T* __restrict__ k_cache, const T* __restrict__ v_cache,
@@ -124,14 +121,13 @@ __global__ void __launch_bounds__(kThreads, kFill ? 3 : 0)
   // while the kernel before ends).
   Copier copier(k_cache, v_cache, table, begin, end, block_size, num_kv_heads, kv_head);
   copier.fetch(0);
-  constexpr int kAhead = kFill ? S::kStages : S::kStages - 1;  // tiles start() issues
   const bool early = fresh_tail >= 0 && tiles > 0 &&
-                     min(begin + kAhead * kMmaRows, end) <= ctx - fresh_tail;
-  if (early) copier.template start<S::kStages, kFill>(stages, tiles);
+                     min(begin + (S::kStages - 1) * kMmaRows, end) <= ctx - fresh_tail;
+  if (early) copier.template start<S::kStages>(stages, tiles);
   wait_for_previous_grid();  // the query (and the cache's fresh positions) are written by it
   timeline.mark(kWaited);
   let_next_grid_launch();    // the merge may be scheduled now; it waits for this grid's end
-  if (!early) copier.template start<S::kStages, kFill>(stages, tiles);
+  if (!early) copier.template start<S::kStages>(stages, tiles);
 
   // Q as the A operand: row r = head r of the group, columns 2c, 2c + 1 (+ 8) of each k-step;
   // rows 8-15 are zero.
@@ -154,7 +150,7 @@ __global__ void __launch_bounds__(kThreads, kFill ? 3 : 0)
   const int prow = warp * 16;    // the warp's first row of each tile
 
   for (int t = 0; t < tiles; ++t) {
-    const T* kt = copier.template next<S::kStages, kFill>(stages, t, tiles);
+    const T* kt = copier.template next<S::kStages>(stages, t, tiles);
     const T* vt = kt + kMmaRows * D;
     if (t == 0) timeline.mark(kFirstTile);
 

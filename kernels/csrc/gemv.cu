@@ -280,23 +280,11 @@ int launch_rope(const QkvRopeArgs& a, cudaStream_t s) {
 // ([rows, k_dim]); 1: RMSNorm(x) * norm_w with `eps` (x [rows, k_dim], norm_w [k_dim]); 2:
 // silu(x[:, :k_dim]) * x[:, k_dim:] (x [rows, 2 k_dim]). Returns 0, a CUDA error code, or 1 when
 // the arguments are unsupported (rows x k_dim past the staging space among them).
-extern "C" int pagewise_gemv_mma(int dtype, int input, void* y, const void* x,
-                                 const void* norm_w, const void* w, const void* residual,
-                                 int rows, int out_dim, int k_dim, float eps, void* stream);
-
 extern "C" int pagewise_gemv(int dtype, int input, void* y, const void* x, const void* norm_w,
                              const void* w, const void* residual, int rows, int out_dim,
                              int k_dim, float eps, void* stream) {
   if (rows == 0 || out_dim == 0) return 0;
   if (k_dim % 8 != 0) return 1;
-  // 3-8 rows on tensor cores when PAGEWISE_GEMV_MMA=1 (gemv_mma.cu; opt-in, not yet measured).
-  static const bool mma = [] {
-    const char* v = getenv("PAGEWISE_GEMV_MMA");
-    return v != nullptr && v[0] == '1';
-  }();
-  if (mma && rows >= 3 && k_dim % 32 == 0)
-    return pagewise_gemv_mma(dtype, input, y, x, norm_w, w, residual, rows, out_dim, k_dim, eps,
-                             stream);
   const GemvArgs a = {y, x, norm_w, w, residual, out_dim, k_dim, eps, (cudaStream_t)stream};
   return dispatch_gemv<CudaCoreGemv>(dtype, input, rows, a);
 }

@@ -1,6 +1,6 @@
-// pagewise: what the GEMV kernels share (gemv.cu's CUDA-core ones, gemv_mma.cu's tensor-core
-// one): the block shape, the staging of the matmul's input (x, RMSNorm(x) or SiLU-and-mul) in
-// shared memory, and the grid of a launch. Included by those files.
+// pagewise: what the GEMV kernels of gemv.cu share: the block shape, the staging of the matmul's
+// input (x, RMSNorm(x) or SiLU-and-mul) in shared memory, the grid of a launch and the dispatch
+// over dtype, input and rows. Included by gemv.cu.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -141,8 +141,8 @@ struct GemvArgs {
 };
 
 // Launcher::run<T, R, kIn, kAdd>(a) for the call's dtype (1 = f16, 2 = bf16), input (an Input),
-// rows (1..8) and residual (kAdd when not null): the dispatch gemv.cu's and gemv_mma.cu's entry
-// points share. Returns 1 for what no instantiation covers.
+// rows (1..8) and residual (kAdd when not null): the dispatch of gemv.cu's entry point (a
+// launcher struct per kernel). Returns 1 for what no instantiation covers.
 template <typename Launcher, typename T, int kIn, bool kAdd>
 int by_rows(int rows, const GemvArgs& a) {
   switch (rows) {

@@ -385,13 +385,10 @@ int decode_g(const DecodeArgs* a, int* blocks) {
   if (a != nullptr && a->num_splits > kMaxSplits) return 1;
   if constexpr (!std::is_same<T, float>::value && D <= 128) {
     if (!core_forced()) {
-      static bool configured[2][64] = {};
-      static const bool fill = getenv("PAGEWISE_DECODE_FILL_RING") != nullptr &&
-                               getenv("PAGEWISE_DECODE_FILL_RING")[0] == '1';
+      static bool configured[64] = {};
       constexpr int smem = MmaShape<T, D>::kSmemBytes;
-      const auto kernel =
-          fill ? paged_decode_mma_kernel<T, D, true> : paged_decode_mma_kernel<T, D, false>;
-      if (const cudaError_t err = configure(kernel, smem, configured[fill])) return (int)err;
+      const auto kernel = paged_decode_mma_kernel<T, D>;
+      if (const cudaError_t err = configure(kernel, smem, configured)) return (int)err;
       if (a == nullptr)
         return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, smem);
       return (int)launch_split<T, D>(kernel, smem, a, true);

@@ -12,15 +12,6 @@ use crate::{check_launch, device_ptr, dtype_code, empty, ffi};
 /// Most rows [`gemv`] takes.
 pub const GEMV_MAX_ROWS: usize = 8;
 
-/// Whether [`gemv_fused`] runs 3 to 8 rows (with `k` a multiple of 32) on its tensor-core kernel
-/// (kernels/csrc/gemv_mma.cu) instead of the CUDA-core one: `PAGEWISE_GEMV_MMA=1`. Opt-in and
-/// not yet run on a GPU (written in the tenth session); `bash .gpu/run.sh mma` tests and times it.
-/// With it, a row's bf16 result can differ between steps of 1-2 rows and of 3-8.
-pub fn gemv_mma_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    crate::env_switch(&ON, "PAGEWISE_GEMV_MMA", false)
-}
-
 /// What [`gemv_fused`] computes from `x` before the matmul.
 #[derive(Clone, Copy, Debug)]
 pub enum GemvInput<'a> {

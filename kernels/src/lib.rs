@@ -25,7 +25,7 @@ pub use decode::{
     paged_attention_planned_into, paged_decode_attention, plan_for,
 };
 pub use fused::{add_rms_norm, silu_mul};
-pub use gemv::{GEMV_MAX_ROWS, GemvInput, gemv, gemv_fits, gemv_fused, gemv_mma_enabled};
+pub use gemv::{GEMV_MAX_ROWS, GemvInput, gemv, gemv_fits, gemv_fused};
 pub use gemv_rope::{RopeCacheTarget, gemv_rope_cache};
 pub use pinned::PinnedIds;
 pub use prefill::{

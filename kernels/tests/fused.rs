@@ -113,16 +113,9 @@ fn gemv_matches_a_host_matmul() {
             let w = random(&mut rng, (out, k), 0.05, dtype, &dev);
             let got = host_f32(&pagewise_kernels::gemv(&x, &w).unwrap());
             // Batch invariance: each row as it comes out alone, bit for bit (the warps an output
-            // takes depend on the shape, not on the rows). The opt-in tensor-core kernel serves
-            // 3-8 rows only: there, "alone" is the row three times over.
-            let mma = pagewise_kernels::gemv_mma_enabled() && rows >= 3 && k % 32 == 0;
+            // takes depend on the shape, not on the rows).
             for r in 0..rows {
                 let row = x.narrow(0, r, 1).unwrap();
-                let row = if mma {
-                    Tensor::cat(&[&row, &row, &row], 0).unwrap()
-                } else {
-                    row
-                };
                 let alone = pagewise_kernels::gemv(&row, &w)
                     .unwrap()
                     .narrow(0, 0, 1)

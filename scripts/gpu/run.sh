@@ -14,9 +14,6 @@
 #   bash .gpu/run.sh fused    the fused decode path (GEMV kernels with the norms folded in, default)
 #                             against PAGEWISE_DECODE_FUSED=0: kernel and engine tests, then
 #                             batch-1 latency, each way
-#   bash .gpu/run.sh mma      the opt-in tensor-core GEMV for 3-8 rows (PAGEWISE_GEMV_MMA=1, not yet
-#                             run before): kernel and engine tests with it, its GEMV table at 8
-#                             rows, then batch 4 and 8 decode latency with it and without
 #   bash .gpu/run.sh profile  one eager batch-1 decode step kernel by kernel under Nsight Compute
 #                             (PROFILE_MODELS="llama-8b llama-1b" by default; scripts/gpu/ncu_step.py)
 #   bash .gpu-gguf/run.sh gguf  the quantized-GGUF engine test (staged by scripts/gpu/stage_gguf.sh)
@@ -146,26 +143,6 @@ if [ "$what" = verify ]; then
         2>> "$out/bench-stderr.log" | tail -3
     )
   done
-fi
-if [ "$what" = mma ]; then
-  for t in fused-tests rope-tests; do
-    PAGEWISE_GEMV_MMA=1 "$work/bin/$t" --test-threads=1 2>&1 | grep -E "^test |test result|panicked|off by" || status=1
-  done
-  PAGEWISE_GEMV_MMA=1 "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture --skip quantized_gguf 2>&1 \
-    | grep -E "^test |test result|rel\. err|top-1|fused\)|panicked" || status=1
-  for v in 1 0; do
-    echo "== GEMV at 8 rows, PAGEWISE_GEMV_MMA=$v"
-    PAGEWISE_GEMV_MMA=$v PAGEWISE_GEMV_BW_ROWS=8 "$work/bin/fused-tests" --ignored --nocapture \
-      --test-threads=1 gemv_bandwidth 2>&1 | grep -E "^\| [0-9]|panicked"
-  done
-  SCOREBOARD_MODELS=none SCOREBOARD_PARTS=none SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \
-    bash "$here/scripts/gpu/scoreboard.sh" > /dev/null 2>&1   # (writes the shapes' configs)
-  for m in llama-1b llama-8b; do for b in 4 8; do for v in 1 0; do
-    echo "== $m batch-$b decode, 128 in / 256 out, PAGEWISE_GEMV_MMA=$v"
-    PAGEWISE_GEMV_MMA=$v timeout 120 "$work/bin/pagewise" bench latency --model "/tmp/pagewise-gpu/shapes/$m" \
-      --load-format dummy --batch-size "$b" --input-len 128 --output-len 256 --num-iters-warmup 1 \
-      --num-iters 2 2>> "$out/bench-stderr.log" | tail -2
-  done; done; done
 fi
 if [ "$what" = fused ]; then
   for t in fused-tests rope-tests; do

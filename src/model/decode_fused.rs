@@ -58,18 +58,6 @@ pub(super) fn count_step() {
 /// 4.758 / 4.710 at 2, 5.646 / 4.734 at 4, 8.483 / 4.773 at 8.
 pub const MAX_ROWS: usize = 2;
 
-/// Most rows a step may have to take the fused path in this process: [`MAX_ROWS`], or
-/// `pagewise_kernels::GEMV_MAX_ROWS` with the opt-in tensor-core GEMV for 3-8 rows
-/// (`PAGEWISE_GEMV_MMA=1`, see `pagewise_kernels::gemv_mma_enabled`; the qkv projection's
-/// rope-and-cache kernel stays the CUDA-core one).
-pub fn max_rows() -> usize {
-    if pagewise_kernels::gemv_mma_enabled() {
-        pagewise_kernels::GEMV_MAX_ROWS
-    } else {
-        MAX_ROWS
-    }
-}
-
 /// Whether the fused path is on (unless `PAGEWISE_DECODE_FUSED=0`).
 pub(super) fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -77,14 +65,14 @@ pub(super) fn enabled() -> bool {
 }
 
 /// Whether a step whose embedded tokens are `x` (`[rows, hidden]`) fits the fused kernels with
-/// these layers: a GPU, f16 or bf16, at most [`max_rows`] rows, and inputs the kernels can stage.
+/// these layers: a GPU, f16 or bf16, at most [`MAX_ROWS`] rows, and inputs the kernels can stage.
 pub(super) fn fits(x: &Tensor, layers: &[FusedLayer<'_>]) -> bool {
     let (Ok(rows), dtype) = (x.dim(0), x.dtype()) else {
         return false;
     };
     let inner = |w: &Tensor| w.dim(1).unwrap_or(usize::MAX);
     x.device().is_cuda()
-        && rows <= max_rows()
+        && rows <= MAX_ROWS
         && matches!(dtype, DType::BF16 | DType::F16)
         && layers.iter().all(|l| {
             [l.qkv, l.o, l.gate_up, l.down]
