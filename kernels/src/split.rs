@@ -1,8 +1,8 @@
 //! How decode attention splits a context across blocks. The kernel runs one block per (query
 //! row, KV head, split); all blocks of a launch do about the same work, so they finish in waves of
 //! `slots` (the blocks that fit on the whole GPU at once). A plan picks the split count that
-//! minimizes waves × (positions per block + a block's start-up), with a small charge for the merge
-//! kernel that a split context needs.
+//! minimizes waves × (positions per block in whole tiles + a block's start-up), with a small charge
+//! for the merge kernel that a split context needs; of counts that cost the same, the fewest.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -14,6 +14,13 @@ use crate::{check_launch, dtype_code, ffi};
 pub const MIN_CHUNK: usize = 128;
 /// Most splits of one context (bounds the partials' workspace; the merge kernel takes up to this).
 pub(crate) const MAX_SPLITS: usize = 512;
+/// Context positions a block streams per tile (the tensor-core kernel's; the CUDA-core kernel's 32
+/// divide it). A block's time goes by its tiles, each a trip through its stage ring, more than by
+/// the positions in them: on the H200 at 1 x 8k, 43 splits of 191 positions (3 tiles) took 14.1
+/// µs where 49 of 168 (also 3 tiles, the last of 40 positions) took 15.0 (benches/RESULTS.md,
+/// "Eleventh session"). (The kernels do not round a row's chunk up to whole tiles: where a
+/// block streams many tiles, its bytes count, and 8 x 8k lost 5% that way.)
+pub const TILE: usize = 64;
 /// A block's start-up (block-table reads, the first tile's round trip), in context positions.
 const BLOCK_OVERHEAD: usize = 128;
 /// The merge kernel's cost (writing and reading the partials, one more launch), as a share.
@@ -59,7 +66,8 @@ fn choose_splits(pairs: usize, context: usize, slots: usize) -> usize {
     let cost = |s: usize| {
         let waves = (pairs * s).div_ceil(slots) as f64;
         let merge = if s > 1 { 1.0 + MERGE_COST } else { 1.0 };
-        waves * (context.div_ceil(s) + BLOCK_OVERHEAD) as f64 * merge
+        let tiles = context.div_ceil(s).div_ceil(TILE);
+        waves * (tiles * TILE + BLOCK_OVERHEAD) as f64 * merge
     };
     let mut best = 1;
     for s in 2..=most {
@@ -109,8 +117,9 @@ mod tests {
     #[test]
     fn plans_fill_one_wave_or_avoid_a_ragged_last_one() {
         // 396 slots (132 SMs x 3 blocks), the H200 at bf16 d128.
-        // Batch 1 at 8k over 8 KV heads: as many splits as fit in one wave.
-        assert_eq!(split_plan(1, 8, 8192, 396), (49, 168));
+        // Batch 1 at 8k over 8 KV heads: one wave, each split 3 tiles; 43 is the fewest splits
+        // of 3 tiles (49 would fit, also with 3 tiles a block).
+        assert_eq!(split_plan(1, 8, 8192, 396), (43, 191));
         // Batch 8 at 8k: 64 pairs, 6 splits = 384 blocks, one wave.
         assert_eq!(split_plan(8, 8, 8192, 396).0, 6);
         // Batch 64 at 2k: 512 pairs are 1.3 waves; 3 splits make 3.9 full ones.
@@ -121,7 +130,7 @@ mod tests {
         assert_eq!(split_plan(1, 8, 100, 396), (1, 100));
         assert_eq!(split_plan(1, 1, 300, 396).0, 3);
         // A graph's plan keeps the floor chunk.
-        assert_eq!(graph_split_plan(1, 8, 8192, 396), (49, MIN_CHUNK));
+        assert_eq!(graph_split_plan(1, 8, 8192, 396), (43, MIN_CHUNK));
     }
 
     #[test]

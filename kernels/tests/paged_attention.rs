@@ -215,47 +215,49 @@ fn decode_bandwidth() {
     let group = heads / kv_heads;
     let slots = decode_slots(DType::BF16, d, group).unwrap();
     println!("decode blocks at once (bf16, d{d}, group {group}): {slots}");
-    // PAGEWISE_BW_CASES="64x2048 1x8192" limits the table to those cases (tuning, profiling).
+    // PAGEWISE_BW_CASES="64x2048 1x8192" times those cases instead (tuning, profiling).
     let only = std::env::var("PAGEWISE_BW_CASES").unwrap_or_default();
+    let cases: Vec<(usize, usize)> = if only.is_empty() {
+        let grid = [1usize, 8, 64, 256].map(|b| [512usize, 2048, 8192].map(|c| (b, c)));
+        grid.concat()
+    } else {
+        only.split_whitespace()
+            .map(|c| {
+                let (b, ctx) = c.split_once('x').expect("PAGEWISE_BW_CASES: BATCHxCONTEXT");
+                (b.parse().unwrap(), ctx.parse().unwrap())
+            })
+            .collect()
+    };
     println!(
         "| batch | context | launched one by one (µs) | graph replay (µs) | KV read (TB/s) | share of 3.97 TB/s |"
     );
     println!("|---|---|---|---|---|---|");
-    for batch in [1usize, 8, 64, 256] {
-        for ctx in [512usize, 2048, 8192] {
-            if !only.is_empty()
-                && !only
-                    .split_whitespace()
-                    .any(|c| c == format!("{batch}x{ctx}"))
-            {
-                continue;
-            }
-            let bytes = (batch * ctx * kv_heads * d * 2 * 2) as f64;
-            let setup = Setup::new(&dev, batch, ctx, (heads, kv_heads, d, bs));
-            let copies = setup.caches.len();
-            let run = |i: usize| setup.run(i);
-            for i in 0..copies.max(3) {
-                run(i);
-            }
-            let iters = 64;
-            // Launched one by one (the host's submission can be the bottleneck at small sizes)...
-            let start = stream.record_event(timing).unwrap();
-            for i in 0..iters {
-                run(i);
-            }
-            let end = stream.record_event(timing).unwrap();
-            let eager = f64::from(start.elapsed_ms(&end).unwrap()) / 1e3 / iters as f64;
-            // ...and replayed from a CUDA graph, as the engine's decode steps run: GPU time.
-            let secs = graph_replay_seconds(&stream, iters, &run);
-            let rate = bytes / secs;
-            println!(
-                "| {batch} | {ctx} | {:.1} | {:.1} | {:.2} | {:.0}% |",
-                eager * 1e6,
-                secs * 1e6,
-                rate / 1e12,
-                rate / 3.97e12 * 100.0
-            );
+    for (batch, ctx) in cases {
+        let bytes = (batch * ctx * kv_heads * d * 2 * 2) as f64;
+        let setup = Setup::new(&dev, batch, ctx, (heads, kv_heads, d, bs));
+        let copies = setup.caches.len();
+        let run = |i: usize| setup.run(i);
+        for i in 0..copies.max(3) {
+            run(i);
         }
+        let iters = 64;
+        // Launched one by one (the host's submission can be the bottleneck at small sizes)...
+        let start = stream.record_event(timing).unwrap();
+        for i in 0..iters {
+            run(i);
+        }
+        let end = stream.record_event(timing).unwrap();
+        let eager = f64::from(start.elapsed_ms(&end).unwrap()) / 1e3 / iters as f64;
+        // ...and replayed from a CUDA graph, as the engine's decode steps run: GPU time.
+        let secs = graph_replay_seconds(&stream, iters, &run);
+        let rate = bytes / secs;
+        println!(
+            "| {batch} | {ctx} | {:.1} | {:.1} | {:.2} | {:.0}% |",
+            eager * 1e6,
+            secs * 1e6,
+            rate / 1e12,
+            rate / 3.97e12 * 100.0
+        );
     }
 }
 
