@@ -20,6 +20,20 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool fill
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
                "r"(fill ? 16 : 0));
 }
+// The same with an L2 cache policy (from l2_evict_first).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool fill,
+                                           uint64_t policy) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(d),
+               "l"(src), "r"(fill ? 16 : 0), "l"(policy));
+}
+// An L2 policy for data read once: its lines are the first to go, so streaming it keeps what
+// is read again (block tables, queries, the merge's partials) in L2.
+__device__ __forceinline__ uint64_t l2_evict_first() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -60,8 +74,11 @@ __device__ __forceinline__ void split_range(int ctx, int split, int num_splits, 
 // [kRows][D], then the V tile. K rows, and V rows when kSwizzleV, store their 16-byte chunks
 // XOR-swizzled by row (chunk c of row r at c ^ (r % 8)), so reads of one chunk column by eight
 // rows hit distinct banks. The cache offsets of a tile are fetched one tile before its copies
-// are issued, so the block-table reads are in flight during a tile's math.
-template <typename T, int D, int kRows, bool kSwizzleV>
+// are issued, so the block-table reads are in flight during a tile's math. kReadOnce: the copies
+// carry L2's evict-first policy (decode reads each K/V row once a step; prefill's tiles are read
+// again by the next query tiles and heads, so it keeps the default). On the H200, 1 x 8k decode
+// attention 14.06 -> 13.88 µs with it (benches/RESULTS.md, "Eleventh session").
+template <typename T, int D, int kRows, bool kSwizzleV, bool kReadOnce>
 struct TileCopier {
   static constexpr int kChunks = D * (int)sizeof(T) / 16;    // 16-byte chunks per row
   static constexpr int kRowsPerPass = kThreads / kChunks;    // rows one pass of copies covers
@@ -130,8 +147,16 @@ struct TileCopier {
       const bool ok = offs[i] >= 0;
       const int64_t off = ok ? offs[i] : 0;
       const int sw = (col ^ (r & 7)) * kVec;
-      cp_async16(stage + r * D + sw, k_cache + off, ok);
-      cp_async16(stage + (kRows + r) * D + (kSwizzleV ? sw : col * kVec), v_cache + off, ok);
+      T* k_dst = stage + r * D + sw;
+      T* v_dst = stage + (kRows + r) * D + (kSwizzleV ? sw : col * kVec);
+      if constexpr (kReadOnce) {
+        const uint64_t policy = l2_evict_first();
+        cp_async16(k_dst, k_cache + off, ok, policy);
+        cp_async16(v_dst, v_cache + off, ok, policy);
+      } else {
+        cp_async16(k_dst, k_cache + off, ok);
+        cp_async16(v_dst, v_cache + off, ok);
+      }
     }
   }
 };

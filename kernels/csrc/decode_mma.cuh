@@ -21,7 +21,7 @@ constexpr int kMmaRows = 16 * kWarps;
 
 template <typename T, int D>
 struct MmaShape {
-  using Copier = TileCopier<T, D, kMmaRows, true>;
+  using Copier = TileCopier<T, D, kMmaRows, true, true>;
   static constexpr int kStageBytes = Copier::kStageElems * (int)sizeof(T);
   // 2 stages of 32 KB at d128 (3 blocks per SM), 3 of 16 KB at d64 (4 per SM).
 #ifdef PAGEWISE_DECODE_MMA_STAGES

@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kThreads)
   split_range(context_lens[seq], split, num_splits, chunk, &begin, &end);
   const int tiles = (end - begin + kTile - 1) / kTile;
   const int32_t* table = block_tables + (int64_t)(row_seq ? row_seq[seq] : seq) * max_blocks;
-  TileCopier<T, D, kTile, false> copier(k_cache, v_cache, table, begin, end, block_size,
+  TileCopier<T, D, kTile, false, true> copier(k_cache, v_cache, table, begin, end, block_size,
                                         num_kv_heads, kv_head);
   copier.fetch(0);           // block tables and lengths are inputs, not earlier kernels' outputs
   wait_for_previous_grid();  // the query and the cache are

@@ -24,7 +24,7 @@ constexpr int kPrefillRows = 16 * kWarps;  // query rows of a block, and K/V pos
 
 template <typename T, int D>
 struct PrefillShape {
-  using Copier = TileCopier<T, D, kPrefillRows, true>;
+  using Copier = TileCopier<T, D, kPrefillRows, true, false>;
   static constexpr int kStageBytes = Copier::kStageElems * (int)sizeof(T);
   // 2 stages of 32 KB at d128, 3 of 16 KB at d64.
   static constexpr int kStages = kStageBytes <= 16384 ? 3 : 2;

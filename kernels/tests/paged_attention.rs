@@ -252,7 +252,7 @@ fn decode_bandwidth() {
         let secs = graph_replay_seconds(&stream, iters, &run);
         let rate = bytes / secs;
         println!(
-            "| {batch} | {ctx} | {:.1} | {:.1} | {:.2} | {:.0}% |",
+            "| {batch} | {ctx} | {:.1} | {:.2} | {:.3} | {:.1}% |",
             eager * 1e6,
             secs * 1e6,
             rate / 1e12,
