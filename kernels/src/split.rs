@@ -20,7 +20,7 @@ pub(crate) const MAX_SPLITS: usize = 512;
 /// µs where 49 of 168 (also 3 tiles, the last of 40 positions) took 15.0 (benches/RESULTS.md,
 /// "Eleventh session"). (The kernels do not round a row's chunk up to whole tiles: where a
 /// block streams many tiles, its bytes count, and 8 x 8k lost 5% that way.)
-pub const TILE: usize = 64;
+const TILE: usize = 64;
 /// A block's start-up (block-table reads, the first tile's round trip), in context positions.
 const BLOCK_OVERHEAD: usize = 128;
 /// The merge kernel's cost (writing and reading the partials, one more launch), as a share.
