@@ -130,7 +130,6 @@ int grid_for(Kernel kernel, int smem, int units, int per_block,
   return 0;
 }
 
-
 // The arguments of one GEMV launch (see pagewise_gemv).
 struct GemvArgs {
   void* y;

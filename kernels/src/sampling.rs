@@ -38,14 +38,15 @@ pub fn sample(
 
 /// f32 elements of scratch that [`sample_into`] needs for `rows` rows of `vocab` logits.
 pub fn sample_workspace_len(rows: usize, vocab: usize) -> usize {
-    // SAFETY: a pure function of its argument.
-    let chunks = unsafe { ffi::pagewise_sample_chunks(vocab.min(i32::MAX as usize) as i32) };
-    rows * per_row(chunks.max(0) as usize)
+    rows * per_row(vocab)
 }
 
-/// f32 elements of the workspace per row: a 4-byte counter, 16 bytes per chunk.
-fn per_row(chunks: usize) -> usize {
-    chunks * 4 + 1
+/// f32 elements of the workspace per row of `vocab` logits: a 4-byte counter, 16 bytes per
+/// chunk of the kernel's.
+fn per_row(vocab: usize) -> usize {
+    // SAFETY: a pure function of its argument.
+    let chunks = unsafe { ffi::pagewise_sample_chunks(vocab.min(i32::MAX as usize) as i32) };
+    chunks.max(0) as usize * 4 + 1
 }
 
 /// Where [`sample_into`] writes.
@@ -133,9 +134,7 @@ pub fn sample_into(
     };
     // The workspace serves `capacity` rows, whatever this call's: its counters first (at the
     // same addresses for every call sharing it), then the parts.
-    // SAFETY: a pure function of its argument.
-    let chunks = unsafe { ffi::pagewise_sample_chunks(vocab as i32) } as usize;
-    let capacity = parts.elem_count() / per_row(chunks);
+    let capacity = parts.elem_count() / per_row(vocab);
     let (tickets, _) = device_ptr(parts, "parts")?;
     let p = tickets + (capacity * 4) as u64;
     let (l, _) = device_ptr(logits, "logits")?;

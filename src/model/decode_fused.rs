@@ -1,10 +1,11 @@
-//! Steps of up to [`max_rows`] tokens on a GPU (decode steps of one or two sequences, or a one-
-//! or two-token prompt; up to 8 with the opt-in tensor-core GEMV) with each layer's element-wise
-//! steps folded into its matmuls (`pagewise_kernels::gemv_fused`): the qkv and gate/up
-//! projections normalize their input as they stage it, the qkv projection rotates q and k and
-//! writes k and v into the cache as it stores, the o and down projections add the residual as they
-//! store, and the down projection applies SiLU-and-multiply as it stages its input. A layer is then five kernels (qkv + rope + cache write, attention (+ its merge), o,
-//! gate/up, down) instead of ten or more, which is what bounds a batch-1 step.
+//! Steps of up to [`MAX_ROWS`] tokens on a GPU (decode steps of one or two sequences, or a one-
+//! or two-token prompt) with each layer's element-wise steps folded into its matmuls
+//! (`pagewise_kernels::gemv_fused`): the qkv and gate/up projections normalize their input as they
+//! stage it, the qkv projection rotates q and k and writes k and v into the cache as it stores, the
+//! o and down projections add the residual as they store, and the down projection applies
+//! SiLU-and-multiply as it stages its input. A layer is then five kernels (qkv + rope + cache
+//! write, attention (+ its merge), o, gate/up, down) instead of ten or more, which is what bounds
+//! a batch-1 step.
 //!
 //! On by default (`PAGEWISE_DECODE_FUSED=0` turns it off): on the H200 it makes batch-1 decode
 //! 6-12% faster at the Llama-3.2-1B and 3.1-8B shapes (benches/RESULTS.md, "Eighth session").
