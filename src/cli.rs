@@ -166,6 +166,7 @@ impl EngineFlags {
             chat_template: self.chat_template.clone(),
             enforce_eager: self.enforce_eager,
             max_seq_len_to_capture: self.max_seq_len_to_capture,
+            ..Default::default()
         }
     }
 }

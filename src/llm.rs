@@ -152,6 +152,12 @@ impl Llm {
                 let Some(&(i, choice)) = owner.get(&event.seq_id) else {
                     continue;
                 };
+                if let Some(e) = event.error {
+                    for &id in owner.keys() {
+                        self.core.abort(id);
+                    }
+                    return Err(EngineError::Tokenizer(e));
+                }
                 let out = &mut results[i].outputs[choice];
                 out.text.push_str(&event.text);
                 out.token_ids.push(event.token_id);

@@ -57,6 +57,8 @@ fn batched_chunked_cached_preempted_equals_solo() {
         block_size: 8,
         max_num_batched_tokens: Some(16),
         kv_cache_memory: Some(24 * 8 * 512),
+        // The cache must hold one sequence of the full context length (checked at startup).
+        max_model_len: Some(128),
         ..Default::default()
     })
     .unwrap();

@@ -124,8 +124,12 @@ async fn a_full_waiting_queue_answers_429_with_retry_after() {
     let (base, state) = start_with(vec![], 1, 1).await;
     let long = json!({"prompt": "x", "max_tokens": 240, "ignore_eos": true, "stream": true});
     let first = send_completion(&base, &long).await;
-    let second = send_completion(&base, &long).await;
     let deadline = Instant::now() + Duration::from_secs(10);
+    while state.engine.num_queued() > 0 {
+        assert!(Instant::now() < deadline, "the first request never started");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let second = send_completion(&base, &long).await;
     while state.engine.stats().num_waiting.load(Ordering::Relaxed) < 1 {
         assert!(Instant::now() < deadline, "the second request never waited");
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -199,4 +203,66 @@ async fn a_waiting_stream_gets_keep_alive_comments() {
     let (a, b) = (first.text().await.unwrap(), second.text().await.unwrap());
     assert!(a.ends_with("data: [DONE]\n\n") && b.ends_with("data: [DONE]\n\n"));
     assert!(b.contains(": keep-alive\n\n"), "{}", &b[..b.len().min(300)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_queue_limit_accepts_a_whole_burst() {
+    // `--max-num-queued-requests 0` means no limit: a burst far beyond what runs at once waits
+    // its turn, none refused.
+    let (base, _) = start_with(vec![], 0, 1).await;
+    let body = json!({"prompt": "x", "max_tokens": 3, "ignore_eos": true});
+    let burst: Vec<_> = (0..40)
+        .map(|_| {
+            let (base, body) = (base.clone(), body.clone());
+            tokio::spawn(async move { post(&base, "/v1/completions", body).await })
+        })
+        .collect();
+    for r in burst {
+        let (status, reply) = r.await.unwrap();
+        assert_eq!(status, 200, "{reply}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_counts_queued_sequences_live() {
+    // One sequence runs; at most 2 may wait. A burst of 10 concurrent requests lands between two
+    // engine steps' published counts: exactly 2 are accepted, whatever was published.
+    let (base, state) = start_with(vec![], 2, 1).await;
+    let long = json!({"prompt": "x", "max_tokens": 250, "ignore_eos": true, "stream": true});
+    let first = send_completion(&base, &long).await;
+    assert_eq!(first.status(), 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while state.engine.num_queued() > 0 {
+        assert!(Instant::now() < deadline, "the first request never started");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let burst: Vec<_> = (0..10)
+        .map(|_| {
+            let (base, long) = (base.clone(), long.clone());
+            tokio::spawn(async move { send_completion(&base, &long).await })
+        })
+        .collect();
+    let mut accepted = Vec::new();
+    let mut refused = 0;
+    for r in burst {
+        let r = r.await.unwrap();
+        match r.status().as_u16() {
+            200 => accepted.push(r),
+            429 => refused += 1,
+            s => panic!("unexpected status {s}"),
+        }
+    }
+    assert_eq!(accepted.len(), 2, "{refused} refused");
+    assert_eq!(state.engine.num_queued(), 2);
+    drop((first, accepted));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while state.engine.num_queued() > 0
+        || state.engine.stats().num_running.load(Ordering::Relaxed) > 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "abandoned requests were not released"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }

@@ -74,6 +74,9 @@ pub struct EngineArgs {
     /// GPU: the longest context a CUDA graph serves (capped at `max_model_len`); decode steps with
     /// a longer sequence run eagerly.
     pub max_seq_len_to_capture: usize,
+    /// Deliberate failures for tests (feature `fault-injection` only).
+    #[cfg(feature = "fault-injection")]
+    pub faults: super::faults::Faults,
 }
 
 impl Default for EngineArgs {
@@ -95,6 +98,8 @@ impl Default for EngineArgs {
             gguf_matmul: GgufMatmul::Auto,
             enforce_eager: false,
             max_seq_len_to_capture: DEFAULT_MAX_SEQ_LEN_TO_CAPTURE,
+            #[cfg(feature = "fault-injection")]
+            faults: Default::default(),
         }
     }
 }

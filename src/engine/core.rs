@@ -38,6 +38,8 @@ pub struct SeqEvent {
     pub logprobs: Option<Logprobs>,
     /// Set on the sequence's last event.
     pub finish: Option<FinishReason>,
+    /// This sequence failed (its last event; finish is `Abort`). Other sequences go on.
+    pub error: Option<String>,
 }
 
 /// A loaded model and everything mutable around it; single-threaded by design.
@@ -58,6 +60,8 @@ pub struct EngineCore {
     next_seq_id: u64,
     queue_times: Vec<Duration>,
     step_times: StepTimes,
+    #[cfg(feature = "fault-injection")]
+    faults: super::faults::ArmedFaults,
 }
 
 impl EngineCore {
@@ -169,6 +173,8 @@ impl EngineCore {
             next_seq_id: 0,
             queue_times: Vec::new(),
             step_times: StepTimes::default(),
+            #[cfg(feature = "fault-injection")]
+            faults: super::faults::ArmedFaults::new(args.faults.clone()),
         })
     }
 
@@ -206,6 +212,7 @@ impl EngineCore {
         cache_salt: Option<&str>,
     ) -> Result<Vec<SeqId>, EngineError> {
         params.validate(Some(self.config.vocab_size))?;
+        super::request::check_num_seqs(params.n, self.scheduler.config().max_num_seqs)?;
         if let Some(&t) = prompt
             .iter()
             .find(|&&t| t as usize >= self.config.vocab_size)
@@ -240,6 +247,8 @@ impl EngineCore {
                     stop: StopMatcher::new(params.stop.clone(), params.include_stop_str_in_output),
                     arrival: Instant::now(),
                     scheduled: false,
+                    #[cfg(feature = "fault-injection")]
+                    fail: self.faults.on_add(id, &prompt),
                 },
             );
             ids.push(id);
@@ -250,6 +259,11 @@ impl EngineCore {
     /// Time each sequence scheduled since the last call spent waiting for its first step.
     pub fn take_queue_times(&mut self) -> Vec<Duration> {
         std::mem::take(&mut self.queue_times)
+    }
+
+    /// Whether `id` was accepted and has not been scheduled yet (it waits for its first step).
+    pub fn is_queued(&self, id: SeqId) -> bool {
+        self.text.get(&id).is_some_and(|t| !t.scheduled)
     }
 
     /// Cancels a sequence and frees its blocks.
@@ -293,11 +307,15 @@ impl EngineCore {
             }
         }
         let start = self.step_times.lap(Phase::Schedule, start);
+        #[cfg(feature = "fault-injection")]
+        self.faults
+            .on_step(out.seqs.iter().map(|s| s.seq_id))
+            .map_err(|e| EngineError::from(candle_core::Error::msg(e)))?;
         let (tokenizer, pending, states) = (&self.tokenizer, &mut self.pending, &mut self.text);
-        let mut stopped = Ok(Vec::new());
+        let mut ended = Vec::new();
         let mut text_phase = || {
             if !pending.is_empty() {
-                stopped = text_phase::finish_jobs(tokenizer, pending, states, sink);
+                ended = text_phase::finish_jobs(tokenizer, pending, states, sink);
             }
         };
         let sampled = self.runner.execute(
@@ -306,7 +324,6 @@ impl EngineCore {
             &mut self.step_times,
             &mut text_phase,
         );
-        let stopped = stopped?;
         let sampled = sampled?;
         let start = if out.is_empty() {
             self.step_times.lap(Phase::Text, start)
@@ -317,9 +334,10 @@ impl EngineCore {
         self.ids.extend(sampled.iter().map(|s| s.token_id));
         self.scheduler
             .update_into(&out, &self.ids, &mut self.updates);
-        // A stop string ended these in the last step's text phase; this step ran them once more.
-        for id in stopped {
-            self.scheduler.finish(id, FinishReason::Stop);
+        // A stop string or a failure ended these in the last step's text phase; this step ran
+        // them once more.
+        for (id, reason) in ended {
+            self.scheduler.finish(id, reason);
         }
         // Sequences without text state (aborted, or ended by a stop string) produce no event.
         for (u, s) in self.updates.drain(..).zip(sampled) {

@@ -1,11 +1,20 @@
 //! The engine thread and its handle: one OS thread owns the [`EngineCore`] (no locks around it);
-//! async callers submit requests over a bounded channel and read each request's events from a
-//! channel of its own. Dropping a request's receiver aborts its sequences on the next step.
+//! async callers submit requests over a channel and read each request's events from a channel of
+//! their own. Dropping a request's receiver aborts its sequences on the next step.
+//!
+//! Admission reads a live count: the sequences accepted and not yet scheduled, raised by
+//! [`EngineHandle::submit`] before the request is sent and lowered by the engine thread as each
+//! sequence takes its first step (or is aborted or refused first).
+//!
+//! The engine thread's death is an event: a panic or a failed step (a device fault) fails every
+//! request in flight or queued with an [`EngineFailure`] marked `engine_died`, refuses new
+//! submissions, and resolves [`EngineHandle::died`], so a server turns `/health` to 503 and exits.
+//! A failure that belongs to one sequence (its text phase) ends only that sequence's request.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::args::{EngineArgs, EngineError};
 use super::core::EngineCore;
@@ -44,7 +53,18 @@ pub enum StreamEvent {
         finish: Option<FinishReason>,
     },
     /// The request failed; no more events follow.
-    Error(String),
+    Error(EngineFailure),
+}
+
+/// Why a request failed inside the engine.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct EngineFailure {
+    /// What happened, worded for the API user.
+    pub message: String,
+    /// The engine itself stopped (every request fails; the server should be restarted), as
+    /// opposed to a failure of this request alone.
+    pub engine_died: bool,
 }
 
 /// Counters and gauges the engine thread publishes after every step (for `/metrics`).
@@ -79,7 +99,7 @@ pub struct EngineStats {
 /// Why a submission was refused before it reached the engine.
 #[derive(Debug, thiserror::Error)]
 pub enum SubmitError {
-    /// The submission queue is full: try again later (HTTP 429/503).
+    /// Too many sequences wait already: try again later (HTTP 429).
     #[error("the engine's request queue is full")]
     QueueFull,
     /// The engine thread has stopped.
@@ -113,34 +133,42 @@ pub struct ModelInfo {
     pub max_model_len: usize,
     /// Vocabulary size.
     pub vocab_size: usize,
+    /// Most sequences the engine runs at once (`--max-num-seqs`): the most one request may ask.
+    pub max_num_seqs: usize,
 }
 
 /// A cheap-to-clone handle to the engine thread.
 #[derive(Clone)]
 pub struct EngineHandle {
-    tx: mpsc::Sender<Submission>,
-    alive: Arc<AtomicBool>,
+    tx: mpsc::UnboundedSender<Submission>,
+    /// `Some(reason)` once the engine thread has died.
+    death: watch::Receiver<Option<Arc<str>>>,
     stats: Arc<EngineStats>,
+    /// Sequences accepted and not yet scheduled (live, not published).
+    queued: Arc<AtomicUsize>,
+    max_queued: usize,
 }
 
 impl EngineHandle {
     /// Loads the model on a new engine thread; returns once it is ready (or failed to load).
+    /// `max_queued_seqs` bounds the sequences accepted and not yet scheduled (0: no limit).
     pub fn spawn(
         args: EngineArgs,
-        queue_capacity: usize,
+        max_queued_seqs: usize,
     ) -> Result<(Self, ModelInfo), EngineError> {
-        let (tx, rx) = mpsc::channel(queue_capacity.max(1));
+        let (tx, rx) = mpsc::unbounded_channel();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let alive = Arc::new(AtomicBool::new(true));
+        let (death_tx, death) = watch::channel(None);
         let stats = Arc::new(EngineStats::default());
-        let (alive2, stats2) = (alive.clone(), stats.clone());
+        let queued = Arc::new(AtomicUsize::new(0));
+        let (stats2, queued2) = (stats.clone(), queued.clone());
         std::thread::Builder::new()
             .name("pagewise-engine".into())
             .spawn(move || {
                 let core = match EngineCore::new(&args) {
                     Ok(core) => core,
                     Err(e) => {
-                        alive2.store(false, Ordering::Release);
+                        let _ = death_tx.send(Some(Arc::from(e.to_string())));
                         let _ = ready_tx.send(Err(e));
                         return;
                     }
@@ -155,21 +183,55 @@ impl EngineHandle {
                     chat_template_error,
                     max_model_len: core.scheduler().config().max_model_len,
                     vocab_size: core.model_config().vocab_size,
+                    max_num_seqs: core.scheduler().config().max_num_seqs,
                 };
                 let _ = ready_tx.send(Ok(info));
-                run(core, rx, &stats2);
-                alive2.store(false, Ordering::Release);
+                let mut engine = EngineThread {
+                    core,
+                    rx,
+                    routes: SeqMap::default(),
+                    stats: stats2,
+                    queued: queued2,
+                };
+                engine.run_supervised(&death_tx);
             })
             .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?;
         let info = ready_rx
             .recv()
             .map_err(|_| EngineError::Config("the engine thread died while loading".into()))??;
-        Ok((EngineHandle { tx, alive, stats }, info))
+        let handle = EngineHandle {
+            tx,
+            death,
+            stats,
+            queued,
+            max_queued: max_queued_seqs,
+        };
+        Ok((handle, info))
     }
 
     /// Whether the engine thread is running.
     pub fn is_alive(&self) -> bool {
-        self.alive.load(Ordering::Acquire)
+        self.death.borrow().is_none()
+    }
+
+    /// Why the engine thread died, once it has.
+    pub fn death_reason(&self) -> Option<Arc<str>> {
+        self.death.borrow().clone()
+    }
+
+    /// Resolves with the reason when the engine thread dies (never, while it runs).
+    pub async fn died(&self) -> Arc<str> {
+        let mut death = self.death.clone();
+        let reason = death
+            .wait_for(Option::is_some)
+            .await
+            .ok()
+            .and_then(|r| r.clone());
+        match reason {
+            Some(reason) => reason,
+            // The engine thread ended without dying: every other handle is gone.
+            None => std::future::pending().await,
+        }
     }
 
     /// The published counters.
@@ -177,32 +239,43 @@ impl EngineHandle {
         &self.stats
     }
 
-    /// Ends every request in flight with an error event (used when the shutdown timeout expires).
-    /// Waits for room in the queue, so it is never lost.
-    pub async fn abort_all(&self, message: &str) {
-        let _ = self
-            .tx
-            .send(Submission::AbortAll(message.to_string()))
-            .await;
+    /// Sequences accepted and not yet scheduled, counted live (what admission compares with the
+    /// queue limit).
+    pub fn num_queued(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
     }
 
-    /// Submits a request; the returned receiver yields its events. Never waits for queue room.
+    /// Ends every request in flight with an error event (used when the shutdown timeout expires).
+    pub async fn abort_all(&self, message: &str) {
+        let _ = self.tx.send(Submission::AbortAll(message.to_string()));
+    }
+
+    /// Submits a request; the returned receiver yields its events. Never waits for queue room:
+    /// when the queue limit would be passed, refuses at once with [`SubmitError::QueueFull`].
     pub async fn submit(
         &self,
         request: GenerateRequest,
     ) -> Result<mpsc::UnboundedReceiver<StreamEvent>, SubmitError> {
+        if !self.is_alive() {
+            return Err(SubmitError::EngineDead);
+        }
+        let n = request.params.n;
+        let before = self.queued.fetch_add(n, Ordering::AcqRel);
+        if self.max_queued > 0 && before.saturating_add(n) > self.max_queued {
+            self.queued.fetch_sub(n, Ordering::AcqRel);
+            return Err(SubmitError::QueueFull);
+        }
         let (events, rx) = mpsc::unbounded_channel();
         let (accepted, accepted_rx) = oneshot::channel();
-        self.tx
-            .try_send(Submission::Add {
-                request,
-                events,
-                accepted,
-            })
-            .map_err(|e| match e {
-                mpsc::error::TrySendError::Full(_) => SubmitError::QueueFull,
-                mpsc::error::TrySendError::Closed(_) => SubmitError::EngineDead,
-            })?;
+        let sent = self.tx.send(Submission::Add {
+            request,
+            events,
+            accepted,
+        });
+        if sent.is_err() {
+            self.queued.fetch_sub(n, Ordering::AcqRel);
+            return Err(SubmitError::EngineDead);
+        }
         accepted_rx.await.map_err(|_| SubmitError::EngineDead)??;
         Ok(rx)
     }
@@ -214,134 +287,201 @@ struct Route {
     index: usize,
 }
 
-fn run(mut core: EngineCore, mut rx: mpsc::Receiver<Submission>, stats: &EngineStats) {
-    let mut routes: SeqMap<Route> = SeqMap::default();
-    loop {
-        // Idle: sleep until a request arrives. Busy: take whatever is queued, without waiting.
-        if !core.has_unfinished() {
-            match rx.blocking_recv() {
-                Some(s) => admit(&mut core, &mut routes, s),
-                None => return,
-            }
+/// What the engine thread owns.
+struct EngineThread {
+    core: EngineCore,
+    rx: mpsc::UnboundedReceiver<Submission>,
+    routes: SeqMap<Route>,
+    stats: Arc<EngineStats>,
+    queued: Arc<AtomicUsize>,
+}
+
+/// The text of a panic's payload.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+impl EngineThread {
+    /// Runs the loop; a panic or a failed step is the engine's death: every request in flight or
+    /// queued fails, the death is announced, and new submissions are refused.
+    fn run_supervised(&mut self, death: &watch::Sender<Option<Arc<str>>>) {
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run()));
+        let reason = match outcome {
+            Ok(Ok(())) => return, // every handle is gone: a normal end
+            Ok(Err(e)) => format!("The engine failed and stopped: {e}"),
+            Err(payload) => format!(
+                "The engine stopped after an internal error: {}",
+                panic_message(payload.as_ref())
+            ),
+        };
+        tracing::error!("{reason}; failing every request in flight");
+        let _ = death.send(Some(Arc::from(reason.as_str())));
+        let failure = EngineFailure {
+            message: reason,
+            engine_died: true,
+        };
+        self.rx.close();
+        for (_, route) in self.routes.drain() {
+            let _ = route.events.send(StreamEvent::Error(failure.clone()));
         }
-        while let Ok(s) = rx.try_recv() {
-            admit(&mut core, &mut routes, s);
-        }
-        // Clients that went away: free their sequences before computing for them.
-        let gone: Vec<SeqId> = routes
-            .iter()
-            .filter(|(_, r)| r.events.is_closed())
-            .map(|(&id, _)| id)
-            .collect();
-        for id in gone {
-            core.abort(id);
-            routes.remove(&id);
-        }
-        // Events go out as the step produces them (during the next forward pass, see
-        // EngineCore::step_with), not when it returns; so are they counted (a client may read
-        // the metrics as soon as its last event arrives).
-        let stepped = core.step_with(&mut |e| {
-            stats.num_generated_tokens.fetch_add(1, Ordering::Relaxed);
-            let Some(route) = routes.get(&e.seq_id) else {
-                return;
-            };
-            let _ = route.events.send(StreamEvent::Token {
-                index: route.index,
-                token_id: e.token_id,
-                text: e.text,
-                logprobs: e.logprobs,
-                finish: e.finish,
-            });
-            if e.finish.is_some() {
-                routes.remove(&e.seq_id);
-            }
-        });
-        match stepped {
-            Ok(()) => {}
-            Err(e) => {
-                tracing::error!("engine step failed: {e}");
-                for (id, route) in routes.drain() {
-                    let _ = route.events.send(StreamEvent::Error(e.to_string()));
-                    core.abort(id);
+        // Submissions still in the channel: dropping their `accepted` refuses them (EngineDead).
+        while self.rx.try_recv().is_ok() {}
+        self.queued.store(0, Ordering::Release);
+        self.stats.num_running.store(0, Ordering::Release);
+        self.stats.num_waiting.store(0, Ordering::Release);
+    }
+
+    /// The loop: admit, drop abandoned sequences, step, publish. Returns when every handle is
+    /// gone, or with the error of a failed step.
+    fn run(&mut self) -> Result<(), EngineError> {
+        loop {
+            // Idle: sleep until a request arrives. Busy: take whatever is queued, without waiting.
+            if !self.core.has_unfinished() {
+                match self.rx.blocking_recv() {
+                    Some(s) => self.admit(s),
+                    None => return Ok(()),
                 }
             }
-        }
-        publish(&mut core, stats);
-    }
-}
-
-fn admit(core: &mut EngineCore, routes: &mut SeqMap<Route>, s: Submission) {
-    let (request, events, accepted) = match s {
-        Submission::Add {
-            request,
-            events,
-            accepted,
-        } => (request, events, accepted),
-        Submission::AbortAll(message) => {
-            for (id, route) in routes.drain() {
-                let _ = route.events.send(StreamEvent::Error(message.clone()));
-                core.abort(id);
+            while let Ok(s) = self.rx.try_recv() {
+                self.admit(s);
             }
-            return;
+            // Clients that went away: free their sequences before computing for them.
+            let gone: Vec<SeqId> = self
+                .routes
+                .iter()
+                .filter(|(_, r)| r.events.is_closed())
+                .map(|(&id, _)| id)
+                .collect();
+            for id in gone {
+                self.abort(id);
+                self.routes.remove(&id);
+            }
+            // Events go out as the step produces them (during the next forward pass, see
+            // EngineCore::step_with), not when it returns; so are they counted (a client may read
+            // the metrics as soon as its last event arrives).
+            let (routes, stats) = (&mut self.routes, &self.stats);
+            self.core.step_with(&mut |e| {
+                stats.num_generated_tokens.fetch_add(1, Ordering::Relaxed);
+                let Some(route) = routes.get(&e.seq_id) else {
+                    return;
+                };
+                let event = match e.error {
+                    Some(message) => StreamEvent::Error(EngineFailure {
+                        message,
+                        engine_died: false,
+                    }),
+                    None => StreamEvent::Token {
+                        index: route.index,
+                        token_id: e.token_id,
+                        text: e.text,
+                        logprobs: e.logprobs,
+                        finish: e.finish,
+                    },
+                };
+                let _ = route.events.send(event);
+                if e.finish.is_some() {
+                    routes.remove(&e.seq_id);
+                }
+            })?;
+            self.publish();
         }
-    };
-    match core.add(
-        request.prompt_token_ids,
-        request.params,
-        request.cache_salt.as_deref(),
-    ) {
-        Ok(ids) => {
-            for (index, id) in ids.into_iter().enumerate() {
-                routes.insert(
-                    id,
-                    Route {
+    }
+
+    /// Aborts `id`, leaving the queued count right.
+    fn abort(&mut self, id: SeqId) {
+        if self.core.is_queued(id) {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        self.core.abort(id);
+    }
+
+    fn admit(&mut self, s: Submission) {
+        let (request, events, accepted) = match s {
+            Submission::Add {
+                request,
+                events,
+                accepted,
+            } => (request, events, accepted),
+            Submission::AbortAll(message) => {
+                let failure = EngineFailure {
+                    message,
+                    engine_died: false,
+                };
+                let ids: Vec<SeqId> = self.routes.iter().map(|(&id, _)| id).collect();
+                for id in ids {
+                    self.abort(id);
+                    if let Some(route) = self.routes.remove(&id) {
+                        let _ = route.events.send(StreamEvent::Error(failure.clone()));
+                    }
+                }
+                return;
+            }
+        };
+        let n = request.params.n;
+        match self.core.add(
+            request.prompt_token_ids,
+            request.params,
+            request.cache_salt.as_deref(),
+        ) {
+            Ok(ids) => {
+                for (index, id) in ids.into_iter().enumerate() {
+                    let route = Route {
                         events: events.clone(),
                         index,
-                    },
-                );
+                    };
+                    self.routes.insert(id, route);
+                }
+                let _ = accepted.send(Ok(()));
             }
-            let _ = accepted.send(Ok(()));
-        }
-        Err(e) => {
-            let _ = accepted.send(Err(e));
+            Err(e) => {
+                self.queued.fetch_sub(n, Ordering::AcqRel);
+                let _ = accepted.send(Err(e));
+            }
         }
     }
-}
 
-fn publish(core: &mut EngineCore, stats: &EngineStats) {
-    for t in core.take_queue_times() {
-        stats.queue_time.observe(t);
+    fn publish(&mut self) {
+        let (core, stats) = (&mut self.core, &self.stats);
+        let started = core.take_queue_times();
+        self.queued.fetch_sub(started.len(), Ordering::AcqRel);
+        for t in started {
+            stats.queue_time.observe(t);
+        }
+        let s = core.scheduler();
+        let prefix = s.kv().prefix_cache_stats();
+        stats
+            .prefix_cache_queries
+            .store(prefix.num_queried_tokens, Ordering::Relaxed);
+        stats
+            .prefix_cache_hits
+            .store(prefix.num_hit_tokens, Ordering::Relaxed);
+        // Cache usage first: whoever sees the running count drop also sees the freed blocks.
+        stats
+            .kv_usage_ppm
+            .store((s.kv().pool().usage() * 1e6) as u64, Ordering::Relaxed);
+        stats
+            .num_waiting
+            .store(s.num_waiting() as u64, Ordering::Release);
+        stats
+            .num_running
+            .store(s.num_running() as u64, Ordering::Release);
+        stats
+            .num_preemptions
+            .store(s.num_preemptions_total(), Ordering::Relaxed);
+        let times = core.step_times();
+        for ((phase, _), micros) in Phase::ALL.iter().zip(&stats.phase_micros) {
+            micros.store(times.total(*phase).as_micros() as u64, Ordering::Relaxed);
+        }
+        stats
+            .graph_steps
+            .store(times.graph_steps(), Ordering::Relaxed);
+        stats
+            .graph_forward_micros
+            .store(times.graph_forward().as_micros() as u64, Ordering::Relaxed);
+        stats.steps.store(times.steps(), Ordering::Relaxed);
     }
-    let s = core.scheduler();
-    let prefix = s.kv().prefix_cache_stats();
-    stats
-        .prefix_cache_queries
-        .store(prefix.num_queried_tokens, Ordering::Relaxed);
-    stats
-        .prefix_cache_hits
-        .store(prefix.num_hit_tokens, Ordering::Relaxed);
-    // Cache usage first: whoever sees the running count drop also sees the freed blocks.
-    stats
-        .kv_usage_ppm
-        .store((s.kv().pool().usage() * 1e6) as u64, Ordering::Relaxed);
-    stats
-        .num_waiting
-        .store(s.num_waiting() as u64, Ordering::Release);
-    stats
-        .num_running
-        .store(s.num_running() as u64, Ordering::Release);
-    stats
-        .num_preemptions
-        .store(s.num_preemptions_total(), Ordering::Relaxed);
-    let times = core.step_times();
-    for ((phase, _), micros) in Phase::ALL.iter().zip(&stats.phase_micros) {
-        micros.store(times.total(*phase).as_micros() as u64, Ordering::Relaxed);
-    }
-    stats
-        .graph_steps
-        .store(times.graph_steps(), Ordering::Relaxed);
-    stats
-        .graph_forward_micros
-        .store(times.graph_forward().as_micros() as u64, Ordering::Relaxed);
-    stats.steps.store(times.steps(), Ordering::Relaxed);
 }

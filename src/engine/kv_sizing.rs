@@ -42,6 +42,16 @@ impl KvSizing<'_> {
                 "{what} {budget} bytes holds no block of {per_block} bytes"
             )));
         }
+        // One sequence of the full context length must fit, or it would wait forever.
+        let capacity = (num_blocks - 1) * self.args.block_size;
+        if capacity < self.max_model_len {
+            return Err(EngineError::Config(format!(
+                "The model's max seq len ({}) is larger than the maximum number of tokens that \
+                 can be stored in KV cache ({capacity}). Try increasing {what} or decreasing \
+                 --max-model-len.",
+                self.max_model_len
+            )));
+        }
         tracing::info!(
             num_blocks = num_blocks - 1,
             block_size = self.args.block_size,

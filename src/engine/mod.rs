@@ -4,6 +4,8 @@ pub mod args;
 pub mod core;
 pub mod detokenizer;
 pub mod device;
+#[cfg(feature = "fault-injection")]
+pub mod faults;
 pub mod handle;
 pub mod kv_sizing;
 pub mod request;

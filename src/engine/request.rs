@@ -76,6 +76,14 @@ impl Default for SamplingParams {
 pub const GREEDY_EPS: f32 = 1e-5;
 /// Most alternatives a request may ask logprobs for.
 pub const MAX_LOGPROBS: usize = 20;
+/// Most stop strings a request may give.
+pub const MAX_STOP_STRINGS: usize = 64;
+/// Longest stop string, in bytes.
+pub const MAX_STOP_STRING_BYTES: usize = 1024;
+/// Most stop token ids a request may give.
+pub const MAX_STOP_TOKEN_IDS: usize = 1024;
+/// Most `logit_bias` entries (OpenAI's limit).
+pub const MAX_LOGIT_BIAS: usize = 1024;
 
 /// A sampling parameter out of range; `param` names the field as the API spells it.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -159,6 +167,15 @@ impl SamplingParams {
                 ),
             );
         }
+        if self.logit_bias.len() > MAX_LOGIT_BIAS {
+            return invalid(
+                "logit_bias",
+                format!(
+                    "logit_bias may hold at most {MAX_LOGIT_BIAS} entries, got {}.",
+                    self.logit_bias.len()
+                ),
+            );
+        }
         for &(token, bias) in &self.logit_bias {
             if !(-100.0..=100.0).contains(&bias) {
                 return invalid(
@@ -196,8 +213,35 @@ impl SamplingParams {
                 format!("logprobs must be at most {MAX_LOGPROBS}, got {k}."),
             );
         }
+        if self.stop.len() > MAX_STOP_STRINGS {
+            return invalid(
+                "stop",
+                format!(
+                    "stop may hold at most {MAX_STOP_STRINGS} strings, got {}.",
+                    self.stop.len()
+                ),
+            );
+        }
         if self.stop.iter().any(String::is_empty) {
             return invalid("stop", "stop strings must not be empty.".to_string());
+        }
+        if let Some(s) = self.stop.iter().find(|s| s.len() > MAX_STOP_STRING_BYTES) {
+            return invalid(
+                "stop",
+                format!(
+                    "stop strings may be at most {MAX_STOP_STRING_BYTES} bytes long, got one of {}.",
+                    s.len()
+                ),
+            );
+        }
+        if self.stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+            return invalid(
+                "stop_token_ids",
+                format!(
+                    "stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got {}.",
+                    self.stop_token_ids.len()
+                ),
+            );
         }
         if let Some(&t) = self
             .stop_token_ids
@@ -211,6 +255,21 @@ impl SamplingParams {
         }
         Ok(())
     }
+}
+
+/// Refuses a request for more sequences than the engine runs at once (`--max-num-seqs`): `n` for
+/// one prompt, `n` times the prompt count for a batch of prompts.
+pub fn check_num_seqs(num_seqs: usize, max_num_seqs: usize) -> Result<(), InvalidParam> {
+    if num_seqs > max_num_seqs {
+        return invalid(
+            "n",
+            format!(
+                "This request asks for {num_seqs} sequences (n times the number of prompts), \
+                 but the server runs at most {max_num_seqs} at once (--max-num-seqs)."
+            ),
+        );
+    }
+    Ok(())
 }
 
 /// Why a sequence ended (OpenAI's `finish_reason`, plus `Abort`).
@@ -341,6 +400,34 @@ mod tests {
                     ..d()
                 },
                 "stop",
+            ),
+            (
+                SamplingParams {
+                    stop: vec!["x".into(); MAX_STOP_STRINGS + 1],
+                    ..d()
+                },
+                "stop",
+            ),
+            (
+                SamplingParams {
+                    stop: vec!["x".repeat(MAX_STOP_STRING_BYTES + 1)],
+                    ..d()
+                },
+                "stop",
+            ),
+            (
+                SamplingParams {
+                    stop_token_ids: vec![1; MAX_STOP_TOKEN_IDS + 1],
+                    ..d()
+                },
+                "stop_token_ids",
+            ),
+            (
+                SamplingParams {
+                    logit_bias: vec![(1, 1.0); MAX_LOGIT_BIAS + 1],
+                    ..d()
+                },
+                "logit_bias",
             ),
             (
                 SamplingParams {

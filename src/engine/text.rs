@@ -27,6 +27,9 @@ pub(super) struct TextState {
     pub stop: StopMatcher,
     pub arrival: Instant,
     pub scheduled: bool,
+    /// A deliberate failure of this sequence's text phase (tests of the failure paths).
+    #[cfg(feature = "fault-injection")]
+    pub fail: bool,
 }
 
 /// One sequence's share of the phase: its state (taken out of the engine's map until the phase
@@ -41,6 +44,8 @@ pub(super) struct TextJob {
     pub text: String,
     /// A stop string matched.
     pub stopped: bool,
+    /// This sequence's text phase failed: it ends with this error, the others go on.
+    pub error: Option<DetokenizeError>,
 }
 
 impl TextJob {
@@ -60,10 +65,22 @@ impl TextJob {
             logprobs,
             text: String::new(),
             stopped: false,
+            error: None,
+        }
+    }
+
+    /// Runs this sequence's share, keeping a failure with the sequence.
+    fn run_or_record(&mut self, tokenizer: &Tokenizer) {
+        if let Err(e) = self.run(tokenizer) {
+            self.error = Some(e);
         }
     }
 
     fn run(&mut self, tokenizer: &Tokenizer) -> Result<(), DetokenizeError> {
+        #[cfg(feature = "fault-injection")]
+        if self.state.fail {
+            return Err(DetokenizeError("injected fault".into()));
+        }
         let delta = self.state.detokenizer.step(tokenizer, self.token)?;
         let pushed = self.state.stop.push(&delta);
         self.text = pushed.text;
@@ -78,35 +95,49 @@ impl TextJob {
     }
 }
 
-/// Runs every job: in parallel from [`PARALLEL_FROM`] jobs, else in order on this thread.
-pub(super) fn run_all(tokenizer: &Tokenizer, jobs: &mut [TextJob]) -> Result<(), DetokenizeError> {
+/// Runs every job: in parallel from [`PARALLEL_FROM`] jobs, else in order on this thread. A
+/// job's failure stays with its job.
+pub(super) fn run_all(tokenizer: &Tokenizer, jobs: &mut [TextJob]) {
     if jobs.len() >= PARALLEL_FROM {
-        jobs.par_iter_mut().try_for_each(|j| j.run(tokenizer))
+        jobs.par_iter_mut().for_each(|j| j.run_or_record(tokenizer));
     } else {
-        jobs.iter_mut().try_for_each(|j| j.run(tokenizer))
+        jobs.iter_mut().for_each(|j| j.run_or_record(tokenizer));
     }
 }
 
-/// Runs the text phase of `jobs` (emptying it, also on an error): each sequence's event goes to
-/// `sink`, the state of a sequence that goes on returns to `states`. Returns the sequences a stop
-/// string ended, which the scheduler still holds.
+/// Runs the text phase of `jobs` (emptying it): each sequence's event goes to `sink`, the state of
+/// a sequence that goes on returns to `states`. A sequence whose text phase failed gets one last
+/// event carrying the error (finish `Abort`). Returns the sequences that a stop string or an error
+/// ended, with their reason, which the scheduler may still hold.
 pub(super) fn finish_jobs(
     tokenizer: &Tokenizer,
     jobs: &mut Vec<TextJob>,
     states: &mut SeqMap<TextState>,
     sink: &mut dyn FnMut(SeqEvent),
-) -> Result<Vec<SeqId>, DetokenizeError> {
-    if let Err(e) = run_all(tokenizer, jobs) {
-        jobs.clear();
-        return Err(e);
-    }
-    let mut stopped = Vec::new();
+) -> Vec<(SeqId, FinishReason)> {
+    run_all(tokenizer, jobs);
+    let mut ended = Vec::new();
     // (Drained, not taken: the vector keeps its capacity for the next step.)
     for job in jobs.drain(..) {
+        if let Some(e) = job.error {
+            tracing::warn!(seq = ?job.seq_id, "ending one sequence: {e}");
+            if job.finish.is_none() {
+                ended.push((job.seq_id, FinishReason::Abort));
+            }
+            sink(SeqEvent {
+                seq_id: job.seq_id,
+                token_id: job.token,
+                text: String::new(),
+                logprobs: None,
+                finish: Some(FinishReason::Abort),
+                error: Some(e.to_string()),
+            });
+            continue;
+        }
         let mut finish = job.finish;
         if job.stopped {
             if finish.is_none() {
-                stopped.push(job.seq_id);
+                ended.push((job.seq_id, FinishReason::Stop));
             }
             finish = Some(FinishReason::Stop);
         }
@@ -119,7 +150,8 @@ pub(super) fn finish_jobs(
             text: job.text,
             logprobs: job.logprobs,
             finish,
+            error: None,
         });
     }
-    Ok(stopped)
+    ended
 }

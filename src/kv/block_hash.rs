@@ -1,11 +1,15 @@
 //! Chained content hashes of full KV blocks, the keys of the prefix cache.
 //!
 //! A block's hash covers its parent's hash (or, for the first block, a key derived from the request's
-//! optional cache salt) and its token ids, so equal hashes mean equal prefixes up to and including the
-//! block. Hashes are only a fast index: every hit is verified against the block's stored tokens and
-//! parent key, so a 64-bit collision can never serve the wrong KV.
+//! optional cache salt) and its token ids. Hashes are only a fast index, never trusted: a hit is
+//! verified exactly, against the block's stored tokens and its [`Parent`], the exact identity of
+//! the prefix before it (the salt itself for a first block, else the serial number of the
+//! registered block before it; serials are never reused). By induction over the chain a hit's
+//! whole prefix equals the request's, so no hash collision, chance or forged, can serve KV that was
+//! computed under another prefix.
 
 use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
 
 /// Hash of one full block and everything before it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -13,6 +17,15 @@ pub struct BlockHash(pub u64);
 
 /// What a block's hash chains from: the previous block's hash, or the salt key for the first block.
 pub type ParentKey = u64;
+
+/// The exact identity of the prefix a cached block extends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Parent {
+    /// A first block: the request's cache salt (compared as a string).
+    Root(Option<Arc<str>>),
+    /// The registered block before it, by serial number (unique for the pool's lifetime).
+    Block(u64),
+}
 
 /// Parent key of a sequence's first block. Different salts never share cached blocks.
 pub fn root_key(salt: Option<&str>) -> ParentKey {

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use super::block_hash::{BlockHash, BuildPassThrough, ParentKey};
+use super::block_hash::{BlockHash, BuildPassThrough, Parent};
 
 /// Index of a physical block in the KV cache tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -29,7 +29,17 @@ struct BlockMeta {
     next: u32,
     on_free_list: bool,
     /// Set once the block is full, its KV written, and it is registered in the prefix cache.
-    cached: Option<(BlockHash, ParentKey)>,
+    cached: Option<Cached>,
+}
+
+/// A registered block's prefix-cache entry.
+#[derive(Clone, Debug)]
+struct Cached {
+    hash: BlockHash,
+    /// The exact prefix before the block.
+    parent: Parent,
+    /// This entry's serial number: the exact identity of the prefix up to and including the block.
+    serial: u64,
 }
 
 /// A fixed set of KV blocks of `block_size` token slots each.
@@ -45,6 +55,8 @@ pub struct BlockPool {
     index: HashMap<BlockHash, BlockId, BuildPassThrough>,
     /// The token ids of every registered block (`block_size` per block), to verify hits.
     tokens: Vec<u32>,
+    /// The next registration's serial number.
+    next_serial: u64,
 }
 
 impl BlockPool {
@@ -77,6 +89,7 @@ impl BlockPool {
             } else {
                 Vec::new()
             },
+            next_serial: 1,
         };
         for id in 1..num_blocks as u32 {
             pool.push_back(id);
@@ -129,8 +142,8 @@ impl BlockPool {
         self.unlink(id);
         let meta = &mut self.meta[id as usize];
         meta.ref_count = 1;
-        if let Some((hash, _)) = meta.cached.take() {
-            self.index.remove(&hash);
+        if let Some(c) = meta.cached.take() {
+            self.index.remove(&c.hash);
         }
         Some(BlockId(id))
     }
@@ -158,29 +171,55 @@ impl BlockPool {
         }
     }
 
-    /// Registers a full block whose KV has been written under `hash`. A no-op when caching is off,
-    /// when the block is already registered, or when another block already holds the same content.
-    pub fn register(&mut self, id: BlockId, hash: BlockHash, parent: ParentKey, tokens: &[u32]) {
+    /// Registers a full block whose KV has been written: `tokens` after the prefix `parent`, under
+    /// `hash`. Returns the serial number that identifies this exact prefix (up to and including
+    /// the block), which the next block of the sequence chains from: the existing entry's when the
+    /// same content is registered already, a new one otherwise. A block whose hash is taken by
+    /// other content (a collision) or registered while caching is off gets a fresh serial and no
+    /// entry: it is never served, and neither is anything chained from it.
+    pub fn register(
+        &mut self,
+        id: BlockId,
+        hash: BlockHash,
+        parent: &Parent,
+        tokens: &[u32],
+    ) -> u64 {
         debug_assert_eq!(tokens.len(), self.block_size);
-        if !self.enable_caching || self.meta[id.0 as usize].cached.is_some() {
-            return;
+        if let Some(c) = &self.meta[id.0 as usize].cached {
+            return c.serial; // already registered: it holds this same content
         }
-        if self.index.contains_key(&hash) {
-            return;
+        if let Some((_, serial)) = self.lookup(hash, parent, tokens) {
+            return serial;
+        }
+        let serial = self.next_serial;
+        self.next_serial += 1;
+        if !self.enable_caching || self.index.contains_key(&hash) {
+            return serial;
         }
         self.index.insert(hash, id);
-        self.meta[id.0 as usize].cached = Some((hash, parent));
+        self.meta[id.0 as usize].cached = Some(Cached {
+            hash,
+            parent: parent.clone(),
+            serial,
+        });
         let start = id.0 as usize * self.block_size;
         self.tokens[start..start + self.block_size].copy_from_slice(tokens);
+        serial
     }
 
-    /// The cached block holding exactly `tokens` after `parent`, if any. Verified, not just hashed.
-    pub fn lookup(&self, hash: BlockHash, parent: ParentKey, tokens: &[u32]) -> Option<BlockId> {
+    /// The cached block holding exactly `tokens` after exactly the prefix `parent`, if any, with
+    /// its serial. Verified, not just hashed.
+    pub fn lookup(
+        &self,
+        hash: BlockHash,
+        parent: &Parent,
+        tokens: &[u32],
+    ) -> Option<(BlockId, u64)> {
         let id = *self.index.get(&hash)?;
-        let (_, stored_parent) = self.meta[id.0 as usize].cached?;
+        let c = self.meta[id.0 as usize].cached.as_ref()?;
         let start = id.0 as usize * self.block_size;
         let stored = &self.tokens[start..start + self.block_size];
-        (stored_parent == parent && stored == tokens).then_some(id)
+        (c.parent == *parent && stored == tokens).then_some((id, c.serial))
     }
 
     /// Whether a block is currently on the free list.
@@ -261,6 +300,12 @@ mod tests {
     use super::*;
     use crate::kv::block_hash::{hash_block, root_key};
 
+    const ROOT: Parent = Parent::Root(None);
+
+    fn id(found: Option<(BlockId, u64)>) -> Option<BlockId> {
+        found.map(|(b, _)| b)
+    }
+
     #[test]
     fn null_block_is_never_allocated_and_counts_are_exact() {
         let mut pool = BlockPool::new(5, 16, true);
@@ -280,8 +325,8 @@ mod tests {
         let mut pool = BlockPool::new(6, 4, true);
         let blocks: Vec<_> = (0..5).map(|_| pool.allocate().unwrap()).collect();
         let h = |i: u32| hash_block(root_key(None), &[i; 4]);
-        pool.register(blocks[0], h(0), 0, &[0; 4]);
-        pool.register(blocks[1], h(1), 0, &[1; 4]);
+        pool.register(blocks[0], h(0), &ROOT, &[0; 4]);
+        pool.register(blocks[1], h(1), &ROOT, &[1; 4]);
         // Free in order 1, 0, then the uncached 2: the uncached one must come out first.
         pool.release(blocks[1]);
         pool.release(blocks[0]);
@@ -289,17 +334,17 @@ mod tests {
         assert_eq!(pool.free_order(), vec![blocks[2], blocks[1], blocks[0]]);
         assert_eq!(pool.allocate(), Some(blocks[2]));
         // Next is the least recently freed cached block: its hash is evicted on reuse.
-        assert!(pool.lookup(h(1), 0, &[1; 4]).is_some());
+        assert!(pool.lookup(h(1), &ROOT, &[1; 4]).is_some());
         assert_eq!(pool.allocate(), Some(blocks[1]));
-        assert!(pool.lookup(h(1), 0, &[1; 4]).is_none());
-        assert_eq!(pool.lookup(h(0), 0, &[0; 4]), Some(blocks[0]));
+        assert!(pool.lookup(h(1), &ROOT, &[1; 4]).is_none());
+        assert_eq!(id(pool.lookup(h(0), &ROOT, &[0; 4])), Some(blocks[0]));
     }
 
     #[test]
     fn touch_takes_a_free_cached_block_back() {
         let mut pool = BlockPool::new(3, 2, true);
         let b = pool.allocate().unwrap();
-        pool.register(b, BlockHash(7), 0, &[1, 2]);
+        pool.register(b, BlockHash(7), &ROOT, &[1, 2]);
         pool.release(b);
         assert!(pool.is_free(b));
         assert_eq!(pool.num_free(), 2);
@@ -315,14 +360,48 @@ mod tests {
     fn lookup_verifies_tokens_and_parent_not_only_the_hash() {
         let mut pool = BlockPool::new(3, 2, true);
         let b = pool.allocate().unwrap();
-        pool.register(b, BlockHash(42), 5, &[1, 2]);
-        assert_eq!(pool.lookup(BlockHash(42), 5, &[1, 2]), Some(b));
+        pool.register(b, BlockHash(42), &Parent::Block(5), &[1, 2]);
         assert_eq!(
-            pool.lookup(BlockHash(42), 5, &[1, 3]),
-            None,
-            "forged collision"
+            id(pool.lookup(BlockHash(42), &Parent::Block(5), &[1, 2])),
+            Some(b)
         );
-        assert_eq!(pool.lookup(BlockHash(42), 6, &[1, 2]), None, "other parent");
+        let forged = pool.lookup(BlockHash(42), &Parent::Block(5), &[1, 3]);
+        assert_eq!(forged, None, "forged collision");
+        let other = pool.lookup(BlockHash(42), &Parent::Block(6), &[1, 2]);
+        assert_eq!(other, None, "other parent");
+        let salted = Parent::Root(Some("a".into()));
+        assert_eq!(pool.lookup(BlockHash(42), &salted, &[1, 2]), None);
+    }
+
+    #[test]
+    fn a_hit_needs_the_whole_chain_not_only_an_equal_parent_hash() {
+        // Two different first blocks whose hashes collide (forged: both under hash 1), then the
+        // same second block after each. The second block computed after `a` must never be served
+        // after `c`, though its own hash, tokens and parent hash all match.
+        let mut pool = BlockPool::new(5, 2, true);
+        let (a, b, c) = (
+            pool.allocate().unwrap(),
+            pool.allocate().unwrap(),
+            pool.allocate().unwrap(),
+        );
+        let sa = pool.register(a, BlockHash(1), &ROOT, &[1, 2]);
+        let sb = pool.register(b, BlockHash(2), &Parent::Block(sa), &[3, 4]);
+        assert_ne!(sa, sb);
+        // `c` collides with `a`'s hash: it gets a serial of its own and no entry.
+        let sc = pool.register(c, BlockHash(1), &ROOT, &[9, 9]);
+        assert_ne!(sc, sa);
+        assert_eq!(pool.lookup(BlockHash(1), &ROOT, &[9, 9]), None);
+        assert_eq!(pool.lookup(BlockHash(2), &Parent::Block(sc), &[3, 4]), None);
+        assert_eq!(
+            pool.lookup(BlockHash(2), &Parent::Block(sa), &[3, 4]),
+            Some((b, sb))
+        );
+        // Once `a` is evicted and its block reused, its serial is gone for good.
+        pool.release(a);
+        pool.release(b);
+        pool.release(c);
+        while pool.allocate().is_some() {}
+        assert_eq!(pool.lookup(BlockHash(1), &ROOT, &[1, 2]), None);
     }
 
     #[test]
@@ -330,14 +409,15 @@ mod tests {
         let mut pool = BlockPool::new(4, 2, true);
         let a = pool.allocate().unwrap();
         let b = pool.allocate().unwrap();
-        pool.register(a, BlockHash(1), 0, &[1, 2]);
-        pool.register(b, BlockHash(1), 0, &[1, 2]);
+        let sa = pool.register(a, BlockHash(1), &ROOT, &[1, 2]);
+        let sb = pool.register(b, BlockHash(1), &ROOT, &[1, 2]);
+        assert_eq!(sa, sb, "the same prefix has one identity");
         assert_eq!(pool.num_cached(), 1);
-        assert_eq!(pool.lookup(BlockHash(1), 0, &[1, 2]), Some(a));
+        assert_eq!(pool.lookup(BlockHash(1), &ROOT, &[1, 2]), Some((a, sa)));
 
         let mut off = BlockPool::new(4, 2, false);
         let c = off.allocate().unwrap();
-        off.register(c, BlockHash(1), 0, &[1, 2]);
-        assert_eq!(off.lookup(BlockHash(1), 0, &[1, 2]), None);
+        off.register(c, BlockHash(1), &ROOT, &[1, 2]);
+        assert_eq!(off.lookup(BlockHash(1), &ROOT, &[1, 2]), None);
     }
 }

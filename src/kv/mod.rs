@@ -7,8 +7,10 @@
 pub mod block_hash;
 pub mod block_pool;
 
-pub use block_hash::{BlockHash, ParentKey};
+pub use block_hash::{BlockHash, Parent, ParentKey};
 pub use block_pool::{BlockId, BlockPool};
+
+use std::sync::Arc;
 
 use block_hash::{hash_block, root_key};
 
@@ -23,8 +25,13 @@ pub struct BlockTable {
     hashes: Vec<BlockHash>,
     /// Parent key of the first block (derived from the request's cache salt).
     root: ParentKey,
+    /// The request's cache salt (compared exactly on a first block's hit).
+    salt: Option<Arc<str>>,
     /// Leading blocks already registered in the prefix cache (or taken from it).
     num_committed: usize,
+    /// The prefix-cache serial of each committed block: the exact identity of the prefix up to
+    /// and including it (`num_committed` of them).
+    serials: Vec<u64>,
 }
 
 impl BlockTable {
@@ -32,7 +39,16 @@ impl BlockTable {
     pub fn new(salt: Option<&str>) -> Self {
         BlockTable {
             root: root_key(salt),
+            salt: salt.map(Arc::from),
             ..Default::default()
+        }
+    }
+
+    /// The exact prefix before committed block `index`.
+    fn exact_parent(&self, index: usize) -> Parent {
+        match index {
+            0 => Parent::Root(self.salt.clone()),
+            i => Parent::Block(self.serials[i - 1]),
         }
     }
 
@@ -79,6 +95,8 @@ pub struct CachedPrefix {
     pub blocks: Vec<BlockId>,
     /// Tokens covered (`blocks.len() * block_size`).
     pub num_tokens: usize,
+    /// Each block's prefix-cache serial (see [`BlockTable`]).
+    serials: Vec<u64>,
 }
 
 /// Prefix-cache counters, in tokens (what vLLM's `prefix_cache_queries/hits` count).
@@ -154,10 +172,15 @@ impl KvCacheManager {
         let bs = self.block_size();
         table.hash_full_blocks(tokens, bs);
         let max_blocks = (tokens.len() - 1) / bs;
+        let mut parent = Parent::Root(table.salt.clone());
         for i in 0..max_blocks {
             let chunk = &tokens[i * bs..(i + 1) * bs];
-            match self.pool.lookup(table.hashes[i], table.parent_of(i), chunk) {
-                Some(id) => found.blocks.push(id),
+            match self.pool.lookup(table.hashes[i], &parent, chunk) {
+                Some((id, serial)) => {
+                    found.blocks.push(id);
+                    found.serials.push(serial);
+                    parent = Parent::Block(serial);
+                }
                 None => break,
             }
         }
@@ -216,7 +239,10 @@ impl KvCacheManager {
             self.pool.touch(b);
             table.blocks.push(b);
         }
-        table.num_committed = table.num_committed.max(cached.blocks.len());
+        if !cached.blocks.is_empty() {
+            table.num_committed = cached.blocks.len();
+            table.serials.clone_from(&cached.serials);
+        }
         while table.blocks.len() < self.blocks_for(num_tokens) {
             let b = self.pool.allocate().expect("checked free count");
             table.blocks.push(b);
@@ -241,10 +267,14 @@ impl KvCacheManager {
             return;
         }
         table.hash_full_blocks(&tokens[..num_full * bs], bs);
+        debug_assert_eq!(table.serials.len(), table.num_committed);
         for i in table.num_committed..num_full {
             let chunk = &tokens[i * bs..(i + 1) * bs];
-            self.pool
-                .register(table.blocks[i], table.hashes[i], table.parent_of(i), chunk);
+            let parent = table.exact_parent(i);
+            let serial = self
+                .pool
+                .register(table.blocks[i], table.hashes[i], &parent, chunk);
+            table.serials.push(serial);
         }
         table.num_committed = num_full;
     }
@@ -257,6 +287,7 @@ impl KvCacheManager {
         }
         table.blocks.clear();
         table.num_committed = 0;
+        table.serials.clear();
     }
 
     /// Physical slot of token position `pos`: block `slot / block_size`, row `slot % block_size`.
@@ -377,5 +408,21 @@ mod tests {
         kv.commit_full_blocks(&mut a, &p, 6);
         let mut b = BlockTable::new(None);
         assert_eq!(kv.cached_prefix(&mut b, &p), CachedPrefix::default());
+    }
+
+    #[test]
+    fn a_prefix_is_served_only_under_the_exact_salt() {
+        let mut kv = KvCacheManager::new(16, 2, true);
+        let none = CachedPrefix::default();
+        let p = toks(6, 0);
+        let mut a = BlockTable::new(Some("tenant-a"));
+        kv.allocate_slots(&mut a, &none, 6).unwrap();
+        kv.commit_full_blocks(&mut a, &p, 6);
+        let mut same = BlockTable::new(Some("tenant-a"));
+        assert_eq!(kv.cached_prefix(&mut same, &p).num_tokens, 4);
+        for other in [None, Some("tenant-b"), Some("tenant-a ")] {
+            let mut t = BlockTable::new(other);
+            assert_eq!(kv.cached_prefix(&mut t, &p).num_tokens, 0, "{other:?}");
+        }
     }
 }

@@ -48,7 +48,7 @@ pub enum ScheduleError {
         "This model's maximum context length is {max_model_len} tokens. However, you requested \
          {} tokens ({num_prompt_tokens} in the messages, {max_tokens} in the completion). Please \
          reduce the length of the messages or completion.",
-        num_prompt_tokens + max_tokens
+        num_prompt_tokens.saturating_add(*max_tokens)
     )]
     ContextOverflow {
         /// The model's context length.
@@ -151,14 +151,15 @@ impl Scheduler {
             return Err(ScheduleError::EmptyPrompt);
         }
         let max_tokens = seq.params.max_tokens;
-        if num_prompt_tokens + max_tokens > self.config.max_model_len {
+        // Saturating: a max_tokens near usize::MAX must not wrap past the checks.
+        if num_prompt_tokens.saturating_add(max_tokens) > self.config.max_model_len {
             return Err(ScheduleError::ContextOverflow {
                 max_model_len: self.config.max_model_len,
                 num_prompt_tokens,
                 max_tokens,
             });
         }
-        let num_tokens = seq.num_tokens() + max_tokens;
+        let num_tokens = seq.num_tokens().saturating_add(max_tokens);
         if num_tokens > self.kv.capacity_tokens() {
             return Err(ScheduleError::CacheTooSmall {
                 num_tokens,

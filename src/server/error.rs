@@ -6,7 +6,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::engine::args::EngineError;
-use crate::engine::handle::SubmitError;
+use crate::engine::handle::{EngineFailure, SubmitError};
 use crate::engine::request::InvalidParam;
 
 /// An error on its way to the client.
@@ -114,10 +114,18 @@ impl From<SubmitError> for ApiError {
                     "The server is overloaded: too many requests are waiting. Retry later.",
                 )
             },
-            SubmitError::EngineDead => {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "The engine has stopped.")
-            }
+            SubmitError::EngineDead => ApiError::unavailable("The engine has stopped."),
             SubmitError::Rejected(e) => e.into(),
+        }
+    }
+}
+
+impl From<EngineFailure> for ApiError {
+    fn from(e: EngineFailure) -> Self {
+        if e.engine_died {
+            ApiError::unavailable(e.message)
+        } else {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.message)
         }
     }
 }

@@ -74,7 +74,6 @@ pub fn random_id(prefix: &str) -> String {
 }
 
 async fn submit_all(state: &AppState, job: &Job) -> Result<BoxStream<'static, Tagged>, ApiError> {
-    state.check_queue()?;
     let n = job.params.n;
     let mut streams = Vec::with_capacity(job.prompts.len());
     for (i, prompt) in job.prompts.iter().enumerate() {
@@ -163,12 +162,7 @@ pub async fn respond_json(state: &AppState, job: Job) -> Result<Response, ApiErr
                 c.logprobs.extend(logprobs);
                 c.finish = finish.map(|f| f.as_str());
             }
-            StreamEvent::Error(e) => {
-                return Err(ApiError::new(
-                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                    e,
-                ));
-            }
+            StreamEvent::Error(e) => return Err(e.into()),
         }
     }
     timer.done(&state.metrics);
@@ -284,8 +278,8 @@ async fn pump(
         };
         let Some((index, event)) = next else { break };
         let body = match event {
-            StreamEvent::Error(message) => {
-                let err = ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, message);
+            StreamEvent::Error(failure) => {
+                let err = ApiError::from(failure);
                 let _ = send(err.body()).await;
                 let _ = tx.send(Event::default().data("[DONE]")).await;
                 return;

@@ -36,7 +36,8 @@ pub struct ServerOptions {
     pub api_keys: Vec<String>,
     /// CORS origins (`*` for any); empty means no CORS headers.
     pub allowed_origins: Vec<String>,
-    /// Sequences that may wait for the engine before new requests get 429 (0: no limit).
+    /// Sequences that may wait for the engine before new requests get 429 (0: no limit). The
+    /// engine handle enforces it: give the same number to [`EngineHandle::spawn`].
     pub max_num_queued_requests: usize,
     /// Interval of SSE keep-alive comments (default 15 s).
     pub sse_keepalive: Option<std::time::Duration>,
@@ -52,7 +53,6 @@ pub struct AppState {
     /// Names the model answers to.
     pub served_model_names: Arc<Vec<String>>,
     api_keys: Arc<Vec<String>>,
-    max_queued: usize,
     /// Interval of SSE keep-alive comments.
     pub sse_keepalive: std::time::Duration,
     draining: Arc<AtomicBool>,
@@ -71,7 +71,6 @@ impl AppState {
             info,
             served_model_names: Arc::new(opts.served_model_names.clone()),
             api_keys: Arc::new(opts.api_keys.clone()),
-            max_queued: opts.max_num_queued_requests,
             sse_keepalive: opts
                 .sse_keepalive
                 .unwrap_or(std::time::Duration::from_secs(15)),
@@ -103,23 +102,13 @@ impl AppState {
 
     /// 503 while draining or when the engine has died.
     pub fn check_accepting(&self) -> Result<(), ApiError> {
+        if let Some(reason) = self.engine.death_reason() {
+            return Err(ApiError::unavailable(format!(
+                "The engine has stopped: {reason}"
+            )));
+        }
         if self.draining.load(Ordering::Acquire) {
             return Err(ApiError::unavailable("The server is shutting down."));
-        }
-        if !self.engine.is_alive() {
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "The engine has stopped.",
-            ));
-        }
-        Ok(())
-    }
-
-    /// 429 with Retry-After when too many sequences already wait for the engine.
-    pub fn check_queue(&self) -> Result<(), ApiError> {
-        let waiting = self.engine.stats().num_waiting.load(Ordering::Relaxed) as usize;
-        if self.max_queued > 0 && waiting >= self.max_queued {
-            return Err(crate::engine::handle::SubmitError::QueueFull.into());
         }
         Ok(())
     }
@@ -256,8 +245,17 @@ pub async fn serve_loading(
         .await
 }
 
-/// Serves `app` on `listener` until `shutdown` resolves; then stops accepting (503s), lets in-flight
-/// requests finish up to `drain_timeout`, and returns.
+/// How long a server whose engine died keeps answering (503) before it exits, so in-flight
+/// responses deliver their errors and health probes see the failure.
+pub const DEATH_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Serves `app` on `listener` until `shutdown` resolves or the engine dies.
+///
+/// On `shutdown`: stops accepting (`/ready` and new requests 503), lets in-flight requests finish
+/// up to `drain_timeout`, and returns `Ok`. When the engine dies: the engine has already failed
+/// every request in flight; `/health`, `/ready` and new requests answer 503 for [`DEATH_LINGER`]
+/// (at most `drain_timeout`) while those errors are delivered, then this returns an error, so the
+/// process exits non-zero and a supervisor restarts it.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
@@ -268,41 +266,58 @@ pub async fn serve(
     let app = router(state.clone(), opts);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let drain_state = state.clone();
-    tokio::spawn(async move {
-        shutdown.await;
-        tracing::info!("shutting down: no new requests, draining in-flight ones");
+    let watcher = tokio::spawn(async move {
+        let death = tokio::select! {
+            _ = shutdown => None,
+            reason = drain_state.engine.died() => Some(reason),
+        };
         drain_state.start_draining();
-        let deadline = tokio::time::Instant::now() + drain_timeout;
-        while drain_state
-            .engine
-            .stats()
-            .num_running
-            .load(Ordering::Relaxed)
-            > 0
-            || drain_state
-                .engine
-                .stats()
-                .num_waiting
-                .load(Ordering::Relaxed)
-                > 0
-        {
-            if tokio::time::Instant::now() >= deadline {
-                tracing::warn!("shutdown timeout: ending the remaining requests");
-                drain_state
-                    .engine
-                    .abort_all("The server is shutting down and this request ran out of time.")
-                    .await;
-                break;
+        match &death {
+            None => {
+                tracing::info!("shutting down: no new requests, draining in-flight ones");
+                drain(&drain_state, drain_timeout).await;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            Some(reason) => {
+                tracing::error!("the engine died ({reason}): answering 503, then exiting");
+                tokio::time::sleep(DEATH_LINGER.min(drain_timeout)).await;
+            }
         }
         let _ = stop_tx.send(());
+        death
     });
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             let _ = stop_rx.await;
         })
-        .await
+        .await?;
+    match watcher.await {
+        Ok(None) => Ok(()),
+        Ok(Some(reason)) => Err(std::io::Error::other(format!("the engine died: {reason}"))),
+        Err(e) => Err(std::io::Error::other(e)),
+    }
+}
+
+/// Waits until no sequence runs or waits, or ends the rest when `timeout` passes.
+async fn drain(state: &AppState, timeout: std::time::Duration) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let stats = state.engine.stats();
+    while stats.num_running.load(Ordering::Relaxed) > 0
+        || stats.num_waiting.load(Ordering::Relaxed) > 0
+        || state.engine.num_queued() > 0
+    {
+        if !state.engine.is_alive() {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!("shutdown timeout: ending the remaining requests");
+            state
+                .engine
+                .abort_all("The server is shutting down and this request ran out of time.")
+                .await;
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 #[cfg(test)]

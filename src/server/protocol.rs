@@ -99,6 +99,9 @@ pub struct CompletionRequest {
     /// Prepend the prompt to the returned text.
     #[serde(default)]
     pub echo: bool,
+    /// Completions generated per prompt before the best `n` are returned; only `best_of == n`
+    /// is supported.
+    pub best_of: Option<usize>,
     /// Sampling.
     #[serde(flatten)]
     pub sampling: SamplingFields,

@@ -10,7 +10,8 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::error::ApiError;
 use super::generate::{Flavor, Job, Prompt, respond_json, respond_sse};
-use super::protocol::{ChatRequest, CompletionRequest, PromptInput};
+use super::protocol::{ChatRequest, CompletionRequest, PromptInput, SamplingFields};
+use crate::engine::request::{MAX_LOGPROBS, check_num_seqs};
 
 /// `Json<T>` whose rejections are OpenAI-shaped errors (400 bad JSON or field, 413, 415).
 pub struct ApiJson<T>(pub T);
@@ -63,14 +64,15 @@ fn default_max_tokens(
     let max_len = state.info.max_model_len;
     let remaining = max_len.saturating_sub(prompt_len);
     let want = requested.unwrap_or(remaining);
-    if remaining == 0 || prompt_len + want > max_len {
+    // Saturating: a `max_tokens` near usize::MAX must not wrap past the check.
+    let total = prompt_len.saturating_add(want);
+    if remaining == 0 || total > max_len {
         return Err(ApiError::invalid(
             "messages",
             format!(
-                "This model's maximum context length is {max_len} tokens. However, you requested {} tokens \
+                "This model's maximum context length is {max_len} tokens. However, you requested {total} tokens \
                  ({prompt_len} in the messages, {want} in the completion). Please reduce the length of the \
-                 messages or completion.",
-                prompt_len + want
+                 messages or completion."
             ),
         ));
     }
@@ -94,6 +96,7 @@ pub async fn completions(
     if prompts.is_empty() {
         return Err(ApiError::invalid("prompt", "prompt must not be empty."));
     }
+    check_n(&state, &req.sampling, req.best_of, prompts.len())?;
     let mut resolved = Vec::with_capacity(prompts.len());
     for (text, ids) in prompts {
         let ids = match (ids, &text) {
@@ -139,8 +142,19 @@ pub async fn chat_completions(
     let arrived = std::time::Instant::now();
     let model = state.check_model(req.model.as_deref())?;
     state.note_unknown_fields(req.unknown.keys());
-    if req.messages.is_empty() {
-        return Err(ApiError::invalid("messages", "messages must not be empty."));
+    check_messages(&req.messages)?;
+    check_n(&state, &req.sampling, None, 1)?;
+    if req.top_logprobs.is_some_and(|k| k > MAX_LOGPROBS) {
+        return Err(ApiError::invalid(
+            "top_logprobs",
+            format!("top_logprobs must be at most {MAX_LOGPROBS}."),
+        ));
+    }
+    if req.top_logprobs.is_some_and(|k| k > 0) && !req.logprobs {
+        return Err(ApiError::invalid(
+            "top_logprobs",
+            "when using `top_logprobs`, `logprobs` must be set to true.",
+        ));
     }
     let template = state.info.chat_template.clone().ok_or_else(|| {
         ApiError::invalid(
@@ -174,6 +188,99 @@ pub async fn chat_completions(
         arrived,
     };
     respond(state, job, req.sampling.is_stream()).await
+}
+
+/// `n` (and `best_of`) against what the engine runs at once: a request's sequences, `n` for each
+/// of its prompts, must fit in one batch of `--max-num-seqs`.
+fn check_n(
+    state: &AppState,
+    sampling: &SamplingFields,
+    best_of: Option<usize>,
+    num_prompts: usize,
+) -> Result<(), ApiError> {
+    let n = sampling.n.unwrap_or(1);
+    if n == 0 {
+        return Err(ApiError::invalid("n", "n must be at least 1, got 0."));
+    }
+    if let Some(best_of) = best_of
+        && best_of != n
+    {
+        return Err(ApiError::invalid(
+            "best_of",
+            format!("best_of must equal n ({n}) here: ranking extra completions is not supported."),
+        ));
+    }
+    check_num_seqs(n.saturating_mul(num_prompts), state.info.max_num_seqs)?;
+    Ok(())
+}
+
+/// The roles OpenAI accepts in `messages`.
+const ROLES: [&str; 6] = [
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "function",
+];
+/// Most messages in one conversation.
+pub const MAX_MESSAGES: usize = 2048;
+
+/// Every message an object with a role OpenAI knows; at most [`MAX_MESSAGES`] of them.
+fn check_messages(messages: &[Value]) -> Result<(), ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages", "messages must not be empty."));
+    }
+    if messages.len() > MAX_MESSAGES {
+        return Err(ApiError::invalid(
+            "messages",
+            format!(
+                "Invalid 'messages': array too long. Expected an array with maximum length \
+                 {MAX_MESSAGES}, but got an array with length {}.",
+                messages.len()
+            ),
+        ));
+    }
+    for (i, m) in messages.iter().enumerate() {
+        let param = format!("messages[{i}].role");
+        let role = match m.get("role") {
+            Some(Value::String(role)) => role,
+            _ if !m.is_object() => {
+                return Err(ApiError::invalid(
+                    &format!("messages[{i}]"),
+                    format!("Invalid 'messages[{i}]': expected an object."),
+                ));
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    &param,
+                    format!("Missing required parameter: 'messages[{i}].role'."),
+                ));
+            }
+        };
+        if !ROLES.contains(&role.as_str()) {
+            return Err(ApiError::invalid(
+                &param,
+                format!(
+                    "Invalid value: '{role}'. Supported values are: 'system', 'assistant', \
+                     'user', 'function', 'tool', and 'developer'."
+                ),
+            ));
+        }
+        match m.get("content") {
+            None | Some(Value::Null | Value::String(_) | Value::Array(_)) => {}
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    &format!("messages[{i}].content"),
+                    format!(
+                        "Invalid type for 'messages[{i}].content': expected a string or an \
+                         array of content parts."
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn respond(state: AppState, job: Job, stream: bool) -> Result<Response, ApiError> {
@@ -213,12 +320,14 @@ pub async fn models(State(state): State<AppState>) -> Response {
     axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
-/// GET /health: 200 while the engine thread lives.
+/// GET /health: 200 while the engine thread lives, 503 once it has died (then the process exits
+/// after delivering what it can; a supervisor should restart it).
 pub async fn health(State(state): State<AppState>) -> Response {
-    if state.engine.is_alive() {
-        StatusCode::OK.into_response()
-    } else {
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "The engine has stopped.").into_response()
+    match state.engine.death_reason() {
+        None => StatusCode::OK.into_response(),
+        Some(reason) => {
+            ApiError::unavailable(format!("The engine has stopped: {reason}")).into_response()
+        }
     }
 }
 

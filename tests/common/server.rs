@@ -45,7 +45,7 @@ pub async fn start_with(
 
 /// A server for `args` with `opts` on 127.0.0.1:0: its base URL and state.
 pub async fn serve(args: EngineArgs, opts: ServerOptions) -> (String, AppState) {
-    let (engine, info) = EngineHandle::spawn(args, 64).unwrap();
+    let (engine, info) = EngineHandle::spawn(args, opts.max_num_queued_requests).unwrap();
     let state = AppState::new(engine, info, &opts);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
