@@ -78,11 +78,16 @@ impl IncrementalDetokenizer {
         }
         let delta = match full.strip_prefix(prefix.as_str()) {
             Some(rest) => rest.to_string(),
-            // A decoder that rewrote earlier text: take what lies past the old prefix's length.
-            None => full
-                .get(floor_char_boundary(&full, prefix.len())..)
-                .unwrap_or_default()
-                .to_string(),
+            None => match full.strip_prefix(prefix.trim_end_matches('\u{FFFD}')) {
+                // The prefix ended in a partial character (say, the prompt's last token) that the
+                // new tokens completed: the completed character is new text.
+                Some(rest) => rest.to_string(),
+                // A decoder that rewrote earlier text: take what lies past the old prefix's length.
+                None => full
+                    .get(floor_char_boundary(&full, prefix.len())..)
+                    .unwrap_or_default()
+                    .to_string(),
+            },
         };
         self.prefix_offset = self.read_offset;
         self.read_offset = self.tokens.len();

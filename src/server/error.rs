@@ -5,6 +5,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use super::responses::{ErrorDetail, ErrorResponse};
 use crate::engine::args::EngineError;
 use crate::engine::handle::{EngineFailure, SubmitError};
 use crate::engine::request::InvalidParam;
@@ -65,12 +66,14 @@ impl ApiError {
 
     /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
-        json!({"error": {
-            "message": self.message,
-            "type": self.kind(),
-            "param": self.param,
-            "code": self.status.as_u16(),
-        }})
+        json!(ErrorResponse {
+            error: ErrorDetail {
+                message: self.message.clone(),
+                kind: self.kind().into(),
+                param: self.param.clone(),
+                code: self.status.as_u16(),
+            }
+        })
     }
 }
 

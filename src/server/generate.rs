@@ -5,6 +5,7 @@ use std::convert::Infallible;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use futures_util::stream::{self, BoxStream};
@@ -14,6 +15,10 @@ use tokio::sync::mpsc;
 use super::AppState;
 use super::error::ApiError;
 use super::metrics::RequestTimer;
+use super::responses::{
+    ChatChoice, ChatCompletionResponse, ChatLogprobs, ChatMessageOut, ChatTokenLogprob,
+    CompletionChoice, CompletionLogprobs, CompletionResponse, Usage,
+};
 use crate::engine::handle::{GenerateRequest, StreamEvent};
 use crate::engine::request::SamplingParams;
 use crate::sampler::Logprobs;
@@ -115,14 +120,19 @@ fn token_text(state: &AppState, id: u32) -> String {
     }
 }
 
-/// OpenAI logprobs JSON for one token (chat) or the pieces to append (completions).
-fn chat_logprob(state: &AppState, id: u32, lp: &Logprobs) -> Value {
+/// Chat logprobs of one generated token and its alternatives.
+fn chat_logprob(state: &AppState, id: u32, lp: &Logprobs) -> ChatTokenLogprob {
     let entry = |id: u32, logprob: f32| {
         let token = token_text(state, id);
-        json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
+        ChatTokenLogprob {
+            bytes: token.as_bytes().to_vec(),
+            token,
+            logprob,
+            top_logprobs: Vec::new(),
+        }
     };
     let mut e = entry(id, lp.logprob);
-    e["top_logprobs"] = lp.top.iter().map(|&(t, l)| entry(t, l)).collect();
+    e.top_logprobs = lp.top.iter().map(|&(t, l)| entry(t, l)).collect();
     e
 }
 
@@ -168,59 +178,96 @@ pub async fn respond_json(state: &AppState, job: Job) -> Result<Response, ApiErr
     timer.done(&state.metrics);
     let prompt_tokens: usize = job.prompts.iter().map(|p| p.ids.len()).sum();
     let completion_tokens: usize = choices.iter().map(|c| c.tokens.len()).sum();
+    let usage = Usage::new(prompt_tokens, completion_tokens);
     let want_logprobs = job.params.logprobs.is_some();
-    let body_choices: Vec<Value> = choices
-        .into_iter()
-        .enumerate()
-        .map(|(index, c)| match job.flavor {
-            Flavor::Chat => json!({
-                "index": index,
-                "message": {"role": "assistant", "content": c.text},
-                "logprobs": want_logprobs.then(|| json!({"content":
-                    c.tokens.iter().zip(&c.logprobs).map(|(&t, lp)| chat_logprob(state, t, lp)).collect::<Vec<_>>()})),
-                "finish_reason": c.finish,
-            }),
-            Flavor::Completion => {
-                let echo = job.prompts[index / n].echo.clone().unwrap_or_default();
-                json!({
-                    "index": index,
-                    "text": format!("{echo}{}", c.text),
-                    "logprobs": want_logprobs.then(|| completion_logprobs(state, &c.tokens, &c.logprobs, echo.len())),
-                    "finish_reason": c.finish,
+    let body = match job.flavor {
+        Flavor::Chat => {
+            let choices = choices
+                .into_iter()
+                .enumerate()
+                .map(|(index, c)| ChatChoice {
+                    index,
+                    message: ChatMessageOut {
+                        role: "assistant".into(),
+                        content: c.text,
+                    },
+                    logprobs: want_logprobs.then(|| ChatLogprobs {
+                        content: c
+                            .tokens
+                            .iter()
+                            .zip(&c.logprobs)
+                            .map(|(&t, lp)| chat_logprob(state, t, lp))
+                            .collect(),
+                    }),
+                    finish_reason: c.finish.map(str::to_string),
                 })
-            }
-        })
-        .collect();
-    let (id, object) = match job.flavor {
-        Flavor::Chat => (random_id("chatcmpl-"), "chat.completion"),
-        Flavor::Completion => (random_id("cmpl-"), "text_completion"),
+                .collect();
+            serde_json::to_value(ChatCompletionResponse {
+                id: random_id("chatcmpl-"),
+                object: "chat.completion".into(),
+                created: now_secs(),
+                model: job.model,
+                choices,
+                usage,
+            })
+        }
+        Flavor::Completion => {
+            let choices = choices
+                .into_iter()
+                .enumerate()
+                .map(|(index, c)| {
+                    let echo = job.prompts[index / n].echo.clone().unwrap_or_default();
+                    let logprobs = want_logprobs
+                        .then(|| completion_logprobs(state, &c.tokens, &c.logprobs, echo.len()));
+                    CompletionChoice {
+                        index,
+                        text: format!("{echo}{}", c.text),
+                        logprobs,
+                        finish_reason: c.finish.map(str::to_string),
+                    }
+                })
+                .collect();
+            serde_json::to_value(CompletionResponse {
+                id: random_id("cmpl-"),
+                object: "text_completion".into(),
+                created: now_secs(),
+                model: job.model,
+                choices,
+                usage,
+            })
+        }
     };
-    Ok(axum::Json(json!({
-        "id": id,
-        "object": object,
-        "created": now_secs(),
-        "model": job.model,
-        "choices": body_choices,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
-    }))
-    .into_response())
+    let body = body.map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    Ok(axum::Json(body).into_response())
 }
 
-fn completion_logprobs(state: &AppState, tokens: &[u32], lps: &[Logprobs], offset: usize) -> Value {
+fn completion_logprobs(
+    state: &AppState,
+    tokens: &[u32],
+    lps: &[Logprobs],
+    offset: usize,
+) -> CompletionLogprobs {
     let texts: Vec<String> = tokens.iter().map(|&t| token_text(state, t)).collect();
-    let mut offsets = Vec::with_capacity(texts.len());
+    let mut text_offset = Vec::with_capacity(texts.len());
     let mut at = offset;
     for t in &texts {
-        offsets.push(at);
+        text_offset.push(at);
         at += t.len();
     }
-    json!({
-        "tokens": texts,
-        "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(),
-        "top_logprobs": lps.iter().map(|l| l.top.iter().map(|&(t, v)| (token_text(state, t), json!(v))).collect::<serde_json::Map<_, _>>()).collect::<Vec<_>>(),
-        "text_offset": offsets,
-    })
+    CompletionLogprobs {
+        tokens: texts,
+        token_logprobs: lps.iter().map(|l| l.logprob).collect(),
+        top_logprobs: lps
+            .iter()
+            .map(|l| {
+                l.top
+                    .iter()
+                    .map(|&(t, v)| (token_text(state, t), v))
+                    .collect()
+            })
+            .collect(),
+        text_offset,
+    }
 }
 
 /// Streams the job as server-sent events: one chunk per token, then usage (if asked), then [DONE].
@@ -304,8 +351,9 @@ async fn pump(
                         if !started[index] {
                             delta["role"] = json!("assistant");
                         }
-                        let lp = logprobs
-                            .map(|lp| json!({"content": [chat_logprob(&state, token_id, &lp)]}));
+                        let lp = logprobs.map(|lp| ChatLogprobs {
+                            content: vec![chat_logprob(&state, token_id, &lp)],
+                        });
                         chunk(
                             json!([{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}]),
                         )
@@ -336,8 +384,7 @@ async fn pump(
     if job.include_usage {
         let prompt_tokens: usize = job.prompts.iter().map(|p| p.ids.len()).sum();
         let mut last = chunk(json!([]));
-        last["usage"] = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                               "total_tokens": prompt_tokens + completion_tokens});
+        last["usage"] = json!(Usage::new(prompt_tokens, completion_tokens));
         if !send(last).await {
             return;
         }

@@ -4,7 +4,9 @@
 pub mod error;
 pub mod generate;
 pub mod metrics;
+pub mod openapi;
 pub mod protocol;
+pub mod responses;
 pub mod routes;
 
 use std::collections::HashSet;
@@ -195,6 +197,7 @@ pub fn router(state: AppState, opts: &ServerOptions) -> Router {
         .route("/health", get(routes::health))
         .route("/ready", get(routes::ready))
         .route("/version", get(routes::version))
+        .route("/openapi.json", get(routes::openapi))
         .route("/metrics", get(metrics::metrics));
     let mut app = guarded
         .merge(open)

@@ -3,13 +3,14 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::error::ApiError;
 use crate::engine::request::SamplingParams;
 
 /// `stop`: one string or several.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum StopInput {
     /// One stop string.
@@ -19,7 +20,7 @@ pub enum StopInput {
 }
 
 /// `prompt` of /v1/completions: text, texts, token ids, or lists of token ids.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum PromptInput {
     /// One text.
@@ -33,7 +34,7 @@ pub enum PromptInput {
 }
 
 /// `stream_options`.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, JsonSchema)]
 pub struct StreamOptions {
     /// Add one final chunk with usage.
     #[serde(default)]
@@ -41,7 +42,7 @@ pub struct StreamOptions {
 }
 
 /// Sampling fields shared by both endpoints (OpenAI's plus vLLM's extensions).
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, JsonSchema)]
 pub struct SamplingFields {
     /// Completions per prompt.
     pub n: Option<usize>,
@@ -88,7 +89,7 @@ pub struct SamplingFields {
 }
 
 /// POST /v1/completions.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
 pub struct CompletionRequest {
     /// Served model name.
     pub model: Option<String>,
@@ -111,11 +112,12 @@ pub struct CompletionRequest {
 }
 
 /// POST /v1/chat/completions.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
 pub struct ChatRequest {
     /// Served model name.
     pub model: Option<String>,
     /// The conversation, passed to the chat template as given (content strings or text parts).
+    #[schemars(with = "Vec<MessageSchema>")]
     pub messages: Vec<serde_json::Value>,
     /// Newer name of max_tokens (takes precedence).
     pub max_completion_tokens: Option<usize>,
@@ -136,6 +138,50 @@ pub struct ChatRequest {
     /// Fields pagewise does not know (logged once, ignored).
     #[serde(flatten)]
     pub unknown: BTreeMap<String, serde_json::Value>,
+}
+
+/// The role of a chat message: the ones OpenAI accepts.
+#[derive(Clone, Copy, Debug, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Instructions.
+    System,
+    /// Instructions (OpenAI's newer name).
+    Developer,
+    /// The user.
+    User,
+    /// The model.
+    Assistant,
+    /// A tool's result.
+    Tool,
+    /// A function's result (legacy).
+    Function,
+}
+
+/// A message's content: text, or content parts whose `text` fields are joined.
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum MessageContent {
+    /// Plain text.
+    Text(String),
+    /// Content parts (`{"type": "text", "text": ...}`).
+    Parts(Vec<serde_json::Map<String, serde_json::Value>>),
+}
+
+/// What a chat message looks like (the schema of `messages`; the handler reads them as JSON
+/// values and passes them to the chat template as given).
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
+pub struct MessageSchema {
+    /// Who speaks.
+    pub role: Role,
+    /// What is said (null or absent: empty).
+    pub content: Option<MessageContent>,
+    /// The speaker's name, or the tool's.
+    pub name: Option<String>,
+    /// Tool calls of an assistant message (passed to the template).
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// The call a tool message answers.
+    pub tool_call_id: Option<String>,
 }
 
 impl SamplingFields {

@@ -5,12 +5,16 @@ use axum::extract::{FromRequest, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::AppState;
 use super::error::ApiError;
 use super::generate::{Flavor, Job, Prompt, respond_json, respond_sse};
 use super::protocol::{ChatRequest, CompletionRequest, PromptInput, SamplingFields};
+use super::responses::{
+    DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest,
+    TokenizeResponse, VersionResponse,
+};
 use crate::engine::request::{MAX_LOGPROBS, check_num_seqs};
 
 /// `Json<T>` whose rejections are OpenAI-shaped errors (400 bad JSON or field, 413, 415).
@@ -311,13 +315,23 @@ fn normalize_message(m: &Value) -> Value {
 
 /// GET /v1/models
 pub async fn models(State(state): State<AppState>) -> Response {
-    let data: Vec<Value> = state
+    let data = state
         .served_model_names
         .iter()
-        .map(|name| json!({"id": name, "object": "model", "created": state.started_at, "owned_by": "pagewise",
-                           "root": state.served_model_names[0], "max_model_len": state.info.max_model_len}))
+        .map(|name| ModelCard {
+            id: name.clone(),
+            object: "model".into(),
+            created: state.started_at,
+            owned_by: "pagewise".into(),
+            root: state.served_model_names[0].clone(),
+            max_model_len: state.info.max_model_len,
+        })
         .collect();
-    axum::Json(json!({"object": "list", "data": data})).into_response()
+    axum::Json(ModelList {
+        object: "list".into(),
+        data,
+    })
+    .into_response()
 }
 
 /// GET /health: 200 while the engine thread lives, 503 once it has died (then the process exits
@@ -341,74 +355,77 @@ pub async fn ready(State(state): State<AppState>) -> Response {
 
 /// GET /version
 pub async fn version() -> Response {
-    axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
+    axum::Json(VersionResponse {
+        version: env!("CARGO_PKG_VERSION").into(),
+    })
+    .into_response()
+}
+
+/// GET /openapi.json
+pub async fn openapi() -> Response {
+    axum::Json(super::openapi::document()).into_response()
 }
 
 /// POST /tokenize: `{"prompt": "..."}` or `{"messages": [...]}`.
 pub async fn tokenize(
     State(state): State<AppState>,
-    ApiJson(req): ApiJson<Value>,
+    ApiJson(req): ApiJson<TokenizeRequest>,
 ) -> Result<Response, ApiError> {
-    let add_special = req.get("add_special_tokens").and_then(Value::as_bool);
-    let text = if let Some(p) = req.get("prompt").and_then(Value::as_str) {
-        p.to_string()
-    } else if let Some(messages) = req.get("messages").and_then(Value::as_array) {
-        let template = state.info.chat_template.clone().ok_or_else(|| {
-            ApiError::invalid(
-                "messages",
-                state.info.chat_template_error.clone().unwrap_or_default(),
-            )
-        })?;
-        let msgs = Value::Array(messages.iter().map(normalize_message).collect());
-        let gen_prompt = req
-            .get("add_generation_prompt")
-            .and_then(Value::as_bool)
-            .unwrap_or(true);
-        template
-            .render(&msgs, gen_prompt, &Default::default())
-            .map_err(|e| ApiError::invalid("messages", e.0))?
-    } else {
-        return Err(ApiError::invalid(
-            "prompt",
-            "Give `prompt` (a string) or `messages`.",
-        ));
+    let (text, special_default) = match (req.prompt, &req.messages) {
+        (Some(p), _) => (p, true),
+        (None, Some(messages)) => {
+            check_messages(messages)?;
+            let template = state.info.chat_template.clone().ok_or_else(|| {
+                ApiError::invalid(
+                    "messages",
+                    state.info.chat_template_error.clone().unwrap_or_default(),
+                )
+            })?;
+            let msgs = Value::Array(messages.iter().map(normalize_message).collect());
+            let gen_prompt = req.add_generation_prompt.unwrap_or(true);
+            let text = template
+                .render(&msgs, gen_prompt, &Default::default())
+                .map_err(|e| ApiError::invalid("messages", e.0))?;
+            (text, false)
+        }
+        (None, None) => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "Give `prompt` (a string) or `messages`.",
+            ));
+        }
     };
-    let special = add_special.unwrap_or(req.get("prompt").is_some());
+    let special = req.add_special_tokens.unwrap_or(special_default);
     let tokens = encode(&state, text, special).await?;
-    Ok(axum::Json(
-        json!({"count": tokens.len(), "max_model_len": state.info.max_model_len, "tokens": tokens}),
-    )
+    Ok(axum::Json(TokenizeResponse {
+        count: tokens.len(),
+        max_model_len: state.info.max_model_len,
+        tokens,
+    })
     .into_response())
 }
 
 /// POST /detokenize: `{"tokens": [...]}`.
 pub async fn detokenize(
     State(state): State<AppState>,
-    ApiJson(req): ApiJson<Value>,
+    ApiJson(req): ApiJson<DetokenizeRequest>,
 ) -> Result<Response, ApiError> {
-    let tokens: Vec<u32> = req
-        .get("tokens")
-        .and_then(Value::as_array)
-        .ok_or_else(|| ApiError::invalid("tokens", "`tokens` must be a list of token ids."))?
+    if req
+        .tokens
         .iter()
-        .map(|t| {
-            t.as_u64()
-                .filter(|&t| (t as usize) < state.info.vocab_size)
-                .map(|t| t as u32)
-        })
-        .collect::<Option<_>>()
-        .ok_or_else(|| {
-            ApiError::invalid(
-                "tokens",
-                "`tokens` must be token ids of this model's vocabulary.",
-            )
-        })?;
+        .any(|&t| t as usize >= state.info.vocab_size)
+    {
+        return Err(ApiError::invalid(
+            "tokens",
+            "`tokens` must be token ids of this model's vocabulary.",
+        ));
+    }
     let prompt = state
         .info
         .tokenizer
-        .decode(&tokens, false)
+        .decode(&req.tokens, false)
         .map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
-    Ok(axum::Json(json!({"prompt": prompt})).into_response())
+    Ok(axum::Json(DetokenizeResponse { prompt }).into_response())
 }
 
 /// Unknown route.

@@ -1,0 +1,166 @@
+//! GET /openapi.json: an OpenAPI 3.1 document of the HTTP API. Every request and response schema
+//! is generated from the Rust types the handlers use ([`super::protocol`], [`super::responses`])
+//! by `schemars`; only the list of routes and their status codes is written here. Fuzzers
+//! (schemathesis, in CI) check the live server against it.
+
+use schemars::generate::SchemaSettings;
+use schemars::{JsonSchema, SchemaGenerator};
+use serde_json::{Map, Value, json};
+
+use super::protocol::{ChatRequest, CompletionRequest};
+use super::responses::{
+    ChatCompletionResponse, CompletionResponse, DetokenizeRequest, DetokenizeResponse,
+    ErrorResponse, ModelList, TokenizeRequest, TokenizeResponse, VersionResponse,
+};
+
+/// Statuses every guarded route may answer with an error body.
+const ERRORS: [(u16, &str); 7] = [
+    (400, "Invalid request"),
+    (401, "Missing or wrong API key"),
+    (404, "Unknown model"),
+    (413, "Body too large"),
+    (415, "Not JSON"),
+    (500, "Engine failure of this request"),
+    (503, "Loading, draining, or the engine has stopped"),
+];
+
+struct Doc {
+    generator: SchemaGenerator,
+    paths: Map<String, Value>,
+}
+
+impl Doc {
+    fn schema<T: JsonSchema>(&mut self) -> Value {
+        self.generator.subschema_for::<T>().to_value()
+    }
+
+    fn json_content<T: JsonSchema>(&mut self) -> Value {
+        json!({"application/json": {"schema": self.schema::<T>()}})
+    }
+
+    /// Error responses for `statuses` (and 429 where `overload`).
+    fn errors(&mut self, statuses: &[u16], overload: bool) -> Map<String, Value> {
+        let mut out = Map::new();
+        for (status, why) in ERRORS.iter().filter(|(s, _)| statuses.contains(s)) {
+            let content = self.json_content::<ErrorResponse>();
+            out.insert(
+                status.to_string(),
+                json!({"description": why, "content": content}),
+            );
+        }
+        if overload {
+            let content = self.json_content::<ErrorResponse>();
+            out.insert(
+                "429".into(),
+                json!({"description": "Too many requests wait (Retry-After)", "content": content}),
+            );
+        }
+        out
+    }
+
+    fn route(&mut self, path: &str, method: &str, op: Value) {
+        let entry = self.paths.entry(path.to_string()).or_insert(json!({}));
+        entry[method] = op;
+    }
+
+    /// A POST route taking `Req` and answering `Resp` (or an SSE stream, when `streams`).
+    fn post<Req: JsonSchema, Resp: JsonSchema>(
+        &mut self,
+        path: &str,
+        summary: &str,
+        streams: bool,
+        overload: bool,
+    ) {
+        let body = self.json_content::<Req>();
+        let mut ok = self.json_content::<Resp>();
+        if streams {
+            ok["text/event-stream"] = json!({"schema": {"type": "string"}});
+        }
+        let mut responses = self.errors(&[400, 401, 404, 413, 415, 500, 503], overload);
+        responses.insert("200".into(), json!({"description": "OK", "content": ok}));
+        let op = json!({
+            "summary": summary,
+            "operationId": path.trim_start_matches('/').replace(['/', '.'], "_"),
+            "requestBody": {"required": true, "content": body},
+            "responses": responses,
+        });
+        self.route(path, "post", op);
+    }
+
+    /// A GET route answering `ok` (a response object) or the errors of `statuses`.
+    fn get(&mut self, path: &str, summary: &str, ok: Value, statuses: &[u16]) {
+        let mut responses = self.errors(statuses, false);
+        responses.insert("200".into(), ok);
+        let op = json!({"summary": summary, "responses": responses,
+                        "operationId": path.trim_start_matches('/').replace(['/', '.'], "_")});
+        self.route(path, "get", op);
+    }
+}
+
+/// The whole document.
+pub fn document() -> Value {
+    let settings = SchemaSettings::draft2020_12().with(|s| {
+        s.definitions_path = "/components/schemas".into();
+        s.meta_schema = None;
+    });
+    let mut doc = Doc {
+        generator: settings.into_generator(),
+        paths: Map::new(),
+    };
+    doc.post::<CompletionRequest, CompletionResponse>(
+        "/v1/completions",
+        "Text completion (OpenAI legacy completions)",
+        true,
+        true,
+    );
+    doc.post::<ChatRequest, ChatCompletionResponse>(
+        "/v1/chat/completions",
+        "Chat completion",
+        true,
+        true,
+    );
+    doc.post::<TokenizeRequest, TokenizeResponse>("/tokenize", "Tokenize", false, false);
+    doc.post::<DetokenizeRequest, DetokenizeResponse>("/detokenize", "Detokenize", false, false);
+    let models = doc.json_content::<ModelList>();
+    doc.get(
+        "/v1/models",
+        "Served models",
+        json!({"description": "OK", "content": models}),
+        &[401],
+    );
+    let version = doc.json_content::<VersionResponse>();
+    doc.get(
+        "/version",
+        "Server version",
+        json!({"description": "OK", "content": version}),
+        &[],
+    );
+    let plain = json!({"text/plain": {"schema": {"type": "string"}}});
+    doc.get(
+        "/metrics",
+        "Prometheus metrics",
+        json!({"description": "OK", "content": plain}),
+        &[],
+    );
+    let alive = json!({"description": "The engine runs"});
+    doc.get("/health", "Liveness", alive, &[503]);
+    let ready = json!({"description": "Accepting requests"});
+    doc.get("/ready", "Readiness", ready, &[503]);
+    let openapi = json!({"description": "This document",
+                         "content": {"application/json": {"schema": {"type": "object"}}}});
+    doc.get("/openapi.json", "The OpenAPI document", openapi, &[]);
+    let schemas = doc.generator.take_definitions(true);
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "pagewise",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "An OpenAI-compatible LLM inference server.",
+        },
+        "paths": doc.paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    })
+}

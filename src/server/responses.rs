@@ -1,0 +1,225 @@
+//! OpenAI wire types of the JSON responses. The handlers build these, and `/openapi.json` describes
+//! them from the same definitions (`JsonSchema`), so the published schema cannot drift from what is
+//! sent. Streamed chunks are SSE text; their JSON follows the same shapes with `delta` for
+//! `message`.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Every error: `{"error": {...}}`.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ErrorResponse {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// OpenAI's error object.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ErrorDetail {
+    /// Human-readable message.
+    pub message: String,
+    /// OpenAI's error type (`invalid_request_error`, `rate_limit_error`, ...).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The request field at fault, if any.
+    pub param: Option<String>,
+    /// The HTTP status.
+    pub code: u16,
+}
+
+/// Token counts of a request.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct Usage {
+    /// Prompt tokens (all prompts).
+    pub prompt_tokens: usize,
+    /// Generated tokens (all choices).
+    pub completion_tokens: usize,
+    /// Their sum.
+    pub total_tokens: usize,
+}
+
+impl Usage {
+    /// Usage of `prompt_tokens` in and `completion_tokens` out.
+    pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Self {
+        Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        }
+    }
+}
+
+/// POST /v1/completions (not streamed).
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct CompletionResponse {
+    /// `cmpl-...`
+    pub id: String,
+    /// `text_completion`
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The served model name.
+    pub model: String,
+    /// One per prompt and `n`: prompt `i`'s choice `j` is `i * n + j`.
+    pub choices: Vec<CompletionChoice>,
+    /// Token counts.
+    pub usage: Usage,
+}
+
+/// One completion.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct CompletionChoice {
+    /// Position in `choices`.
+    pub index: usize,
+    /// The generated text (after the prompt, with `echo`).
+    pub text: String,
+    /// Per-token logprobs, when asked.
+    pub logprobs: Option<CompletionLogprobs>,
+    /// `stop`, `length` or `abort`.
+    pub finish_reason: Option<String>,
+}
+
+/// Legacy completions logprobs.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+pub struct CompletionLogprobs {
+    /// Each token's text.
+    pub tokens: Vec<String>,
+    /// Each token's log-probability.
+    pub token_logprobs: Vec<f32>,
+    /// Each token's most likely alternatives: text -> log-probability.
+    pub top_logprobs: Vec<BTreeMap<String, f32>>,
+    /// Each token's byte offset in the text.
+    pub text_offset: Vec<usize>,
+}
+
+/// POST /v1/chat/completions (not streamed).
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ChatCompletionResponse {
+    /// `chatcmpl-...`
+    pub id: String,
+    /// `chat.completion`
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The served model name.
+    pub model: String,
+    /// One per `n`.
+    pub choices: Vec<ChatChoice>,
+    /// Token counts.
+    pub usage: Usage,
+}
+
+/// One chat completion.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ChatChoice {
+    /// Position in `choices`.
+    pub index: usize,
+    /// The assistant's message.
+    pub message: ChatMessageOut,
+    /// Per-token logprobs, when asked.
+    pub logprobs: Option<ChatLogprobs>,
+    /// `stop`, `length` or `abort`.
+    pub finish_reason: Option<String>,
+}
+
+/// The assistant's message.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ChatMessageOut {
+    /// Always `assistant`.
+    pub role: String,
+    /// The generated text.
+    pub content: String,
+}
+
+/// Chat logprobs.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+pub struct ChatLogprobs {
+    /// One entry per generated token.
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+/// A generated token's log-probability and its most likely alternatives.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ChatTokenLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// Its UTF-8 bytes.
+    pub bytes: Vec<u8>,
+    /// The alternatives (empty for an alternative itself).
+    pub top_logprobs: Vec<ChatTokenLogprob>,
+}
+
+/// GET /v1/models
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ModelList {
+    /// `list`
+    pub object: String,
+    /// One card per served name.
+    pub data: Vec<ModelCard>,
+}
+
+/// A served model.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ModelCard {
+    /// The name to request it by.
+    pub id: String,
+    /// `model`
+    pub object: String,
+    /// Unix seconds the server started.
+    pub created: u64,
+    /// `pagewise`
+    pub owned_by: String,
+    /// The first served name.
+    pub root: String,
+    /// Longest prompt + output.
+    pub max_model_len: usize,
+}
+
+/// POST /tokenize: a prompt, or chat messages rendered with the chat template.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct TokenizeRequest {
+    /// Text to tokenize.
+    pub prompt: Option<String>,
+    /// Or a conversation, rendered with the chat template first.
+    pub messages: Option<Vec<serde_json::Value>>,
+    /// Add the tokenizer's special tokens (default: true for a prompt, false for messages).
+    pub add_special_tokens: Option<bool>,
+    /// Append the assistant prompt to rendered messages (default true).
+    pub add_generation_prompt: Option<bool>,
+}
+
+/// POST /tokenize's answer.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct TokenizeResponse {
+    /// Number of tokens.
+    pub count: usize,
+    /// Longest prompt + output.
+    pub max_model_len: usize,
+    /// The token ids.
+    pub tokens: Vec<u32>,
+}
+
+/// POST /detokenize
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct DetokenizeRequest {
+    /// Token ids of this model's vocabulary.
+    pub tokens: Vec<u32>,
+}
+
+/// POST /detokenize's answer.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct DetokenizeResponse {
+    /// The decoded text.
+    pub prompt: String,
+}
+
+/// GET /version
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct VersionResponse {
+    /// pagewise's version.
+    pub version: String,
+}
