@@ -21,7 +21,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates
     && useradd --create-home --uid 10001 pagewise && mkdir -p /data/hf && chown pagewise /data/hf
 COPY --from=build /src/target/release/pagewise /usr/local/bin/pagewise
 USER pagewise
-ENV HF_HOME=/data/hf PAGEWISE_HOST=0.0.0.0 PAGEWISE_PORT=8000
+# MALLOC_ARENA_MAX=2: glibc keeps one arena per thread otherwise, and RSS creeps with each high-water mark.
+ENV HF_HOME=/data/hf PAGEWISE_HOST=0.0.0.0 PAGEWISE_PORT=8000 MALLOC_ARENA_MAX=2
 VOLUME ["/data/hf"]
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s CMD curl -fsS http://localhost:8000/health || exit 1

@@ -69,7 +69,8 @@ pub struct ServeCmd {
     /// Origins allowed by CORS (repeatable or comma-separated; `*` for any). None: no CORS headers.
     #[arg(long, env = "PAGEWISE_ALLOWED_ORIGINS", value_delimiter = ',')]
     pub allowed_origins: Vec<String>,
-    /// Requests that may wait for the engine before new ones get 429.
+    /// Sequences (a request of `n` counts `n`) that may wait for their first engine step before
+    /// new requests get 429 with Retry-After; counted live at admission. 0: no limit.
     #[arg(long, env = "PAGEWISE_MAX_NUM_QUEUED_REQUESTS", default_value_t = 1024)]
     pub max_num_queued_requests: usize,
     /// Seconds in-flight requests get to finish after SIGTERM/SIGINT.

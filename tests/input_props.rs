@@ -37,7 +37,8 @@ fn any_json() -> impl Strategy<Value = Value> {
         (-1e6f64..1e6).prop_map(Value::from),
         (0u32..400).prop_map(Value::from),
         ".{0,24}".prop_map(Value::from),
-        prop_oneof![Just("user"), Just("assistant"), Just("system"), Just("x")].prop_map(Value::from),
+        prop_oneof![Just("user"), Just("assistant"), Just("system"), Just("x")]
+            .prop_map(Value::from),
     ];
     leaf.prop_recursive(4, 48, 6, move |inner| {
         prop_oneof![

@@ -35,7 +35,14 @@ impl CacheWrites {
 /// `context_lens[s]` positions of sequence `s`, read from the caches through `block_tables`
 /// (`[seqs, max_blocks]`, i32). `max_context_len` bounds `context_lens` (it picks the split-KV plan
 /// without reading the GPU). Returns `[seqs, heads, head_dim]` in `q`'s dtype.
-pub fn paged_decode_attention(
+///
+/// # Safety
+/// The kernel trusts the device-side indices it is given; their values are not checked (that
+/// would cost a copy to the host each call). The caller guarantees that every block id a row
+/// reads (the first `ceil(context_len / block_size)` entries of its block-table row) is below
+/// the caches' `num_blocks`, that every context length is at most `max_blocks * block_size` of
+/// the block tables, and that every row-to-sequence index is below the block tables' rows.
+pub unsafe fn paged_decode_attention(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
@@ -44,16 +51,18 @@ pub fn paged_decode_attention(
     max_context_len: usize,
     scale: f32,
 ) -> Result<Tensor> {
-    paged_attention(
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        None,
-        context_lens,
-        max_context_len,
-        scale,
-    )
+    unsafe {
+        paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            None,
+            context_lens,
+            max_context_len,
+            scale,
+        )
+    }
 }
 
 /// Scratch space of the split-KV path (per-split softmax statistics and partial outputs, f32),
@@ -109,8 +118,15 @@ fn plan(q: &Tensor, kv_heads: usize, max_context_len: usize) -> Result<(usize, u
 /// On sm_90 the kernel starts before the previous kernel on the stream ends and reads
 /// `block_tables`, `row_seq` and `context_lens` before waiting for it: they must not be that
 /// kernel's output (host uploads are fine; `q` and the caches are waited for).
+///
+/// # Safety
+/// The kernel trusts the device-side indices it is given; their values are not checked (that
+/// would cost a copy to the host each call). The caller guarantees that every block id a row
+/// reads (the first `ceil(context_len / block_size)` entries of its block-table row) is below
+/// the caches' `num_blocks`, that every context length is at most `max_blocks * block_size` of
+/// the block tables, and that every row-to-sequence index is below the block tables' rows.
 #[allow(clippy::too_many_arguments)]
-pub fn paged_attention(
+pub unsafe fn paged_attention(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
@@ -120,23 +136,32 @@ pub fn paged_attention(
     max_context_len: usize,
     scale: f32,
 ) -> Result<Tensor> {
-    paged_attention_planned(
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        row_seq,
-        context_lens,
-        plan_for(q, k_cache, max_context_len)?,
-        CacheWrites::Anywhere,
-        scale,
-    )
+    unsafe {
+        paged_attention_planned(
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            row_seq,
+            context_lens,
+            plan_for(q, k_cache, max_context_len)?,
+            CacheWrites::Anywhere,
+            scale,
+        )
+    }
 }
 
 /// [`paged_attention`] writing into `out` (`q`'s shape and dtype) with caller-owned scratch space,
 /// for a stream where the kernel before writes the caches only as `writes` says.
+///
+/// # Safety
+/// The kernel trusts the device-side indices it is given; their values are not checked (that
+/// would cost a copy to the host each call). The caller guarantees that every block id a row
+/// reads (the first `ceil(context_len / block_size)` entries of its block-table row) is below
+/// the caches' `num_blocks`, that every context length is at most `max_blocks * block_size` of
+/// the block tables, and that every row-to-sequence index is below the block tables' rows.
 #[allow(clippy::too_many_arguments)]
-pub fn paged_attention_into(
+pub unsafe fn paged_attention_into(
     out: &Tensor,
     ws: &DecodeWorkspace,
     q: &Tensor,
@@ -150,26 +175,35 @@ pub fn paged_attention_into(
     scale: f32,
 ) -> Result<()> {
     let plan = plan_for(q, k_cache, max_context_len)?;
-    paged_attention_planned_into(
-        out,
-        ws,
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        row_seq,
-        context_lens,
-        plan,
-        writes,
-        scale,
-    )
+    unsafe {
+        paged_attention_planned_into(
+            out,
+            ws,
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            row_seq,
+            context_lens,
+            plan,
+            writes,
+            scale,
+        )
+    }
 }
 
 /// [`paged_attention`] with a given `(splits, chunk)` plan (see [`graph_split_plan`]) instead of
 /// one derived from the longest context (what a CUDA graph captures), for a stream where the
 /// kernel before writes the caches only as `writes` says.
+///
+/// # Safety
+/// The kernel trusts the device-side indices it is given; their values are not checked (that
+/// would cost a copy to the host each call). The caller guarantees that every block id a row
+/// reads (the first `ceil(context_len / block_size)` entries of its block-table row) is below
+/// the caches' `num_blocks`, that every context length is at most `max_blocks * block_size` of
+/// the block tables, and that every row-to-sequence index is below the block tables' rows.
 #[allow(clippy::too_many_arguments)]
-pub fn paged_attention_planned(
+pub unsafe fn paged_attention_planned(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
@@ -184,26 +218,35 @@ pub fn paged_attention_planned(
     let out = crate::empty(q.shape(), q.dtype(), q.device())?;
     let (rows, heads, head_dim) = q.dims3()?;
     let ws = DecodeWorkspace::new(rows, heads, plan.0, head_dim, q.device())?;
-    paged_attention_planned_into(
-        &out,
-        &ws,
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        row_seq,
-        context_lens,
-        plan,
-        writes,
-        scale,
-    )?;
+    unsafe {
+        paged_attention_planned_into(
+            &out,
+            &ws,
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            row_seq,
+            context_lens,
+            plan,
+            writes,
+            scale,
+        )
+    }?;
     Ok(out)
 }
 
 /// [`paged_attention_planned`] writing into `out` with caller-owned scratch space (`ws` must hold
 /// the plan's splits).
+///
+/// # Safety
+/// The kernel trusts the device-side indices it is given; their values are not checked (that
+/// would cost a copy to the host each call). The caller guarantees that every block id a row
+/// reads (the first `ceil(context_len / block_size)` entries of its block-table row) is below
+/// the caches' `num_blocks`, that every context length is at most `max_blocks * block_size` of
+/// the block tables, and that every row-to-sequence index is below the block tables' rows.
 #[allow(clippy::too_many_arguments)]
-pub fn paged_attention_planned_into(
+pub unsafe fn paged_attention_planned_into(
     out: &Tensor,
     ws: &DecodeWorkspace,
     q: &Tensor,

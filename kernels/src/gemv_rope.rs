@@ -38,7 +38,13 @@ pub struct RopeCacheTarget<'a> {
 /// rows, then k, then v), with q and k rotated, k and v written into the caches at each row's
 /// slot, and the rotated q returned (`[rows, heads, head_dim]`). `x` is `[rows, k]`; all f16 or
 /// bf16, contiguous, on one GPU, and within [`gemv_fits`].
-pub fn gemv_rope_cache(
+///
+/// # Safety
+/// The kernel trusts the device-side indices it is given; their values are not checked (that
+/// would cost a copy to the host each call). The caller guarantees that every slot in the slot
+/// mapping is -1 or below `num_blocks * block_size` of the caches, that no two tokens of one
+/// call share a slot, and that every position is below the rows of the rotary tables.
+pub unsafe fn gemv_rope_cache(
     x: &Tensor,
     w: &Tensor,
     norm_weight: &Tensor,

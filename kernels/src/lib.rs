@@ -3,7 +3,9 @@
 //! K/V through block tables, GQA, split-KV), varlen prefill attention on tensor cores
 //! (`prefill.rs`) and sampling (`sampling.rs`: argmax or a seeded Gumbel-max draw per row). Every
 //! dtype, shape, contiguity and device is checked before a launch, with a message naming the
-//! argument at fault.
+//! argument at fault. What cannot be checked without copying it to the host, the values of
+//! device-side indices (slot mappings, block tables, context lengths, positions), is the caller's
+//! promise: the functions that take them are `unsafe fn`, each with its contract under "Safety".
 //!
 //! Compiled only with the app's `cuda` feature; kernels/build.rs builds kernels/csrc with nvcc.
 
@@ -184,7 +186,13 @@ pub(crate) fn check_launch(code: i32, what: &str) -> Result<()> {
 /// Writes `key`, `value` (`[tokens, kv_heads, head_dim]`) into `k_cache`, `v_cache`
 /// (`[num_blocks, block_size, kv_heads, head_dim]`) at `slot_mapping` (`[tokens]`, i64; a negative
 /// slot skips its token). The caches are modified in place.
-pub fn reshape_and_cache(
+///
+/// # Safety
+/// The kernel trusts the device-side indices it is given; their values are not checked (that
+/// would cost a copy to the host each call). The caller guarantees that every slot in
+/// `slot_mapping` is -1 or below `num_blocks * block_size` of the caches, and that no two tokens
+/// of one call share a slot.
+pub unsafe fn reshape_and_cache(
     key: &Tensor,
     value: &Tensor,
     k_cache: &Tensor,

@@ -50,7 +50,14 @@ impl PrefillKernel {
 /// [`reshape_and_cache`]) through `block_tables`. Writes those rows of `out` (`q`'s shape,
 /// `[tokens, heads, head_dim]`) in place and leaves the other rows alone. Runs
 /// [`PrefillKernel::from_env`].
-pub fn paged_prefill_attention(
+///
+/// # Safety
+/// The kernel trusts the device-side indices it is given; their values are not checked (that
+/// would cost a copy to the host each call). The caller guarantees that every block id a row
+/// reads (the first `ceil(context_len / block_size)` entries of its block-table row) is below
+/// the caches' `num_blocks`, that every context length is at most `max_blocks * block_size` of
+/// the block tables, and that every row-to-sequence index is below the block tables' rows.
+pub unsafe fn paged_prefill_attention(
     out: &Tensor,
     q: &Tensor,
     k_cache: &Tensor,
@@ -60,12 +67,21 @@ pub fn paged_prefill_attention(
     scale: f32,
 ) -> Result<()> {
     let kernel = PrefillKernel::from_env();
-    paged_prefill_attention_with(kernel, out, q, k_cache, v_cache, block_tables, seqs, scale)
+    unsafe {
+        paged_prefill_attention_with(kernel, out, q, k_cache, v_cache, block_tables, seqs, scale)
+    }
 }
 
 /// [`paged_prefill_attention`] with the kernel named.
+///
+/// # Safety
+/// The kernel trusts the device-side indices it is given; their values are not checked (that
+/// would cost a copy to the host each call). The caller guarantees that every block id a row
+/// reads (the first `ceil(context_len / block_size)` entries of its block-table row) is below
+/// the caches' `num_blocks`, that every context length is at most `max_blocks * block_size` of
+/// the block tables, and that every row-to-sequence index is below the block tables' rows.
 #[allow(clippy::too_many_arguments)]
-pub fn paged_prefill_attention_with(
+pub unsafe fn paged_prefill_attention_with(
     kernel: PrefillKernel,
     out: &Tensor,
     q: &Tensor,

@@ -26,7 +26,13 @@ pub struct QkvRope<'a> {
 /// Rotates q and k of `x`, writes the rotated k and the v of each token into the paged caches
 /// (`[blocks, block_size, kv_heads, head_dim]`) at its slot (`slot_mapping`, i64, -1 = skip), and
 /// returns the rotated q, `[tokens, heads, head_dim]`.
-pub fn rope_qkv_cache(
+///
+/// # Safety
+/// The kernel trusts the device-side indices it is given; their values are not checked (that
+/// would cost a copy to the host each call). The caller guarantees that every slot in the slot
+/// mapping is -1 or below `num_blocks * block_size` of the caches, that no two tokens of one
+/// call share a slot, and that every position is below the rows of the rotary tables.
+pub unsafe fn rope_qkv_cache(
     x: &QkvRope<'_>,
     k_cache: &Tensor,
     v_cache: &Tensor,

@@ -78,7 +78,7 @@ fn case(
         .unwrap();
     let (kc, vc) = (poison.copy().unwrap(), poison.copy().unwrap());
     let slot_t = Tensor::from_vec(slots, tokens, &dev).unwrap();
-    reshape_and_cache(&k, &v, &kc, &vc, &slot_t).unwrap();
+    unsafe { reshape_and_cache(&k, &v, &kc, &vc, &slot_t) }.unwrap();
     let bt = Tensor::from_vec(tables, (ctx_lens.len(), max_blocks), &dev).unwrap();
     let cl = Tensor::from_vec(
         ctx_lens.iter().map(|&c| c as i32).collect::<Vec<_>>(),
@@ -88,14 +88,15 @@ fn case(
     .unwrap();
     let scale = 1.0 / (head_dim as f32).sqrt();
     let max_ctx = *ctx_lens.iter().max().unwrap();
-    let out = paged_decode_attention(&q, &kc, &vc, &bt, &cl, max_ctx, scale).unwrap();
+    let out = unsafe { paged_decode_attention(&q, &kc, &vc, &bt, &cl, max_ctx, scale) }.unwrap();
     let got = host_f32(&out);
     // The same with K/V copied before the wait on the kernel before (all of it has ended here):
     // the same values, bit for bit.
     dev.synchronize().unwrap();
     let plan = plan_for(&q, &kc, max_ctx).unwrap();
     let writes = CacheWrites::LastPosition;
-    let early = paged_attention_planned(&q, &kc, &vc, &bt, None, &cl, plan, writes, scale);
+    let early =
+        unsafe { paged_attention_planned(&q, &kc, &vc, &bt, None, &cl, plan, writes, scale) };
     assert_eq!(
         host_f32(&early.unwrap()),
         got,
@@ -180,18 +181,18 @@ fn bad_arguments_are_refused_clearly() {
     let kc = Tensor::zeros((4, 16, 2, 96), DType::BF16, &dev).unwrap();
     let bt = Tensor::zeros((2, 1), DType::I32, &dev).unwrap();
     let cl = Tensor::zeros(2, DType::I32, &dev).unwrap();
-    let err = paged_decode_attention(&q, &kc, &kc, &bt, &cl, 16, 1.0)
+    let err = unsafe { paged_decode_attention(&q, &kc, &kc, &bt, &cl, 16, 1.0) }
         .unwrap_err()
         .to_string();
     assert!(err.contains("head_dim 96"), "{err}");
     let q = Tensor::zeros((2, 8, 64), DType::F32, &dev).unwrap();
     let kc = Tensor::zeros((4, 16, 2, 64), DType::BF16, &dev).unwrap();
-    let err = paged_decode_attention(&q, &kc, &kc, &bt, &cl, 16, 1.0)
+    let err = unsafe { paged_decode_attention(&q, &kc, &kc, &bt, &cl, 16, 1.0) }
         .unwrap_err()
         .to_string();
     assert!(err.contains("k_cache is BF16 but q is F32"), "{err}");
     let cpu = Tensor::zeros((2, 8, 64), DType::BF16, &Device::Cpu).unwrap();
-    let err = paged_decode_attention(&cpu, &kc, &kc, &bt, &cl, 16, 1.0)
+    let err = unsafe { paged_decode_attention(&cpu, &kc, &kc, &bt, &cl, 16, 1.0) }
         .unwrap_err()
         .to_string();
     assert!(err.contains("CUDA"), "{err}");
@@ -325,9 +326,12 @@ impl Setup {
             Ok("0") => CacheWrites::Anywhere,
             _ => CacheWrites::LastPosition,
         };
-        paged_attention_planned_into(
-            &self.out, &self.ws, &self.q, kc, vc, &self.bt, None, &self.cl, self.plan, writes, 0.1,
-        )
+        unsafe {
+            paged_attention_planned_into(
+                &self.out, &self.ws, &self.q, kc, vc, &self.bt, None, &self.cl, self.plan, writes,
+                0.1,
+            )
+        }
         .unwrap()
     }
 }

@@ -67,13 +67,15 @@ fn case(
         .to_dtype(dtype)
         .unwrap();
     let (kc, vc) = (poison.copy().unwrap(), poison.copy().unwrap());
-    reshape_and_cache(
-        &k,
-        &v,
-        &kc,
-        &vc,
-        &Tensor::from_vec(slots, all, &dev).unwrap(),
-    )
+    unsafe {
+        reshape_and_cache(
+            &k,
+            &v,
+            &kc,
+            &vc,
+            &Tensor::from_vec(slots, all, &dev).unwrap(),
+        )
+    }
     .unwrap();
 
     // Query rows: the chunks back to back, after 3 leading rows that belong to nobody.
@@ -110,7 +112,7 @@ fn case(
         table_row: &tr,
         max_q_len: seqs.iter().map(|s| s.1).max().unwrap(),
     };
-    paged_prefill_attention_with(kernel, &out, &q, &kc, &vc, &bt, &meta, scale).unwrap();
+    unsafe { paged_prefill_attention_with(kernel, &out, &q, &kc, &vc, &bt, &meta, scale) }.unwrap();
     let got = host_f32(&out);
     assert!(
         got[..lead * heads * d].iter().all(|x| x.is_nan()),
@@ -180,7 +182,8 @@ fn a_float32_prefill_is_refused_clearly() {
         table_row: &i,
         max_q_len: 1,
     };
-    let err = paged_prefill_attention(&q, &q, &cache, &cache, &bt, &meta, 1.0).unwrap_err();
+    let err =
+        unsafe { paged_prefill_attention(&q, &q, &cache, &cache, &bt, &meta, 1.0) }.unwrap_err();
     assert!(err.to_string().contains("f16 or bf16"), "{err}");
 }
 
@@ -222,8 +225,10 @@ fn prefill_speed() {
     let flops = (4 * d * heads * seqs * len * (len + 1) / 2) as f64;
     let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
     for kernel in [PrefillKernel::Wmma, PrefillKernel::Mma] {
-        let run =
-            || paged_prefill_attention_with(kernel, &out, &q, &kc, &vc, &bt, &meta, 0.088).unwrap();
+        let run = || {
+            unsafe { paged_prefill_attention_with(kernel, &out, &q, &kc, &vc, &bt, &meta, 0.088) }
+                .unwrap()
+        };
         for _ in 0..3 {
             run();
         }

@@ -56,7 +56,8 @@ fn rope_qkv_cache_rotates_q_and_writes_the_cache_at_each_slot() {
                 sin: &sin,
                 interleaved,
             };
-            let q = pagewise_kernels::rope_qkv_cache(&x, &k_cache, &v_cache, &slots).unwrap();
+            let q = unsafe { pagewise_kernels::rope_qkv_cache(&x, &k_cache, &v_cache, &slots) }
+                .unwrap();
             assert_eq!(q.dims(), [tokens, heads, d]);
             let (src, c, s) = (host_f32(&qkv), host_f32(&cos), host_f32(&sin));
             let (q, kc, vc) = (host_f32(&q), host_f32(&k_cache), host_f32(&v_cache));
@@ -158,7 +159,7 @@ fn gemv_rope_cache_equals_the_gemv_then_rope_and_cache() {
                 sin: &sin,
                 interleaved,
             };
-            let want_q = rope_qkv_cache(&rope, &want_k, &want_v, &slots).unwrap();
+            let want_q = unsafe { rope_qkv_cache(&rope, &want_k, &want_v, &slots) }.unwrap();
 
             let (got_k, got_v) = (cache(&k0), cache(&v0));
             let target = RopeCacheTarget {
@@ -172,7 +173,7 @@ fn gemv_rope_cache_equals_the_gemv_then_rope_and_cache() {
                 v_cache: &got_v,
                 slot_mapping: &slots,
             };
-            let got_q = gemv_rope_cache(&x, &w, &g, 1e-5, &target).unwrap();
+            let got_q = unsafe { gemv_rope_cache(&x, &w, &g, 1e-5, &target) }.unwrap();
             assert_eq!(host_f32(&got_q), host_f32(&want_q), "{case}: q");
             assert_eq!(host_f32(&got_k), host_f32(&want_k), "{case}: k cache");
             assert_eq!(host_f32(&got_v), host_f32(&want_v), "{case}: v cache");
@@ -208,7 +209,7 @@ fn gemv_rope_cache_equals_the_gemv_then_rope_and_cache() {
                 v_cache: &got_v,
                 ..target
             };
-            let got_q = gemv_rope_cache(&x, &w, &g, 1e-5, &target).unwrap();
+            let got_q = unsafe { gemv_rope_cache(&x, &w, &g, 1e-5, &target) }.unwrap();
             assert_eq!(
                 host_f32(&got_q),
                 host_f32(&want_q),
@@ -241,8 +242,9 @@ fn gemv_rope_cache_equals_the_gemv_then_rope_and_cache() {
         v_cache: &kc,
         slot_mapping: &slots,
     };
-    let err = pagewise_kernels::gemv_rope_cache(&x, &z(&[7 * 64, 64]), &g, 1e-5, &target)
-        .unwrap_err()
-        .to_string();
+    let err =
+        unsafe { pagewise_kernels::gemv_rope_cache(&x, &z(&[7 * 64, 64]), &g, 1e-5, &target) }
+            .unwrap_err()
+            .to_string();
     assert!(err.contains("heads"), "{err}");
 }

@@ -19,13 +19,17 @@ pub(super) fn attend(
     meta: &DeviceAttentionMeta,
     scale: f32,
 ) -> candle_core::Result<Tensor> {
-    pagewise_kernels::reshape_and_cache(
-        &k.contiguous()?,
-        &v.contiguous()?,
-        k_cache,
-        v_cache,
-        &meta.slot_mapping,
-    )?;
+    // SAFETY: the indices come from the scheduler's plan (ForwardBatch): block ids below the
+    // cache's num_blocks, distinct slots within a step, contexts within each block-table row.
+    unsafe {
+        pagewise_kernels::reshape_and_cache(
+            &k.contiguous()?,
+            &v.contiguous()?,
+            k_cache,
+            v_cache,
+            &meta.slot_mapping,
+        )
+    }?;
     attend_cached(k_cache, v_cache, q, meta, scale)
 }
 
@@ -49,28 +53,36 @@ pub(super) fn attend_cached(
                 table_row: &p.table_row,
                 max_q_len: p.max_q_len,
             };
-            pagewise_kernels::paged_prefill_attention(
-                &out,
-                &q,
-                k_cache,
-                v_cache,
-                &meta.block_tables,
-                &seqs,
-                scale,
-            )?;
+            // SAFETY: the indices come from the scheduler's plan (ForwardBatch): block ids below the
+            // cache's num_blocks, distinct slots within a step, contexts within each block-table row.
+            unsafe {
+                pagewise_kernels::paged_prefill_attention(
+                    &out,
+                    &q,
+                    k_cache,
+                    v_cache,
+                    &meta.block_tables,
+                    &seqs,
+                    scale,
+                )
+            }?;
             match &meta.decode {
                 // The decode rows of `out` are still zero: adding their results sets them.
                 Some(d) => {
-                    let decoded = pagewise_kernels::paged_attention(
-                        &q.index_select(&d.index, 0)?,
-                        k_cache,
-                        v_cache,
-                        &meta.block_tables,
-                        Some(&d.row_seq),
-                        &d.context_lens,
-                        d.max_context_len,
-                        scale,
-                    )?;
+                    // SAFETY: the indices come from the scheduler's plan (ForwardBatch): block ids below the
+                    // cache's num_blocks, distinct slots within a step, contexts within each block-table row.
+                    let decoded = unsafe {
+                        pagewise_kernels::paged_attention(
+                            &q.index_select(&d.index, 0)?,
+                            k_cache,
+                            v_cache,
+                            &meta.block_tables,
+                            Some(&d.row_seq),
+                            &d.context_lens,
+                            d.max_context_len,
+                            scale,
+                        )
+                    }?;
                     out.index_add(&d.index, &decoded, 0)?
                 }
                 None => out,
@@ -81,17 +93,21 @@ pub(super) fn attend_cached(
                 Some(plan) => plan,
                 None => pagewise_kernels::plan_for(&q, k_cache, meta.max_context_len)?,
             };
-            pagewise_kernels::paged_attention_planned(
-                &q,
-                k_cache,
-                v_cache,
-                &meta.block_tables,
-                Some(&meta.row_seq),
-                &meta.context_lens,
-                plan,
-                cache_writes(meta),
-                scale,
-            )?
+            // SAFETY: the indices come from the scheduler's plan (ForwardBatch): block ids below the
+            // cache's num_blocks, distinct slots within a step, contexts within each block-table row.
+            unsafe {
+                pagewise_kernels::paged_attention_planned(
+                    &q,
+                    k_cache,
+                    v_cache,
+                    &meta.block_tables,
+                    Some(&meta.row_seq),
+                    &meta.context_lens,
+                    plan,
+                    cache_writes(meta),
+                    scale,
+                )
+            }?
         }
     };
     out.reshape((tokens, heads * head_dim))

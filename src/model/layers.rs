@@ -267,7 +267,11 @@ impl Rotary {
             v_cache,
             slot_mapping,
         };
-        pagewise_kernels::gemv_rope_cache(x, w, norm.weight(), norm.eps() as f32, &target)
+        // SAFETY: the indices come from the scheduler's plan (ForwardBatch): block ids below the
+        // cache's num_blocks, distinct slots within a step, contexts within each block-table row.
+        unsafe {
+            pagewise_kernels::gemv_rope_cache(x, w, norm.weight(), norm.eps() as f32, &target)
+        }
     }
 }
 
@@ -298,7 +302,9 @@ impl RotaryRows {
             sin: &self.sin,
             interleaved: self.interleaved,
         };
-        pagewise_kernels::rope_qkv_cache(&x, k_cache, v_cache, slot_mapping)
+        // SAFETY: the indices come from the scheduler's plan (ForwardBatch): block ids below the
+        // cache's num_blocks, distinct slots within a step, contexts within each block-table row.
+        unsafe { pagewise_kernels::rope_qkv_cache(&x, k_cache, v_cache, slot_mapping) }
     }
 
     /// Rotates `x` (`[tokens, heads, head_dim]`, contiguous).

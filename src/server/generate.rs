@@ -4,8 +4,8 @@
 use std::convert::Infallible;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use futures_util::stream::{self, BoxStream};
@@ -17,7 +17,7 @@ use super::error::ApiError;
 use super::metrics::RequestTimer;
 use super::responses::{
     ChatChoice, ChatCompletionResponse, ChatLogprobs, ChatMessageOut, ChatTokenLogprob,
-    CompletionChoice, CompletionLogprobs, CompletionResponse, Usage,
+    CompletionChoice, CompletionLogprobs, CompletionResponse, TopLogprob, Usage,
 };
 use crate::engine::handle::{GenerateRequest, StreamEvent};
 use crate::engine::request::SamplingParams;
@@ -124,16 +124,23 @@ fn token_text(state: &AppState, id: u32) -> String {
 fn chat_logprob(state: &AppState, id: u32, lp: &Logprobs) -> ChatTokenLogprob {
     let entry = |id: u32, logprob: f32| {
         let token = token_text(state, id);
-        ChatTokenLogprob {
+        TopLogprob {
             bytes: token.as_bytes().to_vec(),
             token,
             logprob,
-            top_logprobs: Vec::new(),
         }
     };
-    let mut e = entry(id, lp.logprob);
-    e.top_logprobs = lp.top.iter().map(|&(t, l)| entry(t, l)).collect();
-    e
+    let TopLogprob {
+        token,
+        logprob,
+        bytes,
+    } = entry(id, lp.logprob);
+    ChatTokenLogprob {
+        token,
+        logprob,
+        bytes,
+        top_logprobs: lp.top.iter().map(|&(t, l)| entry(t, l)).collect(),
+    }
 }
 
 /// Accumulates one choice's completion for the non-streaming response.

@@ -74,7 +74,13 @@ impl Doc {
         let body = self.json_content::<Req>();
         let mut ok = self.json_content::<Resp>();
         if streams {
-            ok["text/event-stream"] = json!({"schema": {"type": "string"}});
+            // Each event's data: a chunk of `Resp`'s shape with `delta`s (chat) or text pieces,
+            // an error object, or the final `[DONE]`.
+            ok["text/event-stream"] = json!({"schema": {
+                "type": "object",
+                "properties": {"data": {"type": "string"}},
+                "required": ["data"],
+            }});
         }
         let mut responses = self.errors(&[400, 401, 404, 413, 415, 500, 503], overload);
         responses.insert("200".into(), json!({"description": "OK", "content": ok}));

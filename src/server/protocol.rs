@@ -44,21 +44,29 @@ pub struct StreamOptions {
 /// Sampling fields shared by both endpoints (OpenAI's plus vLLM's extensions).
 #[derive(Clone, Debug, Default, Deserialize, JsonSchema)]
 pub struct SamplingFields {
-    /// Completions per prompt.
+    /// Completions per prompt (at most `--max-num-seqs` in all).
+    #[schemars(range(min = 1))]
     pub n: Option<usize>,
     /// Temperature.
+    #[schemars(range(min = 0.0))]
     pub temperature: Option<f32>,
-    /// Nucleus mass.
+    /// Nucleus mass, in (0, 1].
+    #[schemars(range(min = 0.001, max = 1.0))]
     pub top_p: Option<f32>,
     /// Top-k (-1 or 0: off).
+    #[schemars(range(min = -1))]
     pub top_k: Option<i32>,
     /// Min-p.
+    #[schemars(range(min = 0.0, max = 1.0))]
     pub min_p: Option<f32>,
     /// Presence penalty.
+    #[schemars(range(min = -2.0, max = 2.0))]
     pub presence_penalty: Option<f32>,
     /// Frequency penalty.
+    #[schemars(range(min = -2.0, max = 2.0))]
     pub frequency_penalty: Option<f32>,
-    /// Repetition penalty.
+    /// Repetition penalty (> 0; 1 is off).
+    #[schemars(range(min = 0.01))]
     pub repetition_penalty: Option<f32>,
     /// Token id (as a string key) -> bias.
     pub logit_bias: Option<BTreeMap<String, f32>>,
@@ -68,7 +76,8 @@ pub struct SamplingFields {
     pub stop_token_ids: Option<Vec<u32>>,
     /// Seed.
     pub seed: Option<u64>,
-    /// Output length limit.
+    /// Output length limit (prompt + output within the context).
+    #[schemars(range(min = 1))]
     pub max_tokens: Option<usize>,
     /// Tokens before EOS/stop ids may end the output.
     pub min_tokens: Option<usize>,
@@ -96,6 +105,7 @@ pub struct CompletionRequest {
     /// The prompt(s).
     pub prompt: PromptInput,
     /// Logprobs: how many alternatives per token.
+    #[schemars(range(max = 20))]
     pub logprobs: Option<usize>,
     /// Prepend the prompt to the returned text.
     #[serde(default)]
@@ -125,6 +135,7 @@ pub struct ChatRequest {
     #[serde(default)]
     pub logprobs: bool,
     /// Alternatives per token when `logprobs`.
+    #[schemars(range(max = 20))]
     pub top_logprobs: Option<usize>,
     /// Append the assistant prompt (default true).
     pub add_generation_prompt: Option<bool>,

@@ -149,8 +149,19 @@ pub struct ChatTokenLogprob {
     pub logprob: f32,
     /// Its UTF-8 bytes.
     pub bytes: Vec<u8>,
-    /// The alternatives (empty for an alternative itself).
-    pub top_logprobs: Vec<ChatTokenLogprob>,
+    /// The most likely alternatives.
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// An alternative token at one position.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct TopLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// Its UTF-8 bytes.
+    pub bytes: Vec<u8>,
 }
 
 /// GET /v1/models

@@ -12,8 +12,8 @@ use super::error::ApiError;
 use super::generate::{Flavor, Job, Prompt, respond_json, respond_sse};
 use super::protocol::{ChatRequest, CompletionRequest, PromptInput, SamplingFields};
 use super::responses::{
-    DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest,
-    TokenizeResponse, VersionResponse,
+    DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
+    VersionResponse,
 };
 use crate::engine::request::{MAX_LOGPROBS, check_num_seqs};
 
