@@ -1,9 +1,22 @@
-# pagewise with CUDA: build in the CUDA devel image, run in the CUDA runtime image.
-#   docker build -t pagewise .
-#   docker run --gpus all -p 8000:8000 -v hf-cache:/data/hf pagewise serve org/name
-# A CPU-only image: build with --build-arg FEATURES= and run on any host.
+# pagewise as a container image. Two ways to get the binary in:
+#
+#   runtime (default target): compiled inside the image, in the CUDA devel image, for real
+#   deployments:
+#     docker build -t pagewise .
+#     docker run --gpus all -p 8000:8000 -v pagewise-data:/data pagewise serve org/name
+#   A CPU-only image: --build-arg FEATURES= (and any Debian/Ubuntu base images below).
+#
+#   prebuilt: packages a `pagewise` binary built outside the image, copied to dist/pagewise first
+#   (what CI does: rustup is unreachable there). Same runtime layout, user, healthcheck:
+#     cp target/release/pagewise dist/ && docker build --target prebuilt -t pagewise .
+#
+# Base images are build arguments; the defaults are NVIDIA's CUDA images. The runtime base needs
+# apt (Debian or Ubuntu).
 ARG CUDA_VERSION=13.0.0
-FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04 AS build
+ARG BUILD_IMAGE=nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04
+ARG RUNTIME_IMAGE=nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04
+
+FROM ${BUILD_IMAGE} AS build
 ARG FEATURES=cuda
 ARG CUDA_COMPUTE_CAP=90
 ENV CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP} PATH=/root/.cargo/bin:${PATH}
@@ -11,20 +24,42 @@ RUN apt-get update && apt-get install -y --no-install-recommends curl ca-certifi
     && rm -rf /var/lib/apt/lists/* \
     && curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain 1.95.0
 WORKDIR /src
+# Dependency layer: only the manifests, with empty targets, so a source change does not
+# re-download and re-build every crate.
+COPY Cargo.toml Cargo.lock rust-toolchain.toml ./
+COPY .cargo .cargo
+COPY kernels/Cargo.toml kernels/Cargo.toml
+RUN mkdir -p src benches kernels/src \
+    && echo 'fn main() {}' > src/main.rs && touch src/lib.rs kernels/src/lib.rs \
+    && for b in scheduler_step hot_paths; do echo 'fn main() {}' > benches/$b.rs; done \
+    && cargo fetch --locked
 COPY . .
 RUN cargo build --release --locked --features "${FEATURES}" --bin pagewise \
     && strip target/release/pagewise
 
-FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04
+# What every final image has: a non-root user, the data volume (model cache), the healthcheck.
+FROM ${RUNTIME_IMAGE} AS base
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates curl python3 python3-pip \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --create-home --uid 10001 pagewise && mkdir -p /data/hf && chown pagewise /data/hf
-COPY --from=build /src/target/release/pagewise /usr/local/bin/pagewise
+    && useradd --create-home --uid 10001 pagewise \
+    && mkdir -p /data/hf /data/pagewise && chown -R pagewise /data
 USER pagewise
-# MALLOC_ARENA_MAX=2: glibc keeps one arena per thread otherwise, and RSS creeps with each high-water mark.
-ENV HF_HOME=/data/hf PAGEWISE_HOST=0.0.0.0 PAGEWISE_PORT=8000 MALLOC_ARENA_MAX=2
-VOLUME ["/data/hf"]
+# HF_HOME and PAGEWISE_CACHE_DIR on the volume: downloaded models survive the container.
+# MALLOC_ARENA_MAX=2: glibc keeps one arena per thread otherwise, and RSS creeps with each
+# high-water mark (benches/RESULTS.md, the soak).
+ENV HF_HOME=/data/hf PAGEWISE_CACHE_DIR=/data/pagewise PAGEWISE_HOST=0.0.0.0 PAGEWISE_PORT=8000 \
+    MALLOC_ARENA_MAX=2
+VOLUME ["/data"]
 EXPOSE 8000
+# /health is 503 once the engine has died (the process then exits 1 as well).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s CMD curl -fsS http://localhost:8000/health || exit 1
+# SIGTERM drains: /ready turns 503, in-flight requests finish (up to --shutdown-timeout), exit 0.
+STOPSIGNAL SIGTERM
 ENTRYPOINT ["pagewise"]
 CMD ["serve"]
+
+FROM base AS prebuilt
+COPY --chown=root:root dist/pagewise /usr/local/bin/pagewise
+
+FROM base AS runtime
+COPY --from=build /src/target/release/pagewise /usr/local/bin/pagewise
