@@ -24,17 +24,19 @@ RUN apt-get update && apt-get install -y --no-install-recommends curl ca-certifi
     && rm -rf /var/lib/apt/lists/* \
     && curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain 1.95.0
 WORKDIR /src
-# Dependency layer: only the manifests, with empty targets, so a source change does not
-# re-download and re-build every crate.
+# Dependency layer: the manifests, the kernels crate (it changes rarely) and an empty app, built
+# once, so a change to the app's sources rebuilds only the app.
 COPY Cargo.toml Cargo.lock rust-toolchain.toml ./
 COPY .cargo .cargo
-COPY kernels/Cargo.toml kernels/Cargo.toml
-RUN mkdir -p src benches kernels/src \
-    && echo 'fn main() {}' > src/main.rs && touch src/lib.rs kernels/src/lib.rs \
+COPY kernels kernels
+RUN mkdir -p src benches \
+    && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
     && for b in scheduler_step hot_paths; do echo 'fn main() {}' > benches/$b.rs; done \
-    && cargo fetch --locked
+    && cargo build --release --locked --features "${FEATURES}" --bin pagewise
 COPY . .
-RUN cargo build --release --locked --features "${FEATURES}" --bin pagewise \
+# COPY keeps the sources' own times, which may be older than the placeholders': touch them.
+RUN touch src/main.rs src/lib.rs \
+    && cargo build --release --locked --features "${FEATURES}" --bin pagewise \
     && strip target/release/pagewise
 
 # What every final image has: a non-root user, the data volume (model cache), the healthcheck.
