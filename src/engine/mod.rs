@@ -4,6 +4,7 @@ pub mod args;
 pub mod core;
 pub mod detokenizer;
 pub mod device;
+mod engine_thread;
 #[cfg(feature = "fault-injection")]
 pub mod faults;
 pub mod handle;
