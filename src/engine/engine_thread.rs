@@ -77,8 +77,8 @@ impl EngineThread {
             let _ = route.events.send(StreamEvent::Error(failure.clone()));
         }
         // Submissions still in the channel: dropping their `accepted` refuses them (EngineDead).
+        // (The queued count is left as it is: submit checks for death before it counts.)
         while self.rx.try_recv().is_ok() {}
-        self.queued.store(0, Ordering::Release);
         self.stats.num_running.store(0, Ordering::Release);
         self.stats.num_waiting.store(0, Ordering::Release);
     }
