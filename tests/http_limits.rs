@@ -152,3 +152,40 @@ async fn messages_need_known_roles_and_a_bounded_count() {
     }
     assert_still_serving(&base).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openapi_document_describes_the_routes_and_the_limits() {
+    let (base, _) = start_with(vec![], 0, 4).await;
+    let doc = get_json(&base, "/openapi.json").await;
+    assert_eq!(doc["openapi"], "3.1.0");
+    for path in [
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/models",
+        "/tokenize",
+        "/detokenize",
+        "/health",
+        "/ready",
+        "/metrics",
+    ] {
+        assert!(doc["paths"][path].is_object(), "{path} missing");
+    }
+    let completions = &doc["paths"]["/v1/completions"]["post"];
+    for status in ["200", "400", "429", "503"] {
+        assert!(completions["responses"][status].is_object(), "{status}");
+    }
+    let schemas = &doc["components"]["schemas"];
+    // Generated from the Rust types, with the served model's limits added.
+    let props = &schemas["CompletionRequest"]["properties"];
+    assert_eq!(props["n"]["maximum"], 4);
+    assert_eq!(props["max_tokens"]["maximum"], 256);
+    assert_eq!(schemas["PromptInput"]["anyOf"][2]["items"]["maximum"], 319);
+    assert_eq!(
+        schemas["ChatRequest"]["properties"]["messages"]["maxItems"],
+        2048
+    );
+    let roles = &schemas["Role"];
+    assert!(roles.to_string().contains("developer"), "{roles}");
+    assert!(schemas["ChatCompletionResponse"]["properties"]["usage"].is_object());
+    assert!(schemas["ErrorDetail"]["properties"]["type"].is_object());
+}

@@ -1,7 +1,8 @@
 //! GET /openapi.json: an OpenAPI 3.1 document of the HTTP API. Every request and response schema
 //! is generated from the Rust types the handlers use ([`super::protocol`], [`super::responses`])
-//! by `schemars`; only the list of routes and their status codes is written here. Fuzzers
-//! (schemathesis, in CI) check the live server against it.
+//! by `schemars`; only the list of routes and their status codes is written here, and the limits
+//! of the served model (context length, vocabulary, `--max-num-seqs`) are added to the generated
+//! schemas. Fuzzers (schemathesis, in CI) check the live server against it.
 
 use schemars::generate::SchemaSettings;
 use schemars::{JsonSchema, SchemaGenerator};
@@ -12,6 +13,9 @@ use super::responses::{
     ChatCompletionResponse, CompletionResponse, DetokenizeRequest, DetokenizeResponse,
     ErrorResponse, ModelList, TokenizeRequest, TokenizeResponse, VersionResponse,
 };
+use super::routes::MAX_MESSAGES;
+use crate::engine::handle::ModelInfo;
+use crate::engine::request::{MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS};
 
 /// Statuses every guarded route may answer with an error body.
 const ERRORS: [(u16, &str); 7] = [
@@ -103,8 +107,101 @@ impl Doc {
     }
 }
 
-/// The whole document.
-pub fn document() -> Value {
+/// Sets `key: value` on the schema at `pointer` (within `components.schemas`), if it exists.
+fn limit(schemas: &mut Map<String, Value>, pointer: &str, key: &str, value: Value) {
+    let mut root = Value::Object(std::mem::take(schemas));
+    if let Some(Value::Object(schema)) = root.pointer_mut(pointer) {
+        schema.insert(key.to_string(), value);
+    }
+    if let Value::Object(map) = root {
+        *schemas = map;
+    }
+}
+
+/// The served model's limits, on the generated schemas.
+fn add_limits(schemas: &mut Map<String, Value>, info: &ModelInfo) {
+    let last_token = json!(info.vocab_size.saturating_sub(1));
+    let context = json!(info.max_model_len);
+    for req in ["CompletionRequest", "ChatRequest"] {
+        let props = format!("/{req}/properties");
+        limit(
+            schemas,
+            &format!("{props}/n"),
+            "maximum",
+            json!(info.max_num_seqs),
+        );
+        limit(
+            schemas,
+            &format!("{props}/max_tokens"),
+            "maximum",
+            context.clone(),
+        );
+        limit(
+            schemas,
+            &format!("{props}/stop_token_ids"),
+            "maxItems",
+            json!(MAX_STOP_TOKEN_IDS),
+        );
+        limit(
+            schemas,
+            &format!("{props}/stop_token_ids/items"),
+            "maximum",
+            last_token.clone(),
+        );
+    }
+    limit(
+        schemas,
+        "/ChatRequest/properties/max_completion_tokens",
+        "maximum",
+        context,
+    );
+    limit(
+        schemas,
+        "/ChatRequest/properties/messages",
+        "minItems",
+        json!(1),
+    );
+    limit(
+        schemas,
+        "/ChatRequest/properties/messages",
+        "maxItems",
+        json!(MAX_MESSAGES),
+    );
+    // PromptInput: text, texts, ids, lists of ids; none of them empty.
+    limit(schemas, "/PromptInput/anyOf/0", "minLength", json!(1));
+    limit(schemas, "/PromptInput/anyOf/1", "minItems", json!(1));
+    limit(schemas, "/PromptInput/anyOf/1/items", "minLength", json!(1));
+    limit(schemas, "/PromptInput/anyOf/2", "minItems", json!(1));
+    limit(
+        schemas,
+        "/PromptInput/anyOf/2/items",
+        "maximum",
+        last_token.clone(),
+    );
+    limit(schemas, "/PromptInput/anyOf/3", "minItems", json!(1));
+    limit(schemas, "/PromptInput/anyOf/3/items", "minItems", json!(1));
+    limit(
+        schemas,
+        "/PromptInput/anyOf/3/items/items",
+        "maximum",
+        last_token.clone(),
+    );
+    limit(
+        schemas,
+        "/StopInput/anyOf/1",
+        "maxItems",
+        json!(MAX_STOP_STRINGS),
+    );
+    limit(
+        schemas,
+        "/DetokenizeRequest/properties/tokens/items",
+        "maximum",
+        last_token,
+    );
+}
+
+/// The whole document, with the limits of the model `info` describes.
+pub fn document(info: &ModelInfo) -> Value {
     let settings = SchemaSettings::draft2020_12().with(|s| {
         s.definitions_path = "/components/schemas".into();
         s.meta_schema = None;
@@ -155,7 +252,8 @@ pub fn document() -> Value {
     let openapi = json!({"description": "This document",
                          "content": {"application/json": {"schema": {"type": "object"}}}});
     doc.get("/openapi.json", "The OpenAPI document", openapi, &[]);
-    let schemas = doc.generator.take_definitions(true);
+    let mut schemas = doc.generator.take_definitions(true);
+    add_limits(&mut schemas, info);
     json!({
         "openapi": "3.1.0",
         "info": {

@@ -362,8 +362,8 @@ pub async fn version() -> Response {
 }
 
 /// GET /openapi.json
-pub async fn openapi() -> Response {
-    axum::Json(super::openapi::document()).into_response()
+pub async fn openapi(State(state): State<AppState>) -> Response {
+    axum::Json(super::openapi::document(&state.info)).into_response()
 }
 
 /// POST /tokenize: `{"prompt": "..."}` or `{"messages": [...]}`.

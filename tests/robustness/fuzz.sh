@@ -6,7 +6,7 @@
 #
 #   PAGEWISE_BIN=target/release/pagewise SCHEMATHESIS=schemathesis bash tests/robustness/fuzz.sh
 #
-# FUZZ_EXAMPLES sets the examples per operation (default 150). The server runs the tiny Qwen2
+# FUZZ_EXAMPLES sets the examples per operation (default 150), FUZZ_SEED the seed. The server runs the tiny Qwen2
 # fixture (no download) so long generations stay fast. The coverage phase is left out: under
 # CPython 3.11 hypothesis crashes in it describing its own strategies (an AST recursion check),
 # before any request is sent.
@@ -45,7 +45,7 @@ done
 
 "$schemathesis" run "$base/openapi.json" \
   --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance \
-  --phases examples,fuzzing --max-examples "$examples" --seed 20261130 --workers 2 \
+  --phases examples,fuzzing --max-examples "$examples" --seed "${FUZZ_SEED:-20261130}" --workers 2 \
   --request-timeout 60 \
   --no-color --suppress-health-check too_slow,filter_too_much
 
