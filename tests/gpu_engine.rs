@@ -243,10 +243,12 @@ fn batch_invariance(dtype: DtypeArg, kv_bytes_per_token: u64) {
                 .clone()
         })
         .collect();
-    // 40 blocks of 16 tokens.
+    // 40 blocks of 16 tokens (the cache must hold one sequence of max_model_len: checked at
+    // startup).
     let mut batched = Llm::new(EngineArgs {
         max_num_batched_tokens: Some(48),
         kv_cache_memory: Some(40 * 16 * kv_bytes_per_token),
+        max_model_len: Some(256),
         ..args(true)
     })
     .unwrap();
