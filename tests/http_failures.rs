@@ -150,6 +150,16 @@ async fn health_and_ready_answer_503_before_a_dead_engine_exits() {
     }
     let (status, reply) = post(&base, "/v1/completions", json!({"prompt": "hi"})).await;
     assert_eq!(status, 503, "{reply}");
+    let metrics = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("pagewise:engine_alive{model_name=\"tiny\"} 0\n"),
+        "{metrics}"
+    );
     assert!(server.await.unwrap().is_err());
 }
 

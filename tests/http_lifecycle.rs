@@ -254,6 +254,17 @@ async fn admission_counts_queued_sequences_live() {
     }
     assert_eq!(accepted.len(), 2, "{refused} refused");
     assert_eq!(state.engine.num_queued(), 2);
+    let metrics = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("pagewise:num_queued_sequences{model_name=\"tiny\"} 2\n"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("pagewise:engine_alive{model_name=\"tiny\"} 1\n"));
     drop((first, accepted));
     let deadline = Instant::now() + Duration::from_secs(10);
     while state.engine.num_queued() > 0

@@ -112,6 +112,16 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
             "KV-cache usage (older name).",
             load(&e.kv_usage_ppm) / 1e6,
         ),
+        (
+            "pagewise:num_queued_sequences",
+            "Sequences accepted and not yet scheduled (what --max-num-queued-requests bounds).",
+            state.engine.num_queued() as f64,
+        ),
+        (
+            "pagewise:engine_alive",
+            "1 while the engine thread runs, 0 once it has died (the server then exits 1).",
+            f64::from(u8::from(state.engine.is_alive())),
+        ),
     ];
     for (name, help, v) in gauges {
         render_sample(&mut out, name, "gauge", help, &labels, v);
