@@ -13,13 +13,13 @@ use futures_util::StreamExt;
 use pagewise::EngineArgs;
 use pagewise::engine::faults::Faults;
 use pagewise::engine::handle::EngineHandle;
-use pagewise::server::{self, AppState, ServerOptions};
+use pagewise::server::{AppState, ServerOptions};
 use serde_json::{Value, json};
 
 /// A token id of the tiny model's vocabulary that its tokenizer never produces from text.
 const TRIGGER: u32 = 300;
 
-/// A server with `faults` armed: base URL, state, and the `serve` future's outcome.
+/// A server with `faults` armed: base URL, state, and the `serve` task (its outcome).
 async fn start_faulty(
     faults: Faults,
 ) -> (
@@ -31,26 +31,11 @@ async fn start_faulty(
         faults,
         ..engine_args()
     };
-    let (engine, info) = EngineHandle::spawn(args, 0).unwrap();
     let opts = ServerOptions {
         served_model_names: vec!["tiny".into()],
         ..Default::default()
     };
-    let state = AppState::new(engine, info, &opts);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let st = state.clone();
-    let server = tokio::spawn(async move {
-        server::serve(
-            listener,
-            st,
-            &opts,
-            std::future::pending(),
-            Duration::from_secs(5),
-        )
-        .await
-    });
-    (base, state, server)
+    serve_until(args, opts, std::future::pending(), Duration::from_secs(5)).await
 }
 
 /// Starts a long stream and waits for its first chunk (so it is running).

@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 use common::server::*;
 use futures_util::StreamExt;
 use pagewise::EngineArgs;
-use pagewise::engine::handle::EngineHandle;
-use pagewise::server::{self, AppState, ServerOptions};
+use pagewise::server::ServerOptions;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,21 +146,16 @@ async fn shutdown_timeout_ends_the_rest_with_an_error_event() {
         max_num_seqs: 1,
         ..engine_args()
     };
-    let (engine, info) = EngineHandle::spawn(args, 64).unwrap();
     let opts = ServerOptions {
         served_model_names: vec!["tiny".into()],
+        max_num_queued_requests: 64,
         ..Default::default()
     };
-    let state = AppState::new(engine, info, &opts);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        let stop = async move {
-            let _ = stop_rx.await;
-        };
-        server::serve(listener, state, &opts, stop, Duration::from_millis(200)).await
-    });
+    let stop = async move {
+        let _ = stop_rx.await;
+    };
+    let (base, _, server) = serve_until(args, opts, stop, Duration::from_millis(200)).await;
     let long = json!({"prompt": "x", "max_tokens": 250, "ignore_eos": true, "stream": true});
     let mut streams = Vec::new();
     for _ in 0..20 {

@@ -45,18 +45,31 @@ pub async fn start_with(
 
 /// A server for `args` with `opts` on 127.0.0.1:0: its base URL and state.
 pub async fn serve(args: EngineArgs, opts: ServerOptions) -> (String, AppState) {
+    let forever = std::future::pending();
+    let (base, state, _) = serve_until(args, opts, forever, Duration::from_secs(5)).await;
+    (base, state)
+}
+
+/// A server for `args` with `opts` on 127.0.0.1:0 until `shutdown` (draining up to `drain`): its
+/// base URL, state, and the task running `server::serve` (its outcome).
+pub async fn serve_until(
+    args: EngineArgs,
+    opts: ServerOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    drain: Duration,
+) -> (
+    String,
+    AppState,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
     let (engine, info) = EngineHandle::spawn(args, opts.max_num_queued_requests).unwrap();
     let state = AppState::new(engine, info, &opts);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let st = state.clone();
-    tokio::spawn(async move {
-        let forever = std::future::pending();
-        server::serve(listener, st, &opts, forever, Duration::from_secs(5))
-            .await
-            .unwrap();
-    });
-    (base, state)
+    let task =
+        tokio::spawn(async move { server::serve(listener, st, &opts, shutdown, drain).await });
+    (base, state, task)
 }
 
 /// POSTs `body` as JSON to `path` and returns the response as it starts.
