@@ -104,15 +104,21 @@ impl AppState {
 
     /// 503 while draining or when the engine has died.
     pub fn check_accepting(&self) -> Result<(), ApiError> {
-        if let Some(reason) = self.engine.death_reason() {
-            return Err(ApiError::unavailable(format!(
-                "The engine has stopped: {reason}"
-            )));
-        }
+        self.check_alive()?;
         if self.draining.load(Ordering::Acquire) {
             return Err(ApiError::unavailable("The server is shutting down."));
         }
         Ok(())
+    }
+
+    /// 503 once the engine has died, with the reason.
+    pub fn check_alive(&self) -> Result<(), ApiError> {
+        match self.engine.death_reason() {
+            None => Ok(()),
+            Some(reason) => Err(ApiError::unavailable(format!(
+                "The engine has stopped: {reason}"
+            ))),
+        }
     }
 
     /// Stops accepting new requests (/ready turns 503).

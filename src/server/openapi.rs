@@ -108,18 +108,14 @@ impl Doc {
 }
 
 /// Sets `key: value` on the schema at `pointer` (within `components.schemas`), if it exists.
-fn limit(schemas: &mut Map<String, Value>, pointer: &str, key: &str, value: Value) {
-    let mut root = Value::Object(std::mem::take(schemas));
-    if let Some(Value::Object(schema)) = root.pointer_mut(pointer) {
+fn limit(schemas: &mut Value, pointer: &str, key: &str, value: Value) {
+    if let Some(Value::Object(schema)) = schemas.pointer_mut(pointer) {
         schema.insert(key.to_string(), value);
-    }
-    if let Value::Object(map) = root {
-        *schemas = map;
     }
 }
 
 /// The served model's limits, on the generated schemas.
-fn add_limits(schemas: &mut Map<String, Value>, info: &ModelInfo) {
+fn add_limits(schemas: &mut Value, info: &ModelInfo) {
     let last_token = json!(info.vocab_size.saturating_sub(1));
     let context = json!(info.max_model_len);
     for req in ["CompletionRequest", "ChatRequest"] {
@@ -252,7 +248,7 @@ pub fn document(info: &ModelInfo) -> Value {
     let openapi = json!({"description": "This document",
                          "content": {"application/json": {"schema": {"type": "object"}}}});
     doc.get("/openapi.json", "The OpenAPI document", openapi, &[]);
-    let mut schemas = doc.generator.take_definitions(true);
+    let mut schemas = Value::Object(doc.generator.take_definitions(true));
     add_limits(&mut schemas, info);
     json!({
         "openapi": "3.1.0",

@@ -337,11 +337,9 @@ pub async fn models(State(state): State<AppState>) -> Response {
 /// GET /health: 200 while the engine thread lives, 503 once it has died (then the process exits
 /// after delivering what it can; a supervisor should restart it).
 pub async fn health(State(state): State<AppState>) -> Response {
-    match state.engine.death_reason() {
-        None => StatusCode::OK.into_response(),
-        Some(reason) => {
-            ApiError::unavailable(format!("The engine has stopped: {reason}")).into_response()
-        }
+    match state.check_alive() {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => e.into_response(),
     }
 }
 
