@@ -14,46 +14,14 @@ PATH and httpx.
 import asyncio
 import os
 import random
-import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = os.environ.get("PAGEWISE_BIN", os.path.join(ROOT, "target", "release", "pagewise"))
-TINY = os.path.join(ROOT, "tests", "fixtures", "qwen2-bias")
-CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url, proc, what):
-    deadline = time.time() + 60
-    while True:
-        try:
-            if httpx.get(url + "/ready", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.time() > deadline or proc.poll() is not None:
-            raise RuntimeError(f"{what} did not become ready")
-        time.sleep(0.1)
-
-
-def metric_sum(text, name):
-    """Sum of a metric's samples in a Prometheus text page."""
-    pattern = rf"^{re.escape(name)}{{[^}}]*}} ([0-9.e+-]+)$"
-    return sum(float(v) for v in re.findall(pattern, text, re.M))
-
+from tiny_server import ROOT, free_port, metric, start_server, wait_ready
 
 async def client(http, base, rng, stop_at, counts, failures):
     while time.time() < stop_at:
@@ -97,11 +65,11 @@ async def drive(base, replicas, seconds):
         await asyncio.sleep(seconds / 4)
         while True:
             text = (await http.get(replicas[0][1] + "/metrics")).text
-            in_flight = metric_sum(text, "vllm:num_requests_running")
+            in_flight = metric(text, "vllm:num_requests_running") or 0
             if in_flight >= 2 or time.time() > stop_at - seconds / 4:
                 break
         replicas[0][0].send_signal(signal.SIGTERM)
-        first_served = metric_sum(text, "vllm:request_success_total")
+        first_served = metric(text, "vllm:request_success_total") or 0
         stopped_at = time.time()
         while replicas[0][0].poll() is None:
             await asyncio.sleep(0.05)
@@ -115,15 +83,9 @@ def main():
     try:
         replicas = []
         for _ in range(2):
-            port = free_port()
-            p = subprocess.Popen(
-                [BIN, "serve", TINY, "--chat-template", CHATML, "--served-model-name", "tiny",
-                 "--host", "127.0.0.1", "--port", str(port), "--shutdown-timeout", "30"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            p, url, port = start_server("--shutdown-timeout", "30")
             procs.append(p)
-            replicas.append((p, f"http://127.0.0.1:{port}", port))
-        for p, url, _ in replicas:
-            wait_ready(url, p, url)
+            replicas.append((p, url, port))
         lb_port = free_port()
         with open(os.path.join(ROOT, "deploy", "haproxy.cfg")) as f:
             cfg = f.read()
@@ -143,8 +105,8 @@ def main():
         ok, failures, first_served, in_flight, drained_in = asyncio.run(drive(base, replicas, 8.0))
         elapsed = time.time() - start
         code = replicas[0][0].returncode
-        second_served = metric_sum(httpx.get(replicas[1][1] + "/metrics").text,
-                                   "vllm:request_success_total")
+        second_served = metric(httpx.get(replicas[1][1] + "/metrics").text,
+                               "vllm:request_success_total") or 0
         if code != 0:
             failures.append(f"the stopped replica exited {code}")
         if first_served == 0 or in_flight == 0:

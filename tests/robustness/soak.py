@@ -23,28 +23,17 @@ import argparse
 import asyncio
 import os
 import random
-import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = os.environ.get("PAGEWISE_BIN", os.path.join(ROOT, "target", "release", "pagewise"))
-TINY = os.path.join(ROOT, "tests", "fixtures", "qwen2-bias")
-CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+from tiny_server import metric, start_server
+
 MAX_NUM_SEQS = 16
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "ran", "far", "away", "!", "42"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_kib(pid):
@@ -167,19 +156,14 @@ def check_status(status, expect_400, stats, text):
     stats.fail(f"unexpected {status} (expected {'400' if expect_400 else '200/429'}): {text[:300]}")
 
 
-def gauge(metrics, name):
-    m = re.search(rf"^{re.escape(name)}{{[^}}]*}} ([0-9.e+-]+)$", metrics, re.M)
-    return float(m.group(1)) if m else None
-
-
 async def settle(client, base, stats, what):
     """Waits until no sequence runs or waits and no block is held; returns the /metrics page."""
     deadline = time.time() + 30
     while True:
         metrics = (await client.get(base + "/metrics")).text
-        running = gauge(metrics, "vllm:num_requests_running")
-        waiting = gauge(metrics, "vllm:num_requests_waiting")
-        usage = gauge(metrics, "vllm:kv_cache_usage_perc")
+        running = metric(metrics, "vllm:num_requests_running")
+        waiting = metric(metrics, "vllm:num_requests_waiting")
+        usage = metric(metrics, "vllm:kv_cache_usage_perc")
         if running == 0 and waiting == 0 and usage == 0:
             return metrics
         if time.time() > deadline:
@@ -241,28 +225,13 @@ def main():
                          "first several thousand (benches/RESULTS.md)")
     ap.add_argument("--trace-rss", action="store_true", help="print RSS every 5%% of the run")
     args = ap.parse_args()
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     # glibc's default of one malloc arena per thread keeps each arena's high-water mark: a few MiB
     # of growth that is not a leak but, on a 25 MiB process, looks like 20%. Two arenas is the
     # setting we recommend for deployment too (Dockerfile).
     env = dict(os.environ, MALLOC_ARENA_MAX=os.environ.get("MALLOC_ARENA_MAX", "2"))
-    proc = subprocess.Popen(
-        [BIN, "serve", TINY, "--chat-template", CHATML, "--served-model-name", "tiny",
-         "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", str(MAX_NUM_SEQS),
-         "--max-num-queued-requests", "48"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    proc, base, _ = start_server("--max-num-seqs", str(MAX_NUM_SEQS),
+                                 "--max-num-queued-requests", "48", env=env, stderr=subprocess.PIPE)
     try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                if httpx.get(base + "/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline or proc.poll() is not None:
-                raise RuntimeError("server did not start")
-            time.sleep(0.1)
         stats = Stats()
         start = time.time()
         rss_early, rss_end = asyncio.run(drive(base, proc.pid, args, stats))
