@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::AppState;
 use super::error::ApiError;
 use super::generate::{Flavor, Job, Prompt, respond_json, respond_sse};
-use super::protocol::{ChatRequest, CompletionRequest, PromptInput, SamplingFields};
+use super::protocol::{ChatRequest, CompletionRequest, PromptInput, Role, SamplingFields};
 use super::responses::{
     DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
     VersionResponse,
@@ -218,19 +218,10 @@ fn check_n(
     Ok(())
 }
 
-/// The roles OpenAI accepts in `messages`.
-const ROLES: [&str; 6] = [
-    "system",
-    "developer",
-    "user",
-    "assistant",
-    "tool",
-    "function",
-];
 /// Most messages in one conversation.
 pub const MAX_MESSAGES: usize = 2048;
 
-/// Every message an object with a role OpenAI knows; at most [`MAX_MESSAGES`] of them.
+/// Every message an object with a role OpenAI knows ([`Role`]); at most [`MAX_MESSAGES`] of them.
 fn check_messages(messages: &[Value]) -> Result<(), ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty."));
@@ -262,7 +253,8 @@ fn check_messages(messages: &[Value]) -> Result<(), ApiError> {
                 ));
             }
         };
-        if !ROLES.contains(&role.as_str()) {
+        // `Role` (the schema's enum) is the one list of the roles OpenAI accepts.
+        if serde_json::from_value::<Role>(Value::String(role.clone())).is_err() {
             return Err(ApiError::invalid(
                 &param,
                 format!(
