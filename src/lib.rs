@@ -18,6 +18,7 @@ pub mod llm;
 pub mod loader;
 pub mod metrics;
 pub mod model;
+pub mod parallel;
 pub mod runner;
 pub mod sampler;
 pub mod scheduler;

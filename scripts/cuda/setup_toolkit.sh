@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Makes a CUDA 13.0 toolkit for building `--features cuda` on a machine without one (this dev VM, CI):
 # the pinned NVIDIA wheels from PyPI (nvcc 13.0 must not pull nvvm 13.5, whose PTX the 13.0 driver
-# rejects), laid out as a CUDA_HOME, plus link stubs for the libraries cudarc links against (the real
-# ones are loaded on the GPU machine at run time). Prints the CUDA_HOME. See ../shared/GPU.md.
+# rejects), laid out as a CUDA_HOME, plus link stubs for the libraries cudarc links against, NCCL
+# included (the real ones are loaded on the GPU machine at run time; NCCL from the `nvidia-nccl-cu13`
+# wheel there). Prints the CUDA_HOME. See ../shared/GPU.md.
 #
 #   export CUDA_HOME=$(scripts/cuda/setup_toolkit.sh) PATH=$CUDA_HOME/bin:$PATH CUDA_COMPUTE_CAP=90
 #   export LIBRARY_PATH=$CUDA_HOME/lib64/stubs:$CUDA_HOME/lib64
@@ -10,7 +11,7 @@
 set -euo pipefail
 root="${PAGEWISE_CUDA_DIR:-$HOME/.cache/pagewise/cuda-13.0}"
 home="$root/home"
-if [ -x "$home/bin/nvcc" ] && [ -f "$home/lib64/stubs/libcuda.so" ]; then
+if [ -x "$home/bin/nvcc" ] && [ -f "$home/lib64/stubs/libnccl.so" ]; then
   echo "$home"
   exit 0
 fi
@@ -43,4 +44,5 @@ stub nvrtc libnvrtc.so.13 libnvrtc
 stub cublas libcublas.so.13 libcublas
 stub cublaslt libcublasLt.so.13 libcublasLt
 stub curand libcurand.so.10 libcurand
+stub nccl libnccl.so.2 libnccl
 echo "$home"

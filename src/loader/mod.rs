@@ -7,6 +7,7 @@ pub mod hub;
 
 use std::path::{Path, PathBuf};
 
+use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use tokenizers::Tokenizer;
@@ -254,15 +255,16 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel, LoadError>
             opts.device.clone(),
         )),
         LoadFormat::Auto | LoadFormat::Safetensors => {
-            let files = safetensors_files(dir)?;
+            let paths = safetensors_files(dir)?;
             // SAFETY: the files are memory-mapped read-only; pagewise never writes them, and a
             // model directory being rewritten underneath a running server is outside our contract.
-            let vb =
-                unsafe { VarBuilder::from_mmaped_safetensors(&files, opts.dtype, &opts.device) }
-                    .map_err(|e| {
-                        LoadError::Format(format!("safetensors in {}: {e}", dir.display()))
-                    })?;
-            Weights::Dense(vb)
+            let files = unsafe { MmapedSafetensors::multi(&paths) }
+                .map_err(|e| LoadError::Format(format!("safetensors in {}: {e}", dir.display())))?;
+            Weights::Safetensors {
+                files,
+                dtype: opts.dtype,
+                device: opts.device.clone(),
+            }
         }
         LoadFormat::Gguf => {
             return Err(LoadError::Format(format!(

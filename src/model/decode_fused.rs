@@ -22,6 +22,7 @@ use super::batch::ForwardBatch;
 use super::layers::{Rotary, silu_mul};
 use super::norm::RmsNorm;
 use super::qkv::Heads;
+use crate::parallel::Parallel;
 
 /// One decoder layer's weights as the fused path takes them (dense, no biases).
 pub(super) struct FusedLayer<'a> {
@@ -122,18 +123,27 @@ pub(super) fn attention(
 
 /// The residual stream after the layer, from the stream `x` entering it and the attention
 /// output `attn` (`[rows, heads * head_dim]`): `x + o(attn)`, then that plus the MLP of its norm.
+/// Under tensor parallelism o and down are this rank's columns: the leading rank adds the
+/// residual as it stores and the all-reduce sums the ranks' parts, so the residual counts once.
 pub(super) fn finish_layer(
     x: &Tensor,
     attn: &Tensor,
     l: &FusedLayer<'_>,
+    par: &Parallel,
 ) -> candle_core::Result<Tensor> {
-    let x_mid = gemv_fused(attn, l.o, GemvInput::Plain, Some(x))?;
+    let residual = |r| par.rank.leads().then_some(r);
+    let x_mid = par.all_reduce(gemv_fused(attn, l.o, GemvInput::Plain, residual(x))?)?;
     let gate_up = gemv_fused(&x_mid, l.gate_up, norm_input(l.post_norm), None)?;
     let (rows, inter) = (x.dim(0)?, l.down.dim(1)?);
-    if gemv_fits(rows, inter, x.dtype()) {
-        gemv_fused(&gate_up, l.down, GemvInput::SiluMul, Some(&x_mid))
+    let out = if gemv_fits(rows, inter, x.dtype()) {
+        gemv_fused(&gate_up, l.down, GemvInput::SiluMul, residual(&x_mid))?
     } else {
         // (8 x 14336 bf16 is past the staging space: SiLU-and-mul and cuBLAS, as unfused.)
-        x_mid + silu_mul(&gate_up)?.matmul(&l.down.t()?)?
-    }
+        let down = silu_mul(&gate_up)?.matmul(&l.down.t()?)?;
+        match residual(&x_mid) {
+            Some(r) => (r + down)?,
+            None => down,
+        }
+    };
+    par.all_reduce(out)
 }

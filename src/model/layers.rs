@@ -6,7 +6,8 @@ use candle_core::{DType, Device, Module, Tensor};
 
 use super::ModelError;
 use super::config::{Llama3RopeScaling, ModelConfig};
-use super::weights::Weights;
+use super::weights::{Part, Weights};
+use crate::parallel::TpRank;
 
 /// `y = x W^T + b`, with `W` dense or quantized (GGUF).
 pub enum Linear {
@@ -126,18 +127,38 @@ enum GateUp {
 }
 
 impl GatedMlp {
-    /// Loads `prefix.{gate,up,down}_proj`.
-    pub fn load(w: &Weights, prefix: &str, cfg: &ModelConfig) -> Result<Self, ModelError> {
+    /// Loads `prefix.{gate,up,down}_proj`: gate and up split by rows and down by columns over
+    /// the intermediate features `tp` computes (all of them with one rank). Only the leading
+    /// rank keeps down's bias: the all-reduce after it sums the ranks' parts.
+    pub fn load(
+        w: &Weights,
+        prefix: &str,
+        cfg: &ModelConfig,
+        tp: TpRank,
+    ) -> Result<Self, ModelError> {
         let (h, i, b) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias);
-        let gate = w.linear(&format!("{prefix}.gate_proj"), h, i, b)?;
-        let up = w.linear(&format!("{prefix}.up_proj"), h, i, b)?;
+        let (rows, cols) = if tp.is_single() {
+            (Part::Whole, Part::Whole)
+        } else {
+            (
+                Part::Rows(tp.intermediate(cfg)),
+                Part::Cols(tp.intermediate(cfg)),
+            )
+        };
+        let gate = w.linear_part(&format!("{prefix}.gate_proj"), (h, i), b, rows.clone())?;
+        let up = w.linear_part(&format!("{prefix}.up_proj"), (h, i), b, rows)?;
         let gate_up = match Linear::concat(&[&gate, &up])? {
             Some(fused) => GateUp::Fused(fused),
             None => GateUp::Split(gate, up),
         };
         Ok(GatedMlp {
             gate_up,
-            down: w.linear(&format!("{prefix}.down_proj"), i, h, b)?,
+            down: w.linear_part(
+                &format!("{prefix}.down_proj"),
+                (i, h),
+                b && tp.leads(),
+                cols,
+            )?,
         })
     }
 

@@ -11,8 +11,9 @@ use super::decode_fused;
 use super::layers::{GatedMlp, Linear, Rotary};
 use super::norm::RmsNorm;
 use super::qkv::{Heads, QkvProj, attention};
-use super::weights::Weights;
+use super::weights::{Part, Weights};
 use super::{CausalLm, ModelError};
+use crate::parallel::{Parallel, TpRank, head_rows};
 
 struct DecoderLayer {
     input_norm: RmsNorm,
@@ -22,28 +23,52 @@ struct DecoderLayer {
     mlp: GatedMlp,
 }
 
-/// A Llama-family causal LM.
+/// A Llama-family causal LM, whole or one tensor-parallel rank's shard of it (its query and KV
+/// heads, its intermediate features and, when the vocabulary splits evenly, its rows of the LM
+/// head; the embedding and the norms are replicated).
 pub struct Llama {
     cfg: ModelConfig,
     embed: Embedding,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Linear,
+    /// Whether each rank holds only its vocabulary rows of the LM head (then the logits are
+    /// gathered).
+    vocab_parallel: bool,
     rotary: Rotary,
+    par: Parallel,
 }
 
 impl Llama {
-    /// Loads the model; rotary tables cover positions below `max_len`.
-    pub fn load(cfg: &ModelConfig, w: &Weights, max_len: usize) -> Result<Self, ModelError> {
+    /// Loads the model (`par`'s shard of it); rotary tables cover positions below `max_len`.
+    pub fn load(
+        cfg: &ModelConfig,
+        w: &Weights,
+        max_len: usize,
+        par: &Parallel,
+    ) -> Result<Self, ModelError> {
         let (h, d, nq) = (cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads);
+        let tp = par.rank;
         let embed_w = w.tensor("model.embed_tokens.weight", (cfg.vocab_size, h))?;
+        let vocab = tp.vocab(cfg);
+        let head_part = vocab.clone().map_or(Part::Whole, Part::Rows);
         let lm_head = if cfg.tie_word_embeddings || !w.contains("lm_head.weight") {
-            match w {
-                Weights::Gguf { .. } => w.linear("model.embed_tokens", h, cfg.vocab_size, false)?,
-                Weights::Dense(_) => Linear::dense(embed_w.clone(), None),
+            match (w, &vocab) {
+                (Weights::Gguf { .. }, _) => {
+                    w.linear("model.embed_tokens", h, cfg.vocab_size, false)?
+                }
+                (_, None) => Linear::dense(embed_w.clone(), None),
+                (_, Some(r)) => {
+                    Linear::dense(embed_w.narrow(0, r.start, r.len())?.contiguous()?, None)
+                }
             }
         } else {
-            w.linear("lm_head", h, cfg.vocab_size, false)?
+            w.linear_part("lm_head", (h, cfg.vocab_size), false, head_part)?
+        };
+        let o_part = if tp.is_single() {
+            Part::Whole
+        } else {
+            Part::Cols(head_rows(&tp.q_heads(cfg), d))
         };
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
@@ -56,15 +81,20 @@ impl Llama {
                         h,
                         cfg.norm_eps,
                     )?,
-                    qkv: QkvProj::load(w, &attn, cfg)?,
-                    o: w.linear(&format!("{attn}.o_proj"), nq * d, h, cfg.o_bias)?,
+                    qkv: QkvProj::load(w, &attn, cfg, tp)?,
+                    o: w.linear_part(
+                        &format!("{attn}.o_proj"),
+                        (nq * d, h),
+                        cfg.o_bias && tp.leads(),
+                        o_part.clone(),
+                    )?,
                     post_norm: RmsNorm::load(
                         w,
                         &format!("{p}.post_attention_layernorm.weight"),
                         h,
                         cfg.norm_eps,
                     )?,
-                    mlp: GatedMlp::load(w, &format!("{p}.mlp"), cfg)?,
+                    mlp: GatedMlp::load(w, &format!("{p}.mlp"), cfg, tp)?,
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
@@ -74,7 +104,9 @@ impl Llama {
             layers,
             norm: RmsNorm::load(w, "model.norm.weight", h, cfg.norm_eps)?,
             lm_head,
+            vocab_parallel: vocab.is_some(),
             rotary: Rotary::new(cfg, max_len, w.dtype(), w.device())?,
+            par: par.clone(),
         })
     }
 }
@@ -82,6 +114,10 @@ impl Llama {
 impl CausalLm for Llama {
     fn config(&self) -> &ModelConfig {
         &self.cfg
+    }
+
+    fn tp_rank(&self) -> TpRank {
+        self.par.rank
     }
 
     fn forward(&self, batch: &ForwardBatch<'_>, kv: &mut KvCache) -> Result<Tensor, ModelError> {
@@ -96,9 +132,10 @@ impl CausalLm for Llama {
         kv: &mut KvCache,
     ) -> Result<Tensor, ModelError> {
         let cfg = &self.cfg;
+        let tp = self.par.rank;
         let heads = Heads {
-            q: cfg.num_attention_heads,
-            kv: cfg.num_key_value_heads,
+            q: tp.q_heads(cfg).len(),
+            kv: tp.kv_heads(cfg).len(),
             dim: cfg.head_dim,
             scale: 1.0 / (cfg.head_dim as f32).sqrt(),
         };
@@ -108,7 +145,7 @@ impl CausalLm for Llama {
             decode_fused::count_step();
             for (i, layer) in layers.iter().enumerate() {
                 let attn = decode_fused::attention(&x, layer, i, &self.rotary, batch, kv, heads)?;
-                x = decode_fused::finish_layer(&x, &attn, layer)?;
+                x = decode_fused::finish_layer(&x, &attn, layer, &self.par)?;
             }
             return self.logits(&self.norm.forward(&x)?, batch);
         }
@@ -121,9 +158,11 @@ impl CausalLm for Llama {
         };
         for (i, layer) in self.layers.iter().enumerate() {
             let attn = attention(&layer.qkv, i, &h, &rotary, batch, kv, heads)?;
-            let (x_mid, h_mid) = layer.post_norm.add_forward(&x, &layer.o.forward(&attn)?)?;
+            let o = self.par.all_reduce(layer.o.forward(&attn)?)?;
+            let (x_mid, h_mid) = layer.post_norm.add_forward(&x, &o)?;
             let next_norm = self.layers.get(i + 1).map_or(&self.norm, |l| &l.input_norm);
-            (x, h) = next_norm.add_forward(&x_mid, &layer.mlp.forward(&h_mid)?)?;
+            let mlp = self.par.all_reduce(layer.mlp.forward(&h_mid)?)?;
+            (x, h) = next_norm.add_forward(&x_mid, &mlp)?;
         }
         drop(x);
         self.logits(&h, batch)
@@ -132,13 +171,19 @@ impl CausalLm for Llama {
 
 impl Llama {
     /// The logits (model dtype) of the rows of the normalized stream `h` that sample. When every
-    /// row samples (a decode step), the rows are already in order and need no gather.
+    /// row samples (a decode step), the rows are already in order and need no gather. A
+    /// vocabulary-parallel head's parts are gathered from the ranks.
     fn logits(&self, h: &Tensor, batch: &ForwardBatch<'_>) -> Result<Tensor, ModelError> {
-        if batch.num_sample_rows == h.dim(0)? {
-            return Ok(self.lm_head.forward(h)?);
+        let logits = if batch.num_sample_rows == h.dim(0)? {
+            self.lm_head.forward(h)?
+        } else {
+            self.lm_head
+                .forward(&h.index_select(&batch.sample_rows, 0)?)?
+        };
+        if self.vocab_parallel {
+            return Ok(self.par.gather_columns(&logits)?);
         }
-        let last = h.index_select(&batch.sample_rows, 0)?;
-        Ok(self.lm_head.forward(&last)?)
+        Ok(logits)
     }
 
     /// The layers' weights for the fused decode path, when it is switched on and takes this step

@@ -22,6 +22,8 @@ pub use batch::ForwardBatch;
 pub use config::{Architecture, ModelConfig};
 pub use weights::Weights;
 
+use crate::parallel::{Parallel, TpRank};
+
 /// Why a model could not be loaded or run.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -44,6 +46,12 @@ pub trait CausalLm: Send {
     /// The model's configuration.
     fn config(&self) -> &ModelConfig;
 
+    /// The tensor-parallel rank whose shard this is (the whole model: [`TpRank::SINGLE`]). Its
+    /// KV cache holds [`TpRank::kv_heads`] of the model's KV heads.
+    fn tp_rank(&self) -> TpRank {
+        TpRank::SINGLE
+    }
+
     /// Runs the packed batch, writing its K/V into `kv`, and returns f32 logits
     /// `[batch.num_sample_rows, vocab]` for the sampled rows only.
     fn forward(&self, batch: &ForwardBatch<'_>, kv: &mut KvCache) -> Result<Tensor, ModelError>;
@@ -65,9 +73,23 @@ pub fn build(
     weights: &Weights,
     max_len: usize,
 ) -> Result<Box<dyn CausalLm>, ModelError> {
+    build_sharded(cfg, weights, max_len, &Parallel::single())
+}
+
+/// [`build`] for one rank of a tensor-parallel group: the rank's shard of every split layer,
+/// with `par`'s collectives joining the ranks' parts.
+pub fn build_sharded(
+    cfg: &ModelConfig,
+    weights: &Weights,
+    max_len: usize,
+    par: &Parallel,
+) -> Result<Box<dyn CausalLm>, ModelError> {
+    if !par.rank.is_single() {
+        TpRank::check(par.rank.size, cfg).map_err(ModelError::Unsupported)?;
+    }
     Ok(match cfg.architecture {
         Architecture::Llama | Architecture::Qwen2 => {
-            Box::new(llama::Llama::load(cfg, weights, max_len)?)
+            Box::new(llama::Llama::load(cfg, weights, max_len, par)?)
         }
         Architecture::Opt => Box::new(opt::Opt::load(cfg, weights)?),
     })

@@ -9,7 +9,8 @@ use super::attention::KvCache;
 use super::batch::ForwardBatch;
 use super::config::ModelConfig;
 use super::layers::{Linear, RotaryRows};
-use super::weights::Weights;
+use super::weights::{Part, Weights};
+use crate::parallel::{TpRank, head_rows};
 
 /// The q, k and v projections of one layer.
 pub enum QkvProj {
@@ -20,13 +21,32 @@ pub enum QkvProj {
 }
 
 impl QkvProj {
-    /// Loads `prefix.{q,k,v}_proj`, fusing dense weights.
-    pub fn load(w: &Weights, prefix: &str, cfg: &ModelConfig) -> Result<Self, ModelError> {
+    /// Loads `prefix.{q,k,v}_proj`, fusing dense weights: the rows of the heads `tp` computes
+    /// (all of them with one rank).
+    pub fn load(
+        w: &Weights,
+        prefix: &str,
+        cfg: &ModelConfig,
+        tp: TpRank,
+    ) -> Result<Self, ModelError> {
         let (h, d, b) = (cfg.hidden_size, cfg.head_dim, cfg.qkv_bias);
         let (nq, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
-        let q = w.linear(&format!("{prefix}.q_proj"), h, nq * d, b)?;
-        let k = w.linear(&format!("{prefix}.k_proj"), h, nkv * d, b)?;
-        let v = w.linear(&format!("{prefix}.v_proj"), h, nkv * d, b)?;
+        let (q_rows, kv_rows) = if tp.is_single() {
+            (Part::Whole, Part::Whole)
+        } else {
+            (
+                Part::Rows(head_rows(&tp.q_heads(cfg), d)),
+                Part::Rows(head_rows(&tp.kv_heads(cfg), d)),
+            )
+        };
+        let q = w.linear_part(&format!("{prefix}.q_proj"), (h, nq * d), b, q_rows)?;
+        let k = w.linear_part(
+            &format!("{prefix}.k_proj"),
+            (h, nkv * d),
+            b,
+            kv_rows.clone(),
+        )?;
+        let v = w.linear_part(&format!("{prefix}.v_proj"), (h, nkv * d), b, kv_rows)?;
         Ok(match Linear::concat(&[&q, &k, &v])? {
             Some(fused) => QkvProj::Fused(fused),
             None => QkvProj::Split(q, k, v),

@@ -1,10 +1,13 @@
 //! Where a model's weights come from: safetensors (memory-mapped), a GGUF file (kept quantized, or
 //! dequantized at load), or seeded random weights (`--load-format dummy`). Model code asks for
-//! tensors by their Hugging Face names; GGUF names are mapped here, once.
+//! tensors by their Hugging Face names; GGUF names are mapped here, once. A tensor-parallel rank
+//! asks for its [`Part`] of a tensor: from safetensors it reads only those bytes of the mapping.
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 use candle_core::quantized::{QMatMul, QStorage, QTensor};
+use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::VarBuilder;
 
@@ -14,8 +17,17 @@ use crate::sampler::SeededRng;
 
 /// A model's weights, addressed by Hugging Face tensor names.
 pub enum Weights {
-    /// Dense weights: safetensors or the dummy backend, converted to the model dtype on load.
+    /// Dense weights from a backend (the dummy weights), converted to the model dtype on load.
     Dense(VarBuilder<'static>),
+    /// Memory-mapped safetensors files, converted to `dtype` on `device` as they are read.
+    Safetensors {
+        /// The files (one model may span several).
+        files: MmapedSafetensors,
+        /// The model dtype.
+        dtype: DType,
+        /// Where tensors live.
+        device: Device,
+    },
     /// GGUF tensors; matmul weights stay quantized unless `dequantize`.
     Gguf {
         /// All tensors of the file, by GGUF name.
@@ -27,6 +39,36 @@ pub enum Weights {
         /// Dequantize matmul weights at load (exact-parity mode) instead of quantized matmul.
         dequantize: bool,
     },
+}
+
+/// Which part of a 2-D tensor `[rows, cols]` a rank reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// All of it.
+    Whole,
+    /// These rows (a column-parallel layer's output features, or vocabulary rows).
+    Rows(Range<usize>),
+    /// These columns (a row-parallel layer's input features).
+    Cols(Range<usize>),
+}
+
+impl Part {
+    /// The shape of this part of a `[rows, cols]` tensor.
+    fn shape(&self, (rows, cols): (usize, usize)) -> (usize, usize) {
+        match self {
+            Part::Whole => (rows, cols),
+            Part::Rows(r) => (r.len(), cols),
+            Part::Cols(c) => (rows, c.len()),
+        }
+    }
+
+    /// This part of a vector of `len` (a bias): its rows for [`Part::Rows`], else all of it.
+    fn of_vector(&self, len: usize) -> Part {
+        match self {
+            Part::Rows(r) => Part::Rows(r.clone()),
+            _ => Part::Rows(0..len),
+        }
+    }
 }
 
 /// The GGUF (llama.cpp) name of a Hugging Face Llama tensor name.
@@ -63,7 +105,7 @@ impl Weights {
     pub fn device(&self) -> &Device {
         match self {
             Weights::Dense(vb) => vb.device(),
-            Weights::Gguf { device, .. } => device,
+            Weights::Safetensors { device, .. } | Weights::Gguf { device, .. } => device,
         }
     }
 
@@ -71,7 +113,7 @@ impl Weights {
     pub fn dtype(&self) -> DType {
         match self {
             Weights::Dense(vb) => vb.dtype(),
-            Weights::Gguf { dtype, .. } => *dtype,
+            Weights::Safetensors { dtype, .. } | Weights::Gguf { dtype, .. } => *dtype,
         }
     }
 
@@ -79,6 +121,7 @@ impl Weights {
     pub fn contains(&self, name: &str) -> bool {
         match self {
             Weights::Dense(vb) => vb.contains_tensor(name),
+            Weights::Safetensors { files, .. } => files.get(name).is_ok(),
             Weights::Gguf { tensors, .. } => {
                 gguf_name(name).is_some_and(|n| tensors.contains_key(&n))
             }
@@ -101,6 +144,17 @@ impl Weights {
         let shape = shape.into();
         match self {
             Weights::Dense(vb) => vb.get(shape, name).map_err(|e| missing_or(name, e)),
+            Weights::Safetensors { .. } => {
+                let dims = shape.dims();
+                let (rows, cols) = match *dims {
+                    [n] => (1, n),
+                    [r, c] => (r, c),
+                    _ => return self.slice_safetensors(name, dims, &Part::Whole),
+                };
+                self.slice_safetensors(name, &[rows, cols], &Part::Whole)?
+                    .reshape(shape)
+                    .map_err(ModelError::from)
+            }
             Weights::Gguf { device, dtype, .. } => {
                 let t = self.qtensor(name)?.dequantize(device)?;
                 if t.shape() != &shape {
@@ -122,20 +176,37 @@ impl Weights {
         out_dim: usize,
         bias: bool,
     ) -> Result<Linear, ModelError> {
+        self.linear_part(prefix, (in_dim, out_dim), bias, Part::Whole)
+    }
+
+    /// `part` of the linear layer `prefix` (`[out_dim, in_dim]`): [`Part::Rows`] for a
+    /// column-parallel layer (its bias sliced the same way), [`Part::Cols`] for a row-parallel
+    /// one (its bias whole: the caller asks for it on one rank only).
+    pub fn linear_part(
+        &self,
+        prefix: &str,
+        (in_dim, out_dim): (usize, usize),
+        bias: bool,
+        part: Part,
+    ) -> Result<Linear, ModelError> {
         let weight_name = format!("{prefix}.weight");
         let bias = if bias {
-            Some(self.tensor(&format!("{prefix}.bias"), out_dim)?)
+            let name = format!("{prefix}.bias");
+            Some(self.vector_part(&name, out_dim, &part.of_vector(out_dim))?)
         } else {
             None
         };
         match self {
-            Weights::Dense(_) => {
-                let w = self.tensor(&weight_name, (out_dim, in_dim))?;
+            Weights::Dense(_) | Weights::Safetensors { .. } => {
+                let w = self.tensor_part(&weight_name, (out_dim, in_dim), &part)?;
                 Ok(Linear::dense(w, bias))
             }
             Weights::Gguf {
                 dequantize, device, ..
             } => {
+                if part != Part::Whole {
+                    return Err(gguf_unsharded());
+                }
                 let q = self.qtensor(&weight_name)?;
                 if q.shape().dims() != [out_dim, in_dim] {
                     return Err(ModelError::Config(format!(
@@ -154,6 +225,104 @@ impl Weights {
             }
         }
     }
+
+    /// `part` of the 2-D tensor `name` of shape `full` (`[rows, cols]`), in the model dtype.
+    pub fn tensor_part(
+        &self,
+        name: &str,
+        full: (usize, usize),
+        part: &Part,
+    ) -> Result<Tensor, ModelError> {
+        match (self, part) {
+            (_, Part::Whole) => self.tensor(name, full),
+            (Weights::Safetensors { .. }, _) => {
+                self.slice_safetensors(name, &[full.0, full.1], part)
+            }
+            // Dummy weights are drawn whole (so every tensor-parallel size gets the same model)
+            // and sliced.
+            (Weights::Dense(_), Part::Rows(r)) => Ok(self
+                .tensor(name, full)?
+                .narrow(0, r.start, r.len())?
+                .contiguous()?),
+            (Weights::Dense(_), Part::Cols(c)) => Ok(self
+                .tensor(name, full)?
+                .narrow(1, c.start, c.len())?
+                .contiguous()?),
+            (Weights::Gguf { .. }, _) => Err(gguf_unsharded()),
+        }
+    }
+
+    /// `part` (rows of a [`Part::Rows`]) of the vector `name` of length `len`.
+    fn vector_part(&self, name: &str, len: usize, part: &Part) -> Result<Tensor, ModelError> {
+        match part {
+            Part::Rows(r) if r.len() != len => Ok(self
+                .tensor_part(name, (1, len), &Part::Cols(r.clone()))?
+                .flatten_all()?),
+            _ => self.tensor(name, len),
+        }
+    }
+
+    /// Reads `part` of safetensors tensor `name`, whose shape must be `full`: only the bytes of
+    /// that part are copied out of the mapping (`[rows, cols]` row-major).
+    fn slice_safetensors(
+        &self,
+        name: &str,
+        full: &[usize],
+        part: &Part,
+    ) -> Result<Tensor, ModelError> {
+        let Weights::Safetensors {
+            files,
+            dtype,
+            device,
+        } = self
+        else {
+            unreachable!("slice_safetensors is only called on safetensors weights")
+        };
+        let view = files.get(name).map_err(|e| missing_or(name, e))?;
+        let stored = view.shape();
+        let same = stored == full || (full.first() == Some(&1) && stored == &full[1..]);
+        if !same {
+            return Err(ModelError::Config(format!(
+                "tensor {name} has shape {stored:?}, expected {full:?}"
+            )));
+        }
+        let file_dtype = DType::try_from(view.dtype())?;
+        let data = view.data();
+        let (bytes, shape): (std::borrow::Cow<'_, [u8]>, Vec<usize>) = match (part, full) {
+            (Part::Whole, _) => (data.into(), full.to_vec()),
+            (_, &[rows, cols]) => {
+                let es = file_dtype.size_in_bytes();
+                let (r, c) = part.shape((rows, cols));
+                let bytes = match part {
+                    Part::Rows(range) => {
+                        data[range.start * cols * es..range.end * cols * es].into()
+                    }
+                    Part::Cols(range) => {
+                        let mut out = Vec::with_capacity(rows * range.len() * es);
+                        for row in data.chunks_exact(cols * es) {
+                            out.extend_from_slice(&row[range.start * es..range.end * es]);
+                        }
+                        out.into()
+                    }
+                    Part::Whole => unreachable!("handled above"),
+                };
+                (bytes, vec![r, c])
+            }
+            _ => {
+                return Err(ModelError::Config(format!(
+                    "tensor {name}: only 2-D tensors are sharded"
+                )));
+            }
+        };
+        let t = Tensor::from_raw_buffer(&bytes, file_dtype, &shape, &Device::Cpu)?;
+        Ok(t.to_device(device)?.to_dtype(*dtype)?)
+    }
+}
+
+fn gguf_unsharded() -> ModelError {
+    ModelError::Unsupported(
+        "tensor parallelism reads safetensors or dummy weights; GGUF files are not sharded".into(),
+    )
 }
 
 fn missing_or(name: &str, e: candle_core::Error) -> ModelError {
