@@ -46,18 +46,18 @@ impl TpRank {
             return Err("tensor parallelism takes Llama-family models (OPT is not sharded)".into());
         }
         let (nq, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
-        if nq % size != 0 {
+        if !nq.is_multiple_of(size) {
             return Err(format!(
                 "tensor_parallel_size {size} must divide the number of attention heads ({nq})"
             ));
         }
-        if nkv % size != 0 && size % nkv != 0 {
+        if !nkv.is_multiple_of(size) && !size.is_multiple_of(nkv) {
             return Err(format!(
                 "tensor_parallel_size {size} and the number of key/value heads ({nkv}) must \
                  divide one another"
             ));
         }
-        if cfg.intermediate_size % size != 0 {
+        if !cfg.intermediate_size.is_multiple_of(size) {
             return Err(format!(
                 "tensor_parallel_size {size} must divide the MLP's intermediate size ({})",
                 cfg.intermediate_size
@@ -97,7 +97,7 @@ impl TpRank {
     /// The vocabulary rows of the LM head this rank computes, or `None` when every rank keeps
     /// the whole head (one rank, or a vocabulary the ranks cannot split evenly).
     pub fn vocab(&self, cfg: &ModelConfig) -> Option<Range<usize>> {
-        (self.size > 1 && cfg.vocab_size % self.size == 0).then(|| self.part(cfg.vocab_size))
+        (self.size > 1 && cfg.vocab_size.is_multiple_of(self.size)).then(|| self.part(cfg.vocab_size))
     }
 }
 
