@@ -185,3 +185,173 @@ fn a_model_that_does_not_split_is_refused_with_the_reason() {
         "{e}"
     );
 }
+
+mod rendezvous {
+    use std::time::{Duration, Instant};
+
+    use pagewise::parallel::ParallelConfig;
+    use pagewise::parallel::rendezvous::{self, Settings};
+    use pagewise::parallel::wire::{Kind, decode_step, encode_step};
+    use pagewise::scheduler::SchedulerOutput;
+
+    fn config(
+        size: usize,
+        port: Option<u16>,
+        local_rank: usize,
+        timeout_ms: u64,
+    ) -> ParallelConfig {
+        ParallelConfig {
+            tensor_parallel_size: size,
+            master_port: port,
+            local_rank,
+            join_timeout: Duration::from_millis(timeout_ms),
+            ..Default::default()
+        }
+    }
+
+    fn settings(model: &str) -> Settings {
+        [("model", model), ("dtype", "bf16")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn ranks_meet_get_the_id_and_receive_step_plans() {
+        let lead_cfg = config(4, None, 0, 10_000);
+        let listener = rendezvous::listen(&lead_cfg).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        // Workers start in any order, some before rank 0 listens for them.
+        let workers: Vec<_> = [3, 1, 2]
+            .into_iter()
+            .map(|r| {
+                std::thread::spawn(move || {
+                    let cfg = config(4, Some(port), r, 10_000);
+                    let (mut link, id) = rendezvous::join(&cfg, &settings("m")).unwrap();
+                    let (kind, bytes) = link.recv().unwrap();
+                    assert_eq!(kind, Kind::Step);
+                    let mut out = SchedulerOutput::default();
+                    decode_step(&bytes, &mut out).unwrap();
+                    (r, id, out.token_ids)
+                })
+            })
+            .collect();
+        let mut links = rendezvous::lead(&lead_cfg, &listener, &settings("m"), b"nccl-id").unwrap();
+        assert_eq!(links.len(), 3);
+        let out = SchedulerOutput {
+            token_ids: vec![],
+            ..Default::default()
+        };
+        let mut buf = Vec::new();
+        encode_step(&out, &mut buf);
+        for (i, link) in links.iter_mut().enumerate() {
+            // A distinct plan per link shows that link i is rank i + 1.
+            let mut plan = SchedulerOutput::default();
+            plan.token_ids = vec![i as u32 + 1];
+            plan.positions = vec![0];
+            plan.slot_mapping = vec![0];
+            encode_step(&plan, &mut buf);
+            link.send(Kind::Step, &buf).unwrap();
+        }
+        for w in workers {
+            let (rank, id, tokens) = w.join().unwrap();
+            assert_eq!(id, b"nccl-id");
+            assert_eq!(tokens, vec![rank as u32]);
+        }
+    }
+
+    #[test]
+    fn a_rank_that_never_comes_is_an_error_naming_it_within_the_timeout() {
+        let lead_cfg = config(4, None, 0, 1_000);
+        let listener = rendezvous::listen(&lead_cfg).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let joined: Vec<_> = [1, 3]
+            .into_iter()
+            .map(|r| {
+                std::thread::spawn(move || {
+                    rendezvous::join(&config(4, Some(port), r, 3_000), &settings("m"))
+                })
+            })
+            .collect();
+        let start = Instant::now();
+        let e = rendezvous::lead(&lead_cfg, &listener, &settings("m"), b"id")
+            .err()
+            .unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(
+            e.to_string().contains("rank(s) [2] of 4 did not join"),
+            "{e}"
+        );
+        // The ranks that came get no welcome: their own timeout ends their wait.
+        drop(listener);
+        for j in joined {
+            assert!(j.join().unwrap().is_err());
+        }
+    }
+
+    #[test]
+    fn a_worker_with_no_rank_0_gives_up_at_its_deadline() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let start = Instant::now();
+        let e = rendezvous::join(&config(2, Some(port), 1, 500), &settings("m"))
+            .err()
+            .unwrap();
+        assert!(start.elapsed() < Duration::from_secs(3));
+        assert!(
+            e.to_string()
+                .contains("rank 1 could not reach rank 0 at 127.0.0.1:"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn mismatched_settings_are_caught_and_named_on_both_sides() {
+        let lead_cfg = config(2, None, 0, 5_000);
+        let listener = rendezvous::listen(&lead_cfg).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let worker = std::thread::spawn(move || {
+            rendezvous::join(&config(2, Some(port), 1, 5_000), &settings("other"))
+        });
+        let e = rendezvous::lead(&lead_cfg, &listener, &settings("m"), b"id")
+            .err()
+            .unwrap();
+        let want = "rank 1 was started with model = \"other\", rank 0 with \"m\"";
+        assert!(e.to_string().contains(want), "{e}");
+        let e = worker.join().unwrap().err().unwrap();
+        assert!(e.to_string().contains("rank 0 refused rank 1"), "{e}");
+        assert!(e.to_string().contains(want), "{e}");
+    }
+
+    #[test]
+    fn a_different_group_size_is_refused() {
+        let lead_cfg = config(2, None, 0, 5_000);
+        let listener = rendezvous::listen(&lead_cfg).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let worker = std::thread::spawn(move || {
+            // Node 1 of 2 nodes with 2 GPUs each: rank 2 of 4.
+            let cfg = ParallelConfig {
+                nnodes: 2,
+                node_rank: 1,
+                ..config(4, Some(port), 0, 5_000)
+            };
+            rendezvous::join(&cfg, &settings("m"))
+        });
+        let e = rendezvous::lead(&lead_cfg, &listener, &settings("m"), b"id")
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string()
+                .contains("rank 2 was started with --tensor-parallel-size 4, rank 0 with 2"),
+            "{e}"
+        );
+        assert!(worker.join().unwrap().is_err());
+    }
+}

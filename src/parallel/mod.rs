@@ -1,11 +1,18 @@
 //! Tensor parallelism: one model split across GPUs (Megatron-style), one process per GPU.
 //! - [`shard`]: which heads, features and vocabulary rows a rank owns.
 //! - [`collective`]: the all-reduce and all-gather a sharded forward pass needs (NCCL on GPUs).
+//! - [`config`]: the group's layout over nodes and its rendezvous address (vLLM's flags).
+//! - [`rendezvous`]: how the ranks meet over TCP, agree on settings and share the NCCL id.
+//! - [`wire`]: the frames between rank 0 and the others, step plans among them.
 //!
 //! Rank 0 runs the scheduler and the server; every rank runs the same forward pass on its shard.
 
 pub mod collective;
+pub mod config;
+pub mod rendezvous;
 pub mod shard;
+pub mod wire;
 
 pub use collective::{Collective, LocalGroup, Parallel};
+pub use config::ParallelConfig;
 pub use shard::{TP_SIZES, TpRank, head_rows};

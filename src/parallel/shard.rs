@@ -97,7 +97,8 @@ impl TpRank {
     /// The vocabulary rows of the LM head this rank computes, or `None` when every rank keeps
     /// the whole head (one rank, or a vocabulary the ranks cannot split evenly).
     pub fn vocab(&self, cfg: &ModelConfig) -> Option<Range<usize>> {
-        (self.size > 1 && cfg.vocab_size.is_multiple_of(self.size)).then(|| self.part(cfg.vocab_size))
+        (self.size > 1 && cfg.vocab_size.is_multiple_of(self.size))
+            .then(|| self.part(cfg.vocab_size))
     }
 }
 
