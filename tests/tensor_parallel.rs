@@ -238,18 +238,15 @@ mod rendezvous {
             .collect();
         let mut links = rendezvous::lead(&lead_cfg, &listener, &settings("m"), b"nccl-id").unwrap();
         assert_eq!(links.len(), 3);
-        let out = SchedulerOutput {
-            token_ids: vec![],
-            ..Default::default()
-        };
         let mut buf = Vec::new();
-        encode_step(&out, &mut buf);
         for (i, link) in links.iter_mut().enumerate() {
             // A distinct plan per link shows that link i is rank i + 1.
-            let mut plan = SchedulerOutput::default();
-            plan.token_ids = vec![i as u32 + 1];
-            plan.positions = vec![0];
-            plan.slot_mapping = vec![0];
+            let plan = SchedulerOutput {
+                token_ids: vec![i as u32 + 1],
+                positions: vec![0],
+                slot_mapping: vec![0],
+                ..Default::default()
+            };
             encode_step(&plan, &mut buf);
             link.send(Kind::Step, &buf).unwrap();
         }
