@@ -76,9 +76,10 @@ pub struct ServeCmd {
     /// Seconds in-flight requests get to finish after SIGTERM/SIGINT.
     #[arg(long, env = "PAGEWISE_SHUTDOWN_TIMEOUT", default_value_t = 30)]
     pub shutdown_timeout: u64,
-    /// Tensor parallel degree; only 1 is available in this build.
-    #[arg(long, env = "PAGEWISE_TENSOR_PARALLEL_SIZE", default_value_t = 1)]
-    pub tensor_parallel_size: usize,
+    /// This node serves no HTTP: it only runs its ranks of a multi-node tensor-parallel group
+    /// (`--node-rank` 1 or more, which implies it).
+    #[arg(long, env = "PAGEWISE_HEADLESS")]
+    pub headless: bool,
 }
 
 /// Model and engine settings shared by every subcommand that loads a model.
@@ -145,6 +146,57 @@ pub struct EngineFlags {
     /// run eagerly. Larger values upload wider block tables every step.
     #[arg(long, env = "PAGEWISE_MAX_SEQ_LEN_TO_CAPTURE", default_value_t = crate::engine::args::DEFAULT_MAX_SEQ_LEN_TO_CAPTURE)]
     pub max_seq_len_to_capture: usize,
+    /// Tensor parallelism.
+    #[command(flatten)]
+    pub parallel: ParallelFlags,
+}
+
+/// Tensor parallelism flags (vLLM's names). One process per GPU: the process started on a node
+/// starts that node's other ranks itself.
+#[derive(Args, Debug, Clone)]
+pub struct ParallelFlags {
+    /// GPUs to split the model across (1, 2, 4 or 8; it must divide the attention heads).
+    /// Needs a build with `--features nccl`.
+    #[arg(long, env = "PAGEWISE_TENSOR_PARALLEL_SIZE", default_value_t = 1)]
+    pub tensor_parallel_size: usize,
+    /// Hosts the tensor-parallel group spans (the same number of GPUs on each).
+    #[arg(long, env = "PAGEWISE_NNODES", default_value_t = 1)]
+    pub nnodes: usize,
+    /// This host's index in the group: 0 runs the server and the scheduler; the others run
+    /// `pagewise serve ... --node-rank N --headless`.
+    #[arg(long, env = "PAGEWISE_NODE_RANK", default_value_t = 0)]
+    pub node_rank: usize,
+    /// Address of node 0, where the ranks meet (the rendezvous). Node 0 listens on it.
+    #[arg(long, env = "PAGEWISE_MASTER_ADDR", default_value = "127.0.0.1")]
+    pub master_addr: String,
+    /// Port of the rendezvous on node 0 (required with more than one node; one node picks a
+    /// free port by itself).
+    #[arg(long, env = "PAGEWISE_MASTER_PORT", overrides_with = "master_port")]
+    pub master_port: Option<u16>,
+    /// Seconds the ranks have to meet at the rendezvous before startup fails naming the
+    /// missing ones.
+    #[arg(long, env = "PAGEWISE_TP_JOIN_TIMEOUT", default_value_t = 300)]
+    pub tp_join_timeout: u64,
+    /// Internal: the rank of this process among its node's ranks (set by the node's first
+    /// process when it starts the others).
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub tp_local_rank: usize,
+}
+
+impl ParallelFlags {
+    /// The group layout these flags describe.
+    pub fn to_config(&self) -> crate::parallel::ParallelConfig {
+        crate::parallel::ParallelConfig {
+            tensor_parallel_size: self.tensor_parallel_size,
+            nnodes: self.nnodes,
+            node_rank: self.node_rank,
+            master_addr: self.master_addr.clone(),
+            master_port: self.master_port,
+            join_timeout: std::time::Duration::from_secs(self.tp_join_timeout),
+            local_rank: self.tp_local_rank,
+            worker_command: None,
+        }
+    }
 }
 
 impl EngineFlags {
@@ -167,6 +219,7 @@ impl EngineFlags {
             chat_template: self.chat_template.clone(),
             enforce_eager: self.enforce_eager,
             max_seq_len_to_capture: self.max_seq_len_to_capture,
+            parallel: self.parallel.to_config(),
             ..Default::default()
         }
     }

@@ -292,15 +292,17 @@ impl DecodeGraphs {
         let _htod_cache = cuda.enable_cuda_graph_htod_cache();
         let stream = cuda.cuda_stream();
         let mut graphs = Vec::with_capacity(buckets.len() * contexts.len());
-        let group = cfg.num_attention_heads / cfg.num_key_value_heads.max(1);
+        // This rank's heads (all of them without tensor parallelism).
+        let tp = model.tp_rank();
+        let kv_heads = tp.kv_heads(cfg).len();
+        let group = tp.q_heads(cfg).len() / kv_heads.max(1);
         let slots = pagewise_kernels::decode_slots(dtype, cfg.head_dim, group)?;
         for (&b, &context) in buckets
             .iter()
             .flat_map(|b| contexts.iter().map(move |c| (b, c)))
             .rev()
         {
-            let split =
-                pagewise_kernels::graph_split_plan(b, cfg.num_key_value_heads, context, slots);
+            let split = pagewise_kernels::graph_split_plan(b, kv_heads, context, slots);
             let batch = buffers.batch(b, split, context)?;
             let logits_dtype = model.forward_native(&batch, kv)?.dtype();
             if logits_dtype != buffers.logits.dtype() {

@@ -42,11 +42,18 @@ pub struct Llm {
 }
 
 impl Llm {
-    /// Loads the model.
+    /// Loads the model. Under tensor parallelism (`args.parallel`) this process is rank 0 and
+    /// starts this node's other ranks; losing one ends the process with status 1 (a step may be
+    /// waiting on a collective that will never finish, and nothing else can end that wait).
     pub fn new(args: EngineArgs) -> Result<Self, EngineError> {
-        Ok(Llm {
-            core: EngineCore::new(&args)?,
-        })
+        let core = EngineCore::new(&args)?;
+        if let Some(leader) = core.tp_leader() {
+            leader.watch(|reason| {
+                tracing::error!("{reason}; exiting");
+                std::process::exit(1);
+            });
+        }
+        Ok(Llm { core })
     }
 
     /// The engine underneath (tokenizer, config, scheduler state).

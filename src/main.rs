@@ -88,10 +88,10 @@ async fn shutdown_signal() {
 }
 
 fn serve(cmd: ServeCmd) -> Result<()> {
-    if cmd.tensor_parallel_size != 1 {
+    if cmd.headless && cmd.engine.parallel.node_rank == 0 {
         anyhow::bail!(
-            "--tensor-parallel-size {} is not available yet: this build runs one model on one device",
-            cmd.tensor_parallel_size
+            "--headless is for the other nodes of a tensor-parallel group (--node-rank 1 or more); \
+             node 0 runs the server"
         );
     }
     let named = cmd.model_arg.clone().or(cmd.engine.model.clone());
@@ -260,10 +260,44 @@ fn apply_config_file() -> Result<()> {
     Ok(())
 }
 
+/// The engine flags of a command that loads a model.
+fn engine_flags(command: &Command) -> Option<&EngineFlags> {
+    match command {
+        Command::Serve(c) => Some(&c.engine),
+        Command::Generate(c) => Some(&c.engine),
+        Command::Bench(c) => match &c.kind {
+            BenchKind::Throughput(a) => Some(&a.engine),
+            BenchKind::Latency(a) => Some(&a.engine),
+            BenchKind::Serve(_) | BenchKind::Plot(_) => None,
+        },
+    }
+}
+
+/// Runs this process as a tensor-parallel worker rank (any rank but 0) until rank 0 stops.
+fn tp_worker(flags: &EngineFlags, model_arg: Option<String>) -> Result<()> {
+    let model = match model_arg {
+        Some(m) => m,
+        None => resolve_model(flags)?,
+    };
+    let args = flags.to_engine_args(model);
+    let rank = args.parallel.rank();
+    pagewise::parallel::worker::run(&args)
+        .with_context(|| format!("tensor-parallel rank {} of {}", rank.rank, rank.size))
+}
+
 fn main() -> Result<()> {
     apply_config_file()?;
     let cli = Cli::parse();
     init_tracing(cli.log_format);
+    if let Some(flags) = engine_flags(&cli.command) {
+        if flags.parallel.to_config().rank().rank != 0 {
+            let model_arg = match &cli.command {
+                Command::Serve(c) => c.model_arg.clone().or(flags.model.clone()),
+                _ => flags.model.clone(),
+            };
+            return tp_worker(flags, model_arg);
+        }
+    }
     match cli.command {
         Command::Serve(cmd) => serve(cmd),
         Command::Generate(cmd) => generate(cmd),

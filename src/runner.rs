@@ -9,6 +9,7 @@ use candle_core::Device;
 use crate::engine::sequence::Sequence;
 use crate::engine::step_times::{Phase, StepTimes};
 use crate::model::{CausalLm, ForwardBatch, KvCache, ModelError};
+use crate::parallel::group::Leader;
 use crate::sampler::{SampledToken, Sampler};
 use crate::scheduler::SchedulerOutput;
 
@@ -21,6 +22,8 @@ pub struct ModelRunner {
     /// Captured decode graphs (GPU, unless eager).
     #[cfg(feature = "cuda")]
     graphs: Option<crate::cuda_graphs::DecodeGraphs>,
+    /// Under tensor parallelism, on rank 0: the other ranks, sent each step's plan.
+    leader: Option<Leader>,
 }
 
 impl ModelRunner {
@@ -33,7 +36,19 @@ impl ModelRunner {
             sampler: Sampler::default(),
             #[cfg(feature = "cuda")]
             graphs: None,
+            leader: None,
         }
+    }
+
+    /// Makes this runner rank 0 of a tensor-parallel group: every step's plan goes to the other
+    /// ranks before this rank computes it.
+    pub fn lead(&mut self, leader: Leader) {
+        self.leader = Some(leader);
+    }
+
+    /// Rank 0's side of the tensor-parallel group, if any.
+    pub fn leader(&self) -> Option<&Leader> {
+        self.leader.as_ref()
     }
 
     /// Captures CUDA graphs for decode steps (GPU only; a no-op on the CPU). A model whose forward
@@ -89,6 +104,11 @@ impl ModelRunner {
         if out.is_empty() {
             overlap();
             return Ok(Vec::new());
+        }
+        if let Some(leader) = self.leader.as_mut() {
+            leader
+                .broadcast(out)
+                .map_err(|e| ModelError::Unsupported(e.to_string()))?;
         }
         let requests = out
             .seqs
@@ -163,5 +183,53 @@ impl ModelRunner {
         };
         times.lap(Phase::Sample, start);
         Ok(sampled)
+    }
+
+    /// A tensor-parallel worker rank's step: the same forward pass as rank 0 on this rank's
+    /// shard (the same graph replay or eager pass, so the collectives pair up), ending when the
+    /// device is done; the logits are rank 0's to sample.
+    pub fn forward_only(&mut self, out: &SchedulerOutput) -> Result<(), ModelError> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        #[cfg(feature = "cuda")]
+        if !self.device.is_cpu() {
+            let params = crate::engine::request::SamplingParams {
+                temperature: 0.0,
+                ..Default::default()
+            };
+            let mut rngs: Vec<crate::sampler::SeededRng> = out
+                .seqs
+                .iter()
+                .filter(|s| s.samples)
+                .map(|_| crate::sampler::SeededRng::new(0, 0))
+                .collect();
+            let requests = rngs.iter_mut().map(|rng| crate::sampler::SampleRequest {
+                params: &params,
+                prompt_tokens: &[],
+                output_tokens: &[],
+                suppressed: &[],
+                rng,
+            });
+            let rows = crate::sampler::device::DeviceRows::new(requests);
+            let replayed = match self.graphs.as_mut() {
+                Some(graphs) => graphs.prepare(out, &rows)?,
+                None => None,
+            };
+            match replayed.zip(self.graphs.as_ref()) {
+                Some((slot, graphs)) => {
+                    graphs.replay(slot, out.seqs.len())?;
+                }
+                None => {
+                    let batch = ForwardBatch::new(out, &self.device)?;
+                    self.model.forward_native(&batch, &mut self.kv)?;
+                }
+            }
+            self.device.synchronize()?;
+            return Ok(());
+        }
+        let batch = ForwardBatch::new(out, &self.device)?;
+        self.model.forward_native(&batch, &mut self.kv)?;
+        Ok(())
     }
 }

@@ -84,12 +84,35 @@ fn config_file_is_below_the_command_line() {
 }
 
 #[test]
-fn unavailable_tensor_parallelism_is_refused_clearly() {
+fn tensor_parallelism_without_nccl_or_with_a_bad_layout_is_refused_clearly() {
     let out = pagewise(&["serve", MODEL, "--tensor-parallel-size", "2", "--port", "0"]);
     assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("--tensor-parallel-size 2 is not available")
+        err.contains("needs a build with `--features nccl`"),
+        "{err}"
     );
+    let out = pagewise(&["serve", MODEL, "--tensor-parallel-size", "3", "--port", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--tensor-parallel-size 3 is not one of [1, 2, 4, 8]"),
+        "{err}"
+    );
+    let out = pagewise(&[
+        "serve",
+        MODEL,
+        "--tensor-parallel-size",
+        "4",
+        "--nnodes",
+        "2",
+        "--port",
+        "0",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--master-port is required"), "{err}");
+    let out = pagewise(&["serve", MODEL, "--headless", "--port", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--headless is for the other nodes"), "{err}");
 }
 
 #[test]

@@ -74,6 +74,8 @@ pub struct EngineArgs {
     /// GPU: the longest context a CUDA graph serves (capped at `max_model_len`); decode steps with
     /// a longer sequence run eagerly.
     pub max_seq_len_to_capture: usize,
+    /// Tensor parallelism: how many GPUs, on how many nodes, meeting where.
+    pub parallel: crate::parallel::ParallelConfig,
     /// Deliberate failures for tests (feature `fault-injection` only).
     #[cfg(feature = "fault-injection")]
     pub faults: super::faults::Faults,
@@ -98,6 +100,7 @@ impl Default for EngineArgs {
             gguf_matmul: GgufMatmul::Auto,
             enforce_eager: false,
             max_seq_len_to_capture: DEFAULT_MAX_SEQ_LEN_TO_CAPTURE,
+            parallel: Default::default(),
             #[cfg(feature = "fault-injection")]
             faults: Default::default(),
         }
@@ -135,6 +138,9 @@ pub enum EngineError {
     /// The engine settings are inconsistent.
     #[error("invalid engine settings: {0}")]
     Config(String),
+    /// The tensor-parallel group could not form, or lost a rank.
+    #[error("tensor parallelism: {0}")]
+    Parallel(String),
 }
 
 impl From<DetokenizeError> for EngineError {

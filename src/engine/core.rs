@@ -10,17 +10,14 @@ use tokenizers::Tokenizer;
 
 use crate::chat::{ChatError, ChatTemplate};
 
-use super::args::{DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineArgs, EngineError};
+use super::args::{EngineArgs, EngineError};
 use super::detokenizer::IncrementalDetokenizer;
-use super::kv_sizing::KvSizing;
 use super::request::{FinishReason, SamplingParams};
 use super::sequence::{SeqId, SeqMap, Sequence};
 use super::step_times::{Phase, StepTimes};
 use super::stop::StopMatcher;
 use super::text::{self as text_phase, TextJob, TextState};
-use crate::kv::BLOCK_SIZES;
-use crate::loader::{self, LoadOptions};
-use crate::model::{self, KvCache, KvLayout, ModelConfig};
+use crate::model::ModelConfig;
 use crate::runner::ModelRunner;
 use crate::sampler::Logprobs;
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerOutput, SeqUpdate};
@@ -67,47 +64,13 @@ pub struct EngineCore {
 impl EngineCore {
     /// Loads the model and sizes the KV cache.
     pub fn new(args: &EngineArgs) -> Result<Self, EngineError> {
-        if !BLOCK_SIZES.contains(&args.block_size) {
-            return Err(EngineError::Config(format!(
-                "block size {} is not one of {BLOCK_SIZES:?}",
-                args.block_size
-            )));
-        }
-        if args.max_num_seqs == 0 {
-            return Err(EngineError::Config(
-                "max_num_seqs must be at least 1".into(),
+        let loaded = super::loading::load(args)?;
+        if loaded.member.is_some() {
+            return Err(EngineError::Parallel(
+                "this process is a worker rank: run it with parallel::worker::run".into(),
             ));
         }
-        let device = args.device.open()?;
-        tracing::info!(device = ?device, "opening the model");
-        let dtype = args.dtype.resolve(&device);
-        let loaded = loader::load(
-            &args.model,
-            &LoadOptions {
-                load_format: args.load_format,
-                dtype,
-                device: device.clone(),
-                gguf_matmul: args.gguf_matmul,
-                seed: args.seed,
-            },
-        )?;
         let cfg = loaded.config;
-        let max_model_len = match args.max_model_len {
-            Some(n) if n > cfg.max_position_embeddings => {
-                return Err(EngineError::Config(format!(
-                    "max_model_len {n} is larger than the model's max_position_embeddings {}",
-                    cfg.max_position_embeddings
-                )));
-            }
-            Some(0) => {
-                return Err(EngineError::Config(
-                    "max_model_len must be at least 1".into(),
-                ));
-            }
-            Some(n) => n,
-            None => cfg.max_position_embeddings,
-        };
-        let model = model::build(&cfg, &loaded.weights, max_model_len)?;
         let chat = compile_chat_template(
             args.chat_template.as_deref(),
             loaded.chat_template,
@@ -118,46 +81,15 @@ impl EngineCore {
         if let Err(e) = &chat {
             tracing::warn!("chat requests will fail: {e}");
         }
-
-        let max_num_batched_tokens = args
-            .max_num_batched_tokens
-            .unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS);
-        let sizing = KvSizing {
-            args,
-            cfg: &cfg,
-            max_model_len,
-            max_num_batched_tokens,
-            dtype,
-        };
-        let num_blocks = if device.is_cpu() {
-            sizing.cpu_blocks()?
-        } else {
-            gpu_blocks(&sizing, model.as_ref(), &device)?
-        };
-        let bs = args.block_size;
-        let layout = KvLayout {
-            num_blocks,
-            block_size: bs,
-            num_kv_heads: cfg.num_key_value_heads,
-            head_dim: cfg.head_dim,
-        };
-        let kv = KvCache::on_device(layout, cfg.num_hidden_layers, dtype, &device)?;
         let scheduler = Scheduler::new(SchedulerConfig {
             max_num_seqs: args.max_num_seqs,
-            max_num_batched_tokens,
-            max_model_len,
-            block_size: bs,
-            num_blocks,
+            max_num_batched_tokens: loaded.max_num_batched_tokens,
+            max_model_len: loaded.max_model_len,
+            block_size: args.block_size,
+            num_blocks: loaded.num_blocks,
             enable_prefix_caching: args.enable_prefix_caching,
         });
-        let mut runner = ModelRunner::new(model, kv, device);
-        if !args.enforce_eager {
-            runner.capture_graphs(
-                args.max_num_seqs,
-                args.max_seq_len_to_capture.min(max_model_len),
-                bs,
-            );
-        }
+        let runner = loaded.runner;
         Ok(EngineCore {
             scheduler,
             runner,
@@ -176,6 +108,11 @@ impl EngineCore {
             #[cfg(feature = "fault-injection")]
             faults: super::faults::ArmedFaults::new(args.faults.clone()),
         })
+    }
+
+    /// Rank 0's side of the tensor-parallel group, if the model is split.
+    pub fn tp_leader(&self) -> Option<&crate::parallel::group::Leader> {
+        self.runner.leader()
     }
 
     /// The tokenizer.
@@ -353,26 +290,6 @@ impl EngineCore {
         self.out = out;
         Ok(())
     }
-}
-
-#[cfg(feature = "cuda")]
-fn gpu_blocks(
-    sizing: &KvSizing<'_>,
-    model: &dyn model::CausalLm,
-    device: &candle_core::Device,
-) -> Result<usize, EngineError> {
-    sizing.gpu_blocks(model, device)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn gpu_blocks(
-    _: &KvSizing<'_>,
-    _: &dyn model::CausalLm,
-    device: &candle_core::Device,
-) -> Result<usize, EngineError> {
-    Err(EngineError::Config(format!(
-        "{device:?} needs a build with `--features cuda`"
-    )))
 }
 
 /// The template to use: `--chat-template` (a file, or the template itself), else the model's.

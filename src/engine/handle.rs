@@ -184,6 +184,15 @@ impl EngineHandle {
                     vocab_size: core.model_config().vocab_size,
                     max_num_seqs: core.scheduler().config().max_num_seqs,
                 };
+                if let Some(leader) = core.tp_leader() {
+                    // A lost rank is the engine's death even while this thread waits on a
+                    // collective that will never finish.
+                    let death = death_tx.clone();
+                    leader.watch(move |reason| {
+                        tracing::error!("{reason}");
+                        let _ = death.send(Some(Arc::from(reason.as_str())));
+                    });
+                }
                 let _ = ready_tx.send(Ok(info));
                 EngineThread::new(core, rx, stats2, queued2).run_supervised(&death_tx);
             })

@@ -18,6 +18,8 @@ pub struct KvSizing<'a> {
     pub args: &'a EngineArgs,
     /// The model's configuration.
     pub cfg: &'a ModelConfig,
+    /// KV heads this rank's cache holds (all of them without tensor parallelism).
+    pub kv_heads: usize,
     /// Longest sequence.
     pub max_model_len: usize,
     /// Most tokens per step.
@@ -28,7 +30,9 @@ pub struct KvSizing<'a> {
 
 impl KvSizing<'_> {
     fn bytes_per_block(&self) -> u64 {
-        let bytes = self.cfg.kv_bytes_per_token(self.dtype.size_in_bytes());
+        let cfg = self.cfg;
+        let bytes =
+            2 * cfg.num_hidden_layers * self.kv_heads * cfg.head_dim * self.dtype.size_in_bytes();
         (bytes * self.args.block_size) as u64
     }
 
@@ -125,7 +129,7 @@ impl KvSizing<'_> {
         let layout = KvLayout {
             num_blocks: out.block_tables.len() + 1,
             block_size: self.args.block_size,
-            num_kv_heads: self.cfg.num_key_value_heads,
+            num_kv_heads: self.kv_heads,
             head_dim: self.cfg.head_dim,
         };
         let mut kv = KvCache::on_device(layout, self.cfg.num_hidden_layers, self.dtype, device)?;

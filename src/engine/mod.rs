@@ -9,6 +9,7 @@ mod engine_thread;
 pub mod faults;
 pub mod handle;
 pub mod kv_sizing;
+pub mod loading;
 pub mod request;
 pub mod sequence;
 pub mod step_times;

@@ -4,14 +4,20 @@
 //! - [`config`]: the group's layout over nodes and its rendezvous address (vLLM's flags).
 //! - [`rendezvous`]: how the ranks meet over TCP, agree on settings and share the NCCL id.
 //! - [`wire`]: the frames between rank 0 and the others, step plans among them.
+//! - [`group`]: a process's side of the group at run time (rank 0 starts its node's other ranks,
+//!   sends the plans and watches the links); [`worker`]: the other ranks' loop.
 //!
 //! Rank 0 runs the scheduler and the server; every rank runs the same forward pass on its shard.
 
 pub mod collective;
 pub mod config;
+pub mod group;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 pub mod rendezvous;
 pub mod shard;
 pub mod wire;
+pub mod worker;
 
 pub use collective::{Collective, LocalGroup, Parallel};
 pub use config::ParallelConfig;

@@ -1,0 +1,187 @@
+//! Loading an engine's model: device, weights (this rank's shard of them under tensor
+//! parallelism), the KV cache sized from memory (by the smallest rank), the runner and its CUDA
+//! graphs. Rank 0's [`super::core::EngineCore`] and the other ranks' workers
+//! (`crate::parallel::worker`) load the same way, so their forward passes match step for step.
+
+use candle_core::Device;
+use tokenizers::Tokenizer;
+
+use super::args::{DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineArgs, EngineError};
+use super::kv_sizing::KvSizing;
+use crate::kv::BLOCK_SIZES;
+use crate::loader::{self, LoadOptions};
+use crate::model::{self, KvCache, KvLayout, ModelConfig};
+use crate::parallel::Parallel;
+use crate::parallel::group::{self, Member};
+use crate::runner::ModelRunner;
+
+/// A loaded model, its sized cache and its runner.
+pub struct LoadedEngine {
+    /// The model's configuration (the whole model's, on every rank).
+    pub config: ModelConfig,
+    /// The tokenizer.
+    pub tokenizer: Tokenizer,
+    /// The model's own chat template, if it has one.
+    pub chat_template: Option<String>,
+    /// Longest sequence.
+    pub max_model_len: usize,
+    /// Most tokens per step.
+    pub max_num_batched_tokens: usize,
+    /// KV blocks, the null block included (the same on every rank).
+    pub num_blocks: usize,
+    /// The runner (rank 0's sends each step's plan to the other ranks).
+    pub runner: ModelRunner,
+    /// A worker rank's side of the group (`None` on rank 0 and without tensor parallelism).
+    pub member: Option<Member>,
+}
+
+/// The device this process computes on: `--device`, or under tensor parallelism the GPU of its
+/// local rank (choose a node's GPUs with `CUDA_VISIBLE_DEVICES`).
+fn open_device(args: &EngineArgs) -> Result<Device, EngineError> {
+    let p = &args.parallel;
+    if !p.is_parallel() {
+        return args.device.open();
+    }
+    use super::device::DeviceArg;
+    match args.device {
+        DeviceArg::Auto | DeviceArg::Cuda(_) => DeviceArg::Cuda(p.local_rank).open(),
+        DeviceArg::Cpu => Err(EngineError::Parallel(
+            "--tensor-parallel-size above 1 needs CUDA GPUs, not --device cpu".into(),
+        )),
+    }
+}
+
+/// Loads everything [`LoadedEngine`] holds.
+pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
+    if !BLOCK_SIZES.contains(&args.block_size) {
+        return Err(EngineError::Config(format!(
+            "block size {} is not one of {BLOCK_SIZES:?}",
+            args.block_size
+        )));
+    }
+    if args.max_num_seqs == 0 {
+        return Err(EngineError::Config(
+            "max_num_seqs must be at least 1".into(),
+        ));
+    }
+    args.parallel.check().map_err(EngineError::Parallel)?;
+    if args.parallel.is_parallel() && !cfg!(feature = "nccl") {
+        return Err(EngineError::Parallel(
+            "--tensor-parallel-size above 1 needs a build with `--features nccl` (NCCL on CUDA \
+             GPUs); this one runs a model on one device"
+                .into(),
+        ));
+    }
+    let device = open_device(args)?;
+    tracing::info!(device = ?device, "opening the model");
+    let dtype = args.dtype.resolve(&device);
+    // Join the group first: a rank that cannot join fails before minutes of loading.
+    let (par, member) = if args.parallel.is_parallel() {
+        let (par, member) = group::join_group(args, &device)?;
+        (par, Some(member))
+    } else {
+        (Parallel::single(), None)
+    };
+    let loaded = loader::load(
+        &args.model,
+        &LoadOptions {
+            load_format: args.load_format,
+            dtype,
+            device: device.clone(),
+            gguf_matmul: args.gguf_matmul,
+            seed: args.seed,
+        },
+    )?;
+    let cfg = loaded.config;
+    let max_model_len = match args.max_model_len {
+        Some(n) if n > cfg.max_position_embeddings => {
+            return Err(EngineError::Config(format!(
+                "max_model_len {n} is larger than the model's max_position_embeddings {}",
+                cfg.max_position_embeddings
+            )));
+        }
+        Some(0) => {
+            return Err(EngineError::Config(
+                "max_model_len must be at least 1".into(),
+            ));
+        }
+        Some(n) => n,
+        None => cfg.max_position_embeddings,
+    };
+    let model = model::build_sharded(&cfg, &loaded.weights, max_model_len, &par)?;
+    drop(loaded.weights);
+    let max_num_batched_tokens = args
+        .max_num_batched_tokens
+        .unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS);
+    let kv_heads = par.rank.kv_heads(&cfg).len();
+    let sizing = KvSizing {
+        args,
+        cfg: &cfg,
+        kv_heads,
+        max_model_len,
+        max_num_batched_tokens,
+        dtype,
+    };
+    let mut num_blocks = if device.is_cpu() {
+        sizing.cpu_blocks()?
+    } else {
+        gpu_blocks(&sizing, model.as_ref(), &device)?
+    };
+    let mut member = member;
+    if let Some(m) = member.as_mut() {
+        num_blocks = m.agree_blocks(num_blocks)?;
+    }
+    let bs = args.block_size;
+    let layout = KvLayout {
+        num_blocks,
+        block_size: bs,
+        num_kv_heads: kv_heads,
+        head_dim: cfg.head_dim,
+    };
+    let kv = KvCache::on_device(layout, cfg.num_hidden_layers, dtype, &device)?;
+    let mut runner = ModelRunner::new(model, kv, device);
+    if !args.enforce_eager {
+        runner.capture_graphs(
+            args.max_num_seqs,
+            args.max_seq_len_to_capture.min(max_model_len),
+            bs,
+        );
+    }
+    let member = match member {
+        Some(Member::Leader(leader)) => {
+            runner.lead(leader);
+            None
+        }
+        other => other,
+    };
+    Ok(LoadedEngine {
+        config: cfg,
+        tokenizer: loaded.tokenizer,
+        chat_template: loaded.chat_template,
+        max_model_len,
+        max_num_batched_tokens,
+        num_blocks,
+        runner,
+        member,
+    })
+}
+
+#[cfg(feature = "cuda")]
+fn gpu_blocks(
+    sizing: &KvSizing<'_>,
+    model: &dyn model::CausalLm,
+    device: &Device,
+) -> Result<usize, EngineError> {
+    sizing.gpu_blocks(model, device)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_blocks(
+    _: &KvSizing<'_>,
+    _: &dyn model::CausalLm,
+    device: &Device,
+) -> Result<usize, EngineError> {
+    Err(EngineError::Config(format!(
+        "{device:?} needs a build with `--features cuda`"
+    )))
+}

@@ -1,0 +1,286 @@
+//! A process's membership of a tensor-parallel group at run time: rank 0 ([`Leader`]) starts
+//! its node's other ranks, meets everyone at the rendezvous, sends each step's plan and watches
+//! the links; every other rank ([`Follower`]) meets rank 0 and receives the plans.
+
+use std::net::TcpStream;
+use std::process::{Child, Command};
+
+use candle_core::Device;
+
+use super::collective::Parallel;
+use super::config::ParallelConfig;
+use super::rendezvous::{self, Settings};
+use super::wire::{Kind, Link, encode_step};
+use crate::engine::args::{EngineArgs, EngineError};
+use crate::scheduler::SchedulerOutput;
+
+/// The settings every rank must share (compared at the rendezvous).
+pub fn settings(args: &EngineArgs) -> Settings {
+    let p = &args.parallel;
+    [
+        ("model", args.model.clone()),
+        ("--dtype", format!("{:?}", args.dtype)),
+        ("--load-format", format!("{:?}", args.load_format)),
+        ("--max-model-len", format!("{:?}", args.max_model_len)),
+        ("--block-size", args.block_size.to_string()),
+        ("--max-num-seqs", args.max_num_seqs.to_string()),
+        (
+            "--max-num-batched-tokens",
+            format!("{:?}", args.max_num_batched_tokens),
+        ),
+        ("--enforce-eager", args.enforce_eager.to_string()),
+        (
+            "--max-seq-len-to-capture",
+            args.max_seq_len_to_capture.to_string(),
+        ),
+        ("--kv-cache-memory", format!("{:?}", args.kv_cache_memory)),
+        ("--seed", args.seed.to_string()),
+        ("--nnodes", p.nnodes.to_string()),
+        ("pagewise version", env!("CARGO_PKG_VERSION").to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+fn err(m: impl std::fmt::Display) -> EngineError {
+    EngineError::Parallel(m.to_string())
+}
+
+/// Rank 0's side of the group.
+pub struct Leader {
+    links: Vec<Link>,
+    buf: Vec<u8>,
+    children: Vec<Child>,
+    /// Set when the group shuts down on purpose (the links closing is then no loss).
+    stopping: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// A worker rank's side of the group.
+pub struct Follower {
+    /// The link to rank 0.
+    pub link: Link,
+    /// This node's other ranks, when this process is the node's first (a worker node).
+    pub children: Vec<Child>,
+}
+
+/// This process's side.
+pub enum Member {
+    /// Rank 0.
+    Leader(Leader),
+    /// Any other rank.
+    Follower(Follower),
+}
+
+/// Starts this node's other ranks, when this process is the node's first (processes of
+/// `cfg.worker_command`, or of this process's own command line, with `--tp-local-rank K
+/// --master-port P` appended). They exit when rank 0 stops the group or goes away.
+fn start_local_ranks(cfg: &ParallelConfig, port: u16) -> Result<Vec<Child>, EngineError> {
+    let command: Vec<std::ffi::OsString> = match &cfg.worker_command {
+        Some(c) => c.clone(),
+        None => std::env::args_os().collect(),
+    };
+    let Some((program, rest)) = command.split_first() else {
+        return Err(err("no command to start the other ranks with"));
+    };
+    let program = if cfg.worker_command.is_none() {
+        std::env::current_exe().map_err(|e| err(format!("this executable's path: {e}")))?
+    } else {
+        program.into()
+    };
+    if cfg.local_rank != 0 {
+        return Ok(Vec::new());
+    }
+    (1..cfg.local_size())
+        .map(|k| {
+            Command::new(&program)
+                .args(rest)
+                .args(["--tp-local-rank", &k.to_string()])
+                .args(["--master-port", &port.to_string()])
+                .spawn()
+                .map_err(|e| err(format!("starting local rank {k}: {e}")))
+        })
+        .collect()
+}
+
+/// Joins (or, as rank 0, forms) the group `args.parallel` describes, with the model's device
+/// already open: rendezvous, then NCCL. Returns this rank's [`Parallel`] and its side.
+pub fn join_group(args: &EngineArgs, device: &Device) -> Result<(Parallel, Member), EngineError> {
+    let cfg = &args.parallel;
+    cfg.check().map_err(err)?;
+    let rank = cfg.rank();
+    let settings = settings(args);
+    let (id, member) = if rank.leads() {
+        let listener = rendezvous::listen(cfg).map_err(err)?;
+        let port = listener.local_addr().map_err(err)?.port();
+        let children = start_local_ranks(cfg, port)?;
+        let id = unique_id()?;
+        let links = rendezvous::lead(cfg, &listener, &settings, &id).map_err(err)?;
+        let leader = Leader {
+            links,
+            buf: Vec::new(),
+            children,
+            stopping: Default::default(),
+        };
+        (id, Member::Leader(leader))
+    } else {
+        let children = match (cfg.local_rank, cfg.master_port) {
+            (0, Some(port)) => start_local_ranks(cfg, port)?,
+            _ => Vec::new(),
+        };
+        let (link, id) = rendezvous::join(cfg, &settings).map_err(err)?;
+        (id, Member::Follower(Follower { link, children }))
+    };
+    let comm = communicator(device, rank, &id)?;
+    tracing::info!(
+        rank = rank.rank,
+        size = rank.size,
+        "joined the tensor-parallel group"
+    );
+    Ok((Parallel::new(rank, comm), member))
+}
+
+#[cfg(feature = "nccl")]
+fn unique_id() -> Result<Vec<u8>, EngineError> {
+    super::nccl::unique_id().map_err(err)
+}
+
+#[cfg(feature = "nccl")]
+fn communicator(
+    device: &Device,
+    rank: super::TpRank,
+    id: &[u8],
+) -> Result<std::sync::Arc<dyn super::Collective>, EngineError> {
+    Ok(std::sync::Arc::new(
+        super::nccl::NcclComm::new(device, rank, id).map_err(err)?,
+    ))
+}
+
+#[cfg(not(feature = "nccl"))]
+fn unique_id() -> Result<Vec<u8>, EngineError> {
+    Err(no_nccl())
+}
+
+#[cfg(not(feature = "nccl"))]
+fn communicator(
+    _: &Device,
+    _: super::TpRank,
+    _: &[u8],
+) -> Result<std::sync::Arc<dyn super::Collective>, EngineError> {
+    Err(no_nccl())
+}
+
+#[cfg(not(feature = "nccl"))]
+fn no_nccl() -> EngineError {
+    err("tensor parallelism needs a build with `--features nccl` (NCCL on CUDA GPUs)")
+}
+
+impl Member {
+    /// The KV-cache size every rank can hold: rank 0 collects each rank's own count and sends
+    /// back the smallest; the others send theirs and take the answer.
+    pub fn agree_blocks(&mut self, mine: usize) -> Result<usize, EngineError> {
+        let mut payload = Vec::new();
+        match self {
+            Member::Leader(l) => {
+                let mut least = mine;
+                for (i, link) in l.links.iter_mut().enumerate() {
+                    let kind = link.recv_into(&mut payload).map_err(|e| lost(i + 1, e))?;
+                    least = least.min(read_u64(kind, &payload)? as usize);
+                }
+                for (i, link) in l.links.iter_mut().enumerate() {
+                    link.send(Kind::Blocks, &(least as u64).to_le_bytes())
+                        .map_err(|e| lost(i + 1, e))?;
+                }
+                tracing::info!(
+                    num_blocks = least - 1,
+                    "KV cache sized by the smallest rank"
+                );
+                Ok(least)
+            }
+            Member::Follower(f) => {
+                f.link
+                    .send(Kind::Blocks, &(mine as u64).to_le_bytes())
+                    .map_err(|e| lost(0, e))?;
+                let kind = f.link.recv_into(&mut payload).map_err(|e| lost(0, e))?;
+                Ok(read_u64(kind, &payload)? as usize)
+            }
+        }
+    }
+}
+
+fn lost(rank: usize, e: std::io::Error) -> EngineError {
+    err(format!("lost rank {rank}: {e}"))
+}
+
+fn read_u64(kind: Kind, payload: &[u8]) -> Result<u64, EngineError> {
+    match (kind, <[u8; 8]>::try_from(payload)) {
+        (Kind::Blocks, Ok(b)) => Ok(u64::from_le_bytes(b)),
+        _ => Err(err(format!("expected a block count, got {kind:?}"))),
+    }
+}
+
+impl Leader {
+    /// Sends `out` to every other rank (they compute it alongside this one).
+    pub fn broadcast(&mut self, out: &SchedulerOutput) -> Result<(), EngineError> {
+        encode_step(out, &mut self.buf);
+        for (i, link) in self.links.iter_mut().enumerate() {
+            link.send(Kind::Step, &self.buf)
+                .map_err(|e| lost(i + 1, e))?;
+        }
+        Ok(())
+    }
+
+    /// Watches the other ranks from now on: they send nothing more after the rendezvous, so a
+    /// readable link means that rank is gone; `on_loss` is called once with why.
+    pub fn watch(&self, on_loss: impl Fn(String) + Send + Sync + 'static) {
+        let on_loss = std::sync::Arc::new(on_loss);
+        for (i, link) in self.links.iter().enumerate() {
+            let Ok(mut stream): std::io::Result<TcpStream> = link.stream().try_clone() else {
+                continue;
+            };
+            let (on_loss, stopping) = (on_loss.clone(), self.stopping.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("pagewise-watch-rank-{}", i + 1))
+                .spawn(move || {
+                    let mut byte = [0u8; 1];
+                    let why = match std::io::Read::read(&mut stream, &mut byte) {
+                        Ok(0) => "its connection closed".to_string(),
+                        Ok(_) => "it sent an unexpected message".to_string(),
+                        Err(e) => e.to_string(),
+                    };
+                    if stopping.load(std::sync::atomic::Ordering::Acquire) {
+                        return;
+                    }
+                    on_loss(format!(
+                        "tensor-parallel rank {} is gone ({why}); the model cannot run without it",
+                        i + 1
+                    ));
+                });
+            if let Err(e) = spawned {
+                tracing::warn!("cannot watch rank {}: {e}", i + 1);
+            }
+        }
+    }
+}
+
+impl Drop for Leader {
+    fn drop(&mut self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::Release);
+        for link in &mut self.links {
+            let _ = link.send(Kind::Stop, &[]);
+            let _ = link.stream().shutdown(std::net::Shutdown::Both);
+        }
+        for child in &mut self.children {
+            // Local ranks exit on Stop; reap them so none is left a zombie.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            if matches!(child.try_wait(), Ok(None)) {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
