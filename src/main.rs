@@ -289,14 +289,14 @@ fn main() -> Result<()> {
     apply_config_file()?;
     let cli = Cli::parse();
     init_tracing(cli.log_format);
-    if let Some(flags) = engine_flags(&cli.command) {
-        if flags.parallel.to_config().rank().rank != 0 {
-            let model_arg = match &cli.command {
-                Command::Serve(c) => c.model_arg.clone().or(flags.model.clone()),
-                _ => flags.model.clone(),
-            };
-            return tp_worker(flags, model_arg);
-        }
+    if let Some(flags) = engine_flags(&cli.command)
+        && flags.parallel.to_config().rank().rank != 0
+    {
+        let model_arg = match &cli.command {
+            Command::Serve(c) => c.model_arg.clone().or(flags.model.clone()),
+            _ => flags.model.clone(),
+        };
+        return tp_worker(flags, model_arg);
     }
     match cli.command {
         Command::Serve(cmd) => serve(cmd),

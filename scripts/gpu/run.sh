@@ -24,6 +24,11 @@ out=${OUT:-/tmp/pagewise-out}
 work=/tmp/pagewise-gpu
 mkdir -p "$out" "$work/bin"
 what=${1:-all}
+# The binaries are built with NCCL (tensor parallelism): its library comes from the
+# nvidia-nccl-cu13 wheel of the machine's Python.
+nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2> /dev/null)
+[ -n "$nccl_lib" ] && export LD_LIBRARY_PATH="$nccl_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 
 for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests rope-tests gpu-engine-tests; do

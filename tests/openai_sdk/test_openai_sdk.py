@@ -2,6 +2,9 @@
 
 Run by .ci/run: PAGEWISE_BIN=<binary> PAGEWISE_SMOLLM2_GGUF=<gguf> python -m pytest tests/openai_sdk
 Servers: the tiny Qwen2 fixture (with a ChatML template and API keys) and SmolLM2 (its own template).
+On the GPU machines (scripts/gpu/tp.sh) PAGEWISE_SDK_TINY names another tiny model (GPU kernels
+need head dims of 64 or more) and PAGEWISE_SDK_SERVE_ARGS adds flags to every server (e.g.
+`--tensor-parallel-size 2`).
 """
 
 import asyncio
@@ -18,7 +21,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.environ.get("PAGEWISE_BIN", os.path.join(ROOT, "target", "debug", "pagewise"))
-TINY = os.path.join(ROOT, "tests", "fixtures", "qwen2-bias")
+TINY = os.environ.get("PAGEWISE_SDK_TINY", os.path.join(ROOT, "tests", "fixtures", "qwen2-bias"))
+EXTRA = os.environ.get("PAGEWISE_SDK_SERVE_ARGS", "").split()
 CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 KEY = "sk-test-key"
@@ -34,7 +38,7 @@ class Server:
     def __init__(self, *args):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([BIN, "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)],
+        self.proc = subprocess.Popen([BIN, "serve", *args, *EXTRA, "--host", "127.0.0.1", "--port", str(self.port)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.time() + 120
         while time.time() < deadline:

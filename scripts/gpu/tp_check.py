@@ -1,0 +1,265 @@
+"""End-to-end checks of tensor parallelism through `pagewise serve` on two GPUs (scripts/gpu/tp.sh).
+
+    python3 tp_check.py BIN MODELS_DIR OUT_DIR
+
+With the tiny GPU model (tiny-d64: 4 heads, 2 KV heads) and the random Llama-3.2-1B shape
+(llama-1b), it starts servers and compares their greedy tokens (token-id prompts, 5 top logprobs):
+  - TP=1 against TP=2 (one node, the worker started by rank 0) and against a two-"node" TP=2 (two
+    processes, one GPU each through CUDA_VISIBLE_DEVICES, NCCL off its P2P and shared-memory
+    paths): tokens identical up to any divergence at a near-tie (top-2 margin under 0.05 at TP=1);
+  - TP=2 batch invariance: 16 requests at once against each alone;
+  - TP=2 preemption: a cache too small for 16 long requests at once (preemptions counted);
+  - TP=2 prefix caching: a repeated prompt (cache hits counted) gives the same tokens;
+  - failures: a rank that never joins is an error within the join timeout; a worker killed
+    mid-stream makes /health 503 and the server exit non-zero.
+Prints one line per check and writes tp_check.json. Exit status 1 if any check failed.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+BIN, MODELS, OUT = sys.argv[1], sys.argv[2], sys.argv[3]
+results = {}
+failed = []
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, name, model, *args, env=None, wait=True):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(os.path.join(OUT, f"tp-{name}.log"), "w")
+        cmd = [BIN, "serve", model, "--host", "127.0.0.1", "--port", str(self.port), *args]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self, limit=300):
+        deadline = time.time() + limit
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}: see {self.log.name}")
+            try:
+                with urllib.request.urlopen(self.url + "/ready", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.3)
+        raise RuntimeError("server not ready")
+
+    def post(self, path, body, timeout=300):
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def metric(self, name):
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name) and not line.startswith("#"):
+                    return float(line.split()[-1])
+        return None
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+
+def complete(server, prompt, max_tokens=24):
+    r = server.post("/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": max_tokens,
+                                        "temperature": 0, "ignore_eos": True, "logprobs": 5})
+    lp = r["choices"][0]["logprobs"]
+    return {"text": r["choices"][0]["text"], "tokens": lp["tokens"],
+            "top": lp["top_logprobs"], "chosen": lp["token_logprobs"]}
+
+
+def prompts(n, length=40, vocab=250, seed=1):
+    return [[(seed * 7919 + i * 104729 + j * 613) % vocab for j in range(length)] for i in range(n)]
+
+
+def compare(name, want, got):
+    """Greedy outputs must agree token for token, up to a divergence at a near-tie of `want`."""
+    same, ties, bad, worst = 0, 0, 0, 0.0
+    for w, g in zip(want, got):
+        for k, (a, b) in enumerate(zip(w["tokens"], g["tokens"])):
+            if a != b:
+                top = sorted(w["top"][k].values(), reverse=True)
+                margin = top[0] - top[1] if len(top) > 1 else 9.0
+                if margin < 0.05:
+                    ties += 1
+                else:
+                    bad += 1
+                break
+            same += 1
+            worst = max(worst, abs(w["chosen"][k] - g["chosen"][k]))
+    ok = bad == 0 and same > 0
+    record(name, ok, f"{same} tokens identical, {ties} divergence(s) at near-ties, {bad} real; "
+                     f"max |logprob diff| {worst:.3f}")
+
+
+def record(name, ok, detail):
+    results[name] = {"ok": ok, "detail": detail}
+    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+    if not ok:
+        failed.append(name)
+
+
+def concurrent(server, ps, max_tokens):
+    outs = [None] * len(ps)
+
+    def one(i):
+        outs[i] = complete(server, ps[i], max_tokens)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(ps))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outs
+
+
+nccl_net = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
+for m in ["tiny-d64", "llama-1b"]:
+    model = os.path.join(MODELS, m)
+    ps = prompts(6)
+    s1 = Server(f"{m}-tp1", model, "--max-model-len", "512")
+    want = [complete(s1, p) for p in ps]
+    s1.stop()
+    s2 = Server(f"{m}-tp2", model, "--max-model-len", "512", "--tensor-parallel-size", "2")
+    got = [complete(s2, p) for p in ps]
+    compare(f"{m}: TP=2 greedy tokens equal TP=1", want, got)
+    if m == "tiny-d64":
+        many = prompts(16, seed=3)
+        alone = [complete(s2, p, 32) for p in many]
+        together = concurrent(s2, many, 32)
+        same = sum(a["tokens"] == b["tokens"] for a, b in zip(alone, together))
+        record(f"{m}: TP=2 batch invariance (16 at once vs alone)", same == 16, f"{same}/16 identical")
+        hits0 = s2.metric("vllm:prefix_cache_hits_total") or 0
+        again = complete(s2, ps[0])
+        hits1 = s2.metric("vllm:prefix_cache_hits_total") or 0
+        record(f"{m}: TP=2 prefix cache", again["tokens"] == got[0]["tokens"] and hits1 > hits0,
+               f"hits {hits0:.0f} -> {hits1:.0f}, tokens {'same' if again['tokens'] == got[0]['tokens'] else 'differ'}")
+    s2.stop()
+    if m == "tiny-d64":
+        # Preemption: 16 sequences of 40 + 200 tokens with room for ~6 at once.
+        model_cfg = json.load(open(os.path.join(model, "config.json")))
+        per_token = 2 * model_cfg["num_hidden_layers"] * 1 * model_cfg.get("head_dim", 64) * 2  # 1 KV head a rank, bf16
+        small = str(per_token * 240 * 6)
+        many = prompts(16, seed=5)
+        s1 = Server(f"{m}-tp1-alone", model, "--max-model-len", "512")
+        alone = [complete(s1, p, 200) for p in many]
+        s1.stop()
+        s2 = Server(f"{m}-tp2-preempt", model, "--max-model-len", "512", "--tensor-parallel-size", "2",
+                    "--kv-cache-memory", small)
+        together = concurrent(s2, many, 200)
+        pre = s2.metric("vllm:num_preemptions_total") or 0
+        same = sum(a["tokens"] == b["tokens"] for a, b in zip(alone, together))
+        record(f"{m}: TP=2 under preemption equals TP=1 alone", same == 16 and pre > 0,
+               f"{same}/16 identical, {pre:.0f} preemptions")
+        s2.stop()
+    # Two "nodes" on one host: one process per GPU, meeting over TCP, NCCL over its network path.
+    port = str(free_port())
+    common = ["--max-model-len", "512", "--tensor-parallel-size", "2", "--nnodes", "2",
+              "--master-addr", "127.0.0.1", "--master-port", port]
+    n1 = Server(f"{m}-node1", model, *common, "--node-rank", "1", "--headless",
+                env={"CUDA_VISIBLE_DEVICES": "1", **nccl_net}, wait=False)
+    n0 = Server(f"{m}-node0", model, *common, "--node-rank", "0",
+                env={"CUDA_VISIBLE_DEVICES": "0", **nccl_net})
+    got = [complete(n0, p) for p in ps]
+    compare(f"{m}: two-node TP=2 greedy tokens equal TP=1", want, got)
+    n0.stop()
+    try:
+        n1.proc.wait(timeout=30)
+        record(f"{m}: the headless node exits when node 0 stops", n1.proc.returncode == 0,
+               f"exit status {n1.proc.returncode}")
+    except subprocess.TimeoutExpired:
+        record(f"{m}: the headless node exits when node 0 stops", False, "still running after 30 s")
+        n1.proc.kill()
+    n1.log.close()
+
+# A rank that never joins: node 0 of two, alone, with a 10 s join timeout.
+model = os.path.join(MODELS, "tiny-d64")
+start = time.time()
+lonely = Server("never-joins", model, "--tensor-parallel-size", "2", "--nnodes", "2", "--master-port",
+                str(free_port()), "--tp-join-timeout", "10", wait=False)
+try:
+    lonely.proc.wait(timeout=60)
+    took = time.time() - start
+    text = open(lonely.log.name).read()
+    record("a rank that never joins fails startup in bounded time",
+           lonely.proc.returncode != 0 and "did not join" in text and took < 40,
+           f"exit {lonely.proc.returncode} after {took:.1f} s: " +
+           next((l for l in text.splitlines() if "did not join" in l), "no message")[-160:])
+except subprocess.TimeoutExpired:
+    record("a rank that never joins fails startup in bounded time", False, "still running after 60 s")
+    lonely.proc.kill()
+lonely.log.close()
+
+# A worker killed mid-stream: /health turns 503 and the server exits non-zero.
+s2 = Server("worker-killed", model, "--max-model-len", "512", "--tensor-parallel-size", "2")
+workers = subprocess.run(["pgrep", "-P", str(s2.proc.pid)], capture_output=True, text=True).stdout.split()
+stream_done = {}
+
+
+def long_stream():
+    try:
+        s2.post("/v1/completions", {"model": "m", "prompt": [1, 2, 3], "max_tokens": 400,
+                                    "ignore_eos": True, "temperature": 0}, timeout=120)
+        stream_done["status"] = 200
+    except urllib.error.HTTPError as e:
+        stream_done["status"] = e.code
+    except Exception as e:  # noqa: BLE001
+        stream_done["status"] = repr(e)
+
+
+t = threading.Thread(target=long_stream)
+t.start()
+time.sleep(1.0)
+start = time.time()
+for w in workers:
+    os.kill(int(w), signal.SIGKILL)
+health = None
+deadline = time.time() + 30
+while time.time() < deadline and s2.proc.poll() is None:
+    try:
+        with urllib.request.urlopen(s2.url + "/health", timeout=2) as r:
+            health = r.status
+    except urllib.error.HTTPError as e:
+        health = e.code
+        break
+    except OSError:
+        break
+    time.sleep(0.2)
+try:
+    s2.proc.wait(timeout=60)
+except subprocess.TimeoutExpired:
+    s2.proc.kill()
+t.join(timeout=60)
+took = time.time() - start
+record("a worker killed mid-serving: unhealthy, then exit non-zero",
+       bool(workers) and s2.proc.returncode not in (0, None) and took < 60,
+       f"worker pids {workers}, /health {health}, request {stream_done.get('status')}, "
+       f"server exit {s2.proc.returncode} after {took:.1f} s")
+s2.log.close()
+
+json.dump(results, open(os.path.join(OUT, "tp_check.json"), "w"), indent=1)
+print(f"{len(results) - len(failed)}/{len(results)} checks passed")
+sys.exit(1 if failed else 0)
