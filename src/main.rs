@@ -143,6 +143,7 @@ fn serve(cmd: ServeCmd) -> Result<()> {
             opts.served_model_names[0],
             listener.local_addr()?
         );
+        let exit = engine.exit();
         let state = AppState::new(engine, info, &opts);
         server::serve(
             listener,
@@ -152,6 +153,13 @@ fn serve(cmd: ServeCmd) -> Result<()> {
             std::time::Duration::from_secs(cmd.shutdown_timeout),
         )
         .await?;
+        // Every handle is gone: the engine ends its last step and (under tensor parallelism)
+        // stops the other ranks before the process exits.
+        if !tokio::task::spawn_blocking(move || exit.wait(std::time::Duration::from_secs(10)))
+            .await?
+        {
+            tracing::warn!("the engine did not stop within 10 s");
+        }
         tracing::info!("stopped");
         Ok(())
     })

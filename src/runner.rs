@@ -15,6 +15,10 @@ use crate::scheduler::SchedulerOutput;
 
 /// Runs steps of one model.
 pub struct ModelRunner {
+    /// Under tensor parallelism, on rank 0: the other ranks, sent each step's plan. (First, so
+    /// it is dropped first: the other ranks are told to stop before this rank's NCCL
+    /// communicator goes.)
+    leader: Option<Leader>,
     model: Box<dyn CausalLm>,
     kv: KvCache,
     device: Device,
@@ -22,8 +26,6 @@ pub struct ModelRunner {
     /// Captured decode graphs (GPU, unless eager).
     #[cfg(feature = "cuda")]
     graphs: Option<crate::cuda_graphs::DecodeGraphs>,
-    /// Under tensor parallelism, on rank 0: the other ranks, sent each step's plan.
-    leader: Option<Leader>,
 }
 
 impl ModelRunner {

@@ -155,11 +155,10 @@ fn tp2_logits_match_tp1_and_transformers() {
         ranks[0], ranks[1],
         "both ranks hold the same gathered logits"
     );
-    // bf16 with the sums in another order: the same tolerance as the single-GPU bf16 parity.
-    assert!(e12 < 2e-2, "TP=2 drifted from TP=1: {e12}");
-    assert!(decode_e < 2e-2, "the decode step drifted: {decode_e}");
-    assert!(
-        e2 < 2.0 * e1.max(1e-2),
-        "TP=2 is further from transformers: {e2} vs {e1}"
-    );
+    // bf16 with the sums in another order: TP=2 may differ from TP=1 by about as much as bf16
+    // itself differs from transformers' f32 (e1), and must be no further from transformers.
+    let noise = e1.max(1e-2);
+    assert!(e12 < 2.0 * noise, "TP=2 drifted from TP=1: {e12} (bf16 noise {e1})");
+    assert!(decode_e < 2.0 * noise, "the decode step drifted: {decode_e}");
+    assert!(e2 < 1.25 * noise, "TP=2 is further from transformers: {e2} vs {e1}");
 }

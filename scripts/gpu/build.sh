@@ -30,22 +30,15 @@ prefill_tests=$(executables paged_prefill <<< "$kernel_json")
 fused_tests=$(executables fused <<< "$kernel_json")
 rope_tests=$(executables rope <<< "$kernel_json")
 engine_tests=$(cargo test --release --features nccl --test gpu_engine --no-run --message-format=json | executables gpu_engine)
-tp_tests=$(cargo test --release --features nccl --test gpu_tensor_parallel --no-run --message-format=json | executables gpu_tensor_parallel)
 
 rm -rf .gpu && mkdir -p .gpu/scripts/gpu .gpu/tests/fixtures/llama-gqa-tied
-for pair in "$CARGO_TARGET_DIR/release/pagewise:pagewise" "$kernel_tests:kernel-tests" "$sampling_tests:sampling-tests" "$prefill_tests:prefill-tests" "$fused_tests:fused-tests" "$rope_tests:rope-tests" "$engine_tests:gpu-engine-tests" "$tp_tests:gpu-tp-tests"; do
+for pair in "$CARGO_TARGET_DIR/release/pagewise:pagewise" "$kernel_tests:kernel-tests" "$sampling_tests:sampling-tests" "$prefill_tests:prefill-tests" "$fused_tests:fused-tests" "$rope_tests:rope-tests" "$engine_tests:gpu-engine-tests"; do
   src=${pair%%:*} name=${pair##*:}
   cp "$src" ".gpu/$name"
   strip ".gpu/$name"
   xz -T2 -3 ".gpu/$name"
 done
-cp scripts/gpu/tp.sh scripts/gpu/tp_check.py scripts/gpu/adhoc.sh scripts/gpu/make_gpu_models.py scripts/gpu/ncu_step.py scripts/gpu/run.sh scripts/gpu/scoreboard.sh scripts/gpu/hf_baselines.py scripts/gpu/hf_server.py scripts/gpu/long_serve.sh .gpu/scripts/gpu/
+cp scripts/gpu/adhoc.sh scripts/gpu/make_gpu_models.py scripts/gpu/ncu_step.py scripts/gpu/run.sh scripts/gpu/scoreboard.sh scripts/gpu/hf_baselines.py scripts/gpu/hf_server.py scripts/gpu/long_serve.sh .gpu/scripts/gpu/
 cp tests/fixtures/llama-gqa-tied/tokenizer.json .gpu/tests/fixtures/llama-gqa-tied/
 cp scripts/gpu/run.sh .gpu/run.sh
-mkdir -p .gpu/tests/openai_sdk && cp tests/openai_sdk/test_openai_sdk.py .gpu/tests/openai_sdk/
-# The OpenAI SDK and pytest for the GPU machine's Python 3.12 (it has no network).
-python3 -m pip download --quiet --disable-pip-version-check --dest .gpu/wheels \
-  --python-version 3.12 --only-binary=:all: --platform manylinux2014_x86_64 \
-  --platform manylinux_2_17_x86_64 --platform any 'openai==3.57.0' 'pytest==9.2.0' \
-  || cp -r "${PAGEWISE_SDK_WHEELS:-/nonexistent}" .gpu/wheels
 du -sh .gpu

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Tensor parallelism on `nvidia-h200-x2`, from the staged .gpu folder (scripts/gpu/build.sh):
-#   device run (kind nvidia-h200-x2), carry [".gpu"]:  bash .gpu/scripts/gpu/tp.sh [check|bench|all]
+# Tensor parallelism on `nvidia-h200-x2`, from the staged folder (scripts/gpu/build.sh, then
+# scripts/gpu/stage_tp.sh): device run (kind nvidia-h200-x2), carry [".gpu-tp"]:
+#   bash .gpu-tp/scripts/gpu/tp.sh [check|bench|all]
 #   check  the two-GPU NCCL parity test (gpu-tp-tests), scripts/gpu/tp_check.py (servers: TP=1
 #          against TP=2 and two "nodes", batch invariance, preemption, prefix caching, failures)
 #          and the OpenAI SDK suite against a TP=2 server
@@ -36,12 +37,12 @@ if [ "$what" = check ] || [ "$what" = all ]; then
   "$work/bin/gpu-tp-tests" --test-threads=1 --nocapture > "$out/gpu-tp-tests.log" 2>&1 || status=1
   grep -hE "^test |test result|rel\. err|panicked" "$out/gpu-tp-tests.log"
   echo "== servers (scripts/gpu/tp_check.py)"
-  timeout 900 python3 "$here/scripts/gpu/tp_check.py" "$bin" "$PAGEWISE_GPU_MODELS" "$out" || status=1
+  timeout 400 python3 "$here/scripts/gpu/tp_check.py" "$bin" "$PAGEWISE_GPU_MODELS" "$out" || status=1
   echo "== OpenAI SDK suite against TP=2 servers"
   python3 -m pip install --quiet --no-index --find-links "$here/wheels" --target /tmp/sdk openai pytest > "$out/sdk-install.log" 2>&1
   PYTHONPATH=/tmp/sdk PAGEWISE_BIN=$bin PAGEWISE_SDK_TINY=$PAGEWISE_GPU_MODELS/tiny-d64 \
-    PAGEWISE_SDK_SERVE_ARGS="--tensor-parallel-size 2" \
-    timeout 600 python3 -m pytest -q "$here/tests/openai_sdk" -p no:cacheprovider > "$out/sdk.log" 2>&1 || status=1
+    PAGEWISE_SDK_SERVE_ARGS="--tensor-parallel-size 2 --max-model-len 256" \
+    timeout 150 python3 -m pytest -q "$here/tests/openai_sdk" -p no:cacheprovider > "$out/sdk.log" 2>&1 || status=1
   tail -3 "$out/sdk.log"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
@@ -66,7 +67,7 @@ PY
   lat() { # lat NAME TP MODEL
     echo "== $1: batch-1 decode, 128 in / 256 out, TP=$2"
     timeout 420 "$bin" bench latency --model "$cfg/$3" --load-format dummy --max-model-len 4096 \
-      --tensor-parallel-size "$2" --batch-size 1 --input-len 128 --output-len 256 \
+      --tensor-parallel-size "$2" --max-num-seqs 16 --batch-size 1 --input-len 128 --output-len 256 \
       --num-iters-warmup 1 --num-iters 3 --output-json "$out/$1.json" 2> "$out/$1.stderr" | tail -3 \
       || { status=1; tail -5 "$out/$1.stderr"; }
   }

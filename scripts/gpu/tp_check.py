@@ -27,6 +27,9 @@ import urllib.error
 import urllib.request
 
 BIN, MODELS, OUT = sys.argv[1], sys.argv[2], sys.argv[3]
+LOGS = "/tmp/pagewise-tp-logs"   # bundled into OUT/tp-logs.tar.gz at the end
+os.makedirs(LOGS, exist_ok=True)
+MARGIN = 0.1  # a top-1 margin below this (in logprob) is a near-tie bf16 may flip
 results = {}
 failed = []
 
@@ -41,8 +44,9 @@ class Server:
     def __init__(self, name, model, *args, env=None, wait=True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(os.path.join(OUT, f"tp-{name}.log"), "w")
-        cmd = [BIN, "serve", model, "--host", "127.0.0.1", "--port", str(self.port), *args]
+        self.log = open(os.path.join(LOGS, f"{name}.log"), "w")
+        cmd = [BIN, "serve", model, "--served-model-name", "m", "--host", "127.0.0.1",
+               "--port", str(self.port), *args]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})})
         if wait:
@@ -75,13 +79,18 @@ class Server:
         return None
 
     def stop(self):
-        if self.proc.poll() is None:
+        """SIGTERM; returns (exit status, seconds to exit)."""
+        start = time.time()
+        code = self.proc.poll()
+        if code is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout=60)
+                code = self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                code = "killed after 60 s"
         self.log.close()
+        return code, time.time() - start
 
 
 def complete(server, prompt, max_tokens=24):
@@ -96,24 +105,25 @@ def prompts(n, length=40, vocab=250, seed=1):
     return [[(seed * 7919 + i * 104729 + j * 613) % vocab for j in range(length)] for i in range(n)]
 
 
-def compare(name, want, got):
-    """Greedy outputs must agree token for token, up to a divergence at a near-tie of `want`."""
-    same, ties, bad, worst = 0, 0, 0, 0.0
+def compare(name, want, got, strict=False):
+    """Greedy outputs must agree token for token, up to a divergence where `want`'s top-1 margin
+    is under MARGIN (bf16 rounding in another order may flip a near-tie; everything after a flip
+    is a different continuation and is not compared). `strict`: any divergence fails."""
+    same, margins, bad, worst = 0, [], 0, 0.0
     for w, g in zip(want, got):
         for k, (a, b) in enumerate(zip(w["tokens"], g["tokens"])):
             if a != b:
                 top = sorted(w["top"][k].values(), reverse=True)
                 margin = top[0] - top[1] if len(top) > 1 else 9.0
-                if margin < 0.05:
-                    ties += 1
-                else:
-                    bad += 1
+                margins.append(round(margin, 3))
+                bad += margin >= MARGIN or strict
                 break
             same += 1
             worst = max(worst, abs(w["chosen"][k] - g["chosen"][k]))
     ok = bad == 0 and same > 0
-    record(name, ok, f"{same} tokens identical, {ties} divergence(s) at near-ties, {bad} real; "
-                     f"max |logprob diff| {worst:.3f}")
+    record(name, ok, f"{same} tokens identical before any divergence; {len(margins)} divergence(s) "
+                     f"at top-1 margins {margins} ({bad} at or above {MARGIN}); max |logprob diff| "
+                     f"{worst:.3f}")
 
 
 def record(name, ok, detail):
@@ -142,38 +152,43 @@ for m in ["tiny-d64", "llama-1b"]:
     ps = prompts(6)
     s1 = Server(f"{m}-tp1", model, "--max-model-len", "512")
     want = [complete(s1, p) for p in ps]
+    many, long_ps = prompts(16, seed=3), prompts(16, seed=5)
+    if m == "tiny-d64":
+        # The single-GPU reference for batch invariance (the same check at TP=1).
+        alone1 = [complete(s1, p, 32) for p in many]
+        compare(f"{m}: (reference) TP=1 batch invariance, 16 at once vs alone", alone1,
+                concurrent(s1, many, 32))
     s1.stop()
     s2 = Server(f"{m}-tp2", model, "--max-model-len", "512", "--tensor-parallel-size", "2")
+    workers = subprocess.run(["pgrep", "-P", str(s2.proc.pid)], capture_output=True, text=True).stdout.split()
     got = [complete(s2, p) for p in ps]
     compare(f"{m}: TP=2 greedy tokens equal TP=1", want, got)
     if m == "tiny-d64":
-        many = prompts(16, seed=3)
         alone = [complete(s2, p, 32) for p in many]
-        together = concurrent(s2, many, 32)
-        same = sum(a["tokens"] == b["tokens"] for a, b in zip(alone, together))
-        record(f"{m}: TP=2 batch invariance (16 at once vs alone)", same == 16, f"{same}/16 identical")
+        compare(f"{m}: TP=2 batch invariance, 16 at once vs alone", alone, concurrent(s2, many, 32))
         hits0 = s2.metric("vllm:prefix_cache_hits_total") or 0
         again = complete(s2, ps[0])
         hits1 = s2.metric("vllm:prefix_cache_hits_total") or 0
         record(f"{m}: TP=2 prefix cache", again["tokens"] == got[0]["tokens"] and hits1 > hits0,
                f"hits {hits0:.0f} -> {hits1:.0f}, tokens {'same' if again['tokens'] == got[0]['tokens'] else 'differ'}")
-    s2.stop()
+        long_alone = [complete(s2, p, 200) for p in long_ps]
+    code, took = s2.stop()
+    alive = [w for w in workers if os.path.exists(f"/proc/{w}")]
+    record(f"{m}: SIGTERM stops a TP=2 server and its worker", code == 0 and not alive and took < 30,
+           f"exit {code} after {took:.1f} s, worker {workers} {'still running' if alive else 'gone'}")
     if m == "tiny-d64":
-        # Preemption: 16 sequences of 40 + 200 tokens with room for ~6 at once.
+        # Preemption: 16 sequences of 40 + 200 tokens with room for ~6 at once (1 KV head a
+        # rank, bf16), against the same TP=2 engine running each alone.
         model_cfg = json.load(open(os.path.join(model, "config.json")))
-        per_token = 2 * model_cfg["num_hidden_layers"] * 1 * model_cfg.get("head_dim", 64) * 2  # 1 KV head a rank, bf16
-        small = str(per_token * 240 * 6)
-        many = prompts(16, seed=5)
-        s1 = Server(f"{m}-tp1-alone", model, "--max-model-len", "512")
-        alone = [complete(s1, p, 200) for p in many]
-        s1.stop()
+        per_token = 2 * model_cfg["num_hidden_layers"] * 1 * model_cfg.get("head_dim", 64) * 2
         s2 = Server(f"{m}-tp2-preempt", model, "--max-model-len", "512", "--tensor-parallel-size", "2",
-                    "--kv-cache-memory", small)
-        together = concurrent(s2, many, 200)
+                    "--kv-cache-memory", str(per_token * 240 * 6))
+        together = concurrent(s2, long_ps, 200)
         pre = s2.metric("vllm:num_preemptions_total") or 0
-        same = sum(a["tokens"] == b["tokens"] for a, b in zip(alone, together))
-        record(f"{m}: TP=2 under preemption equals TP=1 alone", same == 16 and pre > 0,
-               f"{same}/16 identical, {pre:.0f} preemptions")
+        record(f"{m}: TP=2 preempts under a small cache", pre > 0, f"{pre:.0f} preemptions")
+        # A preempted sequence is recomputed by a prefill, which rounds differently from the
+        # decode steps it replaces.
+        compare(f"{m}: TP=2 under preemption equals TP=2 alone", long_alone, together)
         s2.stop()
     # Two "nodes" on one host: one process per GPU, meeting over TCP, NCCL over its network path.
     port = str(free_port())
@@ -185,13 +200,15 @@ for m in ["tiny-d64", "llama-1b"]:
                 env={"CUDA_VISIBLE_DEVICES": "0", **nccl_net})
     got = [complete(n0, p) for p in ps]
     compare(f"{m}: two-node TP=2 greedy tokens equal TP=1", want, got)
-    n0.stop()
+    code, took = n0.stop()
     try:
         n1.proc.wait(timeout=30)
-        record(f"{m}: the headless node exits when node 0 stops", n1.proc.returncode == 0,
-               f"exit status {n1.proc.returncode}")
+        record(f"{m}: node 0 stops on SIGTERM and the headless node with it",
+               n1.proc.returncode == 0 and code == 0 and took < 30,
+               f"node 0 exit {code} after {took:.1f} s, node 1 exit {n1.proc.returncode}")
     except subprocess.TimeoutExpired:
-        record(f"{m}: the headless node exits when node 0 stops", False, "still running after 30 s")
+        record(f"{m}: node 0 stops on SIGTERM and the headless node with it", False,
+               f"node 0 exit {code} after {took:.1f} s, node 1 still running after 30 s more")
         n1.proc.kill()
     n1.log.close()
 
@@ -261,5 +278,6 @@ record("a worker killed mid-serving: unhealthy, then exit non-zero",
 s2.log.close()
 
 json.dump(results, open(os.path.join(OUT, "tp_check.json"), "w"), indent=1)
+subprocess.run(["tar", "czf", os.path.join(OUT, "tp-logs.tar.gz"), "-C", LOGS, "."])
 print(f"{len(results) - len(failed)}/{len(results)} checks passed")
 sys.exit(1 if failed else 0)

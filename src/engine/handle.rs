@@ -146,6 +146,27 @@ pub struct EngineHandle {
     /// Sequences accepted and not yet scheduled (live, not published).
     queued: Arc<AtomicUsize>,
     max_queued: usize,
+    /// Closed when the engine thread has ended (its engine, and any tensor-parallel group it
+    /// leads, dropped).
+    exited: watch::Receiver<()>,
+}
+
+/// Waits for the engine thread to end, without keeping it alive (see [`EngineHandle::exit`]).
+pub struct EngineExit(watch::Receiver<()>);
+
+impl EngineExit {
+    /// Blocks until the engine thread has ended (every [`EngineHandle`] dropped, or its death),
+    /// at most `limit`; returns whether it ended.
+    pub fn wait(&self, limit: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        while self.0.has_changed().is_ok() {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        true
+    }
 }
 
 impl EngineHandle {
@@ -158,6 +179,7 @@ impl EngineHandle {
         let (tx, rx) = mpsc::unbounded_channel();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (death_tx, death) = watch::channel(None);
+        let (exited_tx, exited) = watch::channel(());
         let stats = Arc::new(EngineStats::default());
         let queued = Arc::new(AtomicUsize::new(0));
         let (stats2, queued2) = (stats.clone(), queued.clone());
@@ -195,6 +217,7 @@ impl EngineHandle {
                 }
                 let _ = ready_tx.send(Ok(info));
                 EngineThread::new(core, rx, stats2, queued2).run_supervised(&death_tx);
+                drop(exited_tx);
             })
             .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?;
         let info = ready_rx
@@ -206,8 +229,16 @@ impl EngineHandle {
             stats,
             queued,
             max_queued: max_queued_seqs,
+            exited,
         };
         Ok((handle, info))
+    }
+
+    /// A way to wait for the engine thread to end that does not itself keep it running: a
+    /// server drops its handles and then waits, so the engine is torn down (a tensor-parallel
+    /// group told to stop) before the process exits.
+    pub fn exit(&self) -> EngineExit {
+        EngineExit(self.exited.clone())
     }
 
     /// Whether the engine thread is running.

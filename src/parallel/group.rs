@@ -267,17 +267,19 @@ impl Drop for Leader {
     fn drop(&mut self) {
         self.stopping
             .store(true, std::sync::atomic::Ordering::Release);
+        tracing::info!("stopping the other tensor-parallel ranks");
         for link in &mut self.links {
             let _ = link.send(Kind::Stop, &[]);
             let _ = link.stream().shutdown(std::net::Shutdown::Both);
         }
         for child in &mut self.children {
             // Local ranks exit on Stop; reap them so none is left a zombie.
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
             while matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
             if matches!(child.try_wait(), Ok(None)) {
+                tracing::warn!(pid = child.id(), "a local rank did not stop within 5 s; killing it");
                 let _ = child.kill();
                 let _ = child.wait();
             }

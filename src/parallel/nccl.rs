@@ -70,13 +70,9 @@ impl NcclComm {
     }
 }
 
-impl Drop for NcclComm {
-    fn drop(&mut self) {
-        // Abort rather than destroy: a peer may already be gone, and destroy would wait for it.
-        // SAFETY: the communicator is valid and not used after this.
-        let _ = unsafe { result::comm_abort(self.comm) };
-    }
-}
+// No Drop: the communicator is left to the process's exit. Seen on the H200 pair (2026-11-30):
+// ncclCommAbort after the decode graphs had run never returned, on either rank, so a server
+// could not stop; a communicator lives as long as its engine, which is the process in practice.
 
 enum Op {
     AllReduce,

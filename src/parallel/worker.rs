@@ -53,5 +53,7 @@ pub fn run(args: &EngineArgs) -> Result<(), EngineError> {
         runner.forward_only(&out)?;
     }
     tracing::info!(rank, "rank 0 stopped the group");
+    drop(runner);
+    tracing::info!(rank, "worker done");
     Ok(())
 }
