@@ -158,7 +158,16 @@ fn tp2_logits_match_tp1_and_transformers() {
     // bf16 with the sums in another order: TP=2 may differ from TP=1 by about as much as bf16
     // itself differs from transformers' f32 (e1), and must be no further from transformers.
     let noise = e1.max(1e-2);
-    assert!(e12 < 2.0 * noise, "TP=2 drifted from TP=1: {e12} (bf16 noise {e1})");
-    assert!(decode_e < 2.0 * noise, "the decode step drifted: {decode_e}");
-    assert!(e2 < 1.25 * noise, "TP=2 is further from transformers: {e2} vs {e1}");
+    assert!(
+        e12 < 2.0 * noise,
+        "TP=2 drifted from TP=1: {e12} (bf16 noise {e1})"
+    );
+    assert!(
+        decode_e < 2.0 * noise,
+        "the decode step drifted: {decode_e}"
+    );
+    assert!(
+        e2 < 1.25 * noise,
+        "TP=2 is further from transformers: {e2} vs {e1}"
+    );
 }

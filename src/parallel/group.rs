@@ -279,7 +279,10 @@ impl Drop for Leader {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
             if matches!(child.try_wait(), Ok(None)) {
-                tracing::warn!(pid = child.id(), "a local rank did not stop within 5 s; killing it");
+                tracing::warn!(
+                    pid = child.id(),
+                    "a local rank did not stop within 5 s; killing it"
+                );
                 let _ = child.kill();
                 let _ = child.wait();
             }
