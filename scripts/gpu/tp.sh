@@ -5,9 +5,10 @@
 #   check  the two-GPU NCCL parity test (gpu-tp-tests), scripts/gpu/tp_check.py (servers: TP=1
 #          against TP=2 and two "nodes", batch invariance, preemption, prefix caching, failures)
 #          and the OpenAI SDK suite against a TP=2 server
-#   bench  `pagewise bench latency` at batch 1 (128 in / 256 out): Llama-3.1-8B shape at TP=1
-#          and TP=2, Llama-3.1-70B shape at TP=2 (dummy bf16 weights); TP_BENCH_MORE=1 adds 70B
-#          offline throughput (1000 x (1024, 128)) and `bench serve` at 1 and 4 req/s
+#   bench  TP_BENCH parts (default "latency"): latency = `pagewise bench latency` at batch 1
+#          (128 in / 256 out), Llama-3.1-8B shape at TP=1 and TP=2, Llama-3.1-70B shape at TP=2
+#          (dummy bf16 weights); more = 70B TP=2 offline throughput (1000 x (1024, 128)) and
+#          `bench serve` at 1 and 4 req/s
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0): it is forbidden on these hosts.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)   # the staged .gpu folder
@@ -71,10 +72,13 @@ PY
       --num-iters-warmup 1 --num-iters 3 --output-json "$out/$1.json" 2> "$out/$1.stderr" | tail -3 \
       || { status=1; tail -5 "$out/$1.stderr"; }
   }
-  lat llama-8b-tp1-latency 1 llama-8b
-  lat llama-8b-tp2-latency 2 llama-8b
-  lat llama-70b-tp2-latency 2 llama-70b
-  if [ -n "${TP_BENCH_MORE:-}" ]; then
+  parts=" ${TP_BENCH:-latency} "
+  if [[ $parts == *" latency "* ]]; then
+    lat llama-8b-tp1-latency 1 llama-8b
+    lat llama-8b-tp2-latency 2 llama-8b
+    lat llama-70b-tp2-latency 2 llama-70b
+  fi
+  if [[ $parts == *" more "* ]]; then
     echo "== llama-70b TP=2: offline, 1000 x (1024 in, 128 out)"
     timeout 900 "$bin" bench throughput --model "$cfg/llama-70b" --load-format dummy --max-model-len 4096 \
       --tensor-parallel-size 2 --num-prompts 1000 --input-len 1024 --output-len 128 \

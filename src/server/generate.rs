@@ -111,12 +111,16 @@ async fn submit_all(state: &AppState, job: &Job) -> Result<BoxStream<'static, Ta
 }
 
 /// A token as text for logprobs: its decoded text, or its vocabulary entry when it is only part of
-/// a UTF-8 character (so distinct tokens never share a key in `top_logprobs`).
+/// a UTF-8 character, or vLLM's `token_id:N` for an id the tokenizer has no entry for (a model
+/// whose embedding has more rows than its tokenizer has tokens), so distinct tokens never share
+/// a key in `top_logprobs`.
 fn token_text(state: &AppState, id: u32) -> String {
     let tokenizer = &state.info.tokenizer;
     match tokenizer.decode(&[id], false) {
-        Ok(text) if !text.contains('\u{FFFD}') => text,
-        _ => tokenizer.id_to_token(id).unwrap_or_default(),
+        Ok(text) if !text.is_empty() && !text.contains('\u{FFFD}') => text,
+        _ => tokenizer
+            .id_to_token(id)
+            .unwrap_or_else(|| format!("token_id:{id}")),
     }
 }
 
