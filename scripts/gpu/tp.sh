@@ -8,7 +8,9 @@
 #   bench  TP_BENCH parts (default "latency"): latency = `pagewise bench latency` at batch 1
 #          (128 in / 256 out), Llama-3.1-8B shape at TP=1 and TP=2, Llama-3.1-70B shape at TP=2
 #          (dummy bf16 weights); more = 70B TP=2 offline throughput (1000 x (1024, 128)) and
-#          `bench serve` at 1 and 4 req/s
+#          `bench serve` at 1 req/s (30 prompts) and 4 req/s (100); peer = llama.cpp on the same two
+#          GPUs (the kit of ../shared/peers/llama.cpp, staged as lcpp/: random F16 GGUF of the 8B
+#          shape, llama-bench tg128 with -sm layer and -sm row) next to our 8B TP=1 and TP=2
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0): it is forbidden on these hosts.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)   # the staged .gpu folder
@@ -78,6 +80,19 @@ PY
     lat llama-8b-tp2-latency 2 llama-8b
     lat llama-70b-tp2-latency 2 llama-70b
   fi
+  if [[ $parts == *" peer "* ]] && [ -f "$here/lcpp/run.sh" ]; then
+    echo "== llama.cpp on both GPUs (build, then random F16 8B GGUF)"
+    JOBS=32 SHAPES=llama-8b OUT=$out/lcpp timeout 420 bash "$here/lcpp/run.sh" build > "$out/lcpp-build.log" 2>&1 \
+      || { status=1; tail -5 "$out/lcpp-build.log"; }
+    lb=/tmp/lcpp/llama.cpp/build/bin/llama-bench
+    for sm in layer row; do
+      echo "== llama.cpp llama-8b F16, -sm $sm, both GPUs: tg128"
+      timeout 240 "$lb" -m /tmp/lcpp-models/llama-8b.gguf -p 0 -n 128 -r 3 -fa 1 -ngl 99 -sm "$sm" -o md \
+        2> "$out/lcpp-$sm.stderr" | tail -3 || tail -3 "$out/lcpp-$sm.stderr"
+    done
+    lat llama-8b-tp1-latency-peer 1 llama-8b
+    lat llama-8b-tp2-latency-peer 2 llama-8b
+  fi
   if [[ $parts == *" more "* ]]; then
     echo "== llama-70b TP=2: offline, 1000 x (1024 in, 128 out)"
     timeout 900 "$bin" bench throughput --model "$cfg/llama-70b" --load-format dummy --max-model-len 4096 \
@@ -88,7 +103,7 @@ PY
       --port $port --served-model-name llama-70b > "$out/llama-70b-tp2-serve.log" 2>&1 &
     pid=$!
     for _ in $(seq 600); do curl -sf "localhost:$port/ready" > /dev/null && break; sleep 0.5; done
-    for spec in 1:60 4:200; do
+    for spec in 1:30 4:100; do
       rate=${spec%%:*} n=${spec##*:}
       echo "== llama-70b TP=2: bench serve, $n prompts of 1024/128 at $rate req/s"
       timeout $(( n / rate + 240 )) "$bin" bench serve --base-url "http://127.0.0.1:$port" --model llama-70b \
