@@ -177,6 +177,10 @@ pub struct ParallelFlags {
     /// missing ones.
     #[arg(long, env = "PAGEWISE_TP_JOIN_TIMEOUT", default_value_t = 300)]
     pub tp_join_timeout: u64,
+    /// All-reduces through NCCL only: no one-shot all-reduce kernel over NVLink peer memory
+    /// (used by default for calls of up to 512 KiB when every rank is on one node).
+    #[arg(long, env = "PAGEWISE_DISABLE_CUSTOM_ALL_REDUCE")]
+    pub disable_custom_all_reduce: bool,
     /// Internal: the rank of this process among its node's ranks (set by the node's first
     /// process when it starts the others).
     #[arg(long, hide = true, default_value_t = 0)]
@@ -194,6 +198,7 @@ impl ParallelFlags {
             master_port: self.master_port,
             join_timeout: std::time::Duration::from_secs(self.tp_join_timeout),
             local_rank: self.tp_local_rank,
+            disable_custom_all_reduce: self.disable_custom_all_reduce,
             worker_command: None,
         }
     }

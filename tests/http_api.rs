@@ -54,9 +54,17 @@ async fn completions_and_chat_plain_and_streaming() {
 
     // 20 alternatives are 20 keys: ids the tokenizer has no entry for (this model has 320
     // embedding rows for 257 tokens) are `token_id:N`, never a shared empty string.
-    let (status, body) = post(&base, "/v1/completions", json!({"prompt": "abc", "max_tokens": 4, "temperature": 0, "logprobs": 20})).await;
+    let (status, body) = post(
+        &base,
+        "/v1/completions",
+        json!({"prompt": "abc", "max_tokens": 4, "temperature": 0, "logprobs": 20}),
+    )
+    .await;
     assert_eq!(status, 200, "{body}");
-    for top in body["choices"][0]["logprobs"]["top_logprobs"].as_array().unwrap() {
+    for top in body["choices"][0]["logprobs"]["top_logprobs"]
+        .as_array()
+        .unwrap()
+    {
         let keys = top.as_object().unwrap();
         assert_eq!(keys.len(), 20, "{top}");
         assert!(!keys.contains_key(""), "{top}");

@@ -111,6 +111,22 @@ unsafe extern "C" {
         stream: *mut c_void,
     ) -> c_int;
 
+    pub fn pagewise_ar_alloc(data_bytes: usize, ptr: *mut *mut c_void, handle: *mut u8) -> c_int;
+
+    pub fn pagewise_ar_open(handle: *const u8, ptr: *mut *mut c_void) -> c_int;
+
+    pub fn pagewise_ar_oneshot(
+        dtype: c_int,
+        regions: *const u64,
+        rank: c_int,
+        size: c_int,
+        data_bytes: usize,
+        input: *const c_void,
+        out: *mut c_void,
+        n: i64,
+        stream: *mut c_void,
+    ) -> c_int;
+
     pub fn pagewise_silu_mul(
         dtype: c_int,
         out: *mut c_void,

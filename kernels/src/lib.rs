@@ -9,6 +9,7 @@
 //!
 //! Compiled only with the app's `cuda` feature; kernels/build.rs builds kernels/csrc with nvcc.
 
+pub mod allreduce;
 mod decode;
 mod ffi;
 mod fused;

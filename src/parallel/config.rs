@@ -28,6 +28,8 @@ pub struct ParallelConfig {
     pub join_timeout: Duration,
     /// This process's rank among its node's ranks (0 for the process the user started).
     pub local_rank: usize,
+    /// All-reduces through NCCL only, never the one-shot kernel over peer memory.
+    pub disable_custom_all_reduce: bool,
     /// The command that starts this node's other ranks (`--tp-local-rank K` is appended);
     /// `None` runs this process's own command line again.
     pub worker_command: Option<Vec<OsString>>,
@@ -43,6 +45,7 @@ impl Default for ParallelConfig {
             master_port: None,
             join_timeout: DEFAULT_JOIN_TIMEOUT,
             local_rank: 0,
+            disable_custom_all_reduce: false,
             worker_command: None,
         }
     }

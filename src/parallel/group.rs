@@ -36,6 +36,10 @@ pub fn settings(args: &EngineArgs) -> Settings {
         ("--kv-cache-memory", format!("{:?}", args.kv_cache_memory)),
         ("--seed", args.seed.to_string()),
         ("--nnodes", p.nnodes.to_string()),
+        (
+            "--disable-custom-all-reduce",
+            p.disable_custom_all_reduce.to_string(),
+        ),
         ("pagewise version", env!("CARGO_PKG_VERSION").to_string()),
     ]
     .into_iter()
@@ -131,7 +135,8 @@ pub fn join_group(args: &EngineArgs, device: &Device) -> Result<(Parallel, Membe
         let (link, id) = rendezvous::join(cfg, &settings).map_err(err)?;
         (id, Member::Follower(Follower { link, children }))
     };
-    let comm = communicator(device, rank, &id)?;
+    let mut member = member;
+    let comm = communicator(args, device, rank, &id, &mut member)?;
     tracing::info!(
         rank = rank.rank,
         size = rank.size,
@@ -145,15 +150,36 @@ fn unique_id() -> Result<Vec<u8>, EngineError> {
     super::nccl::unique_id().map_err(err)
 }
 
+/// NCCL, with the one-shot all-reduce over peer memory for small calls when every rank is on
+/// this node, each rank could open every other's region, and `--disable-custom-all-reduce` is
+/// not given (the ranks agree on it, or their collectives would not pair up).
 #[cfg(feature = "nccl")]
 fn communicator(
+    args: &EngineArgs,
     device: &Device,
     rank: super::TpRank,
     id: &[u8],
+    member: &mut Member,
 ) -> Result<std::sync::Arc<dyn super::Collective>, EngineError> {
-    Ok(std::sync::Arc::new(
-        super::nccl::NcclComm::new(device, rank, id).map_err(err)?,
-    ))
+    use super::oneshot::{NodeCollectives, OneShot};
+    let nccl = super::nccl::NcclComm::new(device, rank, id).map_err(err)?;
+    let cfg = &args.parallel;
+    let mut oneshot = None;
+    if cfg.nnodes == 1 && !cfg.disable_custom_all_reduce {
+        let mine = OneShot::prepare();
+        let handle = mine.as_ref().map_or([0u8; 64], |r| r.handle);
+        let handles = member.all_gather_bytes(&handle)?;
+        let opened = mine.and_then(|r| OneShot::open(r, &handles, rank));
+        let everyone = member.agree_min(u64::from(opened.is_ok()))? == 1;
+        match (opened, everyone) {
+            (Ok(o), true) => oneshot = Some(o),
+            (Err(e), _) => tracing::warn!("all-reduces go through NCCL alone: {e}"),
+            (Ok(_), false) => tracing::warn!(
+                "all-reduces go through NCCL alone: a rank could not open the peer regions"
+            ),
+        }
+    }
+    Ok(std::sync::Arc::new(NodeCollectives::new(nccl, oneshot)))
 }
 
 #[cfg(not(feature = "nccl"))]
@@ -163,9 +189,11 @@ fn unique_id() -> Result<Vec<u8>, EngineError> {
 
 #[cfg(not(feature = "nccl"))]
 fn communicator(
+    _: &EngineArgs,
     _: &Device,
     _: super::TpRank,
     _: &[u8],
+    _: &mut Member,
 ) -> Result<std::sync::Arc<dyn super::Collective>, EngineError> {
     Err(no_nccl())
 }
@@ -176,35 +204,77 @@ fn no_nccl() -> EngineError {
 }
 
 impl Member {
-    /// The KV-cache size every rank can hold: rank 0 collects each rank's own count and sends
-    /// back the smallest; the others send theirs and take the answer.
+    /// The KV-cache size every rank can hold: the smallest of the ranks' own counts.
     pub fn agree_blocks(&mut self, mine: usize) -> Result<usize, EngineError> {
+        let least = self.agree_min(mine as u64)? as usize;
+        if matches!(self, Member::Leader(_)) {
+            tracing::info!(
+                num_blocks = least - 1,
+                "KV cache sized by the smallest rank"
+            );
+        }
+        Ok(least)
+    }
+
+    /// The smallest of every rank's `mine`: rank 0 collects them and sends back the least; the
+    /// others send theirs and take the answer.
+    pub fn agree_min(&mut self, mine: u64) -> Result<u64, EngineError> {
         let mut payload = Vec::new();
         match self {
             Member::Leader(l) => {
                 let mut least = mine;
                 for (i, link) in l.links.iter_mut().enumerate() {
                     let kind = link.recv_into(&mut payload).map_err(|e| lost(i + 1, e))?;
-                    least = least.min(read_u64(kind, &payload)? as usize);
+                    least = least.min(read_u64(kind, &payload)?);
                 }
                 for (i, link) in l.links.iter_mut().enumerate() {
-                    link.send(Kind::Blocks, &(least as u64).to_le_bytes())
+                    link.send(Kind::Agree, &least.to_le_bytes())
                         .map_err(|e| lost(i + 1, e))?;
                 }
-                tracing::info!(
-                    num_blocks = least - 1,
-                    "KV cache sized by the smallest rank"
-                );
                 Ok(least)
             }
             Member::Follower(f) => {
                 f.link
-                    .send(Kind::Blocks, &(mine as u64).to_le_bytes())
+                    .send(Kind::Agree, &mine.to_le_bytes())
                     .map_err(|e| lost(0, e))?;
                 let kind = f.link.recv_into(&mut payload).map_err(|e| lost(0, e))?;
-                Ok(read_u64(kind, &payload)? as usize)
+                read_u64(kind, &payload)
             }
         }
+    }
+
+    /// Every rank's `mine` (all the same length), in rank order, on every rank: rank 0 collects
+    /// them and sends the whole list back.
+    pub fn all_gather_bytes(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>, EngineError> {
+        let mut payload = Vec::new();
+        let len = mine.len().max(1);
+        let all = match self {
+            Member::Leader(l) => {
+                let mut all = mine.to_vec();
+                for (i, link) in l.links.iter_mut().enumerate() {
+                    let kind = link.recv_into(&mut payload).map_err(|e| lost(i + 1, e))?;
+                    if kind != Kind::Handles || payload.len() != mine.len() {
+                        return Err(err(format!("rank {} sent {kind:?}, not its handle", i + 1)));
+                    }
+                    all.extend_from_slice(&payload);
+                }
+                for (i, link) in l.links.iter_mut().enumerate() {
+                    link.send(Kind::Handles, &all).map_err(|e| lost(i + 1, e))?;
+                }
+                all
+            }
+            Member::Follower(f) => {
+                f.link.send(Kind::Handles, mine).map_err(|e| lost(0, e))?;
+                let kind = f.link.recv_into(&mut payload).map_err(|e| lost(0, e))?;
+                if kind != Kind::Handles || !payload.len().is_multiple_of(len) {
+                    return Err(err(format!(
+                        "rank 0 sent {kind:?}, not every rank's handle"
+                    )));
+                }
+                payload
+            }
+        };
+        Ok(all.chunks(len).map(<[u8]>::to_vec).collect())
     }
 }
 
@@ -214,8 +284,8 @@ fn lost(rank: usize, e: std::io::Error) -> EngineError {
 
 fn read_u64(kind: Kind, payload: &[u8]) -> Result<u64, EngineError> {
     match (kind, <[u8; 8]>::try_from(payload)) {
-        (Kind::Blocks, Ok(b)) => Ok(u64::from_le_bytes(b)),
-        _ => Err(err(format!("expected a block count, got {kind:?}"))),
+        (Kind::Agree, Ok(b)) => Ok(u64::from_le_bytes(b)),
+        _ => Err(err(format!("expected a number to agree on, got {kind:?}"))),
     }
 }
 

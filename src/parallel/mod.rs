@@ -14,6 +14,8 @@ pub mod config;
 pub mod group;
 #[cfg(feature = "nccl")]
 pub mod nccl;
+#[cfg(feature = "nccl")]
+pub mod oneshot;
 pub mod rendezvous;
 pub mod shard;
 pub mod wire;

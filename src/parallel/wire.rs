@@ -19,12 +19,15 @@ pub enum Kind {
     Welcome = 2,
     /// Rank 0 turns a rank away: why (UTF-8).
     Refuse = 3,
-    /// KV-cache blocks: a rank's own count, then rank 0's agreed count (`u64`).
-    Blocks = 4,
+    /// A number every rank must agree on (`u64`): a rank's own, then rank 0's agreed one (the
+    /// KV-cache blocks every rank can hold; whether every rank opened the one-shot regions).
+    Agree = 4,
     /// A step to compute (an encoded [`SchedulerOutput`]).
     Step = 5,
     /// The group is shutting down.
     Stop = 6,
+    /// CUDA IPC handles of the one-shot all-reduce regions: a rank's own, then every rank's.
+    Handles = 7,
 }
 
 impl Kind {
@@ -33,9 +36,10 @@ impl Kind {
             1 => Kind::Hello,
             2 => Kind::Welcome,
             3 => Kind::Refuse,
-            4 => Kind::Blocks,
+            4 => Kind::Agree,
             5 => Kind::Step,
             6 => Kind::Stop,
+            7 => Kind::Handles,
             _ => return Err(bad(format!("unknown message kind {b}"))),
         })
     }
