@@ -7,7 +7,7 @@
 #          and the OpenAI SDK suite against a TP=2 server
 #   bench  TP_BENCH parts (default "latency"): latency = `pagewise bench latency` at batch 1
 #          (128 in / 256 out), Llama-3.1-8B shape at TP=1 and TP=2, Llama-3.1-70B shape at TP=2
-#          (dummy bf16 weights); more = 70B TP=2 offline throughput (1000 x (1024, 128)) and
+#          (dummy bf16 weights), TP=2 each way (one-shot all-reduce, and NCCL alone); more = 70B TP=2 offline throughput (1000 x (1024, 128)) and
 #          `bench serve` at 1 req/s (30 prompts) and 4 req/s (100); peer = llama.cpp on the same two
 #          GPUs (the kit of ../shared/peers/llama.cpp, staged as lcpp/: random F16 GGUF of the 8B
 #          shape, llama-bench tg128 with -sm layer and -sm row) next to our 8B TP=1 and TP=2
@@ -67,18 +67,21 @@ for name, s in shapes.items():
     json.dump({**base, **s}, open(f"{sys.argv[1]}/{name}/config.json", "w"), indent=1)
 PY
   for m in llama-8b llama-70b; do cp "$here/tests/fixtures/llama-gqa-tied/tokenizer.json" "$cfg/$m/"; done
-  lat() { # lat NAME TP MODEL
-    echo "== $1: batch-1 decode, 128 in / 256 out, TP=$2"
-    timeout 420 "$bin" bench latency --model "$cfg/$3" --load-format dummy --max-model-len 4096 \
-      --tensor-parallel-size "$2" --max-num-seqs 16 --batch-size 1 --input-len 128 --output-len 256 \
-      --num-iters-warmup 1 --num-iters 3 --output-json "$out/$1.json" 2> "$out/$1.stderr" | tail -3 \
-      || { status=1; tail -5 "$out/$1.stderr"; }
+  lat() { # lat NAME TP MODEL [FLAGS...]
+    local name=$1 tp=$2 model=$3; shift 3
+    echo "== $name: batch-1 decode, 128 in / 256 out, TP=$tp $*"
+    timeout 420 "$bin" bench latency --model "$cfg/$model" --load-format dummy --max-model-len 4096 \
+      --tensor-parallel-size "$tp" --max-num-seqs 16 --batch-size 1 --input-len 128 --output-len 256 \
+      --num-iters-warmup 1 --num-iters 3 --output-json "$out/$name.json" "$@" 2> "$out/$name.stderr" | tail -3 \
+      || { status=1; tail -5 "$out/$name.stderr"; }
   }
   parts=" ${TP_BENCH:-latency} "
   if [[ $parts == *" latency "* ]]; then
     lat llama-8b-tp1-latency 1 llama-8b
     lat llama-8b-tp2-latency 2 llama-8b
+    lat llama-8b-tp2-nccl-latency 2 llama-8b --disable-custom-all-reduce
     lat llama-70b-tp2-latency 2 llama-70b
+    lat llama-70b-tp2-nccl-latency 2 llama-70b --disable-custom-all-reduce
   fi
   if [[ $parts == *" peer "* ]] && [ -f "$here/lcpp/run.sh" ]; then
     echo "== llama.cpp on both GPUs (build, then random F16 8B GGUF)"
