@@ -236,7 +236,14 @@ mod rendezvous {
                 })
             })
             .collect();
-        let mut links = rendezvous::lead(&lead_cfg, &listener, &settings("m"), b"nccl-id").unwrap();
+        let mut links = rendezvous::lead(
+            &lead_cfg,
+            &listener,
+            &settings("m"),
+            b"nccl-id",
+            &mut || Ok(()),
+        )
+        .unwrap();
         assert_eq!(links.len(), 3);
         let mut buf = Vec::new();
         for (i, link) in links.iter_mut().enumerate() {
@@ -271,7 +278,7 @@ mod rendezvous {
             })
             .collect();
         let start = Instant::now();
-        let e = rendezvous::lead(&lead_cfg, &listener, &settings("m"), b"id")
+        let e = rendezvous::lead(&lead_cfg, &listener, &settings("m"), b"id", &mut || Ok(()))
             .err()
             .unwrap();
         assert!(
@@ -317,7 +324,7 @@ mod rendezvous {
         let worker = std::thread::spawn(move || {
             rendezvous::join(&config(2, Some(port), 1, 5_000), &settings("other"))
         });
-        let e = rendezvous::lead(&lead_cfg, &listener, &settings("m"), b"id")
+        let e = rendezvous::lead(&lead_cfg, &listener, &settings("m"), b"id", &mut || Ok(()))
             .err()
             .unwrap();
         let want = "rank 1 was started with model = \"other\", rank 0 with \"m\"";
@@ -341,7 +348,7 @@ mod rendezvous {
             };
             rendezvous::join(&cfg, &settings("m"))
         });
-        let e = rendezvous::lead(&lead_cfg, &listener, &settings("m"), b"id")
+        let e = rendezvous::lead(&lead_cfg, &listener, &settings("m"), b"id", &mut || Ok(()))
             .err()
             .unwrap();
         assert!(
@@ -350,5 +357,36 @@ mod rendezvous {
             "{e}"
         );
         assert!(worker.join().unwrap().is_err());
+    }
+
+    #[test]
+    fn a_local_rank_that_exits_before_joining_fails_the_rendezvous_at_once() {
+        // A real process that dies at startup, as a rank with a bad GPU or library would.
+        let mut children = vec![
+            std::process::Command::new("sh")
+                .args(["-c", "exit 3"])
+                .spawn()
+                .unwrap(),
+        ];
+        let lead_cfg = config(2, None, 0, 60_000);
+        let listener = rendezvous::listen(&lead_cfg).unwrap();
+        let start = Instant::now();
+        let mut still_coming = || pagewise::parallel::group::local_ranks_alive(&mut children);
+        let e = rendezvous::lead(
+            &lead_cfg,
+            &listener,
+            &settings("m"),
+            b"id",
+            &mut still_coming,
+        )
+        .err()
+        .unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(e.to_string().contains("local rank 1"), "{e}");
+        assert!(e.to_string().contains("exit status: 3"), "{e}");
     }
 }

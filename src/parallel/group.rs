@@ -107,6 +107,20 @@ fn start_local_ranks(cfg: &ParallelConfig, port: u16) -> Result<Vec<Child>, Engi
         .collect()
 }
 
+/// Fails when one of this node's other ranks has already exited (it failed to start).
+pub fn local_ranks_alive(children: &mut [Child]) -> Result<(), String> {
+    for (k, child) in children.iter_mut().enumerate() {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!(
+                "local rank {} (pid {}) exited with {status} before joining; its log is above",
+                k + 1,
+                child.id()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Joins (or, as rank 0, forms) the group `args.parallel` describes, with the model's device
 /// already open: rendezvous, then NCCL. Returns this rank's [`Parallel`] and its side.
 pub fn join_group(args: &EngineArgs, device: &Device) -> Result<(Parallel, Member), EngineError> {
@@ -117,9 +131,11 @@ pub fn join_group(args: &EngineArgs, device: &Device) -> Result<(Parallel, Membe
     let (id, member) = if rank.leads() {
         let listener = rendezvous::listen(cfg).map_err(err)?;
         let port = listener.local_addr().map_err(err)?.port();
-        let children = start_local_ranks(cfg, port)?;
+        let mut children = start_local_ranks(cfg, port)?;
         let id = unique_id()?;
-        let links = rendezvous::lead(cfg, &listener, &settings, &id).map_err(err)?;
+        let mut still_coming = || local_ranks_alive(&mut children);
+        let links =
+            rendezvous::lead(cfg, &listener, &settings, &id, &mut still_coming).map_err(err)?;
         let leader = Leader {
             links,
             buf: Vec::new(),

@@ -54,12 +54,15 @@ pub fn listen(cfg: &ParallelConfig) -> Result<TcpListener, RendezvousError> {
 }
 
 /// Rank 0's side: admits ranks `1..size` on `listener` until every one has joined with the same
-/// settings, then sends each the `id`. Returns their links, in rank order.
+/// settings, then sends each the `id`. Returns their links, in rank order. While it waits it
+/// polls `still_coming`, which fails the rendezvous at once when a rank can no longer come (a
+/// local rank's process that already exited), instead of at the deadline.
 pub fn lead(
     cfg: &ParallelConfig,
     listener: &TcpListener,
     settings: &Settings,
     id: &[u8],
+    still_coming: &mut dyn FnMut() -> Result<(), String>,
 ) -> Result<Vec<Link>, RendezvousError> {
     let size = cfg.tensor_parallel_size;
     let deadline = Instant::now() + cfg.join_timeout;
@@ -72,6 +75,7 @@ pub fn lead(
         let stream = match listener.accept() {
             Ok((stream, _)) => stream,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                still_coming().map_err(err)?;
                 if Instant::now() >= deadline {
                     let missing: Vec<usize> = (1..size).filter(|&r| links[r].is_none()).collect();
                     return Err(err(format!(
