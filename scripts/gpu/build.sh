@@ -23,7 +23,7 @@ for l in sys.stdin:
 # NCCL included (tensor parallelism): the staged scripts put the GPU machine's libnccl.so.2 (the
 # nvidia-nccl-cu13 wheel) on LD_LIBRARY_PATH.
 cargo build --release --features nccl --bin pagewise
-kernel_json=$(cargo test -p pagewise-kernels --release --no-run --message-format=json)
+kernel_json=$(cargo test -p pagewise-kernels --release --features nccl --no-run --message-format=json)
 kernel_tests=$(executables paged_attention <<< "$kernel_json")
 sampling_tests=$(executables sampling <<< "$kernel_json")
 prefill_tests=$(executables paged_prefill <<< "$kernel_json")
