@@ -192,7 +192,7 @@ pub unsafe fn paged_attention_into(
     }
 }
 
-/// [`paged_attention`] with a given `(splits, chunk)` plan (see [`graph_split_plan`]) instead of
+/// [`paged_attention`] with a given `(splits, chunk)` plan (see [`graph_split_plan`](crate::graph_split_plan)) instead of
 /// one derived from the longest context (what a CUDA graph captures), for a stream where the
 /// kernel before writes the caches only as `writes` says.
 ///

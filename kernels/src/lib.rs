@@ -164,7 +164,7 @@ pub(crate) fn check_driver(
 }
 
 /// That `t` is a vector of `len` elements of `dtype` (an index input: slots, lengths,
-/// positions), or an error "`what` must be <dtype> [len], got ...".
+/// positions), or an error "`what` must be `<dtype>` `[len]`, got ...".
 pub(crate) fn check_index_vector(t: &Tensor, dtype: DType, len: usize, what: &str) -> Result<()> {
     if t.dtype() != dtype || t.dims() != [len] {
         bail!(

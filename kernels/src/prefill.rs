@@ -47,7 +47,7 @@ impl PrefillKernel {
 
 /// Prefill attention on tensor cores (f16/bf16): each sequence's query rows attend causally within
 /// the chunk and fully over its cached prefix, reading K/V (already written by
-/// [`reshape_and_cache`]) through `block_tables`. Writes those rows of `out` (`q`'s shape,
+/// [`reshape_and_cache`](crate::reshape_and_cache)) through `block_tables`. Writes those rows of `out` (`q`'s shape,
 /// `[tokens, heads, head_dim]`) in place and leaves the other rows alone. Runs
 /// [`PrefillKernel::from_env`].
 ///

@@ -77,7 +77,7 @@ pub struct GpuMemory {
     pub free: u64,
     /// The device's total.
     pub total: u64,
-    /// Most bytes our allocations held at once since the last [`reset_peak`].
+    /// Most bytes our allocations held at once since the last `reset_peak` (CUDA builds).
     pub pool_peak: u64,
     /// Bytes our allocations hold now.
     pub pool_used: u64,

@@ -281,7 +281,7 @@ fn completion_logprobs(
     }
 }
 
-/// Streams the job as server-sent events: one chunk per token, then usage (if asked), then [DONE].
+/// Streams the job as server-sent events: one chunk per token, then usage (if asked), then `[DONE]`.
 pub async fn respond_sse(state: AppState, job: Job) -> Result<Response, ApiError> {
     let events = submit_all(&state, &job).await?;
     let keepalive = KeepAlive::new()
