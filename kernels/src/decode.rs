@@ -88,14 +88,6 @@ impl DecodeWorkspace {
             part_acc: crate::empty(n * head_dim, DType::F32, device)?,
         })
     }
-
-    /// A workspace large enough for `q` (`[rows, heads, head_dim]`) at `max_context_len` over
-    /// `kv_heads` KV heads.
-    pub fn for_query(q: &Tensor, kv_heads: usize, max_context_len: usize) -> Result<Self> {
-        let (rows, heads, head_dim) = q.dims3()?;
-        let (splits, _) = plan(q, kv_heads, max_context_len)?;
-        Self::new(rows, heads, splits, head_dim, q.device())
-    }
 }
 
 /// The split plan for `q` (`[rows, heads, head_dim]`) over `k_cache`'s KV heads on this GPU.
@@ -146,47 +138,6 @@ pub unsafe fn paged_attention(
             context_lens,
             plan_for(q, k_cache, max_context_len)?,
             CacheWrites::Anywhere,
-            scale,
-        )
-    }
-}
-
-/// [`paged_attention`] writing into `out` (`q`'s shape and dtype) with caller-owned scratch space,
-/// for a stream where the kernel before writes the caches only as `writes` says.
-///
-/// # Safety
-/// The kernel trusts the device-side indices it is given; their values are not checked (that
-/// would cost a copy to the host each call). The caller guarantees that every block id a row
-/// reads (the first `ceil(context_len / block_size)` entries of its block-table row) is below
-/// the caches' `num_blocks`, that every context length is at most `max_blocks * block_size` of
-/// the block tables, and that every row-to-sequence index is below the block tables' rows.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn paged_attention_into(
-    out: &Tensor,
-    ws: &DecodeWorkspace,
-    q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    block_tables: &Tensor,
-    row_seq: Option<&Tensor>,
-    context_lens: &Tensor,
-    max_context_len: usize,
-    writes: CacheWrites,
-    scale: f32,
-) -> Result<()> {
-    let plan = plan_for(q, k_cache, max_context_len)?;
-    unsafe {
-        paged_attention_planned_into(
-            out,
-            ws,
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            row_seq,
-            context_lens,
-            plan,
-            writes,
             scale,
         )
     }

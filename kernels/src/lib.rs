@@ -24,7 +24,7 @@ mod staging;
 mod timeline;
 
 pub use decode::{
-    CacheWrites, DecodeWorkspace, paged_attention, paged_attention_into, paged_attention_planned,
+    CacheWrites, DecodeWorkspace, paged_attention, paged_attention_planned,
     paged_attention_planned_into, paged_decode_attention, plan_for,
 };
 pub use fused::{add_rms_norm, silu_mul};
