@@ -21,8 +21,9 @@ use crate::graph_buckets::{
     batch_buckets, context_bounds_from_env, context_buckets, smallest_holding,
 };
 use crate::model::attention::KvCache;
-use crate::model::batch::{AttentionMeta, DeviceAttentionMeta, block_table_width};
+use crate::model::batch::{AttentionMeta, DeviceAttentionMeta};
 use crate::model::{CausalLm, ForwardBatch, ModelError};
+use crate::runner::batch::block_table_width;
 use crate::sampler::device::DeviceRows;
 use crate::scheduler::SchedulerOutput;
 

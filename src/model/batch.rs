@@ -1,10 +1,10 @@
-//! The tensors and metadata of one forward pass, built from a [`SchedulerOutput`].
+//! The tensors and metadata of one forward pass: all a model sees of a step. The runner builds
+//! them from the scheduler's plan (`crate::runner::batch`); the model layer knows nothing of the
+//! scheduler.
 
 use std::ops::Range;
 
-use candle_core::{Device, Tensor};
-
-use crate::scheduler::SchedulerOutput;
+use candle_core::Tensor;
 
 /// One sequence's slice of a packed batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -84,113 +84,6 @@ pub struct DecodeRows {
     pub max_context_len: usize,
 }
 
-impl PrefillMeta {
-    fn new(out: &SchedulerOutput, device: &Device) -> candle_core::Result<Option<Self>> {
-        let seqs: Vec<(usize, &crate::scheduler::ScheduledSeq)> = out
-            .seqs
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.num_new_tokens > 1)
-            .collect();
-        if seqs.is_empty() {
-            return Ok(None);
-        }
-        let n = seqs.len();
-        let col = |f: &dyn Fn(usize, &crate::scheduler::ScheduledSeq) -> usize| {
-            let v: Vec<i32> = seqs.iter().map(|&(i, s)| f(i, s) as i32).collect();
-            Tensor::from_vec(v, n, device)
-        };
-        Ok(Some(PrefillMeta {
-            q_start: col(&|_, s| s.tokens.start)?,
-            q_len: col(&|_, s| s.num_new_tokens)?,
-            ctx_len: col(&|_, s| s.num_computed_tokens + s.num_new_tokens)?,
-            table_row: col(&|i, _| i)?,
-            max_q_len: seqs
-                .iter()
-                .map(|(_, s)| s.num_new_tokens)
-                .max()
-                .unwrap_or(0),
-        }))
-    }
-}
-
-impl DecodeRows {
-    fn new(out: &SchedulerOutput, device: &Device) -> candle_core::Result<Option<Self>> {
-        let (mut index, mut row_seq, mut lens) = (Vec::new(), Vec::new(), Vec::new());
-        for (i, s) in out.seqs.iter().enumerate() {
-            if s.num_new_tokens == 1 {
-                index.push(s.tokens.start as u32);
-                row_seq.push(i as i32);
-                lens.push((s.num_computed_tokens + 1) as i32);
-            }
-        }
-        if index.is_empty() {
-            return Ok(None);
-        }
-        let n = index.len();
-        Ok(Some(DecodeRows {
-            index: Tensor::from_vec(index, n, device)?,
-            row_seq: Tensor::from_vec(row_seq, n, device)?,
-            max_context_len: lens.iter().copied().max().unwrap_or(0) as usize,
-            context_lens: Tensor::from_vec(lens, n, device)?,
-        }))
-    }
-}
-
-/// The longest block table of the step's sequences, at least 1: the width of its padded tables.
-pub fn block_table_width(out: &SchedulerOutput) -> usize {
-    out.seqs
-        .iter()
-        .map(|s| s.block_table.len())
-        .max()
-        .unwrap_or(0)
-        .max(1)
-}
-
-/// The step's block tables as one row per sequence, padded with the null block to the longest:
-/// `([seqs * width], width)` with `width >= 1`.
-pub fn padded_block_tables(out: &SchedulerOutput) -> (Vec<i32>, usize) {
-    let width = block_table_width(out);
-    let mut tables = vec![0i32; out.seqs.len() * width];
-    for (row, s) in tables.chunks_mut(width).zip(&out.seqs) {
-        for (dst, &b) in row.iter_mut().zip(&out.block_tables[s.block_table.clone()]) {
-            *dst = b as i32;
-        }
-    }
-    (tables, width)
-}
-
-impl DeviceAttentionMeta {
-    fn new(out: &SchedulerOutput, device: &Device) -> candle_core::Result<Self> {
-        let n = out.num_batched_tokens();
-        let (tables, max_blocks) = padded_block_tables(out);
-        let mut row_seq = Vec::with_capacity(n);
-        let mut context_lens = Vec::with_capacity(n);
-        for (i, s) in out.seqs.iter().enumerate() {
-            for j in 0..s.num_new_tokens {
-                row_seq.push(i as i32);
-                context_lens.push((s.num_computed_tokens + j + 1) as i32);
-            }
-        }
-        let slots: Vec<i64> = out.slot_mapping.iter().map(|&s| i64::from(s)).collect();
-        let prefill = PrefillMeta::new(out, device)?;
-        let decode = match prefill {
-            Some(_) => DecodeRows::new(out, device)?,
-            None => None,
-        };
-        Ok(DeviceAttentionMeta {
-            prefill,
-            decode,
-            slot_mapping: Tensor::from_vec(slots, n, device)?,
-            block_tables: Tensor::from_vec(tables, (out.seqs.len(), max_blocks), device)?,
-            row_seq: Tensor::from_vec(row_seq, n, device)?,
-            max_context_len: context_lens.iter().copied().max().unwrap_or(0) as usize,
-            context_lens: Tensor::from_vec(context_lens, n, device)?,
-            split: None,
-        })
-    }
-}
-
 /// A packed (varlen) batch: tokens of all scheduled sequences back to back.
 pub struct ForwardBatch<'a> {
     /// Input token ids, `[tokens]` u32.
@@ -203,43 +96,4 @@ pub struct ForwardBatch<'a> {
     pub sample_rows: Tensor,
     /// Number of sampled rows.
     pub num_sample_rows: usize,
-}
-
-impl<'a> ForwardBatch<'a> {
-    /// The batch for a scheduled step.
-    pub fn new(out: &'a SchedulerOutput, device: &Device) -> candle_core::Result<Self> {
-        let n = out.num_batched_tokens();
-        let seqs: Vec<SeqSpan> = out
-            .seqs
-            .iter()
-            .map(|s| SeqSpan {
-                query_start: s.tokens.start,
-                query_len: s.num_new_tokens,
-                context_len: s.num_computed_tokens + s.num_new_tokens,
-                block_table: s.block_table.clone(),
-            })
-            .collect();
-        let rows: Vec<u32> = out
-            .seqs
-            .iter()
-            .filter(|s| s.samples)
-            .map(|s| (s.tokens.end - 1) as u32)
-            .collect();
-        Ok(ForwardBatch {
-            input_ids: Tensor::from_slice(&out.token_ids, n, device)?,
-            positions: Tensor::from_slice(&out.positions, n, device)?,
-            num_sample_rows: rows.len(),
-            sample_rows: Tensor::from_vec(rows.clone(), rows.len(), device)?,
-            attention: AttentionMeta {
-                slot_mapping: &out.slot_mapping,
-                block_tables: &out.block_tables,
-                seqs,
-                device: if device.is_cpu() {
-                    None
-                } else {
-                    Some(DeviceAttentionMeta::new(out, device)?)
-                },
-            },
-        })
-    }
 }

@@ -2,6 +2,8 @@
 //! the sampler; builds the packed batch, runs the model for logits of the sampling rows only, and
 //! samples each row with its sequence's own parameters and random stream.
 
+pub mod batch;
+
 use std::time::Instant;
 
 use candle_core::Device;
