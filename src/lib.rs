@@ -19,9 +19,11 @@ pub mod loader;
 pub mod metrics;
 pub mod model;
 pub mod parallel;
+pub mod request;
 pub mod runner;
 pub mod sampler;
 pub mod scheduler;
+pub mod sequence;
 pub mod server;
 
 pub use engine::args::{DtypeArg, EngineArgs, EngineError};

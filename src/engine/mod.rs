@@ -10,8 +10,9 @@ pub mod faults;
 pub mod handle;
 pub mod kv_sizing;
 pub mod loading;
-pub mod request;
-pub mod sequence;
+// The plain request and sequence types live below the engine and the scheduler, which both use
+// them; they are re-exported here under their old paths.
+pub use crate::{request, sequence};
 pub mod step_times;
 pub mod stop;
 mod text;

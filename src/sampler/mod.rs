@@ -12,7 +12,7 @@ pub mod rng;
 
 pub use rng::SeededRng;
 
-use crate::engine::request::SamplingParams;
+use crate::request::SamplingParams;
 
 /// Everything the sampler needs to know about one row's sequence.
 pub struct SampleRequest<'a> {

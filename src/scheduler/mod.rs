@@ -16,9 +16,9 @@ pub use output::{ScheduledSeq, SchedulerOutput, SeqUpdate};
 
 use std::collections::VecDeque;
 
-use crate::engine::request::FinishReason;
-use crate::engine::sequence::{SeqId, SeqStatus, Sequence};
 use crate::kv::{CachedPrefix, KvCacheManager};
+use crate::request::FinishReason;
+use crate::sequence::{SeqId, SeqStatus, Sequence};
 
 /// Static scheduler settings (vLLM's flag names).
 #[derive(Clone, Debug, PartialEq, Eq)]

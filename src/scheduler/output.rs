@@ -2,8 +2,8 @@
 
 use std::ops::Range;
 
-use crate::engine::request::FinishReason;
-use crate::engine::sequence::SeqId;
+use crate::request::FinishReason;
+use crate::sequence::SeqId;
 
 /// One sequence's share of a step.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::engine::request::SamplingParams;
+use crate::request::SamplingParams;
 
 fn config(num_blocks: usize, budget: usize) -> SchedulerConfig {
     SchedulerConfig {

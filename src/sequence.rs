@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use super::request::{FinishReason, SamplingParams};
 use crate::kv::BlockTable;
+use crate::request::{FinishReason, SamplingParams};
 use crate::sampler::{SampleRequest, SeededRng};
 
 /// Identifies a sequence for the life of the engine.
