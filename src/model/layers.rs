@@ -137,14 +137,10 @@ impl GatedMlp {
         tp: TpRank,
     ) -> Result<Self, ModelError> {
         let (h, i, b) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias);
-        let (rows, cols) = if tp.is_single() {
-            (Part::Whole, Part::Whole)
-        } else {
-            (
-                Part::Rows(tp.intermediate(cfg)),
-                Part::Cols(tp.intermediate(cfg)),
-            )
-        };
+        let (rows, cols) = (
+            Part::Rows(tp.intermediate(cfg)),
+            Part::Cols(tp.intermediate(cfg)),
+        );
         let gate = w.linear_part(&format!("{prefix}.gate_proj"), (h, i), b, rows.clone())?;
         let up = w.linear_part(&format!("{prefix}.up_proj"), (h, i), b, rows)?;
         let gate_up = match Linear::concat(&[&gate, &up])? {

@@ -65,11 +65,7 @@ impl Llama {
         } else {
             w.linear_part("lm_head", (h, cfg.vocab_size), false, head_part)?
         };
-        let o_part = if tp.is_single() {
-            Part::Whole
-        } else {
-            Part::Cols(head_rows(&tp.q_heads(cfg), d))
-        };
+        let o_part = Part::Cols(head_rows(&tp.q_heads(cfg), d));
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
                 let p = format!("model.layers.{i}");

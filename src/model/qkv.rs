@@ -22,7 +22,7 @@ pub enum QkvProj {
 
 impl QkvProj {
     /// Loads `prefix.{q,k,v}_proj`, fusing dense weights: the rows of the heads `tp` computes
-    /// (all of them with one rank).
+    /// (all of them with one rank, read as whole tensors).
     pub fn load(
         w: &Weights,
         prefix: &str,
@@ -31,14 +31,8 @@ impl QkvProj {
     ) -> Result<Self, ModelError> {
         let (h, d, b) = (cfg.hidden_size, cfg.head_dim, cfg.qkv_bias);
         let (nq, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
-        let (q_rows, kv_rows) = if tp.is_single() {
-            (Part::Whole, Part::Whole)
-        } else {
-            (
-                Part::Rows(head_rows(&tp.q_heads(cfg), d)),
-                Part::Rows(head_rows(&tp.kv_heads(cfg), d)),
-            )
-        };
+        let q_rows = Part::Rows(head_rows(&tp.q_heads(cfg), d));
+        let kv_rows = Part::Rows(head_rows(&tp.kv_heads(cfg), d));
         let q = w.linear_part(&format!("{prefix}.q_proj"), (h, nq * d), b, q_rows)?;
         let k = w.linear_part(
             &format!("{prefix}.k_proj"),

@@ -62,6 +62,16 @@ impl Part {
         }
     }
 
+    /// This part of a `[rows, cols]` tensor, as [`Part::Whole`] when it covers all of it (a
+    /// single rank's "share"), so every weight format reads it the unsharded way.
+    fn within(&self, (rows, cols): (usize, usize)) -> Part {
+        match self {
+            Part::Rows(r) if *r == (0..rows) => Part::Whole,
+            Part::Cols(c) if *c == (0..cols) => Part::Whole,
+            other => other.clone(),
+        }
+    }
+
     /// This part of a vector of `len` (a bias): its rows for [`Part::Rows`], else all of it.
     fn of_vector(&self, len: usize) -> Part {
         match self {
@@ -189,6 +199,7 @@ impl Weights {
         bias: bool,
         part: Part,
     ) -> Result<Linear, ModelError> {
+        let part = part.within((out_dim, in_dim));
         let weight_name = format!("{prefix}.weight");
         let bias = if bias {
             let name = format!("{prefix}.bias");
@@ -233,6 +244,7 @@ impl Weights {
         full: (usize, usize),
         part: &Part,
     ) -> Result<Tensor, ModelError> {
+        let part = &part.within(full);
         match (self, part) {
             (_, Part::Whole) => self.tensor(name, full),
             (Weights::Safetensors { .. }, _) => {
