@@ -30,9 +30,9 @@ pub struct KvSizing<'a> {
 
 impl KvSizing<'_> {
     fn bytes_per_block(&self) -> u64 {
-        let cfg = self.cfg;
-        let bytes =
-            2 * cfg.num_hidden_layers * self.kv_heads * cfg.head_dim * self.dtype.size_in_bytes();
+        let bytes = self
+            .cfg
+            .kv_bytes_per_token(self.kv_heads, self.dtype.size_in_bytes());
         (bytes * self.args.block_size) as u64
     }
 

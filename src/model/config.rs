@@ -233,9 +233,10 @@ impl ModelConfig {
         })
     }
 
-    /// Bytes of KV cache one token takes in all layers, at `dtype_bytes` per element.
-    pub fn kv_bytes_per_token(&self, dtype_bytes: usize) -> usize {
-        2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
+    /// Bytes of KV cache one token takes in all layers for `kv_heads` of the KV heads (all of
+    /// them, or a tensor-parallel rank's), at `dtype_bytes` per element.
+    pub fn kv_bytes_per_token(&self, kv_heads: usize, dtype_bytes: usize) -> usize {
+        2 * self.num_hidden_layers * kv_heads * self.head_dim * dtype_bytes
     }
 }
 
@@ -269,7 +270,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!((t5.rope_theta, t5.rope_scaling.is_none()), (1234.0, true));
-        assert_eq!(c.kv_bytes_per_token(2), 2 * 16 * 8 * 64 * 2);
+        assert_eq!(
+            c.kv_bytes_per_token(c.num_key_value_heads, 2),
+            2 * 16 * 8 * 64 * 2
+        );
     }
 
     #[test]
