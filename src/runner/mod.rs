@@ -155,23 +155,8 @@ impl ModelRunner {
     ) -> Result<Vec<SampledToken>, ModelError> {
         let start = Instant::now();
         let rows = crate::sampler::device::DeviceRows::new(requests);
-        let replayed = match self.graphs.as_mut() {
-            Some(graphs) => graphs.prepare(out, &rows)?,
-            None => None,
-        };
-        let graph = replayed.zip(self.graphs.as_ref());
-        let (logits, start) = match graph {
-            Some((slot, graphs)) => {
-                let start = times.lap(Phase::Prepare, start);
-                times.count_graph_step();
-                (graphs.replay(slot, out.seqs.len())?, start)
-            }
-            None => {
-                let batch = ForwardBatch::new(out, &self.device)?;
-                let start = times.lap(Phase::Prepare, start);
-                (self.model.forward_native(&batch, &mut self.kv)?, start)
-            }
-        };
+        let (logits, slot, start) = self.launch_on_gpu(out, &rows, times, start)?;
+        let graph = slot.zip(self.graphs.as_ref());
         let start = times.lap(Phase::Forward, start);
         overlap();
         let start = times.lap(Phase::Text, start);
@@ -187,6 +172,36 @@ impl ModelRunner {
         };
         times.lap(Phase::Sample, start);
         Ok(sampled)
+    }
+
+    /// Launches `out` on the GPU: the replay of the graph whose bucket holds it (its inputs and
+    /// `rows`' sampling parameters staged first), else an eager forward pass. Returns the
+    /// logits, the graph's slot if one replayed, and the time the prepare lap ended.
+    #[cfg(feature = "cuda")]
+    fn launch_on_gpu(
+        &mut self,
+        out: &SchedulerOutput,
+        rows: &crate::sampler::device::DeviceRows<'_>,
+        times: &mut StepTimes,
+        start: Instant,
+    ) -> Result<(candle_core::Tensor, Option<usize>, Instant), ModelError> {
+        let replayed = match self.graphs.as_mut() {
+            Some(graphs) => graphs.prepare(out, rows)?,
+            None => None,
+        };
+        Ok(match replayed.zip(self.graphs.as_ref()) {
+            Some((slot, graphs)) => {
+                let start = times.lap(Phase::Prepare, start);
+                times.count_graph_step();
+                (graphs.replay(slot, out.seqs.len())?, Some(slot), start)
+            }
+            None => {
+                let batch = ForwardBatch::new(out, &self.device)?;
+                let start = times.lap(Phase::Prepare, start);
+                let logits = self.model.forward_native(&batch, &mut self.kv)?;
+                (logits, None, start)
+            }
+        })
     }
 
     /// A tensor-parallel worker rank's step: the same forward pass as rank 0 on this rank's
@@ -216,19 +231,8 @@ impl ModelRunner {
                 rng,
             });
             let rows = crate::sampler::device::DeviceRows::new(requests);
-            let replayed = match self.graphs.as_mut() {
-                Some(graphs) => graphs.prepare(out, &rows)?,
-                None => None,
-            };
-            match replayed.zip(self.graphs.as_ref()) {
-                Some((slot, graphs)) => {
-                    graphs.replay(slot, out.seqs.len())?;
-                }
-                None => {
-                    let batch = ForwardBatch::new(out, &self.device)?;
-                    self.model.forward_native(&batch, &mut self.kv)?;
-                }
-            }
+            let mut times = StepTimes::default();
+            self.launch_on_gpu(out, &rows, &mut times, Instant::now())?;
             self.device.synchronize()?;
             return Ok(());
         }
