@@ -48,20 +48,7 @@ fn prompts(n: usize, vocab: u64) -> Vec<Vec<u32>> {
 }
 
 /// Relative L2 error of `got` against `want`, over all rows.
-fn rel_err(got: &[Vec<f32>], want: &[Vec<f32>]) -> f64 {
-    let (mut num, mut den) = (0f64, 0f64);
-    for (g, w) in got.iter().zip(want) {
-        for (a, b) in g.iter().zip(w) {
-            num += f64::from(a - b).powi(2);
-            den += f64::from(*b).powi(2);
-        }
-    }
-    (num / den).sqrt()
-}
-
-fn argmax(row: &[f32]) -> usize {
-    (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best })
-}
+use common::{argmax, rel_err};
 
 #[test]
 fn gpu_float32_greedy_tokens_equal_the_cpu_reference() {

@@ -6,7 +6,10 @@
 //! engine (plans over TCP, graphs, server) is checked end to end by scripts/gpu/tp_check.py.
 #![cfg(feature = "nccl")]
 
+mod common;
+
 use candle_core::{DType, Device, Tensor};
+use common::{argmax, rel_err};
 use pagewise::engine::sequence::SeqId;
 use pagewise::loader::{self, GgufMatmul, LoadFormat, LoadOptions};
 use pagewise::model::{self, ForwardBatch, KvCache, KvLayout};
@@ -86,21 +89,6 @@ fn rank_logits(par: &Parallel, device: &Device, prompt: &[u32], next: u32) -> Ve
             .unwrap(),
     );
     logits
-}
-
-fn rel_err(got: &[Vec<f32>], want: &[Vec<f32>]) -> f64 {
-    let (mut num, mut den) = (0f64, 0f64);
-    for (g, w) in got.iter().zip(want) {
-        for (a, b) in g.iter().zip(w) {
-            num += f64::from(a - b).powi(2);
-            den += f64::from(*b).powi(2);
-        }
-    }
-    (num / den).sqrt()
-}
-
-fn argmax(row: &[f32]) -> usize {
-    (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best })
 }
 
 #[test]

@@ -4,13 +4,13 @@
 //! whole model's. The fixtures cover KV heads split across ranks, KV heads replicated (fewer of
 //! them than ranks), biases, tied and untied LM heads, and a vocabulary that does not split.
 
+mod common;
+
 use candle_core::{DType, Device, Tensor};
-use pagewise::engine::sequence::SeqId;
 use pagewise::loader::{self, GgufMatmul, LoadFormat, LoadOptions};
 use pagewise::model::weights::Part;
 use pagewise::model::{self, ForwardBatch, KvCache, KvLayout};
 use pagewise::parallel::{LocalGroup, Parallel, TpRank};
-use pagewise::scheduler::{ScheduledSeq, SchedulerOutput};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
 
@@ -24,30 +24,6 @@ fn options(format: LoadFormat) -> LoadOptions {
     }
 }
 
-/// One prefill of `tokens` (block table in reverse order, so slots are not contiguous).
-fn prefill(tokens: &[u32], bs: usize) -> SchedulerOutput {
-    let n = tokens.len();
-    let num_blocks = n.div_ceil(bs);
-    let table: Vec<u32> = (1..=num_blocks as u32).rev().collect();
-    SchedulerOutput {
-        seqs: vec![ScheduledSeq {
-            seq_id: SeqId(0),
-            num_computed_tokens: 0,
-            num_new_tokens: n,
-            tokens: 0..n,
-            block_table: 0..num_blocks,
-            samples: true,
-        }],
-        token_ids: tokens.to_vec(),
-        positions: (0..n as u32).collect(),
-        slot_mapping: (0..n)
-            .map(|p| table[p / bs] * bs as u32 + (p % bs) as u32)
-            .collect(),
-        block_tables: table,
-        preempted: Vec::new(),
-    }
-}
-
 /// Rank `par.rank`'s logits at every position of `tokens` (every rank returns the full rows).
 fn rank_logits(path: &str, format: LoadFormat, tokens: &[u32], par: &Parallel) -> Vec<Vec<f32>> {
     let loaded = loader::load(path, &options(format)).unwrap();
@@ -55,7 +31,7 @@ fn rank_logits(path: &str, format: LoadFormat, tokens: &[u32], par: &Parallel) -
     let m = model::build_sharded(cfg, &loaded.weights, tokens.len(), par).unwrap();
     assert_eq!(m.tp_rank(), par.rank);
     let bs = 16;
-    let out = prefill(tokens, bs);
+    let out = common::prefill_step(tokens, bs);
     let layout = KvLayout {
         num_blocks: tokens.len().div_ceil(bs) + 1,
         block_size: bs,

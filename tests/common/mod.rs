@@ -54,24 +54,7 @@ pub fn logits_at_every_position_on(
     let bs = 16;
     let n = tokens.len();
     let num_blocks = n.div_ceil(bs);
-    let table: Vec<u32> = (1..=num_blocks as u32).rev().collect();
-    let out = SchedulerOutput {
-        seqs: vec![ScheduledSeq {
-            seq_id: SeqId(0),
-            num_computed_tokens: 0,
-            num_new_tokens: n,
-            tokens: 0..n,
-            block_table: 0..num_blocks,
-            samples: true,
-        }],
-        token_ids: tokens.to_vec(),
-        positions: (0..n as u32).collect(),
-        slot_mapping: (0..n)
-            .map(|p| table[p / bs] * bs as u32 + (p % bs) as u32)
-            .collect(),
-        block_tables: table,
-        preempted: Vec::new(),
-    };
+    let out = prefill_step(tokens, bs);
     let layout = KvLayout {
         num_blocks: num_blocks + 1,
         block_size: bs,
@@ -187,4 +170,49 @@ pub fn assert_preempted_cached_and_freed(llm: &pagewise::Llm, label: &str) {
     );
     assert!(hits > 0, "the shared prefix must be served from cache");
     assert_eq!(s.kv().pool().num_free(), s.kv().pool().num_usable());
+}
+
+/// One prefill of all of `tokens` as a single sequence, its blocks in reverse order (1.. from the
+/// end, so the block table is non-trivial and slots are not contiguous).
+#[allow(dead_code)]
+pub fn prefill_step(tokens: &[u32], bs: usize) -> SchedulerOutput {
+    let n = tokens.len();
+    let num_blocks = n.div_ceil(bs);
+    let table: Vec<u32> = (1..=num_blocks as u32).rev().collect();
+    SchedulerOutput {
+        seqs: vec![ScheduledSeq {
+            seq_id: SeqId(0),
+            num_computed_tokens: 0,
+            num_new_tokens: n,
+            tokens: 0..n,
+            block_table: 0..num_blocks,
+            samples: true,
+        }],
+        token_ids: tokens.to_vec(),
+        positions: (0..n as u32).collect(),
+        slot_mapping: (0..n)
+            .map(|p| table[p / bs] * bs as u32 + (p % bs) as u32)
+            .collect(),
+        block_tables: table,
+        preempted: Vec::new(),
+    }
+}
+
+/// Relative L2 error of `got` against `want` over all rows.
+#[allow(dead_code)]
+pub fn rel_err(got: &[Vec<f32>], want: &[Vec<f32>]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (g, w) in got.iter().zip(want) {
+        for (a, b) in g.iter().zip(w) {
+            num += f64::from(a - b).powi(2);
+            den += f64::from(*b).powi(2);
+        }
+    }
+    (num / den).sqrt()
+}
+
+/// Index of the largest entry (the first of equals).
+#[allow(dead_code)]
+pub fn argmax(row: &[f32]) -> usize {
+    (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best })
 }
