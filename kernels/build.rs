@@ -14,12 +14,7 @@ fn main() {
     for s in &sources {
         println!("cargo:rerun-if-changed={}", s.display());
     }
-    for var in [
-        "CUDA_COMPUTE_CAP",
-        "CUDA_HOME",
-        "NVCC",
-        "PAGEWISE_NVCC_FLAGS",
-    ] {
+    for var in ["CUDA_COMPUTE_CAP", "CUDA_HOME", "NVCC"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     let cuda_home = std::env::var("CUDA_HOME").unwrap_or_else(|_| "/usr/local/cuda".into());
@@ -38,8 +33,6 @@ fn main() {
     } else {
         format!("arch=compute_{cap},code=sm_{cap}")
     };
-    // Extra nvcc arguments, e.g. `-DPAGEWISE_DECODE_STAGES=4` for a tuning build.
-    let extra = std::env::var("PAGEWISE_NVCC_FLAGS").unwrap_or_default();
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     let mut objects = Vec::new();
     for src in sources
@@ -60,7 +53,6 @@ fn main() {
                 "-fPIC",
                 "-c",
             ])
-            .args(extra.split_whitespace())
             .arg(src)
             .arg("-o")
             .arg(&obj)

@@ -1,7 +1,7 @@
 //! CUDA graphs for decode steps. A decode step of a small batch is launch-bound: hundreds of small
 //! kernels, each costing more on the CPU than on the GPU. At startup the runner captures one
-//! forward pass per batch-size bucket and context-length bucket (src/graph_buckets.rs;
-//! `PAGEWISE_GRAPH_CONTEXTS` sets the context bounds) into a CUDA graph; a decode step then
+//! forward pass per batch-size bucket and context-length bucket (src/graph_buckets.rs) into a CUDA
+//! graph; a decode step then
 //! stages its inputs (one mapped host buffer, copied into fixed tensors by the graph's first
 //! kernel) and replays the graph of the smallest bucket that holds it, one launch for the whole
 //! model. Padding rows write nothing (slot -1) and attend over nothing (context 0).
@@ -17,9 +17,7 @@
 use candle_core::cuda_backend::cudarc::driver::{CudaGraph, sys};
 use candle_core::{DType, Device, Tensor};
 
-use crate::graph_buckets::{
-    batch_buckets, context_bounds_from_env, context_buckets, smallest_holding,
-};
+use crate::graph_buckets::{CONTEXT_BOUNDS, batch_buckets, context_buckets, smallest_holding};
 use crate::model::attention::KvCache;
 use crate::model::batch::{AttentionMeta, DeviceAttentionMeta};
 use crate::model::{CausalLm, ForwardBatch, ModelError};
@@ -273,8 +271,7 @@ impl DecodeGraphs {
     ) -> Result<Self, ModelError> {
         let cfg = model.config();
         let buckets = batch_buckets(spec.max_num_seqs);
-        let bounds = context_bounds_from_env().map_err(ModelError::Unsupported)?;
-        let contexts = context_buckets(spec.max_seq_len, &bounds);
+        let contexts = context_buckets(spec.max_seq_len, &CONTEXT_BOUNDS);
         let rows = *buckets.last().unwrap_or(&1);
         let max_blocks = spec.max_seq_len.div_ceil(spec.block_size).max(1);
         let dtype = match kv.device_layer(0) {

@@ -35,33 +35,9 @@ pub fn context_buckets(max_seq_len: usize, bounds: &[usize]) -> Vec<usize> {
     c
 }
 
-/// The context bounds captured unless `PAGEWISE_GRAPH_CONTEXTS` says otherwise: at batch 1 they
-/// took the 1B shape from 810 to 829 tok/s (benches/RESULTS.md) for three times the graphs.
-pub const DEFAULT_CONTEXT_BOUNDS: [usize; 2] = [1024, 4096];
-
-/// Context bounds from `PAGEWISE_GRAPH_CONTEXTS` (lengths separated by spaces or commas, e.g.
-/// "1024 4096", or "none" for one graph per batch bucket); [`DEFAULT_CONTEXT_BOUNDS`] when unset.
-pub fn context_bounds_from_env() -> Result<Vec<usize>, String> {
-    match std::env::var("PAGEWISE_GRAPH_CONTEXTS") {
-        Ok(text) => parse_bounds(&text),
-        Err(_) => Ok(DEFAULT_CONTEXT_BOUNDS.to_vec()),
-    }
-}
-
-fn parse_bounds(text: &str) -> Result<Vec<usize>, String> {
-    if text.trim() == "none" {
-        return Ok(Vec::new());
-    }
-    text.split([' ', ','])
-        .filter(|s| !s.is_empty())
-        .map(|s| {
-            s.parse::<usize>()
-                .ok()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| format!("PAGEWISE_GRAPH_CONTEXTS: {s:?} is not a positive length"))
-        })
-        .collect()
-}
+/// The context bounds captured below the longest context: at batch 1 they took the 1B shape from
+/// 810 to 829 tok/s (benches/history/2026-11-sessions.md) for three times the graphs.
+pub const CONTEXT_BOUNDS: [usize; 2] = [1024, 4096];
 
 /// The index of the smallest of `buckets` (ascending) that holds `n`.
 pub fn smallest_holding(buckets: &[usize], n: usize) -> Option<usize> {
@@ -90,17 +66,6 @@ mod tests {
         );
         // Bounds at or past the longest context add nothing.
         assert_eq!(context_buckets(2048, &[1024, 2048, 9000]), vec![1024, 2048]);
-    }
-
-    #[test]
-    fn bounds_parse_or_fail_clearly() {
-        assert_eq!(parse_bounds(""), Ok(vec![]));
-        assert_eq!(parse_bounds(" none "), Ok(vec![]));
-        assert_eq!(parse_bounds("1024 4096"), Ok(vec![1024, 4096]));
-        assert_eq!(parse_bounds("1024,4096"), Ok(vec![1024, 4096]));
-        let err = parse_bounds("1024 lots").unwrap_err();
-        assert!(err.contains("\"lots\""), "{err}");
-        assert!(parse_bounds("0").is_err());
     }
 
     #[test]

@@ -77,7 +77,7 @@ __device__ __forceinline__ void split_range(int ctx, int split, int num_splits, 
 // are issued, so the block-table reads are in flight during a tile's math. kReadOnce: the copies
 // carry L2's evict-first policy (decode reads each K/V row once a step; prefill's tiles are read
 // again by the next query tiles and heads, so it keeps the default). On the H200, 1 x 8k decode
-// attention 14.06 -> 13.88 µs with it (benches/RESULTS.md, "Eleventh session").
+// attention 14.06 -> 13.88 µs with it (benches/history/2026-11-sessions.md, "Eleventh session").
 template <typename T, int D, int kRows, bool kSwizzleV, bool kReadOnce>
 struct TileCopier {
   static constexpr int kChunks = D * (int)sizeof(T) / 16;    // 16-byte chunks per row

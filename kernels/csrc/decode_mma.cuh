@@ -12,7 +12,6 @@
 #include "decode_common.cuh"
 #include "dtype.cuh"
 #include "mma.cuh"
-#include "timeline.cuh"
 
 namespace {
 
@@ -24,11 +23,7 @@ struct MmaShape {
   using Copier = TileCopier<T, D, kMmaRows, true, true>;
   static constexpr int kStageBytes = Copier::kStageElems * (int)sizeof(T);
   // 2 stages of 32 KB at d128 (3 blocks per SM), 3 of 16 KB at d64 (4 per SM).
-#ifdef PAGEWISE_DECODE_MMA_STAGES
-  static constexpr int kStages = PAGEWISE_DECODE_MMA_STAGES;
-#else
   static constexpr int kStages = kStageBytes <= 16384 ? 3 : 2;
-#endif
   static constexpr int kSmemBytes = kStages * kStageBytes;
   // The end-of-block merge of the warps reuses the stages: (max, sum) and D sums per head, then
   // the block's own (max, sum) and sums per head for a cluster's merge of its splits.
@@ -99,7 +94,6 @@ __global__ void __launch_bounds__(kThreads)
                             const int32_t* __restrict__ context_lens, int max_blocks,
                             int num_heads, int num_kv_heads, int block_size, int chunk,
                             int fresh_tail, float scale) {
-  BlockTimeline timeline(1);  // (empty unless built with PAGEWISE_DECODE_TIMELINE)
   using S = MmaShape<T, D>;
   using Copier = typename S::Copier;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -125,7 +119,6 @@ __global__ void __launch_bounds__(kThreads)
                      min(begin + (S::kStages - 1) * kMmaRows, end) <= ctx - fresh_tail;
   if (early) copier.template start<S::kStages>(stages, tiles);
   wait_for_previous_grid();  // the query (and the cache's fresh positions) are written by it
-  timeline.mark(kWaited);
   let_next_grid_launch();    // the merge may be scheduled now; it waits for this grid's end
   if (!early) copier.template start<S::kStages>(stages, tiles);
 
@@ -152,7 +145,6 @@ __global__ void __launch_bounds__(kThreads)
   for (int t = 0; t < tiles; ++t) {
     const T* kt = copier.template next<S::kStages>(stages, t, tiles);
     const T* vt = kt + kMmaRows * D;
-    if (t == 0) timeline.mark(kFirstTile);
 
     // Scores: sc[b] covers the warp's positions 8b .. 8b + 7 (lane: 8b + 2c, + 1).
     float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -191,7 +183,6 @@ __global__ void __launch_bounds__(kThreads)
     mma_values16<T, D>(o, pa, vt, prow);
   }
 
-  timeline.mark(kLoopEnd);
   // Merge the warps: per head, (max, sum) and the D unnormalized sums of each warp.
   l += __shfl_xor_sync(0xffffffff, l, 1);
   l += __shfl_xor_sync(0xffffffff, l, 2);
@@ -251,7 +242,6 @@ __global__ void __launch_bounds__(kThreads)
   if (clustered)
     merge_cluster_splits<T, D>(out + ((int64_t)seq * num_heads + (int64_t)kv_head * group) * D,
                                res_ml, res_o, group);
-  timeline.end();
 }
 
 }  // namespace

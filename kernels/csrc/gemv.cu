@@ -187,15 +187,10 @@ __global__ void __launch_bounds__(kGemvThreads)
 
 // Warps an output takes (see dot_rows): 2 when each warp keeps at least four 256-element runs
 // of k, else 1. Two warps a row streamed the Llama-3.2-1B and -3.1-8B projections faster than one
-// (1B down 12.9 -> 11.5 µs, 8B gate/up 64.5 -> 58.7) and four slower (benches/RESULTS.md). A
+// (1B down 12.9 -> 11.5 µs, 8B gate/up 64.5 -> 58.7) and four slower (benches/history/2026-11-sessions.md). A
 // function of the weight's shape, never of the rows, so an output's sum has the same order at
-// every batch size. PAGEWISE_GEMV_SPLIT=1 or 2 forces it, for comparisons.
+// every batch size.
 int split_for(int k_dim) {
-  static const int forced = [] {
-    const char* v = getenv("PAGEWISE_GEMV_SPLIT");
-    return v != nullptr && (v[0] == '1' || v[0] == '2') ? v[0] - '0' : 0;
-  }();
-  if (forced != 0) return forced;
   return k_dim >= 2 * 4 * 256 ? 2 : 1;
 }
 

@@ -8,12 +8,10 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <type_traits>
 #include "dtype.cuh"
 #include "decode_common.cuh"
 #include "decode_mma.cuh"
-#include "timeline.cuh"
 
 namespace {
 
@@ -27,13 +25,8 @@ struct Shape {
   static constexpr int kChunks = D / kVec;                 // chunks per K or V row (8..64)
   static constexpr int kStageElems = 2 * kTile * D;        // the K tile, then the V tile
   static constexpr int kStageBytes = kStageElems * (int)sizeof(T);
-  // Tiles in flight: about 48 KB of stages per block, so 4 blocks fit an SM at bf16 d128
-  // (PAGEWISE_DECODE_STAGES overrides it at compile time, for tuning).
-#ifdef PAGEWISE_DECODE_STAGES
-  static constexpr int kStages = PAGEWISE_DECODE_STAGES;
-#else
+  // Tiles in flight: about 48 KB of stages per block, so 4 blocks fit an SM at bf16 d128.
   static constexpr int kStages = kStageBytes <= 12288 ? 4 : (kStageBytes <= 16384 ? 3 : 2);
-#endif
   static constexpr int kPart = D / 32;                     // output dims per lane
 };
 
@@ -237,9 +230,7 @@ __global__ void __launch_bounds__(kThreadsM)
   const float* ml = part_ml + row * num_splits * 2;
   const int tid = threadIdx.x, d = tid % D, j = tid / D;
   const float* acc = part_acc + row * num_splits * D + d;
-  BlockTimeline timeline(2);  // (empty unless built with PAGEWISE_DECODE_TIMELINE)
   wait_for_previous_grid();   // the split kernel's partials
-  timeline.mark(kWaited);
   let_next_grid_launch();
   // This thread's first kHeld partials of dim d, loaded together with the (max, sum) pairs so
   // the merge waits on one round trip to memory instead of two.
@@ -275,7 +266,6 @@ __global__ void __launch_bounds__(kThreadsM)
     for (int k = 1; k < kLanes; ++k) o += sums[k][d];
     out[row * D + d] = from_float<T>(L > 0.f ? o / L : 0.f);
   }
-  timeline.end();
 }
 
 // The merge kernel over a split launch's partials: D threads a block for a few splits, more
@@ -290,13 +280,6 @@ cudaError_t launch_merge(const DecodeArgs* a) {
     return launch_early(merge_splits_kernel<T, D, D>, rows, D, 0, a->stream, a->out,
                         a->part_ml, a->part_acc, a->num_splits);
   return cudaSuccess;
-}
-
-// Whether PAGEWISE_DECODE_CORE is set: the CUDA-core kernel even where the tensor-core one
-// applies (for comparisons).
-bool core_forced() {
-  static const bool forced = getenv("PAGEWISE_DECODE_CORE") != nullptr;
-  return forced;
 }
 
 // Opts `kernel` in to its dynamic shared memory (above 48 KB a kernel must) and the largest
@@ -350,11 +333,10 @@ int cluster_capacity(K kernel, int smem, int splits) {
 // Whether a split launch of `a` runs in clusters of its splits, merging them in distributed
 // shared memory instead of a merge kernel: the kernel `can_cluster` (the tensor-core one), 2 to
 // kMaxClusterSplits splits, sm_90 and up, every cluster resident at once (past that, a second
-// wave costs more than the merge kernel), unless PAGEWISE_DECODE_CLUSTER=0.
+// wave costs more than the merge kernel).
 template <typename K>
 bool clustered(K kernel, int smem, const DecodeArgs* a, bool can_cluster) {
-  static const bool off = switched_off("PAGEWISE_DECODE_CLUSTER");
-  if (!can_cluster || off || a->num_splits < 2 || a->num_splits > kMaxClusterSplits ||
+  if (!can_cluster || a->num_splits < 2 || a->num_splits > kMaxClusterSplits ||
       device_major() < 9)
     return false;
   return a->num_seqs * a->num_kv_heads <= cluster_capacity(kernel, smem, a->num_splits);
@@ -384,15 +366,13 @@ template <typename T, int D, int G>
 int decode_g(const DecodeArgs* a, int* blocks) {
   if (a != nullptr && a->num_splits > kMaxSplits) return 1;
   if constexpr (!std::is_same<T, float>::value && D <= 128) {
-    if (!core_forced()) {
-      static bool configured[64] = {};
-      constexpr int smem = MmaShape<T, D>::kSmemBytes;
-      const auto kernel = paged_decode_mma_kernel<T, D>;
-      if (const cudaError_t err = configure(kernel, smem, configured)) return (int)err;
-      if (a == nullptr)
-        return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, smem);
-      return (int)launch_split<T, D>(kernel, smem, a, true);
-    }
+    static bool configured[64] = {};
+    constexpr int smem = MmaShape<T, D>::kSmemBytes;
+    const auto kernel = paged_decode_mma_kernel<T, D>;
+    if (const cudaError_t err = configure(kernel, smem, configured)) return (int)err;
+    if (a == nullptr)
+      return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, smem);
+    return (int)launch_split<T, D>(kernel, smem, a, true);
   }
   static bool configured[64] = {};
   constexpr int smem = decode_smem_bytes<T, D, G>();
@@ -467,25 +447,4 @@ extern "C" int pagewise_decode_occupancy(int dtype, int head_dim, int group, int
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess) return (int)err;
   return decode_any(dtype, head_dim, group, nullptr, blocks_per_sm);
-}
-
-// The decode timeline (timeline.cuh): copies its first `n` values (kTimelineSlots x 8 at most)
-// to `host` when it is not null, then zeroes it when `reset` is set. Returns -1 when the kernels
-// were built without PAGEWISE_DECODE_TIMELINE, a CUDA error code on failure, 0 otherwise.
-extern "C" int pagewise_decode_timeline(unsigned long long* host, int n, int reset) {
-#ifdef PAGEWISE_DECODE_TIMELINE
-  const size_t total = sizeof(unsigned long long) * kTimelineSlots * kTimelineFields;
-  void* dev = nullptr;
-  cudaError_t err = cudaDeviceSynchronize();
-  if (err == cudaSuccess) err = cudaGetSymbolAddress(&dev, g_decode_timeline);
-  const size_t bytes = sizeof(unsigned long long) * (size_t)(n < 0 ? 0 : n);
-  if (err == cudaSuccess && host != nullptr)
-    err = cudaMemcpy(host, dev, bytes < total ? bytes : total, cudaMemcpyDeviceToHost);
-  if (err == cudaSuccess && reset) err = cudaMemset(dev, 0, total);
-  if (err == cudaSuccess) err = cudaDeviceSynchronize();
-  return (int)err;
-#else
-  (void)host, (void)n, (void)reset;
-  return -1;
-#endif
 }

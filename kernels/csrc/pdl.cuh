@@ -2,7 +2,6 @@
 // stream or CUDA graph. Included by the kernels that use it.
 #pragma once
 #include <cuda_runtime.h>
-#include <stdlib.h>
 
 namespace {
 
@@ -32,21 +31,14 @@ inline int device_major() {
   return known[dev];
 }
 
-// Whether environment variable `name` is set to "0" (a feature switched off, for comparisons).
-inline bool switched_off(const char* name) {
-  const char* v = getenv(name);
-  return v != nullptr && v[0] == '0';
-}
-
 // launch_early in thread-block clusters of `cluster_z` blocks along z (1: no clusters; more needs
 // sm_90 and must divide grid.z).
 template <typename... Params, typename... Args>
 cudaError_t launch_early_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, int smem,
                                    cudaStream_t stream, int cluster_z, Args... args) {
-  static const bool pdl_off = switched_off("PAGEWISE_DECODE_PDL");
   cudaLaunchAttribute attr[2];
   int n = 0;
-  if (!pdl_off && device_major() >= 9) {
+  if (device_major() >= 9) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n++].val.programmaticStreamSerializationAllowed = 1;
   }
@@ -67,7 +59,7 @@ cudaError_t launch_early_clustered(void (*kernel)(Params...), dim3 grid, dim3 bl
 }
 
 // Launches `kernel` with programmatic stream serialization where the device takes it (sm_90 and
-// up, unless PAGEWISE_DECODE_PDL=0; see wait_for_previous_grid), plainly elsewhere.
+// up; see wait_for_previous_grid), plainly elsewhere.
 template <typename... Params, typename... Args>
 cudaError_t launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, int smem,
                          cudaStream_t stream, Args... args) {

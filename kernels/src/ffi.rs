@@ -24,8 +24,6 @@ unsafe extern "C" {
         sms: *mut c_int,
     ) -> c_int;
 
-    pub fn pagewise_decode_timeline(host: *mut u64, n: c_int, reset: c_int) -> c_int;
-
     pub fn pagewise_paged_decode(
         dtype: c_int,
         out: *mut c_void,

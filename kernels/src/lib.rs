@@ -21,7 +21,6 @@ mod rope;
 mod sampling;
 mod split;
 mod staging;
-mod timeline;
 
 pub use decode::{
     CacheWrites, DecodeWorkspace, paged_attention, paged_attention_planned,
@@ -38,7 +37,6 @@ pub use rope::{QkvRope, rope_qkv_cache};
 pub use sampling::{SampleOutputs, sample, sample_into, sample_workspace_len};
 pub use split::{MIN_CHUNK, decode_slots, graph_split_plan, split_plan};
 pub use staging::{MAX_STAGED_FIELDS, StagedField, Staging};
-pub use timeline::{BlockRecord, decode_timeline};
 
 use std::ffi::c_void;
 
@@ -110,16 +108,6 @@ pub(crate) fn check_attention(
         }
     }
     Ok((block_size, kv_heads))
-}
-
-/// The switch `name` from the environment, read once into `cache` (one `static` per switch at its
-/// call site): "1" turns it on, "0" off, anything else (or unset) leaves `default`.
-pub fn env_switch(cache: &'static std::sync::OnceLock<bool>, name: &str, default: bool) -> bool {
-    *cache.get_or_init(|| match std::env::var(name).as_deref() {
-        Ok("1") => true,
-        Ok("0") => false,
-        _ => default,
-    })
 }
 
 /// A tensor whose memory is allocated but not initialized, for outputs a kernel fully writes.

@@ -32,24 +32,12 @@ pub enum PrefillKernel {
     Mma,
 }
 
-impl PrefillKernel {
-    /// The kernel [`paged_prefill_attention`] runs: `Mma` (4.2x faster on the 8B shape,
-    /// benches/RESULTS.md), or `Wmma` with `PAGEWISE_PREFILL_MMA=0`, for comparisons.
-    pub fn from_env() -> Self {
-        static MMA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if crate::env_switch(&MMA, "PAGEWISE_PREFILL_MMA", true) {
-            PrefillKernel::Mma
-        } else {
-            PrefillKernel::Wmma
-        }
-    }
-}
-
 /// Prefill attention on tensor cores (f16/bf16): each sequence's query rows attend causally within
 /// the chunk and fully over its cached prefix, reading K/V (already written by
 /// [`reshape_and_cache`](crate::reshape_and_cache)) through `block_tables`. Writes those rows of `out` (`q`'s shape,
 /// `[tokens, heads, head_dim]`) in place and leaves the other rows alone. Runs
-/// [`PrefillKernel::from_env`].
+/// [`PrefillKernel::Mma`] (4.2x faster than the WMMA kernel on the 8B shape;
+/// benches/history/2026-11-sessions.md), which hands head dim 256 to the WMMA kernel.
 ///
 /// # Safety
 /// The kernel trusts the device-side indices it is given; their values are not checked (that
@@ -66,13 +54,21 @@ pub unsafe fn paged_prefill_attention(
     seqs: &PrefillSeqs<'_>,
     scale: f32,
 ) -> Result<()> {
-    let kernel = PrefillKernel::from_env();
     unsafe {
-        paged_prefill_attention_with(kernel, out, q, k_cache, v_cache, block_tables, seqs, scale)
+        paged_prefill_attention_with(
+            PrefillKernel::Mma,
+            out,
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            seqs,
+            scale,
+        )
     }
 }
 
-/// [`paged_prefill_attention`] with the kernel named.
+/// [`paged_prefill_attention`] with the kernel named (the kernel tests compare the two).
 ///
 /// # Safety
 /// The kernel trusts the device-side indices it is given; their values are not checked (that

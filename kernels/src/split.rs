@@ -17,8 +17,8 @@ pub(crate) const MAX_SPLITS: usize = 512;
 /// Context positions a block streams per tile (the tensor-core kernel's; the CUDA-core kernel's 32
 /// divide it). A block's time goes by its tiles, each a trip through its stage ring, more than by
 /// the positions in them: on the H200 at 1 x 8k, 43 splits of 191 positions (3 tiles) took 14.1
-/// µs where 49 of 168 (also 3 tiles, the last of 40 positions) took 15.0 (benches/RESULTS.md,
-/// "Eleventh session"). (The kernels do not round a row's chunk up to whole tiles: where a
+/// µs where 49 of 168 (also 3 tiles, the last of 40 positions) took 15.0
+/// (benches/history/2026-11-sessions.md, "Eleventh session"). (The kernels do not round a row's chunk up to whole tiles: where a
 /// block streams many tiles, its bytes count, and 8 x 8k lost 5% that way.)
 const TILE: usize = 64;
 /// A block's start-up (block-table reads, the first tile's round trip), in context positions.

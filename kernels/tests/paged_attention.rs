@@ -2,9 +2,6 @@
 //! batch sizes, context lengths from 1 to 16k, GQA ratios 1/4/8, head dims 64 and 128, three dtypes.
 //! Needs a CUDA GPU: `cargo test -p pagewise-kernels` on the accelerator machine.
 
-use candle_core::cuda_backend::cudarc::driver::sys::{
-    CUgraphInstantiate_flags, CUstreamCaptureMode,
-};
 use candle_core::{DType, Device, Tensor};
 use pagewise_kernels::{
     CacheWrites, DecodeWorkspace, decode_slots, paged_attention_planned,
@@ -320,12 +317,9 @@ impl Setup {
     /// Launch `i`, on copy `i` of the cache (round robin).
     fn run(&self, i: usize) {
         let (kc, vc) = &self.caches[i % self.caches.len()];
-        // As the engine: K/V copied before the wait unless PAGEWISE_DECODE_EARLY_KV=0 (nothing
-        // on the stream writes the caches, so a decode step's contract holds).
-        let writes = match std::env::var("PAGEWISE_DECODE_EARLY_KV").as_deref() {
-            Ok("0") => CacheWrites::Anywhere,
-            _ => CacheWrites::LastPosition,
-        };
+        // As the engine's decode steps: K/V copied before the wait (nothing on the stream writes
+        // the caches, so a decode step's contract holds).
+        let writes = CacheWrites::LastPosition;
         unsafe {
             paged_attention_planned_into(
                 &self.out, &self.ws, &self.q, kc, vc, &self.bt, None, &self.cl, self.plan, writes,
@@ -334,113 +328,4 @@ impl Setup {
         }
         .unwrap()
     }
-}
-
-/// Where a decode launch's time goes, block by block, for batch x context cases
-/// (`PAGEWISE_TIMELINE_CASES`, default "1x8192 8x8192"): the kernels must be built with
-/// `PAGEWISE_NVCC_FLAGS=-DPAGEWISE_DECODE_TIMELINE` (the test says so and passes otherwise).
-/// The last of 16 graph-replayed launches is recorded. Run on the GPU machine:
-/// `kernel-tests --ignored --nocapture decode_timeline`.
-#[test]
-#[ignore]
-fn decode_timeline() {
-    let dev = Device::new_cuda(0).unwrap();
-    let stream = dev.as_cuda_device().unwrap().cuda_stream();
-    if pagewise_kernels::decode_timeline(true).unwrap().is_none() {
-        println!("built without PAGEWISE_DECODE_TIMELINE: nothing recorded");
-        return;
-    }
-    let cases = std::env::var("PAGEWISE_TIMELINE_CASES").unwrap_or("1x8192 8x8192".into());
-    for case in cases.split_whitespace() {
-        let (batch, ctx) = case.split_once('x').unwrap();
-        let (batch, ctx): (usize, usize) = (batch.parse().unwrap(), ctx.parse().unwrap());
-        let setup = Setup::new(&dev, batch, ctx, (32, 8, 128, 16));
-        for i in 0..4 {
-            setup.run(i);
-        }
-        stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .unwrap();
-        for i in 0..16 {
-            setup.run(i);
-        }
-        let graph = stream
-            .end_capture(CUgraphInstantiate_flags(0))
-            .unwrap()
-            .unwrap();
-        pagewise_kernels::decode_timeline(true).unwrap();
-        graph.launch().unwrap();
-        let blocks = pagewise_kernels::decode_timeline(true).unwrap().unwrap();
-        print_timeline(case, &blocks);
-    }
-}
-
-/// Min, median and max of `f` over `blocks`.
-fn spread(
-    blocks: &[&pagewise_kernels::BlockRecord],
-    f: impl Fn(&pagewise_kernels::BlockRecord) -> f64,
-) -> String {
-    let mut v: Vec<f64> = blocks.iter().map(|b| f(b)).collect();
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        return "-".into();
-    }
-    format!(
-        "{:.2} / {:.2} / {:.2}",
-        v[0],
-        v[v.len() / 2],
-        v[v.len() - 1]
-    )
-}
-
-fn print_timeline(case: &str, blocks: &[pagewise_kernels::BlockRecord]) {
-    let split: Vec<_> = blocks.iter().filter(|b| !b.merge).collect();
-    let merge: Vec<_> = blocks.iter().filter(|b| b.merge).collect();
-    let t0 = split.iter().map(|b| b.start_ns).min().unwrap_or(0);
-    let us = |ns: u64| ns.saturating_sub(t0) as f64 / 1e3;
-    let cyc = |c: u64| c as f64 / 1980.0; // µs at the H200's 1.98 GHz SM clock
-    let sms: std::collections::HashSet<_> = split.iter().map(|b| b.sm).collect();
-    println!(
-        "== {case}: {} split blocks on {} SMs, {} merge blocks",
-        split.len(),
-        sms.len(),
-        merge.len()
-    );
-    println!("(µs; min / median / max over blocks; cycles read at 1.98 GHz)");
-    println!(
-        "split start (from the first split start): {}",
-        spread(&split, |b| us(b.start_ns))
-    );
-    println!(
-        "split end:                                {}",
-        spread(&split, |b| us(b.end_ns))
-    );
-    println!(
-        "split wait for the previous kernel:       {}",
-        spread(&split, |b| cyc(b.waited))
-    );
-    println!(
-        "split first tile landed:                  {}",
-        spread(&split, |b| cyc(b.first_tile))
-    );
-    println!(
-        "split tile loop after the first tile:     {}",
-        spread(&split, |b| cyc(b.loop_end.saturating_sub(b.first_tile)))
-    );
-    println!(
-        "split after the loop (merge of warps, writes): {}",
-        spread(&split, |b| cyc(b.end.saturating_sub(b.loop_end)))
-    );
-    println!(
-        "merge start:                              {}",
-        spread(&merge, |b| us(b.start_ns))
-    );
-    println!(
-        "merge wait ended (cycles from its start): {}",
-        spread(&merge, |b| cyc(b.waited))
-    );
-    println!(
-        "merge end:                                {}",
-        spread(&merge, |b| us(b.end_ns))
-    );
 }

@@ -8,12 +8,8 @@
 #   bash .gpu/run.sh bench    kernel bandwidth + `pagewise bench` runs
 #   bash .gpu/run.sh all      both (default)
 #   bash .gpu/run.sh long start|wait ...  a serving run longer than one call (scripts/gpu/long_serve.sh)
-#   bash .gpu/run.sh verify   the default paths against the older ones they replaced (WMMA prefill,
-#                             K/V after the wait, one graph context): tests with the older, speed of each
-#   bash .gpu/run.sh verify-offline  8B offline throughput with each prefill kernel
-#   bash .gpu/run.sh fused    the fused decode path (GEMV kernels with the norms folded in, default)
-#                             against PAGEWISE_DECODE_FUSED=0: kernel and engine tests, then
-#                             batch-1 latency, each way
+#   bash .gpu/run.sh recheck  `tests`, then the scoreboard's batch-1 and offline rows (no serving,
+#                             no transformers baselines): the check after a change to the GPU path
 #   bash .gpu/run.sh profile  one eager batch-1 decode step kernel by kernel under Nsight Compute
 #                             (PROFILE_MODELS="llama-8b llama-1b" by default; scripts/gpu/ncu_step.py)
 #   bash .gpu-gguf/run.sh gguf  the quantized-GGUF engine test (staged by scripts/gpu/stage_gguf.sh)
@@ -37,12 +33,12 @@ for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests rope-tes
   chmod +x "$work/bin/$f"
 done
 export PAGEWISE_GPU_MODELS=$work/models
-if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ "$what" != gguf ] && [ "$what" != long ] && [ "$what" != verify-offline ] && [ "$what" != profile ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
+if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ "$what" != gguf ] && [ "$what" != long ] && [ "$what" != profile ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
   (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS") > "$out/make-models.log" 2>&1 \
     || { tail -20 "$out/make-models.log"; exit 1; }
 fi
 status=0
-if [ "$what" = tests ] || [ "$what" = kernels ] || [ "$what" = all ]; then
+if [ "$what" = tests ] || [ "$what" = kernels ] || [ "$what" = all ] || [ "$what" = recheck ]; then
   "$work/bin/kernel-tests" --test-threads=1 > "$out/kernel-tests.log" 2>&1 || status=1
   "$work/bin/prefill-tests" --test-threads=1 --nocapture > "$out/prefill-tests.log" 2>&1 || status=1
   "$work/bin/sampling-tests" --test-threads=1 > "$out/sampling-tests.log" 2>&1 || status=1
@@ -50,14 +46,9 @@ if [ "$what" = tests ] || [ "$what" = kernels ] || [ "$what" = all ]; then
   "$work/bin/rope-tests" --test-threads=1 >> "$out/fused-tests.log" 2>&1 || status=1
   # (the quantized-GGUF test needs its model staged apart: `gguf` mode)
   [ "$what" = kernels ] || "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture --skip quantized_gguf > "$out/gpu-engine-tests.log" 2>&1 || status=1
-  # The same engine tests on the older paths kept for comparisons (WMMA prefill, decode K/V read
-  # after the wait, one graph context, cuBLAS and the separate kernels for decode steps).
-  [ "$what" = kernels ] || PAGEWISE_DECODE_EARLY_KV=0 PAGEWISE_PREFILL_MMA=0 PAGEWISE_GRAPH_CONTEXTS=none \
-    PAGEWISE_DECODE_FUSED=0 "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture \
-    --skip quantized_gguf > "$out/gpu-engine-tests-older-paths.log" 2>&1 || status=1
   grep -hE "^test |test result|rel\. err|top-1|preemptions|KV blocks|panicked|^  |^(BF16|F16)" \
-    "$out/kernel-tests.log" "$out/prefill-tests.log" "$out/sampling-tests.log" "$out/fused-tests.log" "$out/gpu-engine-tests.log" \
-    "$out"/gpu-engine-tests-older-paths.log 2> /dev/null
+    "$out/kernel-tests.log" "$out/prefill-tests.log" "$out/sampling-tests.log" "$out/fused-tests.log" \
+    "$out/gpu-engine-tests.log" 2> /dev/null
 fi
 if [ "$what" = serve ] || [ "$what" = all ]; then
   # The server on the GPU, end to end: /ready, a completion and a streamed chat-less completion.
@@ -78,14 +69,8 @@ fi
 if [ "$what" = bench ] || [ "$what" = kernels ] || [ "$what" = all ]; then
   "$work/bin/kernel-tests" --ignored --nocapture --test-threads=1 decode_bandwidth > "$out/decode-bandwidth.log" 2>&1 || status=1
   grep -E "^\||at once" "$out/decode-bandwidth.log"
-  echo "== with PAGEWISE_DECODE_EARLY_KV=0 (no K/V copied before the wait on the kernel before)"
-  PAGEWISE_DECODE_EARLY_KV=0 "$work/bin/kernel-tests" --ignored --nocapture --test-threads=1 decode_bandwidth 2>&1 \
-    | grep -E "^\| [0-9]"
   # The GEMV kernel against cuBLAS at the 1B and 8B batch-1 projection shapes.
   "$work/bin/fused-tests" --ignored --nocapture --test-threads=1 gemv_bandwidth 2>&1 | grep -E "^\|" || status=1
-  # The same table with the CUDA-core kernel where the tensor-core one applies (comparison).
-  [ -n "${PAGEWISE_BW_COMPARE_CORE:-}" ] && PAGEWISE_DECODE_CORE=1 "$work/bin/kernel-tests" --ignored --nocapture \
-    --test-threads=1 decode_bandwidth 2>&1 | grep -E "^\| [0-9]"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   pw() { "$work/bin/pagewise" "$@" 2>> "$out/bench-stderr.log"; }
@@ -118,67 +103,9 @@ if [ "$what" = gguf ]; then
   "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture quantized_gguf 2>&1 \
     | grep -E "^test |test result|rel\. err|engine on|panicked|WARN" || status=1
 fi
-if [ "$what" = verify ]; then
-  # The default paths against the older ones kept for comparisons: PAGEWISE_PREFILL_MMA=0 (WMMA
-  # prefill), PAGEWISE_DECODE_EARLY_KV=0 (K/V read after the rope kernel ends) and
-  # PAGEWISE_GRAPH_CONTEXTS=none (one graph per batch bucket). Kernel tests, the engine's GPU
-  # tests on the older paths (`tests` runs them on the defaults), then each one's speed.
-  older=(PAGEWISE_PREFILL_MMA=0 PAGEWISE_DECODE_EARLY_KV=0 PAGEWISE_GRAPH_CONTEXTS=none)
-  for t in kernel-tests prefill-tests sampling-tests fused-tests rope-tests; do
-    "$work/bin/$t" --test-threads=1 --nocapture 2>&1 | grep -E "^test |test result|panicked|rel\. err" || status=1
-  done
-  env "${older[@]}" "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture --skip quantized_gguf 2>&1 \
-    | grep -E "^test |test result|rel\. err|top-1|panicked" || status=1
-  "$work/bin/prefill-tests" --ignored --nocapture --test-threads=1 prefill_speed 2>&1 | grep -E "TFLOP|panicked"
-  for early in 1 0; do
-    echo "== decode bandwidth, PAGEWISE_DECODE_EARLY_KV=$early"
-    PAGEWISE_DECODE_EARLY_KV=$early PAGEWISE_BW_CASES="1x8192 8x8192 64x2048 1x512" "$work/bin/kernel-tests" \
-      --ignored --nocapture --test-threads=1 decode_bandwidth 2>&1 | grep -E "^\| [0-9]"
-  done
-  SCOREBOARD_MODELS=none SCOREBOARD_PARTS=none SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \
-    bash "$here/scripts/gpu/scoreboard.sh" > /dev/null 2>&1   # (writes the shapes' configs)
-  shapes=/tmp/pagewise-gpu/shapes
-  for mv in llama-1b:default llama-1b:older llama-8b:default llama-8b:older; do
-    m=${mv%%:*} v=${mv##*:}
-    (
-      [ "$v" = older ] && export "${older[@]}"
-      echo "== $m batch-1 decode, 128 in / 512 out, $v paths"
-      timeout 120 "$work/bin/pagewise" bench latency --model "$shapes/$m" --load-format dummy \
-        --batch-size 1 --input-len 128 --output-len 512 --num-iters-warmup 1 --num-iters 3 \
-        2>> "$out/bench-stderr.log" | tail -3
-    )
-  done
-fi
-if [ "$what" = fused ]; then
-  for t in fused-tests rope-tests; do
-    "$work/bin/$t" --test-threads=1 2>&1 | grep -E "^test |test result|panicked|off by" || status=1
-  done
-  for f in 1 0; do
-    echo "== engine tests, PAGEWISE_DECODE_FUSED=$f"
-    PAGEWISE_DECODE_FUSED=$f "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture --skip quantized_gguf 2>&1 \
-      | grep -E "^test |test result|rel\. err|top-1|panicked" || status=1
-  done
-  SCOREBOARD_MODELS=none SCOREBOARD_PARTS=none SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \
-    bash "$here/scripts/gpu/scoreboard.sh" > /dev/null 2>&1   # (writes the shapes' configs)
-  for mf in llama-1b:1 llama-1b:0 llama-8b:1 llama-8b:0; do
-    m=${mf%%:*} f=${mf##*:}
-    echo "== $m batch-1 decode, 128 in / 512 out, PAGEWISE_DECODE_FUSED=$f"
-    PAGEWISE_DECODE_FUSED=$f timeout 120 "$work/bin/pagewise" bench latency --model "/tmp/pagewise-gpu/shapes/$m" \
-      --load-format dummy --batch-size 1 --input-len 128 --output-len 512 --num-iters-warmup 1 --num-iters 3 \
-      2>> "$out/bench-stderr.log" | tail -3
-  done
-  grep -E "capture failed" "$out/bench-stderr.log" | head -3
-fi
-if [ "$what" = verify-offline ]; then
-  # 8B offline throughput with each prefill kernel.
-  SCOREBOARD_MODELS=none SCOREBOARD_PARTS=none SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \
-    bash "$here/scripts/gpu/scoreboard.sh" > /dev/null 2>&1   # (writes the shapes' configs)
-  for mma in 0 1; do
-    echo "== 8B offline, 1000 x (1024 in, 128 out), PAGEWISE_PREFILL_MMA=$mma"
-    PAGEWISE_PREFILL_MMA=$mma timeout 250 "$work/bin/pagewise" bench throughput \
-      --model /tmp/pagewise-gpu/shapes/llama-8b --load-format dummy --num-prompts 1000 --input-len 1024 \
-      --output-len 128 --output-json "$out/throughput-8b-mma$mma.json" 2>> "$out/bench-stderr.log" | tail -2 || status=1
-  done
+if [ "$what" = recheck ]; then
+  SCOREBOARD_PARTS="latency throughput" SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \
+    bash "$here/scripts/gpu/scoreboard.sh" || status=1
 fi
 if [ "$what" = profile ]; then
   SCOREBOARD_MODELS=none SCOREBOARD_PARTS=none SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \

@@ -116,13 +116,10 @@ pub(super) fn attend_cached(
 /// Where the kernel before decode attention may be writing the caches. A step without prefill
 /// rows has one row per sequence, its new token, whose K/V the kernel just before wrote (rope +
 /// cache write): the attention kernel may then copy earlier positions before that kernel ends.
-/// On by default; `PAGEWISE_DECODE_EARLY_KV=0` waits for that kernel before any copy (for
-/// comparisons: 1 x 8k decode attention 14.7 µs with early copies, 15.9 without; benches/RESULTS.md).
+/// (1 x 8k decode attention: 14.7 µs with early copies, 15.9 without;
+/// benches/history/2026-11-sessions.md.)
 fn cache_writes(meta: &DeviceAttentionMeta) -> pagewise_kernels::CacheWrites {
-    static EARLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if pagewise_kernels::env_switch(&EARLY, "PAGEWISE_DECODE_EARLY_KV", true)
-        && meta.prefill.is_none()
-    {
+    if meta.prefill.is_none() {
         pagewise_kernels::CacheWrites::LastPosition
     } else {
         pagewise_kernels::CacheWrites::Anywhere

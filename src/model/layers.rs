@@ -66,17 +66,7 @@ impl Linear {
     /// Applies the layer to `[tokens, in]`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
-            Linear::Dense(l) => {
-                #[cfg(feature = "cuda")]
-                if use_gemv(x, l.weight()) {
-                    let y = pagewise_kernels::gemv(x, l.weight())?;
-                    return match l.bias() {
-                        Some(b) => y.broadcast_add(b),
-                        None => Ok(y),
-                    };
-                }
-                l.forward(x)
-            }
+            Linear::Dense(l) => l.forward(x),
             Linear::Quantized { weight, bias } => {
                 let dtype = x.dtype();
                 let y = weight
@@ -90,27 +80,6 @@ impl Linear {
             }
         }
     }
-}
-
-/// Whether our GEMV kernel takes `x w^T`: with `PAGEWISE_GEMV=1`, a GPU decode batch of at most
-/// `pagewise_kernels::GEMV_MAX_ROWS` rows in 16-bit floats whose input fits its staging space. Off
-/// by default: the decode steps it would serve already take the fused path
-/// (`super::decode_fused`, the same kernel with the norms folded in); this switch is for the
-/// matmuls that path leaves (e.g. with `PAGEWISE_DECODE_FUSED=0`, for comparisons). It sums in
-/// another order than cuBLAS, so a sequence's bf16 tokens can depend on how many others share
-/// its step.
-#[cfg(feature = "cuda")]
-fn use_gemv(x: &Tensor, w: &Tensor) -> bool {
-    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    pagewise_kernels::env_switch(&ENABLED, "PAGEWISE_GEMV", false)
-        && x.device().is_cuda()
-        && matches!(x.dtype(), DType::BF16 | DType::F16)
-        && x.rank() == 2
-        && x.dims2()
-            .is_ok_and(|(rows, k)| pagewise_kernels::gemv_fits(rows, k, x.dtype()))
-        && x.is_contiguous()
-        && w.is_contiguous()
-        && w.dtype() == x.dtype()
 }
 
 /// Llama's MLP: `down(silu(gate(x)) * up(x))`. Dense gate and up weights are fused into one

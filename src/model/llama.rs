@@ -182,7 +182,7 @@ impl Llama {
         Ok(logits)
     }
 
-    /// The layers' weights for the fused decode path, when it is switched on and takes this step
+    /// The layers' weights for the fused decode path, when it takes this step
     /// (src/model/decode_fused.rs).
     #[cfg(feature = "cuda")]
     fn fused_layers(
@@ -191,9 +191,7 @@ impl Llama {
         batch: &ForwardBatch<'_>,
         kv: &KvCache,
     ) -> Option<Vec<decode_fused::FusedLayer<'_>>> {
-        if !decode_fused::enabled() || batch.attention.device.is_none() {
-            return None;
-        }
+        batch.attention.device.as_ref()?;
         let layers = self
             .layers
             .iter()
