@@ -121,6 +121,41 @@ fn sharded_dummy_weights_are_the_same_model_at_every_size() {
     );
 }
 
+/// A Llama config of `heads` query and `kv_heads` KV heads (head dim 8) in a fresh folder, for
+/// dummy weights (the tokenizer is the llama-gqa-tied fixture's).
+fn dummy_llama(name: &str, heads: usize, kv_heads: usize, vocab: usize) -> String {
+    let dir = std::env::temp_dir().join(format!("pagewise-tp-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "head_dim": 8, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "intermediate_size": 192, "num_hidden_layers": 2, "vocab_size": vocab,
+        "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "tie_word_embeddings": false
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    std::fs::copy(
+        format!("{FIXTURES}/llama-gqa-tied/tokenizer.json"),
+        dir.join("tokenizer.json"),
+    )
+    .unwrap();
+    dir.to_string_lossy().into_owned()
+}
+
+#[test]
+fn four_and_eight_ranks_match_the_whole_model() {
+    // 16 query heads, 8 KV heads: KV heads split at 2, 4 and 8 ranks; the 320-token vocabulary
+    // splits 8 ways (vocabulary-parallel LM head at every size).
+    let kv8 = dummy_llama("kv8", 16, 8, 320);
+    check(&kv8, LoadFormat::Dummy, &[2, 4, 8]);
+    // 8 query heads, 2 KV heads: split at 2 ranks, each replicated on 2 ranks at 4 and on 4 at 8;
+    // 300 tokens split 2 and 4 ways but not 8 (every rank then keeps the whole head).
+    let kv2 = dummy_llama("kv2", 8, 2, 300);
+    check(&kv2, LoadFormat::Dummy, &[2, 4, 8]);
+    for dir in [kv8, kv2] {
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
+
 #[test]
 fn a_rank_reads_only_its_part_of_a_safetensors_tensor() {
     let path = format!("{FIXTURES}/qwen2-bias");

@@ -150,6 +150,40 @@ mod tests {
         assert_eq!(TpRank::SINGLE.vocab(&c), None);
     }
 
+    /// Every (query heads, KV heads) pair of a GQA model up to 64 heads, at 4 and 8 ranks: where
+    /// `check` accepts it, the ranks' query heads and intermediate columns tile the model, every
+    /// KV head is kept by some rank, each rank keeps exactly the KV heads its query heads read,
+    /// and a replicated head sits on `size / kv_heads` ranks; where it refuses, the reason holds.
+    #[test]
+    fn four_and_eight_ranks_partition_every_gqa_shape_or_say_why_not() {
+        for size in [4, 8] {
+            for nq in 1..=64 {
+                for nkv in (1..=nq).filter(|k| nq % k == 0) {
+                    let c = cfg(nq, nkv, 96 * 8, 1000);
+                    let Ok(()) = TpRank::check(size, &c) else {
+                        assert!(nq % size != 0 || (nkv % size != 0 && size % nkv != 0));
+                        continue;
+                    };
+                    let ranks: Vec<TpRank> = (0..size).map(|rank| TpRank { rank, size }).collect();
+                    let q: Vec<usize> = ranks.iter().flat_map(|r| r.q_heads(&c)).collect();
+                    assert_eq!(q, (0..nq).collect::<Vec<_>>(), "{nq}/{nkv} at {size}");
+                    let inter: Vec<usize> = ranks.iter().flat_map(|r| r.intermediate(&c)).collect();
+                    assert_eq!(inter, (0..96 * 8).collect::<Vec<_>>());
+                    let group = nq / nkv;
+                    let mut holders = vec![0; nkv];
+                    for r in &ranks {
+                        let (qh, kv) = (r.q_heads(&c), r.kv_heads(&c));
+                        let read = qh.start / group..(qh.end - 1) / group + 1;
+                        assert_eq!(kv, read, "{nq}/{nkv} at {size}, rank {}", r.rank);
+                        kv.for_each(|h| holders[h] += 1);
+                    }
+                    let copies = if nkv >= size { 1 } else { size / nkv };
+                    assert!(holders.iter().all(|&n| n == copies), "{nq}/{nkv} at {size}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn sizes_that_do_not_divide_the_model_are_refused() {
         let c = cfg(12, 4, 96, 100);
