@@ -3,8 +3,11 @@
 #   runtime (default target): compiled inside the image, in the CUDA devel image, for real
 #   deployments:
 #     docker build -t pagewise .
-#     docker run --gpus all -p 8000:8000 -v pagewise-data:/data pagewise serve org/name
-#   A CPU-only image: --build-arg FEATURES= (and any Debian/Ubuntu base images below).
+#     docker run --gpus all --ipc=host -p 8000:8000 -v pagewise-data:/data pagewise serve org/name
+#   It is built with tensor parallelism (FEATURES=nccl; NCCL from NVIDIA's PyPI wheel, shipped in
+#   /opt/pagewise/lib): `serve org/name --tensor-parallel-size 2` uses two of the GPUs given.
+#   A single-GPU image without NCCL: --build-arg FEATURES=cuda. A CPU-only image:
+#   --build-arg FEATURES= (and any Debian/Ubuntu base images below).
 #
 #   prebuilt: packages a `pagewise` binary built outside the image, copied to dist/pagewise first
 #   (what CI does: rustup is unreachable there). Same runtime layout, user, healthcheck:
@@ -17,12 +20,20 @@ ARG BUILD_IMAGE=nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04
 ARG RUNTIME_IMAGE=nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04
 
 FROM ${BUILD_IMAGE} AS build
-ARG FEATURES=cuda
+ARG FEATURES=nccl
 ARG CUDA_COMPUTE_CAP=90
-ENV CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP} PATH=/root/.cargo/bin:${PATH}
+ARG NCCL_WHEEL=nvidia-nccl-cu13==2.30.7
+ENV CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP} PATH=/root/.cargo/bin:${PATH} LIBRARY_PATH=/opt/pagewise/lib
 RUN apt-get update && apt-get install -y --no-install-recommends curl ca-certificates build-essential pkg-config \
+       python3 python3-pip \
     && rm -rf /var/lib/apt/lists/* \
     && curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain 1.95.0
+# NCCL (FEATURES with nccl): libnccl.so.2 from NVIDIA's wheel, linked against here and copied into
+# the final image, whatever the base images ship. /opt/pagewise/lib exists (empty) without it.
+RUN mkdir -p /opt/pagewise/lib && case ",${FEATURES}," in *nccl*) \
+       python3 -m pip install --no-deps --break-system-packages --target /tmp/nccl "${NCCL_WHEEL}" \
+       && cp /tmp/nccl/nvidia/nccl/lib/libnccl.so.2 /opt/pagewise/lib/ \
+       && ln -s libnccl.so.2 /opt/pagewise/lib/libnccl.so && rm -rf /tmp/nccl ;; esac
 WORKDIR /src
 # Dependency layer: the manifests, the kernels crate (it changes rarely) and an empty app, built
 # once, so a change to the app's sources rebuilds only the app.
@@ -64,4 +75,6 @@ FROM base AS prebuilt
 COPY --chown=root:root dist/pagewise /usr/local/bin/pagewise
 
 FROM base AS runtime
+COPY --from=build /opt/pagewise/lib /opt/pagewise/lib
+ENV LD_LIBRARY_PATH=/opt/pagewise/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}
 COPY --from=build /src/target/release/pagewise /usr/local/bin/pagewise
