@@ -76,6 +76,9 @@ pub struct ServeCmd {
     /// Seconds in-flight requests get to finish after SIGTERM/SIGINT.
     #[arg(long, env = "PAGEWISE_SHUTDOWN_TIMEOUT", default_value_t = 30)]
     pub shutdown_timeout: u64,
+    /// Serve no `/dashboard` (the live view of the page table) and no `/dashboard/events`.
+    #[arg(long, env = "PAGEWISE_DISABLE_DASHBOARD")]
+    pub disable_dashboard: bool,
     /// This node serves no HTTP: it only runs its ranks of a multi-node tensor-parallel group
     /// (`--node-rank` 1 or more, which implies it).
     #[arg(long, env = "PAGEWISE_HEADLESS")]

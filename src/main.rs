@@ -113,6 +113,7 @@ fn serve(cmd: ServeCmd) -> Result<()> {
         allowed_origins: cmd.allowed_origins.clone(),
         max_num_queued_requests: cmd.max_num_queued_requests,
         sse_keepalive: None,
+        disable_dashboard: cmd.disable_dashboard,
     };
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {

@@ -245,6 +245,79 @@ async fn every_error_is_openai_shaped() {
     assert_eq!(s, 200);
 }
 
+/// Fields the server does not honour yet (constrained output, tool calls) are a 400 naming the
+/// field, on both endpoints: never a 200 with free text the client would take for JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unhonoured_output_constraints_and_tool_calls_are_refused() {
+    let (base, _) = start(vec![]).await;
+    let chat = |extra: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
+    let refused = [
+        (
+            "/v1/chat/completions",
+            chat(json!({"response_format": {"type": "json_object"}})),
+            "response_format",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}}}),
+            ),
+            "response_format",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"tools": tools, "tool_choice": "required"})),
+            "tool_choice",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"tools": tools})),
+            "tool_choice",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"guided_choice": ["yes", "no"]})),
+            "guided_choice",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "Hi", "max_tokens": 2, "guided_json": {"type": "object"}}),
+            "guided_json",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "Hi", "max_tokens": 2, "structured_outputs": {"regex": "a+"}}),
+            "structured_outputs",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "Hi", "max_tokens": 2, "response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+    ];
+    for (path, body, field) in refused {
+        let (status, got) = post(&base, path, body.clone()).await;
+        assert_eq!(status, 400, "{body}: {got}");
+        assert_eq!(got["error"]["param"], field, "{got}");
+        assert_eq!(got["error"]["type"], "invalid_request_error", "{got}");
+    }
+    // What is honoured still answers: a text format, and tools with tool_choice "none".
+    for extra in [
+        json!({"response_format": {"type": "text"}}),
+        json!({"tools": tools, "tool_choice": "none"}),
+    ] {
+        let (status, got) = post(&base, "/v1/chat/completions", chat(extra)).await;
+        assert_eq!(status, 200, "{got}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_keys_guard_the_api_but_not_health() {
     let (base, _) = start(vec!["sk-one".into(), "sk-two".into()]).await;

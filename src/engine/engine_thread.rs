@@ -11,6 +11,7 @@ use super::args::EngineError;
 use super::core::EngineCore;
 use super::handle::{EngineFailure, EngineStats, StreamEvent, Submission};
 use super::sequence::{SeqId, SeqMap};
+use super::snapshot::Publisher;
 use super::step_times::Phase;
 
 /// Where a sequence's events go.
@@ -26,6 +27,7 @@ pub(super) struct EngineThread {
     routes: SeqMap<Route>,
     stats: Arc<EngineStats>,
     queued: Arc<AtomicUsize>,
+    publisher: Publisher,
 }
 
 /// The text of a panic's payload.
@@ -44,6 +46,7 @@ impl EngineThread {
         rx: mpsc::UnboundedReceiver<Submission>,
         stats: Arc<EngineStats>,
         queued: Arc<AtomicUsize>,
+        publisher: Publisher,
     ) -> Self {
         EngineThread {
             core,
@@ -51,6 +54,7 @@ impl EngineThread {
             routes: SeqMap::default(),
             stats,
             queued,
+            publisher,
         }
     }
 
@@ -136,6 +140,8 @@ impl EngineThread {
                 }
             })?;
             self.publish();
+            let idle = !self.core.has_unfinished();
+            self.publisher.after_step(self.core.scheduler(), idle);
         }
     }
 
@@ -154,6 +160,10 @@ impl EngineThread {
                 events,
                 accepted,
             } => (request, events, accepted),
+            Submission::Snapshot => {
+                self.publisher.after_step(self.core.scheduler(), true);
+                return;
+            }
             Submission::AbortAll(message) => {
                 let failure = EngineFailure {
                     message,

@@ -20,6 +20,7 @@ use super::args::{EngineArgs, EngineError};
 use super::core::EngineCore;
 use super::engine_thread::EngineThread;
 use super::request::{FinishReason, SamplingParams};
+use super::snapshot::{PoolWatch, Publisher};
 use crate::chat::ChatTemplate;
 use crate::metrics::Histogram;
 use crate::sampler::Logprobs;
@@ -117,6 +118,8 @@ pub(super) enum Submission {
     },
     /// End every request now with an error event (shutdown timeout).
     AbortAll(String),
+    /// Publish the page table now, even while idle (a viewer just opened the live view).
+    Snapshot,
 }
 
 /// What the model offers callers, read once at start.
@@ -149,6 +152,9 @@ pub struct EngineHandle {
     /// Closed when the engine thread has ended (its engine, and any tensor-parallel group it
     /// leads, dropped).
     exited: watch::Receiver<()>,
+    /// The page table's snapshots: the prototype receiver, behind an `Arc` so that cloning the
+    /// handle does not count as a viewer.
+    pool: Arc<PoolWatch>,
 }
 
 /// Waits for the engine thread to end, without keeping it alive (see [`EngineHandle::exit`]).
@@ -183,6 +189,7 @@ impl EngineHandle {
         let stats = Arc::new(EngineStats::default());
         let queued = Arc::new(AtomicUsize::new(0));
         let (stats2, queued2) = (stats.clone(), queued.clone());
+        let (publisher, pool) = Publisher::new();
         std::thread::Builder::new()
             .name("pagewise-engine".into())
             .spawn(move || {
@@ -216,7 +223,7 @@ impl EngineHandle {
                     });
                 }
                 let _ = ready_tx.send(Ok(info));
-                EngineThread::new(core, rx, stats2, queued2).run_supervised(&death_tx);
+                EngineThread::new(core, rx, stats2, queued2, publisher).run_supervised(&death_tx);
                 drop(exited_tx);
             })
             .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?;
@@ -230,6 +237,7 @@ impl EngineHandle {
             queued,
             max_queued: max_queued_seqs,
             exited,
+            pool: Arc::new(pool),
         };
         Ok((handle, info))
     }
@@ -264,6 +272,15 @@ impl EngineHandle {
             // The engine thread ended without dying: every other handle is gone.
             None => std::future::pending().await,
         }
+    }
+
+    /// A view of the page table's snapshots (`/dashboard`). While any such view is alive, the
+    /// engine publishes one after a step at most every `snapshot::PERIOD`; this call also asks
+    /// for one now, so an idle engine shows its pool at once.
+    pub fn watch_pool(&self) -> PoolWatch {
+        let view = (*self.pool).clone();
+        let _ = self.tx.send(Submission::Snapshot);
+        view
     }
 
     /// The published counters.

@@ -10,6 +10,7 @@ pub mod faults;
 pub mod handle;
 pub mod kv_sizing;
 pub mod loading;
+pub mod snapshot;
 // The plain request and sequence types live below the engine and the scheduler, which both use
 // them; they are re-exported here under their old paths.
 pub use crate::{request, sequence};

@@ -10,6 +10,20 @@ use std::collections::HashMap;
 
 use super::block_hash::{BlockHash, BuildPassThrough, Parent};
 
+/// What a block holds, as [`BlockPool::states_into`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum BlockState {
+    /// On the free list, holding nothing reusable.
+    Free = 0,
+    /// Held by one sequence.
+    Used = 1,
+    /// On the free list, still holding a cached prefix a later prompt may reuse.
+    Cached = 2,
+    /// Held by several sequences (a shared prefix).
+    Shared = 3,
+}
+
 /// Index of a physical block in the KV cache tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlockId(pub u32);
@@ -225,6 +239,20 @@ impl BlockPool {
     /// Whether a block is currently on the free list.
     pub fn is_free(&self, id: BlockId) -> bool {
         self.meta[id.0 as usize].on_free_list
+    }
+
+    /// Each usable block's state (block 1 first) as [`BlockState`] codes, into `out` (cleared):
+    /// the live view of the pool (`/dashboard`).
+    pub fn states_into(&self, out: &mut Vec<u8>) {
+        out.clear();
+        out.extend(self.meta[1..].iter().map(|m| {
+            (match (m.ref_count, m.cached.is_some()) {
+                (0, false) => BlockState::Free,
+                (0, true) => BlockState::Cached,
+                (1, _) => BlockState::Used,
+                _ => BlockState::Shared,
+            }) as u8
+        }));
     }
 
     /// Sum of all ref counts (for leak checks).

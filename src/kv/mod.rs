@@ -8,7 +8,7 @@ pub mod block_hash;
 pub mod block_pool;
 
 pub use block_hash::{BlockHash, Parent, ParentKey};
-pub use block_pool::{BlockId, BlockPool};
+pub use block_pool::{BlockId, BlockPool, BlockState};
 
 use std::sync::Arc;
 

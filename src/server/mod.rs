@@ -1,6 +1,7 @@
 //! The OpenAI-compatible HTTP front end: router, shared state, middleware (request ids, API keys,
 //! CORS, body limit, panics as JSON), and serving with graceful shutdown.
 
+pub mod dashboard;
 pub mod error;
 pub mod generate;
 pub mod metrics;
@@ -8,6 +9,7 @@ pub mod openapi;
 pub mod protocol;
 pub mod responses;
 pub mod routes;
+pub mod unsupported;
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -43,6 +45,8 @@ pub struct ServerOptions {
     pub max_num_queued_requests: usize,
     /// Interval of SSE keep-alive comments (default 15 s).
     pub sse_keepalive: Option<std::time::Duration>,
+    /// Leave out `/dashboard` and its event stream (404).
+    pub disable_dashboard: bool,
 }
 
 /// What every handler shares.
@@ -150,20 +154,30 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
+impl AppState {
+    /// Whether `presented` opens the API: any key when none is configured, else one of them
+    /// (compared in constant time).
+    pub fn accepts_key(&self, presented: Option<&str>) -> bool {
+        if self.api_keys.is_empty() {
+            return true;
+        }
+        let presented = presented.unwrap_or("");
+        self.api_keys.iter().fold(false, |ok, key| {
+            ok | constant_time_eq(key.as_bytes(), presented.as_bytes())
+        })
+    }
+}
+
 async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if state.api_keys.is_empty() || req.method() == Method::OPTIONS {
+    if req.method() == Method::OPTIONS {
         return next.run(req).await;
     }
     let presented = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    let ok = state.api_keys.iter().fold(false, |ok, key| {
-        ok | constant_time_eq(key.as_bytes(), presented.as_bytes())
-    });
-    if ok {
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if state.accepts_key(presented) {
         next.run(req).await
     } else {
         ApiError::new(StatusCode::UNAUTHORIZED, "Invalid or missing API key.").into_response()
@@ -199,12 +213,18 @@ pub fn router(state: AppState, opts: &ServerOptions) -> Router {
             state.clone(),
             require_api_key,
         ));
-    let open = Router::new()
+    let mut open = Router::new()
         .route("/health", get(routes::health))
         .route("/ready", get(routes::ready))
         .route("/version", get(routes::version))
         .route("/openapi.json", get(routes::openapi))
         .route("/metrics", get(metrics::metrics));
+    if !opts.disable_dashboard {
+        // (They check the API key themselves: a browser may only be able to pass it as ?key=.)
+        open = open
+            .route("/dashboard", get(dashboard::page))
+            .route("/dashboard/events", get(dashboard::events));
+    }
     let mut app = guarded
         .merge(open)
         .fallback(routes::not_found)

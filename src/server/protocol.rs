@@ -141,7 +141,8 @@ pub struct ChatRequest {
     pub add_generation_prompt: Option<bool>,
     /// Extra variables for the chat template.
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
-    /// Tools, passed to the chat template.
+    /// Tools, passed to the chat template; only with `tool_choice: "none"` for now (the server
+    /// does not parse tool calls yet, so any other choice is a 400: `super::unsupported`).
     pub tools: Option<serde_json::Value>,
     /// Sampling.
     #[serde(flatten)]

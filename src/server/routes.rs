@@ -15,6 +15,7 @@ use super::responses::{
     DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
     VersionResponse,
 };
+use super::unsupported;
 use crate::engine::request::{MAX_LOGPROBS, check_num_seqs};
 
 /// `Json<T>` whose rejections are OpenAI-shaped errors (400 bad JSON or field, 413, 415).
@@ -90,6 +91,7 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let arrived = std::time::Instant::now();
     let model = state.check_model(req.model.as_deref())?;
+    unsupported::refuse_unhonoured(&req.unknown, None)?;
     state.note_unknown_fields(req.unknown.keys());
     let prompts: Vec<(Option<String>, Option<Vec<u32>>)> = match req.prompt {
         PromptInput::Text(t) => vec![(Some(t), None)],
@@ -145,6 +147,7 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let arrived = std::time::Instant::now();
     let model = state.check_model(req.model.as_deref())?;
+    unsupported::refuse_unhonoured(&req.unknown, req.tools.as_ref())?;
     state.note_unknown_fields(req.unknown.keys());
     check_messages(&req.messages)?;
     check_n(&state, &req.sampling, None, 1)?;

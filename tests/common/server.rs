@@ -39,6 +39,7 @@ pub async fn start_with(
         allowed_origins: vec![],
         max_num_queued_requests,
         sse_keepalive: Some(Duration::from_millis(20)),
+        ..Default::default()
     };
     serve(args, opts).await
 }

@@ -1,0 +1,128 @@
+//! Snapshots of the page table for the live view (`/dashboard`): every block's state and every
+//! unfinished sequence's block table, as plain data. The engine thread takes one after a step at
+//! most [`PERIOD`] apart, and only while someone watches; it hands it over through a
+//! `tokio::sync::watch` channel (a pointer swap, never a wait on a reader). The last step before
+//! the engine goes idle is always published, so an idle pool is shown as it is.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::scheduler::Scheduler;
+use crate::sequence::{SeqStatus, Sequence};
+
+/// Shortest time between two snapshots (10 Hz).
+pub const PERIOD: Duration = Duration::from_millis(100);
+
+/// One sequence as the live view shows it: ids and lengths, never its tokens or text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeqView {
+    /// The sequence's id.
+    pub id: u64,
+    /// Running (holds blocks) or waiting.
+    pub running: bool,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub output_tokens: usize,
+    /// Tokens whose KV is in the cache (prefill progress while below the prompt length).
+    pub computed_tokens: usize,
+    /// Prompt tokens that came from the prefix cache.
+    pub cached_tokens: usize,
+    /// Times it was preempted.
+    pub preemptions: u32,
+    /// Its block table (physical block ids, in order).
+    pub blocks: Vec<u32>,
+}
+
+impl SeqView {
+    fn of(seq: &Sequence) -> Self {
+        SeqView {
+            id: seq.id.0,
+            running: seq.status == SeqStatus::Running,
+            prompt_tokens: seq.num_prompt_tokens(),
+            output_tokens: seq.num_output_tokens(),
+            computed_tokens: seq.num_computed_tokens(),
+            cached_tokens: seq.num_cached_tokens,
+            preemptions: seq.num_preemptions,
+            blocks: seq.block_table.blocks().iter().map(|b| b.0).collect(),
+        }
+    }
+}
+
+/// The page table at one moment.
+#[derive(Clone, Debug, Default)]
+pub struct PoolSnapshot {
+    /// Counts up with each snapshot taken.
+    pub serial: u64,
+    /// When it was taken.
+    pub taken_at: Option<Instant>,
+    /// Token slots per block.
+    pub block_size: usize,
+    /// Each usable block's state (block 1 first), as `kv::BlockState` codes.
+    pub states: Vec<u8>,
+    /// Running sequences, then waiting ones.
+    pub seqs: Vec<SeqView>,
+}
+
+impl PoolSnapshot {
+    /// The scheduler's page table now.
+    pub fn take(scheduler: &Scheduler, serial: u64) -> Self {
+        let mut states = Vec::new();
+        scheduler.kv().pool().states_into(&mut states);
+        let seqs = scheduler
+            .running()
+            .iter()
+            .chain(scheduler.waiting())
+            .map(SeqView::of)
+            .collect();
+        PoolSnapshot {
+            serial,
+            taken_at: Some(Instant::now()),
+            block_size: scheduler.kv().block_size(),
+            states,
+            seqs,
+        }
+    }
+}
+
+/// The receiving side: clone one per viewer (`EngineHandle::watch_pool`).
+pub type PoolWatch = watch::Receiver<Arc<PoolSnapshot>>;
+
+/// The engine thread's side.
+pub(super) struct Publisher {
+    tx: watch::Sender<Arc<PoolSnapshot>>,
+    last: Option<Instant>,
+    serial: u64,
+}
+
+impl Publisher {
+    /// A publisher and the receiver viewers are cloned from (it does not count as a viewer).
+    pub fn new() -> (Self, PoolWatch) {
+        let (tx, rx) = watch::channel(Arc::new(PoolSnapshot::default()));
+        let publisher = Publisher {
+            tx,
+            last: None,
+            serial: 0,
+        };
+        (publisher, rx)
+    }
+
+    /// Publishes the page table if a viewer watches and [`PERIOD`] has passed, or always when
+    /// `going_idle` (the engine is about to wait for work).
+    pub fn after_step(&mut self, scheduler: &Scheduler, going_idle: bool) {
+        // The prototype receiver is one; any more are viewers.
+        if self.tx.receiver_count() <= 1 {
+            return;
+        }
+        let due = self.last.is_none_or(|t| t.elapsed() >= PERIOD);
+        if !(due || going_idle) {
+            return;
+        }
+        self.serial += 1;
+        self.last = Some(Instant::now());
+        self.tx
+            .send_replace(Arc::new(PoolSnapshot::take(scheduler, self.serial)));
+    }
+}

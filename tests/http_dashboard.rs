@@ -1,0 +1,270 @@
+//! The live view of the page table (`/dashboard`, `/dashboard/events`) against a real server:
+//! every snapshot, rebuilt from the first full pool and the changed runs after it, must agree
+//! with its own counts and with the page table's invariants (a block is in use exactly when a
+//! running sequence's table holds it, shared exactly when several do; used + shared + cached +
+//! free = all blocks), and the idle snapshot after a load with `/metrics`.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::server::*;
+use futures_util::StreamExt;
+use pagewise::server::ServerOptions;
+use serde_json::{Value, json};
+
+/// A `/dashboard/events` stream, read event by event.
+struct Events {
+    body: futures_util::stream::BoxStream<'static, reqwest::Result<Vec<u8>>>,
+    buf: String,
+}
+
+impl Events {
+    async fn open(url: &str, bearer: Option<&str>) -> Self {
+        let mut req = reqwest::Client::new().get(url);
+        if let Some(key) = bearer {
+            req = req.bearer_auth(key);
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(
+            r.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/event-stream")
+        );
+        Events {
+            body: r.bytes_stream().map(|c| c.map(|b| b.to_vec())).boxed(),
+            buf: String::new(),
+        }
+    }
+
+    /// The next `snapshot` event's data (keep-alive comments skipped); panics after 30 s.
+    async fn next(&mut self) -> Value {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                if let Some(end) = self.buf.find("\n\n") {
+                    let event: String = self.buf.drain(..end + 2).collect();
+                    if let Some(data) = event.lines().find_map(|l| l.strip_prefix("data: ")) {
+                        assert!(event.contains("event: snapshot"), "{event}");
+                        return serde_json::from_str(data).unwrap();
+                    }
+                    continue;
+                }
+                let chunk = self.body.next().await.expect("stream ended").unwrap();
+                self.buf.push_str(std::str::from_utf8(&chunk).unwrap());
+            }
+        })
+        .await
+        .expect("no snapshot within 30 s")
+    }
+}
+
+/// The pool as the page rebuilds it.
+#[derive(Default)]
+struct Pool(Vec<u8>);
+
+impl Pool {
+    /// Applies a snapshot's pool and checks it against the snapshot's counts and sequences.
+    fn apply_and_check(&mut self, s: &Value) {
+        let pool = &s["pool"];
+        if let Some(full) = pool["full"].as_str() {
+            self.0 = full.bytes().map(|b| b - b'0').collect();
+        } else {
+            for run in pool["runs"].as_array().unwrap() {
+                let start = run[0].as_u64().unwrap() as usize;
+                for (i, b) in run[1].as_str().unwrap().bytes().enumerate() {
+                    self.0[start + i] = b - b'0';
+                }
+            }
+        }
+        let n = s["num_blocks"].as_u64().unwrap() as usize;
+        assert_eq!(self.0.len(), n);
+        let mut counts = [0u64; 4];
+        for &b in &self.0 {
+            counts[usize::from(b)] += 1;
+        }
+        let c = &s["counts"];
+        let want = ["free", "used", "cached", "shared"].map(|k| c[k].as_u64().unwrap());
+        assert_eq!(counts, want, "rebuilt pool against the snapshot's counts");
+        assert_eq!(counts.iter().sum::<u64>() as usize, n);
+        // Ref counts from the running sequences' tables (block ids count from 1; the pool's
+        // index from 0).
+        let mut refs: HashMap<usize, u32> = HashMap::new();
+        for q in s["seqs"].as_array().unwrap() {
+            let blocks = q["blocks"].as_array().unwrap();
+            if !q["running"].as_bool().unwrap() {
+                assert!(blocks.is_empty(), "a waiting sequence holds blocks: {q}");
+            }
+            for b in blocks {
+                *refs.entry(b.as_u64().unwrap() as usize).or_default() += 1;
+            }
+        }
+        for (i, &state) in self.0.iter().enumerate() {
+            let want = match refs.get(&(i + 1)) {
+                None => [0, 2].contains(&state),
+                Some(1) => state == 1,
+                Some(_) => state == 3,
+            };
+            assert!(
+                want,
+                "block {}: state {state}, held {:?} times",
+                i + 1,
+                refs.get(&(i + 1))
+            );
+        }
+    }
+
+    fn used(&self) -> usize {
+        self.0.iter().filter(|&&b| b == 1 || b == 3).count()
+    }
+}
+
+/// The value of a metric line `name{...} v` in a /metrics text.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in /metrics"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_follow_the_page_table_and_agree_with_metrics() {
+    let (base, _) = start(vec![]).await;
+    let page = reqwest::get(format!("{base}/dashboard")).await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(
+        page.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
+    let html = page.text().await.unwrap();
+    assert!(html.contains("pagewise · page table") && html.contains("EventSource"));
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "the page fetches nothing from elsewhere"
+    );
+
+    let mut events = Events::open(&format!("{base}/dashboard/events"), None).await;
+    let mut pool = Pool::default();
+    // An idle engine publishes its pool as soon as a viewer asks.
+    let first = events.next().await;
+    assert!(
+        first["pool"]["full"].is_string(),
+        "the first event carries the whole pool"
+    );
+    pool.apply_and_check(&first);
+    assert_eq!(pool.used(), 0);
+
+    // A load: 12 requests sharing a prefix (prefix-cache hits), a little apart.
+    let prefix = "The page table hands out blocks. ".repeat(2);
+    let load = tokio::spawn({
+        let base = base.clone();
+        async move {
+            let mut tasks = Vec::new();
+            for i in 0..12 {
+                let (base, prompt) = (base.clone(), format!("{prefix} request {i}"));
+                tasks.push(tokio::spawn(async move {
+                    post(&base, "/v1/completions", json!({"prompt": prompt, "max_tokens": 120, "ignore_eos": true, "temperature": 0})).await
+                }));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            for t in tasks {
+                assert_eq!(t.await.unwrap().0, 200);
+            }
+        }
+    });
+    let (mut busiest, mut deltas) = (0, 0);
+    let mut last = first;
+    let mut load = load;
+    let mut load_done = false;
+    // Until the load has returned and the engine has published its idle pool (the last snapshot
+    // before it waits for work).
+    while !(load_done && last["seqs"].as_array().unwrap().is_empty()) {
+        tokio::select! {
+            frame = events.next() => {
+                last = frame;
+                pool.apply_and_check(&last);
+                deltas += usize::from(last["pool"]["runs"].is_array());
+                busiest = busiest.max(last["seqs"].as_array().unwrap().len());
+            }
+            joined = &mut load, if !load_done => {
+                joined.unwrap();
+                load_done = true;
+            }
+        }
+    }
+    assert!(
+        busiest >= 2,
+        "the snapshots saw the load: at most {busiest} sequences at once"
+    );
+    assert!(
+        deltas > 0,
+        "later snapshots send the changed runs, not the whole pool"
+    );
+    assert_eq!(pool.used(), 0, "every block is freed at the end");
+    assert!(
+        pool.0.contains(&2),
+        "finished prompts leave cached prefix blocks"
+    );
+
+    // The idle snapshot against /metrics (read after it: the counters no longer move).
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let st = &last["stats"];
+    assert_eq!(st["running"], 0);
+    assert_eq!(metric(&text, "vllm:num_requests_running"), 0.0);
+    assert_eq!(
+        metric(&text, "vllm:kv_cache_usage_perc"),
+        st["kv_usage"].as_f64().unwrap()
+    );
+    for (name, field) in [
+        ("vllm:generation_tokens_total", "generated_tokens"),
+        ("vllm:prefix_cache_queries_total", "prefix_queries"),
+        ("vllm:prefix_cache_hits_total", "prefix_hits"),
+        ("pagewise:engine_steps_total", "steps"),
+    ] {
+        assert_eq!(metric(&text, name), st[field].as_f64().unwrap(), "{name}");
+    }
+    assert_eq!(st["generated_tokens"], 12 * 120);
+    assert!(st["prefix_hits"].as_u64().unwrap() > 0, "{st}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_sits_behind_the_api_key_and_can_be_turned_off() {
+    let (base, _) = start(vec!["sesame".into()]).await;
+    for path in ["/dashboard", "/dashboard/events", "/dashboard?key=wrong"] {
+        let r = reqwest::get(format!("{base}{path}")).await.unwrap();
+        assert_eq!(r.status(), 401, "{path}");
+    }
+    let r = reqwest::get(format!("{base}/dashboard?key=sesame"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut events = Events::open(&format!("{base}/dashboard/events"), Some("sesame")).await;
+    let mut pool = Pool::default();
+    pool.apply_and_check(&events.next().await);
+    drop(events);
+    let r = reqwest::get(format!("{base}/dashboard/events?key=sesame"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    let opts = ServerOptions {
+        served_model_names: vec!["tiny".into()],
+        disable_dashboard: true,
+        ..Default::default()
+    };
+    let (base, _) = serve(engine_args(), opts).await;
+    for path in ["/dashboard", "/dashboard/events"] {
+        let r = reqwest::get(format!("{base}{path}")).await.unwrap();
+        assert_eq!(r.status(), 404, "{path}");
+    }
+}
