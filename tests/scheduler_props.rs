@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use common::fake_model::{self, EOS, FakeModel, VOCAB};
 use pagewise::engine::sequence::SeqStatus;
+use pagewise::kv::{BlockId, BlockState};
 use pagewise::{SamplingParams, Scheduler, SchedulerConfig, SeqId, Sequence};
 use proptest::prelude::*;
 
@@ -101,6 +102,30 @@ fn check_invariants(s: &Scheduler) {
         pool.num_free() + distinct.len(),
         pool.num_usable(),
         "no block leaked"
+    );
+    // The live view's states (kept incrementally) agree with the ref counts and the free list.
+    let mut states = Vec::new();
+    pool.states_into(&mut states);
+    let mut cached_free = 0;
+    for (i, &state) in states.iter().enumerate() {
+        let id = BlockId(i as u32 + 1);
+        let want = match pool.ref_count(id) {
+            0 => state == BlockState::Free as u8 || state == BlockState::Cached as u8,
+            1 => state == BlockState::Used as u8,
+            _ => state == BlockState::Shared as u8,
+        };
+        assert!(
+            want,
+            "block {}: state {state}, ref count {}",
+            id.0,
+            pool.ref_count(id)
+        );
+        assert_eq!(pool.is_free(id), pool.ref_count(id) == 0);
+        cached_free += usize::from(state == BlockState::Cached as u8);
+    }
+    assert!(
+        cached_free <= pool.num_cached(),
+        "a cached free block is a registered one"
     );
     for q in s.running() {
         assert_eq!(q.status, SeqStatus::Running);

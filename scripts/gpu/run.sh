@@ -8,6 +8,9 @@
 #   bash .gpu/run.sh bench    kernel bandwidth + `pagewise bench` runs
 #   bash .gpu/run.sh all      both (default)
 #   bash .gpu/run.sh long start|wait ...  a serving run longer than one call (scripts/gpu/long_serve.sh)
+#   bash .gpu/run.sh dashboard  what a /dashboard viewer costs: `bench serve` at rate inf on the 1B
+#                             shape (256 sequences, no prefix caching so every run does the same
+#                             work), without and with a viewer, alternating (off on on off) x 2
 #   bash .gpu/run.sh recheck  `tests`, then the scoreboard's batch-1 and offline rows (no serving,
 #                             no transformers baselines): the check after a change to the GPU path
 #   bash .gpu/run.sh profile  one eager batch-1 decode step kernel by kernel under Nsight Compute
@@ -33,7 +36,7 @@ for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests rope-tes
   chmod +x "$work/bin/$f"
 done
 export PAGEWISE_GPU_MODELS=$work/models
-if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ "$what" != gguf ] && [ "$what" != long ] && [ "$what" != profile ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
+if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ "$what" != gguf ] && [ "$what" != long ] && [ "$what" != profile ] && [ "$what" != dashboard ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
   (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS") > "$out/make-models.log" 2>&1 \
     || { tail -20 "$out/make-models.log"; exit 1; }
 fi
@@ -102,6 +105,32 @@ if [ "$what" = gguf ]; then
   mkdir -p "$PAGEWISE_GPU_MODELS" && cp "$here/smollm2-4l.gguf" "$PAGEWISE_GPU_MODELS/"
   "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture quantized_gguf 2>&1 \
     | grep -E "^test |test result|rel\. err|engine on|panicked|WARN" || status=1
+fi
+if [ "$what" = dashboard ]; then
+  SCOREBOARD_MODELS=none SCOREBOARD_PARTS=none SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \
+    bash "$here/scripts/gpu/scoreboard.sh" > /dev/null 2>&1   # (writes the shapes' configs)
+  m=/tmp/pagewise-gpu/shapes/llama-1b
+  "$work/bin/pagewise" serve "$m" --load-format dummy --port 8300 --max-num-seqs 256 \
+    --no-enable-prefix-caching > "$out/dashboard-serve.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 240); do curl -sf localhost:8300/ready > /dev/null && break; sleep 0.5; done
+  for round in 1 2; do
+    for v in off on on off; do
+      viewer=
+      if [ "$v" = on ]; then
+        (curl -sN localhost:8300/dashboard/events | wc -c > "$out/dashboard-bytes-$round.txt") &
+        viewer=$!
+        sleep 1
+      fi
+      echo "== round $round, viewer $v"
+      timeout 200 "$work/bin/pagewise" bench serve --base-url http://127.0.0.1:8300 --model "$m" --num-prompts 1000 \
+        --random-input-len 1024 --random-output-len 128 --request-rate inf --ignore-eos --no-progress \
+        --result-file "/tmp/dashboard-$v-$round.json" 2>> "$out/bench-stderr.log" | grep -E "throughput|Successful" | head -3
+      [ -n "$viewer" ] && { pkill -f "dashboard/events"; wait "$viewer"; echo "viewer received $(cat "$out/dashboard-bytes-$round.txt") bytes"; }
+    done
+  done
+  curl -s localhost:8300/dashboard | grep -c "pagewise · page table"
+  kill -TERM $pid; wait $pid
 fi
 if [ "$what" = recheck ]; then
   SCOREBOARD_PARTS="latency throughput" SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \

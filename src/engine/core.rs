@@ -130,6 +130,11 @@ impl EngineCore {
         self.chat.clone()
     }
 
+    /// The device the model runs on.
+    pub fn device(&self) -> &candle_core::Device {
+        self.runner.device()
+    }
+
     /// The scheduler (read-only: queue lengths, cache usage, counters).
     pub fn scheduler(&self) -> &Scheduler {
         &self.scheduler

@@ -127,6 +127,19 @@ pub fn gpu_memory(device: &Device) -> candle_core::Result<GpuMemory> {
     })
 }
 
+/// The GPU's (used, total) bytes now, without waiting for its queued work (one driver call; for
+/// the live view). `None` on the CPU, or if the driver does not answer.
+pub fn memory_now(device: &Device) -> Option<(u64, u64)> {
+    #[cfg(feature = "cuda")]
+    if let Ok(cuda) = device.as_cuda_device() {
+        let ctx = cuda.cuda_stream().context().clone();
+        let (free, total) = ctx.mem_get_info().ok()?;
+        return Some(((total - free) as u64, total as u64));
+    }
+    let _ = device;
+    None
+}
+
 /// Restarts the peak of [`GpuMemory::pool_peak`] from the current use.
 #[cfg(feature = "cuda")]
 pub fn reset_peak(device: &Device) -> candle_core::Result<()> {

@@ -141,7 +141,8 @@ impl EngineThread {
             })?;
             self.publish();
             let idle = !self.core.has_unfinished();
-            self.publisher.after_step(self.core.scheduler(), idle);
+            self.publisher
+                .after_step(self.core.scheduler(), self.core.device(), idle);
         }
     }
 
@@ -161,7 +162,8 @@ impl EngineThread {
                 accepted,
             } => (request, events, accepted),
             Submission::Snapshot => {
-                self.publisher.after_step(self.core.scheduler(), true);
+                self.publisher
+                    .after_step(self.core.scheduler(), self.core.device(), true);
                 return;
             }
             Submission::AbortAll(message) => {

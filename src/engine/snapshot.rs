@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use candle_core::Device;
 use tokio::sync::watch;
 
 use crate::scheduler::Scheduler;
@@ -64,11 +65,13 @@ pub struct PoolSnapshot {
     pub states: Vec<u8>,
     /// Running sequences, then waiting ones.
     pub seqs: Vec<SeqView>,
+    /// The GPU's (used, total) bytes, when the model runs on one.
+    pub gpu_memory: Option<(u64, u64)>,
 }
 
 impl PoolSnapshot {
-    /// The scheduler's page table now.
-    pub fn take(scheduler: &Scheduler, serial: u64) -> Self {
+    /// The scheduler's page table now, and the memory of the device the model runs on.
+    pub fn take(scheduler: &Scheduler, device: &Device, serial: u64) -> Self {
         let mut states = Vec::new();
         scheduler.kv().pool().states_into(&mut states);
         let seqs = scheduler
@@ -83,6 +86,7 @@ impl PoolSnapshot {
             block_size: scheduler.kv().block_size(),
             states,
             seqs,
+            gpu_memory: super::device::memory_now(device),
         }
     }
 }
@@ -111,7 +115,7 @@ impl Publisher {
 
     /// Publishes the page table if a viewer watches and [`PERIOD`] has passed, or always when
     /// `going_idle` (the engine is about to wait for work).
-    pub fn after_step(&mut self, scheduler: &Scheduler, going_idle: bool) {
+    pub fn after_step(&mut self, scheduler: &Scheduler, device: &Device, going_idle: bool) {
         // The prototype receiver is one; any more are viewers.
         if self.tx.receiver_count() <= 1 {
             return;
@@ -123,6 +127,6 @@ impl Publisher {
         self.serial += 1;
         self.last = Some(Instant::now());
         self.tx
-            .send_replace(Arc::new(PoolSnapshot::take(scheduler, self.serial)));
+            .send_replace(Arc::new(PoolSnapshot::take(scheduler, device, self.serial)));
     }
 }

@@ -71,6 +71,9 @@ pub struct BlockPool {
     tokens: Vec<u32>,
     /// The next registration's serial number.
     next_serial: u64,
+    /// Each block's [`BlockState`] code, kept current by every operation that changes a ref
+    /// count or a cache entry, so the live view copies it instead of walking the metadata.
+    states: Vec<u8>,
 }
 
 impl BlockPool {
@@ -104,6 +107,7 @@ impl BlockPool {
                 Vec::new()
             },
             next_serial: 1,
+            states: vec![BlockState::Free as u8; num_blocks],
         };
         for id in 1..num_blocks as u32 {
             pool.push_back(id);
@@ -159,6 +163,7 @@ impl BlockPool {
         if let Some(c) = meta.cached.take() {
             self.index.remove(&c.hash);
         }
+        self.refresh_state(id);
         Some(BlockId(id))
     }
 
@@ -168,6 +173,7 @@ impl BlockPool {
             self.unlink(id.0);
         }
         self.meta[id.0 as usize].ref_count += 1;
+        self.refresh_state(id.0);
     }
 
     /// Drops one reference. At zero the block is freed: a cached block goes to the back of the LRU
@@ -183,6 +189,7 @@ impl BlockPool {
                 self.push_front(id.0);
             }
         }
+        self.refresh_state(id.0);
     }
 
     /// Registers a full block whose KV has been written: `tokens` after the prefix `parent`, under
@@ -218,6 +225,7 @@ impl BlockPool {
         });
         let start = id.0 as usize * self.block_size;
         self.tokens[start..start + self.block_size].copy_from_slice(tokens);
+        self.refresh_state(id.0);
         serial
     }
 
@@ -245,14 +253,22 @@ impl BlockPool {
     /// the live view of the pool (`/dashboard`).
     pub fn states_into(&self, out: &mut Vec<u8>) {
         out.clear();
-        out.extend(self.meta[1..].iter().map(|m| {
-            (match (m.ref_count, m.cached.is_some()) {
-                (0, false) => BlockState::Free,
-                (0, true) => BlockState::Cached,
-                (1, _) => BlockState::Used,
-                _ => BlockState::Shared,
-            }) as u8
-        }));
+        out.extend_from_slice(&self.states[1..]);
+    }
+
+    /// Block `id`'s state as its metadata says.
+    fn state_of(&self, id: u32) -> BlockState {
+        let m = &self.meta[id as usize];
+        match (m.ref_count, m.cached.is_some()) {
+            (0, false) => BlockState::Free,
+            (0, true) => BlockState::Cached,
+            (1, _) => BlockState::Used,
+            _ => BlockState::Shared,
+        }
+    }
+
+    fn refresh_state(&mut self, id: u32) {
+        self.states[id as usize] = self.state_of(id) as u8;
     }
 
     /// Sum of all ref counts (for leak checks).
@@ -447,5 +463,38 @@ mod tests {
         let c = off.allocate().unwrap();
         off.register(c, BlockHash(1), &ROOT, &[1, 2]);
         assert_eq!(off.lookup(BlockHash(1), &ROOT, &[1, 2]), None);
+    }
+
+    #[test]
+    fn kept_states_equal_the_metadata_through_any_operations() {
+        let mut pool = BlockPool::new(9, 2, true);
+        let mut held: Vec<BlockId> = Vec::new();
+        let mut x = 12345u64;
+        for step in 0..2000u32 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            match (x >> 33) % 4 {
+                0 => held.extend(pool.allocate()),
+                1 if !held.is_empty() => {
+                    pool.release(held.swap_remove((x >> 40) as usize % held.len()))
+                }
+                2 if !held.is_empty() => {
+                    let b = held[(x >> 40) as usize % held.len()];
+                    let tokens = [step % 3, step % 5];
+                    pool.register(b, hash_block(root_key(None), &tokens), &ROOT, &tokens);
+                }
+                3 if !held.is_empty() => {
+                    let b = held[(x >> 40) as usize % held.len()];
+                    pool.touch(b);
+                    held.push(b);
+                }
+                _ => {}
+            }
+            let mut got = Vec::new();
+            pool.states_into(&mut got);
+            let want: Vec<u8> = (1..9).map(|i| pool.state_of(i) as u8).collect();
+            assert_eq!(got, want, "after step {step}");
+        }
     }
 }

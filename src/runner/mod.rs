@@ -31,6 +31,11 @@ pub struct ModelRunner {
 }
 
 impl ModelRunner {
+    /// The device the model runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     /// A runner over `model` with the paged cache `kv`, inputs placed on `device`.
     pub fn new(model: Box<dyn CausalLm>, kv: KvCache, device: Device) -> Self {
         ModelRunner {

@@ -140,6 +140,7 @@ impl Viewer {
                 "blocks": q.blocks,
             })).collect::<Vec<_>>(),
             "stats": stats(&self.state),
+            "gpu_memory": s.gpu_memory.map(|(used, total)| json!({"used": used, "total": total})),
         });
         Event::default().event("snapshot").data(data.to_string())
     }

@@ -1,0 +1,194 @@
+"""`/dashboard` in a real browser: headless Chromium, driven over its DevTools protocol, loads the
+page of a live `pagewise serve` (the tiny Qwen2 fixture) while requests run.
+
+    PAGEWISE_BIN=target/release/pagewise python tests/browser/dashboard.py [--screenshot out.png]
+
+Passes when the page goes live, its numbers move while the load runs (running sequences seen,
+generated tokens rising, blocks in use), and once the load is over its numbers equal /metrics
+(generated tokens, running, KV usage, prefix-cache hit rate). Saves a screenshot taken mid-load.
+Needs chromium on PATH (Debian's package), httpx and websocket-client.
+"""
+
+import argparse
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import httpx
+import websocket
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "robustness"))
+from tiny_server import BIN, free_port, metric, start_server, wait_ready  # noqa: E402
+
+FIELDS = ["kv-usage", "blocks-used", "blocks-cached", "blocks-free", "running", "waiting", "hit-rate",
+          "tokens-per-s", "generated", "graph-share", "preemptions"]
+
+
+class Browser:
+    """Headless Chromium with one page, driven over the DevTools protocol."""
+
+    def __init__(self):
+        self.profile = tempfile.mkdtemp(prefix="pagewise-chromium-")
+        port = free_port()
+        self.proc = subprocess.Popen(
+            [shutil.which("chromium") or "chromium", "--headless", "--no-sandbox", "--disable-gpu",
+             "--window-size=1400,1060", f"--remote-debugging-port={port}", f"--user-data-dir={self.profile}",
+             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 30
+        while True:
+            try:
+                pages = httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=1).json()
+                page = next(p for p in pages if p.get("type") == "page")
+                break
+            except (httpx.HTTPError, StopIteration, ValueError):
+                if time.time() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("chromium did not start")
+                time.sleep(0.2)
+        self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=30)
+        self.next_id = 0
+
+    def call(self, method, **params):
+        self.next_id += 1
+        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == self.next_id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg["result"]
+
+    def eval(self, expression):
+        r = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        return r["result"].get("value")
+
+    def values(self):
+        """The page's tiles: raw values (data-value) and the live status."""
+        return self.eval("(() => { const v = {}; for (const id of %s) v[id] = document.getElementById(id).dataset.value;"
+                         " v.status = document.getElementById('status').textContent; return v; })()" % json.dumps(FIELDS))
+
+    def screenshot(self, path):
+        data = self.call("Page.captureScreenshot", format="png")["data"]
+        with open(path, "wb") as f:
+            f.write(base64.b64decode(data))
+
+    def close(self):
+        try:
+            self.ws.close()
+        finally:
+            self.proc.kill()
+            self.proc.wait()
+            shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def load(base, n, max_tokens, repeat, done):
+    """`n` completions sharing a prefix, started 5 ms apart, then sets `done`."""
+    def one(i):
+        body = {"prompt": "The page table hands out blocks. " * repeat + f"request {i}",
+                "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
+        r = httpx.post(base + "/v1/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+    threads = []
+    for i in range(n):
+        t = threading.Thread(target=one, args=(i,))
+        t.start()
+        threads.append(t)
+        time.sleep(0.005)
+    for t in threads:
+        t.join()
+    done.set()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--screenshot", default=os.path.join(tempfile.gettempdir(), "pagewise-dashboard.png"))
+    ap.add_argument("--model", help="serve this model instead of the tiny fixture (e.g. for the README's picture)")
+    ap.add_argument("--requests", type=int, default=120)
+    ap.add_argument("--max-tokens", type=int, default=150)
+    ap.add_argument("--prefix-repeat", type=int, default=2, help="length of the shared prompt prefix")
+    ap.add_argument("--shot-delay", type=float, default=0.3, help="seconds after 8 sequences run")
+    args = ap.parse_args()
+    if args.model:
+        port = free_port()
+        server = subprocess.Popen([BIN, "serve", args.model, "--host", "127.0.0.1", "--port", str(port),
+                                   "--max-num-seqs", "16"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        base = f"http://127.0.0.1:{port}"
+        wait_ready(base, server, base)
+    else:
+        # A pool of 524,288 blocks (2 GiB of the tiny model's KV cache; the cap is max-num-seqs
+        # full-length sequences): more blocks than the canvas has pixels, as on an H200.
+        server, base, _ = start_server("--max-num-seqs", "32768", "--kv-cache-memory", str(2 << 30))
+    browser = Browser()
+    failures = []
+    try:
+        browser.call("Page.enable")
+        browser.call("Page.navigate", url=base + "/dashboard")
+        deadline = time.time() + 20
+        while "live" not in (browser.values() or {}).get("status", ""):
+            if time.time() > deadline:
+                raise RuntimeError("the page never went live")
+            time.sleep(0.1)
+        idle = browser.values()
+        blocks, pixels, agg = browser.eval(
+            "[last.num_blocks, document.getElementById('pool').width * document.getElementById('pool').height,"
+            " document.getElementById('agg').textContent]")
+        if blocks > pixels and "one pixel =" not in agg:
+            failures.append(f"{blocks} blocks on {pixels} pixels, but the canvas does not aggregate: {agg!r}")
+        done = threading.Event()
+        threading.Thread(target=load, args=(base, args.requests, args.max_tokens, args.prefix_repeat, done), daemon=True).start()
+        seen, shot = [], False
+        while not done.is_set():
+            v = browser.values()
+            seen.append(v)
+            if not shot and int(v["running"] or 0) >= 8:
+                time.sleep(args.shot_delay)
+                browser.screenshot(args.screenshot)
+                shot = True
+            time.sleep(0.1)
+        if not shot:
+            browser.screenshot(args.screenshot)
+        generated = [int(v["generated"]) for v in seen if v["generated"]]
+        if max(int(v["running"] or 0) for v in seen) < 2:
+            failures.append("the page never showed two sequences running")
+        if len(set(generated)) < 3 or generated != sorted(generated):
+            failures.append(f"generated tokens did not rise steadily: {generated[:5]} .. {generated[-5:]}")
+        if max(int(v["blocks-used"] or 0) for v in seen) <= int(idle["blocks-used"] or 0):
+            failures.append("no blocks in use shown during the load")
+        # Once idle, the page's numbers are /metrics'.
+        deadline, last = time.time() + 15, None
+        while time.time() < deadline:
+            text = httpx.get(base + "/metrics").text
+            want = {
+                "generated": metric(text, "vllm:generation_tokens_total"),
+                "running": metric(text, "vllm:num_requests_running"),
+                "kv-usage": metric(text, "vllm:kv_cache_usage_perc"),
+                "hit-rate": metric(text, "vllm:prefix_cache_hits_total") / metric(text, "vllm:prefix_cache_queries_total"),
+            }
+            v = browser.values()
+            last = {k: (float(v[k]), w) for k, w in want.items()}
+            if all(abs(a - b) <= 1e-9 * max(1.0, abs(b)) for a, b in last.values()):
+                break
+            time.sleep(0.2)
+        else:
+            failures.append(f"page vs /metrics after the load: {last}")
+        if last and last["generated"][1] != args.requests * args.max_tokens:
+            failures.append(f"/metrics counted {last['generated'][1]} tokens, not {args.requests * args.max_tokens}")
+        print(f"dashboard: {blocks} blocks ({agg or 'one cell a block'}); {len(seen)} readings during the load, peak running "
+              f"{max(int(v['running'] or 0) for v in seen)}, page == /metrics afterwards: {last}; "
+              f"screenshot {args.screenshot}")
+    finally:
+        browser.close()
+        server.terminate()
+        server.wait(timeout=30)
+    if failures:
+        print("FAILED:\n  " + "\n  ".join(failures))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
