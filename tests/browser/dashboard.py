@@ -72,6 +72,15 @@ class Browser:
         return self.eval("(() => { const v = {}; for (const id of %s) v[id] = document.getElementById(id).dataset.value;"
                          " v.status = document.getElementById('status').textContent; return v; })()" % json.dumps(FIELDS))
 
+    def hover_first_block(self):
+        """Moves the mouse over the pool's first cell; returns the tooltip's text."""
+        x, y = self.eval("(() => { const r = document.getElementById('pool').getBoundingClientRect();"
+                         " return [r.left + 1, r.top + 1]; })()")
+        self.call("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y)
+        time.sleep(0.05)
+        return self.eval("document.getElementById('tip').style.display === 'block'"
+                         " ? document.getElementById('tip').textContent : null")
+
     def screenshot(self, path):
         data = self.call("Page.captureScreenshot", format="png")["data"]
         with open(path, "wb") as f:
@@ -141,10 +150,12 @@ def main():
             failures.append(f"{blocks} blocks on {pixels} pixels, but the canvas does not aggregate: {agg!r}")
         done = threading.Event()
         threading.Thread(target=load, args=(base, args.requests, args.max_tokens, args.prefix_repeat, done), daemon=True).start()
-        seen, shot = [], False
+        seen, shot, hovered = [], False, None
         while not done.is_set():
             v = browser.values()
             seen.append(v)
+            if not hovered and int(v["running"] or 0) >= 2:
+                hovered = browser.hover_first_block()
             if not shot and int(v["running"] or 0) >= 8:
                 time.sleep(args.shot_delay)
                 browser.screenshot(args.screenshot)
@@ -153,6 +164,10 @@ def main():
         if not shot:
             browser.screenshot(args.screenshot)
         generated = [int(v["generated"]) for v in seen if v["generated"]]
+        # One block a cell: its state, ref count and sequences; several: their states counted.
+        if not hovered or not (hovered.startswith("block ") and "ref count" in hovered
+                               or hovered.startswith("blocks ") and "in use:" in hovered):
+            failures.append(f"hovering the pool's first cell showed {hovered!r}")
         if max(int(v["running"] or 0) for v in seen) < 2:
             failures.append("the page never showed two sequences running")
         if len(set(generated)) < 3 or generated != sorted(generated):
@@ -178,7 +193,7 @@ def main():
             failures.append(f"page vs /metrics after the load: {last}")
         if last and last["generated"][1] != args.requests * args.max_tokens:
             failures.append(f"/metrics counted {last['generated'][1]} tokens, not {args.requests * args.max_tokens}")
-        print(f"dashboard: {blocks} blocks ({agg or 'one cell a block'}); {len(seen)} readings during the load, peak running "
+        print(f"dashboard: {blocks} blocks ({agg or 'one cell a block'}); hover: {hovered!r}; {len(seen)} readings during the load, peak running "
               f"{max(int(v['running'] or 0) for v in seen)}, page == /metrics afterwards: {last}; "
               f"screenshot {args.screenshot}")
     finally:
