@@ -49,14 +49,16 @@ fn cases(name: &str) -> Vec<Case> {
 }
 
 fn check(name: &str) {
+    check_model(name, &format!("{FIXTURES}/{name}"), 1e-4, true);
+}
+
+/// Fixture `name`'s expected logits (within `tol` of their scale) and, when `greedy`, its greedy
+/// tokens, from the model at `path` (the fixture's folder, or a GGUF copy of it).
+fn check_model(name: &str, path: &str, tol: f32, greedy: bool) {
     let cases = cases(name);
     for case in &cases {
         let full = [case.prompt.clone(), case.greedy.clone()].concat();
-        let got = common::logits_at_every_position(
-            &format!("{FIXTURES}/{name}"),
-            GgufMatmul::Auto,
-            &full,
-        );
+        let got = common::logits_at_every_position(path, GgufMatmul::Auto, &full);
         assert_eq!(got.len(), case.logits.len());
         let scale = case
             .logits
@@ -68,16 +70,19 @@ fn check(name: &str) {
             .flatten()
             .zip(case.logits.iter().flatten())
             .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-        eprintln!("{name}: rel err {:.2e}, scale {scale}", err / scale);
+        eprintln!("{path}: rel err {:.2e}, scale {scale}", err / scale);
         assert!(
-            err / scale <= 1e-4,
+            err / scale <= tol,
             "{name}: logits rel. err {} (max abs {err}, scale {scale})",
             err / scale
         );
     }
 
+    if !greedy {
+        return;
+    }
     let mut llm = Llm::new(EngineArgs {
-        model: format!("{FIXTURES}/{name}"),
+        model: path.to_string(),
         ..Default::default()
     })
     .unwrap();
@@ -111,4 +116,26 @@ fn qwen2_with_qkv_bias_matches_transformers() {
 #[test]
 fn opt_with_project_in_out_matches_transformers() {
     check("opt");
+}
+
+#[test]
+fn qwen3_with_per_head_qk_norm_and_wide_heads_matches_transformers() {
+    check("qwen3-qknorm");
+}
+
+/// The same Qwen3 as GGUF files (tests/fixtures/make_gguf.py, laid out as llama.cpp's converter
+/// does for `qwen3`): F32 gives transformers' logits and greedy tokens; Q8_0 matrices stay within
+/// quantization error of them.
+#[test]
+fn qwen3_gguf_matches_transformers_in_f32_and_within_q8_0_error() {
+    let dir = format!("{FIXTURES}/qwen3-qknorm");
+    check_model("qwen3-qknorm", &format!("{dir}/model-F32.gguf"), 1e-4, true);
+    // (Q8_0 rounds each weight to 1/254 of its block of 32's largest, ~0.5% a weight, which
+    // these large random weights carry to ~4% of the logits' scale at the worst position.)
+    check_model(
+        "qwen3-qknorm",
+        &format!("{dir}/model-Q8_0.gguf"),
+        6e-2,
+        false,
+    );
 }

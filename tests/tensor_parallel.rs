@@ -113,6 +113,17 @@ fn sharded_qwen2_with_biases_and_one_kv_head_matches_the_whole_model() {
 }
 
 #[test]
+fn sharded_qwen3_with_per_head_qk_norm_matches_the_whole_model() {
+    // 4 query heads of width 32, 2 KV heads (split at 2 ranks, replicated at 4); the per-head
+    // norms' scales are replicated.
+    check(
+        &format!("{FIXTURES}/qwen3-qknorm"),
+        LoadFormat::Auto,
+        &[2, 4],
+    );
+}
+
+#[test]
 fn sharded_dummy_weights_are_the_same_model_at_every_size() {
     check(
         &format!("{FIXTURES}/llama-gqa-tied"),

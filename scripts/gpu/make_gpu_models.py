@@ -6,6 +6,9 @@ built where they run) and Hugging Face transformers' reference logits for them.
 OUT_DIR/tiny-d64     Llama-family model with GPU head dims (hidden 256, 4 heads, 2 KV heads,
                      head_dim 64, 2 layers), vocab 320 with the byte-level tokenizer of
                      tests/fixtures/llama-gqa-tied. Used for GPU-vs-CPU parity and batch invariance.
+OUT_DIR/qwen3-d128   Qwen3 (an RMSNorm on each q and k head before rotary) with the GPU's head dim
+                     128 (hidden 256, 8 heads, 2 KV heads, 2 layers, vocab 320), float32, and
+                     its hf_logits.safetensors as below (2 sequences of 128 tokens).
 OUT_DIR/llama-1b     Random-weight Llama-3.2-1B shape (16 layers, hidden 2048, 32/8 heads, d64,
                      vocab 128256, tied embeddings, llama3 rope scaling), saved in bfloat16.
 OUT_DIR/llama-1b/hf_logits.safetensors
@@ -20,7 +23,7 @@ import sys
 
 import torch
 from safetensors.torch import save_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE = os.path.join(HERE, "..", "..", "tests", "fixtures", "llama-gqa-tied")
@@ -42,6 +45,34 @@ def tiny(path):
     save(LlamaForCausalLM(cfg).float(), cfg, path)
 
 
+def reference_logits(cls, path, vocab, seqs, tokens):
+    """transformers' logits for random ids, from the saved checkpoint in float32 and bfloat16."""
+    ids = torch.randint(0, vocab, (seqs, tokens), generator=torch.Generator().manual_seed(2))
+    out = {"tokens": ids.to(torch.int64)}
+    for key, dtype in (("logits_bf16", torch.bfloat16), ("logits", torch.float32)):
+        model = cls.from_pretrained(path, dtype=dtype).cuda().eval()
+        with torch.no_grad():
+            out[key] = model(ids.cuda()).logits.float().cpu().contiguous()
+        del model
+    save_file(out, os.path.join(path, "hf_logits.safetensors"))
+
+
+def qwen3(path):
+    torch.manual_seed(3)
+    cfg = Qwen3Config(vocab_size=320, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+                      max_position_embeddings=1024, eos_token_id=256, bos_token_id=None,
+                      pad_token_id=None, initializer_range=0.1, tie_word_embeddings=True,
+                      rope_theta=1000000.0, rms_norm_eps=1e-6)
+    model = Qwen3ForCausalLM(cfg).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)  # (ones by default: the q/k norms' scales would go untested)
+    save(model, cfg, path)
+    reference_logits(Qwen3ForCausalLM, path, cfg.vocab_size, seqs=2, tokens=128)
+
+
 def llama_1b(path, seqs=4, tokens=256):
     torch.manual_seed(1)
     cfg = LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
@@ -58,20 +89,14 @@ def llama_1b(path, seqs=4, tokens=256):
     del model
     # Both runs load the saved checkpoint the way users do, so the rotary inverse frequencies are
     # computed afresh in float32 (`.to(bfloat16)` on a live model would round them too).
-    ids = torch.randint(0, cfg.vocab_size, (seqs, tokens), generator=torch.Generator().manual_seed(2))
-    out = {"tokens": ids.to(torch.int64)}
-    for key, dtype in (("logits_bf16", torch.bfloat16), ("logits", torch.float32)):
-        model = LlamaForCausalLM.from_pretrained(path, dtype=dtype).cuda().eval()
-        with torch.no_grad():
-            out[key] = model(ids.cuda()).logits.float().cpu().contiguous()
-        del model
-    save_file(out, os.path.join(path, "hf_logits.safetensors"))
+    reference_logits(LlamaForCausalLM, path, cfg.vocab_size, seqs, tokens)
 
 
 if __name__ == "__main__":
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
     tiny(os.path.join(out, "tiny-d64"))
+    qwen3(os.path.join(out, "qwen3-d128"))
     if sys.argv[2:] != ["tiny"]:
         llama_1b(os.path.join(out, "llama-1b"))
     print("models written to", out)

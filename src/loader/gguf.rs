@@ -69,30 +69,43 @@ pub fn load(
         .to_string()
         .map_err(|e| LoadError::Format(e.to_string()))?
         .clone();
-    if arch != "llama" {
-        return Err(LoadError::Format(format!(
-            "GGUF architecture {arch:?} is not supported (supported: llama)"
-        )));
-    }
+    let architecture = match arch.as_str() {
+        "llama" => Architecture::Llama,
+        "qwen2" => Architecture::Qwen2,
+        "qwen3" => Architecture::Qwen3,
+        other => {
+            return Err(LoadError::Format(format!(
+                "GGUF architecture {other:?} is not supported (supported: llama, qwen2, qwen3)"
+            )));
+        }
+    };
+    // Metadata keys are prefixed by the architecture's name.
+    let key = |k: &str| format!("{arch}.{k}");
     let tokens = md_strings(&ct, "tokenizer.ggml.tokens")?;
-    let heads = md_u32(&ct, "llama.attention.head_count")? as usize;
-    let hidden = md_u32(&ct, "llama.embedding_length")? as usize;
+    let heads = md_u32(&ct, &key("attention.head_count"))? as usize;
+    let hidden = md_u32(&ct, &key("embedding_length"))? as usize;
     let eos = md_u32(&ct, "tokenizer.ggml.eos_token_id").ok();
     let config = ModelConfig {
-        architecture: Architecture::Llama,
+        architecture,
+        qk_norm: architecture == Architecture::Qwen3,
         vocab_size: tokens.len(),
         hidden_size: hidden,
-        intermediate_size: md_u32(&ct, "llama.feed_forward_length")? as usize,
-        num_hidden_layers: md_u32(&ct, "llama.block_count")? as usize,
+        intermediate_size: md_u32(&ct, &key("feed_forward_length"))? as usize,
+        num_hidden_layers: md_u32(&ct, &key("block_count"))? as usize,
         num_attention_heads: heads,
-        num_key_value_heads: md_u32(&ct, "llama.attention.head_count_kv")
+        num_key_value_heads: md_u32(&ct, &key("attention.head_count_kv"))
             .map_or(heads, |v| v as usize),
-        head_dim: md_u32(&ct, "llama.rope.dimension_count").map_or(hidden / heads, |v| v as usize),
-        norm_eps: md_f64(&ct, "llama.attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
-        rope_theta: md_f64(&ct, "llama.rope.freq_base").unwrap_or(10_000.0),
+        // Qwen3's head width is not hidden / heads: `attention.key_length` says it.
+        head_dim: md_u32(&ct, &key("attention.key_length"))
+            .or_else(|_| md_u32(&ct, &key("rope.dimension_count")))
+            .map_or(hidden / heads, |v| v as usize),
+        norm_eps: md_f64(&ct, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
+        rope_theta: md_f64(&ct, &key("rope.freq_base")).unwrap_or(10_000.0),
         rope_scaling: None,
-        rope_interleaved: true,
-        max_position_embeddings: md_u32(&ct, "llama.context_length").map_or(2048, |v| v as usize),
+        // llama.cpp's converter permutes Llama's q/k rows for interleaved rotary; Qwen's stay in
+        // the rotate-half order.
+        rope_interleaved: architecture == Architecture::Llama,
+        max_position_embeddings: md_u32(&ct, &key("context_length")).map_or(2048, |v| v as usize),
         tie_word_embeddings: !ct.tensor_infos.contains_key("output.weight"),
         qkv_bias: ct.tensor_infos.contains_key("blk.0.attn_q.bias"),
         o_bias: false,
@@ -171,7 +184,11 @@ fn tokenizer_from_gguf(ct: &Content, tokens: &[String]) -> Result<Tokenizer, Loa
             "GGUF tokenizer model {model:?} is not supported (supported: gpt2 byte-level BPE)"
         )));
     }
-    let merges = md_strings(ct, "tokenizer.ggml.merges")?;
+    // (A vocabulary of bytes alone has no merges; writers then leave the key out.)
+    let merges = match ct.metadata.get("tokenizer.ggml.merges") {
+        Some(_) => md_strings(ct, "tokenizer.ggml.merges")?,
+        None => Vec::new(),
+    };
     let pre = ct
         .metadata
         .get("tokenizer.ggml.pre")

@@ -12,6 +12,8 @@ pub enum Architecture {
     Llama,
     /// Qwen2 / Qwen2.5: Llama with biases on the q/k/v projections.
     Qwen2,
+    /// Qwen3 (dense): Llama with an RMSNorm on each query and key head before rotary.
+    Qwen3,
     /// Meta's OPT (`facebook/opt-*`).
     Opt,
 }
@@ -73,6 +75,8 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// Biases on q/k/v (Qwen2, or Llama's `attention_bias`).
     pub qkv_bias: bool,
+    /// An RMSNorm over each query and key head before rotary (Qwen3).
+    pub qk_norm: bool,
     /// Bias on the attention output projection (Llama's `attention_bias`).
     pub o_bias: bool,
     /// Biases on the MLP projections (Llama's `mlp_bias`).
@@ -154,10 +158,11 @@ impl ModelConfig {
         let architecture = match arch_name.as_str() {
             "LlamaForCausalLM" | "MistralForCausalLM" | "llama" | "mistral" => Architecture::Llama,
             "Qwen2ForCausalLM" | "qwen2" => Architecture::Qwen2,
+            "Qwen3ForCausalLM" | "qwen3" => Architecture::Qwen3,
             "OPTForCausalLM" | "opt" => Architecture::Opt,
             other => {
                 return Err(unsupported(format!(
-                    "architecture {other:?} (supported: Llama, Mistral, Qwen2, OPT)"
+                    "architecture {other:?} (supported: Llama, Mistral, Qwen2, Qwen3, OPT)"
                 )));
             }
         };
@@ -220,6 +225,7 @@ impl ModelConfig {
             qkv_bias: is_opt
                 || architecture == Architecture::Qwen2
                 || c.attention_bias.unwrap_or(false),
+            qk_norm: architecture == Architecture::Qwen3,
             o_bias: is_opt || c.attention_bias.unwrap_or(false),
             mlp_bias: is_opt || c.mlp_bias.unwrap_or(false),
             bos_token_id: c.bos_token_id.and_then(|b| b.into_vec().first().copied()),

@@ -1,6 +1,7 @@
-//! The attention block's input: q/k/v projections (dense weights fused into one matmul), rotary
-//! embedding and the KV-cache write, then paged attention. On a GPU with fused weights one kernel
-//! rotates q and k and writes k and v into the cache straight from the fused projection.
+//! The attention block's input: q/k/v projections (dense weights fused into one matmul), Qwen3's
+//! per-head q/k RMSNorm, rotary embedding and the KV-cache write, then paged attention. On a GPU
+//! with fused weights one kernel rotates q and k and writes k and v into the cache straight from
+//! the fused projection (after the per-head norms, where the model has them).
 
 use candle_core::Tensor;
 
@@ -9,11 +10,19 @@ use super::attention::KvCache;
 use super::batch::ForwardBatch;
 use super::config::ModelConfig;
 use super::layers::{Linear, RotaryRows};
+use super::norm::RmsNorm;
 use super::weights::{Part, Weights};
 use crate::parallel::{TpRank, head_rows};
 
-/// The q, k and v projections of one layer.
-pub enum QkvProj {
+/// The q, k and v projections of one layer, and the per-head norms after them if any.
+pub struct QkvProj {
+    proj: Proj,
+    /// Qwen3's RMSNorm of each query head and each key head (`[head_dim]` scales), applied
+    /// before rotary.
+    qk_norm: Option<(RmsNorm, RmsNorm)>,
+}
+
+enum Proj {
     /// One `[(heads + 2 * kv_heads) * head_dim, hidden]` matmul (dense weights).
     Fused(Linear),
     /// Three matmuls (quantized weights).
@@ -41,19 +50,35 @@ impl QkvProj {
             kv_rows.clone(),
         )?;
         let v = w.linear_part(&format!("{prefix}.v_proj"), (h, nkv * d), b, kv_rows)?;
-        Ok(match Linear::concat(&[&q, &k, &v])? {
-            Some(fused) => QkvProj::Fused(fused),
-            None => QkvProj::Split(q, k, v),
-        })
+        let qk_norm = if cfg.qk_norm {
+            let norm =
+                |name: &str| RmsNorm::load(w, &format!("{prefix}.{name}.weight"), d, cfg.norm_eps);
+            Some((norm("q_norm")?, norm("k_norm")?))
+        } else {
+            None
+        };
+        let proj = match Linear::concat(&[&q, &k, &v])? {
+            Some(fused) => Proj::Fused(fused),
+            None => Proj::Split(q, k, v),
+        };
+        Ok(QkvProj { proj, qk_norm })
     }
 
-    /// The fused weight, when dense without a bias.
+    /// The fused weight, when dense without a bias and with nothing between the projection and
+    /// rotary (what the fused decode kernels take).
     pub fn dense_weight(&self) -> Option<&Tensor> {
-        match self {
-            QkvProj::Fused(l) => l.dense_weight(),
-            QkvProj::Split(..) => None,
+        match (&self.proj, &self.qk_norm) {
+            (Proj::Fused(l), None) => l.dense_weight(),
+            _ => None,
         }
     }
+}
+
+/// `x` (`[tokens, heads * dim]`) with each head RMS-normalized by `norm`.
+fn norm_heads(norm: &RmsNorm, x: &Tensor, heads: usize, dim: usize) -> candle_core::Result<Tensor> {
+    let n = x.dim(0)?;
+    norm.forward(&x.reshape((n * heads, dim))?)?
+        .reshape((n, heads * dim))
 }
 
 /// Head counts and scale of an attention block.
@@ -81,21 +106,33 @@ pub fn attention(
     heads: Heads,
 ) -> candle_core::Result<Tensor> {
     let n = h.dim(0)?;
-    let (q, k, v) = match proj {
-        QkvProj::Fused(linear) => {
-            let qkv = linear.forward(h)?;
+    let (qw, kvw) = (heads.q * heads.dim, heads.kv * heads.dim);
+    let (q, k, v) = match &proj.proj {
+        Proj::Fused(linear) => {
+            let mut qkv = linear.forward(h)?;
+            if let Some((qn, kn)) = &proj.qk_norm {
+                let q = norm_heads(qn, &qkv.narrow(1, 0, qw)?, heads.q, heads.dim)?;
+                let k = norm_heads(kn, &qkv.narrow(1, qw, kvw)?, heads.kv, heads.dim)?;
+                qkv = Tensor::cat(&[&q, &k, &qkv.narrow(1, qw + kvw, kvw)?], 1)?;
+            }
             #[cfg(feature = "cuda")]
             if let Some(out) = attend_projected(&qkv, layer, rotary, batch, kv, heads) {
                 return out;
             }
-            let (qw, kvw) = (heads.q * heads.dim, heads.kv * heads.dim);
             (
                 qkv.narrow(1, 0, qw)?.contiguous()?,
                 qkv.narrow(1, qw, kvw)?.contiguous()?,
                 qkv.narrow(1, qw + kvw, kvw)?.contiguous()?,
             )
         }
-        QkvProj::Split(q, k, v) => (q.forward(h)?, k.forward(h)?, v.forward(h)?),
+        Proj::Split(q, k, v) => {
+            let (mut q, mut k) = (q.forward(h)?, k.forward(h)?);
+            if let Some((qn, kn)) = &proj.qk_norm {
+                q = norm_heads(qn, &q, heads.q, heads.dim)?;
+                k = norm_heads(kn, &k, heads.kv, heads.dim)?;
+            }
+            (q, k, v.forward(h)?)
+        }
     };
     let q = rotary.apply(&q.reshape((n, heads.q, heads.dim))?)?;
     let k = rotary.apply(&k.reshape((n, heads.kv, heads.dim))?)?;
