@@ -8,7 +8,8 @@ use super::ModelError;
 /// Supported architectures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Architecture {
-    /// Llama 2/3/3.1/3.2, SmolLM/SmolLM2, Mistral (same graph; sliding window not used).
+    /// Llama 2/3/3.1/3.2, SmolLM/SmolLM2, Mistral (same graph; a sliding window caps the context
+    /// at the window, where full attention and windowed attention agree).
     Llama,
     /// Qwen2 / Qwen2.5: Llama with biases on the q/k/v projections.
     Qwen2,
@@ -127,6 +128,8 @@ struct HfConfig {
     /// transformers 5 writes `rope_theta` and the scaling together here.
     rope_parameters: Option<serde_json::Value>,
     max_position_embeddings: Option<usize>,
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
     tie_word_embeddings: Option<bool>,
     attention_bias: Option<bool>,
     mlp_bias: Option<bool>,
@@ -142,6 +145,25 @@ struct HfConfig {
 
 fn unsupported(what: String) -> ModelError {
     ModelError::Unsupported(what)
+}
+
+/// The longest context served: the model's `max_position_embeddings`, or its attention window
+/// when one applies (Mistral v0.1's `sliding_window`; Qwen's are off unless `use_sliding_window`).
+/// Windowed attention is not implemented, and up to the window it equals full attention, so the
+/// context stops there rather than run past it with the wrong attention.
+fn context_limit(c: &HfConfig) -> usize {
+    let max = c.max_position_embeddings.unwrap_or(2048);
+    match c.sliding_window {
+        Some(w) if c.use_sliding_window != Some(false) && w < max => {
+            tracing::warn!(
+                sliding_window = w,
+                max_position_embeddings = max,
+                "sliding-window attention is not implemented: the context is capped at the window"
+            );
+            w
+        }
+        _ => max,
+    }
 }
 
 impl ModelConfig {
@@ -219,7 +241,7 @@ impl ModelConfig {
             rope_theta,
             rope_scaling,
             rope_interleaved: false,
-            max_position_embeddings: c.max_position_embeddings.unwrap_or(2048),
+            max_position_embeddings: context_limit(&c),
             // OPT always ties its LM head to the embedding.
             tie_word_embeddings: is_opt || c.tie_word_embeddings.unwrap_or(false),
             qkv_bias: is_opt
@@ -304,5 +326,30 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("GPT2LMHeadModel"), "{err}");
+    }
+
+    #[test]
+    fn an_attention_window_caps_the_context_where_it_applies() {
+        let cfg = |extra: &str| {
+            ModelConfig::from_hf_json(&format!(
+                r#"{{"architectures":["{}"],"vocab_size":10,"hidden_size":8,
+                "intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2,
+                "max_position_embeddings":32768{extra}}}"#,
+                if extra.contains("use_sliding_window") {
+                    "Qwen2ForCausalLM"
+                } else {
+                    "MistralForCausalLM"
+                }
+            ))
+            .unwrap()
+            .max_position_embeddings
+        };
+        assert_eq!(cfg(r#","sliding_window":4096"#), 4096);
+        assert_eq!(cfg(r#","sliding_window":null"#), 32768);
+        assert_eq!(cfg(r#","sliding_window":65536"#), 32768);
+        assert_eq!(
+            cfg(r#","sliding_window":4096,"use_sliding_window":false"#),
+            32768
+        );
     }
 }
