@@ -139,3 +139,32 @@ fn qwen3_gguf_matches_transformers_in_f32_and_within_q8_0_error() {
         false,
     );
 }
+
+/// 4- and 5-bit GGUF weights read as gguf-py (an independent implementation) dequantizes them:
+/// the logits of the Q4_0 and Q5_1 files equal those of F32 files holding the same weights
+/// dequantized (tests/fixtures/make_gguf.py `Q4_0:F32`).
+#[test]
+fn q4_0_and_q5_1_gguf_weights_decode_as_gguf_py_decodes_them() {
+    let dir = format!("{FIXTURES}/qwen3-qknorm");
+    let tokens: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 300).collect();
+    for kind in ["Q4_0", "Q5_1"] {
+        let at = |file: String| common::logits_at_every_position(&file, GgufMatmul::Auto, &tokens);
+        let got = at(format!("{dir}/model-{kind}.gguf"));
+        let want = at(format!("{dir}/model-{kind}-as-F32.gguf"));
+        let err = common::rel_err(&got, &want);
+        eprintln!("{kind}: rel. err. {err:.2e} against its weights dequantized by gguf-py");
+        assert!(err < 1e-5, "{kind}: {err}");
+    }
+}
+
+/// Qwen2 with q/k/v biases as a GGUF file (`qwen2` architecture): transformers' logits and
+/// greedy tokens.
+#[test]
+fn qwen2_gguf_with_biases_matches_transformers() {
+    check_model(
+        "qwen2-bias",
+        &format!("{FIXTURES}/qwen2-bias/model-F32.gguf"),
+        1e-4,
+        true,
+    );
+}
