@@ -168,3 +168,8 @@ fn qwen2_gguf_with_biases_matches_transformers() {
         true,
     );
 }
+
+#[test]
+fn gpt2_with_conv1d_weights_and_learned_positions_matches_transformers() {
+    check("gpt2");
+}

@@ -17,6 +17,8 @@ pub enum Architecture {
     Qwen3,
     /// Meta's OPT (`facebook/opt-*`).
     Opt,
+    /// OpenAI's GPT-2: learned positions, LayerNorm, GELU (tanh), Conv1D (`[in, out]`) weights.
+    Gpt2,
 }
 
 /// Llama 3.1-style rotary frequency scaling (`rope_scaling.rope_type == "llama3"`).
@@ -115,18 +117,23 @@ struct HfConfig {
     #[serde(default)]
     model_type: Option<String>,
     vocab_size: usize,
+    #[serde(alias = "n_embd")]
     hidden_size: usize,
-    #[serde(alias = "ffn_dim")]
+    #[serde(alias = "ffn_dim", alias = "n_inner")]
     intermediate_size: Option<usize>,
+    #[serde(alias = "n_layer")]
     num_hidden_layers: usize,
+    #[serde(alias = "n_head")]
     num_attention_heads: usize,
     num_key_value_heads: Option<usize>,
     head_dim: Option<usize>,
+    #[serde(alias = "layer_norm_epsilon")]
     rms_norm_eps: Option<f64>,
     rope_theta: Option<f64>,
     rope_scaling: Option<serde_json::Value>,
     /// transformers 5 writes `rope_theta` and the scaling together here.
     rope_parameters: Option<serde_json::Value>,
+    #[serde(alias = "n_positions")]
     max_position_embeddings: Option<usize>,
     sliding_window: Option<usize>,
     use_sliding_window: Option<bool>,
@@ -182,9 +189,10 @@ impl ModelConfig {
             "Qwen2ForCausalLM" | "qwen2" => Architecture::Qwen2,
             "Qwen3ForCausalLM" | "qwen3" => Architecture::Qwen3,
             "OPTForCausalLM" | "opt" => Architecture::Opt,
+            "GPT2LMHeadModel" | "gpt2" => Architecture::Gpt2,
             other => {
                 return Err(unsupported(format!(
-                    "architecture {other:?} (supported: Llama, Mistral, Qwen2, Qwen3, OPT)"
+                    "architecture {other:?} (supported: Llama, Mistral, Qwen2, Qwen3, OPT, GPT-2)"
                 )));
             }
         };
@@ -226,30 +234,55 @@ impl ModelConfig {
         if is_opt && c.enable_bias == Some(false) {
             return Err(unsupported("OPT without biases".to_string()));
         }
+        let is_gpt2 = architecture == Architecture::Gpt2;
+        if is_gpt2
+            && c.activation_function
+                .as_deref()
+                .is_some_and(|a| !matches!(a, "gelu_new" | "gelu_pytorch_tanh"))
+        {
+            return Err(unsupported(format!(
+                "GPT-2 activation {:?} (supported: gelu_new)",
+                c.activation_function
+            )));
+        }
         Ok(ModelConfig {
             architecture,
             vocab_size: c.vocab_size,
             hidden_size: c.hidden_size,
-            intermediate_size: c
-                .intermediate_size
-                .ok_or_else(|| ModelError::Config("config.json: no intermediate_size".into()))?,
+            // (GPT-2's `n_inner: null` means four times the width.)
+            intermediate_size: match c.intermediate_size {
+                Some(i) => i,
+                None if is_gpt2 => 4 * c.hidden_size,
+                None => {
+                    return Err(ModelError::Config(
+                        "config.json: no intermediate_size".into(),
+                    ));
+                }
+            },
             num_hidden_layers: c.num_hidden_layers,
             num_attention_heads: heads,
             num_key_value_heads: c.num_key_value_heads.unwrap_or(heads),
             head_dim: c.head_dim.unwrap_or(c.hidden_size / heads),
-            norm_eps: c.rms_norm_eps.unwrap_or(if is_opt { 1e-5 } else { 1e-6 }),
+            norm_eps: c
+                .rms_norm_eps
+                .unwrap_or(if is_opt || is_gpt2 { 1e-5 } else { 1e-6 }),
             rope_theta,
             rope_scaling,
             rope_interleaved: false,
-            max_position_embeddings: context_limit(&c),
-            // OPT always ties its LM head to the embedding.
-            tie_word_embeddings: is_opt || c.tie_word_embeddings.unwrap_or(false),
+            max_position_embeddings: if is_gpt2 {
+                c.max_position_embeddings.unwrap_or(1024)
+            } else {
+                context_limit(&c)
+            },
+            // OPT and GPT-2 always tie their LM head to the embedding.
+            tie_word_embeddings: is_opt || is_gpt2 || c.tie_word_embeddings.unwrap_or(false),
             qkv_bias: is_opt
+                || is_gpt2
                 || architecture == Architecture::Qwen2
                 || c.attention_bias.unwrap_or(false),
             qk_norm: architecture == Architecture::Qwen3,
-            o_bias: is_opt || c.attention_bias.unwrap_or(false),
-            mlp_bias: is_opt || c.mlp_bias.unwrap_or(false),
+            o_bias: is_opt || is_gpt2 || c.attention_bias.unwrap_or(false),
+            mlp_bias: is_opt || is_gpt2 || c.mlp_bias.unwrap_or(false),
             bos_token_id: c.bos_token_id.and_then(|b| b.into_vec().first().copied()),
             eos_token_ids: c.eos_token_id.map(OneOrMany::into_vec).unwrap_or_default(),
             opt: is_opt.then(|| OptSettings {
@@ -321,11 +354,19 @@ mod tests {
         assert_eq!(o.intermediate_size, 16);
         assert_eq!(o.opt.unwrap().word_embed_proj_dim, 4);
         let err = ModelConfig::from_hf_json(
-            r#"{"architectures":["GPT2LMHeadModel"],"vocab_size":10,"hidden_size":8,
+            r#"{"architectures":["GPTNeoXForCausalLM"],"vocab_size":10,"hidden_size":8,
             "num_hidden_layers":1,"num_attention_heads":2}"#,
         )
         .unwrap_err();
-        assert!(err.to_string().contains("GPT2LMHeadModel"), "{err}");
+        assert!(err.to_string().contains("GPTNeoXForCausalLM"), "{err}");
+        // GPT-2's own field names; `n_inner: null` is four times the width.
+        let g = ModelConfig::from_hf_json(
+            r#"{"architectures":["GPT2LMHeadModel"],"vocab_size":10,"n_embd":8,"n_layer":1,
+            "n_head":2,"n_inner":null,"n_positions":64,"layer_norm_epsilon":1e-5}"#,
+        )
+        .unwrap();
+        assert_eq!((g.intermediate_size, g.max_position_embeddings), (32, 64));
+        assert!(g.tie_word_embeddings && g.qkv_bias && g.o_bias && g.mlp_bias);
     }
 
     #[test]

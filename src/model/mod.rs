@@ -8,6 +8,7 @@ pub mod batch;
 pub mod config;
 #[cfg(feature = "cuda")]
 pub mod decode_fused;
+pub mod gpt2;
 pub mod layers;
 pub mod llama;
 pub mod norm;
@@ -92,5 +93,6 @@ pub fn build_sharded(
             Box::new(llama::Llama::load(cfg, weights, max_len, par)?)
         }
         Architecture::Opt => Box::new(opt::Opt::load(cfg, weights)?),
+        Architecture::Gpt2 => Box::new(gpt2::Gpt2::load(cfg, weights)?),
     })
 }

@@ -42,8 +42,11 @@ impl TpRank {
         if size == 1 {
             return Ok(());
         }
-        if cfg.architecture == Architecture::Opt {
-            return Err("tensor parallelism takes Llama-family models (OPT is not sharded)".into());
+        if matches!(cfg.architecture, Architecture::Opt | Architecture::Gpt2) {
+            return Err(
+                "tensor parallelism takes Llama-family models (OPT and GPT-2 are not sharded)"
+                    .into(),
+            );
         }
         let (nq, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
         if !nq.is_multiple_of(size) {

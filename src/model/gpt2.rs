@@ -1,0 +1,111 @@
+//! OpenAI's GPT-2 (`gpt2`, `gpt2-medium`, ..., and models of its shape) on the paged KV cache:
+//! learned positions, pre-LayerNorm blocks, one `c_attn` projection for q/k/v, GELU (tanh
+//! approximation), an LM head tied to the token embedding. Its checkpoints store the projections
+//! as Conv1D weights, `[in, out]`: they are transposed once at load.
+
+use candle_core::{Module, Tensor};
+use candle_nn::{Embedding, LayerNorm};
+
+use super::attention::KvCache;
+use super::batch::ForwardBatch;
+use super::config::ModelConfig;
+use super::layers::{Linear, layer_norm};
+use super::weights::Weights;
+use super::{CausalLm, ModelError};
+
+struct Block {
+    ln_1: LayerNorm,
+    /// `[3 * hidden, hidden]`: q, then k, then v rows.
+    c_attn: Linear,
+    attn_proj: Linear,
+    ln_2: LayerNorm,
+    c_fc: Linear,
+    mlp_proj: Linear,
+}
+
+/// A GPT-2 causal LM.
+pub struct Gpt2 {
+    cfg: ModelConfig,
+    wte: Embedding,
+    wte_weight: Tensor,
+    wpe: Embedding,
+    blocks: Vec<Block>,
+    ln_f: LayerNorm,
+}
+
+/// A Conv1D layer `prefix` (`weight` `[inputs, outputs]`, `bias` `[outputs]`) as a [`Linear`].
+fn conv1d(w: &Weights, prefix: &str, inputs: usize, outputs: usize) -> Result<Linear, ModelError> {
+    let weight = w
+        .tensor(&format!("{prefix}.weight"), (inputs, outputs))?
+        .t()?
+        .contiguous()?;
+    let bias = w.tensor(&format!("{prefix}.bias"), outputs)?;
+    Ok(Linear::dense(weight, Some(bias)))
+}
+
+impl Gpt2 {
+    /// Loads the model (tensor names with or without the leading `transformer.`).
+    pub fn load(cfg: &ModelConfig, w: &Weights) -> Result<Self, ModelError> {
+        let root = if w.contains("transformer.wte.weight") {
+            "transformer."
+        } else {
+            ""
+        };
+        let (h, eps, inner) = (cfg.hidden_size, cfg.norm_eps, cfg.intermediate_size);
+        let wte_weight = w.tensor(&format!("{root}wte.weight"), (cfg.vocab_size, h))?;
+        let wpe = w.tensor(
+            &format!("{root}wpe.weight"),
+            (cfg.max_position_embeddings, h),
+        )?;
+        let blocks = (0..cfg.num_hidden_layers)
+            .map(|i| {
+                let p = format!("{root}h.{i}");
+                Ok(Block {
+                    ln_1: layer_norm(w, &format!("{p}.ln_1"), h, eps)?,
+                    c_attn: conv1d(w, &format!("{p}.attn.c_attn"), h, 3 * h)?,
+                    attn_proj: conv1d(w, &format!("{p}.attn.c_proj"), h, h)?,
+                    ln_2: layer_norm(w, &format!("{p}.ln_2"), h, eps)?,
+                    c_fc: conv1d(w, &format!("{p}.mlp.c_fc"), h, inner)?,
+                    mlp_proj: conv1d(w, &format!("{p}.mlp.c_proj"), inner, h)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        Ok(Gpt2 {
+            cfg: cfg.clone(),
+            wte: Embedding::new(wte_weight.clone(), h),
+            wte_weight,
+            wpe: Embedding::new(wpe, h),
+            blocks,
+            ln_f: layer_norm(w, &format!("{root}ln_f"), h, eps)?,
+        })
+    }
+}
+
+impl CausalLm for Gpt2 {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn forward(&self, batch: &ForwardBatch<'_>, kv: &mut KvCache) -> Result<Tensor, ModelError> {
+        let cfg = &self.cfg;
+        let n = batch.input_ids.dim(0)?;
+        let (heads, d, h) = (cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size);
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut x = (self.wte.forward(&batch.input_ids)? + self.wpe.forward(&batch.positions)?)?;
+        for (i, b) in self.blocks.iter().enumerate() {
+            let qkv = b.c_attn.forward(&b.ln_1.forward(&x)?)?;
+            let part = |k: usize| -> candle_core::Result<Tensor> {
+                qkv.narrow(1, k * h, h)?
+                    .contiguous()?
+                    .reshape((n, heads, d))
+            };
+            let attn = kv.attend(i, &part(0)?, &part(1)?, &part(2)?, &batch.attention, scale)?;
+            x = (x + b.attn_proj.forward(&attn)?)?;
+            let m = b.c_fc.forward(&b.ln_2.forward(&x)?)?.gelu()?;
+            x = (x + b.mlp_proj.forward(&m)?)?;
+        }
+        let last = self.ln_f.forward(&x.index_select(&batch.sample_rows, 0)?)?;
+        let logits = last.matmul(&self.wte_weight.t()?)?;
+        Ok(logits.to_dtype(candle_core::DType::F32)?)
+    }
+}
