@@ -173,3 +173,8 @@ fn qwen2_gguf_with_biases_matches_transformers() {
 fn gpt2_with_conv1d_weights_and_learned_positions_matches_transformers() {
     check("gpt2");
 }
+
+#[test]
+fn gpt_neox_with_parallel_residual_and_partial_rotary_matches_transformers() {
+    check("gpt-neox");
+}

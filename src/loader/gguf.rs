@@ -113,6 +113,7 @@ pub fn load(
         bos_token_id: md_u32(&ct, "tokenizer.ggml.bos_token_id").ok(),
         eos_token_ids: eos.into_iter().collect(),
         opt: None,
+        neox: None,
     };
     let tokenizer = tokenizer_from_gguf(&ct, &tokens)?;
     let chat_template = ct

@@ -19,6 +19,8 @@ pub enum Architecture {
     Opt,
     /// OpenAI's GPT-2: learned positions, LayerNorm, GELU (tanh), Conv1D (`[in, out]`) weights.
     Gpt2,
+    /// EleutherAI's GPT-NeoX (Pythia, GPT-NeoX-20B): parallel residual, partial rotary.
+    GptNeox,
 }
 
 /// Llama 3.1-style rotary frequency scaling (`rope_scaling.rope_type == "llama3"`).
@@ -43,6 +45,17 @@ pub struct OptSettings {
     pub do_layer_norm_before: bool,
     /// Whether the final layer norm exists.
     pub has_final_layer_norm: bool,
+}
+
+/// GPT-NeoX settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NeoxSettings {
+    /// Leading dimensions of each head that rotary turns (`partial_rotary_factor * head_dim`).
+    pub rotary_dim: usize,
+    /// `x + attn(ln1(x)) + mlp(ln2(x))` instead of one after the other.
+    pub parallel_residual: bool,
+    /// GELU by its tanh approximation (`gelu_new`) instead of the exact one (`gelu`).
+    pub gelu_tanh: bool,
 }
 
 /// Everything the model code needs, whatever the source format.
@@ -90,6 +103,8 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// OPT-only settings.
     pub opt: Option<OptSettings>,
+    /// GPT-NeoX-only settings.
+    pub neox: Option<NeoxSettings>,
 }
 
 /// A token id or a list of them (HF writes `eos_token_id` both ways).
@@ -127,7 +142,7 @@ struct HfConfig {
     num_attention_heads: usize,
     num_key_value_heads: Option<usize>,
     head_dim: Option<usize>,
-    #[serde(alias = "layer_norm_epsilon")]
+    #[serde(alias = "layer_norm_epsilon", alias = "layer_norm_eps")]
     rms_norm_eps: Option<f64>,
     rope_theta: Option<f64>,
     rope_scaling: Option<serde_json::Value>,
@@ -148,6 +163,12 @@ struct HfConfig {
     activation_function: Option<String>,
     enable_bias: Option<bool>,
     _remove_final_layer_norm: Option<bool>,
+    // GPT-NeoX
+    #[serde(alias = "rotary_pct")]
+    partial_rotary_factor: Option<f64>,
+    rotary_emb_base: Option<f64>,
+    use_parallel_residual: Option<bool>,
+    hidden_act: Option<String>,
 }
 
 fn unsupported(what: String) -> ModelError {
@@ -190,9 +211,10 @@ impl ModelConfig {
             "Qwen3ForCausalLM" | "qwen3" => Architecture::Qwen3,
             "OPTForCausalLM" | "opt" => Architecture::Opt,
             "GPT2LMHeadModel" | "gpt2" => Architecture::Gpt2,
+            "GPTNeoXForCausalLM" | "gpt_neox" => Architecture::GptNeox,
             other => {
                 return Err(unsupported(format!(
-                    "architecture {other:?} (supported: Llama, Mistral, Qwen2, Qwen3, OPT, GPT-2)"
+                    "architecture {other:?} (supported: Llama, Mistral, Qwen2, Qwen3, OPT, GPT-2, GPT-NeoX)"
                 )));
             }
         };
@@ -200,6 +222,7 @@ impl ModelConfig {
         let rope_theta = c
             .rope_theta
             .or_else(|| rope_params?.get("rope_theta")?.as_f64())
+            .or(c.rotary_emb_base)
             .unwrap_or(10_000.0);
         let rope_scaling = match rope_params {
             None | Some(serde_json::Value::Null) => None,
@@ -235,6 +258,26 @@ impl ModelConfig {
             return Err(unsupported("OPT without biases".to_string()));
         }
         let is_gpt2 = architecture == Architecture::Gpt2;
+        let is_neox = architecture == Architecture::GptNeox;
+        let head_dim = c.head_dim.unwrap_or(c.hidden_size / heads);
+        let neox = if is_neox {
+            let gelu_tanh = match c.hidden_act.as_deref().unwrap_or("gelu") {
+                "gelu" => false,
+                "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => true,
+                other => return Err(unsupported(format!("GPT-NeoX activation {other:?}"))),
+            };
+            let factor = c
+                .partial_rotary_factor
+                .or_else(|| rope_params?.get("partial_rotary_factor")?.as_f64())
+                .unwrap_or(1.0);
+            Some(NeoxSettings {
+                rotary_dim: (head_dim as f64 * factor) as usize,
+                parallel_residual: c.use_parallel_residual.unwrap_or(true),
+                gelu_tanh,
+            })
+        } else {
+            None
+        };
         if is_gpt2
             && c.activation_function
                 .as_deref()
@@ -262,10 +305,12 @@ impl ModelConfig {
             num_hidden_layers: c.num_hidden_layers,
             num_attention_heads: heads,
             num_key_value_heads: c.num_key_value_heads.unwrap_or(heads),
-            head_dim: c.head_dim.unwrap_or(c.hidden_size / heads),
-            norm_eps: c
-                .rms_norm_eps
-                .unwrap_or(if is_opt || is_gpt2 { 1e-5 } else { 1e-6 }),
+            head_dim,
+            norm_eps: c.rms_norm_eps.unwrap_or(if is_opt || is_gpt2 || is_neox {
+                1e-5
+            } else {
+                1e-6
+            }),
             rope_theta,
             rope_scaling,
             rope_interleaved: false,
@@ -291,7 +336,14 @@ impl ModelConfig {
                 has_final_layer_norm: c.do_layer_norm_before.unwrap_or(true)
                     && !c._remove_final_layer_norm.unwrap_or(false),
             }),
+            neox,
         })
+    }
+
+    /// Leading dimensions of each head that rotary turns (all of them but with GPT-NeoX's partial
+    /// rotary).
+    pub fn rotary_dim(&self) -> usize {
+        self.neox.as_ref().map_or(self.head_dim, |n| n.rotary_dim)
     }
 
     /// Bytes of KV cache one token takes in all layers for `kv_heads` of the KV heads (all of
@@ -354,11 +406,11 @@ mod tests {
         assert_eq!(o.intermediate_size, 16);
         assert_eq!(o.opt.unwrap().word_embed_proj_dim, 4);
         let err = ModelConfig::from_hf_json(
-            r#"{"architectures":["GPTNeoXForCausalLM"],"vocab_size":10,"hidden_size":8,
+            r#"{"architectures":["FalconForCausalLM"],"vocab_size":10,"hidden_size":8,
             "num_hidden_layers":1,"num_attention_heads":2}"#,
         )
         .unwrap_err();
-        assert!(err.to_string().contains("GPTNeoXForCausalLM"), "{err}");
+        assert!(err.to_string().contains("FalconForCausalLM"), "{err}");
         // GPT-2's own field names; `n_inner: null` is four times the width.
         let g = ModelConfig::from_hf_json(
             r#"{"architectures":["GPT2LMHeadModel"],"vocab_size":10,"n_embd":8,"n_layer":1,

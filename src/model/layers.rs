@@ -190,7 +190,7 @@ impl Rotary {
         dtype: DType,
         device: &Device,
     ) -> Result<Self, ModelError> {
-        let d = cfg.head_dim;
+        let d = cfg.rotary_dim();
         let mut inv_freq: Vec<f64> = (0..d / 2)
             .map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f64 / d as f64))
             .collect();
@@ -293,8 +293,18 @@ impl RotaryRows {
         unsafe { pagewise_kernels::rope_qkv_cache(&x, k_cache, v_cache, slot_mapping) }
     }
 
-    /// Rotates `x` (`[tokens, heads, head_dim]`, contiguous).
+    /// Rotates `x` (`[tokens, heads, head_dim]`, contiguous): all of each head, or its leading
+    /// dimensions when the tables are narrower (partial rotary; the rest pass through).
     pub fn apply(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let (rot, d) = (2 * self.cos.dim(1)?, x.dim(2)?);
+        if rot < d {
+            let turned = self.apply_whole(&x.narrow(2, 0, rot)?.contiguous()?)?;
+            return Tensor::cat(&[&turned, &x.narrow(2, rot, d - rot)?], 2)?.contiguous();
+        }
+        self.apply_whole(x)
+    }
+
+    fn apply_whole(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         if self.interleaved {
             // candle's interleaved kernel takes [batch, heads, tokens, head_dim].
             let x = x.transpose(0, 1)?.unsqueeze(0)?.contiguous()?;

@@ -9,6 +9,7 @@ pub mod config;
 #[cfg(feature = "cuda")]
 pub mod decode_fused;
 pub mod gpt2;
+pub mod gpt_neox;
 pub mod layers;
 pub mod llama;
 pub mod norm;
@@ -94,5 +95,6 @@ pub fn build_sharded(
         }
         Architecture::Opt => Box::new(opt::Opt::load(cfg, weights)?),
         Architecture::Gpt2 => Box::new(gpt2::Gpt2::load(cfg, weights)?),
+        Architecture::GptNeox => Box::new(gpt_neox::GptNeox::load(cfg, weights, max_len)?),
     })
 }

@@ -42,9 +42,13 @@ impl TpRank {
         if size == 1 {
             return Ok(());
         }
-        if matches!(cfg.architecture, Architecture::Opt | Architecture::Gpt2) {
+        if matches!(
+            cfg.architecture,
+            Architecture::Opt | Architecture::Gpt2 | Architecture::GptNeox
+        ) {
             return Err(
-                "tensor parallelism takes Llama-family models (OPT and GPT-2 are not sharded)"
+                "tensor parallelism takes Llama-family models (OPT, GPT-2 and GPT-NeoX are not \
+                 sharded)"
                     .into(),
             );
         }

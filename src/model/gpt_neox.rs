@@ -1,0 +1,148 @@
+//! EleutherAI's GPT-NeoX (Pythia, GPT-NeoX-20B) on the paged KV cache: LayerNorm, one
+//! `query_key_value` projection whose rows are grouped by head (q, k, v of head 0, then head 1,
+//! ...; regrouped as all q, all k, all v at load), rotary on the leading `rotary_dim` dimensions
+//! of each head (rotate-half), GELU, and by default the parallel residual
+//! `x + attn(ln1(x)) + mlp(ln2(x))`.
+
+use candle_core::{Module, Tensor};
+use candle_nn::{Embedding, LayerNorm};
+
+use super::attention::KvCache;
+use super::batch::ForwardBatch;
+use super::config::{ModelConfig, NeoxSettings};
+use super::layers::{Linear, Rotary, layer_norm};
+use super::weights::Weights;
+use super::{CausalLm, ModelError};
+
+struct Layer {
+    ln_1: LayerNorm,
+    ln_2: LayerNorm,
+    /// `[3 * hidden, hidden]`: every head's q rows, then k, then v.
+    qkv: Linear,
+    dense: Linear,
+    fc_in: Linear,
+    fc_out: Linear,
+}
+
+/// A GPT-NeoX causal LM.
+pub struct GptNeox {
+    cfg: ModelConfig,
+    settings: NeoxSettings,
+    embed: Embedding,
+    layers: Vec<Layer>,
+    final_norm: LayerNorm,
+    lm_head: Linear,
+    rotary: Rotary,
+}
+
+/// `t`'s leading dimension, `heads` groups of (q, k, v) rows of `d` each, regrouped as all q
+/// rows, then all k, then all v.
+fn regroup(t: &Tensor, heads: usize, d: usize) -> candle_core::Result<Tensor> {
+    let rest: Vec<usize> = t.dims()[1..].to_vec();
+    let grouped = [vec![heads, 3, d], rest.clone()].concat();
+    let flat = [vec![3 * heads * d], rest].concat();
+    t.reshape(grouped)?
+        .transpose(0, 1)?
+        .contiguous()?
+        .reshape(flat)
+}
+
+impl GptNeox {
+    /// Loads the model; rotary tables cover positions below `max_len`.
+    pub fn load(cfg: &ModelConfig, w: &Weights, max_len: usize) -> Result<Self, ModelError> {
+        let settings = cfg
+            .neox
+            .clone()
+            .ok_or_else(|| ModelError::Config("GPT-NeoX settings missing".into()))?;
+        let (h, eps, heads, d) = (
+            cfg.hidden_size,
+            cfg.norm_eps,
+            cfg.num_attention_heads,
+            cfg.head_dim,
+        );
+        let embed_w = w.tensor("gpt_neox.embed_in.weight", (cfg.vocab_size, h))?;
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| {
+                let p = format!("gpt_neox.layers.{i}");
+                let lin = |name: &str, i, o| w.linear(&format!("{p}.{name}"), i, o, true);
+                let qkv_w =
+                    w.tensor(&format!("{p}.attention.query_key_value.weight"), (3 * h, h))?;
+                let qkv_b = w.tensor(&format!("{p}.attention.query_key_value.bias"), 3 * h)?;
+                Ok(Layer {
+                    ln_1: layer_norm(w, &format!("{p}.input_layernorm"), h, eps)?,
+                    ln_2: layer_norm(w, &format!("{p}.post_attention_layernorm"), h, eps)?,
+                    qkv: Linear::dense(
+                        regroup(&qkv_w, heads, d)?,
+                        Some(regroup(&qkv_b, heads, d)?),
+                    ),
+                    dense: lin("attention.dense", h, h)?,
+                    fc_in: lin("mlp.dense_h_to_4h", h, cfg.intermediate_size)?,
+                    fc_out: lin("mlp.dense_4h_to_h", cfg.intermediate_size, h)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        let lm_head = if cfg.tie_word_embeddings || !w.contains("embed_out.weight") {
+            Linear::dense(embed_w.clone(), None)
+        } else {
+            w.linear("embed_out", h, cfg.vocab_size, false)?
+        };
+        Ok(GptNeox {
+            cfg: cfg.clone(),
+            settings,
+            embed: Embedding::new(embed_w, h),
+            layers,
+            final_norm: layer_norm(w, "gpt_neox.final_layer_norm", h, eps)?,
+            lm_head,
+            rotary: Rotary::new(cfg, max_len, w.dtype(), w.device())?,
+        })
+    }
+
+    fn mlp(&self, l: &Layer, x: &Tensor) -> candle_core::Result<Tensor> {
+        let a = l.fc_in.forward(&l.ln_2.forward(x)?)?;
+        let a = if self.settings.gelu_tanh {
+            a.gelu()?
+        } else {
+            a.gelu_erf()?
+        };
+        l.fc_out.forward(&a)
+    }
+}
+
+impl CausalLm for GptNeox {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn forward(&self, batch: &ForwardBatch<'_>, kv: &mut KvCache) -> Result<Tensor, ModelError> {
+        let cfg = &self.cfg;
+        let n = batch.input_ids.dim(0)?;
+        let (heads, d, h) = (cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size);
+        let scale = 1.0 / (d as f32).sqrt();
+        let rows = self.rotary.at(&batch.positions)?;
+        let mut x = self.embed.forward(&batch.input_ids)?;
+        for (i, l) in self.layers.iter().enumerate() {
+            let qkv = l.qkv.forward(&l.ln_1.forward(&x)?)?;
+            let part = |k: usize| -> candle_core::Result<Tensor> {
+                qkv.narrow(1, k * h, h)?
+                    .contiguous()?
+                    .reshape((n, heads, d))
+            };
+            let (q, k) = (rows.apply(&part(0)?)?, rows.apply(&part(1)?)?);
+            let attn = kv.attend(i, &q, &k, &part(2)?, &batch.attention, scale)?;
+            let attn = l.dense.forward(&attn)?;
+            x = if self.settings.parallel_residual {
+                ((&x + attn)? + self.mlp(l, &x)?)?
+            } else {
+                let x = (x + attn)?;
+                (&x + self.mlp(l, &x)?)?
+            };
+        }
+        let last = self
+            .final_norm
+            .forward(&x.index_select(&batch.sample_rows, 0)?)?;
+        Ok(self
+            .lm_head
+            .forward(&last)?
+            .to_dtype(candle_core::DType::F32)?)
+    }
+}
