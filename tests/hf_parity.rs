@@ -178,3 +178,8 @@ fn gpt2_with_conv1d_weights_and_learned_positions_matches_transformers() {
 fn gpt_neox_with_parallel_residual_and_partial_rotary_matches_transformers() {
     check("gpt-neox");
 }
+
+#[test]
+fn phi3_with_stacked_qkv_and_gate_up_matches_transformers() {
+    check("phi3");
+}

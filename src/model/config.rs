@@ -15,6 +15,8 @@ pub enum Architecture {
     Qwen2,
     /// Qwen3 (dense): Llama with an RMSNorm on each query and key head before rotary.
     Qwen3,
+    /// Phi-3 / Phi-4: Llama with q/k/v in one `qkv_proj` and gate/up in one `gate_up_proj`.
+    Phi3,
     /// Meta's OPT (`facebook/opt-*`).
     Opt,
     /// OpenAI's GPT-2: learned positions, LayerNorm, GELU (tanh), Conv1D (`[in, out]`) weights.
@@ -209,12 +211,13 @@ impl ModelConfig {
             "LlamaForCausalLM" | "MistralForCausalLM" | "llama" | "mistral" => Architecture::Llama,
             "Qwen2ForCausalLM" | "qwen2" => Architecture::Qwen2,
             "Qwen3ForCausalLM" | "qwen3" => Architecture::Qwen3,
+            "Phi3ForCausalLM" | "phi3" => Architecture::Phi3,
             "OPTForCausalLM" | "opt" => Architecture::Opt,
             "GPT2LMHeadModel" | "gpt2" => Architecture::Gpt2,
             "GPTNeoXForCausalLM" | "gpt_neox" => Architecture::GptNeox,
             other => {
                 return Err(unsupported(format!(
-                    "architecture {other:?} (supported: Llama, Mistral, Qwen2, Qwen3, OPT, GPT-2, GPT-NeoX)"
+                    "architecture {other:?} (supported: Llama, Mistral, Qwen2, Qwen3, Phi-3, OPT, GPT-2, GPT-NeoX)"
                 )));
             }
         };
@@ -276,6 +279,15 @@ impl ModelConfig {
                 gelu_tanh,
             })
         } else {
+            let factor = c
+                .partial_rotary_factor
+                .or_else(|| rope_params?.get("partial_rotary_factor")?.as_f64())
+                .unwrap_or(1.0);
+            if factor < 1.0 {
+                return Err(unsupported(format!(
+                    "partial rotary (partial_rotary_factor {factor}) in {arch_name}"
+                )));
+            }
             None
         };
         if is_gpt2
@@ -444,5 +456,22 @@ mod tests {
             cfg(r#","sliding_window":4096,"use_sliding_window":false"#),
             32768
         );
+    }
+
+    #[test]
+    fn phi3_reads_and_what_it_cannot_serve_is_refused_by_name() {
+        let phi = |extra: &str| {
+            ModelConfig::from_hf_json(&format!(
+                r#"{{"architectures":["Phi3ForCausalLM"],"vocab_size":10,"hidden_size":8,
+                "intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2{extra}}}"#
+            ))
+        };
+        assert_eq!(phi("").unwrap().architecture, Architecture::Phi3);
+        let e =
+            phi(r#","rope_scaling":{"type":"longrope","short_factor":[1.0],"long_factor":[2.0]}"#)
+                .unwrap_err();
+        assert!(e.to_string().contains("longrope"), "{e}");
+        let e = phi(r#","partial_rotary_factor":0.75"#).unwrap_err();
+        assert!(e.to_string().contains("partial_rotary_factor 0.75"), "{e}");
     }
 }

@@ -106,6 +106,13 @@ impl GatedMlp {
         tp: TpRank,
     ) -> Result<Self, ModelError> {
         let (h, i, b) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias);
+        if cfg.architecture == super::Architecture::Phi3 {
+            // Phi-3 stores gate and up stacked already, gate rows first (not sharded).
+            return Ok(GatedMlp {
+                gate_up: GateUp::Fused(w.linear(&format!("{prefix}.gate_up_proj"), h, 2 * i, b)?),
+                down: w.linear(&format!("{prefix}.down_proj"), i, h, b)?,
+            });
+        }
         let (rows, cols) = (
             Part::Rows(tp.intermediate(cfg)),
             Part::Cols(tp.intermediate(cfg)),

@@ -90,7 +90,7 @@ pub fn build_sharded(
         TpRank::check(par.rank.size, cfg).map_err(ModelError::Unsupported)?;
     }
     Ok(match cfg.architecture {
-        Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 => {
+        Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Phi3 => {
             Box::new(llama::Llama::load(cfg, weights, max_len, par)?)
         }
         Architecture::Opt => Box::new(opt::Opt::load(cfg, weights)?),

@@ -40,6 +40,14 @@ impl QkvProj {
     ) -> Result<Self, ModelError> {
         let (h, d, b) = (cfg.hidden_size, cfg.head_dim, cfg.qkv_bias);
         let (nq, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+        if cfg.architecture == super::Architecture::Phi3 {
+            // Phi-3 stores the three stacked already (not sharded: `TpRank::check` refuses it).
+            let fused = w.linear(&format!("{prefix}.qkv_proj"), h, (nq + 2 * nkv) * d, b)?;
+            return Ok(QkvProj {
+                proj: Proj::Fused(fused),
+                qk_norm: None,
+            });
+        }
         let q_rows = Part::Rows(head_rows(&tp.q_heads(cfg), d));
         let kv_rows = Part::Rows(head_rows(&tp.kv_heads(cfg), d));
         let q = w.linear_part(&format!("{prefix}.q_proj"), (h, nq * d), b, q_rows)?;

@@ -44,11 +44,11 @@ impl TpRank {
         }
         if matches!(
             cfg.architecture,
-            Architecture::Opt | Architecture::Gpt2 | Architecture::GptNeox
+            Architecture::Opt | Architecture::Gpt2 | Architecture::GptNeox | Architecture::Phi3
         ) {
             return Err(
-                "tensor parallelism takes Llama-family models (OPT, GPT-2 and GPT-NeoX are not \
-                 sharded)"
+                "tensor parallelism takes Llama, Mistral and Qwen models (OPT, GPT-2, GPT-NeoX \
+                 and Phi-3's fused projections are not sharded)"
                     .into(),
             );
         }
