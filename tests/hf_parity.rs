@@ -183,3 +183,8 @@ fn gpt_neox_with_parallel_residual_and_partial_rotary_matches_transformers() {
 fn phi3_with_stacked_qkv_and_gate_up_matches_transformers() {
     check("phi3");
 }
+
+#[test]
+fn phi3_with_longrope_scaling_matches_transformers() {
+    check("phi3-longrope");
+}

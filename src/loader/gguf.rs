@@ -102,6 +102,7 @@ pub fn load(
         norm_eps: md_f64(&ct, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
         rope_theta: md_f64(&ct, &key("rope.freq_base")).unwrap_or(10_000.0),
         rope_scaling: None,
+        longrope: None,
         // llama.cpp's converter permutes Llama's q/k rows for interleaved rotary; Qwen's stay in
         // the rotate-half order.
         rope_interleaved: architecture == Architecture::Llama,

@@ -49,6 +49,21 @@ pub struct OptSettings {
     pub has_final_layer_norm: bool,
 }
 
+/// Phi-3's LongRoPE (`rope_scaling.type` "longrope", formerly "su"): per-frequency divisors of the
+/// inverse frequencies, one set for positions within the original context and one beyond it, and
+/// cos/sin scaled by `attention_factor`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LongRope {
+    /// Divisors for positions below `original_max_position_embeddings` (one per frequency).
+    pub short_factor: Vec<f64>,
+    /// Divisors for positions at or past it.
+    pub long_factor: Vec<f64>,
+    /// The context the model was pre-trained with.
+    pub original_max_position_embeddings: usize,
+    /// Scale of cos and sin.
+    pub attention_factor: f64,
+}
+
 /// GPT-NeoX settings.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NeoxSettings {
@@ -85,6 +100,8 @@ pub struct ModelConfig {
     pub rope_theta: f64,
     /// Llama 3.1 rotary scaling, if any.
     pub rope_scaling: Option<Llama3RopeScaling>,
+    /// Phi-3's LongRoPE scaling, if any.
+    pub longrope: Option<LongRope>,
     /// Rotary applied to interleaved pairs (GGUF llama weights) instead of rotate-half (HF).
     pub rope_interleaved: bool,
     /// Longest context the model supports.
@@ -152,6 +169,7 @@ struct HfConfig {
     rope_parameters: Option<serde_json::Value>,
     #[serde(alias = "n_positions")]
     max_position_embeddings: Option<usize>,
+    original_max_position_embeddings: Option<usize>,
     sliding_window: Option<usize>,
     use_sliding_window: Option<bool>,
     tie_word_embeddings: Option<bool>,
@@ -175,6 +193,40 @@ struct HfConfig {
 
 fn unsupported(what: String) -> ModelError {
     ModelError::Unsupported(what)
+}
+
+/// LongRoPE's settings from `rope_scaling` (or `rope_parameters`) `v` of config `c`; the attention
+/// factor, when not given, as transformers computes it from the context extension.
+fn parse_longrope(v: &serde_json::Value, c: &HfConfig) -> Result<LongRope, ModelError> {
+    let factors = |key: &str| -> Result<Vec<f64>, ModelError> {
+        v.get(key)
+            .and_then(|f| f.as_array())
+            .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+            .ok_or_else(|| ModelError::Config(format!("rope_scaling: longrope without {key}")))
+    };
+    let original = v
+        .get("original_max_position_embeddings")
+        .and_then(|o| o.as_u64())
+        .map(|o| o as usize)
+        .or(c.original_max_position_embeddings)
+        .ok_or_else(|| {
+            ModelError::Config("longrope without original_max_position_embeddings".into())
+        })?;
+    let extension = c.max_position_embeddings.unwrap_or(original) as f64 / original as f64;
+    let attention_factor = v
+        .get("attention_factor")
+        .and_then(|a| a.as_f64())
+        .unwrap_or(if extension <= 1.0 {
+            1.0
+        } else {
+            (1.0 + extension.ln() / (original as f64).ln()).sqrt()
+        });
+    Ok(LongRope {
+        short_factor: factors("short_factor")?,
+        long_factor: factors("long_factor")?,
+        original_max_position_embeddings: original,
+        attention_factor,
+    })
 }
 
 /// The longest context served: the model's `max_position_embeddings`, or its attention window
@@ -227,6 +279,7 @@ impl ModelConfig {
             .or_else(|| rope_params?.get("rope_theta")?.as_f64())
             .or(c.rotary_emb_base)
             .unwrap_or(10_000.0);
+        let mut longrope = None;
         let rope_scaling = match rope_params {
             None | Some(serde_json::Value::Null) => None,
             Some(v) => {
@@ -241,6 +294,10 @@ impl ModelConfig {
                             .map_err(|e| ModelError::Config(format!("rope_scaling: {e}")))?,
                     ),
                     "default" => None,
+                    "longrope" | "su" => {
+                        longrope = Some(parse_longrope(v, &c)?);
+                        None
+                    }
                     other => return Err(unsupported(format!("rope_scaling type {other:?}"))),
                 }
             }
@@ -325,6 +382,7 @@ impl ModelConfig {
             }),
             rope_theta,
             rope_scaling,
+            longrope,
             rope_interleaved: false,
             max_position_embeddings: if is_gpt2 {
                 c.max_position_embeddings.unwrap_or(1024)
@@ -467,10 +525,27 @@ mod tests {
             ))
         };
         assert_eq!(phi("").unwrap().architecture, Architecture::Phi3);
+        // LongRoPE: the attention factor from the extension (256 / 64) when not given.
+        let l = phi(
+            r#","max_position_embeddings":256,"original_max_position_embeddings":64,
+            "rope_scaling":{"type":"longrope","short_factor":[1.0,2.0],"long_factor":[3.0,4.0]}"#,
+        )
+        .unwrap()
+        .longrope
+        .unwrap();
+        assert_eq!(
+            (l.short_factor, l.long_factor),
+            (vec![1.0, 2.0], vec![3.0, 4.0])
+        );
+        let want = (1.0 + 4f64.ln() / 64f64.ln()).sqrt();
+        assert!((l.attention_factor - want).abs() < 1e-12);
         let e =
             phi(r#","rope_scaling":{"type":"longrope","short_factor":[1.0],"long_factor":[2.0]}"#)
                 .unwrap_err();
-        assert!(e.to_string().contains("longrope"), "{e}");
+        assert!(
+            e.to_string().contains("original_max_position_embeddings"),
+            "{e}"
+        );
         let e = phi(r#","partial_rotary_factor":0.75"#).unwrap_err();
         assert!(e.to_string().contains("partial_rotary_factor 0.75"), "{e}");
     }

@@ -204,13 +204,37 @@ impl Rotary {
         if let Some(s) = &cfg.rope_scaling {
             llama3_scale(&mut inv_freq, s);
         }
+        // LongRoPE: each frequency divided by its short factor within the original context and
+        // by its long factor past it; cos and sin scaled.
+        let (mut short, mut long, mut original, mut scale) = (None, None, usize::MAX, 1.0);
+        if let Some(l) = &cfg.longrope {
+            for f in [&l.short_factor, &l.long_factor] {
+                if f.len() != inv_freq.len() {
+                    return Err(ModelError::Config(format!(
+                        "longrope: {} factors for {} rotary frequencies",
+                        f.len(),
+                        inv_freq.len()
+                    )));
+                }
+            }
+            let divided = |f: &[f64]| inv_freq.iter().zip(f).map(|(i, f)| i / f).collect();
+            short = Some(divided(&l.short_factor));
+            long = Some(divided(&l.long_factor));
+            original = l.original_max_position_embeddings;
+            scale = l.attention_factor;
+        }
         let mut cos = Vec::with_capacity(max_len * d / 2);
         let mut sin = Vec::with_capacity(max_len * d / 2);
         for p in 0..max_len {
-            for &f in &inv_freq {
+            let freqs: &Vec<f64> = match (&short, &long) {
+                (Some(s), _) if p < original => s,
+                (_, Some(l)) => l,
+                _ => &inv_freq,
+            };
+            for &f in freqs {
                 let angle = p as f64 * f;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+                cos.push((angle.cos() * scale) as f32);
+                sin.push((angle.sin() * scale) as f32);
             }
         }
         let table = |v: Vec<f32>| -> candle_core::Result<Tensor> {
