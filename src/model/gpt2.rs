@@ -10,6 +10,7 @@ use super::attention::KvCache;
 use super::batch::ForwardBatch;
 use super::config::ModelConfig;
 use super::layers::{Linear, layer_norm};
+use super::qkv::{Heads, split_qkv};
 use super::weights::Weights;
 use super::{CausalLm, ModelError};
 
@@ -87,19 +88,18 @@ impl CausalLm for Gpt2 {
     }
 
     fn forward(&self, batch: &ForwardBatch<'_>, kv: &mut KvCache) -> Result<Tensor, ModelError> {
-        let cfg = &self.cfg;
-        let n = batch.input_ids.dim(0)?;
-        let (heads, d, h) = (cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size);
-        let scale = 1.0 / (d as f32).sqrt();
+        let (cfg, d) = (&self.cfg, self.cfg.head_dim);
+        let heads = Heads {
+            q: cfg.num_attention_heads,
+            kv: cfg.num_attention_heads,
+            dim: d,
+            scale: 1.0 / (d as f32).sqrt(),
+        };
         let mut x = (self.wte.forward(&batch.input_ids)? + self.wpe.forward(&batch.positions)?)?;
         for (i, b) in self.blocks.iter().enumerate() {
             let qkv = b.c_attn.forward(&b.ln_1.forward(&x)?)?;
-            let part = |k: usize| -> candle_core::Result<Tensor> {
-                qkv.narrow(1, k * h, h)?
-                    .contiguous()?
-                    .reshape((n, heads, d))
-            };
-            let attn = kv.attend(i, &part(0)?, &part(1)?, &part(2)?, &batch.attention, scale)?;
+            let (q, k, v) = split_qkv(&qkv, heads)?;
+            let attn = kv.attend(i, &q, &k, &v, &batch.attention, heads.scale)?;
             x = (x + b.attn_proj.forward(&attn)?)?;
             let m = b.c_fc.forward(&b.ln_2.forward(&x)?)?.gelu()?;
             x = (x + b.mlp_proj.forward(&m)?)?;

@@ -11,6 +11,7 @@ use super::attention::KvCache;
 use super::batch::ForwardBatch;
 use super::config::{ModelConfig, NeoxSettings};
 use super::layers::{Linear, Rotary, layer_norm};
+use super::qkv::{Heads, split_qkv};
 use super::weights::Weights;
 use super::{CausalLm, ModelError};
 
@@ -114,21 +115,20 @@ impl CausalLm for GptNeox {
     }
 
     fn forward(&self, batch: &ForwardBatch<'_>, kv: &mut KvCache) -> Result<Tensor, ModelError> {
-        let cfg = &self.cfg;
-        let n = batch.input_ids.dim(0)?;
-        let (heads, d, h) = (cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size);
-        let scale = 1.0 / (d as f32).sqrt();
+        let (cfg, d) = (&self.cfg, self.cfg.head_dim);
+        let heads = Heads {
+            q: cfg.num_attention_heads,
+            kv: cfg.num_attention_heads,
+            dim: d,
+            scale: 1.0 / (d as f32).sqrt(),
+        };
         let rows = self.rotary.at(&batch.positions)?;
         let mut x = self.embed.forward(&batch.input_ids)?;
         for (i, l) in self.layers.iter().enumerate() {
             let qkv = l.qkv.forward(&l.ln_1.forward(&x)?)?;
-            let part = |k: usize| -> candle_core::Result<Tensor> {
-                qkv.narrow(1, k * h, h)?
-                    .contiguous()?
-                    .reshape((n, heads, d))
-            };
-            let (q, k) = (rows.apply(&part(0)?)?, rows.apply(&part(1)?)?);
-            let attn = kv.attend(i, &q, &k, &part(2)?, &batch.attention, scale)?;
+            let (q, k, v) = split_qkv(&qkv, heads)?;
+            let (q, k) = (rows.apply(&q)?, rows.apply(&k)?);
+            let attn = kv.attend(i, &q, &k, &v, &batch.attention, heads.scale)?;
             let attn = l.dense.forward(&attn)?;
             x = if self.settings.parallel_residual {
                 ((&x + attn)? + self.mlp(l, &x)?)?

@@ -82,6 +82,23 @@ impl QkvProj {
     }
 }
 
+/// A fused projection's output `qkv` (`[tokens, (q + 2 * kv) * dim]`: every q head, then every k,
+/// then every v) as q `[tokens, q, dim]`, k and v `[tokens, kv, dim]`, each contiguous.
+pub fn split_qkv(qkv: &Tensor, heads: Heads) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+    let n = qkv.dim(0)?;
+    let (qw, kvw) = (heads.q * heads.dim, heads.kv * heads.dim);
+    let part = |start, width, count: usize| {
+        qkv.narrow(1, start, width)?
+            .contiguous()?
+            .reshape((n, count, heads.dim))
+    };
+    Ok((
+        part(0, qw, heads.q)?,
+        part(qw, kvw, heads.kv)?,
+        part(qw + kvw, kvw, heads.kv)?,
+    ))
+}
+
 /// `x` (`[tokens, heads * dim]`) with each head RMS-normalized by `norm`.
 fn norm_heads(norm: &RmsNorm, x: &Tensor, heads: usize, dim: usize) -> candle_core::Result<Tensor> {
     let n = x.dim(0)?;
@@ -127,11 +144,7 @@ pub fn attention(
             if let Some(out) = attend_projected(&qkv, layer, rotary, batch, kv, heads) {
                 return out;
             }
-            (
-                qkv.narrow(1, 0, qw)?.contiguous()?,
-                qkv.narrow(1, qw, kvw)?.contiguous()?,
-                qkv.narrow(1, qw + kvw, kvw)?.contiguous()?,
-            )
+            split_qkv(&qkv, heads)?
         }
         Proj::Split(q, k, v) => {
             let (mut q, mut k) = (q.forward(h)?, k.forward(h)?);
