@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
 use futures_util::stream;
@@ -39,12 +39,7 @@ pub struct KeyQuery {
 
 /// Whether the request may see the dashboard: no keys configured, a Bearer key, or `?key=`.
 fn allowed(state: &AppState, headers: &HeaderMap, query: &KeyQuery) -> bool {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    let presented = bearer.or(query.key.as_deref());
-    state.accepts_key(presented)
+    state.accepts_key(super::bearer_key(headers).or(query.key.as_deref()))
 }
 
 fn refused() -> Response {

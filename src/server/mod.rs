@@ -168,16 +168,19 @@ impl AppState {
     }
 }
 
+/// The key of an `Authorization: Bearer KEY` header, if any.
+pub fn bearer_key(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+}
+
 async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if req.method() == Method::OPTIONS {
         return next.run(req).await;
     }
-    let presented = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    if state.accepts_key(presented) {
+    if state.accepts_key(bearer_key(req.headers())) {
         next.run(req).await
     } else {
         ApiError::new(StatusCode::UNAUTHORIZED, "Invalid or missing API key.").into_response()
