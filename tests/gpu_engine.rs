@@ -136,15 +136,9 @@ fn bfloat16_decode_steps_stay_close_to_the_cpu_float32_logits() {
 #[test]
 fn qwen3_on_the_gpu_matches_transformers() {
     let path = model("qwen3-d128");
-    let reference =
-        candle_core::safetensors::load(format!("{path}/hf_logits.safetensors"), &Device::Cpu)
-            .unwrap();
-    let tokens = reference["tokens"]
-        .to_dtype(DType::U32)
-        .unwrap()
-        .to_vec2::<u32>()
-        .unwrap();
-    let hf = reference["logits"].to_vec3::<f32>().unwrap();
+    let common::HfReference {
+        tokens, logits: hf, ..
+    } = common::hf_reference(&path);
     for (s, seq) in tokens.iter().enumerate() {
         let on = |dtype| {
             common::logits_at_every_position_on(&path, GgufMatmul::Auto, seq, &gpu(), dtype)
@@ -197,16 +191,11 @@ fn top1_agreement(got: &[Vec<f32>], want: &[Vec<f32>]) -> (usize, usize) {
 #[test]
 fn llama_1b_shape_matches_transformers() {
     let path = model("llama-1b");
-    let reference =
-        candle_core::safetensors::load(format!("{path}/hf_logits.safetensors"), &Device::Cpu)
-            .unwrap();
-    let tokens = reference["tokens"]
-        .to_dtype(DType::U32)
-        .unwrap()
-        .to_vec2::<u32>()
-        .unwrap();
-    let hf = reference["logits"].to_vec3::<f32>().unwrap();
-    let hf_bf16 = reference["logits_bf16"].to_vec3::<f32>().unwrap();
+    let common::HfReference {
+        tokens,
+        logits: hf,
+        logits_bf16: hf_bf16,
+    } = common::hf_reference(&path);
     let run = |dtype| -> Vec<Vec<Vec<f32>>> {
         tokens
             .iter()

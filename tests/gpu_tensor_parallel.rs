@@ -113,15 +113,9 @@ fn group_size() -> usize {
 fn tp_logits_match_tp1_and_transformers() {
     let size = group_size();
     let path = model_dir("llama-1b");
-    let reference =
-        candle_core::safetensors::load(format!("{path}/hf_logits.safetensors"), &Device::Cpu)
-            .unwrap();
-    let tokens = reference["tokens"]
-        .to_dtype(DType::U32)
-        .unwrap()
-        .to_vec2::<u32>()
-        .unwrap();
-    let hf = reference["logits"].to_vec3::<f32>().unwrap();
+    let common::HfReference {
+        tokens, logits: hf, ..
+    } = common::hf_reference(&path);
     let seq = &tokens[0];
     let (prompt, next) = (&seq[..seq.len() - 1], seq[seq.len() - 1]);
 

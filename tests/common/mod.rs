@@ -137,6 +137,29 @@ pub fn logits_decoding_step_by_step(
 
 /// Path of the SmolLM2-135M-Instruct GGUF: `$PAGEWISE_SMOLLM2_GGUF`, else the cache that
 /// `scripts/fetch_smollm2.py` fills. `None` (test skipped) only outside CI.
+/// transformers' reference for a GPU test model (scripts/gpu/make_gpu_models.py writes
+/// `hf_logits.safetensors`): the token ids `[seqs, tokens]`, the float32 logits and the bfloat16
+/// ones, each `[seqs, tokens, vocab]`.
+#[allow(dead_code)]
+pub struct HfReference {
+    pub tokens: Vec<Vec<u32>>,
+    pub logits: Vec<Vec<Vec<f32>>>,
+    pub logits_bf16: Vec<Vec<Vec<f32>>>,
+}
+
+/// Reads `model_dir`'s `hf_logits.safetensors`.
+#[allow(dead_code)]
+pub fn hf_reference(model_dir: &str) -> HfReference {
+    let t =
+        candle_core::safetensors::load(format!("{model_dir}/hf_logits.safetensors"), &Device::Cpu)
+            .unwrap();
+    HfReference {
+        tokens: t["tokens"].to_dtype(DType::U32).unwrap().to_vec2().unwrap(),
+        logits: t["logits"].to_vec3().unwrap(),
+        logits_bf16: t["logits_bf16"].to_vec3().unwrap(),
+    }
+}
+
 #[allow(dead_code)]
 pub fn smollm2_gguf() -> Option<String> {
     let path = std::env::var("PAGEWISE_SMOLLM2_GGUF").ok().or_else(|| {
