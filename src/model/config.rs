@@ -4,6 +4,7 @@
 use serde::Deserialize;
 
 use super::ModelError;
+pub use super::rope_scaling::{Llama3RopeScaling, LongRope};
 
 /// Supported architectures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,19 +26,6 @@ pub enum Architecture {
     GptNeox,
 }
 
-/// Llama 3.1-style rotary frequency scaling (`rope_scaling.rope_type == "llama3"`).
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-pub struct Llama3RopeScaling {
-    /// Overall scale factor.
-    pub factor: f64,
-    /// Wavelengths above `original_max_position_embeddings / low_freq_factor` are fully scaled.
-    pub low_freq_factor: f64,
-    /// Wavelengths below `original_max_position_embeddings / high_freq_factor` are kept.
-    pub high_freq_factor: f64,
-    /// Context the model was pre-trained with.
-    pub original_max_position_embeddings: usize,
-}
-
 /// OPT-only settings.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OptSettings {
@@ -47,21 +35,6 @@ pub struct OptSettings {
     pub do_layer_norm_before: bool,
     /// Whether the final layer norm exists.
     pub has_final_layer_norm: bool,
-}
-
-/// Phi-3's LongRoPE (`rope_scaling.type` "longrope", formerly "su"): per-frequency divisors of the
-/// inverse frequencies, one set for positions within the original context and one beyond it, and
-/// cos/sin scaled by `attention_factor`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LongRope {
-    /// Divisors for positions below `original_max_position_embeddings` (one per frequency).
-    pub short_factor: Vec<f64>,
-    /// Divisors for positions at or past it.
-    pub long_factor: Vec<f64>,
-    /// The context the model was pre-trained with.
-    pub original_max_position_embeddings: usize,
-    /// Scale of cos and sin.
-    pub attention_factor: f64,
 }
 
 /// GPT-NeoX settings.
@@ -195,40 +168,6 @@ fn unsupported(what: String) -> ModelError {
     ModelError::Unsupported(what)
 }
 
-/// LongRoPE's settings from `rope_scaling` (or `rope_parameters`) `v` of config `c`; the attention
-/// factor, when not given, as transformers computes it from the context extension.
-fn parse_longrope(v: &serde_json::Value, c: &HfConfig) -> Result<LongRope, ModelError> {
-    let factors = |key: &str| -> Result<Vec<f64>, ModelError> {
-        v.get(key)
-            .and_then(|f| f.as_array())
-            .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
-            .ok_or_else(|| ModelError::Config(format!("rope_scaling: longrope without {key}")))
-    };
-    let original = v
-        .get("original_max_position_embeddings")
-        .and_then(|o| o.as_u64())
-        .map(|o| o as usize)
-        .or(c.original_max_position_embeddings)
-        .ok_or_else(|| {
-            ModelError::Config("longrope without original_max_position_embeddings".into())
-        })?;
-    let extension = c.max_position_embeddings.unwrap_or(original) as f64 / original as f64;
-    let attention_factor = v
-        .get("attention_factor")
-        .and_then(|a| a.as_f64())
-        .unwrap_or(if extension <= 1.0 {
-            1.0
-        } else {
-            (1.0 + extension.ln() / (original as f64).ln()).sqrt()
-        });
-    Ok(LongRope {
-        short_factor: factors("short_factor")?,
-        long_factor: factors("long_factor")?,
-        original_max_position_embeddings: original,
-        attention_factor,
-    })
-}
-
 /// The longest context served: the model's `max_position_embeddings`, or its attention window
 /// when one applies (Mistral v0.1's `sliding_window`; Qwen's are off unless `use_sliding_window`).
 /// Windowed attention is not implemented, and up to the window it equals full attention, so the
@@ -279,29 +218,11 @@ impl ModelConfig {
             .or_else(|| rope_params?.get("rope_theta")?.as_f64())
             .or(c.rotary_emb_base)
             .unwrap_or(10_000.0);
-        let mut longrope = None;
-        let rope_scaling = match rope_params {
-            None | Some(serde_json::Value::Null) => None,
-            Some(v) => {
-                let kind = v
-                    .get("rope_type")
-                    .or_else(|| v.get("type"))
-                    .and_then(|t| t.as_str())
-                    .unwrap_or("");
-                match kind {
-                    "llama3" => Some(
-                        serde_json::from_value(v.clone())
-                            .map_err(|e| ModelError::Config(format!("rope_scaling: {e}")))?,
-                    ),
-                    "default" => None,
-                    "longrope" | "su" => {
-                        longrope = Some(parse_longrope(v, &c)?);
-                        None
-                    }
-                    other => return Err(unsupported(format!("rope_scaling type {other:?}"))),
-                }
-            }
-        };
+        let (rope_scaling, longrope) = super::rope_scaling::parse(
+            rope_params,
+            c.max_position_embeddings,
+            c.original_max_position_embeddings,
+        )?;
         let heads = c.num_attention_heads;
         let is_opt = architecture == Architecture::Opt;
         if is_opt

@@ -15,6 +15,7 @@ pub mod llama;
 pub mod norm;
 pub mod opt;
 pub mod qkv;
+pub mod rope_scaling;
 pub mod weights;
 
 use candle_core::Tensor;
