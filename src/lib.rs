@@ -13,6 +13,7 @@ pub mod cuda_graphs;
 pub mod default_model;
 pub mod engine;
 pub mod graph_buckets;
+pub mod guided;
 pub mod kv;
 pub mod llm;
 pub mod loader;
