@@ -86,6 +86,7 @@ fn sampler(c: &mut Criterion) {
                     output_tokens: &output,
                     suppressed: &[],
                     rng: &mut rng,
+                    guide: None,
                 };
                 black_box(s.sample(&mut work, req))
             })

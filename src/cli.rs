@@ -79,6 +79,17 @@ pub struct ServeCmd {
     /// Serve no `/dashboard` (the live view of the page table) and no `/dashboard/events`.
     #[arg(long, env = "PAGEWISE_DISABLE_DASHBOARD")]
     pub disable_dashboard: bool,
+    /// Largest output constraint a request may send (a JSON schema, regex, choice list or
+    /// grammar), in bytes; larger ones get a 400.
+    #[arg(long, env = "PAGEWISE_STRUCTURED_OUTPUTS_MAX_BYTES", default_value_t = 256 * 1024)]
+    pub structured_outputs_max_bytes: usize,
+    /// Seconds an output constraint may take to compile before its request gets a 400.
+    #[arg(
+        long,
+        env = "PAGEWISE_STRUCTURED_OUTPUTS_TIMEOUT",
+        default_value_t = 10.0
+    )]
+    pub structured_outputs_timeout: f64,
     /// This node serves no HTTP: it only runs its ranks of a multi-node tensor-parallel group
     /// (`--node-rank` 1 or more, which implies it).
     #[arg(long, env = "PAGEWISE_HEADLESS")]

@@ -114,6 +114,10 @@ fn serve(cmd: ServeCmd) -> Result<()> {
         max_num_queued_requests: cmd.max_num_queued_requests,
         sse_keepalive: None,
         disable_dashboard: cmd.disable_dashboard,
+        structured_limits: server::structured::StructuredLimits {
+            max_bytes: cmd.structured_outputs_max_bytes,
+            timeout: std::time::Duration::from_secs_f64(cmd.structured_outputs_timeout.max(0.0)),
+        },
     };
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {

@@ -45,6 +45,9 @@ pub struct SamplingParams {
     pub skip_special_tokens: bool,
     /// Keep the matched stop string at the end of the output text.
     pub include_stop_str_in_output: bool,
+    /// Constrain the output: a JSON schema, any JSON object, a regex, a choice or a grammar
+    /// (vLLM's `structured_outputs`).
+    pub structured_outputs: Option<crate::guided::StructuredOutputs>,
 }
 
 impl Default for SamplingParams {
@@ -68,6 +71,7 @@ impl Default for SamplingParams {
             logprobs: None,
             skip_special_tokens: true,
             include_stop_str_in_output: false,
+            structured_outputs: None,
         }
     }
 }

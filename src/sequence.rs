@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use crate::guided::Guide;
 use crate::kv::BlockTable;
 use crate::request::{FinishReason, SamplingParams};
 use crate::sampler::{SampleRequest, SeededRng};
@@ -80,6 +81,8 @@ pub struct Sequence {
     pub num_cached_tokens: usize,
     /// Times this sequence was preempted.
     pub num_preemptions: u32,
+    /// The constraint its tokens follow, if the request has one.
+    guide: Option<Guide>,
 }
 
 impl Sequence {
@@ -113,7 +116,19 @@ impl Sequence {
             rng,
             num_cached_tokens: 0,
             num_preemptions: 0,
+            guide: None,
         }
+    }
+
+    /// Constrains this sequence's tokens to `guide` (compiled from its request's
+    /// `structured_outputs`).
+    pub fn set_guide(&mut self, guide: Guide) {
+        self.guide = Some(guide);
+    }
+
+    /// Why this sequence's constraint failed, if it did (the sequence then ended with `Abort`).
+    pub fn guide_error(&self) -> Option<&str> {
+        self.guide.as_ref().and_then(Guide::error)
     }
 
     /// Prompt and generated tokens.
@@ -184,6 +199,7 @@ impl Sequence {
             output_tokens: &self.token_ids[np..],
             suppressed,
             rng: &mut self.rng,
+            guide: self.guide.as_mut(),
         }
     }
 
@@ -199,8 +215,18 @@ impl Sequence {
 
     /// Appends a sampled token and says whether that ends the sequence (vLLM's order: nothing
     /// stops before `min_tokens`; then EOS, stop token ids, then `max_tokens` / `max_model_len`).
+    /// A constrained sequence's guide takes the token first: a token it cannot take aborts the
+    /// sequence ([`Sequence::guide_error`] says why), and a completed grammar ends it.
     pub(crate) fn append(&mut self, token: u32, max_model_len: usize) -> Option<FinishReason> {
         self.token_ids.push(token);
+        if let Some(guide) = &mut self.guide {
+            match guide.advance(token) {
+                // Nothing may follow a complete grammar, whatever `min_tokens` asks.
+                Ok(true) => return Some(FinishReason::Stop),
+                Ok(false) => {}
+                Err(_) => return Some(FinishReason::Abort),
+            }
+        }
         let num_output = self.num_output_tokens();
         if num_output >= self.params.min_tokens {
             let is_eos = !self.params.ignore_eos && self.eos_token_ids.contains(&token);

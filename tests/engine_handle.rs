@@ -68,6 +68,7 @@ async fn concurrent_requests_match_offline_generation() {
                     prompt_token_ids: p,
                     params: greedy(12),
                     cache_salt: None,
+                    guide: None,
                 })
                 .await
                 .unwrap();
@@ -92,6 +93,7 @@ async fn concurrent_requests_match_offline_generation() {
         prompt_token_ids: prompts[0].clone(),
         params,
         cache_salt: None,
+        guide: None,
     };
     let a = collect(engine.submit(req.clone()).await.unwrap(), 2).await;
     let b = collect(engine.submit(req).await.unwrap(), 2).await;
@@ -113,6 +115,7 @@ async fn invalid_requests_are_rejected_and_dropped_receivers_abort() {
             ..Default::default()
         },
         cache_salt: None,
+        guide: None,
     };
     let err = engine.submit(bad).await.unwrap_err();
     assert!(err.to_string().contains("top_p"), "{err}");
@@ -120,6 +123,7 @@ async fn invalid_requests_are_rejected_and_dropped_receivers_abort() {
         prompt_token_ids: vec![1; 250],
         params: greedy(10),
         cache_salt: None,
+        guide: None,
     };
     let err = engine.submit(too_long).await.unwrap_err();
     assert!(
@@ -132,6 +136,7 @@ async fn invalid_requests_are_rejected_and_dropped_receivers_abort() {
         prompt_token_ids: vec![5, 6, 7],
         params: greedy(200),
         cache_salt: None,
+        guide: None,
     };
     let mut rx = engine.submit(long).await.unwrap();
     for _ in 0..3 {

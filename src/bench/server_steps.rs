@@ -13,7 +13,7 @@ pub struct StepCounters {
     /// Of those, CUDA-graph replays.
     pub graph_steps: u64,
     /// Seconds per phase, in [`Phase::ALL`] order.
-    pub seconds: [f64; 6],
+    pub seconds: [f64; Phase::COUNT],
     /// Forward seconds of the CUDA-graph replays.
     pub graph_forward_seconds: f64,
 }
@@ -56,7 +56,7 @@ impl StepCounters {
     /// Mean time per step of each phase between `before` and `self`; `None` without steps.
     pub fn since(&self, before: &StepCounters) -> Option<StepBreakdown> {
         let steps = self.steps.checked_sub(before.steps).filter(|&n| n > 0)?;
-        let mut seconds = [0.0; 6];
+        let mut seconds = [0.0; Phase::COUNT];
         for (i, s) in seconds.iter_mut().enumerate() {
             *s = (self.seconds[i] - before.seconds[i]).max(0.0);
         }

@@ -12,11 +12,12 @@ use crate::chat::{ChatError, ChatTemplate};
 
 use super::args::{EngineArgs, EngineError};
 use super::detokenizer::IncrementalDetokenizer;
-use super::request::{FinishReason, SamplingParams};
+use super::request::{FinishReason, InvalidParam, SamplingParams};
 use super::sequence::{SeqId, SeqMap, Sequence};
 use super::step_times::{Phase, StepTimes};
 use super::stop::StopMatcher;
 use super::text::{self as text_phase, TextJob, TextState};
+use crate::guided::{Grammars, Guide};
 use crate::model::ModelConfig;
 use crate::runner::ModelRunner;
 use crate::sampler::Logprobs;
@@ -47,6 +48,7 @@ pub struct EngineCore {
     config: ModelConfig,
     chat: Result<Arc<ChatTemplate>, ChatError>,
     eos_token_ids: Arc<[u32]>,
+    grammars: Grammars,
     text: SeqMap<TextState>,
     /// The last step's tokens, whose text phase runs during the next step's forward pass.
     pending: Vec<TextJob>,
@@ -90,10 +92,12 @@ impl EngineCore {
             enable_prefix_caching: args.enable_prefix_caching,
         });
         let runner = loaded.runner;
+        let tokenizer = Arc::new(loaded.tokenizer);
         Ok(EngineCore {
             scheduler,
             runner,
-            tokenizer: Arc::new(loaded.tokenizer),
+            grammars: Grammars::new(tokenizer.clone(), cfg.vocab_size, &cfg.eos_token_ids),
+            tokenizer,
             eos_token_ids: Arc::from(cfg.eos_token_ids.clone()),
             config: cfg,
             chat,
@@ -145,15 +149,44 @@ impl EngineCore {
         self.scheduler.has_unfinished() || !self.pending.is_empty()
     }
 
+    /// The compiler of this model's constraints (`structured_outputs`).
+    pub fn grammars(&self) -> &Grammars {
+        &self.grammars
+    }
+
     /// Queues `params.n` sequences for `prompt` and returns their ids (choice `i` is `ids[i]`).
-    /// All or nothing: on error none is queued.
+    /// All or nothing: on error none is queued. A constraint in `params.structured_outputs` is
+    /// compiled here (see [`EngineCore::add_guided`] to compile it elsewhere first).
     pub fn add(
         &mut self,
         prompt: Vec<u32>,
         params: SamplingParams,
         cache_salt: Option<&str>,
     ) -> Result<Vec<SeqId>, EngineError> {
+        self.add_guided(prompt, params, cache_salt, None)
+    }
+
+    /// [`EngineCore::add`] with the request's constraint already compiled into `guide` (from
+    /// `params.structured_outputs`, by [`EngineCore::grammars`]): the server compiles off the
+    /// engine thread. Each of the `n` sequences follows its own copy.
+    pub fn add_guided(
+        &mut self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        cache_salt: Option<&str>,
+        guide: Option<Guide>,
+    ) -> Result<Vec<SeqId>, EngineError> {
         params.validate(Some(self.config.vocab_size))?;
+        let guide = match (guide, &params.structured_outputs) {
+            (Some(guide), _) => Some(guide),
+            (None, Some(constraint)) => Some(self.grammars.compile(constraint).map_err(
+                |message| InvalidParam {
+                    param: "structured_outputs",
+                    message,
+                },
+            )?),
+            (None, None) => None,
+        };
         super::request::check_num_seqs(params.n, self.scheduler.config().max_num_seqs)?;
         if let Some(&t) = prompt
             .iter()
@@ -168,7 +201,7 @@ impl EngineCore {
         for i in 0..params.n {
             let id = SeqId(self.next_seq_id);
             self.next_seq_id += 1;
-            let seq = Sequence::new(
+            let mut seq = Sequence::new(
                 id,
                 prompt.clone(),
                 params.clone(),
@@ -176,6 +209,9 @@ impl EngineCore {
                 cache_salt,
                 i as u64,
             );
+            if let Some(guide) = &guide {
+                seq.set_guide(guide.clone());
+            }
             if let Err(e) = self.scheduler.add(seq) {
                 for &done in &ids {
                     self.abort(done);
@@ -284,7 +320,8 @@ impl EngineCore {
         // Sequences without text state (aborted, or ended by a stop string) produce no event.
         for (u, s) in self.updates.drain(..).zip(sampled) {
             if let Some(state) = self.text.remove(&u.seq_id) {
-                let job = TextJob::new(state, u.seq_id, u.token_id, u.finish, s.logprobs);
+                let mut job = TextJob::new(state, u.seq_id, u.token_id, u.finish, s.logprobs);
+                job.error = u.error;
                 self.pending.push(job);
             }
         }

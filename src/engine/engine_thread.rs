@@ -182,10 +182,11 @@ impl EngineThread {
             }
         };
         let n = request.params.n;
-        match self.core.add(
+        match self.core.add_guided(
             request.prompt_token_ids,
             request.params,
             request.cache_salt.as_deref(),
+            request.guide,
         ) {
             Ok(ids) => {
                 for (index, id) in ids.into_iter().enumerate() {

@@ -34,6 +34,9 @@ pub struct GenerateRequest {
     pub params: SamplingParams,
     /// Isolates this request's prefix-cache entries from other salts.
     pub cache_salt: Option<String>,
+    /// `params.structured_outputs` compiled ([`ModelInfo::grammars`]); compiled by the engine
+    /// when absent.
+    pub guide: Option<crate::guided::Guide>,
 }
 
 /// What a request's receiver gets.
@@ -91,7 +94,7 @@ pub struct EngineStats {
     /// Of those, steps that replayed a CUDA graph.
     pub graph_steps: AtomicU64,
     /// Engine-thread time per step phase, in microseconds ([`Phase::ALL`](crate::engine::step_times::Phase::ALL) order).
-    pub phase_micros: [AtomicU64; 6],
+    pub phase_micros: [AtomicU64; crate::engine::step_times::Phase::COUNT],
     /// The forward phase of graph-replay steps, in microseconds.
     pub graph_forward_micros: AtomicU64,
 }
@@ -112,7 +115,7 @@ pub enum SubmitError {
 
 pub(super) enum Submission {
     Add {
-        request: GenerateRequest,
+        request: Box<GenerateRequest>,
         events: mpsc::UnboundedSender<StreamEvent>,
         accepted: oneshot::Sender<Result<(), EngineError>>,
     },
@@ -137,6 +140,8 @@ pub struct ModelInfo {
     pub vocab_size: usize,
     /// Most sequences the engine runs at once (`--max-num-seqs`): the most one request may ask.
     pub max_num_seqs: usize,
+    /// Compiles requests' constraints against the model's vocabulary.
+    pub grammars: crate::guided::Grammars,
 }
 
 /// A cheap-to-clone handle to the engine thread.
@@ -212,6 +217,7 @@ impl EngineHandle {
                     max_model_len: core.scheduler().config().max_model_len,
                     vocab_size: core.model_config().vocab_size,
                     max_num_seqs: core.scheduler().config().max_num_seqs,
+                    grammars: core.grammars().clone(),
                 };
                 if let Some(leader) = core.tp_leader() {
                     // A lost rank is the engine's death even while this thread waits on a
@@ -317,7 +323,7 @@ impl EngineHandle {
         let (events, rx) = mpsc::unbounded_channel();
         let (accepted, accepted_rx) = oneshot::channel();
         let sent = self.tx.send(Submission::Add {
-            request,
+            request: Box::new(request),
             events,
             accepted,
         });

@@ -1,6 +1,7 @@
 //! Where an engine step's time goes: schedule, prepare (inputs to the device), forward (launched,
-//! then waited for on a GPU), sample, update (scheduler bookkeeping) and text (detokenize + stop
-//! strings of the previous step, during the forward pass). The engine accumulates them;
+//! then waited for on a GPU), sample, update (scheduler bookkeeping), text (detokenize + stop
+//! strings of the previous step, during the forward pass) and guide (constrained rows' token
+//! masks, also during the forward pass). The engine accumulates them;
 //! `pagewise bench` reports the mean per step.
 
 use std::time::{Duration, Instant};
@@ -24,18 +25,25 @@ pub enum Phase {
     /// Detokenization and stop strings of the previous step's tokens, run while this step's
     /// forward pass is on the GPU.
     Text,
+    /// The token masks of constrained rows (`crate::guided`), computed while the forward pass
+    /// is on the GPU (on the CPU, within sampling).
+    Guide,
 }
 
 impl Phase {
     /// Every phase in accounting order, with its name (the `phase` label on /metrics).
-    pub const ALL: [(Phase, &'static str); 6] = [
+    pub const ALL: [(Phase, &'static str); Phase::COUNT] = [
         (Phase::Schedule, "schedule"),
         (Phase::Prepare, "prepare"),
         (Phase::Forward, "forward"),
         (Phase::Sample, "sample"),
         (Phase::Update, "update"),
         (Phase::Text, "text"),
+        (Phase::Guide, "guide"),
     ];
+
+    /// How many phases there are.
+    pub const COUNT: usize = 7;
 }
 
 /// Accumulated step time since the last reset.
@@ -43,7 +51,7 @@ impl Phase {
 pub struct StepTimes {
     steps: u64,
     graph_steps: u64,
-    phases: [Duration; 6],
+    phases: [Duration; Phase::COUNT],
     /// The forward phase of graph-replay steps (also in `phases`).
     graph_forward: Duration,
     /// Whether the step under way replays a graph.
@@ -123,6 +131,9 @@ pub struct StepBreakdown {
     pub update_ms: f64,
     /// Detokenization and stop strings.
     pub text_ms: f64,
+    /// Token masks of constrained rows.
+    #[serde(default)]
+    pub guide_ms: f64,
     /// The forward phase of a graph-replay step (decode only), on average.
     #[serde(default)]
     pub graph_forward_ms: f64,
@@ -137,7 +148,7 @@ impl StepBreakdown {
     pub fn from_totals(
         steps: u64,
         graph_steps: u64,
-        seconds: [f64; 6],
+        seconds: [f64; Phase::COUNT],
         graph_forward_s: f64,
     ) -> Self {
         let ms = |p: Phase| seconds[p as usize] * 1e3 / steps.max(1) as f64;
@@ -152,6 +163,7 @@ impl StepBreakdown {
             sample_ms: ms(Phase::Sample),
             update_ms: ms(Phase::Update),
             text_ms: ms(Phase::Text),
+            guide_ms: ms(Phase::Guide),
             graph_forward_ms: graph_forward_s * 1e3 / graph_steps.max(1) as f64,
             eager_forward_ms: eager_forward_s * 1e3 / eager_steps.max(1) as f64,
         }
@@ -165,6 +177,7 @@ impl StepBreakdown {
             + self.sample_ms
             + self.update_ms
             + self.text_ms
+            + self.guide_ms
     }
 
     /// One line for a terminal.
@@ -172,7 +185,7 @@ impl StepBreakdown {
         format!(
             "per step over {} steps ({} CUDA graph replays) (ms): schedule {:.3}, prepare {:.3}, \
              forward {:.3} (graph replays {:.3}, eager steps {:.3}), sample {:.3}, update {:.3}, \
-             text {:.3}; total {:.3}",
+             text {:.3}, guide {:.3}; total {:.3}",
             self.steps,
             self.graph_steps,
             self.schedule_ms,
@@ -183,6 +196,7 @@ impl StepBreakdown {
             self.sample_ms,
             self.update_ms,
             self.text_ms,
+            self.guide_ms,
             self.total_ms()
         )
     }

@@ -44,8 +44,9 @@ pub(super) struct TextJob {
     pub text: String,
     /// A stop string matched.
     pub stopped: bool,
-    /// This sequence's text phase failed: it ends with this error, the others go on.
-    pub error: Option<DetokenizeError>,
+    /// This sequence failed (its text phase, or its constraint before it): it ends with this
+    /// error, the others go on.
+    pub error: Option<String>,
 }
 
 impl TextJob {
@@ -71,8 +72,11 @@ impl TextJob {
 
     /// Runs this sequence's share, keeping a failure with the sequence.
     fn run_or_record(&mut self, tokenizer: &Tokenizer) {
+        if self.error.is_some() {
+            return;
+        }
         if let Err(e) = self.run(tokenizer) {
-            self.error = Some(e);
+            self.error = Some(e.to_string());
         }
     }
 
@@ -130,7 +134,7 @@ pub(super) fn finish_jobs(
                 text: String::new(),
                 logprobs: None,
                 finish: Some(FinishReason::Abort),
-                error: Some(e.to_string()),
+                error: Some(e),
             });
             continue;
         }

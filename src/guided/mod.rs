@@ -77,7 +77,7 @@ impl Grammars {
         let grammar = constraint.to_grammar()?;
         let parser = factory.create_parser(grammar).map_err(|e| e.to_string())?;
         let mut guide = Guide {
-            matcher: Matcher::new(Ok(parser)),
+            matcher: Box::new(Matcher::new(Ok(parser))),
             mask: None,
             failed: None,
         };
@@ -91,7 +91,8 @@ impl Grammars {
 
 /// One sequence's constraint state: the matcher, and the mask of its current state.
 pub struct Guide {
-    matcher: Matcher,
+    /// (Boxed: a matcher is large, and sequences and requests move.)
+    matcher: Box<Matcher>,
     /// Allowed tokens now (computed once per state).
     mask: Option<SimpleVob>,
     /// Why the guide cannot go on (the grammar failed or cannot be satisfied any more).
@@ -102,7 +103,7 @@ impl Clone for Guide {
     /// An independent copy (the `n` sequences of a request each follow their own tokens).
     fn clone(&self) -> Self {
         Guide {
-            matcher: self.matcher.deep_clone(),
+            matcher: Box::new(self.matcher.deep_clone()),
             mask: self.mask.clone(),
             failed: self.failed.clone(),
         }

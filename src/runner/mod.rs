@@ -136,6 +136,9 @@ impl ModelRunner {
         let start = times.lap(Phase::Forward, start);
         overlap();
         let start = times.lap(Phase::Text, start);
+        let mut requests: Vec<_> = requests.collect();
+        crate::sampler::compute_masks(&mut requests);
+        let start = times.lap(Phase::Guide, start);
         let (rows, vocab) = logits.dims2()?;
         debug_assert_eq!(rows, out.num_sampling());
         let mut data = logits
@@ -159,10 +162,12 @@ impl ModelRunner {
         overlap: &mut dyn FnMut(),
     ) -> Result<Vec<SampledToken>, ModelError> {
         let start = Instant::now();
-        let rows = crate::sampler::device::DeviceRows::new(requests);
+        let mut rows = crate::sampler::device::DeviceRows::new(requests);
         let (logits, slot, start) = self.launch_on_gpu(out, &rows, times, start)?;
         let graph = slot.zip(self.graphs.as_ref());
         let start = times.lap(Phase::Forward, start);
+        rows.compute_masks();
+        let start = times.lap(Phase::Guide, start);
         overlap();
         let start = times.lap(Phase::Text, start);
         self.device.synchronize()?;
@@ -234,6 +239,7 @@ impl ModelRunner {
                 output_tokens: &[],
                 suppressed: &[],
                 rng,
+                guide: None,
             });
             let rows = crate::sampler::device::DeviceRows::new(requests);
             let mut times = StepTimes::default();

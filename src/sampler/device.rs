@@ -19,7 +19,9 @@ pub struct DeviceRows<'a> {
     pub min_ps: Vec<f32>,
     /// Per row: this step's seed (one draw from the sequence's stream when it samples at t > 0).
     pub seeds: Vec<i64>,
-    host_rows: Vec<(u32, SampleRequest<'a>)>,
+    /// The rows the host samples, and their requests.
+    host_rows: Vec<u32>,
+    host_requests: Vec<SampleRequest<'a>>,
 }
 
 impl<'a> DeviceRows<'a> {
@@ -30,6 +32,7 @@ impl<'a> DeviceRows<'a> {
             min_ps: Vec::new(),
             seeds: Vec::new(),
             host_rows: Vec::new(),
+            host_requests: Vec::new(),
         };
         for (row, req) in requests.into_iter().enumerate() {
             match req.device_temperature() {
@@ -47,11 +50,18 @@ impl<'a> DeviceRows<'a> {
                     rows.temperatures.push(0.0);
                     rows.min_ps.push(0.0);
                     rows.seeds.push(0);
-                    rows.host_rows.push((row as u32, req));
+                    rows.host_rows.push(row as u32);
+                    rows.host_requests.push(req);
                 }
             }
         }
         rows
+    }
+
+    /// Computes the masks of the constrained rows (host rows), meant for while the GPU runs the
+    /// forward pass.
+    pub fn compute_masks(&mut self) {
+        super::compute_masks(&mut self.host_requests);
     }
 
     /// Number of rows.
@@ -103,14 +113,15 @@ impl<'a> DeviceRows<'a> {
             .collect();
         if !self.host_rows.is_empty() {
             let device = logits.device();
-            let index: Vec<u32> = self.host_rows.iter().map(|(r, _)| *r).collect();
+            let n = self.host_rows.len();
             let picked =
-                logits.index_select(&Tensor::from_vec(index, self.host_rows.len(), device)?, 0)?;
+                logits.index_select(&Tensor::from_slice(&self.host_rows, n, device)?, 0)?;
             let mut data = picked
                 .to_dtype(DType::F32)?
                 .to_device(&Device::Cpu)?
                 .to_vec2::<f32>()?;
-            for ((row, req), logits) in self.host_rows.into_iter().zip(data.iter_mut()) {
+            let rows = self.host_rows.into_iter().zip(self.host_requests);
+            for ((row, req), logits) in rows.zip(data.iter_mut()) {
                 out[row as usize] = sampler.sample(logits, req);
             }
         }

@@ -1,7 +1,8 @@
 //! Picks the next token of each sampling row: greedy, temperature, min-p, top-k, top-p, penalties,
 //! logit bias, per-sequence seeded randomness, and logprobs with top alternatives.
 //!
-//! Order, as in vLLM: logit bias, penalties, suppression (min_tokens), then greedy argmax or
+//! Order, as in vLLM: logit bias, penalties, suppression (min_tokens), the constraint's mask (if
+//! the request has one: `crate::guided`), then greedy argmax or
 //! temperature -> min-p -> top-k -> top-p -> one uniform draw from the sequence's own stream. Logprobs
 //! are those of the raw model logits (vLLM's default `raw_logprobs`), before any of that processing.
 
@@ -12,6 +13,7 @@ pub mod rng;
 
 pub use rng::SeededRng;
 
+use crate::guided::{Guide, apply_mask};
 use crate::request::SamplingParams;
 
 /// Everything the sampler needs to know about one row's sequence.
@@ -26,11 +28,14 @@ pub struct SampleRequest<'a> {
     pub suppressed: &'a [u32],
     /// The sequence's own random stream.
     pub rng: &'a mut SeededRng,
+    /// The sequence's constraint: only the tokens its mask allows may be sampled.
+    pub guide: Option<&'a mut Guide>,
 }
 
 impl SampleRequest<'_> {
     /// The temperature a GPU can sample this row with (0 = argmax), or `None` when the row needs
-    /// the host sampler: logprobs, logit edits (bias, penalties, suppressed ids), top-k or top-p.
+    /// the host sampler: logprobs, logit edits (bias, penalties, suppressed ids, a constraint's
+    /// mask), top-k or top-p.
     pub fn device_temperature(&self) -> Option<f32> {
         let p = self.params;
         let plain = p.logprobs.is_none()
@@ -38,7 +43,8 @@ impl SampleRequest<'_> {
             && p.presence_penalty == 0.0
             && p.frequency_penalty == 0.0
             && p.repetition_penalty == 1.0
-            && self.suppressed.is_empty();
+            && self.suppressed.is_empty()
+            && self.guide.is_none();
         if !plain {
             None
         } else if p.is_greedy() || p.top_k == 1 {
@@ -48,6 +54,23 @@ impl SampleRequest<'_> {
         } else {
             None
         }
+    }
+}
+
+/// Computes the token masks of the constrained rows among `requests` (in parallel on rayon's
+/// pool when there are several: each is independent and can take a millisecond).
+pub fn compute_masks(requests: &mut [SampleRequest<'_>]) {
+    use rayon::prelude::*;
+    let guided = requests.iter().filter(|r| r.guide.is_some()).count();
+    let compute = |r: &mut SampleRequest<'_>| {
+        if let Some(guide) = r.guide.as_deref_mut() {
+            guide.compute_mask();
+        }
+    };
+    if guided >= 4 {
+        requests.par_iter_mut().for_each(compute);
+    } else {
+        requests.iter_mut().for_each(compute);
     }
 }
 
@@ -115,6 +138,14 @@ impl Sampler {
             &mut self.tokens,
         );
         processors::suppress(row, req.suppressed);
+        if let Some(guide) = req.guide {
+            // A failed guide allows nothing; whatever comes out, the sequence then ends with
+            // the guide's error when it takes the token.
+            match guide.mask() {
+                Some(mask) => apply_mask(row, mask),
+                None => row.fill(f32::NEG_INFINITY),
+            }
+        }
 
         let token_id = if p.is_greedy() || p.top_k == 1 {
             argmax(row)

@@ -7,6 +7,7 @@ fn req<'a>(params: &'a SamplingParams, rng: &'a mut SeededRng) -> SampleRequest<
         output_tokens: &[],
         suppressed: &[],
         rng,
+        guide: None,
     }
 }
 

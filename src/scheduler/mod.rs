@@ -312,14 +312,17 @@ impl Scheduler {
             }
             let token_id = *sampled.next().expect("counted above");
             let finish = seq.append(token_id, max_model_len);
+            let mut error = None;
             if let Some(reason) = finish {
                 seq.status = SeqStatus::Finished(reason);
                 any_finished = true;
+                error = seq.guide_error().map(str::to_owned);
             }
             updates.push(SeqUpdate {
                 seq_id: seq.id,
                 token_id,
                 finish,
+                error,
             });
         }
         if any_finished {

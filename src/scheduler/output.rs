@@ -67,7 +67,7 @@ impl SchedulerOutput {
 }
 
 /// What happened to one sampling sequence in `update`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SeqUpdate {
     /// Which sequence.
     pub seq_id: SeqId,
@@ -75,4 +75,6 @@ pub struct SeqUpdate {
     pub token_id: u32,
     /// Set when this token ended the sequence (its blocks are already freed).
     pub finish: Option<FinishReason>,
+    /// Why the sequence failed, when it ended with `Abort` here (its constraint broke).
+    pub error: Option<String>,
 }

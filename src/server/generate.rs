@@ -56,6 +56,8 @@ pub struct Job {
     pub include_usage: bool,
     /// When the request arrived.
     pub arrived: std::time::Instant,
+    /// `params.structured_outputs`, compiled (each prompt's sequences get their own copies).
+    pub guide: Option<crate::guided::Guide>,
 }
 
 /// A tagged event: which choice (`prompt * n + index`) and what happened.
@@ -88,6 +90,7 @@ async fn submit_all(state: &AppState, job: &Job) -> Result<BoxStream<'static, Ta
                 prompt_token_ids: prompt.ids.clone(),
                 params: job.params.clone(),
                 cache_salt: job.cache_salt.clone(),
+                guide: job.guide.clone(),
             })
             .await?;
         streams.push(

@@ -9,6 +9,7 @@ pub mod openapi;
 pub mod protocol;
 pub mod responses;
 pub mod routes;
+pub mod structured;
 pub mod unsupported;
 
 use std::collections::HashSet;
@@ -47,6 +48,8 @@ pub struct ServerOptions {
     pub sse_keepalive: Option<std::time::Duration>,
     /// Leave out `/dashboard` and its event stream (404).
     pub disable_dashboard: bool,
+    /// Limits on requests' output constraints.
+    pub structured_limits: structured::StructuredLimits,
 }
 
 /// What every handler shares.
@@ -67,6 +70,8 @@ pub struct AppState {
     pub started_at: u64,
     /// Request counters and latencies.
     pub metrics: Arc<metrics::ServerMetrics>,
+    /// Limits on requests' output constraints.
+    pub structured_limits: structured::StructuredLimits,
 }
 
 impl AppState {
@@ -83,6 +88,7 @@ impl AppState {
             draining: Arc::new(AtomicBool::new(false)),
             unknown_fields_seen: Arc::new(Mutex::new(HashSet::new())),
             metrics: Arc::new(metrics::ServerMetrics::default()),
+            structured_limits: opts.structured_limits,
             started_at: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())

@@ -95,6 +95,9 @@ pub struct SamplingFields {
     pub cache_salt: Option<String>,
     /// Ignored (OpenAI end-user id).
     pub user: Option<String>,
+    /// Output constraints (`response_format`, `structured_outputs`, `guided_*`).
+    #[serde(flatten)]
+    pub constraint: super::structured::ConstraintFields,
 }
 
 /// POST /v1/completions.
@@ -242,6 +245,7 @@ impl SamplingFields {
             logprobs,
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
             include_stop_str_in_output: self.include_stop_str_in_output.unwrap_or(false),
+            structured_outputs: self.constraint.resolve()?,
         })
     }
 

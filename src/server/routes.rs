@@ -15,7 +15,7 @@ use super::responses::{
     DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
     VersionResponse,
 };
-use super::unsupported;
+use super::{structured, unsupported};
 use crate::engine::request::{MAX_LOGPROBS, check_num_seqs};
 
 /// `Json<T>` whose rejections are OpenAI-shaped errors (400 bad JSON or field, 413, 415).
@@ -128,6 +128,10 @@ pub async fn completions(
         .sampling
         .resolve(Some(max_tokens), req.logprobs, max_tokens)?;
     params.validate(Some(state.info.vocab_size))?;
+    let guide = match &params.structured_outputs {
+        Some(c) => Some(structured::compile(&state, c).await?),
+        None => None,
+    };
     let job = Job {
         flavor: Flavor::Completion,
         model,
@@ -136,6 +140,7 @@ pub async fn completions(
         cache_salt: req.sampling.cache_salt.clone(),
         include_usage: req.sampling.include_usage(),
         arrived,
+        guide,
     };
     respond(state, job, req.sampling.is_stream()).await
 }
@@ -185,6 +190,10 @@ pub async fn chat_completions(
         .sampling
         .resolve(Some(max_tokens), logprobs, max_tokens)?;
     params.validate(Some(state.info.vocab_size))?;
+    let guide = match &params.structured_outputs {
+        Some(c) => Some(structured::compile(&state, c).await?),
+        None => None,
+    };
     let job = Job {
         flavor: Flavor::Chat,
         model,
@@ -193,6 +202,7 @@ pub async fn chat_completions(
         cache_salt: req.sampling.cache_salt.clone(),
         include_usage: req.sampling.include_usage(),
         arrived,
+        guide,
     };
     respond(state, job, req.sampling.is_stream()).await
 }

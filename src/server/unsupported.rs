@@ -1,8 +1,6 @@
-//! OpenAI and vLLM request fields that ask for something this server does not do yet: constrained
-//! output (`response_format` beyond text, `structured_outputs`, `guided_*`) and tool calls it
-//! would have to parse out of the model's text (`tool_choice` other than "none"). A request that
-//! sends one is refused with a 400 naming the field, never answered as if it had been honoured:
-//! a client asking for JSON must not get free text and believe it is JSON.
+//! Request fields that ask for something this server does not do yet: tool calls it would have
+//! to parse out of the model's text (`tool_choice` other than "none"). A request that sends one
+//! is refused with a 400 naming the field, never answered as if it had been honoured.
 //!
 //! Other unknown fields are still accepted and logged once (`AppState::note_unknown_fields`).
 
@@ -12,43 +10,13 @@ use serde_json::Value;
 
 use super::error::ApiError;
 
-/// vLLM's constrained-decoding fields (its `structured_outputs` object and the older aliases).
-const CONSTRAINTS: [&str; 5] = [
-    "structured_outputs",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-];
-
 /// Refuses a request whose `unknown` fields (those the request types do not declare) ask for
-/// constrained output or parsed tool calls. `tools` is the chat request's tool list, if any.
+/// parsed tool calls. `tools` is the chat request's tool list, if any.
 pub fn refuse_unhonoured(
     unknown: &BTreeMap<String, Value>,
     tools: Option<&Value>,
 ) -> Result<(), ApiError> {
     let given = |name: &str| unknown.get(name).filter(|v| !v.is_null());
-    if let Some(format) = given("response_format") {
-        let kind = format.get("type").and_then(Value::as_str).unwrap_or("");
-        if kind != "text" {
-            return Err(ApiError::invalid(
-                "response_format",
-                format!(
-                    "response_format of type {kind:?} is not supported by this server: it does \
-                     not constrain its output to JSON yet. Leave response_format out (or use \
-                     {{\"type\": \"text\"}})."
-                ),
-            ));
-        }
-    }
-    if let Some(name) = CONSTRAINTS.iter().find(|n| given(n).is_some()) {
-        return Err(ApiError::invalid(
-            name,
-            format!(
-                "{name} is not supported by this server: it does not constrain its output yet."
-            ),
-        ));
-    }
     let has_tools = tools.is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty()));
     check_choice("tool_choice", given("tool_choice"), has_tools)?;
     let has_functions = given("functions").is_some();
@@ -100,41 +68,18 @@ mod tests {
     }
 
     #[test]
-    fn text_formats_and_no_tools_pass() {
+    fn no_tools_pass() {
         let tools = json!([{"type": "function", "function": {"name": "f"}}]);
         assert!(refuse_unhonoured(&fields(json!({})), None).is_ok());
-        assert!(
-            refuse_unhonoured(&fields(json!({"response_format": {"type": "text"}})), None).is_ok()
-        );
-        assert!(
-            refuse_unhonoured(
-                &fields(json!({"response_format": null, "guided_json": null})),
-                None
-            )
-            .is_ok()
-        );
         assert!(refuse_unhonoured(&fields(json!({"tool_choice": "none"})), Some(&tools)).is_ok());
         assert!(refuse_unhonoured(&fields(json!({})), Some(&json!([]))).is_ok());
         assert!(refuse_unhonoured(&fields(json!({"some_other_field": 1})), None).is_ok());
     }
 
     #[test]
-    fn constraints_and_tool_calls_are_refused_by_name() {
+    fn tool_calls_are_refused_by_name() {
         let tools = json!([{"type": "function", "function": {"name": "f"}}]);
         let r = |v: Value, t: Option<&Value>| param(refuse_unhonoured(&fields(v), t));
-        assert_eq!(
-            r(json!({"response_format": {"type": "json_object"}}), None).as_deref(),
-            Some("response_format")
-        );
-        assert_eq!(r(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}), None).as_deref(), Some("response_format"));
-        assert_eq!(
-            r(json!({"guided_regex": "a+"}), None).as_deref(),
-            Some("guided_regex")
-        );
-        assert_eq!(
-            r(json!({"structured_outputs": {"choice": ["a"]}}), None).as_deref(),
-            Some("structured_outputs")
-        );
         assert_eq!(r(json!({}), Some(&tools)).as_deref(), Some("tool_choice"));
         assert_eq!(
             r(json!({"tool_choice": "auto"}), Some(&tools)).as_deref(),
