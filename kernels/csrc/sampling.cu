@@ -10,6 +10,9 @@
 // multiprocessor took ~110 us); each chunk keeps its best logit and best draw, and the row's last
 // block to finish picks the winner among its chunks. Rows with a min_p floor need the row's
 // maximum first, so that last block makes their draws itself, over the whole row.
+// An optional bitmask (constrained decoding: 32 tokens a word, bit i % 32 of word i / 32, one row
+// of words per row of logits) makes the tokens it leaves out -inf before anything else; a row
+// whose mask allows nothing picks token 0 (the caller knows the row failed).
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -72,12 +75,20 @@ __device__ void block_best(float& v, int& i) {
   __syncthreads();
 }
 
+// Token i's logit as f32, -inf when the row's mask (if any) leaves it out.
+template <typename T>
+__device__ __forceinline__ float logit_at(const T* x, const uint32_t* mask, int i) {
+  if (mask != nullptr && ((mask[i >> 5] >> (i & 31)) & 1u) == 0) return -INFINITY;
+  return to_float(x[i]);
+}
+
 // The draws of row `row`'s tokens [begin, end) whose logit is at least `floor`, into (v, vi).
 template <typename T>
-__device__ __forceinline__ void draw_range(const T* x, int begin, int end, float floor,
-                                           float inv_t, uint64_t seed, float& v, int& vi) {
+__device__ __forceinline__ void draw_range(const T* x, const uint32_t* mask, int begin, int end,
+                                           float floor, float inv_t, uint64_t seed, float& v,
+                                           int& vi) {
   for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float xi = to_float(x[i]);
+    const float xi = logit_at(x, mask, i);
     if (!(xi >= floor) || xi == -INFINITY) continue;
     keep_best(v, vi, xi * inv_t - logf(-logf(uniform(seed, i))), i);
   }
@@ -109,23 +120,25 @@ __global__ void __launch_bounds__(kChunkThreads)
     sample_kernel(uint32_t* __restrict__ out, uint32_t* __restrict__ host_out, Part* parts,
                   unsigned int* __restrict__ tickets, const T* __restrict__ logits,
                   T* __restrict__ logits_copy, int vocab, const float* __restrict__ temperatures,
-                  const float* __restrict__ min_ps, const uint64_t* __restrict__ seeds) {
+                  const float* __restrict__ min_ps, const uint64_t* __restrict__ seeds,
+                  const uint32_t* __restrict__ masks, int mask_words) {
   const int row = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
   const T* x = logits + (int64_t)row * vocab;
+  const uint32_t* mask = masks != nullptr ? masks + (int64_t)row * mask_words : nullptr;
   const int begin = chunk * kChunk, end = min(vocab, begin + kChunk);
   float best = -INFINITY;
   int best_i = kNone;
   T* copy = logits_copy != nullptr ? logits_copy + (int64_t)row * vocab : nullptr;
   for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const T xi = x[i];
-    if (copy != nullptr) copy[i] = xi;
-    keep_best(best, best_i, to_float(xi), i);
+    if (copy != nullptr) copy[i] = x[i];
+    keep_best(best, best_i, logit_at(x, mask, i), i);
   }
   const float t = temperatures[row], min_p = min_ps[row];
   const bool floored = t > 0.f && min_p > 0.f;
   float v = -INFINITY;
   int vi = kNone;
-  if (t > 0.f && !floored) draw_range(x, begin, end, -INFINITY, 1.f / t, seeds[row], v, vi);
+  if (t > 0.f && !floored)
+    draw_range(x, mask, begin, end, -INFINITY, 1.f / t, seeds[row], v, vi);
   block_best(best, best_i);
   block_best(v, vi);
   Part* p = parts + (int64_t)row * chunks;
@@ -147,7 +160,8 @@ __global__ void __launch_bounds__(kChunkThreads)
     block_best(m, mi);
     float dv = -INFINITY;
     int di = kNone;
-    if (m != -INFINITY) draw_range(x, 0, vocab, m + t * logf(min_p), 1.f / t, seeds[row], dv, di);
+    if (m != -INFINITY)
+      draw_range(x, mask, 0, vocab, m + t * logf(min_p), 1.f / t, seeds[row], dv, di);
     block_best(dv, di);
     id = m == -INFINITY ? 0 : (di == kNone ? mi : di);
   } else {
@@ -164,10 +178,10 @@ template <typename T>
 void launch_sample(uint32_t* out, uint32_t* host_out, Part* p, unsigned int* tickets,
                    const void* logits, void* logits_copy, int rows, int vocab, int chunks,
                    const float* temperatures, const float* min_ps, const uint64_t* seeds,
-                   cudaStream_t stream) {
+                   const uint32_t* masks, int mask_words, cudaStream_t stream) {
   sample_kernel<T><<<dim3(rows, chunks), kChunkThreads, 0, stream>>>(
       out, host_out, p, tickets, static_cast<const T*>(logits), static_cast<T*>(logits_copy),
-      vocab, temperatures, min_ps, seeds);
+      vocab, temperatures, min_ps, seeds, masks, mask_words);
 }
 
 }  // namespace
@@ -180,26 +194,28 @@ extern "C" int pagewise_sample_chunks(int vocab) { return (vocab + kChunk - 1) /
 // before the first launch (every launch leaves them zero), at the same address whatever `rows`
 // is when launches of different row counts share them. `host_out`: null, or the device address
 // of mapped host memory that also receives the ids. `logits_copy`: null, or rows x vocab
-// elements of the logits' dtype that receive a copy of them as they are read.
+// elements of the logits' dtype that receive a copy of them as they are read. `masks`: null, or
+// rows x mask_words words (mask_words >= ceil(vocab / 32)) of allowed-token bits.
 extern "C" int pagewise_sample(int dtype, uint32_t* out, uint32_t* host_out, void* parts,
                                unsigned int* tickets, const void* logits, void* logits_copy, int rows, int vocab,
                                const float* temperatures, const float* min_ps,
-                               const uint64_t* seeds, cudaStream_t stream) {
+                               const uint64_t* seeds, const uint32_t* masks, int mask_words,
+                               cudaStream_t stream) {
   if (rows == 0 || vocab <= 0) return 0;
   const int chunks = pagewise_sample_chunks(vocab);
   Part* p = static_cast<Part*>(parts);
   switch (dtype) {
     case 0:
       launch_sample<float>(out, host_out, p, tickets, logits, logits_copy, rows, vocab, chunks,
-                    temperatures, min_ps, seeds, stream);
+                    temperatures, min_ps, seeds, masks, mask_words, stream);
       break;
     case 1:
       launch_sample<__half>(out, host_out, p, tickets, logits, logits_copy, rows, vocab, chunks,
-                    temperatures, min_ps, seeds, stream);
+                    temperatures, min_ps, seeds, masks, mask_words, stream);
       break;
     case 2:
       launch_sample<__nv_bfloat16>(out, host_out, p, tickets, logits, logits_copy, rows, vocab, chunks,
-                    temperatures, min_ps, seeds, stream);
+                    temperatures, min_ps, seeds, masks, mask_words, stream);
       break;
     default:
       return (int)cudaErrorInvalidValue;

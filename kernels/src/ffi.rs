@@ -70,6 +70,8 @@ unsafe extern "C" {
         temperatures: *const f32,
         min_ps: *const f32,
         seeds: *const u64,
+        masks: *const u32,
+        mask_words: c_int,
         stream: *mut c_void,
     ) -> c_int;
 

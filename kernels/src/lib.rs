@@ -34,7 +34,7 @@ pub use prefill::{
     PrefillKernel, PrefillSeqs, paged_prefill_attention, paged_prefill_attention_with,
 };
 pub use rope::{QkvRope, rope_qkv_cache};
-pub use sampling::{SampleOutputs, sample, sample_into, sample_workspace_len};
+pub use sampling::{SampleOutputs, sample, sample_into, sample_masked, sample_workspace_len};
 pub use split::{MIN_CHUNK, decode_slots, graph_split_plan, split_plan};
 pub use staging::{MAX_STAGED_FIELDS, StagedField, Staging};
 

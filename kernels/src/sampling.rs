@@ -63,6 +63,33 @@ pub struct SampleOutputs<'a> {
     pub workspace: &'a Tensor,
 }
 
+/// [`sample`] with each row restricted to the tokens its row of `masks` allows (constrained
+/// decoding): `masks` is u32 `[rows, words]`, `words >= ceil(vocab / 32)`, bit `i % 32` of word
+/// `i / 32` set for an allowed token `i`. A row whose mask allows nothing gets token 0.
+pub fn sample_masked(
+    logits: &Tensor,
+    temperatures: &Tensor,
+    min_ps: &Tensor,
+    seeds: &Tensor,
+    masks: &Tensor,
+) -> Result<Tensor> {
+    let (rows, vocab) = logits.dims2()?;
+    let out = crate::empty(rows, DType::U32, logits.device())?;
+    let parts = Tensor::zeros(
+        sample_workspace_len(rows, vocab).max(1),
+        DType::F32,
+        logits.device(),
+    )?;
+    let to = SampleOutputs {
+        ids: &out,
+        host_ids: None,
+        logits_copy: None,
+        workspace: &parts,
+    };
+    sample_with(&to, logits, temperatures, min_ps, seeds, Some(masks))?;
+    Ok(out)
+}
+
 /// [`sample`] into `to`'s fixed buffers: no allocation, so a CUDA graph can capture it.
 pub fn sample_into(
     to: &SampleOutputs<'_>,
@@ -71,7 +98,29 @@ pub fn sample_into(
     min_ps: &Tensor,
     seeds: &Tensor,
 ) -> Result<()> {
+    sample_with(to, logits, temperatures, min_ps, seeds, None)
+}
+
+fn sample_with(
+    to: &SampleOutputs<'_>,
+    logits: &Tensor,
+    temperatures: &Tensor,
+    min_ps: &Tensor,
+    seeds: &Tensor,
+    masks: Option<&Tensor>,
+) -> Result<()> {
     let (rows, vocab) = logits.dims2()?;
+    if let Some(m) = masks {
+        let fits = m.dims2().is_ok_and(|(r, w)| r == rows && w * 32 >= vocab);
+        if !fits || m.dtype() != DType::U32 {
+            bail!(
+                "sample: masks must be u32 [{rows}, >= {}], got {:?} {:?}",
+                vocab.div_ceil(32),
+                m.dtype(),
+                m.dims()
+            );
+        }
+    }
     let code = dtype_code(logits.dtype(), "sample")?;
     for (t, what, dtype) in [
         (temperatures, "temperatures", DType::F32),
@@ -141,6 +190,10 @@ pub fn sample_into(
     let (t, _) = device_ptr(temperatures, "temperatures")?;
     let (m, _) = device_ptr(min_ps, "min_ps")?;
     let (s, _) = device_ptr(seeds, "seeds")?;
+    let (mask_ptr, mask_words) = match masks {
+        Some(m) => (device_ptr(m, "masks")?.0 as *const u32, m.dims2()?.1 as i32),
+        None => (std::ptr::null(), 0),
+    };
     // SAFETY: dtypes, shapes and contiguity are checked above (`out` and `parts` hold at least
     // what the kernels write); all tensors live on the stream's device and outlive the launch.
     let code = unsafe {
@@ -157,6 +210,8 @@ pub fn sample_into(
             t as *const f32,
             m as *const f32,
             s as *const u64,
+            mask_ptr,
+            mask_words,
             stream,
         )
     };

@@ -1,11 +1,13 @@
 //! A decode step's inputs and outputs between host and GPU. The sampling kernel: argmax rows
 //! equal the host argmax (ties to the lowest index), seeded draws follow softmax(logits / t) and
 //! respect min_p, and a row's draw depends on its seed only. The staging buffer's kernel copies
-//! each input field into its tensor and nothing else.
+//! each input field into its tensor and nothing else. Under a bitmask (constrained decoding),
+//! every row picks an allowed token: the best allowed one when greedy, the host's Gumbel-max
+//! among the allowed ones when drawing.
 //! Needs a CUDA GPU.
 
 use candle_core::{DType, Device, Tensor};
-use pagewise_kernels::{StagedField, Staging, sample};
+use pagewise_kernels::{StagedField, Staging, sample, sample_masked};
 
 fn run(logits: &[Vec<f32>], temps: &[f32], min_ps: &[f32], seeds: &[i64]) -> Vec<u32> {
     let dev = Device::new_cuda(0).unwrap();
@@ -150,6 +152,60 @@ fn a_large_vocabulary_draws_the_same_token_as_the_gumbel_max_on_the_host() {
             );
         }
     }
+}
+
+#[test]
+fn masked_rows_pick_only_allowed_tokens() {
+    let dev = Device::new_cuda(0).unwrap();
+    let (rows, vocab): (usize, usize) = (16, 128_256);
+    let words = vocab.div_ceil(32) + 3; // wider than needed, as a padded mask may be
+    let logits = pseudo_logits(rows, vocab);
+    let mut bits = vec![0u32; rows * words];
+    let mut allowed: Vec<Vec<usize>> = Vec::new();
+    for r in 0..rows {
+        // A handful of tokens spread over the row (and its last word), never its argmax.
+        let row: Vec<usize> = (0..5)
+            .map(|k| (r * 7919 + k * 25_013) % vocab)
+            .chain([vocab - 1])
+            .collect();
+        for &i in &row {
+            bits[r * words + i / 32] |= 1 << (i % 32);
+        }
+        allowed.push(row);
+    }
+    // Row 15 allows nothing: token 0, by contract.
+    bits[15 * words..16 * words].fill(0);
+    let temps: Vec<f32> = (0..rows)
+        .map(|r| if r % 2 == 0 { 0.0 } else { 1.0 })
+        .collect();
+    let seeds: Vec<i64> = (0..rows as i64).map(|i| 17 * i + 3).collect();
+    let t = |v: &[f32]| Tensor::from_slice(v, rows, &dev).unwrap();
+    let got = sample_masked(
+        &Tensor::from_vec(logits.concat(), (rows, vocab), &dev).unwrap(),
+        &t(&temps),
+        &t(&[0.0; 16]),
+        &Tensor::from_slice(&seeds, rows, &dev).unwrap(),
+        &Tensor::from_vec(bits, (rows, words), &dev).unwrap(),
+    )
+    .unwrap()
+    .to_vec1::<u32>()
+    .unwrap();
+    for r in 0..15 {
+        let row = &logits[r];
+        let score = |i: usize| {
+            if temps[r] == 0.0 {
+                row[i]
+            } else {
+                row[i] - (-uniform(seeds[r] as u64, i).ln()).ln()
+            }
+        };
+        let want = *allowed[r]
+            .iter()
+            .max_by(|&&a, &&b| score(a).total_cmp(&score(b)).then(b.cmp(&a)))
+            .unwrap();
+        assert_eq!(got[r] as usize, want, "row {r}");
+    }
+    assert_eq!(got[15], 0);
 }
 
 #[test]

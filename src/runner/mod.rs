@@ -170,6 +170,7 @@ impl ModelRunner {
         let start = times.lap(Phase::Guide, start);
         overlap();
         let start = times.lap(Phase::Text, start);
+        rows.launch_masked(&logits)?;
         self.device.synchronize()?;
         let start = times.lap(Phase::Forward, start);
         debug_assert_eq!(logits.dim(0)?, rows.len());

@@ -6,6 +6,12 @@
 //!
 //! [`DeviceRows`] splits a step's rows before its forward pass, so a CUDA graph can sample inside
 //! the replay (src/cuda_graphs.rs); eager steps run the kernel after the forward pass.
+//!
+//! Constrained rows (`crate::guided`) that the GPU could sample are masked rows: their masks are
+//! computed on the CPU while the forward pass runs ([`DeviceRows::compute_masks`]), then one more
+//! launch of the kernel samples just those rows under their bitmasks, queued behind the forward
+//! pass (or the graph replay, which sampled them unmasked and whose ids for them are dropped).
+//! Masks thus cost the GPU one small launch and stay off the critical path.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -22,6 +28,20 @@ pub struct DeviceRows<'a> {
     /// The rows the host samples, and their requests.
     host_rows: Vec<u32>,
     host_requests: Vec<SampleRequest<'a>>,
+    /// The constrained rows the GPU samples under their masks.
+    masked: Masked<'a>,
+}
+
+/// Constrained rows sampled on the GPU: their rows, requests and kernel inputs, and once
+/// launched, their ids (on the device).
+#[derive(Default)]
+struct Masked<'a> {
+    rows: Vec<u32>,
+    requests: Vec<SampleRequest<'a>>,
+    temperatures: Vec<f32>,
+    min_ps: Vec<f32>,
+    seeds: Vec<i64>,
+    ids: Option<Tensor>,
 }
 
 impl<'a> DeviceRows<'a> {
@@ -33,17 +53,26 @@ impl<'a> DeviceRows<'a> {
             seeds: Vec::new(),
             host_rows: Vec::new(),
             host_requests: Vec::new(),
+            masked: Masked::default(),
         };
-        for (row, req) in requests.into_iter().enumerate() {
+        for (row, mut req) in requests.into_iter().enumerate() {
             match req.device_temperature() {
+                Some(t) if req.guide.is_some() => {
+                    // Sampled by the masked launch; the main launch's id is dropped.
+                    rows.temperatures.push(0.0);
+                    rows.min_ps.push(0.0);
+                    rows.seeds.push(0);
+                    let m = &mut rows.masked;
+                    m.rows.push(row as u32);
+                    m.temperatures.push(t);
+                    m.min_ps.push(req.params.min_p);
+                    m.seeds.push(seed(&mut req, t));
+                    m.requests.push(req);
+                }
                 Some(t) => {
                     rows.temperatures.push(t);
                     rows.min_ps.push(req.params.min_p);
-                    rows.seeds.push(if t > 0.0 {
-                        req.rng.next_u64() as i64
-                    } else {
-                        0
-                    });
+                    rows.seeds.push(seed(&mut req, t));
                 }
                 None => {
                     // Ignored by `finish`: the host sampler decides this row.
@@ -58,10 +87,41 @@ impl<'a> DeviceRows<'a> {
         rows
     }
 
-    /// Computes the masks of the constrained rows (host rows), meant for while the GPU runs the
-    /// forward pass.
+    /// Computes the masks of the constrained rows, meant for while the GPU runs the forward pass.
     pub fn compute_masks(&mut self) {
         super::compute_masks(&mut self.host_requests);
+        super::compute_masks(&mut self.masked.requests);
+    }
+
+    /// Queues the sampling of the masked rows from `logits` (`[rows, vocab]` on the GPU), behind
+    /// whatever the stream runs now; their ids are read in [`DeviceRows::finish`]. A no-op
+    /// without masked rows, or once done.
+    pub fn launch_masked(&mut self, logits: &Tensor) -> candle_core::Result<()> {
+        let m = &mut self.masked;
+        if m.rows.is_empty() || m.ids.is_some() {
+            return Ok(());
+        }
+        let (n, device) = (m.rows.len(), logits.device());
+        let vocab = logits.dim(1)?;
+        let words = vocab.div_ceil(32);
+        let mut bits = vec![0u32; n * words];
+        for (req, row) in m.requests.iter_mut().zip(bits.chunks_exact_mut(words)) {
+            // A failed guide has no mask: nothing allowed (its sequence ends with the error).
+            if let Some(mask) = req.guide.as_deref_mut().and_then(|g| g.mask()) {
+                let src = mask.as_slice();
+                let k = src.len().min(words);
+                row[..k].copy_from_slice(&src[..k]);
+            }
+        }
+        let picked = logits.index_select(&Tensor::from_slice(&m.rows, n, device)?, 0)?;
+        m.ids = Some(pagewise_kernels::sample_masked(
+            &picked,
+            &Tensor::from_slice(&m.temperatures, n, device)?,
+            &Tensor::from_slice(&m.min_ps, n, device)?,
+            &Tensor::from_slice(&m.seeds, n, device)?,
+            &Tensor::from_vec(bits, (n, words), device)?,
+        )?);
+        Ok(())
     }
 
     /// Number of rows.
@@ -77,10 +137,11 @@ impl<'a> DeviceRows<'a> {
     /// Samples every row of `logits` (`[rows, vocab]` on a GPU, f32 or the model's half type):
     /// the kernel for the GPU rows, then [`DeviceRows::finish`].
     pub fn sample(
-        self,
+        mut self,
         sampler: &mut Sampler,
         logits: &Tensor,
     ) -> candle_core::Result<Vec<SampledToken>> {
+        self.launch_masked(logits)?;
         let device = logits.device();
         let rows = self.len();
         let ids = pagewise_kernels::sample(
@@ -93,10 +154,11 @@ impl<'a> DeviceRows<'a> {
         self.finish(sampler, &ids, logits)
     }
 
-    /// The step's tokens from the GPU's `ids` (one per row), the host sampler deciding the rows
-    /// that need it from their own `logits` rows (copied back as f32).
+    /// The step's tokens from the GPU's `ids` (one per row), the masked rows' ids from their
+    /// launch, and the host sampler deciding the rows that need it from their own `logits` rows
+    /// (copied back as f32).
     pub fn finish(
-        self,
+        mut self,
         sampler: &mut Sampler,
         ids: &[u32],
         logits: &Tensor,
@@ -111,6 +173,12 @@ impl<'a> DeviceRows<'a> {
                 logprobs: None,
             })
             .collect();
+        self.launch_masked(logits)?;
+        if let Some(ids) = self.masked.ids.take() {
+            for (&row, id) in self.masked.rows.iter().zip(ids.to_vec1::<u32>()?) {
+                out[row as usize].token_id = id;
+            }
+        }
         if !self.host_rows.is_empty() {
             let device = logits.device();
             let n = self.host_rows.len();
@@ -126,5 +194,15 @@ impl<'a> DeviceRows<'a> {
             }
         }
         Ok(out)
+    }
+}
+
+/// This step's seed of a row sampled at temperature `t` on the GPU: one draw from its sequence's
+/// stream when it samples at random, else 0 (argmax needs none).
+fn seed(req: &mut SampleRequest<'_>, t: f32) -> i64 {
+    if t > 0.0 {
+        req.rng.next_u64() as i64
+    } else {
+        0
     }
 }

@@ -34,8 +34,8 @@ pub struct SampleRequest<'a> {
 
 impl SampleRequest<'_> {
     /// The temperature a GPU can sample this row with (0 = argmax), or `None` when the row needs
-    /// the host sampler: logprobs, logit edits (bias, penalties, suppressed ids, a constraint's
-    /// mask), top-k or top-p.
+    /// the host sampler: logprobs, logit edits (bias, penalties, suppressed ids), top-k or top-p.
+    /// (A constraint's mask does not need the host: the GPU kernel takes it as a bitmask.)
     pub fn device_temperature(&self) -> Option<f32> {
         let p = self.params;
         let plain = p.logprobs.is_none()
@@ -43,8 +43,7 @@ impl SampleRequest<'_> {
             && p.presence_penalty == 0.0
             && p.frequency_penalty == 0.0
             && p.repetition_penalty == 1.0
-            && self.suppressed.is_empty()
-            && self.guide.is_none();
+            && self.suppressed.is_empty();
         if !plain {
             None
         } else if p.is_greedy() || p.top_k == 1 {
