@@ -90,6 +90,19 @@ pub struct ServeCmd {
         default_value_t = 10.0
     )]
     pub structured_outputs_timeout: f64,
+    /// Honour `tool_choice: "auto"` (the default when a chat request sends tools): the model
+    /// decides, and `--tool-call-parser` reads its calls. Without it such requests get a 400;
+    /// "required" and named functions work either way.
+    #[arg(
+        long,
+        env = "PAGEWISE_ENABLE_AUTO_TOOL_CHOICE",
+        requires = "tool_call_parser"
+    )]
+    pub enable_auto_tool_choice: bool,
+    /// How the model writes tool calls: hermes (Qwen2.5, Qwen3, Hermes), llama3_json
+    /// (Llama 3.1/3.2) or mistral.
+    #[arg(long, env = "PAGEWISE_TOOL_CALL_PARSER", value_enum)]
+    pub tool_call_parser: Option<crate::server::tools::ToolParser>,
     /// This node serves no HTTP: it only runs its ranks of a multi-node tensor-parallel group
     /// (`--node-rank` 1 or more, which implies it).
     #[arg(long, env = "PAGEWISE_HEADLESS")]

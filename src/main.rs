@@ -118,6 +118,10 @@ fn serve(cmd: ServeCmd) -> Result<()> {
             max_bytes: cmd.structured_outputs_max_bytes,
             timeout: std::time::Duration::from_secs_f64(cmd.structured_outputs_timeout.max(0.0)),
         },
+        tools: server::tools::ToolOptions {
+            auto_tool_choice: cmd.enable_auto_tool_choice,
+            parser: cmd.tool_call_parser,
+        },
     };
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {

@@ -481,12 +481,18 @@ fn constrained_outputs_on_the_gpu_are_valid_and_leave_free_rows_unchanged() {
         }
     }
     for (i, pair) in ids.chunks(2).enumerate() {
-        assert_eq!(tokens[&pair[0]], free_alone[i].outputs[0].token_ids, "free row {i}");
+        assert_eq!(
+            tokens[&pair[0]], free_alone[i].outputs[0].token_ids,
+            "free row {i}"
+        );
         let text = core.tokenizer().decode(&tokens[&pair[1]], true).unwrap();
         let v: serde_json::Value =
             serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
         assert!((0..=999).contains(&v["n"].as_i64().unwrap()), "{text}");
-        assert!(["red", "blue"].contains(&v["tag"].as_str().unwrap()), "{text}");
+        assert!(
+            ["red", "blue"].contains(&v["tag"].as_str().unwrap()),
+            "{text}"
+        );
         assert!(v["ok"].is_boolean(), "{text}");
     }
     let times = core.step_times().per_step();

@@ -245,8 +245,8 @@ async fn every_error_is_openai_shaped() {
     assert_eq!(s, 200);
 }
 
-/// Fields the server does not honour yet (tool calls) are a 400 naming the field: never a 200
-/// with free text the client would take for a tool call.
+/// What the server does not honour (`auto` tool choice without a parser, the legacy functions
+/// API) is a 400 naming the field: never a 200 with free text the client would take for a call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unhonoured_tool_calls_are_refused() {
     let (base, _) = start(vec![]).await;
@@ -261,8 +261,8 @@ async fn unhonoured_tool_calls_are_refused() {
     let refused = [
         (
             "/v1/chat/completions",
-            chat(json!({"tools": tools, "tool_choice": "required"})),
-            "tool_choice",
+            chat(json!({"functions": [{"name": "get_weather"}]})),
+            "function_call",
         ),
         (
             "/v1/chat/completions",

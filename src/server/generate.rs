@@ -17,8 +17,10 @@ use super::error::ApiError;
 use super::metrics::RequestTimer;
 use super::responses::{
     ChatChoice, ChatCompletionResponse, ChatLogprobs, ChatMessageOut, ChatTokenLogprob,
-    CompletionChoice, CompletionLogprobs, CompletionResponse, TopLogprob, Usage,
+    CompletionChoice, CompletionLogprobs, CompletionResponse, FunctionCallOut, ToolCallOut,
+    TopLogprob, Usage,
 };
+use super::tools::stream::ToolStream;
 use crate::engine::handle::{GenerateRequest, StreamEvent};
 use crate::engine::request::SamplingParams;
 use crate::sampler::Logprobs;
@@ -58,6 +60,8 @@ pub struct Job {
     pub arrived: std::time::Instant,
     /// `params.structured_outputs`, compiled (each prompt's sequences get their own copies).
     pub guide: Option<crate::guided::Guide>,
+    /// How tool calls come out of a chat answer, when the request calls tools.
+    pub tools: Option<super::tools::ToolCalling>,
 }
 
 /// A tagged event: which choice (`prompt * n + index`) and what happened.
@@ -199,21 +203,25 @@ pub async fn respond_json(state: &AppState, job: Job) -> Result<Response, ApiErr
             let choices = choices
                 .into_iter()
                 .enumerate()
-                .map(|(index, c)| ChatChoice {
-                    index,
-                    message: ChatMessageOut {
-                        role: "assistant".into(),
-                        content: c.text,
-                    },
-                    logprobs: want_logprobs.then(|| ChatLogprobs {
-                        content: c
-                            .tokens
-                            .iter()
-                            .zip(&c.logprobs)
-                            .map(|(&t, lp)| chat_logprob(state, t, lp))
-                            .collect(),
-                    }),
-                    finish_reason: c.finish.map(str::to_string),
+                .map(|(index, c)| {
+                    let (content, tool_calls, finish) = chat_answer(&job, c.text, c.finish);
+                    ChatChoice {
+                        index,
+                        message: ChatMessageOut {
+                            role: "assistant".into(),
+                            content,
+                            tool_calls,
+                        },
+                        logprobs: want_logprobs.then(|| ChatLogprobs {
+                            content: c
+                                .tokens
+                                .iter()
+                                .zip(&c.logprobs)
+                                .map(|(&t, lp)| chat_logprob(state, t, lp))
+                                .collect(),
+                        }),
+                        finish_reason: finish.map(str::to_string),
+                    }
                 })
                 .collect();
             serde_json::to_value(ChatCompletionResponse {
@@ -253,6 +261,33 @@ pub async fn respond_json(state: &AppState, job: Job) -> Result<Response, ApiErr
     };
     let body = body.map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     Ok(axum::Json(body).into_response())
+}
+
+/// A chat answer's content, tool calls and finish reason: the text as it is, or, for a request
+/// calling tools, the calls read out of it (`super::tools`).
+fn chat_answer(
+    job: &Job,
+    text: String,
+    finish: Option<&'static str>,
+) -> (Option<String>, Vec<ToolCallOut>, Option<&'static str>) {
+    let Some(calling) = &job.tools else {
+        return (Some(text), Vec::new(), finish);
+    };
+    let parsed = calling.extract(&text);
+    let calls: Vec<ToolCallOut> = parsed
+        .calls
+        .into_iter()
+        .map(|c| ToolCallOut {
+            id: random_id("call_"),
+            kind: "function".into(),
+            function: FunctionCallOut {
+                name: c.name,
+                arguments: c.arguments,
+            },
+        })
+        .collect();
+    let finish = calling.finish_reason(!calls.is_empty(), finish);
+    (parsed.content, calls, finish)
 }
 
 fn completion_logprobs(
@@ -322,6 +357,9 @@ async fn pump(
     let num_choices = job.prompts.len() * n;
     let mut started = vec![false; num_choices];
     let mut finished = vec![false; num_choices];
+    let mut tool_streams: Vec<Option<ToolStream>> = (0..num_choices)
+        .map(|_| job.tools.clone().map(ToolStream::new))
+        .collect();
     let mut timer = RequestTimer::new(job.arrived, num_choices);
     let mut completion_tokens = 0usize;
     let send = |v: Value| {
@@ -361,7 +399,28 @@ async fn pump(
                 let finish = finish.map(|f| f.as_str());
                 match job.flavor {
                     Flavor::Chat => {
-                        let mut delta = json!({"content": text});
+                        let (mut delta, finish) = match &mut tool_streams[index] {
+                            None => (json!({"content": text}), finish),
+                            Some(tools) => {
+                                let delta = tool_delta(tools, &text, finish.is_some());
+                                let calls = tools.num_calls() > 0;
+                                let finish = job
+                                    .tools
+                                    .as_ref()
+                                    .and_then(|t| t.finish_reason(calls, finish));
+                                match delta {
+                                    Some(d) => (d, finish),
+                                    // Held back: nothing to say unless the choice starts or ends.
+                                    None if started[index]
+                                        && finish.is_none()
+                                        && logprobs.is_none() =>
+                                    {
+                                        continue;
+                                    }
+                                    None => (json!({}), finish),
+                                }
+                            }
+                        };
                         if !started[index] {
                             delta["role"] = json!("assistant");
                         }
@@ -404,6 +463,27 @@ async fn pump(
         }
     }
     let _ = tx.send(Event::default().data("[DONE]")).await;
+}
+
+/// A tool-calling choice's delta for a token's `text` (and, on its last token, what was held
+/// back), merged into one: content and tool-call entries side by side.
+fn tool_delta(tools: &mut ToolStream, text: &str, last: bool) -> Option<Value> {
+    let mut parts: Vec<Value> = tools.push(text).into_iter().collect();
+    if last {
+        parts.extend(tools.finish());
+    }
+    let mut delta = json!({});
+    for part in parts {
+        if let Some(c) = part["content"].as_str() {
+            let before = delta["content"].as_str().unwrap_or("").to_string();
+            delta["content"] = json!(before + c);
+        }
+        if let Some(calls) = part["tool_calls"].as_array() {
+            let all = delta["tool_calls"].as_array().cloned().unwrap_or_default();
+            delta["tool_calls"] = json!([all, calls.clone()].concat());
+        }
+    }
+    (delta != json!({})).then_some(delta)
 }
 
 /// Counts the choices a client left unfinished as aborted (their sequences are aborted when the

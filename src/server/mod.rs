@@ -10,6 +10,7 @@ pub mod protocol;
 pub mod responses;
 pub mod routes;
 pub mod structured;
+pub mod tools;
 pub mod unsupported;
 
 use std::collections::HashSet;
@@ -50,6 +51,8 @@ pub struct ServerOptions {
     pub disable_dashboard: bool,
     /// Limits on requests' output constraints.
     pub structured_limits: structured::StructuredLimits,
+    /// Tool calling: whether `auto` is honoured, and with which parser.
+    pub tools: tools::ToolOptions,
 }
 
 /// What every handler shares.
@@ -72,6 +75,8 @@ pub struct AppState {
     pub metrics: Arc<metrics::ServerMetrics>,
     /// Limits on requests' output constraints.
     pub structured_limits: structured::StructuredLimits,
+    /// Tool calling settings.
+    pub tool_options: tools::ToolOptions,
 }
 
 impl AppState {
@@ -89,6 +94,7 @@ impl AppState {
             unknown_fields_seen: Arc::new(Mutex::new(HashSet::new())),
             metrics: Arc::new(metrics::ServerMetrics::default()),
             structured_limits: opts.structured_limits,
+            tool_options: opts.tools,
             started_at: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())

@@ -144,9 +144,14 @@ pub struct ChatRequest {
     pub add_generation_prompt: Option<bool>,
     /// Extra variables for the chat template.
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
-    /// Tools, passed to the chat template; only with `tool_choice: "none"` for now (the server
-    /// does not parse tool calls yet, so any other choice is a 400: `super::unsupported`).
+    /// Tools (`{"type": "function", "function": {"name", "description", "parameters"}}`),
+    /// passed to the chat template.
     pub tools: Option<serde_json::Value>,
+    /// `none`, `auto` (the default with tools; needs `--enable-auto-tool-choice`), `required`,
+    /// or `{"type": "function", "function": {"name": ...}}` (see `super::tools`).
+    pub tool_choice: Option<serde_json::Value>,
+    /// Whether an answer may call several tools (default true).
+    pub parallel_tool_calls: Option<bool>,
     /// Sampling.
     #[serde(flatten)]
     pub sampling: SamplingFields,

@@ -129,8 +129,32 @@ pub struct ChatChoice {
 pub struct ChatMessageOut {
     /// Always `assistant`.
     pub role: String,
-    /// The generated text.
-    pub content: String,
+    /// The generated text (null when the answer is only tool calls).
+    pub content: Option<String>,
+    /// Tool calls found in (or forced on) the answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut>,
+}
+
+/// A tool call of an answer.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ToolCallOut {
+    /// `call_...`.
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The function and its arguments.
+    pub function: FunctionCallOut,
+}
+
+/// The function of a tool call.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct FunctionCallOut {
+    /// Its name.
+    pub name: String,
+    /// Its arguments: a JSON object, serialized.
+    pub arguments: String,
 }
 
 /// Chat logprobs.

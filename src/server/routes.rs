@@ -15,7 +15,7 @@ use super::responses::{
     DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
     VersionResponse,
 };
-use super::{structured, unsupported};
+use super::{structured, tools, unsupported};
 use crate::engine::request::{MAX_LOGPROBS, check_num_seqs};
 
 /// `Json<T>` whose rejections are OpenAI-shaped errors (400 bad JSON or field, 413, 415).
@@ -91,7 +91,7 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let arrived = std::time::Instant::now();
     let model = state.check_model(req.model.as_deref())?;
-    unsupported::refuse_unhonoured(&req.unknown, None)?;
+    unsupported::refuse_unhonoured(&req.unknown)?;
     state.note_unknown_fields(req.unknown.keys());
     let prompts: Vec<(Option<String>, Option<Vec<u32>>)> = match req.prompt {
         PromptInput::Text(t) => vec![(Some(t), None)],
@@ -141,6 +141,7 @@ pub async fn completions(
         include_usage: req.sampling.include_usage(),
         arrived,
         guide,
+        tools: None,
     };
     respond(state, job, req.sampling.is_stream()).await
 }
@@ -152,7 +153,13 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let arrived = std::time::Instant::now();
     let model = state.check_model(req.model.as_deref())?;
-    unsupported::refuse_unhonoured(&req.unknown, req.tools.as_ref())?;
+    unsupported::refuse_unhonoured(&req.unknown)?;
+    let tool_calling = tools::resolve(
+        req.tools.as_ref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls,
+        &state.tool_options,
+    )?;
     state.note_unknown_fields(req.unknown.keys());
     check_messages(&req.messages)?;
     check_n(&state, &req.sampling, None, 1)?;
@@ -186,10 +193,24 @@ pub async fn chat_completions(
     let requested = req.max_completion_tokens.or(req.sampling.max_tokens);
     let max_tokens = default_max_tokens(&state, ids.len(), requested)?;
     let logprobs = req.logprobs.then_some(req.top_logprobs.unwrap_or(0));
-    let params = req
+    let mut params = req
         .sampling
         .resolve(Some(max_tokens), logprobs, max_tokens)?;
     params.validate(Some(state.info.vocab_size))?;
+    let tool_calling = match tool_calling {
+        Some((calling, constraint)) => {
+            if constraint.is_some() && params.structured_outputs.is_some() {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    "tool_choice \"required\" or a named function constrains the output \
+                     already: leave response_format and structured_outputs out.",
+                ));
+            }
+            params.structured_outputs = constraint.or(params.structured_outputs);
+            Some(calling)
+        }
+        None => None,
+    };
     let guide = match &params.structured_outputs {
         Some(c) => Some(structured::compile(&state, c).await?),
         None => None,
@@ -203,6 +224,7 @@ pub async fn chat_completions(
         include_usage: req.sampling.include_usage(),
         arrived,
         guide,
+        tools: tool_calling,
     };
     respond(state, job, req.sampling.is_stream()).await
 }
@@ -314,6 +336,17 @@ fn normalize_message(m: &Value) -> Value {
     }
     if m.get("content").is_none_or(Value::is_null) {
         m["content"] = Value::String(String::new());
+    }
+    // OpenAI sends a call's arguments as JSON text; templates (as transformers renders them)
+    // expect the object.
+    if let Some(calls) = m.get_mut("tool_calls").and_then(Value::as_array_mut) {
+        for call in calls {
+            if let Some(args) = call.pointer_mut("/function/arguments")
+                && let Some(parsed) = args.as_str().and_then(|s| serde_json::from_str(s).ok())
+            {
+                *args = parsed;
+            }
+        }
     }
     m
 }

@@ -1,0 +1,124 @@
+use serde_json::json;
+
+use super::*;
+
+fn tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+        {"type": "function", "function": {"name": "get_time"}}
+    ])
+}
+
+fn param(r: Result<Option<(ToolCalling, Option<StructuredOutputs>)>, ApiError>) -> String {
+    r.err().and_then(|e| e.param).unwrap_or_default()
+}
+
+#[test]
+fn choices_resolve_to_modes_and_constraints() {
+    let auto = ToolOptions {
+        auto_tool_choice: true,
+        parser: Some(ToolParser::Hermes),
+    };
+    let t = tools();
+    let (c, constraint) = resolve(Some(&t), None, None, &auto).unwrap().unwrap();
+    assert_eq!(c.mode, ToolMode::Auto(ToolParser::Hermes));
+    assert!(constraint.is_none());
+    assert!(
+        resolve(Some(&t), Some(&json!("none")), None, &auto)
+            .unwrap()
+            .is_none()
+    );
+    assert!(resolve(None, None, None, &auto).unwrap().is_none());
+
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    let (c, constraint) = resolve(Some(&t), Some(&named), None, &auto)
+        .unwrap()
+        .unwrap();
+    assert_eq!(c.mode, ToolMode::Named("get_weather".into()));
+    let Some(StructuredOutputs::Json(schema)) = constraint else {
+        panic!()
+    };
+    assert_eq!(schema["required"], json!(["city"]));
+
+    let (c, constraint) = resolve(Some(&t), Some(&json!("required")), Some(false), &auto)
+        .unwrap()
+        .unwrap();
+    assert_eq!((c.mode, c.parallel), (ToolMode::Required, false));
+    let Some(StructuredOutputs::Json(schema)) = constraint else {
+        panic!()
+    };
+    assert_eq!(schema["maxItems"], 1);
+    assert_eq!(
+        schema["items"]["anyOf"][1]["properties"]["name"]["const"],
+        "get_time"
+    );
+    assert_eq!(
+        schema["items"]["anyOf"][1]["properties"]["parameters"]["type"],
+        "object"
+    );
+}
+
+#[test]
+fn what_cannot_be_honoured_is_a_400_naming_the_field() {
+    let off = ToolOptions::default();
+    let t = tools();
+    assert_eq!(param(resolve(Some(&t), None, None, &off)), "tool_choice");
+    assert_eq!(
+        param(resolve(Some(&t), Some(&json!("auto")), None, &off)),
+        "tool_choice"
+    );
+    assert_eq!(
+        param(resolve(None, Some(&json!("required")), None, &off)),
+        "tool_choice"
+    );
+    assert_eq!(
+        param(resolve(Some(&t), Some(&json!("sometimes")), None, &off)),
+        "tool_choice"
+    );
+    let unknown = json!({"type": "function", "function": {"name": "nope"}});
+    assert_eq!(
+        param(resolve(Some(&t), Some(&unknown), None, &off)),
+        "tool_choice"
+    );
+    let bad = json!([{"type": "function", "function": {"parameters": {}}}]);
+    assert_eq!(
+        param(resolve(Some(&bad), Some(&json!("required")), None, &off)),
+        "tools"
+    );
+    let bad = json!([{"type": "retrieval"}]);
+    assert_eq!(
+        param(resolve(Some(&bad), Some(&json!("required")), None, &off)),
+        "tools"
+    );
+}
+
+#[test]
+fn answers_become_calls_or_stay_content() {
+    let named = ToolCalling {
+        mode: ToolMode::Named("get_weather".into()),
+        parallel: true,
+    };
+    let p = named.extract("{\"city\": \"Paris\"}");
+    assert_eq!(p.calls[0].arguments, "{\"city\": \"Paris\"}");
+    assert_eq!(named.extract("{\"city\": \"Pa").calls.len(), 0);
+    assert_eq!(named.finish_reason(true, Some("stop")), Some("stop"));
+
+    let required = ToolCalling {
+        mode: ToolMode::Required,
+        parallel: false,
+    };
+    let p = required
+        .extract("[{\"name\": \"a\", \"parameters\": {}}, {\"name\": \"b\", \"parameters\": {}}]");
+    assert_eq!(p.calls.len(), 1, "parallel calls off keeps the first");
+    assert_eq!(
+        required.finish_reason(true, Some("stop")),
+        Some("tool_calls")
+    );
+    assert_eq!(required.finish_reason(true, Some("length")), Some("length"));
+    assert_eq!(required.finish_reason(false, Some("stop")), Some("stop"));
+    assert_eq!(
+        required.extract("[{\"name\": ").content.as_deref(),
+        Some("[{\"name\": ")
+    );
+}
