@@ -125,9 +125,28 @@ impl Llm {
         prompts: Vec<Vec<u32>>,
         params: &SamplingParams,
     ) -> Result<Vec<RequestOutput>, EngineError> {
+        self.generate_tokens_each(prompts, std::slice::from_ref(params))
+    }
+
+    /// Generates for prompts given as token ids, each with its own parameters (`params[i]` for
+    /// prompt `i`, as vLLM takes a list of sampling parameters), or all with `params[0]` when
+    /// one is given.
+    pub fn generate_tokens_each(
+        &mut self,
+        prompts: Vec<Vec<u32>>,
+        params: &[SamplingParams],
+    ) -> Result<Vec<RequestOutput>, EngineError> {
+        if params.len() != 1 && params.len() != prompts.len() {
+            return Err(EngineError::Config(format!(
+                "{} sampling parameters for {} prompts: give one, or one per prompt",
+                params.len(),
+                prompts.len()
+            )));
+        }
         let mut results: Vec<RequestOutput> = Vec::with_capacity(prompts.len());
         let mut owner: HashMap<SeqId, (usize, usize)> = HashMap::new();
         for (i, prompt) in prompts.into_iter().enumerate() {
+            let params = &params[i.min(params.len() - 1)];
             let ids = match self.core.add(prompt.clone(), params.clone(), None) {
                 Ok(ids) => ids,
                 Err(e) => {

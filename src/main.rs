@@ -223,11 +223,16 @@ fn bench(cmd: BenchCmd) -> Result<()> {
         }
         BenchKind::Throughput(a) => {
             let model = resolve_model(&a.engine)?;
+            let schema = match &a.json_schema {
+                Some(path) => serde_json::from_str(&std::fs::read_to_string(path)?)?,
+                None => bench::offline::default_bench_schema(),
+            };
             let r = bench::offline::throughput(
                 a.engine.to_engine_args(model),
                 a.num_prompts,
                 a.input_len,
                 a.output_len,
+                (a.json_schema_fraction.clamp(0.0, 1.0), schema),
             )?;
             println!(
                 "{} prompts in {:.2} s: {:.2} req/s, {:.1} total tok/s, {:.1} output tok/s",

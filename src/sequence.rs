@@ -216,15 +216,18 @@ impl Sequence {
     /// Appends a sampled token and says whether that ends the sequence (vLLM's order: nothing
     /// stops before `min_tokens`; then EOS, stop token ids, then `max_tokens` / `max_model_len`).
     /// A constrained sequence's guide takes the token first: a token it cannot take aborts the
-    /// sequence ([`Sequence::guide_error`] says why), and a completed grammar ends it.
+    /// sequence ([`Sequence::guide_error`] says why), and the token after a completed grammar
+    /// (the EOS its mask allowed) ends it.
     pub(crate) fn append(&mut self, token: u32, max_model_len: usize) -> Option<FinishReason> {
         self.token_ids.push(token);
         if let Some(guide) = &mut self.guide {
-            match guide.advance(token) {
-                // Nothing may follow a complete grammar, whatever `min_tokens` asks.
-                Ok(true) => return Some(FinishReason::Stop),
-                Ok(false) => {}
-                Err(_) => return Some(FinishReason::Abort),
+            if guide.is_complete() {
+                // The grammar was complete: this token is the EOS its mask allowed, and nothing
+                // may follow, whatever `min_tokens` or `ignore_eos` ask.
+                return Some(FinishReason::Stop);
+            }
+            if guide.advance(token).is_err() {
+                return Some(FinishReason::Abort);
             }
         }
         let num_output = self.num_output_tokens();

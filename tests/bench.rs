@@ -128,9 +128,21 @@ async fn serve_benchmark_measures_a_real_server() {
 
 #[test]
 fn offline_throughput_and_latency() {
-    let t = offline::throughput(args(), 12, 10, 6).unwrap();
+    let free = (0.0, offline::default_bench_schema());
+    let t = offline::throughput(args(), 12, 10, 6, free).unwrap();
     assert_eq!(t.num_prompts, 12);
     assert!((t.output_tokens_per_s * t.elapsed_s - 72.0).abs() < 1e-6);
+    // Half constrained: the default schema's string outlasts the outputs, and the masks are
+    // timed in their own phase.
+    let half = (0.5, offline::default_bench_schema());
+    let c = offline::throughput(args(), 12, 10, 6, half).unwrap();
+    assert!((c.output_tokens_per_s * c.elapsed_s - 72.0).abs() < 1e-6);
+    assert!(
+        c.step_breakdown.guide_ms > t.step_breakdown.guide_ms,
+        "{:?} vs {:?}",
+        c.step_breakdown,
+        t.step_breakdown
+    );
     assert!(t.requests_per_s > 0.0);
     // The step breakdown covers the run: at least one step per output token (the prompts are
     // prefilled first), its phases fit inside the wall time, and the model dominates.

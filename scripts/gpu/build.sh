@@ -41,4 +41,12 @@ done
 cp scripts/gpu/make_gpu_models.py scripts/gpu/ncu_step.py scripts/gpu/run.sh scripts/gpu/scoreboard.sh scripts/gpu/hf_baselines.py scripts/gpu/hf_server.py scripts/gpu/long_serve.sh .gpu/scripts/gpu/
 cp tests/fixtures/llama-gqa-tied/tokenizer.json .gpu/tests/fixtures/llama-gqa-tied/
 cp scripts/gpu/run.sh .gpu/run.sh
+# A real 49k vocabulary (SmolLM2's) for the `structured` benchmark's dummy-weight shape, when the
+# GGUF and gguf-py are at hand (pip install --target /tmp/ggufpy gguf==0.17.1).
+gguf=${PAGEWISE_SMOLLM2_GGUF:-$HOME/.cache/pagewise/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+if [ -f "$gguf" ] && PYTHONPATH=${GGUFPY:-/tmp/ggufpy} python3 -c "import gguf" 2> /dev/null; then
+  mkdir -p .gpu/bench
+  PYTHONPATH=${GGUFPY:-/tmp/ggufpy} python3 scripts/gpu/gguf_tokenizer.py "$gguf" .gpu/bench/tokenizer.json \
+    && xz -9 .gpu/bench/tokenizer.json
+fi
 du -sh .gpu

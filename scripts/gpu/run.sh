@@ -11,6 +11,9 @@
 #   bash .gpu/run.sh dashboard  what a /dashboard viewer costs: `bench serve` at rate inf on the 1B
 #                             shape (256 sequences, no prefix caching so every run does the same
 #                             work), without and with a viewer, alternating (off on on off) x 2
+#   bash .gpu/run.sh structured  what constrained decoding costs: `bench throughput` on the 8B shape with
+#                             SmolLM2's 49k vocabulary (staged by build.sh), 64 prompts of 512/512 at
+#                             once, free vs half JSON-schema constrained, alternating (free half half free)
 #   bash .gpu/run.sh recheck  `tests`, then the scoreboard's batch-1 and offline rows (no serving,
 #                             no transformers baselines): the check after a change to the GPU path
 #   bash .gpu/run.sh profile  one eager batch-1 decode step kernel by kernel under Nsight Compute
@@ -36,7 +39,7 @@ for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests rope-tes
   chmod +x "$work/bin/$f"
 done
 export PAGEWISE_GPU_MODELS=$work/models
-if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ "$what" != gguf ] && [ "$what" != long ] && [ "$what" != profile ] && [ "$what" != dashboard ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
+if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ "$what" != gguf ] && [ "$what" != long ] && [ "$what" != profile ] && [ "$what" != dashboard ] && [ "$what" != structured ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
   (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS") > "$out/make-models.log" 2>&1 \
     || { tail -20 "$out/make-models.log"; exit 1; }
 fi
@@ -131,6 +134,20 @@ if [ "$what" = dashboard ]; then
   done
   curl -s localhost:8300/dashboard | grep -c "pagewise · page table"
   kill -TERM $pid; wait $pid
+fi
+if [ "$what" = structured ]; then
+  SCOREBOARD_MODELS=none SCOREBOARD_PARTS=none SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \
+    bash "$here/scripts/gpu/scoreboard.sh" > /dev/null 2>&1   # (writes the shapes' configs)
+  m=/tmp/pagewise-gpu/shapes/llama-8b-49k
+  mkdir -p "$m" && cp /tmp/pagewise-gpu/shapes/llama-8b/config.json "$m/"
+  python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' \
+    "$here/bench/tokenizer.json.xz" "$m/tokenizer.json"
+  for frac in 0 0.5 0.5 0; do
+    echo "== JSON-schema fraction $frac"
+    timeout 300 "$work/bin/pagewise" bench throughput --model "$m" --load-format dummy --max-num-seqs 64 \
+      --num-prompts 64 --input-len 512 --output-len 512 --json-schema-fraction "$frac" \
+      --output-json "$out/structured-$frac.json" 2>> "$out/bench-stderr.log" | tail -2
+  done
 fi
 if [ "$what" = recheck ]; then
   SCOREBOARD_PARTS="latency throughput" SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \

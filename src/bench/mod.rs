@@ -159,6 +159,14 @@ pub struct BenchThroughputArgs {
     /// Output length (tokens, EOS ignored).
     #[arg(long, default_value_t = 128)]
     pub output_len: usize,
+    /// Fraction of the prompts (spread evenly) whose output is constrained to a JSON schema, to
+    /// measure what constrained decoding costs.
+    #[arg(long, default_value_t = 0.0)]
+    pub json_schema_fraction: f64,
+    /// The schema of the constrained prompts (a file). Default: an object holding one string of
+    /// at least 4096 characters, so a constrained output runs to its length like the others.
+    #[arg(long)]
+    pub json_schema: Option<std::path::PathBuf>,
     /// Write the result as JSON here.
     #[arg(long)]
     pub output_json: Option<String>,

@@ -51,19 +51,49 @@ pub struct ThroughputResult {
     pub step_breakdown: StepBreakdown,
 }
 
-/// All prompts at once through `Llm::generate_tokens`.
+/// The schema `bench throughput --json-schema-fraction` uses by default: one long string, so a
+/// constrained output runs to its length as the free ones do.
+pub fn default_bench_schema() -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {"story": {"type": "string", "minLength": 4096}},
+        "required": ["story"]
+    })
+}
+
+/// All prompts at once through `Llm::generate_tokens_each`; `constrained` of them (spread
+/// evenly) with their output constrained to `schema`.
 pub fn throughput(
     args: EngineArgs,
     num_prompts: usize,
     input_len: usize,
     output_len: usize,
+    constrained: (f64, serde_json::Value),
 ) -> Result<ThroughputResult, EngineError> {
     let mut llm = Llm::new(args)?;
     let vocab = llm.core().model_config().vocab_size;
     let prompts = random_prompts(num_prompts, input_len, vocab, 0);
+    let (fraction, schema) = constrained;
+    let free = fixed_length(output_len);
+    let json = SamplingParams {
+        structured_outputs: Some(crate::guided::StructuredOutputs::Json(schema)),
+        ..free.clone()
+    };
+    // Prompt i is constrained when the running count of constrained prompts steps up at i.
+    let params: Vec<SamplingParams> = (0..num_prompts)
+        .map(|i| {
+            let before = (i as f64 * fraction).floor();
+            let after = ((i + 1) as f64 * fraction).floor();
+            if after > before {
+                json.clone()
+            } else {
+                free.clone()
+            }
+        })
+        .collect();
     llm.core_mut().reset_step_times();
     let start = Instant::now();
-    let outs = llm.generate_tokens(prompts, &fixed_length(output_len))?;
+    let outs = llm.generate_tokens_each(prompts, &params)?;
     let elapsed = start.elapsed().as_secs_f64();
     let step_breakdown = llm.core().step_times().per_step();
     let output: usize = outs.iter().map(|o| o.outputs[0].token_ids.len()).sum();

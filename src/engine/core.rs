@@ -93,10 +93,12 @@ impl EngineCore {
         });
         let runner = loaded.runner;
         let tokenizer = Arc::new(loaded.tokenizer);
+        let grammars = Grammars::new(tokenizer.clone(), cfg.vocab_size, &cfg.eos_token_ids);
+        grammars.warm_up();
         Ok(EngineCore {
             scheduler,
             runner,
-            grammars: Grammars::new(tokenizer.clone(), cfg.vocab_size, &cfg.eos_token_ids),
+            grammars,
             tokenizer,
             eos_token_ids: Arc::from(cfg.eos_token_ids.clone()),
             config: cfg,

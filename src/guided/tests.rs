@@ -20,7 +20,7 @@ fn grammars() -> (Grammars, Arc<Tokenizer>, u32) {
 
 /// Decodes under `guide` with made-up logits that favour token `(step * 37 + 11) % 300` and
 /// otherwise prefer low ids: the constraint alone has to keep the output valid. Returns the text
-/// and whether the guide finished (or EOS came) before `limit` tokens.
+/// and whether EOS came (the only token a complete grammar allows) before `limit` tokens.
 fn decode(guide: &mut Guide, tokenizer: &Tokenizer, eos: u32, limit: usize) -> (String, bool) {
     let mut ids = Vec::new();
     for step in 0..limit {
@@ -33,9 +33,7 @@ fn decode(guide: &mut Guide, tokenizer: &Tokenizer, eos: u32, limit: usize) -> (
             return (tokenizer.decode(&ids, true).unwrap(), true);
         }
         ids.push(token);
-        if guide.advance(token).expect("an allowed token advances") {
-            return (tokenizer.decode(&ids, true).unwrap(), true);
-        }
+        guide.advance(token).expect("an allowed token advances");
     }
     (tokenizer.decode(&ids, true).unwrap(), false)
 }
@@ -144,13 +142,28 @@ fn a_token_outside_the_mask_fails_the_guide_for_good() {
     assert!(guide.mask().unwrap().is_allowed(u32::from(b'7')));
     assert!(!guide.mask().unwrap().is_allowed(u32::from(b'x')));
     let err = guide.advance(u32::from(b'x')).unwrap_err();
-    assert!(err.contains("constrained decoding failed"), "{err}");
+    assert!(err.contains("token 120 is not allowed"), "{err}");
     assert!(guide.mask().is_none());
     assert_eq!(guide.error(), Some(err.as_str()));
     assert!(
         guide.advance(u32::from(b'7')).is_err(),
         "a failed guide stays failed"
     );
+}
+
+#[test]
+fn a_complete_grammar_allows_only_eos_and_says_so() {
+    let (g, _, eos) = grammars();
+    let mut guide = g
+        .compile(&StructuredOutputs::Choice(vec!["ok".into()]))
+        .unwrap();
+    guide.advance(u32::from(b'o')).unwrap();
+    guide.advance(u32::from(b'k')).unwrap();
+    assert!(!guide.is_complete(), "known once the last token is taken");
+    let mask = guide.mask().unwrap().clone();
+    assert!(guide.is_complete());
+    assert_eq!(mask.num_set(), 1);
+    assert!(mask.is_allowed(eos));
 }
 
 #[test]
