@@ -92,9 +92,8 @@ impl EngineCore {
             enable_prefix_caching: args.enable_prefix_caching,
         });
         let runner = loaded.runner;
-        let tokenizer = Arc::new(loaded.tokenizer);
-        let grammars = Grammars::new(tokenizer.clone(), cfg.vocab_size, &cfg.eos_token_ids);
-        grammars.warm_up();
+        let tokenizer = loaded.tokenizer;
+        let grammars = loaded.grammars;
         Ok(EngineCore {
             scheduler,
             runner,

@@ -3,11 +3,14 @@
 //! graphs. Rank 0's [`super::core::EngineCore`] and the other ranks' workers
 //! (`crate::parallel::worker`) load the same way, so their forward passes match step for step.
 
+use std::sync::Arc;
+
 use candle_core::Device;
 use tokenizers::Tokenizer;
 
 use super::args::{DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineArgs, EngineError};
 use super::kv_sizing::KvSizing;
+use crate::guided::Grammars;
 use crate::kv::BLOCK_SIZES;
 use crate::loader::{self, LoadOptions};
 use crate::model::{self, KvCache, KvLayout, ModelConfig};
@@ -20,7 +23,10 @@ pub struct LoadedEngine {
     /// The model's configuration (the whole model's, on every rank).
     pub config: ModelConfig,
     /// The tokenizer.
-    pub tokenizer: Tokenizer,
+    pub tokenizer: Arc<Tokenizer>,
+    /// Compiles constraints against the tokenizer's vocabulary (its trie being built on a thread
+    /// of its own since the tokenizer loaded).
+    pub grammars: Grammars,
     /// The model's own chat template, if it has one.
     pub chat_template: Option<String>,
     /// Longest sequence.
@@ -93,6 +99,11 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
         },
     )?;
     let cfg = loaded.config;
+    let tokenizer = Arc::new(loaded.tokenizer);
+    let grammars = Grammars::new(tokenizer.clone(), cfg.vocab_size, &cfg.eos_token_ids);
+    if member.is_none() {
+        grammars.warm_up();
+    }
     let max_model_len = match args.max_model_len {
         Some(n) if n > cfg.max_position_embeddings => {
             return Err(EngineError::Config(format!(
@@ -156,7 +167,8 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
     };
     Ok(LoadedEngine {
         config: cfg,
-        tokenizer: loaded.tokenizer,
+        tokenizer,
+        grammars,
         chat_template: loaded.chat_template,
         max_model_len,
         max_num_batched_tokens,
