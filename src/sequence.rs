@@ -311,4 +311,43 @@ mod tests {
         });
         assert_eq!(s.append(2, 100), None);
     }
+
+    #[test]
+    fn a_guide_ends_its_sequence_when_complete_or_broken() {
+        use crate::guided::{Grammars, StructuredOutputs};
+        let tokenizer = Arc::new(crate::testing::byte_level_tokenizer(&[]));
+        let eos = tokenizer.token_to_id("<eos>").unwrap();
+        let grammars = Grammars::new(tokenizer, 300, &[eos]);
+        let choice = StructuredOutputs::Choice(vec!["ok".into()]);
+        let guided = |min_tokens| {
+            let mut s = Sequence::new(
+                SeqId(1),
+                vec![5, 6, 7],
+                Arc::new(SamplingParams {
+                    min_tokens,
+                    ignore_eos: true,
+                    ..Default::default()
+                }),
+                Arc::from(vec![eos]),
+                None,
+                0,
+            );
+            s.set_guide(grammars.compile(&choice).unwrap());
+            s
+        };
+        // Complete after "ok": the next token (the EOS its mask allows) ends it, even with
+        // ignore_eos and min_tokens unmet.
+        let mut s = guided(10);
+        assert_eq!(s.append(u32::from(b'o'), 100), None);
+        assert_eq!(s.append(u32::from(b'k'), 100), None);
+        let mut req = s.sample_request();
+        let mask = req.guide.as_deref_mut().unwrap().mask().unwrap().clone();
+        assert!(mask.is_allowed(eos) && mask.num_set() == 1);
+        assert_eq!(s.append(eos, 100), Some(FinishReason::Stop));
+        assert!(s.guide_error().is_none());
+        // A token the mask does not allow aborts it, with the reason.
+        let mut s = guided(0);
+        assert_eq!(s.append(u32::from(b'x'), 100), Some(FinishReason::Abort));
+        assert!(s.guide_error().unwrap().contains("not allowed"));
+    }
 }

@@ -207,3 +207,93 @@ def test_smollm2_answers_paris():
         assert "Paris" in chat.choices[0].message.content
     finally:
         server.stop()
+
+
+# Structured outputs and tool calls through the SDK on SmolLM2: a small model, but a constraint
+# makes its output valid whatever it would have said.
+
+@pytest.fixture(scope="module")
+def smollm2():
+    if not os.environ.get("PAGEWISE_SMOLLM2_GGUF"):
+        pytest.skip("SmolLM2 not fetched")
+    server = Server(os.environ["PAGEWISE_SMOLLM2_GGUF"], "--served-model-name", "smollm2", "--max-model-len", "1024")
+    yield openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    server.stop()
+
+
+def ask(content):
+    return [{"role": "user", "content": content}]
+
+
+def test_parse_with_a_pydantic_model(smollm2):
+    from typing import Literal
+
+    import pydantic
+
+    class Cat(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=20)
+        age: int
+        mood: Literal["happy", "sleepy", "grumpy"]
+
+    done = smollm2.chat.completions.parse(model="smollm2", temperature=0, max_tokens=80, response_format=Cat,
+                                          messages=ask("Describe a cat as JSON."))
+    cat = done.choices[0].message.parsed
+    assert isinstance(cat, Cat), done
+    assert cat.mood in ("happy", "sleepy", "grumpy")
+
+
+def test_json_object_regex_and_choice(smollm2):
+    import json
+    import re
+
+    out = smollm2.chat.completions.create(model="smollm2", temperature=0, max_tokens=80,
+                                          response_format={"type": "json_object"},
+                                          messages=ask("Give me a JSON object describing a dog."))
+    assert isinstance(json.loads(out.choices[0].message.content), dict)
+    rx = r"[A-Z][a-z]{2,8}, [0-9]{4}"
+    out = smollm2.chat.completions.create(model="smollm2", temperature=0.7, seed=1, max_tokens=30,
+                                          messages=ask("A city and a year?"),
+                                          extra_body={"structured_outputs": {"regex": rx}})
+    assert re.fullmatch(rx, out.choices[0].message.content), out
+    choices = ["positive", "negative", "neutral"]
+    out = smollm2.completions.create(model="smollm2", prompt="The movie was great! Sentiment:", max_tokens=10,
+                                     extra_body={"guided_choice": choices})
+    assert out.choices[0].text in choices
+
+
+def test_bad_schemas_are_400s(smollm2):
+    with pytest.raises(openai.BadRequestError) as e:
+        smollm2.chat.completions.create(model="smollm2", max_tokens=5, messages=ask("Hi"),
+                                        response_format={"type": "json_schema", "json_schema": {
+                                            "name": "bad", "schema": {"type": "object", "properties": {"a": {"type": "nope"}}}}})
+    assert "nope" in str(e.value)
+
+
+def test_named_and_streamed_tool_calls(smollm2):
+    import json
+
+    import pydantic
+
+    class GetWeather(pydantic.BaseModel):
+        city: str = pydantic.Field(max_length=30)
+        unit: str = pydantic.Field(pattern="^(celsius|fahrenheit)$")
+
+    tools = [openai.pydantic_function_tool(GetWeather)]
+    named = {"type": "function", "function": {"name": "GetWeather"}}
+    kwargs = dict(model="smollm2", temperature=0, max_tokens=60, tools=tools, tool_choice=named,
+                  messages=ask("What is the weather in Paris?"))
+    out = smollm2.chat.completions.create(**kwargs)
+    call = out.choices[0].message.tool_calls[0]
+    assert call.function.name == "GetWeather"
+    GetWeather.model_validate_json(call.function.arguments)
+    with smollm2.chat.completions.stream(**kwargs) as stream:
+        final = stream.get_final_completion()
+    streamed = final.choices[0].message.tool_calls[0]
+    assert streamed.function.name == call.function.name
+    assert json.loads(streamed.function.arguments) == json.loads(call.function.arguments)
+    assert isinstance(streamed.function.parsed_arguments, GetWeather)
+
+    required = smollm2.chat.completions.create(**{**kwargs, "tool_choice": "required"})
+    assert required.choices[0].finish_reason == "tool_calls"
+    for c in required.choices[0].message.tool_calls:
+        GetWeather.model_validate_json(c.function.arguments)
