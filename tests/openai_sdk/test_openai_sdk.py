@@ -246,9 +246,10 @@ def test_json_object_regex_and_choice(smollm2):
     import json
     import re
 
-    out = smollm2.chat.completions.create(model="smollm2", temperature=0, max_tokens=80,
+    out = smollm2.chat.completions.create(model="smollm2", temperature=0, max_tokens=200,
                                           response_format={"type": "json_object"},
-                                          messages=ask("Give me a JSON object describing a dog."))
+                                          messages=ask("Give me a JSON object describing a cat with name and age."))
+    assert out.choices[0].finish_reason == "stop", out
     assert isinstance(json.loads(out.choices[0].message.content), dict)
     rx = r"[A-Z][a-z]{2,8}, [0-9]{4}"
     out = smollm2.chat.completions.create(model="smollm2", temperature=0.7, seed=1, max_tokens=30,
