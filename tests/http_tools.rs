@@ -159,6 +159,27 @@ async fn auto_parses_calls_when_the_server_has_a_parser() {
     assert_eq!((content.as_str(), finish.as_str()), ("Sure.", "tool_calls"));
     assert_eq!(s_calls[0]["function"], calls[0]["function"]);
 
+    // A strict tool holds auto's calls to the schemas: a constraint of its own, so another one in
+    // the same request is a 400; alone, whatever the random model writes is text or valid calls.
+    let mut strict = request(json!({"structured_outputs": {"regex": forced}}));
+    strict["tools"][0]["function"]["strict"] = json!(true);
+    let (status, got) = post(&base, "/v1/chat/completions", strict.clone()).await;
+    assert_eq!(status, 400, "{got}");
+    strict.as_object_mut().unwrap().remove("structured_outputs");
+    strict["temperature"] = json!(1.0);
+    for seed in 0..4 {
+        strict["seed"] = json!(seed);
+        let (status, got) = post(&base, "/v1/chat/completions", strict.clone()).await;
+        assert_eq!(status, 200, "{got}");
+        for call in got["choices"][0]["message"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            assert_valid_call(call);
+        }
+    }
+
     // Text that is no call stays content, streamed or not.
     let plain =
         request(json!({"structured_outputs": {"regex": "No tools needed <b>today</b>\\."}}));

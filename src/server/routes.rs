@@ -202,8 +202,9 @@ pub async fn chat_completions(
             if constraint.is_some() && params.structured_outputs.is_some() {
                 return Err(ApiError::invalid(
                     "tool_choice",
-                    "tool_choice \"required\" or a named function constrains the output \
-                     already: leave response_format and structured_outputs out.",
+                    "tool_choice \"required\", a named function, or a strict tool under \"auto\" \
+                     constrains the output already: leave response_format and structured_outputs \
+                     out.",
                 ));
             }
             params.structured_outputs = constraint.or(params.structured_outputs);

@@ -11,10 +11,12 @@
 //!   becomes its arguments.
 //!
 //! So `required` and named choices always give arguments valid against the schema, whatever the
-//! model; `strict` asks nothing more of them.
+//! model; `strict` asks nothing more of them. Under `auto`, a tool with `strict: true` constrains
+//! the answer to the parser's format (`strict.rs`): text, or calls valid against the schemas.
 
 pub mod parsers;
 pub mod stream;
+mod strict;
 
 use serde_json::{Value, json};
 
@@ -55,6 +57,8 @@ pub struct ToolCalling {
 struct Function {
     name: String,
     parameters: Value,
+    /// `strict: true`: its arguments must follow `parameters`, under `auto` too.
+    strict: bool,
 }
 
 /// Resolves `tools`, `tool_choice` and `parallel_tool_calls`: how calls come out (nothing to do
@@ -113,7 +117,13 @@ pub fn resolve(
             Some(required_schema(&functions, parallel)),
         ))),
         "auto" => match (opts.auto_tool_choice, opts.parser) {
-            (true, Some(parser)) => Ok(Some((calling(ToolMode::Auto(parser)), None))),
+            (true, Some(parser)) => {
+                // With a strict tool, the calls the model starts are held to the schemas.
+                let constraint = functions.iter().any(|f| f.strict).then(|| {
+                    StructuredOutputs::Grammar(strict::grammar(parser, &functions, parallel))
+                });
+                Ok(Some((calling(ToolMode::Auto(parser)), constraint)))
+            }
             _ => Err(ApiError::invalid(
                 "tool_choice",
                 "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser \
@@ -160,6 +170,7 @@ fn functions(tools: &Value) -> Result<Vec<Function>, ApiError> {
             Ok(Function {
                 name: name.to_string(),
                 parameters,
+                strict: t.pointer("/function/strict") == Some(&Value::Bool(true)),
             })
         })
         .collect()

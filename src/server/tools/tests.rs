@@ -122,3 +122,81 @@ fn answers_become_calls_or_stay_content() {
         Some("[{\"name\": ")
     );
 }
+
+/// Drives a strict-auto grammar byte by byte (the test vocabulary has one token per byte):
+/// whether the guide takes all of `text`.
+fn takes(grammar: &StructuredOutputs, text: &str) -> bool {
+    let tokenizer = std::sync::Arc::new(crate::testing::byte_level_tokenizer(&[]));
+    let eos = tokenizer.token_to_id("<eos>").unwrap();
+    let grammars = crate::guided::Grammars::new(tokenizer, 300, &[eos]);
+    let mut guide = grammars.compile(grammar).unwrap();
+    text.bytes().all(|b| {
+        guide.mask().is_some_and(|m| m.is_allowed(u32::from(b)))
+            && guide.advance(u32::from(b)).is_ok()
+    })
+}
+
+#[test]
+fn strict_tools_under_auto_hold_calls_to_their_schemas() {
+    let mut t = tools();
+    t[0]["function"]["strict"] = json!(true);
+    let opts = |parser| ToolOptions {
+        auto_tool_choice: true,
+        parser: Some(parser),
+    };
+    let grammar = |parser| {
+        let (c, g) = resolve(Some(&t), None, None, &opts(parser))
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.mode, ToolMode::Auto(parser));
+        g.expect("a strict tool constrains auto")
+    };
+    let hermes = grammar(ToolParser::Hermes);
+    assert!(takes(&hermes, "It is sunny."));
+    assert!(takes(
+        &hermes,
+        "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
+    ));
+    assert!(takes(
+        &hermes,
+        "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"anything\": 1}}\n</tool_call>"
+    ));
+    assert!(
+        !takes(
+            &hermes,
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"town\""
+        ),
+        "strict arguments"
+    );
+    assert!(
+        !takes(&hermes, "<tool_call>\n{\"name\": \"launch\""),
+        "unknown function"
+    );
+
+    let llama = grammar(ToolParser::Llama3Json);
+    assert!(takes(&llama, "Sure thing."));
+    assert!(takes(
+        &llama,
+        "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}"
+    ));
+    assert!(!takes(
+        &llama,
+        "{\"name\": \"get_weather\", \"parameters\": {\"city\": 3"
+    ));
+
+    let mistral = grammar(ToolParser::Mistral);
+    assert!(takes(
+        &mistral,
+        "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]"
+    ));
+    assert!(
+        !takes(&mistral, "[{\"name\": \"get_weather\", \"arguments\": {}"),
+        "city is required"
+    );
+
+    // Without a strict tool, auto is not constrained.
+    let (_, g) = resolve(Some(&tools()), None, None, &opts(ToolParser::Hermes))
+        .unwrap()
+        .unwrap();
+    assert!(g.is_none());
+}
