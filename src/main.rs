@@ -307,7 +307,20 @@ fn tp_worker(flags: &EngineFlags, model_arg: Option<String>) -> Result<()> {
         .with_context(|| format!("tensor-parallel rank {} of {}", rank.rank, rank.size))
 }
 
+/// Settles the CPU thread count in `RAYON_NUM_THREADS` (when the environment does not set it) to
+/// what candle would pick: candle reads it for every CPU matmul, and without it re-detects the
+/// physical cores by parsing /proc/cpuinfo each time, about a fifth of a CPU decode step
+/// (benches/RESULTS.md).
+fn settle_cpu_threads() {
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let n = candle_core::utils::get_num_threads();
+        // SAFETY: called first thing in main, before any other thread exists.
+        unsafe { std::env::set_var("RAYON_NUM_THREADS", n.to_string()) };
+    }
+}
+
 fn main() -> Result<()> {
+    settle_cpu_threads();
     apply_config_file()?;
     let cli = Cli::parse();
     init_tracing(cli.log_format);
