@@ -402,7 +402,7 @@ async fn pump(
                         let (mut delta, finish) = match &mut tool_streams[index] {
                             None => (json!({"content": text}), finish),
                             Some(tools) => {
-                                let delta = tool_delta(tools, &text, finish.is_some());
+                                let delta = tools.step(&text, finish.is_some());
                                 let calls = tools.num_calls() > 0;
                                 let finish = job
                                     .tools
@@ -463,27 +463,6 @@ async fn pump(
         }
     }
     let _ = tx.send(Event::default().data("[DONE]")).await;
-}
-
-/// A tool-calling choice's delta for a token's `text` (and, on its last token, what was held
-/// back), merged into one: content and tool-call entries side by side.
-fn tool_delta(tools: &mut ToolStream, text: &str, last: bool) -> Option<Value> {
-    let mut parts: Vec<Value> = tools.push(text).into_iter().collect();
-    if last {
-        parts.extend(tools.finish());
-    }
-    let mut delta = json!({});
-    for part in parts {
-        if let Some(c) = part["content"].as_str() {
-            let before = delta["content"].as_str().unwrap_or("").to_string();
-            delta["content"] = json!(before + c);
-        }
-        if let Some(calls) = part["tool_calls"].as_array() {
-            let all = delta["tool_calls"].as_array().cloned().unwrap_or_default();
-            delta["tool_calls"] = json!([all, calls.clone()].concat());
-        }
-    }
-    (delta != json!({})).then_some(delta)
 }
 
 /// Counts the choices a client left unfinished as aborted (their sequences are aborted when the

@@ -76,6 +76,27 @@ impl ToolStream {
         }
     }
 
+    /// The one delta for a token's `text` (and, on the answer's `last` token, what was held
+    /// back): content and tool-call entries side by side, or `None` when all is held back.
+    pub fn step(&mut self, text: &str, last: bool) -> Option<Value> {
+        let mut parts: Vec<Value> = self.push(text).into_iter().collect();
+        if last {
+            parts.extend(self.finish());
+        }
+        let mut delta = json!({});
+        for part in parts {
+            if let Some(c) = part["content"].as_str() {
+                let before = delta["content"].as_str().unwrap_or("").to_string();
+                delta["content"] = json!(before + c);
+            }
+            if let Some(calls) = part["tool_calls"].as_array() {
+                let all = delta["tool_calls"].as_array().cloned().unwrap_or_default();
+                delta["tool_calls"] = json!([all, calls.clone()].concat());
+            }
+        }
+        (delta != json!({})).then_some(delta)
+    }
+
     /// The delta that ends the answer: what was held back, as calls if it reads as calls, else
     /// as content.
     pub fn finish(&mut self) -> Option<Value> {
