@@ -188,3 +188,8 @@ fn phi3_with_stacked_qkv_and_gate_up_matches_transformers() {
 fn phi3_with_longrope_scaling_matches_transformers() {
     check("phi3-longrope");
 }
+
+#[test]
+fn phi3_with_partial_rotary_matches_transformers() {
+    check("phi3-partial");
+}

@@ -85,6 +85,10 @@ pub fn load(
     let heads = md_u32(&ct, &key("attention.head_count"))? as usize;
     let hidden = md_u32(&ct, &key("embedding_length"))? as usize;
     let eos = md_u32(&ct, "tokenizer.ggml.eos_token_id").ok();
+    // Qwen3's head width is not hidden / heads: `attention.key_length` says it.
+    let head_dim = md_u32(&ct, &key("attention.key_length"))
+        .or_else(|_| md_u32(&ct, &key("rope.dimension_count")))
+        .map_or(hidden / heads, |v| v as usize);
     let config = ModelConfig {
         architecture,
         qk_norm: architecture == Architecture::Qwen3,
@@ -95,10 +99,7 @@ pub fn load(
         num_attention_heads: heads,
         num_key_value_heads: md_u32(&ct, &key("attention.head_count_kv"))
             .map_or(heads, |v| v as usize),
-        // Qwen3's head width is not hidden / heads: `attention.key_length` says it.
-        head_dim: md_u32(&ct, &key("attention.key_length"))
-            .or_else(|_| md_u32(&ct, &key("rope.dimension_count")))
-            .map_or(hidden / heads, |v| v as usize),
+        head_dim,
         norm_eps: md_f64(&ct, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
         rope_theta: md_f64(&ct, &key("rope.freq_base")).unwrap_or(10_000.0),
         rope_scaling: None,
@@ -115,6 +116,7 @@ pub fn load(
         eos_token_ids: eos.into_iter().collect(),
         opt: None,
         neox: None,
+        rotary_dim: head_dim,
     };
     let tokenizer = tokenizer_from_gguf(&ct, &tokens)?;
     let chat_template = ct

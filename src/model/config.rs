@@ -40,8 +40,6 @@ pub struct OptSettings {
 /// GPT-NeoX settings.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NeoxSettings {
-    /// Leading dimensions of each head that rotary turns (`partial_rotary_factor * head_dim`).
-    pub rotary_dim: usize,
     /// `x + attn(ln1(x)) + mlp(ln2(x))` instead of one after the other.
     pub parallel_residual: bool,
     /// GELU by its tanh approximation (`gelu_new`) instead of the exact one (`gelu`).
@@ -97,6 +95,9 @@ pub struct ModelConfig {
     pub opt: Option<OptSettings>,
     /// GPT-NeoX-only settings.
     pub neox: Option<NeoxSettings>,
+    /// Leading dimensions of each head that rotary turns: `head_dim`, or
+    /// `partial_rotary_factor * head_dim` (GPT-NeoX, Phi-4-mini); the rest pass through.
+    pub rotary_dim: usize,
 }
 
 /// A token id or a list of them (HF writes `eos_token_id` both ways).
@@ -241,31 +242,27 @@ impl ModelConfig {
         let is_gpt2 = architecture == Architecture::Gpt2;
         let is_neox = architecture == Architecture::GptNeox;
         let head_dim = c.head_dim.unwrap_or(c.hidden_size / heads);
+        let rotary_factor = c
+            .partial_rotary_factor
+            .or_else(|| rope_params?.get("partial_rotary_factor")?.as_f64())
+            .unwrap_or(1.0);
+        // transformers turns part of each head in GPT-NeoX and Phi-3/4 only.
+        if rotary_factor < 1.0 && !is_neox && architecture != Architecture::Phi3 {
+            return Err(unsupported(format!(
+                "partial rotary (partial_rotary_factor {rotary_factor}) in {arch_name}"
+            )));
+        }
         let neox = if is_neox {
             let gelu_tanh = match c.hidden_act.as_deref().unwrap_or("gelu") {
                 "gelu" => false,
                 "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => true,
                 other => return Err(unsupported(format!("GPT-NeoX activation {other:?}"))),
             };
-            let factor = c
-                .partial_rotary_factor
-                .or_else(|| rope_params?.get("partial_rotary_factor")?.as_f64())
-                .unwrap_or(1.0);
             Some(NeoxSettings {
-                rotary_dim: (head_dim as f64 * factor) as usize,
                 parallel_residual: c.use_parallel_residual.unwrap_or(true),
                 gelu_tanh,
             })
         } else {
-            let factor = c
-                .partial_rotary_factor
-                .or_else(|| rope_params?.get("partial_rotary_factor")?.as_f64())
-                .unwrap_or(1.0);
-            if factor < 1.0 {
-                return Err(unsupported(format!(
-                    "partial rotary (partial_rotary_factor {factor}) in {arch_name}"
-                )));
-            }
             None
         };
         if is_gpt2
@@ -328,13 +325,13 @@ impl ModelConfig {
                     && !c._remove_final_layer_norm.unwrap_or(false),
             }),
             neox,
+            rotary_dim: (head_dim as f64 * rotary_factor) as usize,
         })
     }
 
-    /// Leading dimensions of each head that rotary turns (all of them but with GPT-NeoX's partial
-    /// rotary).
+    /// Leading dimensions of each head that rotary turns (all of them but with partial rotary).
     pub fn rotary_dim(&self) -> usize {
-        self.neox.as_ref().map_or(self.head_dim, |n| n.rotary_dim)
+        self.rotary_dim
     }
 
     /// Bytes of KV cache one token takes in all layers for `kv_heads` of the KV heads (all of
@@ -467,7 +464,7 @@ mod tests {
             e.to_string().contains("original_max_position_embeddings"),
             "{e}"
         );
-        let e = phi(r#","partial_rotary_factor":0.75"#).unwrap_err();
-        assert!(e.to_string().contains("partial_rotary_factor 0.75"), "{e}");
+        let partial = phi(r#","partial_rotary_factor":0.75"#).unwrap();
+        assert_eq!((partial.rotary_dim(), partial.head_dim), (48, 64));
     }
 }

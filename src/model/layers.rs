@@ -324,6 +324,11 @@ impl RotaryRows {
         unsafe { pagewise_kernels::rope_qkv_cache(&x, k_cache, v_cache, slot_mapping) }
     }
 
+    /// Dimensions of each head these tables turn.
+    pub fn dims(&self) -> usize {
+        2 * self.cos.dims().last().copied().unwrap_or(0)
+    }
+
     /// Rotates `x` (`[tokens, heads, head_dim]`, contiguous): all of each head, or its leading
     /// dimensions when the tables are narrower (partial rotary; the rest pass through).
     pub fn apply(&self, x: &Tensor) -> candle_core::Result<Tensor> {

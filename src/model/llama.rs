@@ -192,6 +192,10 @@ impl Llama {
         kv: &KvCache,
     ) -> Option<Vec<decode_fused::FusedLayer<'_>>> {
         batch.attention.device.as_ref()?;
+        // The fused kernels turn whole heads: partial rotary (Phi-4-mini) takes the other path.
+        if self.cfg.rotary_dim() < self.cfg.head_dim {
+            return None;
+        }
         let layers = self
             .layers
             .iter()

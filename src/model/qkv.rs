@@ -164,7 +164,7 @@ pub fn attention(
 /// On a GPU, the rest of [`attention`] from the fused projection's output `qkv`
 /// (`[tokens, (heads + 2 * kv_heads) * head_dim]`): one kernel rotates q and k and writes k and v
 /// into the cache, then paged attention. `None` when the layer's cache or the step's device
-/// metadata is not on a GPU.
+/// metadata is not on a GPU, or rotary turns only part of each head.
 #[cfg(feature = "cuda")]
 pub fn attend_projected(
     qkv: &Tensor,
@@ -177,6 +177,10 @@ pub fn attend_projected(
     let (Some(caches), Some(dm)) = (kv.device_layer(layer), &batch.attention.device) else {
         return None;
     };
+    if rotary.dims() < heads.dim {
+        // The kernel turns whole heads; partial rotary goes through `RotaryRows::apply`.
+        return None;
+    }
     let q = match rotary.apply_qkv_and_cache(qkv, heads.q, heads.kv, caches, &dm.slot_mapping) {
         Ok(q) => q,
         Err(e) => return Some(Err(e)),
