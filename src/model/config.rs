@@ -252,6 +252,13 @@ impl ModelConfig {
                 "partial rotary (partial_rotary_factor {rotary_factor}) in {arch_name}"
             )));
         }
+        let rotary_dim = (head_dim as f64 * rotary_factor) as usize;
+        if rotary_dim == 0 || rotary_dim % 2 == 1 || rotary_dim > head_dim {
+            return Err(unsupported(format!(
+                "partial_rotary_factor {rotary_factor}: rotary would turn {rotary_dim} of \
+                 {head_dim} head dimensions (an even number up to the head is needed)"
+            )));
+        }
         let neox = if is_neox {
             let gelu_tanh = match c.hidden_act.as_deref().unwrap_or("gelu") {
                 "gelu" => false,
@@ -325,7 +332,7 @@ impl ModelConfig {
                     && !c._remove_final_layer_norm.unwrap_or(false),
             }),
             neox,
-            rotary_dim: (head_dim as f64 * rotary_factor) as usize,
+            rotary_dim,
         })
     }
 
@@ -464,7 +471,9 @@ mod tests {
             e.to_string().contains("original_max_position_embeddings"),
             "{e}"
         );
-        let partial = phi(r#","partial_rotary_factor":0.75"#).unwrap();
+        let partial = phi(r#","head_dim":64,"partial_rotary_factor":0.75"#).unwrap();
         assert_eq!((partial.rotary_dim(), partial.head_dim), (48, 64));
+        let e = phi(r#","partial_rotary_factor":0.75"#).unwrap_err();
+        assert!(e.to_string().contains("3 of 4"), "{e}");
     }
 }
