@@ -253,7 +253,7 @@ impl ModelConfig {
             )));
         }
         let rotary_dim = (head_dim as f64 * rotary_factor) as usize;
-        if rotary_dim == 0 || rotary_dim % 2 == 1 || rotary_dim > head_dim {
+        if rotary_factor < 1.0 && (rotary_dim == 0 || rotary_dim % 2 == 1) || rotary_factor > 1.0 {
             return Err(unsupported(format!(
                 "partial_rotary_factor {rotary_factor}: rotary would turn {rotary_dim} of \
                  {head_dim} head dimensions (an even number up to the head is needed)"
