@@ -52,19 +52,24 @@ use common::{argmax, rel_err};
 
 #[test]
 fn gpu_float32_greedy_tokens_equal_the_cpu_reference() {
-    let args = |device| EngineArgs {
-        model: model("tiny-d64"),
-        device,
-        dtype: DtypeArg::Float32,
-        ..Default::default()
-    };
-    let prompts = prompts(8, 256);
-    let mut cpu = Llm::new(args(DeviceArg::Cpu)).unwrap();
-    let mut gpu = Llm::new(args(DeviceArg::Cuda(0))).unwrap();
-    let want = cpu.generate_tokens(prompts.clone(), &greedy(32)).unwrap();
-    let got = gpu.generate_tokens(prompts, &greedy(32)).unwrap();
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_eq!(g.outputs[0].token_ids, w.outputs[0].token_ids, "prompt {i}");
+    for name in ["tiny-d64", "phi4mini-d64"] {
+        let args = |device| EngineArgs {
+            model: model(name),
+            device,
+            dtype: DtypeArg::Float32,
+            ..Default::default()
+        };
+        let prompts = prompts(8, 256);
+        let mut cpu = Llm::new(args(DeviceArg::Cpu)).unwrap();
+        let mut gpu = Llm::new(args(DeviceArg::Cuda(0))).unwrap();
+        let want = cpu.generate_tokens(prompts.clone(), &greedy(32)).unwrap();
+        let got = gpu.generate_tokens(prompts, &greedy(32)).unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g.outputs[0].token_ids, w.outputs[0].token_ids,
+                "{name}, prompt {i}"
+            );
+        }
     }
 }
 
@@ -76,23 +81,20 @@ fn gpu_bfloat16_logits_stay_close_to_the_cpu_float32_logits() {
         .cycle()
         .take(300)
         .collect();
-    let path = model("tiny-d64");
-    let want = common::logits_at_every_position_on(
-        &path,
-        GgufMatmul::Auto,
-        &tokens,
-        &Device::Cpu,
-        DType::F32,
-    );
-    let f32_gpu =
-        common::logits_at_every_position_on(&path, GgufMatmul::Auto, &tokens, &gpu(), DType::F32);
-    let bf16_gpu =
-        common::logits_at_every_position_on(&path, GgufMatmul::Auto, &tokens, &gpu(), DType::BF16);
-    let (e32, e16) = (rel_err(&f32_gpu, &want), rel_err(&bf16_gpu, &want));
-    eprintln!("tiny-d64, 300 positions: rel. err. f32 GPU {e32:.2e}, bf16 GPU {e16:.2e}");
-    assert!(e32 < 1e-4, "f32 on the GPU: {e32}");
-    // bf16 keeps 8 bits of mantissa; this model's large random weights (std 0.1) amplify it.
-    assert!(e16 < 5e-2, "bf16 on the GPU: {e16}");
+    // phi4mini-d64 turns 3/4 of each head (partial rotary): the unfused route.
+    for name in ["tiny-d64", "phi4mini-d64"] {
+        let path = model(name);
+        let on = |device: &Device, dtype| {
+            common::logits_at_every_position_on(&path, GgufMatmul::Auto, &tokens, device, dtype)
+        };
+        let want = on(&Device::Cpu, DType::F32);
+        let (f32_gpu, bf16_gpu) = (on(&gpu(), DType::F32), on(&gpu(), DType::BF16));
+        let (e32, e16) = (rel_err(&f32_gpu, &want), rel_err(&bf16_gpu, &want));
+        eprintln!("{name}, 300 positions: rel. err. f32 GPU {e32:.2e}, bf16 GPU {e16:.2e}");
+        assert!(e32 < 1e-4, "{name}, f32 on the GPU: {e32}");
+        // bf16 keeps 8 bits of mantissa; these models' large random weights (std 0.1) amplify it.
+        assert!(e16 < 5e-2, "{name}, bf16 on the GPU: {e16}");
+    }
 }
 
 /// Decode steps of as many rows as the fused path takes (`decode_fused::MAX_ROWS`) in bf16

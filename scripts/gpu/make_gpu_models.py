@@ -6,6 +6,8 @@ built where they run) and Hugging Face transformers' reference logits for them.
 OUT_DIR/tiny-d64     Llama-family model with GPU head dims (hidden 256, 4 heads, 2 KV heads,
                      head_dim 64, 2 layers), vocab 320 with the byte-level tokenizer of
                      tests/fixtures/llama-gqa-tied. Used for GPU-vs-CPU parity and batch invariance.
+OUT_DIR/phi4mini-d64 Phi-3 with Phi-4-mini's partial rotary (3/4 of each head; hidden 256, 4 heads,
+                     2 KV heads, head_dim 64, 2 layers, vocab 320): the unfused GPU route.
 OUT_DIR/qwen3-d128   Qwen3 (an RMSNorm on each q and k head before rotary) with the GPU's head dim
                      128 (hidden 256, 8 heads, 2 KV heads, 2 layers, vocab 320), float32, and
                      its hf_logits.safetensors as below (2 sequences of 128 tokens).
@@ -23,7 +25,8 @@ import sys
 
 import torch
 from safetensors.torch import save_file
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE = os.path.join(HERE, "..", "..", "tests", "fixtures", "llama-gqa-tied")
@@ -43,6 +46,17 @@ def tiny(path):
                       pad_token_id=None, initializer_range=0.1, tie_word_embeddings=True,
                       rope_theta=10000.0)
     save(LlamaForCausalLM(cfg).float(), cfg, path)
+
+
+def phi4mini(path):
+    torch.manual_seed(5)
+    cfg = Phi3Config(vocab_size=320, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                     original_max_position_embeddings=1024, eos_token_id=256, bos_token_id=None,
+                     pad_token_id=None, initializer_range=0.1, tie_word_embeddings=False,
+                     rope_theta=10000.0, rope_scaling=None, sliding_window=None,
+                     partial_rotary_factor=0.75)
+    save(Phi3ForCausalLM(cfg).float(), cfg, path)
 
 
 def reference_logits(cls, path, vocab, seqs, tokens):
@@ -96,6 +110,7 @@ if __name__ == "__main__":
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
     tiny(os.path.join(out, "tiny-d64"))
+    phi4mini(os.path.join(out, "phi4mini-d64"))
     qwen3(os.path.join(out, "qwen3-d128"))
     if sys.argv[2:] != ["tiny"]:
         llama_1b(os.path.join(out, "llama-1b"))
