@@ -68,6 +68,27 @@ fn json_schema_output_parses_and_validates() {
 }
 
 #[test]
+fn local_refs_resolve_as_pydantic_writes_nested_models() {
+    let (g, tok, eos) = grammars();
+    let schema = serde_json::json!({
+        "$defs": {"Pet": {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}},
+                          "required": ["kind"], "additionalProperties": false}},
+        "type": "object",
+        "properties": {"pet": {"$ref": "#/$defs/Pet"}},
+        "required": ["pet"],
+        "additionalProperties": false
+    });
+    let mut guide = g.compile(&StructuredOutputs::Json(schema)).unwrap();
+    let (text, done) = decode(&mut guide, &tok, eos, 100);
+    assert!(done, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(
+        ["cat", "dog"].contains(&v["pet"]["kind"].as_str().unwrap()),
+        "{text}"
+    );
+}
+
+#[test]
 fn choice_regex_and_grammars_hold() {
     let (g, tok, eos) = grammars();
     let choices = vec!["alpha (1)".to_string(), "beta*".to_string()];
