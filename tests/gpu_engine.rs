@@ -114,21 +114,26 @@ fn bfloat16_decode_steps_stay_close_to_the_cpu_float32_logits() {
     let before = pagewise::model::decode_fused::steps_run();
     let got = common::logits_decoding_step_by_step(&path, &seqs, &gpu(), DType::BF16);
     let fused_steps = pagewise::model::decode_fused::steps_run() - before;
+    let label = format!("tiny-d64, 40 decode steps ({fused_steps} fused)");
+    assert_decode_near_the_cpu(&label, &path, &seqs, &got);
+    assert_eq!(fused_steps, 40, "every step must take the fused path");
+}
+
+/// Each sequence's bf16 decode-step logits `got` within 5e-2 (relative) of the CPU's f32
+/// prefill logits of the same tokens.
+fn assert_decode_near_the_cpu(label: &str, path: &str, seqs: &[Vec<u32>], got: &[Vec<Vec<f32>>]) {
     for (i, s) in seqs.iter().enumerate() {
         let want = common::logits_at_every_position_on(
-            &path,
+            path,
             GgufMatmul::Auto,
             s,
             &Device::Cpu,
             DType::F32,
         );
         let err = rel_err(&got[i], &want);
-        eprintln!(
-            "tiny-d64, sequence {i}, 40 decode steps ({fused_steps} fused): rel. err. {err:.2e}"
-        );
-        assert!(err < 5e-2, "sequence {i}: {err}");
+        eprintln!("{label}, sequence {i}: rel. err. {err:.2e}");
+        assert!(err < 5e-2, "{label}, sequence {i}: {err}");
     }
-    assert_eq!(fused_steps, 40, "every step must take the fused path");
 }
 
 /// Qwen3 (an RMSNorm on each query and key head before rotary) with head dim 128 on the GPU
@@ -159,18 +164,7 @@ fn qwen3_on_the_gpu_matches_transformers() {
     }
     let seqs: Vec<Vec<u32>> = tokens.iter().map(|t| t[..40].to_vec()).collect();
     let got = common::logits_decoding_step_by_step(&path, &seqs, &gpu(), DType::BF16);
-    for (i, s) in seqs.iter().enumerate() {
-        let want = common::logits_at_every_position_on(
-            &path,
-            GgufMatmul::Auto,
-            s,
-            &Device::Cpu,
-            DType::F32,
-        );
-        let err = rel_err(&got[i], &want);
-        eprintln!("qwen3-d128, sequence {i}, 40 bf16 decode steps: rel. err. {err:.2e}");
-        assert!(err < 5e-2, "sequence {i}: {err}");
-    }
+    assert_decode_near_the_cpu("qwen3-d128, 40 bf16 decode steps", &path, &seqs, &got);
 }
 
 /// Teacher-forced top-1 agreement of `got` with `want` over the positions where `want`'s top-1

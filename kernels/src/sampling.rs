@@ -18,22 +18,7 @@ pub fn sample(
     min_ps: &Tensor,
     seeds: &Tensor,
 ) -> Result<Tensor> {
-    let (rows, vocab) = logits.dims2()?;
-    // Every row's id is written by the kernel; the workspace's counters start at zero.
-    let out = crate::empty(rows, DType::U32, logits.device())?;
-    let parts = Tensor::zeros(
-        sample_workspace_len(rows, vocab).max(1),
-        DType::F32,
-        logits.device(),
-    )?;
-    let to = SampleOutputs {
-        ids: &out,
-        host_ids: None,
-        logits_copy: None,
-        workspace: &parts,
-    };
-    sample_into(&to, logits, temperatures, min_ps, seeds)?;
-    Ok(out)
+    sample_new(logits, temperatures, min_ps, seeds, None)
 }
 
 /// f32 elements of scratch that [`sample_into`] needs for `rows` rows of `vocab` logits.
@@ -73,7 +58,19 @@ pub fn sample_masked(
     seeds: &Tensor,
     masks: &Tensor,
 ) -> Result<Tensor> {
+    sample_new(logits, temperatures, min_ps, seeds, Some(masks))
+}
+
+/// [`sample_with`] into a fresh ids tensor and workspace.
+fn sample_new(
+    logits: &Tensor,
+    temperatures: &Tensor,
+    min_ps: &Tensor,
+    seeds: &Tensor,
+    masks: Option<&Tensor>,
+) -> Result<Tensor> {
     let (rows, vocab) = logits.dims2()?;
+    // Every row's id is written by the kernel; the workspace's counters start at zero.
     let out = crate::empty(rows, DType::U32, logits.device())?;
     let parts = Tensor::zeros(
         sample_workspace_len(rows, vocab).max(1),
@@ -86,7 +83,7 @@ pub fn sample_masked(
         logits_copy: None,
         workspace: &parts,
     };
-    sample_with(&to, logits, temperatures, min_ps, seeds, Some(masks))?;
+    sample_with(&to, logits, temperatures, min_ps, seeds, masks)?;
     Ok(out)
 }
 
