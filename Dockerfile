@@ -35,11 +35,12 @@ RUN mkdir -p /opt/pagewise/lib && case ",${FEATURES}," in *nccl*) \
        && cp /tmp/nccl/nvidia/nccl/lib/libnccl.so.2 /opt/pagewise/lib/ \
        && ln -s libnccl.so.2 /opt/pagewise/lib/libnccl.so && rm -rf /tmp/nccl ;; esac
 WORKDIR /src
-# Dependency layer: the manifests, the kernels crate (it changes rarely) and an empty app, built
+# Dependency layer: the manifests, the kernel crates (they change rarely) and an empty app, built
 # once, so a change to the app's sources rebuilds only the app.
 COPY Cargo.toml Cargo.lock rust-toolchain.toml ./
 COPY .cargo .cargo
 COPY kernels kernels
+COPY cpu cpu
 RUN mkdir -p src benches \
     && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
     && for b in scheduler_step hot_paths; do echo 'fn main() {}' > benches/$b.rs; done \

@@ -159,7 +159,8 @@ pub struct EngineFlags {
     /// Seed of `--load-format dummy` weights.
     #[arg(long, env = "PAGEWISE_SEED", default_value_t = 0)]
     pub seed: u64,
-    /// GGUF matmuls: auto (dequantized on CPU up to 4 GiB of floats), quantized, or dequantized.
+    /// GGUF matmuls: auto (quantized; on the CPU, types without a CPU kernel dequantized up to
+    /// 4 GiB of floats), quantized, or dequantized.
     #[arg(long, env = "PAGEWISE_GGUF_MATMUL", value_enum, default_value_t = GgufMatmul::Auto)]
     pub gguf_matmul: GgufMatmul,
     /// Chat template replacing the model's: a file path, or the template text.

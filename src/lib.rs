@@ -5,6 +5,8 @@
 //! [`engine`] (requests, sequences, incremental detokenization and stop strings).
 
 pub mod bench;
+/// The CPU kernels for GGUF-quantized weights (the `pagewise-cpu` crate).
+pub use pagewise_cpu as cpu;
 pub mod chat;
 pub mod cli;
 pub mod config_file;

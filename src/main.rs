@@ -257,9 +257,12 @@ fn bench(cmd: BenchCmd) -> Result<()> {
                 a.num_iters,
             )?;
             println!("batch {}: {}", r.batch_size, r.latency.row("latency"));
+            println!("batch {}: {}", r.batch_size, r.ttft.row("first token"));
             println!(
-                "{:.1} output tok/s per sequence",
-                r.decode_tokens_per_s_per_seq
+                "{:.1} output tok/s per sequence; prefill {:.1} tok/s, decode alone {:.1} tok/s per sequence",
+                r.decode_tokens_per_s_per_seq,
+                r.prefill_tokens_per_s,
+                r.decode_only_tokens_per_s_per_seq
             );
             println!("{}", r.step_breakdown.row());
             write_json(a.output_json.as_ref(), &r)

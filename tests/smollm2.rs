@@ -8,10 +8,16 @@ use pagewise::chat::{ChatMessage, ChatTemplate};
 use pagewise::loader::GgufMatmul;
 use pagewise::{EngineArgs, Llm, SamplingParams};
 
+/// SmolLM2 as a newcomer gets it: the default matmuls (on the CPU, the quantized kernels).
 fn smollm2(model: String) -> Llm {
+    smollm2_with(model, GgufMatmul::Auto)
+}
+
+fn smollm2_with(model: String, gguf_matmul: GgufMatmul) -> Llm {
     Llm::new(EngineArgs {
         model,
         max_model_len: Some(512),
+        gguf_matmul,
         ..Default::default()
     })
     .unwrap()
@@ -83,7 +89,7 @@ fn tokenizer_and_dequantized_greedy_match_transformers() {
         return;
     };
     let reference = hf_reference();
-    let mut llm = smollm2(model);
+    let mut llm = smollm2_with(model, GgufMatmul::Dequantized);
     let cases = reference["cases"].as_array().unwrap();
     let prompts: Vec<&str> = cases
         .iter()
@@ -124,6 +130,79 @@ fn quantized_matmul_agrees_with_transformers_teacher_forced() {
     let rate = agree as f64 / total as f64;
     eprintln!("teacher-forced top-1 agreement, quantized matmul: {agree}/{total} = {rate:.3}");
     assert!(rate >= 0.95, "{agree}/{total}");
+}
+
+/// The CPU's quantized kernels against the dequantized f32 path, teacher-forced on the reference
+/// sequences: logits within the 8-bit activations' tolerance, the same top-1 token wherever the
+/// dequantized path's margin between its first two is clear, and the same greedy tokens up to
+/// the first position where that margin is not.
+#[test]
+fn cpu_kernels_agree_with_the_dequantized_path() {
+    let Some(model) = common::smollm2_gguf() else {
+        return;
+    };
+    let reference = hf_reference();
+    let cases = reference["cases"].as_array().unwrap();
+    let (mut worst, mut clear) = (0f64, 0);
+    for case in cases {
+        let full = [ids(&case["prompt_ids"]), ids(&case["greedy"])].concat();
+        let at = |matmul| common::logits_at_every_position(&model, matmul, &full);
+        let (fast, exact) = (at(GgufMatmul::Quantized), at(GgufMatmul::Dequantized));
+        worst = worst.max(common::rel_err(&fast, &exact));
+        for (f, e) in fast.iter().zip(&exact) {
+            if margin(e) > 1.0 {
+                clear += 1;
+                assert_eq!(pagewise::sampler::argmax(f), pagewise::sampler::argmax(e));
+            }
+        }
+    }
+    eprintln!(
+        "kernels vs dequantized: rel. err. {worst:.2e}; top-1 equal at {clear} clear positions"
+    );
+    assert!(worst < 5e-2, "{worst}");
+    assert!(
+        clear > 50,
+        "too few clear positions to mean anything: {clear}"
+    );
+
+    // Greedy, through the library: token for token while the dequantized margins are clear.
+    let prompts: Vec<&str> = cases
+        .iter()
+        .map(|c| c["prompt"].as_str().unwrap())
+        .collect();
+    let fast = smollm2(model.clone())
+        .generate(&prompts, &greedy(24))
+        .unwrap();
+    let exact = smollm2_with(model.clone(), GgufMatmul::Dequantized)
+        .generate(&prompts, &greedy(24))
+        .unwrap();
+    for (f, e) in fast.iter().zip(&exact) {
+        let full = [e.prompt_token_ids.clone(), e.outputs[0].token_ids.clone()].concat();
+        let logits = common::logits_at_every_position(&model, GgufMatmul::Dequantized, &full);
+        let n = e.prompt_token_ids.len();
+        let clear_run = (0..e.outputs[0].token_ids.len())
+            .take_while(|&i| margin(&logits[n - 1 + i]) > 1.0)
+            .count();
+        assert_eq!(
+            f.outputs[0].token_ids[..clear_run],
+            e.outputs[0].token_ids[..clear_run],
+            "{:?}",
+            e.prompt
+        );
+    }
+}
+
+/// The gap between the two largest logits.
+fn margin(logits: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &v in logits {
+        if v > a {
+            (a, b) = (v, a);
+        } else if v > b {
+            b = v;
+        }
+    }
+    a - b
 }
 
 #[test]

@@ -115,8 +115,15 @@ pub struct LatencyResult {
     pub batch_size: usize,
     /// Per-iteration latency.
     pub latency: Summary,
-    /// Output tokens per second per sequence, from the mean latency.
+    /// Output tokens per second per sequence, from the mean latency (prefill included).
     pub decode_tokens_per_s_per_seq: f64,
+    /// Time to the first token: the same batch run with one output token (llama-bench's `pp`).
+    pub ttft: Summary,
+    /// Prompt tokens per second of the batch, from the mean time to the first token.
+    pub prefill_tokens_per_s: f64,
+    /// Per sequence, tokens per second of the decode steps alone: the output tokens after the
+    /// first over the mean latency less the mean time to the first token (llama-bench's `tg`).
+    pub decode_only_tokens_per_s_per_seq: f64,
     /// Mean time per engine step of each phase, over the timed iterations.
     pub step_breakdown: StepBreakdown,
 }
@@ -136,24 +143,37 @@ pub fn latency(
     })?;
     let vocab = llm.core().model_config().vocab_size;
     let params = fixed_length(output_len);
+    let prompts = |i: usize| random_prompts(batch_size, input_len, vocab, i as u64);
     let mut samples = Vec::with_capacity(iters);
     for i in 0..warmup + iters {
-        let prompts = random_prompts(batch_size, input_len, vocab, i as u64);
         if i == warmup {
             llm.core_mut().reset_step_times();
         }
         let start = Instant::now();
-        llm.generate_tokens(prompts, &params)?;
+        llm.generate_tokens(prompts(i), &params)?;
         if i >= warmup {
             samples.push(start.elapsed().as_secs_f64());
         }
     }
-    let latency = Summary::of_seconds(&samples);
     let step_breakdown = llm.core().step_times().per_step();
+    // The same batches again with one output token: the prefill alone.
+    let first = fixed_length(1);
+    let mut firsts = Vec::with_capacity(iters);
+    for i in warmup..warmup + iters {
+        let start = Instant::now();
+        llm.generate_tokens(prompts(i), &first)?;
+        firsts.push(start.elapsed().as_secs_f64());
+    }
+    let latency = Summary::of_seconds(&samples);
+    let ttft = Summary::of_seconds(&firsts);
+    let decode_s = ((latency.mean_ms - ttft.mean_ms) / 1e3).max(f64::MIN_POSITIVE);
     Ok(LatencyResult {
         step_breakdown,
         batch_size,
         decode_tokens_per_s_per_seq: output_len as f64 / (latency.mean_ms / 1e3),
+        prefill_tokens_per_s: (batch_size * input_len) as f64 / (ttft.mean_ms / 1e3),
+        decode_only_tokens_per_s_per_seq: output_len.saturating_sub(1) as f64 / decode_s,
         latency,
+        ttft,
     })
 }

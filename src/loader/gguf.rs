@@ -11,7 +11,7 @@ use tokenizers::Tokenizer;
 
 use super::{GgufMatmul, LoadError};
 use crate::model::config::{Architecture, ModelConfig};
-use crate::model::weights::Weights;
+use crate::model::weights::{Dequantize, Weights};
 
 /// What a GGUF file provides besides weights.
 pub struct GgufModel {
@@ -126,11 +126,14 @@ pub fn load(
 
     let num_params: usize = ct.tensor_infos.values().map(|t| t.shape.elem_count()).sum();
     let dequantize = match matmul {
-        GgufMatmul::Quantized => false,
-        GgufMatmul::Dequantized => true,
-        GgufMatmul::Auto => device.is_cpu() && num_params * 4 <= 4 << 30,
+        GgufMatmul::Quantized => Dequantize::Nothing,
+        GgufMatmul::Dequantized => Dequantize::All,
+        GgufMatmul::Auto if device.is_cpu() && num_params * 4 <= 4 << 30 => {
+            Dequantize::WithoutCpuKernel
+        }
+        GgufMatmul::Auto => Dequantize::Nothing,
     };
-    tracing::info!(num_params, dequantize, "GGUF weights");
+    tracing::info!(num_params, ?dequantize, "GGUF weights");
     let mut tensors = HashMap::new();
     for name in ct.tensor_infos.keys() {
         let t = ct

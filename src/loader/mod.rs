@@ -51,11 +51,13 @@ pub enum LoadFormat {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum GgufMatmul {
-    /// Dequantized on the CPU when the float weights take at most 4 GiB (faster there: candle has
-    /// no SIMD kernels for several quant types, and float matmuls are exact), quantized otherwise.
+    /// Quantized, except on the CPU for the weight types our CPU kernels lack (they take Q4_0,
+    /// Q4_1 and Q8_0): those are dequantized there when the model's float weights would take at
+    /// most 4 GiB.
     #[default]
     Auto,
-    /// candle's quantized matmul (activations quantized to 8 bits on the fly).
+    /// Quantized matmuls, activations quantized to 8 bits on the fly: our kernels on the CPU
+    /// (candle's for the types they lack), candle's on a GPU.
     Quantized,
     /// Weights dequantized at load; float matmuls.
     Dequantized,

@@ -7,12 +7,20 @@ use candle_core::{DType, Device, Module, Tensor};
 use super::ModelError;
 use super::config::{Llama3RopeScaling, ModelConfig};
 use super::weights::{Part, Weights};
+use crate::cpu::QLinear;
 use crate::parallel::TpRank;
 
 /// `y = x W^T + b`, with `W` dense or quantized (GGUF).
 pub enum Linear {
     /// Dense weight `[out, in]`.
     Dense(candle_nn::Linear),
+    /// GGUF-quantized weight on the CPU, multiplied by our kernels ([`crate::cpu`]).
+    Cpu {
+        /// The quantized weight.
+        weight: QLinear,
+        /// Optional bias `[out]`.
+        bias: Option<Tensor>,
+    },
     /// Quantized weight; candle's quantized matmul takes f32 input.
     Quantized {
         /// The quantized weight.
@@ -34,25 +42,41 @@ impl Linear {
     }
 
     /// One layer computing all of `parts` side by side (their weights stacked along the output
-    /// dimension, biases too), or `None` when any part is quantized or only some have a bias.
+    /// dimension, biases too), or `None` when the parts are not all dense or all of one CPU
+    /// quantized format, or only some have a bias.
     pub fn concat(parts: &[&Linear]) -> candle_core::Result<Option<Linear>> {
-        let mut weights = Vec::with_capacity(parts.len());
-        let mut biases = Vec::with_capacity(parts.len());
-        for part in parts {
-            let Linear::Dense(l) = part else {
-                return Ok(None);
-            };
-            weights.push(l.weight().clone());
-            if let Some(b) = l.bias() {
-                biases.push(b.clone());
-            }
-        }
+        let biases: Vec<Tensor> = parts
+            .iter()
+            .filter_map(|p| match p {
+                Linear::Dense(l) => l.bias().cloned(),
+                Linear::Cpu { bias, .. } | Linear::Quantized { bias, .. } => bias.clone(),
+            })
+            .collect();
         let bias = match biases.len() {
             0 => None,
             n if n == parts.len() => Some(Tensor::cat(&biases, 0)?),
             _ => return Ok(None),
         };
-        Ok(Some(Linear::dense(Tensor::cat(&weights, 0)?, bias)))
+        let dense: Option<Vec<Tensor>> = parts
+            .iter()
+            .map(|p| match p {
+                Linear::Dense(l) => Some(l.weight().clone()),
+                _ => None,
+            })
+            .collect();
+        if let Some(weights) = dense {
+            return Ok(Some(Linear::dense(Tensor::cat(&weights, 0)?, bias)));
+        }
+        let quantized: Option<Vec<&QLinear>> = parts
+            .iter()
+            .map(|p| match p {
+                Linear::Cpu { weight, .. } => Some(weight),
+                _ => None,
+            })
+            .collect();
+        Ok(quantized
+            .and_then(|q| QLinear::concat(&q))
+            .map(|weight| Linear::Cpu { weight, bias }))
     }
 
     /// The weight `[out, in]` of a dense layer without a bias (what the fused decode kernels take).
@@ -67,6 +91,24 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             Linear::Dense(l) => l.forward(x),
+            Linear::Cpu { weight, bias } => {
+                let (dtype, dims) = (x.dtype(), x.dims());
+                if dims.last() != Some(&weight.cols()) {
+                    candle_core::bail!("input {dims:?} does not end in {} features", weight.cols());
+                }
+                let m = x.elem_count() / weight.cols();
+                let input = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                let mut out_dims = dims.to_vec();
+                *out_dims
+                    .last_mut()
+                    .expect("an input of at least one dimension") = weight.rows();
+                let y = Tensor::from_vec(weight.matmul(&input, m), out_dims, x.device())?
+                    .to_dtype(dtype)?;
+                match bias {
+                    Some(b) => y.broadcast_add(b),
+                    None => Ok(y),
+                }
+            }
             Linear::Quantized { weight, bias } => {
                 let dtype = x.dtype();
                 let y = weight

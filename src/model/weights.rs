@@ -7,6 +7,8 @@ use std::collections::HashMap;
 use std::ops::Range;
 
 use candle_core::quantized::{QMatMul, QStorage, QTensor};
+
+use crate::cpu::QLinear;
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::VarBuilder;
@@ -28,7 +30,7 @@ pub enum Weights {
         /// Where tensors live.
         device: Device,
     },
-    /// GGUF tensors; matmul weights stay quantized unless `dequantize`.
+    /// GGUF tensors; matmul weights stay quantized unless `dequantize` says otherwise.
     Gguf {
         /// All tensors of the file, by GGUF name.
         tensors: HashMap<String, QTensor>,
@@ -36,9 +38,21 @@ pub enum Weights {
         dtype: DType,
         /// Where tensors live.
         device: Device,
-        /// Dequantize matmul weights at load (exact-parity mode) instead of quantized matmul.
-        dequantize: bool,
+        /// Which matmul weights are dequantized at load.
+        dequantize: Dequantize,
     },
+}
+
+/// Which GGUF matmul weights become float weights at load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dequantize {
+    /// None: on the CPU our kernels take the types they know ([`QLinear`]), candle's quantized
+    /// matmul the others.
+    Nothing,
+    /// Those our CPU kernels lack (on a GPU: none).
+    WithoutCpuKernel,
+    /// All (float matmuls, exact against the dequantized reference).
+    All,
 }
 
 /// Which part of a 2-D tensor `[rows, cols]` a rank reads.
@@ -227,7 +241,16 @@ impl Weights {
                         q.shape()
                     )));
                 }
-                if *dequantize {
+                let kernel = match dequantize {
+                    Dequantize::All => None,
+                    _ if !device.is_cpu() => None,
+                    _ => QLinear::from_gguf(q.dtype(), &q.data()?, out_dim, in_dim),
+                };
+                if let Some(weight) = kernel {
+                    Ok(Linear::Cpu { weight, bias })
+                } else if *dequantize == Dequantize::All
+                    || (*dequantize == Dequantize::WithoutCpuKernel && device.is_cpu())
+                {
                     Ok(Linear::dense(q.dequantize(device)?, bias))
                 } else {
                     // A copy of the quantized bytes: a tied embedding also reads this tensor.

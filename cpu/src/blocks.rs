@@ -1,0 +1,154 @@
+//! GGUF weight blocks as the CPU kernels read them, activations quantized to 8 bits, and the
+//! scalar reference dot products that the SIMD kernels are tested against.
+//!
+//! Every format holds 32 weights a block with one scale `d` (and, for the 4-bit ones, an offset
+//! `m`): weight `j` of a block is `d * q[j] + m`. Activations are quantized the same way, 32 at a
+//! time, to `d * q[j]` with `q` in -127..=127, so a block's dot product is one integer sum:
+//! `Σ (d_w q_w + m_w)(d_a q_a) = d_w d_a Σ q_w q_a + m_w (d_a Σ q_a)`.
+
+use half::f16;
+
+/// Weights (and activations) per block.
+pub const BLOCK: usize = 32;
+
+/// 32 weights of 4 bits: GGUF's `Q4_1` as is, and `Q4_0` with its implicit offset of -8 made an
+/// explicit `m = -8 d`. Nibble `j` (low halves first) is `qs[j % 16] >> (4 * (j / 16)) & 15`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Nibbles {
+    /// Scale.
+    pub d: f16,
+    /// Offset.
+    pub m: f16,
+    /// Packed 4-bit values.
+    pub qs: [u8; 16],
+}
+
+/// 32 weights of 8 bits: GGUF's `Q8_0`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bytes {
+    /// Scale.
+    pub d: f16,
+    /// Signed values.
+    pub qs: [i8; 32],
+}
+
+/// 32 activations quantized to 8 bits, with `s = d Σ q` for the offset term of 4-bit weights.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Act {
+    /// Scale.
+    pub d: f32,
+    /// `d` times the sum of `qs`.
+    pub s: f32,
+    /// Signed values.
+    pub qs: [i8; 32],
+}
+
+impl Nibbles {
+    /// Parses GGUF `Q4_1` blocks (20 bytes: d, m, 16 bytes of nibbles).
+    pub fn parse_q4_1(bytes: &[u8]) -> Vec<Nibbles> {
+        bytes
+            .chunks_exact(20)
+            .map(|b| Nibbles {
+                d: f16::from_le_bytes([b[0], b[1]]),
+                m: f16::from_le_bytes([b[2], b[3]]),
+                qs: b[4..20].try_into().expect("16 bytes"),
+            })
+            .collect()
+    }
+
+    /// Parses GGUF `Q4_0` blocks (18 bytes: d, 16 bytes of nibbles centred on 8).
+    pub fn parse_q4_0(bytes: &[u8]) -> Vec<Nibbles> {
+        bytes
+            .chunks_exact(18)
+            .map(|b| {
+                let d = f16::from_le_bytes([b[0], b[1]]);
+                Nibbles {
+                    d,
+                    // Exact: a power-of-two multiple of an f16.
+                    m: f16::from_f32(-8.0 * d.to_f32()),
+                    qs: b[2..18].try_into().expect("16 bytes"),
+                }
+            })
+            .collect()
+    }
+
+    /// The 4-bit value of weight `j`.
+    pub fn q(&self, j: usize) -> u8 {
+        (self.qs[j % 16] >> (4 * (j / 16))) & 15
+    }
+}
+
+impl Bytes {
+    /// Parses GGUF `Q8_0` blocks (34 bytes: d, 32 signed bytes).
+    pub fn parse_q8_0(bytes: &[u8]) -> Vec<Bytes> {
+        bytes
+            .chunks_exact(34)
+            .map(|b| {
+                let mut qs = [0i8; 32];
+                for (q, &byte) in qs.iter_mut().zip(&b[2..34]) {
+                    *q = byte as i8;
+                }
+                Bytes {
+                    d: f16::from_le_bytes([b[0], b[1]]),
+                    qs,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Quantizes `x` (a multiple of 32 long) to 8-bit blocks, appending them to `out`.
+pub fn quantize_row(x: &[f32], out: &mut Vec<Act>) {
+    for chunk in x.chunks_exact(BLOCK) {
+        let amax = chunk.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let d = amax / 127.0;
+        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let mut qs = [0i8; 32];
+        let mut sum = 0i32;
+        for (q, &v) in qs.iter_mut().zip(chunk) {
+            *q = (v * inv).round() as i8;
+            sum += *q as i32;
+        }
+        out.push(Act {
+            d,
+            s: d * sum as f32,
+            qs,
+        });
+    }
+}
+
+/// Scalar reference: `Σ_blocks` of one 4-bit weight row against one activation row.
+pub fn dot_nibbles_scalar(w: &[Nibbles], a: &[Act]) -> f32 {
+    w.iter()
+        .zip(a)
+        .map(|(w, a)| {
+            let sum: i32 = (0..BLOCK).map(|j| w.q(j) as i32 * a.qs[j] as i32).sum();
+            w.d.to_f32() * a.d * sum as f32 + w.m.to_f32() * a.s
+        })
+        .sum()
+}
+
+/// Scalar reference: `Σ_blocks` of one 8-bit weight row against one activation row.
+pub fn dot_bytes_scalar(w: &[Bytes], a: &[Act]) -> f32 {
+    w.iter()
+        .zip(a)
+        .map(|(w, a)| {
+            let sum: i32 = (0..BLOCK).map(|j| w.qs[j] as i32 * a.qs[j] as i32).sum();
+            w.d.to_f32() * a.d * sum as f32
+        })
+        .sum()
+}
+
+/// Dequantizes 4-bit blocks to floats (for tests and references).
+pub fn dequantize_nibbles(w: &[Nibbles]) -> Vec<f32> {
+    w.iter()
+        .flat_map(|b| (0..BLOCK).map(move |j| b.d.to_f32() * b.q(j) as f32 + b.m.to_f32()))
+        .collect()
+}
+
+/// Dequantizes 8-bit blocks to floats (for tests and references).
+pub fn dequantize_bytes(w: &[Bytes]) -> Vec<f32> {
+    w.iter()
+        .flat_map(|b| (0..BLOCK).map(move |j| b.d.to_f32() * b.qs[j] as f32))
+        .collect()
+}

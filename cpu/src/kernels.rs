@@ -1,0 +1,105 @@
+//! Dot products of a range of weight rows against every activation row, with the SIMD kernels
+//! when the CPU has them (checked once, at run time) and the scalar reference otherwise.
+
+use std::sync::OnceLock;
+
+use super::blocks::{Act, Bytes, Nibbles, dot_bytes_scalar, dot_nibbles_scalar};
+
+/// Which dot products run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// The scalar reference.
+    Scalar,
+    /// AVX2 + FMA + F16C.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+impl Isa {
+    /// The best this CPU runs.
+    pub fn detect() -> Isa {
+        static ISA: OnceLock<Isa> = OnceLock::new();
+        *ISA.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            if is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+            {
+                return Isa::Avx2;
+            }
+            Isa::Scalar
+        })
+    }
+}
+
+/// A weight block format the kernels take.
+pub trait WeightBlock: Copy + Send + Sync {
+    /// The scalar reference dot product of one row against one activation row.
+    fn dot_scalar(w: &[Self], a: &[Act]) -> f32;
+    /// The same against `R` activation rows at once, with `isa`.
+    fn dot_rows<const R: usize>(isa: Isa, w: &[Self], a: [&[Act]; R]) -> [f32; R];
+}
+
+impl WeightBlock for Nibbles {
+    fn dot_scalar(w: &[Self], a: &[Act]) -> f32 {
+        dot_nibbles_scalar(w, a)
+    }
+
+    fn dot_rows<const R: usize>(isa: Isa, w: &[Self], a: [&[Act]; R]) -> [f32; R] {
+        match isa {
+            // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { super::avx2::dot_nibbles(w, a) },
+            Isa::Scalar => a.map(|row| dot_nibbles_scalar(w, row)),
+        }
+    }
+}
+
+impl WeightBlock for Bytes {
+    fn dot_scalar(w: &[Self], a: &[Act]) -> f32 {
+        dot_bytes_scalar(w, a)
+    }
+
+    fn dot_rows<const R: usize>(isa: Isa, w: &[Self], a: [&[Act]; R]) -> [f32; R] {
+        match isa {
+            // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { super::avx2::dot_bytes(w, a) },
+            Isa::Scalar => a.map(|row| dot_bytes_scalar(w, row)),
+        }
+    }
+}
+
+/// For every weight row `r` in `rows` (of `blocks` blocks each in `w`) and every activation row
+/// `i` of `acts` (`blocks` blocks each), calls `store(i, r, dot)`.
+pub fn dot_range<B: WeightBlock>(
+    isa: Isa,
+    w: &[B],
+    acts: &[Act],
+    blocks: usize,
+    rows: std::ops::Range<usize>,
+    mut store: impl FnMut(usize, usize, f32),
+) {
+    let m = acts.len() / blocks;
+    let act = |i: usize| &acts[i * blocks..(i + 1) * blocks];
+    for r in rows {
+        let wr = &w[r * blocks..(r + 1) * blocks];
+        let mut i = 0;
+        while i + 4 <= m {
+            let d = B::dot_rows(isa, wr, [act(i), act(i + 1), act(i + 2), act(i + 3)]);
+            for (j, v) in d.into_iter().enumerate() {
+                store(i + j, r, v);
+            }
+            i += 4;
+        }
+        while i + 2 <= m {
+            let d = B::dot_rows(isa, wr, [act(i), act(i + 1)]);
+            store(i, r, d[0]);
+            store(i + 1, r, d[1]);
+            i += 2;
+        }
+        if i < m {
+            store(i, r, B::dot_rows(isa, wr, [act(i)])[0]);
+        }
+    }
+}

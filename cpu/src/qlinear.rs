@@ -1,0 +1,168 @@
+//! A linear layer's GGUF-quantized weight on the CPU, multiplied without dequantizing: the
+//! activations are quantized to 8 bits, and the weight rows are split between the [`Team`].
+
+use candle_core::quantized::GgmlDType;
+
+use super::blocks::{BLOCK, Bytes, Nibbles, quantize_row};
+use super::kernels::{Isa, WeightBlock, dot_range};
+use super::team::Team;
+
+/// The weight's blocks, row after row.
+#[derive(Clone, Debug)]
+enum Blocks {
+    Nibbles(Vec<Nibbles>),
+    Bytes(Vec<Bytes>),
+}
+
+/// A quantized weight `[rows, cols]` (`rows` outputs of `cols` inputs each).
+#[derive(Clone, Debug)]
+pub struct QLinear {
+    rows: usize,
+    cols: usize,
+    blocks: Blocks,
+}
+
+/// Where every member of the team writes its rows of the output.
+struct Out(*mut f32);
+// SAFETY: members write disjoint elements (their own weight rows), and the buffer outlives the
+// job (`Team::run` returns after every member has).
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// Writes `v` at `index`.
+    ///
+    /// # Safety
+    /// `index` is inside the buffer, and no other thread writes or reads it during the job.
+    unsafe fn write(&self, index: usize, v: f32) {
+        // SAFETY: the caller's promise.
+        unsafe { *self.0.add(index) = v };
+    }
+}
+
+impl QLinear {
+    /// Whether the kernels take GGUF tensors of `dtype`.
+    pub fn supports(dtype: GgmlDType) -> bool {
+        matches!(dtype, GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::Q8_0)
+    }
+
+    /// The weight `[rows, cols]` from a GGUF tensor's bytes, or `None` when its type is not
+    /// supported, `cols` is not a multiple of 32 or the bytes are not `rows * cols` weights.
+    pub fn from_gguf(dtype: GgmlDType, bytes: &[u8], rows: usize, cols: usize) -> Option<Self> {
+        if !cols.is_multiple_of(BLOCK) || bytes.len() != rows * cols / BLOCK * dtype.type_size() {
+            return None;
+        }
+        let blocks = match dtype {
+            GgmlDType::Q4_0 => Blocks::Nibbles(Nibbles::parse_q4_0(bytes)),
+            GgmlDType::Q4_1 => Blocks::Nibbles(Nibbles::parse_q4_1(bytes)),
+            GgmlDType::Q8_0 => Blocks::Bytes(Bytes::parse_q8_0(bytes)),
+            _ => return None,
+        };
+        Some(QLinear { rows, cols, blocks })
+    }
+
+    /// Output features.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The weights of `parts` stacked (their rows one after the other), or `None` when they
+    /// differ in format or input width.
+    pub fn concat(parts: &[&QLinear]) -> Option<QLinear> {
+        let first = parts.first()?;
+        if parts.iter().any(|p| p.cols != first.cols) {
+            return None;
+        }
+        let rows = parts.iter().map(|p| p.rows).sum();
+        let blocks = match &first.blocks {
+            Blocks::Nibbles(_) => Blocks::Nibbles(
+                parts
+                    .iter()
+                    .map(|p| match &p.blocks {
+                        Blocks::Nibbles(b) => Some(b.as_slice()),
+                        _ => None,
+                    })
+                    .collect::<Option<Vec<_>>>()?
+                    .concat(),
+            ),
+            Blocks::Bytes(_) => Blocks::Bytes(
+                parts
+                    .iter()
+                    .map(|p| match &p.blocks {
+                        Blocks::Bytes(b) => Some(b.as_slice()),
+                        _ => None,
+                    })
+                    .collect::<Option<Vec<_>>>()?
+                    .concat(),
+            ),
+        };
+        Some(QLinear {
+            rows,
+            cols: first.cols,
+            blocks,
+        })
+    }
+
+    /// `x W^T` for `x` of `m` rows of `cols()` (row-major): `m` rows of `rows()`.
+    pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        self.matmul_with(Isa::detect(), Team::global(), x, m)
+    }
+
+    /// [`QLinear::matmul`] with the given kernels and team (tests compare them).
+    pub fn matmul_with(&self, isa: Isa, team: &Team, x: &[f32], m: usize) -> Vec<f32> {
+        assert_eq!(x.len(), m * self.cols, "input is not [m, cols]");
+        let mut acts = Vec::with_capacity(x.len() / BLOCK);
+        for row in x.chunks_exact(self.cols) {
+            quantize_row(row, &mut acts);
+        }
+        let mut out = vec![0f32; m * self.rows];
+        let dst = Out(out.as_mut_ptr());
+        let (rows, blocks, members) = (self.rows, self.cols / BLOCK, team.size());
+        let job = |member: usize| {
+            let range = rows * member / members..rows * (member + 1) / members;
+            let store = |i: usize, r: usize, v: f32| {
+                debug_assert!(i < m && r < rows);
+                // SAFETY: `i < m` and `r < rows`, so inside the `m * rows` buffer, and row `r`
+                // belongs to this member alone.
+                unsafe { dst.write(i * rows + r, v) };
+            };
+            match &self.blocks {
+                Blocks::Nibbles(w) => dot_range(isa, w, &acts, blocks, range, store),
+                Blocks::Bytes(w) => dot_range(isa, w, &acts, blocks, range, store),
+            }
+        };
+        team.run(&job);
+        out
+    }
+
+    /// The dequantized weight, row-major `[rows, cols]` (for references in tests).
+    pub fn dequantize(&self) -> Vec<f32> {
+        match &self.blocks {
+            Blocks::Nibbles(b) => super::blocks::dequantize_nibbles(b),
+            Blocks::Bytes(b) => super::blocks::dequantize_bytes(b),
+        }
+    }
+
+    /// The scalar reference `x W^T`, one dot product at a time.
+    pub fn matmul_reference(&self, x: &[f32], m: usize) -> Vec<f32> {
+        let blocks = self.cols / BLOCK;
+        let mut acts = Vec::new();
+        for row in x.chunks_exact(self.cols) {
+            quantize_row(row, &mut acts);
+        }
+        let mut out = Vec::with_capacity(m * self.rows);
+        for a in acts.chunks_exact(blocks) {
+            for r in 0..self.rows {
+                out.push(match &self.blocks {
+                    Blocks::Nibbles(w) => Nibbles::dot_scalar(&w[r * blocks..][..blocks], a),
+                    Blocks::Bytes(w) => Bytes::dot_scalar(&w[r * blocks..][..blocks], a),
+                });
+            }
+        }
+        out
+    }
+}

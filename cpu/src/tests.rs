@@ -1,0 +1,193 @@
+use candle_core::quantized::GgmlDType;
+use half::f16;
+
+use super::QLinear;
+use super::kernels::Isa;
+use super::team::Team;
+
+/// A tiny deterministic generator (xorshift).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// GGUF bytes of a random `[rows, cols]` tensor of `dtype`.
+fn gguf_bytes(dtype: GgmlDType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut out = Vec::new();
+    for _ in 0..rows * cols / 32 {
+        let d = f16::from_f32(0.01 + 0.02 * rng.unit().abs());
+        out.extend(d.to_le_bytes());
+        match dtype {
+            GgmlDType::Q4_1 => {
+                out.extend(f16::from_f32(-0.1 * rng.unit().abs()).to_le_bytes());
+                out.extend((0..16).map(|_| rng.next() as u8));
+            }
+            GgmlDType::Q4_0 => out.extend((0..16).map(|_| rng.next() as u8)),
+            GgmlDType::Q8_0 => out.extend((0..32).map(|_| rng.next() as u8)),
+            other => panic!("no generator for {other:?}"),
+        }
+    }
+    out
+}
+
+fn random_layer(dtype: GgmlDType, rows: usize, cols: usize, seed: u64) -> QLinear {
+    let mut rng = Rng(seed);
+    let bytes = gguf_bytes(dtype, rows, cols, &mut rng);
+    QLinear::from_gguf(dtype, &bytes, rows, cols).expect("a supported layer")
+}
+
+fn random_input(len: usize, seed: u64) -> Vec<f32> {
+    let mut rng = Rng(seed);
+    (0..len).map(|_| rng.unit()).collect()
+}
+
+fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+    a.iter()
+        .zip(b)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs() / scale))
+}
+
+/// `x W^T` in f32 from the dequantized weight.
+fn float_reference(layer: &QLinear, x: &[f32], m: usize) -> Vec<f32> {
+    let w = layer.dequantize();
+    let (rows, cols) = (layer.rows(), layer.cols());
+    let mut out = Vec::with_capacity(m * rows);
+    for xi in x.chunks_exact(cols) {
+        for wr in w.chunks_exact(cols) {
+            out.push(xi.iter().zip(wr).map(|(a, b)| a * b).sum());
+        }
+    }
+    out
+}
+
+const TYPES: [GgmlDType; 3] = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0];
+
+#[test]
+fn every_isa_and_team_size_matches_the_scalar_reference() {
+    let isas: Vec<Isa> = [Isa::Scalar, Isa::detect()].into();
+    for dtype in TYPES {
+        let layer = random_layer(dtype, 37, 96, 7);
+        // 1 to 7 rows: the 4-, 2- and 1-row tiles and their mixes.
+        for m in 1..=7 {
+            let x = random_input(m * 96, 100 + m as u64);
+            let want = layer.matmul_reference(&x, m);
+            for &isa in &isas {
+                for size in [1, 2, 3] {
+                    let got = layer.matmul_with(isa, &Team::new(size), &x, m);
+                    let diff = max_rel_diff(&got, &want);
+                    assert!(diff < 1e-5, "{dtype:?} {isa:?} m={m} team={size}: {diff}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn quantized_matmul_is_within_quantization_error_of_f32() {
+    for dtype in TYPES {
+        let layer = random_layer(dtype, 64, 576, 11);
+        let x = random_input(3 * 576, 12);
+        let got = layer.matmul(&x, 3);
+        let want = float_reference(&layer, &x, 3);
+        // The activations' 8 bits lose about 1/254 of each block's largest value.
+        let diff = max_rel_diff(&got, &want);
+        assert!(diff < 2e-2, "{dtype:?}: {diff}");
+        assert!(diff > 0.0, "{dtype:?}: the activations were not quantized");
+    }
+}
+
+#[test]
+fn q4_0_is_q4_1_with_an_offset_of_minus_eight_scales() {
+    let mut rng = Rng(3);
+    let q40 = gguf_bytes(GgmlDType::Q4_0, 2, 64, &mut rng);
+    let mut q41 = Vec::new();
+    for b in q40.chunks_exact(18) {
+        let d = f16::from_le_bytes([b[0], b[1]]);
+        q41.extend(d.to_le_bytes());
+        q41.extend(f16::from_f32(-8.0 * d.to_f32()).to_le_bytes());
+        q41.extend(&b[2..]);
+    }
+    let a = QLinear::from_gguf(GgmlDType::Q4_0, &q40, 2, 64).unwrap();
+    let b = QLinear::from_gguf(GgmlDType::Q4_1, &q41, 2, 64).unwrap();
+    assert_eq!(a.dequantize(), b.dequantize());
+    // And the dequantized values are GGUF's: (q - 8) * d.
+    let d = f16::from_le_bytes([q40[0], q40[1]]).to_f32();
+    let first = (q40[2] & 15) as f32;
+    assert_eq!(a.dequantize()[0], (first - 8.0) * d);
+}
+
+#[test]
+fn stacked_layers_give_the_parts_side_by_side() {
+    let q = random_layer(GgmlDType::Q4_1, 8, 64, 1);
+    let k = random_layer(GgmlDType::Q4_1, 4, 64, 2);
+    let both = QLinear::concat(&[&q, &k]).expect("same format and width");
+    assert_eq!(both.rows(), 12);
+    let x = random_input(2 * 64, 5);
+    let (a, b, ab) = (q.matmul(&x, 2), k.matmul(&x, 2), both.matmul(&x, 2));
+    for i in 0..2 {
+        assert_eq!(&ab[i * 12..i * 12 + 8], &a[i * 8..i * 8 + 8]);
+        assert_eq!(&ab[i * 12 + 8..i * 12 + 12], &b[i * 4..i * 4 + 4]);
+    }
+    let other = random_layer(GgmlDType::Q8_0, 4, 64, 3);
+    assert!(QLinear::concat(&[&q, &other]).is_none(), "mixed formats");
+    let narrow = random_layer(GgmlDType::Q4_1, 4, 32, 4);
+    assert!(QLinear::concat(&[&q, &narrow]).is_none(), "mixed widths");
+}
+
+#[test]
+fn unsupported_or_misshapen_tensors_are_refused() {
+    assert!(QLinear::from_gguf(GgmlDType::Q5_0, &[0; 22], 1, 32).is_none());
+    assert!(QLinear::from_gguf(GgmlDType::Q4_1, &[0; 20], 1, 48).is_none());
+    assert!(QLinear::from_gguf(GgmlDType::Q4_1, &[0; 19], 1, 32).is_none());
+}
+
+/// candle's own quantized matmul (its dot products, activations also quantized to 8 bits) is
+/// an independent implementation of the same arithmetic: ours is as close to the f32 product.
+#[test]
+fn as_accurate_as_candles_quantized_matmul() {
+    use candle_core::quantized::{QMatMul, QStorage, QTensor};
+    use candle_core::{Device, Module, Tensor};
+    for dtype in TYPES {
+        let (rows, cols, m) = (48, 256, 5);
+        let bytes = gguf_bytes(dtype, rows, cols, &mut Rng(21));
+        let ours = QLinear::from_gguf(dtype, &bytes, rows, cols).unwrap();
+        let storage = QStorage::from_data(bytes.into(), &Device::Cpu, dtype).unwrap();
+        let candle = QMatMul::from_qtensor(QTensor::new(storage, (rows, cols)).unwrap()).unwrap();
+        let x = random_input(m * cols, 22);
+        let input = Tensor::from_vec(x.clone(), (m, cols), &Device::Cpu).unwrap();
+        let theirs: Vec<f32> = candle
+            .forward(&input)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let got = ours.matmul(&x, m);
+        let exact = float_reference(&ours, &x, m);
+        let (between, ours_err, theirs_err) = (
+            max_rel_diff(&got, &theirs),
+            max_rel_diff(&got, &exact),
+            max_rel_diff(&theirs, &exact),
+        );
+        eprintln!(
+            "{dtype:?}: {between:.2e} from candle's; from f32: ours {ours_err:.2e}, candle's {theirs_err:.2e}"
+        );
+        assert!(between < 1e-2, "{dtype:?}: {between}");
+        assert!(
+            ours_err < 1.25 * theirs_err,
+            "{dtype:?}: {ours_err} vs {theirs_err}"
+        );
+    }
+}
