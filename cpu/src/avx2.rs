@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::blocks::{Act, Bytes, Nibbles};
+use super::blocks::{Act, Bytes, Nibbles, Nibbles8};
 
 /// Horizontal sum of 8 floats.
 #[target_feature(enable = "avx2,fma")]
@@ -83,6 +83,56 @@ pub fn dot_bytes<const R: usize>(w: &[Bytes], a: [&[Act]; R]) -> [f32; R] {
     let mut out = [0f32; R];
     for r in 0..R {
         out[r] = hsum(acc[r]);
+    }
+    out
+}
+
+/// The 8 interleaved rows of `w` (one group, all its blocks) against each of the rows `a`: per
+/// block and activation row, 8 `vpmaddubsw` against broadcast activation quads summed in 16 bits
+/// (at most 8 · 2 · 15 · 127 = 30480), then one widening add and the 8 rows' scales at once.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_nibbles8<const R: usize>(w: &[Nibbles8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+    for row in a {
+        assert_eq!(row.len(), w.len());
+    }
+    let low = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (b, g) in w.iter().enumerate() {
+        // SAFETY: 8 f16 are 16 bytes; unaligned loads.
+        let d = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.d.as_ptr().cast())) };
+        let m = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.m.as_ptr().cast())) };
+        let mut q = [_mm256_setzero_si256(); 8];
+        for c in 0..4 {
+            // SAFETY: 32 bytes; unaligned load.
+            let packed = unsafe { _mm256_loadu_si256(g.qs[c].as_ptr().cast()) };
+            q[c] = _mm256_and_si256(packed, low);
+            q[c + 4] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+        }
+        for r in 0..R {
+            let ab = &a[r][b];
+            let quad = |k: usize| {
+                let bytes = [
+                    ab.qs[4 * k],
+                    ab.qs[4 * k + 1],
+                    ab.qs[4 * k + 2],
+                    ab.qs[4 * k + 3],
+                ];
+                _mm256_set1_epi32(i32::from_le_bytes(bytes.map(|v| v as u8)))
+            };
+            let mut sum = _mm256_maddubs_epi16(q[0], quad(0));
+            for (k, qk) in q.iter().enumerate().skip(1) {
+                sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(*qk, quad(k)));
+            }
+            let products = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum, ones));
+            acc[r] = _mm256_fmadd_ps(products, _mm256_mul_ps(d, _mm256_set1_ps(ab.d)), acc[r]);
+            acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(ab.s), acc[r]);
+        }
+    }
+    let mut out = [[0f32; 8]; R];
+    for r in 0..R {
+        // SAFETY: 8 floats; unaligned store.
+        unsafe { _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r]) };
     }
     out
 }

@@ -152,3 +152,62 @@ pub fn dequantize_bytes(w: &[Bytes]) -> Vec<f32> {
         .flat_map(|b| (0..BLOCK).map(move |j| b.d.to_f32() * b.qs[j] as f32))
         .collect()
 }
+
+/// The blocks at one block index of 8 consecutive 4-bit rows, interleaved for the 8-row kernel:
+/// `qs[c]` holds, at bytes `4r..4r + 4`, row `r`'s packed bytes `4c..4c + 4` (weights `4c + j`
+/// in the low nibbles, `16 + 4c + j` in the high ones). One 32-byte load then gives 4 weights of
+/// each of the 8 rows, to multiply by the same 4 activations.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Nibbles8 {
+    /// Scales of the 8 rows.
+    pub d: [f16; 8],
+    /// Offsets of the 8 rows.
+    pub m: [f16; 8],
+    /// Interleaved packed values.
+    pub qs: [[u8; 32]; 4],
+}
+
+impl Nibbles8 {
+    /// Interleaves `rows` (8 rows of `blocks` blocks each, row-major) group by block index:
+    /// the result's block `b` holds the rows' blocks `b`.
+    pub fn interleave(rows: &[Nibbles], blocks: usize) -> Vec<Nibbles8> {
+        assert_eq!(rows.len(), 8 * blocks);
+        (0..blocks)
+            .map(|b| {
+                let block = |r: usize| &rows[r * blocks + b];
+                let mut qs = [[0u8; 32]; 4];
+                for (c, chunk) in qs.iter_mut().enumerate() {
+                    for r in 0..8 {
+                        chunk[4 * r..4 * r + 4].copy_from_slice(&block(r).qs[4 * c..4 * c + 4]);
+                    }
+                }
+                Nibbles8 {
+                    d: std::array::from_fn(|r| block(r).d),
+                    m: std::array::from_fn(|r| block(r).m),
+                    qs,
+                }
+            })
+            .collect()
+    }
+
+    /// Row `r`'s block, back in the plain layout.
+    pub fn row(&self, r: usize) -> Nibbles {
+        let mut qs = [0u8; 16];
+        for c in 0..4 {
+            qs[4 * c..4 * c + 4].copy_from_slice(&self.qs[c][4 * r..4 * r + 4]);
+        }
+        Nibbles {
+            d: self.d[r],
+            m: self.m[r],
+            qs,
+        }
+    }
+}
+
+/// Scalar reference: the 8 rows of `w` (one group, all its blocks) against one activation row.
+pub fn dot_nibbles8_scalar(w: &[Nibbles8], a: &[Act]) -> [f32; 8] {
+    std::array::from_fn(|r| {
+        let row: Vec<Nibbles> = w.iter().map(|g| g.row(r)).collect();
+        dot_nibbles_scalar(&row, a)
+    })
+}

@@ -3,7 +3,9 @@
 
 use std::sync::OnceLock;
 
-use super::blocks::{Act, Bytes, Nibbles, dot_bytes_scalar, dot_nibbles_scalar};
+use super::blocks::{
+    Act, Bytes, Nibbles, Nibbles8, dot_bytes_scalar, dot_nibbles_scalar, dot_nibbles8_scalar,
+};
 
 /// Which dot products run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,6 +102,50 @@ pub fn dot_range<B: WeightBlock>(
         }
         if i < m {
             store(i, r, B::dot_rows(isa, wr, [act(i)])[0]);
+        }
+    }
+}
+
+/// The 8 rows against `R` activation rows at once, with `isa`.
+fn dot_group<const R: usize>(isa: Isa, w: &[Nibbles8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+    match isa {
+        // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { super::avx2::dot_nibbles8(w, a) },
+        Isa::Scalar => a.map(|row| dot_nibbles8_scalar(w, row)),
+    }
+}
+
+/// [`dot_range`] for interleaved 4-bit weights: `groups` of 8 rows (`blocks` blocks each in
+/// `w`); `store(i, r, dot)` for every row `r` of those groups.
+pub fn dot_groups(
+    isa: Isa,
+    w: &[Nibbles8],
+    acts: &[Act],
+    blocks: usize,
+    groups: std::ops::Range<usize>,
+    mut store: impl FnMut(usize, usize, f32),
+) {
+    let m = acts.len() / blocks;
+    let act = |i: usize| &acts[i * blocks..(i + 1) * blocks];
+    for g in groups {
+        let wg = &w[g * blocks..(g + 1) * blocks];
+        let mut put = |i: usize, dots: [f32; 8]| {
+            for (r, v) in dots.into_iter().enumerate() {
+                store(i, 8 * g + r, v);
+            }
+        };
+        let mut i = 0;
+        while i + 4 <= m {
+            let d = dot_group(isa, wg, [act(i), act(i + 1), act(i + 2), act(i + 3)]);
+            for (j, dots) in d.into_iter().enumerate() {
+                put(i + j, dots);
+            }
+            i += 4;
+        }
+        while i < m {
+            put(i, dot_group(isa, wg, [act(i)])[0]);
+            i += 1;
         }
     }
 }

@@ -3,14 +3,18 @@
 
 use candle_core::quantized::GgmlDType;
 
-use super::blocks::{BLOCK, Bytes, Nibbles, quantize_row};
-use super::kernels::{Isa, WeightBlock, dot_range};
+use super::blocks::{BLOCK, Bytes, Nibbles, Nibbles8, quantize_row};
+use super::kernels::{Isa, WeightBlock, dot_groups, dot_range};
 use super::team::Team;
 
 /// The weight's blocks, row after row.
 #[derive(Clone, Debug)]
 enum Blocks {
+    /// 4-bit rows, row after row (when the rows are not a multiple of 8).
     Nibbles(Vec<Nibbles>),
+    /// 4-bit rows interleaved 8 by 8: group after group, each group's blocks in order.
+    Nibbles8(Vec<Nibbles8>),
+    /// 8-bit rows, row after row.
     Bytes(Vec<Bytes>),
 }
 
@@ -52,12 +56,26 @@ impl QLinear {
             return None;
         }
         let blocks = match dtype {
-            GgmlDType::Q4_0 => Blocks::Nibbles(Nibbles::parse_q4_0(bytes)),
-            GgmlDType::Q4_1 => Blocks::Nibbles(Nibbles::parse_q4_1(bytes)),
+            GgmlDType::Q4_0 => Self::nibble_blocks(Nibbles::parse_q4_0(bytes), rows, cols),
+            GgmlDType::Q4_1 => Self::nibble_blocks(Nibbles::parse_q4_1(bytes), rows, cols),
             GgmlDType::Q8_0 => Blocks::Bytes(Bytes::parse_q8_0(bytes)),
             _ => return None,
         };
         Some(QLinear { rows, cols, blocks })
+    }
+
+    /// 4-bit rows (plain layout) interleaved 8 by 8 when their number allows.
+    fn nibble_blocks(plain: Vec<Nibbles>, rows: usize, cols: usize) -> Blocks {
+        if rows % 8 != 0 {
+            return Blocks::Nibbles(plain);
+        }
+        let blocks = cols / BLOCK;
+        Blocks::Nibbles8(
+            plain
+                .chunks_exact(8 * blocks)
+                .flat_map(|g| Nibbles8::interleave(g, blocks))
+                .collect(),
+        )
     }
 
     /// Output features.
@@ -79,16 +97,6 @@ impl QLinear {
         }
         let rows = parts.iter().map(|p| p.rows).sum();
         let blocks = match &first.blocks {
-            Blocks::Nibbles(_) => Blocks::Nibbles(
-                parts
-                    .iter()
-                    .map(|p| match &p.blocks {
-                        Blocks::Nibbles(b) => Some(b.as_slice()),
-                        _ => None,
-                    })
-                    .collect::<Option<Vec<_>>>()?
-                    .concat(),
-            ),
             Blocks::Bytes(_) => Blocks::Bytes(
                 parts
                     .iter()
@@ -99,6 +107,14 @@ impl QLinear {
                     .collect::<Option<Vec<_>>>()?
                     .concat(),
             ),
+            _ => {
+                let plain = parts
+                    .iter()
+                    .map(|p| p.plain_nibbles())
+                    .collect::<Option<Vec<_>>>()?
+                    .concat();
+                Self::nibble_blocks(plain, rows, first.cols)
+            }
         };
         Some(QLinear {
             rows,
@@ -123,7 +139,7 @@ impl QLinear {
         let dst = Out(out.as_mut_ptr());
         let (rows, blocks, members) = (self.rows, self.cols / BLOCK, team.size());
         let job = |member: usize| {
-            let range = rows * member / members..rows * (member + 1) / members;
+            let share = |n: usize| n * member / members..n * (member + 1) / members;
             let store = |i: usize, r: usize, v: f32| {
                 debug_assert!(i < m && r < rows);
                 // SAFETY: `i < m` and `r < rows`, so inside the `m * rows` buffer, and row `r`
@@ -131,8 +147,9 @@ impl QLinear {
                 unsafe { dst.write(i * rows + r, v) };
             };
             match &self.blocks {
-                Blocks::Nibbles(w) => dot_range(isa, w, &acts, blocks, range, store),
-                Blocks::Bytes(w) => dot_range(isa, w, &acts, blocks, range, store),
+                Blocks::Nibbles(w) => dot_range(isa, w, &acts, blocks, share(rows), store),
+                Blocks::Nibbles8(w) => dot_groups(isa, w, &acts, blocks, share(rows / 8), store),
+                Blocks::Bytes(w) => dot_range(isa, w, &acts, blocks, share(rows), store),
             }
         };
         team.run(&job);
@@ -141,9 +158,25 @@ impl QLinear {
 
     /// The dequantized weight, row-major `[rows, cols]` (for references in tests).
     pub fn dequantize(&self) -> Vec<f32> {
+        match (&self.blocks, self.plain_nibbles()) {
+            (Blocks::Bytes(b), _) => super::blocks::dequantize_bytes(b),
+            (_, Some(b)) => super::blocks::dequantize_nibbles(&b),
+            (_, None) => unreachable!("4-bit blocks have a plain layout"),
+        }
+    }
+
+    /// 4-bit weights in the plain row-after-row layout.
+    fn plain_nibbles(&self) -> Option<Vec<Nibbles>> {
+        let blocks = self.cols / BLOCK;
         match &self.blocks {
-            Blocks::Nibbles(b) => super::blocks::dequantize_nibbles(b),
-            Blocks::Bytes(b) => super::blocks::dequantize_bytes(b),
+            Blocks::Nibbles(b) => Some(b.clone()),
+            Blocks::Nibbles8(groups) => Some(
+                groups
+                    .chunks_exact(blocks)
+                    .flat_map(|g| (0..8).flat_map(move |r| g.iter().map(move |b| b.row(r))))
+                    .collect(),
+            ),
+            Blocks::Bytes(_) => None,
         }
     }
 
@@ -154,12 +187,14 @@ impl QLinear {
         for row in x.chunks_exact(self.cols) {
             quantize_row(row, &mut acts);
         }
+        let plain = self.plain_nibbles();
         let mut out = Vec::with_capacity(m * self.rows);
         for a in acts.chunks_exact(blocks) {
             for r in 0..self.rows {
-                out.push(match &self.blocks {
-                    Blocks::Nibbles(w) => Nibbles::dot_scalar(&w[r * blocks..][..blocks], a),
-                    Blocks::Bytes(w) => Bytes::dot_scalar(&w[r * blocks..][..blocks], a),
+                out.push(match (&self.blocks, &plain) {
+                    (Blocks::Bytes(w), _) => Bytes::dot_scalar(&w[r * blocks..][..blocks], a),
+                    (_, Some(w)) => Nibbles::dot_scalar(&w[r * blocks..][..blocks], a),
+                    (_, None) => unreachable!("4-bit blocks have a plain layout"),
                 });
             }
         }

@@ -78,16 +78,22 @@ const TYPES: [GgmlDType; 3] = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0
 fn every_isa_and_team_size_matches_the_scalar_reference() {
     let isas: Vec<Isa> = [Isa::Scalar, Isa::detect()].into();
     for dtype in TYPES {
-        let layer = random_layer(dtype, 37, 96, 7);
-        // 1 to 7 rows: the 4-, 2- and 1-row tiles and their mixes.
-        for m in 1..=7 {
-            let x = random_input(m * 96, 100 + m as u64);
-            let want = layer.matmul_reference(&x, m);
-            for &isa in &isas {
-                for size in [1, 2, 3] {
-                    let got = layer.matmul_with(isa, &Team::new(size), &x, m);
-                    let diff = max_rel_diff(&got, &want);
-                    assert!(diff < 1e-5, "{dtype:?} {isa:?} m={m} team={size}: {diff}");
+        // 37 rows: the plain layout; 40: interleaved by 8 (4-bit types).
+        for rows in [37, 40] {
+            let layer = random_layer(dtype, rows, 96, 7);
+            // 1 to 7 rows: the 4-, 2- and 1-row tiles and their mixes.
+            for m in 1..=7 {
+                let x = random_input(m * 96, 100 + m as u64);
+                let want = layer.matmul_reference(&x, m);
+                for &isa in &isas {
+                    for size in [1, 2, 3] {
+                        let got = layer.matmul_with(isa, &Team::new(size), &x, m);
+                        let diff = max_rel_diff(&got, &want);
+                        assert!(
+                            diff < 1e-5,
+                            "{dtype:?} {rows} rows {isa:?} m={m} team={size}: {diff}"
+                        );
+                    }
                 }
             }
         }
@@ -136,9 +142,17 @@ fn stacked_layers_give_the_parts_side_by_side() {
     assert_eq!(both.rows(), 12);
     let x = random_input(2 * 64, 5);
     let (a, b, ab) = (q.matmul(&x, 2), k.matmul(&x, 2), both.matmul(&x, 2));
+    // 8 rows are interleaved and 12 are not: the same sums in another order.
     for i in 0..2 {
-        assert_eq!(&ab[i * 12..i * 12 + 8], &a[i * 8..i * 8 + 8]);
-        assert_eq!(&ab[i * 12 + 8..i * 12 + 12], &b[i * 4..i * 4 + 4]);
+        assert!(max_rel_diff(&ab[i * 12..i * 12 + 8], &a[i * 8..i * 8 + 8]) < 1e-6);
+        assert!(max_rel_diff(&ab[i * 12 + 8..i * 12 + 12], &b[i * 4..i * 4 + 4]) < 1e-6);
+    }
+    let k8 = random_layer(GgmlDType::Q4_1, 8, 64, 2);
+    let both8 = QLinear::concat(&[&q, &k8]).expect("same format and width");
+    let (b8, ab8) = (k8.matmul(&x, 2), both8.matmul(&x, 2));
+    for i in 0..2 {
+        assert_eq!(&ab8[i * 16..i * 16 + 8], &a[i * 8..i * 8 + 8]);
+        assert_eq!(&ab8[i * 16 + 8..i * 16 + 16], &b8[i * 8..i * 8 + 8]);
     }
     let other = random_layer(GgmlDType::Q8_0, 4, 64, 3);
     assert!(QLinear::concat(&[&q, &other]).is_none(), "mixed formats");
