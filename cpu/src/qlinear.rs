@@ -66,7 +66,7 @@ impl QLinear {
 
     /// 4-bit rows (plain layout) interleaved 8 by 8 when their number allows.
     fn nibble_blocks(plain: Vec<Nibbles>, rows: usize, cols: usize) -> Blocks {
-        if rows % 8 != 0 {
+        if !rows.is_multiple_of(8) {
             return Blocks::Nibbles(plain);
         }
         let blocks = cols / BLOCK;
