@@ -5,6 +5,7 @@
 //! - [`blocks`]: the weight and activation block formats, and the scalar reference;
 //! - `avx2`: the SIMD dot products (x86-64, detected at run time);
 //! - [`kernels`]: the choice between them, over a range of weight rows;
+//! - [`kquant`]: the k-quants (Q2_K to Q6_K), through candle's dot products;
 //! - [`team`]: the threads;
 //! - [`QLinear`]: a layer's weight, and its matmul.
 
@@ -12,6 +13,7 @@
 mod avx2;
 pub mod blocks;
 pub mod kernels;
+pub mod kquant;
 mod qlinear;
 pub mod team;
 

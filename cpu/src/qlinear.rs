@@ -5,6 +5,7 @@ use candle_core::quantized::GgmlDType;
 
 use super::blocks::{BLOCK, Bytes, Nibbles, Nibbles8, quantize_row};
 use super::kernels::{Isa, WeightBlock, dot_groups, dot_range};
+use super::kquant::KRows;
 use super::team::Team;
 
 /// The weight's blocks, row after row.
@@ -16,6 +17,8 @@ enum Blocks {
     Nibbles8(Vec<Nibbles8>),
     /// 8-bit rows, row after row.
     Bytes(Vec<Bytes>),
+    /// k-quant rows, row after row.
+    K(KRows),
 }
 
 /// A quantized weight `[rows, cols]` (`rows` outputs of `cols` inputs each).
@@ -46,14 +49,24 @@ impl Out {
 impl QLinear {
     /// Whether the kernels take GGUF tensors of `dtype`.
     pub fn supports(dtype: GgmlDType) -> bool {
-        matches!(dtype, GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::Q8_0)
+        use GgmlDType::*;
+        matches!(dtype, Q4_0 | Q4_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K)
     }
 
     /// The weight `[rows, cols]` from a GGUF tensor's bytes, or `None` when its type is not
-    /// supported, `cols` is not a multiple of 32 or the bytes are not `rows * cols` weights.
+    /// supported, `cols` is not a multiple of its block or the bytes are not `rows * cols`
+    /// weights.
     pub fn from_gguf(dtype: GgmlDType, bytes: &[u8], rows: usize, cols: usize) -> Option<Self> {
-        if !cols.is_multiple_of(BLOCK) || bytes.len() != rows * cols / BLOCK * dtype.type_size() {
+        let block = dtype.block_size();
+        if !cols.is_multiple_of(block) || bytes.len() != rows * cols / block * dtype.type_size() {
             return None;
+        }
+        if let Some(k) = KRows::from_gguf(dtype, bytes) {
+            return Some(QLinear {
+                rows,
+                cols,
+                blocks: Blocks::K(k),
+            });
         }
         let blocks = match dtype {
             GgmlDType::Q4_0 => Self::nibble_blocks(Nibbles::parse_q4_0(bytes), rows, cols),
@@ -97,6 +110,15 @@ impl QLinear {
         }
         let rows = parts.iter().map(|p| p.rows).sum();
         let blocks = match &first.blocks {
+            Blocks::K(_) => Blocks::K(KRows::concat(
+                &parts
+                    .iter()
+                    .map(|p| match &p.blocks {
+                        Blocks::K(k) => Some(k),
+                        _ => None,
+                    })
+                    .collect::<Option<Vec<_>>>()?,
+            )?),
             Blocks::Bytes(_) => Blocks::Bytes(
                 parts
                     .iter()
@@ -131,6 +153,9 @@ impl QLinear {
     /// [`QLinear::matmul`] with the given kernels and team (tests compare them).
     pub fn matmul_with(&self, isa: Isa, team: &Team, x: &[f32], m: usize) -> Vec<f32> {
         assert_eq!(x.len(), m * self.cols, "input is not [m, cols]");
+        if let Blocks::K(k) = &self.blocks {
+            return self.matmul_k(k, team, x, m);
+        }
         let mut acts = Vec::with_capacity(x.len() / BLOCK);
         for row in x.chunks_exact(self.cols) {
             quantize_row(row, &mut acts);
@@ -150,15 +175,36 @@ impl QLinear {
                 Blocks::Nibbles(w) => dot_range(isa, w, &acts, blocks, share(rows), store),
                 Blocks::Nibbles8(w) => dot_groups(isa, w, &acts, blocks, share(rows / 8), store),
                 Blocks::Bytes(w) => dot_range(isa, w, &acts, blocks, share(rows), store),
+                Blocks::K(_) => unreachable!("k-quants take matmul_k"),
             }
         };
         team.run(&job);
         out
     }
 
+    /// [`QLinear::matmul_with`] for k-quant rows: candle's dot products (it picks their SIMD).
+    fn matmul_k(&self, k: &KRows, team: &Team, x: &[f32], m: usize) -> Vec<f32> {
+        let (rows, cols, members) = (self.rows, self.cols, team.size());
+        let acts = KRows::quantize(x, cols);
+        let per_row = cols / KRows::BLOCK;
+        let mut out = vec![0f32; m * rows];
+        let dst = Out(out.as_mut_ptr());
+        team.run(&|member: usize| {
+            for r in rows * member / members..rows * (member + 1) / members {
+                for (i, act) in acts.chunks_exact(per_row).enumerate() {
+                    // SAFETY: `i < m` and `r < rows`, inside the buffer; row `r` is this
+                    // member's alone.
+                    unsafe { dst.write(i * rows + r, k.dot(r, cols, act)) };
+                }
+            }
+        });
+        out
+    }
+
     /// The dequantized weight, row-major `[rows, cols]` (for references in tests).
     pub fn dequantize(&self) -> Vec<f32> {
         match (&self.blocks, self.plain_nibbles()) {
+            (Blocks::K(k), _) => k.dequantize(),
             (Blocks::Bytes(b), _) => super::blocks::dequantize_bytes(b),
             (_, Some(b)) => super::blocks::dequantize_nibbles(&b),
             (_, None) => unreachable!("4-bit blocks have a plain layout"),
@@ -176,12 +222,15 @@ impl QLinear {
                     .flat_map(|g| (0..8).flat_map(move |r| g.iter().map(move |b| b.row(r))))
                     .collect(),
             ),
-            Blocks::Bytes(_) => None,
+            Blocks::Bytes(_) | Blocks::K(_) => None,
         }
     }
 
     /// The scalar reference `x W^T`, one dot product at a time.
     pub fn matmul_reference(&self, x: &[f32], m: usize) -> Vec<f32> {
+        if let Blocks::K(k) = &self.blocks {
+            return self.matmul_k(k, &Team::new(1), x, m);
+        }
         let blocks = self.cols / BLOCK;
         let mut acts = Vec::new();
         for row in x.chunks_exact(self.cols) {

@@ -205,3 +205,60 @@ fn as_accurate_as_candles_quantized_matmul() {
         );
     }
 }
+
+/// k-quant rows (quantized here from random floats by candle) through the team: as accurate as
+/// candle's own quantized matmul, which runs the same dot products.
+#[test]
+fn k_quants_match_candles_quantized_matmul() {
+    use candle_core::quantized::{QMatMul, QTensor};
+    use candle_core::{Device, Module, Tensor};
+    let (rows, cols, m) = (24, 512, 3);
+    let w = Tensor::from_vec(random_input(rows * cols, 31), (rows, cols), &Device::Cpu).unwrap();
+    let x = random_input(m * cols, 32);
+    let input = Tensor::from_vec(x.clone(), (m, cols), &Device::Cpu).unwrap();
+    for dtype in [
+        GgmlDType::Q2K,
+        GgmlDType::Q3K,
+        GgmlDType::Q4K,
+        GgmlDType::Q5K,
+        GgmlDType::Q6K,
+    ] {
+        let q = QTensor::quantize(&w, dtype).unwrap();
+        let ours = QLinear::from_gguf(dtype, &q.data().unwrap(), rows, cols).unwrap();
+        let theirs: Vec<f32> = QMatMul::from_qtensor(q)
+            .unwrap()
+            .forward(&input)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        for size in [1, 2, 3] {
+            let got = ours.matmul_with(Isa::detect(), &Team::new(size), &x, m);
+            let diff = max_rel_diff(&got, &theirs);
+            assert!(diff < 1e-5, "{dtype:?} team {size}: {diff}");
+        }
+        let exact = float_reference(&ours, &x, m);
+        let err = max_rel_diff(&ours.matmul(&x, m), &exact);
+        eprintln!("{dtype:?}: {err:.2e} from the f32 product of its dequantized weights");
+        assert!(err < 2e-2, "{dtype:?}: {err}");
+    }
+    let a = QLinear::from_gguf(
+        GgmlDType::Q4K,
+        &QTensor::quantize(&w, GgmlDType::Q4K)
+            .unwrap()
+            .data()
+            .unwrap(),
+        rows,
+        cols,
+    )
+    .unwrap();
+    let both = QLinear::concat(&[&a, &a]).expect("same format");
+    let (one, two) = (a.matmul(&x, m), both.matmul(&x, m));
+    for i in 0..m {
+        assert_eq!(
+            &two[i * 2 * rows..i * 2 * rows + rows],
+            &one[i * rows..(i + 1) * rows]
+        );
+    }
+}
