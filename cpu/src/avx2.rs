@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::blocks::{Act, Bytes, Nibbles, Nibbles8};
+use super::blocks::{Act, Bytes, Nibbles, Nibbles8, Q4K8};
 
 /// Horizontal sum of 8 floats.
 #[target_feature(enable = "avx2,fma")]
@@ -87,52 +87,108 @@ pub fn dot_bytes<const R: usize>(w: &[Bytes], a: [&[Act]; R]) -> [f32; R] {
     out
 }
 
-/// The 8 interleaved rows of `w` (one group, all its blocks) against each of the rows `a`: per
-/// block and activation row, 8 `vpmaddubsw` against broadcast activation quads summed in 16 bits
-/// (at most 8 · 2 · 15 · 127 = 30480), then one widening add and the 8 rows' scales at once.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub fn dot_nibbles8<const R: usize>(w: &[Nibbles8], a: [&[Act]; R]) -> [[f32; 8]; R] {
-    for row in a {
-        assert_eq!(row.len(), w.len());
-    }
+/// The 8 vectors of 4 weights of each of 8 rows that one interleaved block holds (`packed[c]`'s
+/// low nibbles are weights `4c..4c + 4` of each row, its high nibbles weights `16 + 4c..`).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn unpack8(packed: &[[u8; 32]; 4]) -> [__m256i; 8] {
     let low = _mm256_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); R];
-    for (b, g) in w.iter().enumerate() {
-        // SAFETY: 8 f16 are 16 bytes; unaligned loads.
-        let d = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.d.as_ptr().cast())) };
-        let m = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.m.as_ptr().cast())) };
-        let mut q = [_mm256_setzero_si256(); 8];
-        for c in 0..4 {
-            // SAFETY: 32 bytes; unaligned load.
-            let packed = unsafe { _mm256_loadu_si256(g.qs[c].as_ptr().cast()) };
-            q[c] = _mm256_and_si256(packed, low);
-            q[c + 4] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-        }
-        for r in 0..R {
-            let ab = &a[r][b];
-            let quad = |k: usize| {
-                let bytes = [
-                    ab.qs[4 * k],
-                    ab.qs[4 * k + 1],
-                    ab.qs[4 * k + 2],
-                    ab.qs[4 * k + 3],
-                ];
-                _mm256_set1_epi32(i32::from_le_bytes(bytes.map(|v| v as u8)))
-            };
-            let mut sum = _mm256_maddubs_epi16(q[0], quad(0));
-            for (k, qk) in q.iter().enumerate().skip(1) {
-                sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(*qk, quad(k)));
-            }
-            let products = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum, ones));
-            acc[r] = _mm256_fmadd_ps(products, _mm256_mul_ps(d, _mm256_set1_ps(ab.d)), acc[r]);
-            acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(ab.s), acc[r]);
-        }
+    let mut q = [_mm256_setzero_si256(); 8];
+    for c in 0..4 {
+        // SAFETY: 32 bytes; unaligned load.
+        let v = unsafe { _mm256_loadu_si256(packed[c].as_ptr().cast()) };
+        q[c] = _mm256_and_si256(v, low);
+        q[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
     }
+    q
+}
+
+/// Adds one block of 8 rows (`q` from [`unpack8`], the rows' `scale` and `offset`) times each
+/// activation block of `acts` to `acc`: per activation row 8 `vpmaddubsw` against broadcast
+/// activation quads summed in 16 bits (at most 8 · 2 · 15 · 127 = 30480), one widening add.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn block8<const R: usize>(
+    q: &[__m256i; 8],
+    scale: __m256,
+    offset: __m256,
+    acts: [&Act; R],
+    acc: &mut [__m256; R],
+) {
+    let ones = _mm256_set1_epi16(1);
+    for r in 0..R {
+        let ab = acts[r];
+        let quad = |k: usize| {
+            assert!(k < 8);
+            // SAFETY: bytes 4k..4k + 4 of the 32; unaligned read.
+            _mm256_set1_epi32(unsafe { ab.qs.as_ptr().add(4 * k).cast::<i32>().read_unaligned() })
+        };
+        let mut sum = _mm256_maddubs_epi16(q[0], quad(0));
+        for (k, qk) in q.iter().enumerate().skip(1) {
+            sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(*qk, quad(k)));
+        }
+        let products = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum, ones));
+        acc[r] = _mm256_fmadd_ps(products, _mm256_mul_ps(scale, _mm256_set1_ps(ab.d)), acc[r]);
+        acc[r] = _mm256_fmadd_ps(offset, _mm256_set1_ps(ab.s), acc[r]);
+    }
+}
+
+/// Stores 8 floats a row.
+#[target_feature(enable = "avx")]
+fn store8<const R: usize>(acc: [__m256; R]) -> [[f32; 8]; R] {
     let mut out = [[0f32; 8]; R];
     for r in 0..R {
         // SAFETY: 8 floats; unaligned store.
         unsafe { _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r]) };
     }
     out
+}
+
+/// The 8 interleaved rows of `w` (one group, all its blocks) against each of the rows `a`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_nibbles8<const R: usize>(w: &[Nibbles8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+    for row in a {
+        assert_eq!(row.len(), w.len());
+    }
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (b, g) in w.iter().enumerate() {
+        // SAFETY: 8 f16 are 16 bytes; unaligned loads.
+        let d = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.d.as_ptr().cast())) };
+        let m = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.m.as_ptr().cast())) };
+        block8(&unpack8(&g.qs), d, m, a.map(|row| &row[b]), &mut acc);
+    }
+    store8(acc)
+}
+
+/// The 8 interleaved Q4_K rows of `w` (one group, all its super-blocks) against each of the rows
+/// `a` (8 activation blocks a super-block): [`block8`] per sub-block, its scales
+/// `d · sc` and `−dmin · m` made for the 8 rows at once.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_q4k8<const R: usize>(w: &[Q4K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+    for row in a {
+        assert_eq!(row.len(), 8 * w.len());
+    }
+    let bytes8 = |v: &[u8; 8]| {
+        // SAFETY: 8 bytes; unaligned load.
+        let v = unsafe { _mm_loadl_epi64(v.as_ptr().cast()) };
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
+    };
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (b, g) in w.iter().enumerate() {
+        // SAFETY: 8 f16 are 16 bytes; unaligned loads.
+        let d = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.d.as_ptr().cast())) };
+        let dmin = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.dmin.as_ptr().cast())) };
+        for j in 0..8 {
+            let scale = _mm256_mul_ps(d, bytes8(&g.sc[j]));
+            let offset = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, bytes8(&g.m[j])));
+            block8(
+                &unpack8(&g.qs[j]),
+                scale,
+                offset,
+                a.map(|row| &row[8 * b + j]),
+                &mut acc,
+            );
+        }
+    }
+    store8(acc)
 }

@@ -4,7 +4,8 @@
 use std::sync::OnceLock;
 
 use super::blocks::{
-    Act, Bytes, Nibbles, Nibbles8, dot_bytes_scalar, dot_nibbles_scalar, dot_nibbles8_scalar,
+    Act, Bytes, Nibbles, Nibbles8, Q4K8, dot_bytes_scalar, dot_nibbles_scalar, dot_nibbles8_scalar,
+    dot_q4k8_scalar,
 };
 
 /// Which dot products run.
@@ -106,30 +107,55 @@ pub fn dot_range<B: WeightBlock>(
     }
 }
 
-/// The 8 rows against `R` activation rows at once, with `isa`.
-fn dot_group<const R: usize>(isa: Isa, w: &[Nibbles8], a: [&[Act]; R]) -> [[f32; 8]; R] {
-    match isa {
-        // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { super::avx2::dot_nibbles8(w, a) },
-        Isa::Scalar => a.map(|row| dot_nibbles8_scalar(w, row)),
+/// An interleaved format of 8 rows a group.
+pub trait GroupBlock: Copy + Send + Sync {
+    /// Weights a row in one block (a multiple of the activations' 32).
+    const WEIGHTS: usize;
+    /// The 8 rows of `w` (one group, all its blocks) against `R` activation rows, with `isa`.
+    fn dot_group<const R: usize>(isa: Isa, w: &[Self], a: [&[Act]; R]) -> [[f32; 8]; R];
+}
+
+impl GroupBlock for Nibbles8 {
+    const WEIGHTS: usize = 32;
+
+    fn dot_group<const R: usize>(isa: Isa, w: &[Self], a: [&[Act]; R]) -> [[f32; 8]; R] {
+        match isa {
+            // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { super::avx2::dot_nibbles8(w, a) },
+            Isa::Scalar => a.map(|row| dot_nibbles8_scalar(w, row)),
+        }
     }
 }
 
-/// [`dot_range`] for interleaved 4-bit weights: `groups` of 8 rows (`blocks` blocks each in
-/// `w`); `store(i, r, dot)` for every row `r` of those groups.
-pub fn dot_groups(
+impl GroupBlock for Q4K8 {
+    const WEIGHTS: usize = 256;
+
+    fn dot_group<const R: usize>(isa: Isa, w: &[Self], a: [&[Act]; R]) -> [[f32; 8]; R] {
+        match isa {
+            // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { super::avx2::dot_q4k8(w, a) },
+            Isa::Scalar => a.map(|row| dot_q4k8_scalar(w, row)),
+        }
+    }
+}
+
+/// [`dot_range`] for an interleaved format: `groups` of 8 rows of `cols` weights in `w`;
+/// `store(i, r, dot)` for every row `r` of those groups.
+pub fn dot_groups<B: GroupBlock>(
     isa: Isa,
-    w: &[Nibbles8],
+    w: &[B],
     acts: &[Act],
-    blocks: usize,
+    cols: usize,
     groups: std::ops::Range<usize>,
     mut store: impl FnMut(usize, usize, f32),
 ) {
-    let m = acts.len() / blocks;
-    let act = |i: usize| &acts[i * blocks..(i + 1) * blocks];
+    let (per_act, per_group) = (cols / 32, cols / B::WEIGHTS);
+    let m = acts.len() / per_act;
+    let act = |i: usize| &acts[i * per_act..(i + 1) * per_act];
     for g in groups {
-        let wg = &w[g * blocks..(g + 1) * blocks];
+        let wg = &w[g * per_group..(g + 1) * per_group];
         let mut put = |i: usize, dots: [f32; 8]| {
             for (r, v) in dots.into_iter().enumerate() {
                 store(i, 8 * g + r, v);
@@ -137,14 +163,14 @@ pub fn dot_groups(
         };
         let mut i = 0;
         while i + 4 <= m {
-            let d = dot_group(isa, wg, [act(i), act(i + 1), act(i + 2), act(i + 3)]);
+            let d = B::dot_group(isa, wg, [act(i), act(i + 1), act(i + 2), act(i + 3)]);
             for (j, dots) in d.into_iter().enumerate() {
                 put(i + j, dots);
             }
             i += 4;
         }
         while i < m {
-            put(i, dot_group(isa, wg, [act(i)])[0]);
+            put(i, B::dot_group(isa, wg, [act(i)])[0]);
             i += 1;
         }
     }

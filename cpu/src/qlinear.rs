@@ -3,7 +3,7 @@
 
 use candle_core::quantized::GgmlDType;
 
-use super::blocks::{BLOCK, Bytes, Nibbles, Nibbles8, quantize_row};
+use super::blocks::{BLOCK, Bytes, Nibbles, Nibbles8, Q4K8, quantize_row};
 use super::kernels::{Isa, WeightBlock, dot_groups, dot_range};
 use super::kquant::KRows;
 use super::team::Team;
@@ -17,6 +17,8 @@ enum Blocks {
     Nibbles8(Vec<Nibbles8>),
     /// 8-bit rows, row after row.
     Bytes(Vec<Bytes>),
+    /// Q4_K rows interleaved 8 by 8: group after group, each group's super-blocks in order.
+    Q4K8(Vec<Q4K8>),
     /// k-quant rows, row after row.
     K(KRows),
 }
@@ -60,6 +62,18 @@ impl QLinear {
         let block = dtype.block_size();
         if !cols.is_multiple_of(block) || bytes.len() != rows * cols / block * dtype.type_size() {
             return None;
+        }
+        if dtype == GgmlDType::Q4K && rows.is_multiple_of(8) {
+            let group = 8 * cols / 256 * dtype.type_size();
+            let blocks = bytes
+                .chunks_exact(group)
+                .flat_map(|g| Q4K8::interleave(g, cols / 256))
+                .collect();
+            return Some(QLinear {
+                rows,
+                cols,
+                blocks: Blocks::Q4K8(blocks),
+            });
         }
         if let Some(k) = KRows::from_gguf(dtype, bytes) {
             return Some(QLinear {
@@ -110,6 +124,16 @@ impl QLinear {
         }
         let rows = parts.iter().map(|p| p.rows).sum();
         let blocks = match &first.blocks {
+            Blocks::Q4K8(_) => Blocks::Q4K8(
+                parts
+                    .iter()
+                    .map(|p| match &p.blocks {
+                        Blocks::Q4K8(b) => Some(b.as_slice()),
+                        _ => None,
+                    })
+                    .collect::<Option<Vec<_>>>()?
+                    .concat(),
+            ),
             Blocks::K(_) => Blocks::K(KRows::concat(
                 &parts
                     .iter()
@@ -162,7 +186,8 @@ impl QLinear {
         }
         let mut out = vec![0f32; m * self.rows];
         let dst = Out(out.as_mut_ptr());
-        let (rows, blocks, members) = (self.rows, self.cols / BLOCK, team.size());
+        let (rows, cols, members) = (self.rows, self.cols, team.size());
+        let blocks = cols / BLOCK;
         let job = |member: usize| {
             let share = |n: usize| n * member / members..n * (member + 1) / members;
             let store = |i: usize, r: usize, v: f32| {
@@ -173,7 +198,8 @@ impl QLinear {
             };
             match &self.blocks {
                 Blocks::Nibbles(w) => dot_range(isa, w, &acts, blocks, share(rows), store),
-                Blocks::Nibbles8(w) => dot_groups(isa, w, &acts, blocks, share(rows / 8), store),
+                Blocks::Nibbles8(w) => dot_groups(isa, w, &acts, cols, share(rows / 8), store),
+                Blocks::Q4K8(w) => dot_groups(isa, w, &acts, cols, share(rows / 8), store),
                 Blocks::Bytes(w) => dot_range(isa, w, &acts, blocks, share(rows), store),
                 Blocks::K(_) => unreachable!("k-quants take matmul_k"),
             }
@@ -205,10 +231,30 @@ impl QLinear {
     pub fn dequantize(&self) -> Vec<f32> {
         match (&self.blocks, self.plain_nibbles()) {
             (Blocks::K(k), _) => k.dequantize(),
+            (Blocks::Q4K8(groups), _) => self.dequantize_q4k8(groups),
             (Blocks::Bytes(b), _) => super::blocks::dequantize_bytes(b),
             (_, Some(b)) => super::blocks::dequantize_nibbles(&b),
             (_, None) => unreachable!("4-bit blocks have a plain layout"),
         }
+    }
+
+    /// Interleaved Q4_K rows dequantized with their exact f32 scales, row-major.
+    fn dequantize_q4k8(&self, groups: &[Q4K8]) -> Vec<f32> {
+        let per_group = self.cols / 256;
+        let mut out = Vec::with_capacity(self.rows * self.cols);
+        for g in groups.chunks_exact(per_group) {
+            for r in 0..8 {
+                for sb in g {
+                    for j in 0..8 {
+                        let sub = sb.sub_block(r, j);
+                        let scale = sb.d[r].to_f32() * sb.sc[j][r] as f32;
+                        let offset = sb.dmin[r].to_f32() * sb.m[j][r] as f32;
+                        out.extend((0..BLOCK).map(|i| scale * sub.q(i) as f32 - offset));
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// 4-bit weights in the plain row-after-row layout.
@@ -222,14 +268,16 @@ impl QLinear {
                     .flat_map(|g| (0..8).flat_map(move |r| g.iter().map(move |b| b.row(r))))
                     .collect(),
             ),
-            Blocks::Bytes(_) | Blocks::K(_) => None,
+            Blocks::Bytes(_) | Blocks::K(_) | Blocks::Q4K8(_) => None,
         }
     }
 
     /// The scalar reference `x W^T`, one dot product at a time.
     pub fn matmul_reference(&self, x: &[f32], m: usize) -> Vec<f32> {
-        if let Blocks::K(k) = &self.blocks {
-            return self.matmul_k(k, &Team::new(1), x, m);
+        match &self.blocks {
+            Blocks::K(k) => return self.matmul_k(k, &Team::new(1), x, m),
+            Blocks::Q4K8(_) => return self.matmul_with(Isa::Scalar, &Team::new(1), x, m),
+            _ => {}
         }
         let blocks = self.cols / BLOCK;
         let mut acts = Vec::new();

@@ -206,59 +206,80 @@ fn as_accurate_as_candles_quantized_matmul() {
     }
 }
 
-/// k-quant rows (quantized here from random floats by candle) through the team: as accurate as
-/// candle's own quantized matmul, which runs the same dot products.
+/// k-quant rows (quantized here from random floats by candle) through the team. With 12 rows,
+/// every k-quant takes candle's dot products: equal to candle's quantized matmul. With 24, Q4_K is
+/// interleaved 8 by 8 for our kernel (8-bit activations per 32, not per 256): its SIMD and scalar
+/// paths agree, and it is as close to the f32 product as candle's.
 #[test]
 fn k_quants_match_candles_quantized_matmul() {
     use candle_core::quantized::{QMatMul, QTensor};
     use candle_core::{Device, Module, Tensor};
-    let (rows, cols, m) = (24, 512, 3);
-    let w = Tensor::from_vec(random_input(rows * cols, 31), (rows, cols), &Device::Cpu).unwrap();
+    let (cols, m) = (512, 3);
     let x = random_input(m * cols, 32);
     let input = Tensor::from_vec(x.clone(), (m, cols), &Device::Cpu).unwrap();
-    for dtype in [
-        GgmlDType::Q2K,
-        GgmlDType::Q3K,
-        GgmlDType::Q4K,
-        GgmlDType::Q5K,
-        GgmlDType::Q6K,
-    ] {
-        let q = QTensor::quantize(&w, dtype).unwrap();
-        let ours = QLinear::from_gguf(dtype, &q.data().unwrap(), rows, cols).unwrap();
-        let theirs: Vec<f32> = QMatMul::from_qtensor(q)
-            .unwrap()
-            .forward(&input)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        for size in [1, 2, 3] {
-            let got = ours.matmul_with(Isa::detect(), &Team::new(size), &x, m);
-            let diff = max_rel_diff(&got, &theirs);
-            assert!(diff < 1e-5, "{dtype:?} team {size}: {diff}");
+    for rows in [12, 24] {
+        let w =
+            Tensor::from_vec(random_input(rows * cols, 31), (rows, cols), &Device::Cpu).unwrap();
+        for dtype in [
+            GgmlDType::Q2K,
+            GgmlDType::Q3K,
+            GgmlDType::Q4K,
+            GgmlDType::Q5K,
+            GgmlDType::Q6K,
+        ] {
+            let q = QTensor::quantize(&w, dtype).unwrap();
+            let ours = QLinear::from_gguf(dtype, &q.data().unwrap(), rows, cols).unwrap();
+            let theirs: Vec<f32> = QMatMul::from_qtensor(q)
+                .unwrap()
+                .forward(&input)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let exact = float_reference(&ours, &x, m);
+            let interleaved = dtype == GgmlDType::Q4K && rows == 24;
+            for size in [1, 2, 3] {
+                for mm in 1..=m {
+                    let got =
+                        ours.matmul_with(Isa::detect(), &Team::new(size), &x[..mm * cols], mm);
+                    let want = ours.matmul_reference(&x[..mm * cols], mm);
+                    let diff = max_rel_diff(&got, &want);
+                    assert!(
+                        diff < 1e-5,
+                        "{dtype:?} {rows} rows, team {size}, m {mm}: {diff}"
+                    );
+                }
+            }
+            let got = ours.matmul(&x, m);
+            let (between, ours_err, theirs_err) = (
+                max_rel_diff(&got, &theirs),
+                max_rel_diff(&got, &exact),
+                max_rel_diff(&theirs, &exact),
+            );
+            eprintln!(
+                "{dtype:?} {rows} rows: {between:.2e} from candle's; from f32: ours {ours_err:.2e}, candle's {theirs_err:.2e}"
+            );
+            if interleaved {
+                assert!(
+                    ours_err < 1.5 * theirs_err,
+                    "{dtype:?}: {ours_err} vs {theirs_err}"
+                );
+            } else {
+                assert!(between < 1e-5, "{dtype:?} {rows} rows: {between}");
+            }
         }
-        let exact = float_reference(&ours, &x, m);
-        let err = max_rel_diff(&ours.matmul(&x, m), &exact);
-        eprintln!("{dtype:?}: {err:.2e} from the f32 product of its dequantized weights");
-        assert!(err < 2e-2, "{dtype:?}: {err}");
     }
-    let a = QLinear::from_gguf(
-        GgmlDType::Q4K,
-        &QTensor::quantize(&w, GgmlDType::Q4K)
-            .unwrap()
-            .data()
-            .unwrap(),
-        rows,
-        cols,
-    )
-    .unwrap();
+    let w = Tensor::from_vec(random_input(16 * cols, 33), (16, cols), &Device::Cpu).unwrap();
+    let bytes = QTensor::quantize(&w, GgmlDType::Q4K)
+        .unwrap()
+        .data()
+        .unwrap()
+        .to_vec();
+    let a = QLinear::from_gguf(GgmlDType::Q4K, &bytes, 16, cols).unwrap();
     let both = QLinear::concat(&[&a, &a]).expect("same format");
     let (one, two) = (a.matmul(&x, m), both.matmul(&x, m));
     for i in 0..m {
-        assert_eq!(
-            &two[i * 2 * rows..i * 2 * rows + rows],
-            &one[i * rows..(i + 1) * rows]
-        );
+        assert_eq!(&two[i * 32..i * 32 + 16], &one[i * 16..(i + 1) * 16]);
     }
 }
