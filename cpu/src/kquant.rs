@@ -1,6 +1,6 @@
 //! GGUF's k-quants (Q2_K to Q6_K: 256 weights a super-block, scales per 16 or 32): rows
 //! multiplied with candle's dot products for them (SIMD on x86-64 and ARM) against activations
-//! quantized to its `Q8_K`, the rows split between the [`Team`] like the other formats.
+//! quantized to its `Q8_K`, the rows split between the [`Team`](super::team::Team) like the other formats.
 
 use candle_core::quantized::GgmlDType;
 use candle_core::quantized::k_quants::{
