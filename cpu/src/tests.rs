@@ -229,6 +229,15 @@ fn k_quants_match_candles_quantized_matmul() {
         ] {
             let q = QTensor::quantize(&w, dtype).unwrap();
             let ours = QLinear::from_gguf(dtype, &q.data().unwrap(), rows, cols).unwrap();
+            // Our reading of the blocks (and of the interleaved layouts) is candle's.
+            let weights: Vec<f32> = q
+                .dequantize(&Device::Cpu)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            assert_eq!(ours.dequantize(), weights, "{dtype:?} {rows} rows");
             let theirs: Vec<f32> = QMatMul::from_qtensor(q)
                 .unwrap()
                 .forward(&input)
