@@ -141,6 +141,15 @@ impl GroupBlock for Q4K8 {
     }
 }
 
+/// Activation bytes a pass over the weights takes at most: a long prompt's activations are
+/// split in runs that stay in the L2 cache while every weight row is multiplied by them.
+const ACT_RUN_BYTES: usize = 256 * 1024;
+
+/// Activation rows a run holds at `per_act` blocks a row (a multiple of 4, the tile).
+pub fn act_run(per_act: usize) -> usize {
+    (ACT_RUN_BYTES / (per_act * std::mem::size_of::<Act>()) / 4 * 4).max(4)
+}
+
 /// [`dot_range`] for an interleaved format: `groups` of 8 rows of `cols` weights in `w`;
 /// `store(i, r, dot)` for every row `r` of those groups.
 pub fn dot_groups<B: GroupBlock>(
@@ -149,29 +158,46 @@ pub fn dot_groups<B: GroupBlock>(
     acts: &[Act],
     cols: usize,
     groups: std::ops::Range<usize>,
+    store: impl FnMut(usize, usize, f32),
+) {
+    dot_groups_in_runs(isa, w, acts, cols, groups, act_run(cols / 32), store)
+}
+
+/// [`dot_groups`] taking the activation rows `run` at a time: every group against the first
+/// `run` rows, then against the next.
+pub fn dot_groups_in_runs<B: GroupBlock>(
+    isa: Isa,
+    w: &[B],
+    acts: &[Act],
+    cols: usize,
+    groups: std::ops::Range<usize>,
+    run: usize,
     mut store: impl FnMut(usize, usize, f32),
 ) {
     let (per_act, per_group) = (cols / 32, cols / B::WEIGHTS);
     let m = acts.len() / per_act;
     let act = |i: usize| &acts[i * per_act..(i + 1) * per_act];
-    for g in groups {
-        let wg = &w[g * per_group..(g + 1) * per_group];
-        let mut put = |i: usize, dots: [f32; 8]| {
-            for (r, v) in dots.into_iter().enumerate() {
-                store(i, 8 * g + r, v);
+    for first in (0..m).step_by(run.max(1)) {
+        let end = (first + run.max(1)).min(m);
+        for g in groups.clone() {
+            let wg = &w[g * per_group..(g + 1) * per_group];
+            let mut put = |i: usize, dots: [f32; 8]| {
+                for (r, v) in dots.into_iter().enumerate() {
+                    store(i, 8 * g + r, v);
+                }
+            };
+            let mut i = first;
+            while i + 4 <= end {
+                let d = B::dot_group(isa, wg, [act(i), act(i + 1), act(i + 2), act(i + 3)]);
+                for (j, dots) in d.into_iter().enumerate() {
+                    put(i + j, dots);
+                }
+                i += 4;
             }
-        };
-        let mut i = 0;
-        while i + 4 <= m {
-            let d = B::dot_group(isa, wg, [act(i), act(i + 1), act(i + 2), act(i + 3)]);
-            for (j, dots) in d.into_iter().enumerate() {
-                put(i + j, dots);
+            while i < end {
+                put(i, B::dot_group(isa, wg, [act(i)])[0]);
+                i += 1;
             }
-            i += 4;
-        }
-        while i < m {
-            put(i, B::dot_group(isa, wg, [act(i)])[0]);
-            i += 1;
         }
     }
 }

@@ -292,3 +292,39 @@ fn k_quants_match_candles_quantized_matmul() {
         assert_eq!(&two[i * 32..i * 32 + 16], &one[i * 16..(i + 1) * 16]);
     }
 }
+
+/// A long prompt's activations go through the weights in runs that fit the cache: every run
+/// length gives the same dots as one pass.
+#[test]
+fn activation_runs_give_the_same_dots() {
+    use super::blocks::{Nibbles, Nibbles8, quantize_row};
+    use super::kernels::{act_run, dot_groups_in_runs};
+    let (rows, cols, m) = (16, 64, 11);
+    let bytes = gguf_bytes(GgmlDType::Q4_1, rows, cols, &mut Rng(41));
+    let plain = Nibbles::parse_q4_1(&bytes);
+    let w: Vec<Nibbles8> = plain
+        .chunks_exact(8 * cols / 32)
+        .flat_map(|g| Nibbles8::interleave(g, cols / 32))
+        .collect();
+    let mut acts = Vec::new();
+    quantize_row(&random_input(m * cols, 42), &mut acts);
+    let dots = |run: usize| {
+        let mut out = vec![0f32; m * rows];
+        dot_groups_in_runs(
+            Isa::detect(),
+            &w,
+            &acts,
+            cols,
+            0..rows / 8,
+            run,
+            |i, r, v| out[i * rows + r] = v,
+        );
+        out
+    };
+    let whole = dots(m);
+    for run in [1, 4, 8] {
+        assert_eq!(dots(run), whole, "runs of {run}");
+    }
+    assert_eq!(act_run(64) % 4, 0);
+    assert!(act_run(1 << 20) >= 4, "at least one tile");
+}
