@@ -305,6 +305,16 @@ impl Q4K8 {
             .collect()
     }
 
+    /// Row `r`'s exact scale of sub-block `j`: `d · sc`.
+    pub fn scale(&self, r: usize, j: usize) -> f32 {
+        self.d[r].to_f32() * self.sc[j][r] as f32
+    }
+
+    /// Row `r`'s exact offset of sub-block `j`, to subtract: `dmin · m`.
+    pub fn offset(&self, r: usize, j: usize) -> f32 {
+        self.dmin[r].to_f32() * self.m[j][r] as f32
+    }
+
     /// Row `r`'s sub-block `j` as a plain 4-bit block (its scales rounded to f16; for the
     /// scalar reference and tests).
     pub fn sub_block(&self, r: usize, j: usize) -> Nibbles {
@@ -313,8 +323,8 @@ impl Q4K8 {
             qs[4 * c..4 * c + 4].copy_from_slice(&self.qs[j][c][4 * r..4 * r + 4]);
         }
         Nibbles {
-            d: f16::from_f32(self.d[r].to_f32() * self.sc[j][r] as f32),
-            m: f16::from_f32(-self.dmin[r].to_f32() * self.m[j][r] as f32),
+            d: f16::from_f32(self.scale(r, j)),
+            m: f16::from_f32(-self.offset(r, j)),
             qs,
         }
     }
@@ -330,9 +340,7 @@ pub fn dot_q4k8_scalar(w: &[Q4K8], a: &[Act]) -> [f32; 8] {
                 let act = &a[8 * b + j];
                 let sub = g.sub_block(r, j);
                 let sum: i32 = (0..BLOCK).map(|i| sub.q(i) as i32 * act.qs[i] as i32).sum();
-                let scale = g.d[r].to_f32() * g.sc[j][r] as f32;
-                let offset = g.dmin[r].to_f32() * g.m[j][r] as f32;
-                total += scale * act.d * sum as f32 - offset * act.s;
+                total += g.scale(r, j) * act.d * sum as f32 - g.offset(r, j) * act.s;
             }
         }
         total

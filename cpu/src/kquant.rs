@@ -7,6 +7,8 @@ use candle_core::quantized::k_quants::{
     BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, GgmlType, QK_K,
 };
 
+use super::qlinear::stack;
+
 /// Rows of one k-quant format, row after row.
 #[derive(Clone, Debug)]
 pub enum KRows {
@@ -83,36 +85,24 @@ impl KRows {
 
     /// The rows of `parts` one after the other, or `None` when their formats differ.
     pub fn concat(parts: &[&KRows]) -> Option<KRows> {
-        fn all<T: Clone>(
-            parts: &[&KRows],
-            pick: impl Fn(&KRows) -> Option<&Vec<T>>,
-        ) -> Option<Vec<T>> {
-            Some(
-                parts
-                    .iter()
-                    .map(|p| pick(p).map(Vec::as_slice))
-                    .collect::<Option<Vec<&[T]>>>()?
-                    .concat(),
-            )
-        }
         Some(match parts.first()? {
-            KRows::Q2K(_) => KRows::Q2K(all(parts, |p| match p {
+            KRows::Q2K(_) => KRows::Q2K(stack(parts, |p| match p {
                 KRows::Q2K(b) => Some(b),
                 _ => None,
             })?),
-            KRows::Q3K(_) => KRows::Q3K(all(parts, |p| match p {
+            KRows::Q3K(_) => KRows::Q3K(stack(parts, |p| match p {
                 KRows::Q3K(b) => Some(b),
                 _ => None,
             })?),
-            KRows::Q4K(_) => KRows::Q4K(all(parts, |p| match p {
+            KRows::Q4K(_) => KRows::Q4K(stack(parts, |p| match p {
                 KRows::Q4K(b) => Some(b),
                 _ => None,
             })?),
-            KRows::Q5K(_) => KRows::Q5K(all(parts, |p| match p {
+            KRows::Q5K(_) => KRows::Q5K(stack(parts, |p| match p {
                 KRows::Q5K(b) => Some(b),
                 _ => None,
             })?),
-            KRows::Q6K(_) => KRows::Q6K(all(parts, |p| match p {
+            KRows::Q6K(_) => KRows::Q6K(stack(parts, |p| match p {
                 KRows::Q6K(b) => Some(b),
                 _ => None,
             })?),

@@ -124,16 +124,10 @@ impl QLinear {
         }
         let rows = parts.iter().map(|p| p.rows).sum();
         let blocks = match &first.blocks {
-            Blocks::Q4K8(_) => Blocks::Q4K8(
-                parts
-                    .iter()
-                    .map(|p| match &p.blocks {
-                        Blocks::Q4K8(b) => Some(b.as_slice()),
-                        _ => None,
-                    })
-                    .collect::<Option<Vec<_>>>()?
-                    .concat(),
-            ),
+            Blocks::Q4K8(_) => Blocks::Q4K8(stack(parts, |p| match &p.blocks {
+                Blocks::Q4K8(b) => Some(b),
+                _ => None,
+            })?),
             Blocks::K(_) => Blocks::K(KRows::concat(
                 &parts
                     .iter()
@@ -143,16 +137,10 @@ impl QLinear {
                     })
                     .collect::<Option<Vec<_>>>()?,
             )?),
-            Blocks::Bytes(_) => Blocks::Bytes(
-                parts
-                    .iter()
-                    .map(|p| match &p.blocks {
-                        Blocks::Bytes(b) => Some(b.as_slice()),
-                        _ => None,
-                    })
-                    .collect::<Option<Vec<_>>>()?
-                    .concat(),
-            ),
+            Blocks::Bytes(_) => Blocks::Bytes(stack(parts, |p| match &p.blocks {
+                Blocks::Bytes(b) => Some(b),
+                _ => None,
+            })?),
             _ => {
                 let plain = parts
                     .iter()
@@ -180,10 +168,9 @@ impl QLinear {
         if let Blocks::K(k) = &self.blocks {
             return self.matmul_k(k, team, x, m);
         }
+        // `cols` is a multiple of 32: no block spans two rows.
         let mut acts = Vec::with_capacity(x.len() / BLOCK);
-        for row in x.chunks_exact(self.cols) {
-            quantize_row(row, &mut acts);
-        }
+        quantize_row(x, &mut acts);
         let mut out = vec![0f32; m * self.rows];
         let dst = Out(out.as_mut_ptr());
         let (rows, cols, members) = (self.rows, self.cols, team.size());
@@ -246,9 +233,8 @@ impl QLinear {
             for r in 0..8 {
                 for sb in g {
                     for j in 0..8 {
-                        let sub = sb.sub_block(r, j);
-                        let scale = sb.d[r].to_f32() * sb.sc[j][r] as f32;
-                        let offset = sb.dmin[r].to_f32() * sb.m[j][r] as f32;
+                        let (sub, scale, offset) =
+                            (sb.sub_block(r, j), sb.scale(r, j), sb.offset(r, j));
                         out.extend((0..BLOCK).map(|i| scale * sub.q(i) as f32 - offset));
                     }
                 }
@@ -281,9 +267,7 @@ impl QLinear {
         }
         let blocks = self.cols / BLOCK;
         let mut acts = Vec::new();
-        for row in x.chunks_exact(self.cols) {
-            quantize_row(row, &mut acts);
-        }
+        quantize_row(x, &mut acts);
         let plain = self.plain_nibbles();
         let mut out = Vec::with_capacity(m * self.rows);
         for a in acts.chunks_exact(blocks) {
@@ -297,4 +281,19 @@ impl QLinear {
         }
         out
     }
+}
+
+/// The blocks `pick` finds in every one of `parts`, one part's after the other's, or `None` when
+/// it finds none in some part (the parts differ in format).
+pub(crate) fn stack<P, T: Clone>(
+    parts: &[P],
+    pick: impl Fn(&P) -> Option<&Vec<T>>,
+) -> Option<Vec<T>> {
+    Some(
+        parts
+            .iter()
+            .map(|p| pick(p).map(Vec::as_slice))
+            .collect::<Option<Vec<&[T]>>>()?
+            .concat(),
+    )
 }

@@ -72,6 +72,37 @@ fn float_reference(layer: &QLinear, x: &[f32], m: usize) -> Vec<f32> {
     out
 }
 
+/// Ours and candle's quantized matmul of the same weight `q` by `x` (`m` rows): how far they are
+/// from each other, and each from the f32 product of the dequantized weight.
+fn against_candle(
+    label: &str,
+    ours: &QLinear,
+    q: candle_core::quantized::QTensor,
+    x: &[f32],
+    m: usize,
+) -> (f32, f32, f32) {
+    use candle_core::{Device, Module, Tensor};
+    let input = Tensor::from_vec(x.to_vec(), (m, ours.cols()), &Device::Cpu).unwrap();
+    let theirs: Vec<f32> = candle_core::quantized::QMatMul::from_qtensor(q)
+        .unwrap()
+        .forward(&input)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let (got, exact) = (ours.matmul(x, m), float_reference(ours, x, m));
+    let (between, ours_err, theirs_err) = (
+        max_rel_diff(&got, &theirs),
+        max_rel_diff(&got, &exact),
+        max_rel_diff(&theirs, &exact),
+    );
+    eprintln!(
+        "{label}: {between:.2e} from candle's; from f32: ours {ours_err:.2e}, candle's {theirs_err:.2e}"
+    );
+    (between, ours_err, theirs_err)
+}
+
 const TYPES: [GgmlDType; 3] = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0];
 
 #[test]
@@ -171,33 +202,17 @@ fn unsupported_or_misshapen_tensors_are_refused() {
 /// an independent implementation of the same arithmetic: ours is as close to the f32 product.
 #[test]
 fn as_accurate_as_candles_quantized_matmul() {
-    use candle_core::quantized::{QMatMul, QStorage, QTensor};
-    use candle_core::{Device, Module, Tensor};
+    use candle_core::Device;
+    use candle_core::quantized::{QStorage, QTensor};
     for dtype in TYPES {
         let (rows, cols, m) = (48, 256, 5);
         let bytes = gguf_bytes(dtype, rows, cols, &mut Rng(21));
         let ours = QLinear::from_gguf(dtype, &bytes, rows, cols).unwrap();
         let storage = QStorage::from_data(bytes.into(), &Device::Cpu, dtype).unwrap();
-        let candle = QMatMul::from_qtensor(QTensor::new(storage, (rows, cols)).unwrap()).unwrap();
+        let q = QTensor::new(storage, (rows, cols)).unwrap();
         let x = random_input(m * cols, 22);
-        let input = Tensor::from_vec(x.clone(), (m, cols), &Device::Cpu).unwrap();
-        let theirs: Vec<f32> = candle
-            .forward(&input)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        let got = ours.matmul(&x, m);
-        let exact = float_reference(&ours, &x, m);
-        let (between, ours_err, theirs_err) = (
-            max_rel_diff(&got, &theirs),
-            max_rel_diff(&got, &exact),
-            max_rel_diff(&theirs, &exact),
-        );
-        eprintln!(
-            "{dtype:?}: {between:.2e} from candle's; from f32: ours {ours_err:.2e}, candle's {theirs_err:.2e}"
-        );
+        let (between, ours_err, theirs_err) =
+            against_candle(&format!("{dtype:?}"), &ours, q, &x, m);
         assert!(between < 1e-2, "{dtype:?}: {between}");
         assert!(
             ours_err < 1.25 * theirs_err,
@@ -212,11 +227,10 @@ fn as_accurate_as_candles_quantized_matmul() {
 /// paths agree, and it is as close to the f32 product as candle's.
 #[test]
 fn k_quants_match_candles_quantized_matmul() {
-    use candle_core::quantized::{QMatMul, QTensor};
-    use candle_core::{Device, Module, Tensor};
+    use candle_core::quantized::QTensor;
+    use candle_core::{Device, Tensor};
     let (cols, m) = (512, 3);
     let x = random_input(m * cols, 32);
-    let input = Tensor::from_vec(x.clone(), (m, cols), &Device::Cpu).unwrap();
     for rows in [12, 24] {
         let w =
             Tensor::from_vec(random_input(rows * cols, 31), (rows, cols), &Device::Cpu).unwrap();
@@ -238,15 +252,6 @@ fn k_quants_match_candles_quantized_matmul() {
                 .to_vec1()
                 .unwrap();
             assert_eq!(ours.dequantize(), weights, "{dtype:?} {rows} rows");
-            let theirs: Vec<f32> = QMatMul::from_qtensor(q)
-                .unwrap()
-                .forward(&input)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
-            let exact = float_reference(&ours, &x, m);
             let interleaved = dtype == GgmlDType::Q4K && rows == 24;
             for size in [1, 2, 3] {
                 for mm in 1..=m {
@@ -260,15 +265,8 @@ fn k_quants_match_candles_quantized_matmul() {
                     );
                 }
             }
-            let got = ours.matmul(&x, m);
-            let (between, ours_err, theirs_err) = (
-                max_rel_diff(&got, &theirs),
-                max_rel_diff(&got, &exact),
-                max_rel_diff(&theirs, &exact),
-            );
-            eprintln!(
-                "{dtype:?} {rows} rows: {between:.2e} from candle's; from f32: ours {ours_err:.2e}, candle's {theirs_err:.2e}"
-            );
+            let (between, ours_err, theirs_err) =
+                against_candle(&format!("{dtype:?} {rows} rows"), &ours, q, &x, m);
             if interleaved {
                 assert!(
                     ours_err < 1.5 * theirs_err,
