@@ -6,7 +6,9 @@
 
 use std::arch::x86_64::*;
 
-use super::blocks::{Act, Bytes, Nibbles, Nibbles8, Q4K8};
+use super::blocks::{Act, Bytes, Nibbles, Nibbles8};
+use super::q4k::Q4K8;
+use super::q6k::Q6K8;
 
 /// Horizontal sum of 8 floats.
 #[target_feature(enable = "avx2,fma")]
@@ -178,16 +180,91 @@ pub fn dot_q4k8<const R: usize>(w: &[Q4K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
         // SAFETY: 8 f16 are 16 bytes; unaligned loads.
         let d = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.d.as_ptr().cast())) };
         let dmin = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.dmin.as_ptr().cast())) };
-        for j in 0..8 {
-            let scale = _mm256_mul_ps(d, bytes8(&g.sc[j]));
-            let offset = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, bytes8(&g.m[j])));
+        for (j, part) in g.j.iter().enumerate() {
+            let scale = _mm256_mul_ps(d, bytes8(&part.sc));
+            let offset = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, bytes8(&part.m)));
             block8(
-                &unpack8(&g.qs[j]),
+                &unpack8(&part.qs),
                 scale,
                 offset,
                 a.map(|row| &row[8 * b + j]),
                 &mut acc,
             );
+        }
+    }
+    store8(acc)
+}
+
+/// The 8 vectors of 4 unsigned 6-bit weights of each of 8 rows of one activation block of a
+/// [`Q6K8`] group: [`unpack8`]'s low 4 bits with the high 2 bits of `qh` moved to bits 4 and 5.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn unpack6(ql: &[[u8; 32]; 4], qh: &[[u8; 32]; 2]) -> [__m256i; 8] {
+    let mut q = unpack8(ql);
+    for h in 0..2 {
+        // SAFETY: 32 bytes; unaligned load.
+        let v = unsafe { _mm256_loadu_si256(qh[h].as_ptr().cast()) };
+        let bits = |c: i32| _mm256_and_si256(v, _mm256_set1_epi8(3 << (2 * c)));
+        // Bit pair `c` to bits 4..6, each within its byte.
+        let high = [
+            _mm256_slli_epi16(bits(0), 4),
+            _mm256_slli_epi16(bits(1), 2),
+            bits(2),
+            _mm256_srli_epi16(bits(3), 2),
+        ];
+        for (c, hc) in high.into_iter().enumerate() {
+            q[4 * h + c] = _mm256_or_si256(q[4 * h + c], hc);
+        }
+    }
+    q
+}
+
+/// The 8 interleaved Q6_K rows of `w` (one group, all its super-blocks) against each of the rows
+/// `a` (8 activation blocks a super-block). Per activation block and row: 8 `vpmaddubsw` of the
+/// unsigned values, summed two by two in 16 bits (at most 2 · 2 · 63 · 127 = 32004), times the
+/// half-blocks' scales in one `vpmaddwd` each, less `32 Σ sc Σ a` from the activations' 16-sums.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_q6k8<const R: usize>(w: &[Q6K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+    for row in a {
+        assert_eq!(row.len(), 8 * w.len());
+    }
+    // Within each row's 32 bits: its first half-block's scale twice, or its second's.
+    let first = _mm256_setr_epi8(
+        0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12,
+        13, 12, 13,
+    );
+    let second = _mm256_add_epi8(first, _mm256_set1_epi8(2));
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (b, g) in w.iter().enumerate() {
+        // SAFETY: 8 f16 are 16 bytes; unaligned load.
+        let d = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.d.as_ptr().cast())) };
+        for (k, part) in g.k.iter().enumerate() {
+            // SAFETY: 16 bytes; unaligned load. Row r's two scales in 16-bit lanes 2r, 2r + 1.
+            let pair = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(part.sc.as_ptr().cast()) });
+            let (lo, hi) = (
+                _mm256_shuffle_epi8(pair, first),
+                _mm256_shuffle_epi8(pair, second),
+            );
+            let q = unpack6(&part.ql, &part.qh);
+            for r in 0..R {
+                let ab = &a[r][8 * b + k];
+                let quad = |c: usize| {
+                    assert!(c < 8);
+                    // SAFETY: bytes 4c..4c + 4 of the 32; unaligned read.
+                    let v = unsafe { ab.qs.as_ptr().add(4 * c).cast::<i32>().read_unaligned() };
+                    _mm256_maddubs_epi16(q[c], _mm256_set1_epi32(v))
+                };
+                let two = |c: usize| _mm256_add_epi16(quad(c), quad(c + 1));
+                let sum = _mm256_add_epi32(
+                    _mm256_add_epi32(_mm256_madd_epi16(two(0), lo), _mm256_madd_epi16(two(2), lo)),
+                    _mm256_add_epi32(_mm256_madd_epi16(two(4), hi), _mm256_madd_epi16(two(6), hi)),
+                );
+                let sums = (ab.sums[0] as u16 as i32) | ((ab.sums[1] as u16 as i32) << 16);
+                let centre = _mm256_madd_epi16(pair, _mm256_set1_epi32(sums));
+                let sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(centre, 5));
+                let scale = _mm256_mul_ps(d, _mm256_set1_ps(ab.d));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc[r]);
+            }
         }
     }
     store8(acc)

@@ -4,9 +4,10 @@
 use std::sync::OnceLock;
 
 use super::blocks::{
-    Act, Bytes, Nibbles, Nibbles8, Q4K8, dot_bytes_scalar, dot_nibbles_scalar, dot_nibbles8_scalar,
-    dot_q4k8_scalar,
+    Act, Bytes, Nibbles, Nibbles8, dot_bytes_scalar, dot_nibbles_scalar, dot_nibbles8_scalar,
 };
+use super::q4k::{Q4K8, dot_q4k8_scalar};
+use super::q6k::{Q6K8, dot_q6k8_scalar};
 
 /// Which dot products run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,6 +142,19 @@ impl GroupBlock for Q4K8 {
     }
 }
 
+impl GroupBlock for Q6K8 {
+    const WEIGHTS: usize = 256;
+
+    fn dot_group<const R: usize>(isa: Isa, w: &[Self], a: [&[Act]; R]) -> [[f32; 8]; R] {
+        match isa {
+            // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { super::avx2::dot_q6k8(w, a) },
+            Isa::Scalar => a.map(|row| dot_q6k8_scalar(w, row)),
+        }
+    }
+}
+
 /// Activation bytes a pass over the weights takes at most: a long prompt's activations are
 /// split in runs that stay in the L2 cache while every weight row is multiplied by them.
 const ACT_RUN_BYTES: usize = 256 * 1024;
@@ -194,9 +208,14 @@ pub fn dot_groups_in_runs<B: GroupBlock>(
                 }
                 i += 4;
             }
-            while i < end {
+            if i + 2 <= end {
+                let [d0, d1] = B::dot_group(isa, wg, [act(i), act(i + 1)]);
+                put(i, d0);
+                put(i + 1, d1);
+                i += 2;
+            }
+            if i < end {
                 put(i, B::dot_group(isa, wg, [act(i)])[0]);
-                i += 1;
             }
         }
     }

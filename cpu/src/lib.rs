@@ -5,7 +5,8 @@
 //! - [`blocks`]: the weight and activation block formats, and the scalar reference;
 //! - `avx2`: the SIMD dot products (x86-64, detected at run time);
 //! - [`kernels`]: the choice between them, over a range of weight rows;
-//! - [`kquant`]: the k-quants (Q2_K to Q6_K), through candle's dot products;
+//! - [`q4k`], [`q6k`]: Q4_K and Q6_K interleaved for the 8-row kernel;
+//! - [`kquant`]: the other k-quants (Q2_K to Q6_K), through candle's dot products;
 //! - [`team`]: the threads;
 //! - [`QLinear`]: a layer's weight, and its matmul.
 
@@ -14,6 +15,8 @@ mod avx2;
 pub mod blocks;
 pub mod kernels;
 pub mod kquant;
+pub mod q4k;
+pub mod q6k;
 mod qlinear;
 pub mod team;
 

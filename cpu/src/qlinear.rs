@@ -3,9 +3,11 @@
 
 use candle_core::quantized::GgmlDType;
 
-use super::blocks::{BLOCK, Bytes, Nibbles, Nibbles8, Q4K8, quantize_row};
+use super::blocks::{BLOCK, Bytes, Nibbles, Nibbles8, quantize_row};
 use super::kernels::{Isa, WeightBlock, dot_groups, dot_range};
 use super::kquant::KRows;
+use super::q4k::Q4K8;
+use super::q6k::Q6K8;
 use super::team::Team;
 
 /// The weight's blocks, row after row.
@@ -19,6 +21,8 @@ enum Blocks {
     Bytes(Vec<Bytes>),
     /// Q4_K rows interleaved 8 by 8: group after group, each group's super-blocks in order.
     Q4K8(Vec<Q4K8>),
+    /// Q6_K rows interleaved 8 by 8.
+    Q6K8(Vec<Q6K8>),
     /// k-quant rows, row after row.
     K(KRows),
 }
@@ -63,17 +67,22 @@ impl QLinear {
         if !cols.is_multiple_of(block) || bytes.len() != rows * cols / block * dtype.type_size() {
             return None;
         }
-        if dtype == GgmlDType::Q4K && rows.is_multiple_of(8) {
-            let group = 8 * cols / 256 * dtype.type_size();
-            let blocks = bytes
-                .chunks_exact(group)
-                .flat_map(|g| Q4K8::interleave(g, cols / 256))
-                .collect();
-            return Some(QLinear {
-                rows,
-                cols,
-                blocks: Blocks::Q4K8(blocks),
-            });
+        if matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K) && rows.is_multiple_of(8) {
+            let groups = bytes.chunks_exact(8 * cols / 256 * dtype.type_size());
+            let blocks = if dtype == GgmlDType::Q4K {
+                Blocks::Q4K8(
+                    groups
+                        .flat_map(|g| Q4K8::interleave(g, cols / 256))
+                        .collect(),
+                )
+            } else {
+                Blocks::Q6K8(
+                    groups
+                        .flat_map(|g| Q6K8::interleave(g, cols / 256))
+                        .collect(),
+                )
+            };
+            return Some(QLinear { rows, cols, blocks });
         }
         if let Some(k) = KRows::from_gguf(dtype, bytes) {
             return Some(QLinear {
@@ -126,6 +135,10 @@ impl QLinear {
         let blocks = match &first.blocks {
             Blocks::Q4K8(_) => Blocks::Q4K8(stack(parts, |p| match &p.blocks {
                 Blocks::Q4K8(b) => Some(b),
+                _ => None,
+            })?),
+            Blocks::Q6K8(_) => Blocks::Q6K8(stack(parts, |p| match &p.blocks {
+                Blocks::Q6K8(b) => Some(b),
                 _ => None,
             })?),
             Blocks::K(_) => Blocks::K(KRows::concat(
@@ -187,6 +200,7 @@ impl QLinear {
                 Blocks::Nibbles(w) => dot_range(isa, w, &acts, blocks, share(rows), store),
                 Blocks::Nibbles8(w) => dot_groups(isa, w, &acts, cols, share(rows / 8), store),
                 Blocks::Q4K8(w) => dot_groups(isa, w, &acts, cols, share(rows / 8), store),
+                Blocks::Q6K8(w) => dot_groups(isa, w, &acts, cols, share(rows / 8), store),
                 Blocks::Bytes(w) => dot_range(isa, w, &acts, blocks, share(rows), store),
                 Blocks::K(_) => unreachable!("k-quants take matmul_k"),
             }
@@ -219,6 +233,7 @@ impl QLinear {
         match (&self.blocks, self.plain_nibbles()) {
             (Blocks::K(k), _) => k.dequantize(),
             (Blocks::Q4K8(groups), _) => self.dequantize_q4k8(groups),
+            (Blocks::Q6K8(groups), _) => self.dequantize_q6k8(groups),
             (Blocks::Bytes(b), _) => super::blocks::dequantize_bytes(b),
             (_, Some(b)) => super::blocks::dequantize_nibbles(&b),
             (_, None) => unreachable!("4-bit blocks have a plain layout"),
@@ -243,6 +258,21 @@ impl QLinear {
         out
     }
 
+    /// Interleaved Q6_K rows dequantized as GGML does, row-major.
+    fn dequantize_q6k8(&self, groups: &[Q6K8]) -> Vec<f32> {
+        let per_group = self.cols / 256;
+        let mut out = Vec::with_capacity(self.rows * self.cols);
+        for g in groups.chunks_exact(per_group) {
+            for r in 0..8 {
+                out.extend(
+                    g.iter()
+                        .flat_map(|sb| (0..256).map(move |i| sb.weight(r, i))),
+                );
+            }
+        }
+        out
+    }
+
     /// 4-bit weights in the plain row-after-row layout.
     fn plain_nibbles(&self) -> Option<Vec<Nibbles>> {
         let blocks = self.cols / BLOCK;
@@ -254,7 +284,7 @@ impl QLinear {
                     .flat_map(|g| (0..8).flat_map(move |r| g.iter().map(move |b| b.row(r))))
                     .collect(),
             ),
-            Blocks::Bytes(_) | Blocks::K(_) | Blocks::Q4K8(_) => None,
+            Blocks::Bytes(_) | Blocks::K(_) | Blocks::Q4K8(_) | Blocks::Q6K8(_) => None,
         }
     }
 
@@ -262,7 +292,9 @@ impl QLinear {
     pub fn matmul_reference(&self, x: &[f32], m: usize) -> Vec<f32> {
         match &self.blocks {
             Blocks::K(k) => return self.matmul_k(k, &Team::new(1), x, m),
-            Blocks::Q4K8(_) => return self.matmul_with(Isa::Scalar, &Team::new(1), x, m),
+            Blocks::Q4K8(_) | Blocks::Q6K8(_) => {
+                return self.matmul_with(Isa::Scalar, &Team::new(1), x, m);
+            }
             _ => {}
         }
         let blocks = self.cols / BLOCK;

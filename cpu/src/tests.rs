@@ -222,9 +222,9 @@ fn as_accurate_as_candles_quantized_matmul() {
 }
 
 /// k-quant rows (quantized here from random floats by candle) through the team. With 12 rows,
-/// every k-quant takes candle's dot products: equal to candle's quantized matmul. With 24, Q4_K is
-/// interleaved 8 by 8 for our kernel (8-bit activations per 32, not per 256): its SIMD and scalar
-/// paths agree, and it is as close to the f32 product as candle's.
+/// every k-quant takes candle's dot products: equal to candle's quantized matmul. With 24, Q4_K and
+/// Q6_K are interleaved 8 by 8 for our kernels (8-bit activations per 32, not per 256): their SIMD
+/// and scalar paths agree, and they are as close to the f32 product as candle's.
 #[test]
 fn k_quants_match_candles_quantized_matmul() {
     use candle_core::quantized::QTensor;
@@ -252,7 +252,7 @@ fn k_quants_match_candles_quantized_matmul() {
                 .to_vec1()
                 .unwrap();
             assert_eq!(ours.dequantize(), weights, "{dtype:?} {rows} rows");
-            let interleaved = dtype == GgmlDType::Q4K && rows == 24;
+            let interleaved = matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K) && rows == 24;
             for size in [1, 2, 3] {
                 for mm in 1..=m {
                     let got =
