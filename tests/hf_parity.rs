@@ -140,28 +140,42 @@ fn qwen3_gguf_matches_transformers_in_f32_and_within_q8_0_error() {
     );
 }
 
-/// 4- and 5-bit GGUF weights read as gguf-py (an independent implementation) dequantizes them:
-/// the logits of the Q4_0 and Q5_1 files, dequantized, equal those of F32 files holding the same
-/// weights dequantized (tests/fixtures/make_gguf.py `Q4_0:F32`). By default the CPU multiplies
-/// Q4_0 with its quantized kernels (8-bit activations): within their tolerance of the same
-/// reference. Q5_1 has no CPU kernel, so the default dequantizes it.
+/// The logits of `dir/model-{kind}.gguf` against those of `model-{kind}-as-F32.gguf`, which
+/// holds the same weights dequantized by gguf-py (an independent implementation): within 1e-5 on
+/// the dequantized path, within `default_tolerance` by default (the CPU kernels, with 8-bit
+/// activations, where they take the type).
+fn decodes_as_gguf_py(dir: &str, kind: &str, default_tolerance: f64) {
+    let tokens: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 300).collect();
+    let at = |file: String, matmul| common::logits_at_every_position(&file, matmul, &tokens);
+    let want = at(format!("{dir}/model-{kind}-as-F32.gguf"), GgufMatmul::Auto);
+    let file = format!("{dir}/model-{kind}.gguf");
+    let dequantized = common::rel_err(&at(file.clone(), GgufMatmul::Dequantized), &want);
+    let default = common::rel_err(&at(file, GgufMatmul::Auto), &want);
+    eprintln!(
+        "{kind}: rel. err. against its weights dequantized by gguf-py: dequantized \
+         {dequantized:.2e}, default {default:.2e}"
+    );
+    assert!(dequantized < 1e-5, "{kind} dequantized: {dequantized}");
+    assert!(default < default_tolerance, "{kind} default: {default}");
+}
+
+/// 4- and 5-bit GGUF weights (tests/fixtures/make_gguf.py `Q4_0:F32`, `Q5_1:F32`). By default
+/// the CPU multiplies Q4_0 with its quantized kernels; Q5_1 has none, so the default dequantizes
+/// it.
 #[test]
 fn q4_0_and_q5_1_gguf_weights_decode_as_gguf_py_decodes_them() {
     let dir = format!("{FIXTURES}/qwen3-qknorm");
-    let tokens: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 300).collect();
-    for (kind, default_tolerance) in [("Q4_0", 5e-2), ("Q5_1", 1e-5)] {
-        let at = |file: String, matmul| common::logits_at_every_position(&file, matmul, &tokens);
-        let want = at(format!("{dir}/model-{kind}-as-F32.gguf"), GgufMatmul::Auto);
-        let file = format!("{dir}/model-{kind}.gguf");
-        let dequantized = common::rel_err(&at(file.clone(), GgufMatmul::Dequantized), &want);
-        let default = common::rel_err(&at(file, GgufMatmul::Auto), &want);
-        eprintln!(
-            "{kind}: rel. err. against its weights dequantized by gguf-py: dequantized \
-             {dequantized:.2e}, default {default:.2e}"
-        );
-        assert!(dequantized < 1e-5, "{kind} dequantized: {dequantized}");
-        assert!(default < default_tolerance, "{kind} default: {default}");
-    }
+    decodes_as_gguf_py(&dir, "Q4_0", 5e-2);
+    decodes_as_gguf_py(&dir, "Q5_1", 1e-5);
+}
+
+/// k-quants through the loader: a Q4_K_M file as llama.cpp's `llama-quantize` writes it (Q4_K
+/// matrices, Q6_K for attn_v, ffn_down and the output head; rows of 256 and 512;
+/// tests/fixtures/make_kquant_gguf.py). By default the CPU runs both types on its interleaved
+/// kernels.
+#[test]
+fn q4_k_m_gguf_weights_decode_as_gguf_py_decodes_them() {
+    decodes_as_gguf_py(&format!("{FIXTURES}/qwen3-k256"), "Q4_K_M", 5e-2);
 }
 
 /// Qwen2 with q/k/v biases as a GGUF file (`qwen2` architecture): transformers' logits and
