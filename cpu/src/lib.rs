@@ -8,6 +8,7 @@
 //! - [`q4k`], [`q6k`]: Q4_K and Q6_K interleaved for the 8-row kernel;
 //! - [`kquant`]: the other k-quants (Q2_K to Q6_K), through candle's dot products;
 //! - [`team`]: the threads;
+//! - [`memory`]: the allocator's settings for CPU steps;
 //! - [`QLinear`]: a layer's weight, and its matmul.
 
 #[cfg(target_arch = "x86_64")]
@@ -15,6 +16,7 @@ mod avx2;
 pub mod blocks;
 pub mod kernels;
 pub mod kquant;
+pub mod memory;
 pub mod q4k;
 pub mod q6k;
 mod qlinear;

@@ -46,7 +46,11 @@ pub struct LoadedEngine {
 fn open_device(args: &EngineArgs) -> Result<Device, EngineError> {
     let p = &args.parallel;
     if !p.is_parallel() {
-        return args.device.open();
+        let device = args.device.open()?;
+        if device.is_cpu() {
+            crate::cpu::memory::keep_freed_memory();
+        }
+        return Ok(device);
     }
     use super::device::DeviceArg;
     match args.device {
