@@ -8,6 +8,8 @@ use pagewise::sampler::SeededRng;
 use pagewise::{EngineArgs, Llm, SamplingParams};
 
 const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/llama-gqa-tied");
+/// Gemma 3 with a 5-token sliding window on two of its three layers.
+const WINDOWED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gemma3");
 
 fn prompts() -> Vec<Vec<u32>> {
     let mut rng = SeededRng::new(99, 0);
@@ -28,6 +30,19 @@ fn prompts() -> Vec<Vec<u32>> {
 
 #[test]
 fn batched_chunked_cached_preempted_equals_solo() {
+    // 512 bytes of KV per token (2 layers x 2 KV heads x 16 dims x K,V x f32).
+    batched_equals_solo(MODEL, 512);
+}
+
+/// The same under sliding windows: chunks, cached prefixes and recomputed sequences all reach
+/// past the window.
+#[test]
+fn batched_chunked_cached_preempted_equals_solo_under_sliding_windows() {
+    // 3 layers x 2 KV heads x 32 dims x K,V x f32.
+    batched_equals_solo(WINDOWED, 1536);
+}
+
+fn batched_equals_solo(model: &str, kv_bytes_per_token: u64) {
     let params = SamplingParams {
         temperature: 0.0,
         max_tokens: 24,
@@ -37,7 +52,7 @@ fn batched_chunked_cached_preempted_equals_solo() {
     let prompts = prompts();
 
     let mut solo = Llm::new(EngineArgs {
-        model: MODEL.into(),
+        model: model.into(),
         enable_prefix_caching: false,
         ..Default::default()
     })
@@ -51,12 +66,12 @@ fn batched_chunked_cached_preempted_equals_solo() {
         })
         .collect();
 
-    // 512 bytes of KV per token (2 layers x 2 KV heads x 16 dims x K,V x f32): 24 blocks of 8 tokens.
+    // 24 blocks of 8 tokens.
     let mut batched = Llm::new(EngineArgs {
-        model: MODEL.into(),
+        model: model.into(),
         block_size: 8,
         max_num_batched_tokens: Some(16),
-        kv_cache_memory: Some(24 * 8 * 512),
+        kv_cache_memory: Some(24 * 8 * kv_bytes_per_token),
         // The cache must hold one sequence of the full context length (checked at startup).
         max_model_len: Some(128),
         ..Default::default()

@@ -214,3 +214,8 @@ fn phi3_with_longrope_scaling_matches_transformers() {
 fn phi3_with_partial_rotary_matches_transformers() {
     check("phi3-partial");
 }
+
+#[test]
+fn gemma3_with_sliding_windows_and_two_rotary_bases_matches_transformers() {
+    check("gemma3");
+}

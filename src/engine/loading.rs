@@ -102,7 +102,10 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
             seed: args.seed,
         },
     )?;
-    let cfg = loaded.config;
+    let mut cfg = loaded.config;
+    if !device.is_cpu() {
+        cfg.cap_windows_for_gpu();
+    }
     let tokenizer = Arc::new(loaded.tokenizer);
     let grammars = Grammars::new(tokenizer.clone(), cfg.vocab_size, &cfg.eos_token_ids);
     if member.is_none() {

@@ -116,6 +116,7 @@ pub fn load(
         eos_token_ids: eos.into_iter().collect(),
         opt: None,
         neox: None,
+        gemma: None,
         rotary_dim: head_dim,
     };
     let tokenizer = tokenizer_from_gguf(&ct, &tokens)?;

@@ -149,6 +149,24 @@ impl KvCache {
         meta: &AttentionMeta<'_>,
         scale: f32,
     ) -> candle_core::Result<Tensor> {
+        self.attend_windowed(layer, q, k, v, meta, scale, None)
+    }
+
+    /// [`KvCache::attend`] for a sliding-window layer when `window` is given: the query at
+    /// position `p` attends to positions `p + 1 - window ..= p` only (transformers' and vLLM's
+    /// window). The GPU kernels do not mask yet: there a context past the window is an error (the
+    /// engine caps a GPU's context at the window, `ModelConfig::cap_windows_for_gpu`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_windowed(
+        &mut self,
+        layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        meta: &AttentionMeta<'_>,
+        scale: f32,
+        window: Option<usize>,
+    ) -> candle_core::Result<Tensor> {
         let (num_tokens, num_heads, head_dim) = q.dims3()?;
         let layout = self.layout;
         if k.dims3()? != (num_tokens, layout.num_kv_heads, head_dim) || head_dim != layout.head_dim
@@ -175,6 +193,13 @@ impl KvCache {
                 let Some(dm) = &meta.device else {
                     candle_core::bail!("paged attention on a GPU needs device metadata");
                 };
+                if let Some(w) = window.filter(|&w| dm.max_context_len > w) {
+                    candle_core::bail!(
+                        "sliding-window attention past the window ({} > {w} tokens) is not \
+                         implemented on the GPU",
+                        dm.max_context_len
+                    );
+                }
                 return super::attention_cuda::attend(k_cache, v_cache, q, k, v, dm, scale);
             }
         };
@@ -183,7 +208,7 @@ impl KvCache {
         let (q, k, v) = (host(q)?, host(k)?, host(v)?);
         let cache = &mut layers[layer];
         reshape_and_cache(&k, &v, cache, meta.slot_mapping, layout)?;
-        let out = attend_cpu(&q, cache, meta, layout, num_heads, scale);
+        let out = attend_cpu(&q, cache, meta, layout, num_heads, scale, window);
         Tensor::from_vec(out, (num_tokens, num_heads * head_dim), &Device::Cpu)?
             .to_dtype(dtype)?
             .to_device(&device)
@@ -211,7 +236,8 @@ fn reshape_and_cache(
 }
 
 /// Paged attention for every query row. The rows (token, head) are independent, so the CPU
-/// team splits them; each row is the textbook softmax(q·K / √d)·V over its positions.
+/// team splits them; each row is the textbook softmax(q·K / √d)·V over its positions (the last
+/// `window` of them in a sliding-window layer).
 fn attend_cpu(
     q: &[f32],
     cache: &LayerKv,
@@ -219,6 +245,7 @@ fn attend_cpu(
     layout: KvLayout,
     num_heads: usize,
     scale: f32,
+    window: Option<usize>,
 ) -> Vec<f32> {
     let d = layout.head_dim;
     let w = layout.slot_width();
@@ -240,7 +267,8 @@ fn attend_cpu(
         let slot = |p: usize| table[p / bs] as usize * bs + p % bs;
         let kv_off = (h / group) * d;
         let qv = &q[row * d..][..d];
-        let mut scores: Vec<f32> = (0..=pos)
+        let first = window.map_or(0, |win| (pos + 1).saturating_sub(win));
+        let mut scores: Vec<f32> = (first..=pos)
             .map(|p| dot(qv, &cache.k[slot(p) * w + kv_off..][..d]) * scale)
             .collect();
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -249,7 +277,7 @@ fn attend_cpu(
             *s = (*s - max).exp();
             sum += *s;
         }
-        for (p, &s) in scores.iter().enumerate() {
+        for (p, &s) in (first..).zip(&scores) {
             let vv = &cache.v[slot(p) * w + kv_off..][..d];
             let weight = s / sum;
             for (acc, x) in o.iter_mut().zip(vv) {
@@ -288,7 +316,9 @@ mod tests {
         (0..n).map(|_| rng.next_f64() as f32 * 2.0 - 1.0).collect()
     }
 
-    /// Dense causal attention for one sequence, the textbook way.
+    /// Dense causal attention for one sequence, the textbook way: token `t` over positions
+    /// `0..=t`, or over the last `window` of them.
+    #[allow(clippy::too_many_arguments)]
     fn naive(
         q: &[f32],
         k: &[f32],
@@ -297,12 +327,14 @@ mod tests {
         heads: usize,
         kvh: usize,
         d: usize,
+        window: Option<usize>,
     ) -> Vec<f32> {
         let mut out = vec![0.0; n * heads * d];
         for t in 0..n {
+            let first = window.map_or(0, |w| (t + 1).saturating_sub(w));
             for h in 0..heads {
                 let g = h / (heads / kvh);
-                let s: Vec<f32> = (0..=t)
+                let s: Vec<f32> = (first..=t)
                     .map(|p| {
                         (0..d)
                             .map(|i| q[(t * heads + h) * d + i] * k[(p * kvh + g) * d + i])
@@ -312,7 +344,7 @@ mod tests {
                     .collect();
                 let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let z: f32 = s.iter().map(|x| (x - m).exp()).sum();
-                for (p, x) in s.iter().enumerate() {
+                for (p, x) in (first..).zip(&s) {
                     for i in 0..d {
                         out[(t * heads + h) * d + i] +=
                             (x - m).exp() / z * v[(p * kvh + g) * d + i];
@@ -323,8 +355,16 @@ mod tests {
         out
     }
 
+    /// Full attention, and sliding windows shorter than a chunk, than the prefix, and longer
+    /// than the sequence.
     #[test]
     fn chunked_paged_attention_over_shuffled_blocks_matches_dense_attention() {
+        for window in [None, Some(1), Some(3), Some(7), Some(20)] {
+            paged_matches_dense(window);
+        }
+    }
+
+    fn paged_matches_dense(window: Option<usize>) {
         let (heads, kvh, d, bs) = (4, 2, 8, 4);
         let n = 11;
         let mut rng = SeededRng::new(3, 0);
@@ -333,7 +373,7 @@ mod tests {
             randn(n * kvh * d, &mut rng),
             randn(n * kvh * d, &mut rng),
         );
-        let expected = naive(&q, &k, &v, n, heads, kvh, d);
+        let expected = naive(&q, &k, &v, n, heads, kvh, d, window);
 
         let layout = KvLayout {
             num_blocks: 8,
@@ -366,19 +406,20 @@ mod tests {
                 device: None,
             };
             let o = cache
-                .attend(
+                .attend_windowed(
                     0,
                     &t(&q, heads),
                     &t(&k, kvh),
                     &t(&v, kvh),
                     &meta,
                     1.0 / (d as f32).sqrt(),
+                    window,
                 )
                 .unwrap();
             got.extend(o.flatten_all().unwrap().to_vec1::<f32>().unwrap());
         }
         for (a, b) in got.iter().zip(&expected) {
-            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+            assert!((a - b).abs() < 1e-5, "window {window:?}: {a} vs {b}");
         }
     }
 }

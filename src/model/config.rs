@@ -4,6 +4,7 @@
 use serde::Deserialize;
 
 use super::ModelError;
+pub use super::gemma3::GemmaSettings;
 pub use super::rope_scaling::{Llama3RopeScaling, LongRope};
 
 /// Supported architectures.
@@ -24,6 +25,8 @@ pub enum Architecture {
     Gpt2,
     /// EleutherAI's GPT-NeoX (Pythia, GPT-NeoX-20B): parallel residual, partial rotary.
     GptNeox,
+    /// Google's Gemma 3 (text): see [`super::gemma3`].
+    Gemma3,
 }
 
 /// OPT-only settings.
@@ -95,6 +98,8 @@ pub struct ModelConfig {
     pub opt: Option<OptSettings>,
     /// GPT-NeoX-only settings.
     pub neox: Option<NeoxSettings>,
+    /// Gemma 3-only settings.
+    pub gemma: Option<GemmaSettings>,
     /// Leading dimensions of each head that rotary turns: `head_dim`, or
     /// `partial_rotary_factor * head_dim` (GPT-NeoX, Phi-4-mini); the rest pass through.
     pub rotary_dim: usize,
@@ -207,23 +212,35 @@ impl ModelConfig {
             "OPTForCausalLM" | "opt" => Architecture::Opt,
             "GPT2LMHeadModel" | "gpt2" => Architecture::Gpt2,
             "GPTNeoXForCausalLM" | "gpt_neox" => Architecture::GptNeox,
+            "Gemma3ForCausalLM" | "gemma3_text" => Architecture::Gemma3,
             other => {
                 return Err(unsupported(format!(
-                    "architecture {other:?} (supported: Llama, Mistral, Qwen2, Qwen3, Phi-3, OPT, GPT-2, GPT-NeoX)"
+                    "architecture {other:?} (supported: Llama, Mistral, Qwen2, Qwen3, Phi-3, OPT, GPT-2, GPT-NeoX, Gemma 3 text)"
                 )));
             }
         };
+        let gemma = match architecture {
+            Architecture::Gemma3 => Some(super::gemma3::settings(text, c.num_hidden_layers)?),
+            _ => None,
+        };
         let rope_params = c.rope_parameters.as_ref().or(c.rope_scaling.as_ref());
-        let rope_theta = c
-            .rope_theta
-            .or_else(|| rope_params?.get("rope_theta")?.as_f64())
-            .or(c.rotary_emb_base)
-            .unwrap_or(10_000.0);
-        let (rope_scaling, longrope) = super::rope_scaling::parse(
-            rope_params,
-            c.max_position_embeddings,
-            c.original_max_position_embeddings,
-        )?;
+        let rope_theta = match &gemma {
+            Some((_, global_theta)) => *global_theta,
+            None => c
+                .rope_theta
+                .or_else(|| rope_params?.get("rope_theta")?.as_f64())
+                .or(c.rotary_emb_base)
+                .unwrap_or(10_000.0),
+        };
+        let (rope_scaling, longrope) = match gemma {
+            // (Gemma 3's rotary settings are its own: `GemmaSettings`.)
+            Some(_) => (None, None),
+            None => super::rope_scaling::parse(
+                rope_params,
+                c.max_position_embeddings,
+                c.original_max_position_embeddings,
+            )?,
+        };
         let heads = c.num_attention_heads;
         let is_opt = architecture == Architecture::Opt;
         if is_opt
@@ -309,18 +326,21 @@ impl ModelConfig {
             rope_scaling,
             longrope,
             rope_interleaved: false,
-            max_position_embeddings: if is_gpt2 {
-                c.max_position_embeddings.unwrap_or(1024)
-            } else {
-                context_limit(&c)
+            max_position_embeddings: match (is_gpt2, &gemma) {
+                (true, _) => c.max_position_embeddings.unwrap_or(1024),
+                // Gemma 3's windows are implemented (on the CPU; `cap_windows_for_gpu`).
+                (_, Some(_)) => c.max_position_embeddings.unwrap_or(131_072),
+                _ => context_limit(&c),
             },
-            // OPT and GPT-2 always tie their LM head to the embedding.
-            tie_word_embeddings: is_opt || is_gpt2 || c.tie_word_embeddings.unwrap_or(false),
+            // OPT and GPT-2 always tie their LM head to the embedding; Gemma by default.
+            tie_word_embeddings: is_opt
+                || is_gpt2
+                || c.tie_word_embeddings.unwrap_or(gemma.is_some()),
             qkv_bias: is_opt
                 || is_gpt2
                 || architecture == Architecture::Qwen2
                 || c.attention_bias.unwrap_or(false),
-            qk_norm: architecture == Architecture::Qwen3,
+            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
             o_bias: is_opt || is_gpt2 || c.attention_bias.unwrap_or(false),
             mlp_bias: is_opt || is_gpt2 || c.mlp_bias.unwrap_or(false),
             bos_token_id: c.bos_token_id.and_then(|b| b.into_vec().first().copied()),
@@ -332,6 +352,7 @@ impl ModelConfig {
                     && !c._remove_final_layer_norm.unwrap_or(false),
             }),
             neox,
+            gemma: gemma.map(|(settings, _)| settings),
             rotary_dim,
         })
     }

@@ -94,6 +94,7 @@ impl CausalLm for Gpt2 {
             kv: cfg.num_attention_heads,
             dim: d,
             scale: 1.0 / (d as f32).sqrt(),
+            window: None,
         };
         let mut x = (self.wte.forward(&batch.input_ids)? + self.wpe.forward(&batch.positions)?)?;
         for (i, b) in self.blocks.iter().enumerate() {

@@ -121,6 +121,7 @@ impl CausalLm for GptNeox {
             kv: cfg.num_attention_heads,
             dim: d,
             scale: 1.0 / (d as f32).sqrt(),
+            window: None,
         };
         let rows = self.rotary.at(&batch.positions)?;
         let mut x = self.embed.forward(&batch.input_ids)?;

@@ -130,6 +130,8 @@ impl Linear {
 pub struct GatedMlp {
     gate_up: GateUp,
     down: Linear,
+    /// GeGLU (Gemma: GELU by its tanh approximation) instead of SwiGLU.
+    gelu_tanh: bool,
 }
 
 enum GateUp {
@@ -148,11 +150,13 @@ impl GatedMlp {
         tp: TpRank,
     ) -> Result<Self, ModelError> {
         let (h, i, b) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias);
+        let gelu_tanh = cfg.gemma.is_some();
         if cfg.architecture == super::Architecture::Phi3 {
             // Phi-3 stores gate and up stacked already, gate rows first (not sharded).
             return Ok(GatedMlp {
                 gate_up: GateUp::Fused(w.linear(&format!("{prefix}.gate_up_proj"), h, 2 * i, b)?),
                 down: w.linear(&format!("{prefix}.down_proj"), i, h, b)?,
+                gelu_tanh,
             });
         }
         let (rows, cols) = (
@@ -173,12 +177,16 @@ impl GatedMlp {
                 b && tp.leads(),
                 cols,
             )?,
+            gelu_tanh,
         })
     }
 
     /// The fused gate/up weight `[2 * intermediate, hidden]` and the down weight, when both are
     /// dense without biases.
     pub fn dense_weights(&self) -> Option<(&Tensor, &Tensor)> {
+        if self.gelu_tanh {
+            return None;
+        }
         match &self.gate_up {
             GateUp::Fused(l) => Some((l.dense_weight()?, self.down.dense_weight()?)),
             GateUp::Split(..) => None,
@@ -187,11 +195,17 @@ impl GatedMlp {
 
     /// Applies the MLP to `[tokens, hidden]`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let act = match &self.gate_up {
-            GateUp::Fused(l) => silu_mul(&l.forward(x)?)?,
-            GateUp::Split(gate, up) => {
+        let act = match (&self.gate_up, self.gelu_tanh) {
+            (GateUp::Fused(l), false) => silu_mul(&l.forward(x)?)?,
+            (GateUp::Fused(l), true) => {
+                let gate_up = l.forward(x)?;
+                let i = gate_up.dim(1)? / 2;
+                (gate_up.narrow(1, 0, i)?.gelu()? * gate_up.narrow(1, i, i)?)?
+            }
+            (GateUp::Split(gate, up), false) => {
                 (candle_nn::ops::silu(&gate.forward(x)?)? * up.forward(x)?)?
             }
+            (GateUp::Split(gate, up), true) => (gate.forward(x)?.gelu()? * up.forward(x)?)?,
         };
         self.down.forward(&act)
     }
@@ -239,9 +253,22 @@ impl Rotary {
         dtype: DType,
         device: &Device,
     ) -> Result<Self, ModelError> {
+        Self::with_base(cfg, cfg.rope_theta, 1.0, max_len, dtype, device)
+    }
+
+    /// [`Rotary::new`] with base `theta` and positions divided by `linear` (linear rope
+    /// scaling), for models whose layers turn at different rates (Gemma 3).
+    pub fn with_base(
+        cfg: &ModelConfig,
+        theta: f64,
+        linear: f64,
+        max_len: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
         let d = cfg.rotary_dim();
         let mut inv_freq: Vec<f64> = (0..d / 2)
-            .map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f64 / d as f64))
+            .map(|i| 1.0 / theta.powf(2.0 * i as f64 / d as f64) / linear)
             .collect();
         if let Some(s) = &cfg.rope_scaling {
             llama3_scale(&mut inv_freq, s);

@@ -134,6 +134,7 @@ impl CausalLm for Llama {
             kv: tp.kv_heads(cfg).len(),
             dim: cfg.head_dim,
             scale: 1.0 / (cfg.head_dim as f32).sqrt(),
+            window: None,
         };
         let mut x = self.embed.forward(&batch.input_ids)?;
         #[cfg(feature = "cuda")]

@@ -8,6 +8,7 @@ pub mod batch;
 pub mod config;
 #[cfg(feature = "cuda")]
 pub mod decode_fused;
+pub mod gemma3;
 pub mod gpt2;
 pub mod gpt_neox;
 pub mod layers;
@@ -97,5 +98,6 @@ pub fn build_sharded(
         Architecture::Opt => Box::new(opt::Opt::load(cfg, weights)?),
         Architecture::Gpt2 => Box::new(gpt2::Gpt2::load(cfg, weights)?),
         Architecture::GptNeox => Box::new(gpt_neox::GptNeox::load(cfg, weights, max_len)?),
+        Architecture::Gemma3 => Box::new(gemma3::Gemma3::load(cfg, weights, max_len)?),
     })
 }

@@ -20,6 +20,17 @@ impl RmsNorm {
         Ok(RmsNorm { weight, eps })
     }
 
+    /// Loads Gemma's norm `name`, which scales by `1 + w`: the stored `w` plus one, once.
+    pub fn load_plus_one(
+        w: &Weights,
+        name: &str,
+        size: usize,
+        eps: f64,
+    ) -> Result<Self, ModelError> {
+        let weight = (w.tensor(name, size)? + 1.0)?;
+        Ok(RmsNorm { weight, eps })
+    }
+
     /// The learned scale, `[size]`.
     pub fn weight(&self) -> &Tensor {
         &self.weight

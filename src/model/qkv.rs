@@ -17,8 +17,8 @@ use crate::parallel::{TpRank, head_rows};
 /// The q, k and v projections of one layer, and the per-head norms after them if any.
 pub struct QkvProj {
     proj: Proj,
-    /// Qwen3's RMSNorm of each query head and each key head (`[head_dim]` scales), applied
-    /// before rotary.
+    /// Qwen3's and Gemma 3's RMSNorm of each query head and each key head (`[head_dim]`
+    /// scales), applied before rotary.
     qk_norm: Option<(RmsNorm, RmsNorm)>,
 }
 
@@ -59,8 +59,14 @@ impl QkvProj {
         )?;
         let v = w.linear_part(&format!("{prefix}.v_proj"), (h, nkv * d), b, kv_rows)?;
         let qk_norm = if cfg.qk_norm {
-            let norm =
-                |name: &str| RmsNorm::load(w, &format!("{prefix}.{name}.weight"), d, cfg.norm_eps);
+            let norm = |name: &str| {
+                let name = format!("{prefix}.{name}.weight");
+                if cfg.gemma.is_some() {
+                    RmsNorm::load_plus_one(w, &name, d, cfg.norm_eps)
+                } else {
+                    RmsNorm::load(w, &name, d, cfg.norm_eps)
+                }
+            };
             Some((norm("q_norm")?, norm("k_norm")?))
         } else {
             None
@@ -117,6 +123,8 @@ pub struct Heads {
     pub dim: usize,
     /// Softmax scale.
     pub scale: f32,
+    /// A sliding-window layer's window (positions each query sees, itself included).
+    pub window: Option<usize>,
 }
 
 /// Layer `layer`'s attention over the normalized stream `h` (`[tokens, hidden]`): projections,
@@ -158,7 +166,15 @@ pub fn attention(
     let q = rotary.apply(&q.reshape((n, heads.q, heads.dim))?)?;
     let k = rotary.apply(&k.reshape((n, heads.kv, heads.dim))?)?;
     let v = v.reshape((n, heads.kv, heads.dim))?;
-    kv.attend(layer, &q, &k, &v, &batch.attention, heads.scale)
+    kv.attend_windowed(
+        layer,
+        &q,
+        &k,
+        &v,
+        &batch.attention,
+        heads.scale,
+        heads.window,
+    )
 }
 
 /// On a GPU, the rest of [`attention`] from the fused projection's output `qkv`
@@ -177,8 +193,9 @@ pub fn attend_projected(
     let (Some(caches), Some(dm)) = (kv.device_layer(layer), &batch.attention.device) else {
         return None;
     };
-    if rotary.dims() < heads.dim {
-        // The kernel turns whole heads; partial rotary goes through `RotaryRows::apply`.
+    if rotary.dims() < heads.dim || heads.window.is_some() {
+        // The kernel turns whole heads; partial rotary goes through `RotaryRows::apply`. Windowed
+        // layers take `KvCache::attend_windowed`, which checks the window.
         return None;
     }
     let q = match rotary.apply_qkv_and_cache(qkv, heads.q, heads.kv, caches, &dm.slot_mapping) {

@@ -1,0 +1,387 @@
+//! Google's Gemma 3 (text; `Gemma3ForCausalLM`): RMSNorms that scale by `1 + w`, before and
+//! after both the attention and the MLP; q/k norms; GeGLU; the embedding scaled by √hidden;
+//! scores scaled by `query_pre_attn_scalar^-½`; local layers attending over a sliding window with
+//! their own rotary base, between global layers (linear rope scaling on the global ones only);
+//! optional final logit softcapping.
+
+use candle_core::{Module, Tensor};
+use candle_nn::Embedding;
+use serde::Deserialize;
+
+use super::attention::KvCache;
+use super::batch::ForwardBatch;
+use super::config::ModelConfig;
+use super::layers::{GatedMlp, Linear, Rotary};
+use super::norm::RmsNorm;
+use super::qkv::{Heads, QkvProj, attention};
+use super::weights::{Part, Weights};
+use super::{CausalLm, ModelError};
+use crate::parallel::TpRank;
+
+/// Gemma 3's settings beyond the Llama-like ones.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GemmaSettings {
+    /// Scores are scaled by `query_pre_attn_scalar^-½` (not `head_dim^-½`).
+    pub query_pre_attn_scalar: f64,
+    /// Positions a local layer's query sees, itself included.
+    pub sliding_window: usize,
+    /// Which layers are local (sliding-window) ones.
+    pub sliding: Vec<bool>,
+    /// The local layers' rotary base (the global ones use `ModelConfig::rope_theta`).
+    pub local_rope_theta: f64,
+    /// The global layers' linear rope scaling factor (1 without scaling).
+    pub global_rope_factor: f64,
+    /// `logits = c · tanh(logits / c)` when set.
+    pub final_logit_softcapping: Option<f64>,
+}
+
+/// The `config.json` fields only Gemma 3 has.
+#[derive(Deserialize)]
+struct GemmaFields {
+    query_pre_attn_scalar: Option<f64>,
+    sliding_window: Option<usize>,
+    layer_types: Option<Vec<String>>,
+    #[serde(alias = "_sliding_window_pattern")]
+    sliding_window_pattern: Option<usize>,
+    rope_local_base_freq: Option<f64>,
+    rope_theta: Option<f64>,
+    rope_scaling: Option<serde_json::Value>,
+    rope_parameters: Option<serde_json::Value>,
+    final_logit_softcapping: Option<f64>,
+    attn_logit_softcapping: Option<f64>,
+    hidden_activation: Option<String>,
+    use_bidirectional_attention: Option<bool>,
+}
+
+fn unsupported(what: String) -> ModelError {
+    ModelError::Unsupported(format!("Gemma 3 with {what}"))
+}
+
+/// A rotary setting's base and linear factor (`rope_type` default or linear).
+fn rope_base(v: &serde_json::Value, default_theta: f64) -> Result<(f64, f64), ModelError> {
+    let theta = v
+        .get("rope_theta")
+        .and_then(|t| t.as_f64())
+        .unwrap_or(default_theta);
+    let kind = v
+        .get("rope_type")
+        .or_else(|| v.get("type"))
+        .and_then(|t| t.as_str());
+    match kind {
+        None | Some("default") => Ok((theta, 1.0)),
+        Some("linear") => {
+            let factor = v.get("factor").and_then(|f| f.as_f64()).unwrap_or(1.0);
+            Ok((theta, factor))
+        }
+        Some(other) => Err(unsupported(format!("rope type {other:?}"))),
+    }
+}
+
+/// Reads Gemma 3's settings from `config.json` text (`layers` decoder layers); also returns the
+/// global layers' rotary base. transformers 5 writes the two rotary settings under
+/// `rope_parameters.{full,sliding}_attention`; older configs `rope_theta`, `rope_scaling` (global)
+/// and `rope_local_base_freq`.
+pub(super) fn settings(text: &str, layers: usize) -> Result<(GemmaSettings, f64), ModelError> {
+    let f: GemmaFields =
+        serde_json::from_str(text).map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
+    if f.attn_logit_softcapping.is_some() {
+        return Err(unsupported("attention logit softcapping".into()));
+    }
+    if f.use_bidirectional_attention == Some(true) {
+        return Err(unsupported("bidirectional attention".into()));
+    }
+    let act = f
+        .hidden_activation
+        .as_deref()
+        .unwrap_or("gelu_pytorch_tanh");
+    if !matches!(act, "gelu_pytorch_tanh" | "gelu_new") {
+        return Err(unsupported(format!("activation {act:?}")));
+    }
+    let sliding = match (f.layer_types, f.sliding_window_pattern) {
+        (Some(types), _) => {
+            if types.len() != layers {
+                return Err(ModelError::Config(format!(
+                    "{} layer_types for {layers} layers",
+                    types.len()
+                )));
+            }
+            types
+                .iter()
+                .map(|t| match t.as_str() {
+                    "sliding_attention" => Ok(true),
+                    "full_attention" => Ok(false),
+                    other => Err(unsupported(format!("layer type {other:?}"))),
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        }
+        (None, pattern) => {
+            let pattern = pattern.unwrap_or(6).max(1);
+            (0..layers).map(|i| (i + 1) % pattern != 0).collect()
+        }
+    };
+    let params = f
+        .rope_parameters
+        .as_ref()
+        .filter(|p| p.get("full_attention").is_some());
+    let ((global_theta, global_factor), (local_theta, local_factor)) = match params {
+        Some(p) => (
+            rope_base(&p["full_attention"], 1_000_000.0)?,
+            rope_base(
+                p.get("sliding_attention").unwrap_or(&p["full_attention"]),
+                10_000.0,
+            )?,
+        ),
+        None => {
+            let theta = f
+                .rope_theta
+                .or_else(|| f.rope_parameters.as_ref()?.get("rope_theta")?.as_f64())
+                .unwrap_or(1_000_000.0);
+            let global = match f.rope_scaling.as_ref().filter(|v| !v.is_null()) {
+                Some(v) => rope_base(v, theta)?,
+                None => (theta, 1.0),
+            };
+            (global, (f.rope_local_base_freq.unwrap_or(10_000.0), 1.0))
+        }
+    };
+    if local_factor != 1.0 {
+        return Err(unsupported("rope scaling on the local layers".into()));
+    }
+    let settings = GemmaSettings {
+        query_pre_attn_scalar: f.query_pre_attn_scalar.unwrap_or(256.0),
+        sliding_window: f.sliding_window.unwrap_or(4096).max(1),
+        sliding,
+        local_rope_theta: local_theta,
+        global_rope_factor: global_factor,
+        final_logit_softcapping: f.final_logit_softcapping,
+    };
+    Ok((settings, global_theta))
+}
+
+impl ModelConfig {
+    /// On a GPU, whose attention kernels do not mask to a window yet, caps the context at the
+    /// sliding window of a model that has local layers (where windowed and full attention still
+    /// agree), with a warning.
+    pub fn cap_windows_for_gpu(&mut self) {
+        if let Some(g) = &self.gemma
+            && g.sliding.contains(&true)
+            && g.sliding_window < self.max_position_embeddings
+        {
+            tracing::warn!(
+                sliding_window = g.sliding_window,
+                "sliding-window attention runs on the CPU only: on the GPU the context is capped \
+                 at the window"
+            );
+            self.max_position_embeddings = g.sliding_window;
+        }
+    }
+}
+
+struct Layer {
+    input_norm: RmsNorm,
+    qkv: QkvProj,
+    o: Linear,
+    post_attention_norm: RmsNorm,
+    pre_feedforward_norm: RmsNorm,
+    post_feedforward_norm: RmsNorm,
+    mlp: GatedMlp,
+    sliding: bool,
+}
+
+/// A Gemma 3 text model (one device; tensor parallelism is refused).
+pub struct Gemma3 {
+    cfg: ModelConfig,
+    gemma: GemmaSettings,
+    embed: Embedding,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    global: Rotary,
+    local: Rotary,
+}
+
+impl Gemma3 {
+    /// Loads the model; rotary tables cover positions below `max_len`.
+    pub fn load(cfg: &ModelConfig, w: &Weights, max_len: usize) -> Result<Self, ModelError> {
+        let Some(gemma) = cfg.gemma.clone() else {
+            return Err(ModelError::Config("Gemma 3 without its settings".into()));
+        };
+        let (h, d, nq) = (cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads);
+        let eps = cfg.norm_eps;
+        let norm = |name: &str| RmsNorm::load_plus_one(w, name, h, eps);
+        let embed_w = w.tensor("model.embed_tokens.weight", (cfg.vocab_size, h))?;
+        let lm_head = if cfg.tie_word_embeddings || !w.contains("lm_head.weight") {
+            match w {
+                Weights::Gguf { .. } => w.linear("model.embed_tokens", h, cfg.vocab_size, false)?,
+                _ => Linear::dense(embed_w.clone(), None),
+            }
+        } else {
+            w.linear_part("lm_head", (h, cfg.vocab_size), false, Part::Whole)?
+        };
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| {
+                let p = format!("model.layers.{i}");
+                let attn = format!("{p}.self_attn");
+                Ok(Layer {
+                    input_norm: norm(&format!("{p}.input_layernorm.weight"))?,
+                    qkv: QkvProj::load(w, &attn, cfg, TpRank::SINGLE)?,
+                    o: w.linear(&format!("{attn}.o_proj"), nq * d, h, cfg.o_bias)?,
+                    post_attention_norm: norm(&format!("{p}.post_attention_layernorm.weight"))?,
+                    pre_feedforward_norm: norm(&format!("{p}.pre_feedforward_layernorm.weight"))?,
+                    post_feedforward_norm: norm(&format!("{p}.post_feedforward_layernorm.weight"))?,
+                    mlp: GatedMlp::load(w, &format!("{p}.mlp"), cfg, TpRank::SINGLE)?,
+                    sliding: gemma.sliding[i],
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        let (dtype, device) = (w.dtype(), w.device());
+        let global = Rotary::with_base(
+            cfg,
+            cfg.rope_theta,
+            gemma.global_rope_factor,
+            max_len,
+            dtype,
+            device,
+        )?;
+        let local = Rotary::with_base(cfg, gemma.local_rope_theta, 1.0, max_len, dtype, device)?;
+        Ok(Gemma3 {
+            cfg: cfg.clone(),
+            gemma,
+            embed: Embedding::new(embed_w, h),
+            layers,
+            norm: norm("model.norm.weight")?,
+            lm_head,
+            global,
+            local,
+        })
+    }
+}
+
+impl CausalLm for Gemma3 {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn forward(&self, batch: &ForwardBatch<'_>, kv: &mut KvCache) -> Result<Tensor, ModelError> {
+        Ok(self
+            .forward_native(batch, kv)?
+            .to_dtype(candle_core::DType::F32)?)
+    }
+
+    fn forward_native(
+        &self,
+        batch: &ForwardBatch<'_>,
+        kv: &mut KvCache,
+    ) -> Result<Tensor, ModelError> {
+        let cfg = &self.cfg;
+        let g = &self.gemma;
+        let heads = |sliding: bool| Heads {
+            q: cfg.num_attention_heads,
+            kv: cfg.num_key_value_heads,
+            dim: cfg.head_dim,
+            scale: g.query_pre_attn_scalar.powf(-0.5) as f32,
+            window: sliding.then_some(g.sliding_window),
+        };
+        let embedded = self.embed.forward(&batch.input_ids)?;
+        // transformers rounds √hidden to the model's dtype before the product.
+        let scale = Tensor::new((cfg.hidden_size as f32).sqrt(), embedded.device())?
+            .to_dtype(embedded.dtype())?;
+        let mut x = embedded.broadcast_mul(&scale)?;
+        let (global, local) = (
+            self.global.at(&batch.positions)?,
+            self.local.at(&batch.positions)?,
+        );
+        let mut h = match self.layers.first() {
+            Some(first) => first.input_norm.forward(&x)?,
+            None => self.norm.forward(&x)?,
+        };
+        for (i, layer) in self.layers.iter().enumerate() {
+            let rotary = if layer.sliding { &local } else { &global };
+            let attn = attention(&layer.qkv, i, &h, rotary, batch, kv, heads(layer.sliding))?;
+            let o = layer
+                .post_attention_norm
+                .forward(&layer.o.forward(&attn)?)?;
+            let (x_mid, h_mid) = layer.pre_feedforward_norm.add_forward(&x, &o)?;
+            let mlp = layer
+                .post_feedforward_norm
+                .forward(&layer.mlp.forward(&h_mid)?)?;
+            let next_norm = self.layers.get(i + 1).map_or(&self.norm, |l| &l.input_norm);
+            (x, h) = next_norm.add_forward(&x_mid, &mlp)?;
+        }
+        drop(x);
+        let rows = if batch.num_sample_rows == h.dim(0)? {
+            h
+        } else {
+            h.index_select(&batch.sample_rows, 0)?
+        };
+        let logits = self.lm_head.forward(&rows)?;
+        Ok(match g.final_logit_softcapping {
+            Some(c) => ((logits / c)?.tanh()? * c)?,
+            None => logits,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#""vocab_size":10,"hidden_size":8,"intermediate_size":16,
+        "num_hidden_layers":12,"num_attention_heads":2,"num_key_value_heads":1,"head_dim":4,
+        "max_position_embeddings":131072"#;
+
+    fn parse(extra: &str) -> Result<ModelConfig, ModelError> {
+        ModelConfig::from_hf_json(&format!(
+            r#"{{"architectures":["Gemma3ForCausalLM"],{BASE}{extra}}}"#
+        ))
+    }
+
+    /// The pre-transformers-5 spelling: a pattern of 6 (five local layers, then a global one),
+    /// `rope_scaling` for the global layers, `rope_local_base_freq` for the local ones.
+    #[test]
+    fn older_configs_give_the_layer_pattern_and_both_rotary_settings() {
+        let c = parse(
+            r#","sliding_window":512,"sliding_window_pattern":6,"rope_theta":1000000.0,
+            "rope_scaling":{"rope_type":"linear","factor":8.0},"rope_local_base_freq":10000.0"#,
+        )
+        .unwrap();
+        let g = c.gemma.clone().unwrap();
+        let globals: Vec<usize> = (0..12).filter(|&i| !g.sliding[i]).collect();
+        assert_eq!(globals, [5, 11]);
+        assert_eq!((c.rope_theta, g.global_rope_factor), (1e6, 8.0));
+        assert_eq!((g.local_rope_theta, g.query_pre_attn_scalar), (1e4, 256.0));
+        assert!(c.tie_word_embeddings && c.qk_norm && c.rope_scaling.is_none());
+        assert_eq!(
+            c.max_position_embeddings, 131072,
+            "windows are not a cap on the CPU"
+        );
+        let mut gpu = c.clone();
+        gpu.cap_windows_for_gpu();
+        assert_eq!(gpu.max_position_embeddings, 512);
+    }
+
+    #[test]
+    fn what_is_not_implemented_is_refused_by_name() {
+        for (extra, what) in [
+            (r#","attn_logit_softcapping":50.0"#, "softcapping"),
+            (r#","hidden_activation":"relu""#, "relu"),
+            (r#","use_bidirectional_attention":true"#, "bidirectional"),
+            (
+                r#","rope_scaling":{"rope_type":"yarn","factor":4.0}"#,
+                "yarn",
+            ),
+            (r#","layer_types":["full_attention"]"#, "layer_types"),
+        ] {
+            let err = parse(extra).unwrap_err().to_string();
+            assert!(err.contains(what), "{extra}: {err}");
+        }
+        let multimodal = ModelConfig::from_hf_json(&format!(
+            r#"{{"architectures":["Gemma3ForConditionalGeneration"],{BASE}}}"#
+        ))
+        .unwrap_err();
+        assert!(
+            multimodal
+                .to_string()
+                .contains("Gemma3ForConditionalGeneration")
+        );
+    }
+}
