@@ -1,4 +1,4 @@
-//! GGUF's Q6_K interleaved 8 rows by 8, as [`Q4K8`](super::blocks::Q4K8) interleaves Q4_K, so
+//! GGUF's Q6_K interleaved 8 rows by 8, as [`Q4K8`](super::q4k::Q4K8) interleaves Q4_K, so
 //! that the 8-row kernel multiplies it into a tile of activation rows.
 //!
 //! A Q6_K super-block holds 256 weights of 6 bits, `q` in 0..=63, in 16 sub-blocks of 16 with a
