@@ -42,6 +42,16 @@ fn batched_chunked_cached_preempted_equals_solo_under_sliding_windows() {
     batched_equals_solo(WINDOWED, 1536);
 }
 
+/// The same for a mixture of experts: each expert takes the tokens that chose it, whatever else
+/// is in the step.
+#[test]
+fn batched_chunked_cached_preempted_equals_solo_with_experts() {
+    batched_equals_solo(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mixtral"),
+        512,
+    );
+}
+
 fn batched_equals_solo(model: &str, kv_bytes_per_token: u64) {
     let params = SamplingParams {
         temperature: 0.0,

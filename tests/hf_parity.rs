@@ -219,3 +219,13 @@ fn phi3_with_partial_rotary_matches_transformers() {
 fn gemma3_with_sliding_windows_and_two_rotary_bases_matches_transformers() {
     check("gemma3");
 }
+
+#[test]
+fn mixtral_with_top2_of_4_experts_matches_transformers() {
+    check("mixtral");
+}
+
+#[test]
+fn qwen3_moe_with_renormalized_top3_of_8_and_a_dense_layer_matches_transformers() {
+    check("qwen3-moe");
+}

@@ -117,6 +117,7 @@ pub fn load(
         opt: None,
         neox: None,
         gemma: None,
+        moe: None,
         rotary_dim: head_dim,
     };
     let tokenizer = tokenizer_from_gguf(&ct, &tokens)?;

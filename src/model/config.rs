@@ -5,6 +5,7 @@ use serde::Deserialize;
 
 use super::ModelError;
 pub use super::gemma3::GemmaSettings;
+pub use super::moe::MoeSettings;
 pub use super::rope_scaling::{Llama3RopeScaling, LongRope};
 
 /// Supported architectures.
@@ -100,6 +101,8 @@ pub struct ModelConfig {
     pub neox: Option<NeoxSettings>,
     /// Gemma 3-only settings.
     pub gemma: Option<GemmaSettings>,
+    /// The experts of a mixture-of-experts model (Mixtral, Qwen3-MoE).
+    pub moe: Option<MoeSettings>,
     /// Leading dimensions of each head that rotary turns: `head_dim`, or
     /// `partial_rotary_factor * head_dim` (GPT-NeoX, Phi-4-mini); the rest pass through.
     pub rotary_dim: usize,
@@ -205,9 +208,12 @@ impl ModelConfig {
             .or(c.model_type.clone())
             .unwrap_or_default();
         let architecture = match arch_name.as_str() {
-            "LlamaForCausalLM" | "MistralForCausalLM" | "llama" | "mistral" => Architecture::Llama,
+            "LlamaForCausalLM" | "MistralForCausalLM" | "MixtralForCausalLM" | "llama"
+            | "mistral" | "mixtral" => Architecture::Llama,
             "Qwen2ForCausalLM" | "qwen2" => Architecture::Qwen2,
-            "Qwen3ForCausalLM" | "qwen3" => Architecture::Qwen3,
+            "Qwen3ForCausalLM" | "Qwen3MoeForCausalLM" | "qwen3" | "qwen3_moe" => {
+                Architecture::Qwen3
+            }
             "Phi3ForCausalLM" | "phi3" => Architecture::Phi3,
             "OPTForCausalLM" | "opt" => Architecture::Opt,
             "GPT2LMHeadModel" | "gpt2" => Architecture::Gpt2,
@@ -215,9 +221,22 @@ impl ModelConfig {
             "Gemma3ForCausalLM" | "gemma3_text" => Architecture::Gemma3,
             other => {
                 return Err(unsupported(format!(
-                    "architecture {other:?} (supported: Llama, Mistral, Qwen2, Qwen3, Phi-3, OPT, GPT-2, GPT-NeoX, Gemma 3 text)"
+                    "architecture {other:?} (supported: Llama, Mistral, Qwen2, Qwen3, Phi-3, OPT, GPT-2, GPT-NeoX, Gemma 3 text, Mixtral, Qwen3-MoE)"
                 )));
             }
+        };
+        let moe = match arch_name.as_str() {
+            "MixtralForCausalLM" | "mixtral" | "Qwen3MoeForCausalLM" | "qwen3_moe" => {
+                let mixtral = arch_name.to_lowercase().contains("mixtral");
+                let dense = c.intermediate_size.unwrap_or(0);
+                Some(super::moe::settings(
+                    text,
+                    mixtral,
+                    c.num_hidden_layers,
+                    dense,
+                )?)
+            }
+            _ => None,
         };
         let gemma = match architecture {
             Architecture::Gemma3 => Some(super::gemma3::settings(text, c.num_hidden_layers)?),
@@ -353,6 +372,7 @@ impl ModelConfig {
             }),
             neox,
             gemma: gemma.map(|(settings, _)| settings),
+            moe,
             rotary_dim,
         })
     }

@@ -1,4 +1,5 @@
-//! The Llama family (Llama 2/3/3.1/3.2, SmolLM/SmolLM2, Mistral, Qwen2/2.5) on the paged KV cache.
+//! The Llama family (Llama 2/3/3.1/3.2, SmolLM/SmolLM2, Mistral, Qwen2/2.5, Qwen3, Phi-3/4, and
+//! the mixtures of experts Mixtral and Qwen3-MoE) on the paged KV cache.
 
 use candle_core::{Module, Tensor};
 use candle_nn::Embedding;
@@ -9,6 +10,7 @@ use super::config::ModelConfig;
 #[cfg(feature = "cuda")]
 use super::decode_fused;
 use super::layers::{GatedMlp, Linear, Rotary};
+use super::moe::SparseMoe;
 use super::norm::RmsNorm;
 use super::qkv::{Heads, QkvProj, attention};
 use super::weights::{Part, Weights};
@@ -20,7 +22,22 @@ struct DecoderLayer {
     qkv: QkvProj,
     o: Linear,
     post_norm: RmsNorm,
-    mlp: GatedMlp,
+    mlp: Mlp,
+}
+
+/// A layer's MLP: dense, or a mixture of experts (Mixtral, Qwen3-MoE).
+enum Mlp {
+    Dense(GatedMlp),
+    Sparse(SparseMoe),
+}
+
+impl Mlp {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Mlp::Dense(m) => m.forward(x),
+            Mlp::Sparse(m) => m.forward(x),
+        }
+    }
 }
 
 /// A Llama-family causal LM, whole or one tensor-parallel rank's shard of it (its query and KV
@@ -90,7 +107,10 @@ impl Llama {
                         h,
                         cfg.norm_eps,
                     )?,
-                    mlp: GatedMlp::load(w, &format!("{p}.mlp"), cfg, tp)?,
+                    mlp: match &cfg.moe {
+                        Some(moe) if moe.sparse[i] => Mlp::Sparse(SparseMoe::load(w, i, h, moe)?),
+                        _ => Mlp::Dense(GatedMlp::load(w, &format!("{p}.mlp"), cfg, tp)?),
+                    },
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
@@ -203,7 +223,10 @@ impl Llama {
             .enumerate()
             .map(|(i, l)| {
                 kv.device_layer(i)?;
-                let (gate_up, down) = l.mlp.dense_weights()?;
+                let Mlp::Dense(mlp) = &l.mlp else {
+                    return None;
+                };
+                let (gate_up, down) = mlp.dense_weights()?;
                 Some(decode_fused::FusedLayer {
                     input_norm: &l.input_norm,
                     qkv: l.qkv.dense_weight()?,

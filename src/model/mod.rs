@@ -13,6 +13,7 @@ pub mod gpt2;
 pub mod gpt_neox;
 pub mod layers;
 pub mod llama;
+pub mod moe;
 pub mod norm;
 pub mod opt;
 pub mod qkv;
@@ -90,6 +91,11 @@ pub fn build_sharded(
 ) -> Result<Box<dyn CausalLm>, ModelError> {
     if !par.rank.is_single() {
         TpRank::check(par.rank.size, cfg).map_err(ModelError::Unsupported)?;
+        if cfg.moe.is_some() || cfg.gemma.is_some() {
+            return Err(ModelError::Unsupported(
+                "tensor parallelism for mixtures of experts and Gemma 3".into(),
+            ));
+        }
     }
     Ok(match cfg.architecture {
         Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Phi3 => {

@@ -1,0 +1,306 @@
+//! Mixture-of-experts MLPs (Mixtral, Qwen3-MoE): a router scores every expert for each token,
+//! the token goes through its top-k experts, and their outputs are summed with the routing
+//! weights. This is the reference path (candle ops, one expert at a time over the tokens that
+//! chose it), on the CPU and on a GPU alike.
+
+use candle_core::{DType, Tensor};
+use serde::Deserialize;
+
+use super::ModelError;
+use super::layers::{Linear, silu_mul};
+use super::weights::Weights;
+
+/// How a model's experts are laid out and chosen.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeSettings {
+    /// Experts a sparse layer has.
+    pub num_experts: usize,
+    /// Experts each token goes through.
+    pub top_k: usize,
+    /// Whether the chosen experts' softmax probabilities are renormalized to sum to one
+    /// (Mixtral always; Qwen3-MoE with `norm_topk_prob`).
+    pub renormalize: bool,
+    /// Each expert's inner width.
+    pub expert_intermediate: usize,
+    /// Which layers are sparse (the others have the dense MLP of `intermediate_size`).
+    pub sparse: Vec<bool>,
+    /// Mixtral's names (`block_sparse_moe.experts.N.w1/w2/w3`) or Qwen's
+    /// (`mlp.experts.N.gate_proj/down_proj/up_proj`).
+    pub mixtral_names: bool,
+}
+
+#[derive(Deserialize)]
+struct MoeFields {
+    #[serde(alias = "num_local_experts")]
+    num_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    decoder_sparse_step: Option<usize>,
+    #[serde(default)]
+    mlp_only_layers: Vec<usize>,
+    shared_expert_intermediate_size: Option<usize>,
+}
+
+/// The MoE settings of a `config.json` (`text`) for `mixtral` or Qwen3-MoE, with `layers`
+/// decoder layers and a dense MLP width of `intermediate`.
+pub(super) fn settings(
+    text: &str,
+    mixtral: bool,
+    layers: usize,
+    intermediate: usize,
+) -> Result<MoeSettings, ModelError> {
+    let f: MoeFields =
+        serde_json::from_str(text).map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
+    if f.shared_expert_intermediate_size.is_some_and(|s| s > 0) {
+        return Err(ModelError::Unsupported("shared experts (Qwen2-MoE)".into()));
+    }
+    let num_experts = f.num_experts.unwrap_or(0);
+    let top_k = f.num_experts_per_tok.unwrap_or(2);
+    if num_experts == 0 || top_k == 0 || top_k > num_experts {
+        return Err(ModelError::Config(format!(
+            "mixture of experts with {num_experts} experts and {top_k} a token"
+        )));
+    }
+    let step = f.decoder_sparse_step.unwrap_or(1).max(1);
+    Ok(MoeSettings {
+        num_experts,
+        top_k,
+        renormalize: mixtral || f.norm_topk_prob.unwrap_or(false),
+        expert_intermediate: if mixtral {
+            intermediate
+        } else {
+            f.moe_intermediate_size.unwrap_or(intermediate)
+        },
+        sparse: (0..layers)
+            .map(|i| !f.mlp_only_layers.contains(&i) && (i + 1) % step == 0)
+            .collect(),
+        mixtral_names: mixtral,
+    })
+}
+
+/// Each token's experts and their weights: the softmax over all experts' router logits, the
+/// `top_k` largest (on a tie the lower expert first), renormalized when `renormalize`.
+pub fn route(
+    logits: &[f32],
+    num_experts: usize,
+    top_k: usize,
+    renormalize: bool,
+) -> Vec<Vec<(usize, f32)>> {
+    logits
+        .chunks_exact(num_experts)
+        .map(|row| {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let exp: Vec<f32> = row.iter().map(|l| (l - max).exp()).collect();
+            let sum: f32 = exp.iter().sum();
+            let mut order: Vec<usize> = (0..num_experts).collect();
+            order.sort_by(|&a, &b| exp[b].total_cmp(&exp[a]).then(a.cmp(&b)));
+            let chosen = &order[..top_k];
+            let norm = if renormalize {
+                chosen.iter().map(|&e| exp[e]).sum()
+            } else {
+                sum
+            };
+            chosen.iter().map(|&e| (e, exp[e] / norm)).collect()
+        })
+        .collect()
+}
+
+/// One expert: a SwiGLU MLP.
+struct Expert {
+    gate_up: Linear,
+    down: Linear,
+}
+
+/// A sparse MLP layer.
+pub struct SparseMoe {
+    router: Linear,
+    experts: Vec<Expert>,
+    settings: MoeSettings,
+}
+
+impl SparseMoe {
+    /// Loads layer `layer`'s router and experts (`hidden` wide).
+    pub fn load(
+        w: &Weights,
+        layer: usize,
+        hidden: usize,
+        s: &MoeSettings,
+    ) -> Result<Self, ModelError> {
+        let i = s.expert_intermediate;
+        let (prefix, names) = if s.mixtral_names {
+            (
+                format!("model.layers.{layer}.block_sparse_moe"),
+                ["w1", "w3", "w2"],
+            )
+        } else {
+            (
+                format!("model.layers.{layer}.mlp"),
+                ["gate_proj", "up_proj", "down_proj"],
+            )
+        };
+        let experts = (0..s.num_experts)
+            .map(|e| {
+                let name = |n: &str| format!("{prefix}.experts.{e}.{n}");
+                let gate = w.linear(&name(names[0]), hidden, i, false)?;
+                let up = w.linear(&name(names[1]), hidden, i, false)?;
+                Ok(Expert {
+                    gate_up: Linear::concat(&[&gate, &up])?.ok_or_else(|| {
+                        ModelError::Unsupported(format!(
+                            "expert {e} of layer {layer}: gate and up in different formats"
+                        ))
+                    })?,
+                    down: w.linear(&name(names[2]), i, hidden, false)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        Ok(SparseMoe {
+            router: w.linear(&format!("{prefix}.gate"), hidden, s.num_experts, false)?,
+            experts,
+            settings: s.clone(),
+        })
+    }
+
+    /// Applies the layer to `x` (`[tokens, hidden]`).
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let s = &self.settings;
+        let logits = self.router.forward(x)?.to_dtype(DType::F32)?;
+        let routes = route(
+            &logits.flatten_all()?.to_vec1::<f32>()?,
+            s.num_experts,
+            s.top_k,
+            s.renormalize,
+        );
+        let mut chosen: Vec<(Vec<u32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); s.num_experts];
+        for (t, route) in routes.iter().enumerate() {
+            for &(e, weight) in route {
+                chosen[e].0.push(t as u32);
+                chosen[e].1.push(weight);
+            }
+        }
+        let mut out = x.zeros_like()?;
+        for (expert, (tokens, weights)) in self.experts.iter().zip(chosen) {
+            if tokens.is_empty() {
+                continue;
+            }
+            let n = tokens.len();
+            let index = Tensor::from_vec(tokens, n, x.device())?;
+            let weights = Tensor::from_vec(weights, (n, 1), x.device())?.to_dtype(x.dtype())?;
+            let rows = x.index_select(&index, 0)?;
+            let y = expert
+                .down
+                .forward(&silu_mul(&expert.gate_up.forward(&rows)?)?)?;
+            out = out.index_add(&index, &y.broadcast_mul(&weights)?, 0)?;
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routing_takes_the_top_k_with_ties_to_the_lower_expert() {
+        // Softmax over all four; the top two renormalized, or not.
+        let logits = [1.0f32, 3.0, 2.0, 3.0];
+        let r = route(&logits, 4, 2, true);
+        assert_eq!(r[0].iter().map(|p| p.0).collect::<Vec<_>>(), [1, 3]);
+        assert!((r[0][0].1 - 0.5).abs() < 1e-6 && (r[0][1].1 - 0.5).abs() < 1e-6);
+        let plain = route(&logits, 4, 2, false);
+        let z: f32 = logits.iter().map(|l| l.exp()).sum();
+        assert!((plain[0][0].1 - 3f32.exp() / z).abs() < 1e-6);
+        // Every expert tied: the lowest ones, equal weights.
+        let r = route(&[0.0; 4], 4, 3, true);
+        assert_eq!(r[0].iter().map(|p| p.0).collect::<Vec<_>>(), [0, 1, 2]);
+        assert!(r[0].iter().all(|p| (p.1 - 1.0 / 3.0).abs() < 1e-6));
+    }
+
+    /// Every token routed to expert 0 (its router row dominates), experts 1 and 2 chosen by
+    /// none: the layer is expert 0's MLP, weight one.
+    #[test]
+    fn tokens_all_on_one_expert_and_experts_nobody_picks() {
+        use candle_core::Device;
+        use std::collections::HashMap;
+        let (h, i, dev) = (4, 6, Device::Cpu);
+        let ramp = |n: usize, k: f32| -> Vec<f32> {
+            (0..n)
+                .map(|j| ((j as f32 * 0.37 + k).sin()) * 0.5)
+                .collect()
+        };
+        let mut t = HashMap::new();
+        let p = "model.layers.0.block_sparse_moe";
+        let mut router = vec![0f32; 3 * h];
+        router[..h].copy_from_slice(&[40.0; 4]);
+        t.insert(
+            format!("{p}.gate.weight"),
+            Tensor::from_vec(router, (3, h), &dev).unwrap(),
+        );
+        for e in 0..3 {
+            for (n, shape) in [("w1", (i, h)), ("w3", (i, h)), ("w2", (h, i))] {
+                let v = ramp(
+                    shape.0 * shape.1,
+                    e as f32 + n.len() as f32 + shape.0 as f32,
+                );
+                let name = format!("{p}.experts.{e}.{n}.weight");
+                t.insert(name, Tensor::from_vec(v, shape, &dev).unwrap());
+            }
+        }
+        let get = |k: &str| t[&format!("{p}.experts.0.{k}.weight")].clone();
+        let w = Weights::Dense(candle_nn::VarBuilder::from_tensors(
+            t.clone(),
+            DType::F32,
+            &dev,
+        ));
+        let s = settings(
+            r#"{"num_local_experts":3,"num_experts_per_tok":1}"#,
+            true,
+            1,
+            i,
+        )
+        .unwrap();
+        let moe = SparseMoe::load(&w, 0, h, &s).unwrap();
+        // Positive inputs: every router logit of expert 0 is far above the others (zero).
+        let x = Tensor::from_vec(ramp(5 * h, 9.0), (5, h), &dev)
+            .unwrap()
+            .abs()
+            .unwrap();
+        let got = moe.forward(&x).unwrap();
+        let gate = x.matmul(&get("w1").t().unwrap()).unwrap();
+        let up = x.matmul(&get("w3").t().unwrap()).unwrap();
+        let act = (candle_nn::ops::silu(&gate).unwrap() * up).unwrap();
+        let want = act.matmul(&get("w2").t().unwrap()).unwrap();
+        let diff = (got - want).unwrap().abs().unwrap().max_all().unwrap();
+        assert!(diff.to_scalar::<f32>().unwrap() < 1e-6);
+    }
+
+    #[test]
+    fn settings_read_the_sparse_layers_and_refuse_shared_experts() {
+        let s = settings(
+            r#"{"num_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":16,
+            "decoder_sparse_step":2,"mlp_only_layers":[3],"norm_topk_prob":false}"#,
+            false,
+            6,
+            64,
+        )
+        .unwrap();
+        assert_eq!(s.sparse, [false, true, false, false, false, true]);
+        assert_eq!((s.expert_intermediate, s.renormalize), (16, false));
+        let mixtral = settings(
+            r#"{"num_local_experts":8,"num_experts_per_tok":2}"#,
+            true,
+            2,
+            64,
+        )
+        .unwrap();
+        assert!(mixtral.renormalize && mixtral.mixtral_names && mixtral.expert_intermediate == 64);
+        let shared = settings(
+            r#"{"num_experts":8,"shared_expert_intermediate_size":32}"#,
+            false,
+            2,
+            64,
+        );
+        assert!(shared.unwrap_err().to_string().contains("shared experts"));
+        assert!(settings(r#"{"num_experts":2,"num_experts_per_tok":3}"#, false, 2, 64).is_err());
+    }
+}
