@@ -52,7 +52,7 @@ use common::{argmax, rel_err};
 
 #[test]
 fn gpu_float32_greedy_tokens_equal_the_cpu_reference() {
-    for name in ["tiny-d64", "phi4mini-d64"] {
+    for name in ["tiny-d64", "phi4mini-d64", "gemma3-d256", "qwen3moe-d128"] {
         let args = |device| EngineArgs {
             model: model(name),
             device,
@@ -136,13 +136,20 @@ fn assert_decode_near_the_cpu(label: &str, path: &str, seqs: &[Vec<u32>], got: &
     }
 }
 
-/// Qwen3 (an RMSNorm on each query and key head before rotary) with head dim 128 on the GPU
-/// against transformers (scripts/gpu/make_gpu_models.py): float32 prefill logits within 1e-4,
-/// bfloat16 top-1 on at least 99% of the positions where transformers' margin is decisive, and
-/// bf16 decode steps near the CPU's float32 logits.
+/// Qwen3 (q/k norms, head dim 128), Gemma 3 (head dim 256; its contexts here stay inside the
+/// window, as a GPU's are capped at it) and Qwen3-MoE (experts; eager steps) on the GPU against
+/// transformers (scripts/gpu/make_gpu_models.py): float32 prefill logits within 1e-4, bfloat16
+/// top-1 on at least 99% of the positions where transformers' margin is decisive, and bf16
+/// decode steps near the CPU's float32 logits.
 #[test]
-fn qwen3_on_the_gpu_matches_transformers() {
-    let path = model("qwen3-d128");
+fn qwen3_gemma3_and_qwen3_moe_on_the_gpu_match_transformers() {
+    for name in ["qwen3-d128", "gemma3-d256", "qwen3moe-d128"] {
+        matches_transformers_on_the_gpu(name);
+    }
+}
+
+fn matches_transformers_on_the_gpu(name: &str) {
+    let path = model(name);
     let common::HfReference {
         tokens, logits: hf, ..
     } = common::hf_reference(&path);
@@ -154,17 +161,17 @@ fn qwen3_on_the_gpu_matches_transformers() {
         let e32 = rel_err(&f32_gpu, &hf[s]);
         let (agree, decisive) = top1_agreement(&bf16_gpu, &hf[s]);
         eprintln!(
-            "qwen3-d128, sequence {s}: f32 GPU rel. err. {e32:.2e}; bf16 top-1 {agree}/{decisive}"
+            "{name}, sequence {s}: f32 GPU rel. err. {e32:.2e}; bf16 top-1 {agree}/{decisive}"
         );
-        assert!(e32 < 1e-4, "f32 on the GPU: {e32}");
+        assert!(e32 < 1e-4, "{name} f32 on the GPU: {e32}");
         assert!(
             agree * 100 >= decisive * 99,
-            "bf16 top-1 {agree}/{decisive}"
+            "{name} bf16 top-1 {agree}/{decisive}"
         );
     }
     let seqs: Vec<Vec<u32>> = tokens.iter().map(|t| t[..40].to_vec()).collect();
     let got = common::logits_decoding_step_by_step(&path, &seqs, &gpu(), DType::BF16);
-    assert_decode_near_the_cpu("qwen3-d128, 40 bf16 decode steps", &path, &seqs, &got);
+    assert_decode_near_the_cpu(&format!("{name}, 40 bf16 decode steps"), &path, &seqs, &got);
 }
 
 /// Teacher-forced top-1 agreement of `got` with `want` over the positions where `want`'s top-1

@@ -11,6 +11,11 @@ OUT_DIR/phi4mini-d64 Phi-3 with Phi-4-mini's partial rotary (3/4 of each head; h
 OUT_DIR/qwen3-d128   Qwen3 (an RMSNorm on each q and k head before rotary) with the GPU's head dim
                      128 (hidden 256, 8 heads, 2 KV heads, 2 layers, vocab 320), float32, and
                      its hf_logits.safetensors as below (2 sequences of 128 tokens).
+OUT_DIR/gemma3-d256  Gemma 3 text with head dim 256 (hidden 256, 4 heads, 2 KV heads, 3 layers:
+                     local, global, local with a 512-token window), float32, (1 + w) norms drawn
+                     around one, and its hf_logits.safetensors (2 sequences of 128 tokens).
+OUT_DIR/qwen3moe-d128 Qwen3-MoE (8 experts of 128, top 2, renormalized; head dim 128, hidden 256,
+                     2 layers), float32, and its hf_logits.safetensors.
 OUT_DIR/llama-1b     Random-weight Llama-3.2-1B shape (16 layers, hidden 2048, 32/8 heads, d64,
                      vocab 128256, tied embeddings, llama3 rope scaling), saved in bfloat16.
 OUT_DIR/llama-1b/hf_logits.safetensors
@@ -25,8 +30,8 @@ import sys
 
 import torch
 from safetensors.torch import save_file
-from transformers import (LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM)
+from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, Phi3Config,
+                          Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE = os.path.join(HERE, "..", "..", "tests", "fixtures", "llama-gqa-tied")
@@ -87,6 +92,42 @@ def qwen3(path):
     reference_logits(Qwen3ForCausalLM, path, cfg.vocab_size, seqs=2, tokens=128)
 
 
+def gemma3(path):
+    torch.manual_seed(6)
+    cfg = Gemma3TextConfig(vocab_size=320, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=256,
+                           query_pre_attn_scalar=256, sliding_window=512,
+                           layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                           max_position_embeddings=1024, eos_token_id=256, bos_token_id=None,
+                           pad_token_id=None, initializer_range=0.1, tie_word_embeddings=True,
+                           rope_theta=1000000.0, rope_local_base_freq=10000.0, rms_norm_eps=1e-6)
+    model = Gemma3ForCausalLM(cfg).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(-0.5, 0.5)  # (zeros by default: 1 + w would be one everywhere)
+    save(model, cfg, path)
+    reference_logits(Gemma3ForCausalLM, path, cfg.vocab_size, seqs=2, tokens=128)
+
+
+def qwen3moe(path):
+    torch.manual_seed(7)
+    cfg = Qwen3MoeConfig(vocab_size=320, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+                         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,
+                         norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                         max_position_embeddings=1024, eos_token_id=256, bos_token_id=None,
+                         pad_token_id=None, initializer_range=0.1, tie_word_embeddings=True,
+                         rope_theta=1000000.0, rms_norm_eps=1e-6)
+    model = Qwen3MoeForCausalLM(cfg).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    save(model, cfg, path)
+    reference_logits(Qwen3MoeForCausalLM, path, cfg.vocab_size, seqs=2, tokens=128)
+
+
 def llama_1b(path, seqs=4, tokens=256):
     torch.manual_seed(1)
     cfg = LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
@@ -112,6 +153,8 @@ if __name__ == "__main__":
     tiny(os.path.join(out, "tiny-d64"))
     phi4mini(os.path.join(out, "phi4mini-d64"))
     qwen3(os.path.join(out, "qwen3-d128"))
+    gemma3(os.path.join(out, "gemma3-d256"))
+    qwen3moe(os.path.join(out, "qwen3moe-d128"))
     if sys.argv[2:] != ["tiny"]:
         llama_1b(os.path.join(out, "llama-1b"))
     print("models written to", out)

@@ -157,8 +157,15 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
         head_dim: cfg.head_dim,
     };
     let kv = KvCache::on_device(layout, cfg.num_hidden_layers, dtype, &device)?;
+    let runner_device_is_cpu = device.is_cpu();
     let mut runner = ModelRunner::new(model, kv, device);
-    if !args.enforce_eager {
+    if cfg.moe.is_some() && !args.enforce_eager && !runner_device_is_cpu {
+        tracing::warn!(
+            "mixture-of-experts steps run eagerly (no CUDA graphs): the routing reads the router's \
+             choices on the host"
+        );
+    }
+    if !args.enforce_eager && cfg.moe.is_none() {
         runner.capture_graphs(
             args.max_num_seqs,
             args.max_seq_len_to_capture.min(max_model_len),
