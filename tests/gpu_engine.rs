@@ -151,8 +151,13 @@ fn qwen3_gemma3_and_qwen3_moe_on_the_gpu_match_transformers() {
 fn matches_transformers_on_the_gpu(name: &str) {
     let path = model(name);
     let common::HfReference {
-        tokens, logits: hf, ..
+        tokens,
+        logits: hf,
+        logits_bf16: hf_bf16,
     } = common::hf_reference(&path);
+    // Top-1 agreement counted over every position of both sequences: (ours, transformers' own
+    // bf16, decisive positions).
+    let mut top1 = (0, 0, 0);
     for (s, seq) in tokens.iter().enumerate() {
         let on = |dtype| {
             common::logits_at_every_position_on(&path, GgufMatmul::Auto, seq, &gpu(), dtype)
@@ -160,15 +165,22 @@ fn matches_transformers_on_the_gpu(name: &str) {
         let (f32_gpu, bf16_gpu) = (on(DType::F32), on(DType::BF16));
         let e32 = rel_err(&f32_gpu, &hf[s]);
         let (agree, decisive) = top1_agreement(&bf16_gpu, &hf[s]);
+        let (theirs, _) = top1_agreement(&hf_bf16[s], &hf[s]);
+        let (e16, theirs_e16) = (rel_err(&bf16_gpu, &hf[s]), rel_err(&hf_bf16[s], &hf[s]));
         eprintln!(
-            "{name}, sequence {s}: f32 GPU rel. err. {e32:.2e}; bf16 top-1 {agree}/{decisive}"
+            "{name}, sequence {s}: f32 GPU rel. err. {e32:.2e}; bf16 {e16:.2e}, top-1 \
+             {agree}/{decisive} (transformers' own bf16: {theirs_e16:.2e}, {theirs})"
         );
         assert!(e32 < 1e-4, "{name} f32 on the GPU: {e32}");
-        assert!(
-            agree * 100 >= decisive * 99,
-            "{name} bf16 top-1 {agree}/{decisive}"
-        );
+        top1 = (top1.0 + agree, top1.1 + theirs, top1.2 + decisive);
     }
+    // (A mixture of experts in bf16 swaps near-tied experts now and then, transformers' own bf16
+    // as well: the bar is 99% or what transformers' bf16 reaches, if lower.)
+    let (agree, theirs, decisive) = top1;
+    assert!(
+        agree * 100 >= decisive * 99 || agree >= theirs,
+        "{name} bf16 top-1 {agree}/{decisive} (transformers' bf16: {theirs})"
+    );
     let seqs: Vec<Vec<u32>> = tokens.iter().map(|t| t[..40].to_vec()).collect();
     let got = common::logits_decoding_step_by_step(&path, &seqs, &gpu(), DType::BF16);
     assert_decode_near_the_cpu(&format!("{name}, 40 bf16 decode steps"), &path, &seqs, &got);

@@ -14,8 +14,9 @@ OUT_DIR/qwen3-d128   Qwen3 (an RMSNorm on each q and k head before rotary) with 
 OUT_DIR/gemma3-d256  Gemma 3 text with head dim 256 (hidden 256, 4 heads, 2 KV heads, 3 layers:
                      local, global, local with a 512-token window), float32, (1 + w) norms drawn
                      around one, and its hf_logits.safetensors (2 sequences of 128 tokens).
-OUT_DIR/qwen3moe-d128 Qwen3-MoE (8 experts of 128, top 2, renormalized; head dim 128, hidden 256,
-                     2 layers), float32, and its hf_logits.safetensors.
+OUT_DIR/qwen3moe-d128 Qwen3-MoE (8 experts of 128, top 2, renormalized, a router six times the
+                     initial scale; head dim 128, hidden 256, 2 layers), float32, and its
+                     hf_logits.safetensors.
 OUT_DIR/llama-1b     Random-weight Llama-3.2-1B shape (16 layers, hidden 2048, 32/8 heads, d64,
                      vocab 128256, tied embeddings, llama3 rope scaling), saved in bfloat16.
 OUT_DIR/llama-1b/hf_logits.safetensors
@@ -124,6 +125,10 @@ def qwen3moe(path):
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.uniform_(0.5, 1.5)
+            if name.endswith("mlp.gate.weight"):
+                # A decided router, as trained ones are: at the initial scale the experts'
+                # probabilities are near uniform and bf16 rounding alone reorders them.
+                p.mul_(6.0)
     save(model, cfg, path)
     reference_logits(Qwen3MoeForCausalLM, path, cfg.vocab_size, seqs=2, tokens=128)
 

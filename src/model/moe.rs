@@ -154,8 +154,15 @@ impl SparseMoe {
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
+        let router = w.linear(&format!("{prefix}.gate"), hidden, s.num_experts, false)?;
+        // A dense router scores in f32: in bf16 near-tied experts swap places, and a swapped
+        // expert moves the output far more than bf16 rounding does.
+        let router = match router.dense_weight() {
+            Some(weight) => Linear::dense(weight.to_dtype(DType::F32)?, None),
+            None => router,
+        };
         Ok(SparseMoe {
-            router: w.linear(&format!("{prefix}.gate"), hidden, s.num_experts, false)?,
+            router,
             experts,
             settings: s.clone(),
         })
@@ -164,7 +171,11 @@ impl SparseMoe {
     /// Applies the layer to `x` (`[tokens, hidden]`).
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let s = &self.settings;
-        let logits = self.router.forward(x)?.to_dtype(DType::F32)?;
+        let scored = match self.router.dense_weight() {
+            Some(_) => x.to_dtype(DType::F32)?,
+            None => x.clone(),
+        };
+        let logits = self.router.forward(&scored)?.to_dtype(DType::F32)?;
         let routes = route(
             &logits.flatten_all()?.to_vec1::<f32>()?,
             s.num_experts,
