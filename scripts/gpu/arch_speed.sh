@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Batch-1 decode speed of the architectures of issue 23 at their common sizes, with random weights
+# (--load-format dummy, bf16), on the GPU machine from the staged .gpu/ folder:
+#   bash .gpu/scripts/gpu/arch_speed.sh [shape ...]   (default: all four)
+# Shapes: qwen3-8b, mistral-7b, phi-4, gemma-3-12b (the text model). Prints each `bench latency`
+# summary and the weight bytes, so effective bandwidth = bytes x tok/s.
+set -uo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+bin=/tmp/pagewise-gpu/bin/pagewise
+[ -x "$bin" ] || python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$here/pagewise.xz" "$bin"
+chmod +x "$bin"
+nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2> /dev/null)
+[ -n "$nccl_lib" ] && export LD_LIBRARY_PATH="$nccl_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export NCCL_NVLS_ENABLE=0
+cfg=/tmp/pagewise-gpu/arch-shapes
+python3 - "$cfg" <<'PY'
+import json, os, sys
+llama = dict(hidden_act="silu", rms_norm_eps=1e-5, torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2,
+             attention_bias=False, mlp_bias=False, tie_word_embeddings=False)
+shapes = {
+    "qwen3-8b": dict(llama, architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=151936,
+                     hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, rope_theta=1000000.0, max_position_embeddings=40960,
+                     rms_norm_eps=1e-6),
+    "mistral-7b": dict(llama, architectures=["MistralForCausalLM"], model_type="mistral", vocab_size=32768,
+                       hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=8, head_dim=128, rope_theta=1000000.0, max_position_embeddings=32768,
+                       sliding_window=None),
+    "phi-4": dict(llama, architectures=["Phi3ForCausalLM"], model_type="phi3", vocab_size=100352,
+                  hidden_size=5120, intermediate_size=17920, num_hidden_layers=40, num_attention_heads=40,
+                  num_key_value_heads=10, rope_theta=250000.0, max_position_embeddings=16384,
+                  original_max_position_embeddings=16384, rope_scaling=None, sliding_window=None),
+    "gemma-3-12b": dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", vocab_size=262208,
+                        hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16,
+                        num_key_value_heads=8, head_dim=256, query_pre_attn_scalar=256, sliding_window=1024,
+                        sliding_window_pattern=6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                        rope_scaling={"rope_type": "linear", "factor": 8.0}, max_position_embeddings=131072,
+                        rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+                        torch_dtype="bfloat16", bos_token_id=2, eos_token_id=1),
+}
+def params(c):
+    h, i, l = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+    d = c.get("head_dim") or h // c["num_attention_heads"]
+    attn = h * d * (2 * c["num_attention_heads"] + 2 * c["num_key_value_heads"])
+    head = 0 if c.get("tie_word_embeddings") else c["vocab_size"] * h
+    return l * (attn + 3 * h * i) + c["vocab_size"] * h + head
+for name, c in shapes.items():
+    os.makedirs(f"{sys.argv[1]}/{name}", exist_ok=True)
+    json.dump(c, open(f"{sys.argv[1]}/{name}/config.json", "w"), indent=1)
+    # Bytes a decode step reads: every matrix once (the embedding row is negligible, a tied head
+    # is read as the head).
+    print(f"{name}: {params(c) / 1e9:.2f} B parameters, {2 * (params(c) - (0 if c.get('tie_word_embeddings') else c['vocab_size'] * c['hidden_size'])) / 1e9:.2f} GB read a step")
+PY
+for m in ${@:-qwen3-8b mistral-7b phi-4 gemma-3-12b}; do
+  cp "$here/tests/fixtures/llama-gqa-tied/tokenizer.json" "$cfg/$m/"
+  echo "== $m: batch-1 decode, 128 in / 512 out"
+  timeout 150 "$bin" bench latency --model "$cfg/$m" --load-format dummy --batch-size 1 --input-len 128 \
+    --output-len 512 --num-iters-warmup 1 --num-iters 3 --max-model-len 1024 2>&1 | grep -E "tok/s|per step|rror" | tail -3
+done
