@@ -10,7 +10,7 @@ use serde_json::json;
 use tokenizers::Tokenizer;
 
 use super::{GgufMatmul, LoadError};
-use crate::model::config::{Architecture, ModelConfig};
+use crate::model::config::{Architecture, ModelConfig, MoeSettings};
 use crate::model::weights::{Dequantize, Weights};
 
 /// What a GGUF file provides besides weights.
@@ -72,10 +72,11 @@ pub fn load(
     let architecture = match arch.as_str() {
         "llama" => Architecture::Llama,
         "qwen2" => Architecture::Qwen2,
-        "qwen3" => Architecture::Qwen3,
+        "qwen3" | "qwen3moe" => Architecture::Qwen3,
         other => {
             return Err(LoadError::Format(format!(
-                "GGUF architecture {other:?} is not supported (supported: llama, qwen2, qwen3)"
+                "GGUF architecture {other:?} is not supported (supported: llama (Mixtral's \
+                 experts included), qwen2, qwen3, qwen3moe)"
             )));
         }
     };
@@ -117,7 +118,7 @@ pub fn load(
         opt: None,
         neox: None,
         gemma: None,
-        moe: None,
+        moe: moe_settings(&ct, &arch)?,
         rotary_dim: head_dim,
     };
     let tokenizer = tokenizer_from_gguf(&ct, &tokens)?;
@@ -184,6 +185,32 @@ fn pre_tokenizer(pre: &str) -> serde_json::Value {
 }
 
 /// Rebuilds a byte-level BPE tokenizer from `tokenizer.ggml.*` (the `gpt2` tokenizer model).
+/// A mixture of experts' settings from `<arch>.expert_*` (Mixtral as `llama`, `qwen3moe`): a
+/// layer is sparse where it has a router (`blk.N.ffn_gate_inp`); llama.cpp renormalizes the
+/// chosen experts' weights for both.
+fn moe_settings(ct: &Content, arch: &str) -> Result<Option<MoeSettings>, LoadError> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let Ok(num_experts) = md_u32(ct, &key("expert_count")) else {
+        return Ok(None);
+    };
+    let layers = md_u32(ct, &key("block_count"))? as usize;
+    let dense = md_u32(ct, &key("feed_forward_length")).unwrap_or(0) as usize;
+    Ok(Some(MoeSettings {
+        num_experts: num_experts as usize,
+        top_k: md_u32(ct, &key("expert_used_count"))? as usize,
+        renormalize: true,
+        expert_intermediate: md_u32(ct, &key("expert_feed_forward_length"))
+            .map_or(dense, |v| v as usize),
+        sparse: (0..layers)
+            .map(|i| {
+                ct.tensor_infos
+                    .contains_key(&format!("blk.{i}.ffn_gate_inp.weight"))
+            })
+            .collect(),
+        mixtral_names: arch == "llama",
+    }))
+}
+
 fn tokenizer_from_gguf(ct: &Content, tokens: &[String]) -> Result<Tokenizer, LoadError> {
     let model = md(ct, "tokenizer.ggml.model")?
         .to_string()

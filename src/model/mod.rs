@@ -9,6 +9,7 @@ pub mod config;
 #[cfg(feature = "cuda")]
 pub mod decode_fused;
 pub mod gemma3;
+mod gguf_weights;
 pub mod gpt2;
 pub mod gpt_neox;
 pub mod layers;

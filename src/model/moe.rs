@@ -139,6 +139,25 @@ impl SparseMoe {
                 ["gate_proj", "up_proj", "down_proj"],
             )
         };
+        if let Weights::Gguf { .. } = w {
+            // llama.cpp stacks a layer's experts in three tensors.
+            let stacked = |kind: &str| format!("blk.{layer}.ffn_{kind}_exps.weight");
+            let experts = (0..s.num_experts)
+                .map(|e| {
+                    let gate = w.stacked_expert(&stacked("gate"), e, (hidden, i))?;
+                    let up = w.stacked_expert(&stacked("up"), e, (hidden, i))?;
+                    Ok(Expert {
+                        gate_up: Linear::concat(&[&gate, &up])?.ok_or_else(|| {
+                            ModelError::Unsupported(format!(
+                                "experts of layer {layer}: gate and up in different formats"
+                            ))
+                        })?,
+                        down: w.stacked_expert(&stacked("down"), e, (i, hidden))?,
+                    })
+                })
+                .collect::<Result<Vec<_>, ModelError>>()?;
+            return Self::with_router(w, &prefix, hidden, experts, s);
+        }
         let experts = (0..s.num_experts)
             .map(|e| {
                 let name = |n: &str| format!("{prefix}.experts.{e}.{n}");
@@ -154,6 +173,17 @@ impl SparseMoe {
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
+        Self::with_router(w, &prefix, hidden, experts, s)
+    }
+
+    /// The layer from its `experts` and the router `prefix.gate`.
+    fn with_router(
+        w: &Weights,
+        prefix: &str,
+        hidden: usize,
+        experts: Vec<Expert>,
+        s: &MoeSettings,
+    ) -> Result<Self, ModelError> {
         let router = w.linear(&format!("{prefix}.gate"), hidden, s.num_experts, false)?;
         // A dense router scores in f32: in bf16 near-tied experts swap places, and a swapped
         // expert moves the output far more than bf16 rounding does.

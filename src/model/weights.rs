@@ -6,9 +6,11 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use candle_core::quantized::{QMatMul, QStorage, QTensor};
+use candle_core::quantized::QTensor;
 
-use crate::cpu::QLinear;
+use super::gguf_weights::gguf_linear;
+pub use super::gguf_weights::gguf_name;
+
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::VarBuilder;
@@ -93,37 +95,6 @@ impl Part {
             _ => Part::Rows(0..len),
         }
     }
-}
-
-/// The GGUF (llama.cpp) name of a Hugging Face Llama tensor name.
-pub fn gguf_name(hf: &str) -> Option<String> {
-    let fixed = match hf {
-        "model.embed_tokens.weight" => Some("token_embd.weight"),
-        "model.norm.weight" => Some("output_norm.weight"),
-        "lm_head.weight" => Some("output.weight"),
-        _ => None,
-    };
-    if let Some(name) = fixed {
-        return Some(name.to_string());
-    }
-    let rest = hf.strip_prefix("model.layers.")?;
-    let (layer, rest) = rest.split_once('.')?;
-    let (module, kind) = rest.rsplit_once('.')?;
-    let mapped = match module {
-        "input_layernorm" => "attn_norm",
-        "post_attention_layernorm" => "ffn_norm",
-        "self_attn.q_proj" => "attn_q",
-        "self_attn.k_proj" => "attn_k",
-        "self_attn.v_proj" => "attn_v",
-        "self_attn.o_proj" => "attn_output",
-        "self_attn.q_norm" => "attn_q_norm",
-        "self_attn.k_norm" => "attn_k_norm",
-        "mlp.gate_proj" => "ffn_gate",
-        "mlp.up_proj" => "ffn_up",
-        "mlp.down_proj" => "ffn_down",
-        _ => return None,
-    };
-    Some(format!("blk.{layer}.{mapped}.{kind}"))
 }
 
 impl Weights {
@@ -241,23 +212,14 @@ impl Weights {
                         q.shape()
                     )));
                 }
-                let kernel = match dequantize {
-                    Dequantize::All => None,
-                    _ if !device.is_cpu() => None,
-                    _ => QLinear::from_gguf(q.dtype(), &q.data()?, out_dim, in_dim),
-                };
-                if let Some(weight) = kernel {
-                    Ok(Linear::Cpu { weight, bias })
-                } else if *dequantize == Dequantize::All
-                    || (*dequantize == Dequantize::WithoutCpuKernel && device.is_cpu())
-                {
-                    Ok(Linear::dense(q.dequantize(device)?, bias))
-                } else {
-                    // A copy of the quantized bytes: a tied embedding also reads this tensor.
-                    let storage = QStorage::from_data(q.data()?, device, q.dtype())?;
-                    let q = QTensor::new(storage, q.shape().clone())?;
-                    Ok(Linear::quantized(QMatMul::from_qtensor(q)?, bias))
-                }
+                gguf_linear(
+                    q.dtype(),
+                    &q.data()?,
+                    (out_dim, in_dim),
+                    *dequantize,
+                    device,
+                    bias,
+                )
             }
         }
     }

@@ -1,0 +1,121 @@
+//! GGUF tensors as model weights: llama.cpp's tensor names for the Hugging Face ones the models
+//! ask for, a matrix's bytes as a linear layer, and experts stacked in one tensor.
+
+use candle_core::Device;
+use candle_core::Tensor;
+use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
+
+use super::ModelError;
+use super::layers::Linear;
+use super::weights::{Dequantize, Weights};
+use crate::cpu::QLinear;
+
+/// The GGUF (llama.cpp) name of a Hugging Face Llama tensor name.
+pub fn gguf_name(hf: &str) -> Option<String> {
+    let fixed = match hf {
+        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.norm.weight" => Some("output_norm.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(name) = fixed {
+        return Some(name.to_string());
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let (module, kind) = rest.rsplit_once('.')?;
+    let mapped = match module {
+        "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" => "ffn_norm",
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" => "attn_output",
+        "self_attn.q_norm" => "attn_q_norm",
+        "self_attn.k_norm" => "attn_k_norm",
+        "mlp.gate_proj" => "ffn_gate",
+        "mlp.up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
+        // A mixture of experts' router (Qwen3-MoE's and Mixtral's names).
+        "mlp.gate" | "block_sparse_moe.gate" => "ffn_gate_inp",
+        _ => return None,
+    };
+    Some(format!("blk.{layer}.{mapped}.{kind}"))
+}
+
+/// A linear layer from the GGUF bytes of a `[rows, cols]` matrix of `dtype`: our CPU kernels
+/// where they take the type, else float weights or candle's quantized matmul, as `dequantize`
+/// says.
+pub(super) fn gguf_linear(
+    dtype: GgmlDType,
+    bytes: &[u8],
+    (rows, cols): (usize, usize),
+    dequantize: Dequantize,
+    device: &Device,
+    bias: Option<Tensor>,
+) -> Result<Linear, ModelError> {
+    let kernel = match dequantize {
+        Dequantize::All => None,
+        _ if !device.is_cpu() => None,
+        _ => QLinear::from_gguf(dtype, bytes, rows, cols),
+    };
+    if let Some(weight) = kernel {
+        return Ok(Linear::Cpu { weight, bias });
+    }
+    // A copy of the quantized bytes: a tied embedding also reads this tensor.
+    let q = QTensor::new(
+        QStorage::from_data(std::borrow::Cow::Borrowed(bytes), device, dtype)?,
+        (rows, cols),
+    )?;
+    if dequantize == Dequantize::All
+        || (dequantize == Dequantize::WithoutCpuKernel && device.is_cpu())
+    {
+        Ok(Linear::dense(q.dequantize(device)?, bias))
+    } else {
+        Ok(Linear::quantized(QMatMul::from_qtensor(q)?, bias))
+    }
+}
+
+impl Weights {
+    /// Expert `expert` of the experts stacked in the GGUF tensor `gguf` (llama.cpp's
+    /// `blk.N.ffn_{gate,up,down}_exps.weight`, `[experts, out_dim, in_dim]`): its `[out_dim,
+    /// in_dim]` matrix, read from its own bytes.
+    pub fn stacked_expert(
+        &self,
+        gguf: &str,
+        expert: usize,
+        (in_dim, out_dim): (usize, usize),
+    ) -> Result<Linear, ModelError> {
+        let Weights::Gguf {
+            tensors,
+            dequantize,
+            device,
+            ..
+        } = self
+        else {
+            return Err(ModelError::Unsupported(format!(
+                "stacked experts ({gguf}) outside a GGUF file"
+            )));
+        };
+        let q = tensors
+            .get(gguf)
+            .ok_or_else(|| ModelError::MissingTensor(gguf.to_string()))?;
+        let dims = q.shape().dims();
+        if dims.len() != 3 || dims[1..] != [out_dim, in_dim] || expert >= dims[0] {
+            return Err(ModelError::Config(format!(
+                "tensor {gguf} has shape {dims:?}, expected [experts > {expert}, {out_dim}, {in_dim}]"
+            )));
+        }
+        let data = q.data()?;
+        let per_expert = data.len() / dims[0];
+        let bytes = &data[expert * per_expert..(expert + 1) * per_expert];
+        gguf_linear(
+            q.dtype(),
+            bytes,
+            (out_dim, in_dim),
+            *dequantize,
+            device,
+            None,
+        )
+    }
+}
