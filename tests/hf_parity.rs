@@ -241,3 +241,15 @@ fn qwen3_moe_gguf_matches_transformers_in_f32_and_reads_q8_0_experts() {
     // experts at a few positions: a wider bound than for dense weights.)
     decodes_as_gguf_py(&dir, "Q8_0", 1e-1);
 }
+
+/// Mixtral as a `llama` GGUF file with `expert_count` (q/k rows permuted for interleaved rotary,
+/// experts stacked): transformers' logits and greedy tokens.
+#[test]
+fn mixtral_gguf_matches_transformers() {
+    check_model(
+        "mixtral",
+        &format!("{FIXTURES}/mixtral/model-F32.gguf"),
+        1e-4,
+        true,
+    );
+}
