@@ -136,8 +136,8 @@ fn assert_decode_near_the_cpu(label: &str, path: &str, seqs: &[Vec<u32>], got: &
     }
 }
 
-/// Qwen3 (q/k norms, head dim 128), Gemma 3 (head dim 256; its contexts here stay inside the
-/// window, as a GPU's are capped at it) and Qwen3-MoE (experts; eager steps) on the GPU against
+/// Qwen3 (q/k norms, head dim 128), Gemma 3 (head dim 256; a 48-token window on its local
+/// layers, in prefill and decode steps) and Qwen3-MoE (experts; eager steps) on the GPU against
 /// transformers (scripts/gpu/make_gpu_models.py): float32 prefill logits within 1e-4, bfloat16
 /// top-1 on at least 99% of the positions where transformers' margin is decisive, and bf16
 /// decode steps near the CPU's float32 logits.

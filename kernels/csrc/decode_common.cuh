@@ -55,6 +55,9 @@ struct DecodeArgs {
   // writing in the caches (1: a decode step's new tokens); -1: any, so no K/V is read before it
   // ends. The tensor-core kernel starts copying tiles wholly before them early.
   int fresh_tail;
+  // A sliding-window layer's window: each row attends over the last `window` positions of its
+  // context only; 0: the whole context.
+  int window;
   float scale;
   cudaStream_t stream;
 };
@@ -67,6 +70,16 @@ __device__ __forceinline__ void split_range(int ctx, int split, int num_splits, 
   const int row_chunk = max(chunk, (ctx + num_splits - 1) / num_splits);
   *begin = (int)min((int64_t)ctx, (int64_t)split * row_chunk);
   *end = min(ctx, *begin + row_chunk);
+}
+
+// split_range over the positions a row attends to: the last `window` of its context (all of it
+// when window is 0), split among the splits as a context of that length would be.
+__device__ __forceinline__ void window_split_range(int ctx, int window, int split, int num_splits,
+                                                   int chunk, int* begin, int* end) {
+  const int first = window > 0 ? max(0, ctx - window) : 0;
+  split_range(ctx - first, split, num_splits, chunk, begin, end);
+  *begin += first;
+  *end += first;
 }
 
 // Streams tiles of kRows context positions of one KV head (its K and V rows, D elements each)

@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(kThreads)
                             const int32_t* __restrict__ row_seq,
                             const int32_t* __restrict__ context_lens, int max_blocks,
                             int num_heads, int num_kv_heads, int block_size, int chunk,
-                            int fresh_tail, float scale) {
+                            int fresh_tail, int window, float scale) {
   using S = MmaShape<T, D>;
   using Copier = typename S::Copier;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kThreads)
   const int r = lane / 4, c = lane % 4;  // this lane's head (matrix row) and column pair
   int begin, end;
   const int ctx = context_lens[seq];
-  split_range(ctx, split, num_splits, chunk, &begin, &end);
+  window_split_range(ctx, window, split, num_splits, chunk, &begin, &end);
   const int tiles = (end - begin + kMmaRows - 1) / kMmaRows;
   const int32_t* table = block_tables + (int64_t)(row_seq ? row_seq[seq] : seq) * max_blocks;
 

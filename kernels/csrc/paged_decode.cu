@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kThreads)
                         const int32_t* __restrict__ row_seq,
                         const int32_t* __restrict__ context_lens, int max_blocks, int num_heads,
                         int num_kv_heads, int block_size, int chunk, int /*fresh_tail*/,
-                        float scale) {
+                        int window, float scale) {
   using S = Shape<T, D>;
   constexpr int kHeadsPerWarp = (G + kWarps - 1) / kWarps;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kThreads)
   const int group = num_heads / num_kv_heads;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   int begin, end;
-  split_range(context_lens[seq], split, num_splits, chunk, &begin, &end);
+  window_split_range(context_lens[seq], window, split, num_splits, chunk, &begin, &end);
   const int tiles = (end - begin + kTile - 1) / kTile;
   const int32_t* table = block_tables + (int64_t)(row_seq ? row_seq[seq] : seq) * max_blocks;
   TileCopier<T, D, kTile, false, true> copier(k_cache, v_cache, table, begin, end, block_size,
@@ -354,7 +354,7 @@ cudaError_t launch_split(K kernel, int smem, const DecodeArgs* a, bool can_clust
       kernel, grid, kThreads, smem, a->stream, in_clusters ? a->num_splits : 1, a->out,
       a->part_ml, a->part_acc, a->q, a->k_cache, a->v_cache, a->block_tables, a->row_seq,
       a->context_lens, a->max_blocks, a->num_heads, a->num_kv_heads, a->block_size, a->chunk,
-      a->fresh_tail, a->scale);
+      a->fresh_tail, a->window, a->scale);
   if (err == cudaSuccess && !in_clusters) err = launch_merge<T, D>(a);
   return err;
 }
@@ -421,18 +421,19 @@ int decode_any(int dtype, int head_dim, int group, const DecodeArgs* a, int* blo
 // reads block_tables, row_seq and context_lens before it waits for the kernel before it: they
 // must be uploaded inputs, not that kernel's output (q may be). The caches may be that kernel's
 // output only in the last fresh_tail positions of each row's context (1 when it writes a
-// decode step's new tokens); -1 means anywhere, and no K/V is read before it ends.
+// decode step's new tokens); -1 means anywhere, and no K/V is read before it ends. window > 0:
+// each row attends over the last `window` positions of its context only (sliding-window layers).
 extern "C" int pagewise_paged_decode(int dtype, void* out, float* part_ml, float* part_acc,
                                      const void* q, const void* k_cache, const void* v_cache,
                                      const int32_t* block_tables, const int32_t* row_seq,
                                      const int32_t* context_lens, int num_seqs, int max_blocks,
                                      int num_heads, int num_kv_heads, int head_dim,
                                      int block_size, int num_splits, int chunk, int fresh_tail,
-                                     float scale, cudaStream_t stream) {
+                                     int window, float scale, cudaStream_t stream) {
   const DecodeArgs a{out,          part_ml,  part_acc,     q,          k_cache,    v_cache,
                      block_tables, row_seq,  context_lens, num_seqs,   max_blocks, num_heads,
                      num_kv_heads, head_dim, block_size,   num_splits, chunk,      fresh_tail,
-                     scale,        stream};
+                     window,       scale,    stream};
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return 1;
   return decode_any(dtype, head_dim, num_heads / num_kv_heads, &a, nullptr);
 }

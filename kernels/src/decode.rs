@@ -206,8 +206,85 @@ pub unsafe fn paged_attention_planned_into(
     block_tables: &Tensor,
     row_seq: Option<&Tensor>,
     context_lens: &Tensor,
+    plan: (usize, usize),
+    writes: CacheWrites,
+    scale: f32,
+) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        decode_into(
+            out,
+            ws,
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            row_seq,
+            context_lens,
+            plan,
+            writes,
+            0,
+            scale,
+        )
+    }
+}
+
+/// [`paged_attention_planned`] for a sliding-window layer: each row attends over the last
+/// `window` positions of its context only (a prefill row too, as a decode row at its position).
+///
+/// # Safety
+/// As [`paged_attention_planned_into`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn paged_attention_windowed(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    block_tables: &Tensor,
+    row_seq: Option<&Tensor>,
+    context_lens: &Tensor,
+    plan: (usize, usize),
+    window: usize,
+    scale: f32,
+) -> Result<Tensor> {
+    if window == 0 {
+        bail!("a sliding window of no positions");
+    }
+    let out = crate::empty(q.shape(), q.dtype(), q.device())?;
+    let (rows, heads, head_dim) = q.dims3()?;
+    let ws = DecodeWorkspace::new(rows, heads, plan.0, head_dim, q.device())?;
+    // SAFETY: the caller's contract.
+    unsafe {
+        decode_into(
+            &out,
+            &ws,
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            row_seq,
+            context_lens,
+            plan,
+            CacheWrites::Anywhere,
+            window,
+            scale,
+        )
+    }?;
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn decode_into(
+    out: &Tensor,
+    ws: &DecodeWorkspace,
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    block_tables: &Tensor,
+    row_seq: Option<&Tensor>,
+    context_lens: &Tensor,
     (splits, chunk): (usize, usize),
     writes: CacheWrites,
+    window: usize,
     scale: f32,
 ) -> Result<()> {
     let (seqs, heads, head_dim) = q.dims3()?;
@@ -280,6 +357,7 @@ pub unsafe fn paged_attention_planned_into(
             splits as i32,
             chunk as i32,
             writes.fresh_tail(),
+            window.min(i32::MAX as usize) as i32,
             scale,
             stream,
         )

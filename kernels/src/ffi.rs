@@ -44,6 +44,7 @@ unsafe extern "C" {
         num_splits: c_int,
         chunk: c_int,
         fresh_tail: c_int,
+        window: c_int,
         scale: f32,
         stream: *mut c_void,
     ) -> c_int;

@@ -12,8 +12,9 @@ OUT_DIR/qwen3-d128   Qwen3 (an RMSNorm on each q and k head before rotary) with 
                      128 (hidden 256, 8 heads, 2 KV heads, 2 layers, vocab 320), float32, and
                      its hf_logits.safetensors as below (2 sequences of 128 tokens).
 OUT_DIR/gemma3-d256  Gemma 3 text with head dim 256 (hidden 256, 4 heads, 2 KV heads, 3 layers:
-                     local, global, local with a 512-token window), float32, (1 + w) norms drawn
-                     around one, and its hf_logits.safetensors (2 sequences of 128 tokens).
+                     local, global, local with a 48-token window, shorter than the sequences),
+                     float32, (1 + w) norms drawn around one, and its hf_logits.safetensors (2
+                     sequences of 128 tokens).
 OUT_DIR/qwen3moe-d128 Qwen3-MoE (8 experts of 128, top 2, renormalized, a router six times the
                      initial scale; head dim 128, hidden 256, 2 layers), float32, and its
                      hf_logits.safetensors.
@@ -97,7 +98,7 @@ def gemma3(path):
     torch.manual_seed(6)
     cfg = Gemma3TextConfig(vocab_size=320, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=256,
-                           query_pre_attn_scalar=256, sliding_window=512,
+                           query_pre_attn_scalar=256, sliding_window=48,
                            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                            max_position_embeddings=1024, eos_token_id=256, bos_token_id=None,
                            pad_token_id=None, initializer_range=0.1, tie_word_embeddings=True,

@@ -102,10 +102,7 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
             seed: args.seed,
         },
     )?;
-    let mut cfg = loaded.config;
-    if !device.is_cpu() {
-        cfg.cap_windows_for_gpu();
-    }
+    let cfg = loaded.config;
     let tokenizer = Arc::new(loaded.tokenizer);
     let grammars = Grammars::new(tokenizer.clone(), cfg.vocab_size, &cfg.eos_token_ids);
     if member.is_none() {

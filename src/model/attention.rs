@@ -154,8 +154,7 @@ impl KvCache {
 
     /// [`KvCache::attend`] for a sliding-window layer when `window` is given: the query at
     /// position `p` attends to positions `p + 1 - window ..= p` only (transformers' and vLLM's
-    /// window). The GPU kernels do not mask yet: there a context past the window is an error (the
-    /// engine caps a GPU's context at the window, `ModelConfig::cap_windows_for_gpu`).
+    /// window), on the CPU and on the GPU (its decode kernel, for every row of the layer).
     #[allow(clippy::too_many_arguments)]
     pub fn attend_windowed(
         &mut self,
@@ -193,14 +192,7 @@ impl KvCache {
                 let Some(dm) = &meta.device else {
                     candle_core::bail!("paged attention on a GPU needs device metadata");
                 };
-                if let Some(w) = window.filter(|&w| dm.max_context_len > w) {
-                    candle_core::bail!(
-                        "sliding-window attention past the window ({} > {w} tokens) is not \
-                         implemented on the GPU",
-                        dm.max_context_len
-                    );
-                }
-                return super::attention_cuda::attend(k_cache, v_cache, q, k, v, dm, scale);
+                return super::attention_cuda::attend(k_cache, v_cache, q, k, v, dm, scale, window);
             }
         };
         let (dtype, device) = (q.dtype(), q.device().clone());

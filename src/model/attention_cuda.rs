@@ -9,7 +9,9 @@ use pagewise_kernels::PrefillSeqs;
 
 use super::batch::DeviceAttentionMeta;
 
-/// Writes `k`, `v` at the slot mapping and attends `q`; returns `[tokens, heads * head_dim]`.
+/// Writes `k`, `v` at the slot mapping and attends `q` (over the last `window` positions of each
+/// row's context in a sliding-window layer); returns `[tokens, heads * head_dim]`.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn attend(
     k_cache: &Tensor,
     v_cache: &Tensor,
@@ -18,6 +20,7 @@ pub(super) fn attend(
     v: &Tensor,
     meta: &DeviceAttentionMeta,
     scale: f32,
+    window: Option<usize>,
 ) -> candle_core::Result<Tensor> {
     // SAFETY: the indices come from the scheduler's plan (ForwardBatch): block ids below the
     // cache's num_blocks, distinct slots within a step, contexts within each block-table row.
@@ -30,7 +33,44 @@ pub(super) fn attend(
             &meta.slot_mapping,
         )
     }?;
-    attend_cached(k_cache, v_cache, q, meta, scale)
+    match window {
+        Some(w) => attend_windowed(k_cache, v_cache, q, meta, scale, w),
+        None => attend_cached(k_cache, v_cache, q, meta, scale),
+    }
+}
+
+/// A sliding-window layer's attention: every row, prefill rows included, through the decode
+/// kernel, each over the last `window` positions of its context (a prefill row's context ends
+/// at its own position), so a row reads at most `window` positions.
+fn attend_windowed(
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    q: &Tensor,
+    meta: &DeviceAttentionMeta,
+    scale: f32,
+    window: usize,
+) -> candle_core::Result<Tensor> {
+    let (tokens, heads, head_dim) = q.dims3()?;
+    let plan = match meta.split {
+        Some(plan) => plan,
+        None => pagewise_kernels::plan_for(q, k_cache, meta.max_context_len.min(window))?,
+    };
+    // SAFETY: the indices come from the scheduler's plan (ForwardBatch): block ids below the
+    // cache's num_blocks, contexts within each block-table row.
+    let out = unsafe {
+        pagewise_kernels::paged_attention_windowed(
+            &q.contiguous()?,
+            k_cache,
+            v_cache,
+            &meta.block_tables,
+            Some(&meta.row_seq),
+            &meta.context_lens,
+            plan,
+            window,
+            scale,
+        )
+    }?;
+    out.reshape((tokens, heads * head_dim))
 }
 
 /// Attends `q` over caches that already hold this step's K/V; returns `[tokens, heads * head_dim]`.

@@ -347,7 +347,7 @@ impl ModelConfig {
             rope_interleaved: false,
             max_position_embeddings: match (is_gpt2, &gemma) {
                 (true, _) => c.max_position_embeddings.unwrap_or(1024),
-                // Gemma 3's windows are implemented (on the CPU; `cap_windows_for_gpu`).
+                // Gemma 3's windows are implemented.
                 (_, Some(_)) => c.max_position_embeddings.unwrap_or(131_072),
                 _ => context_limit(&c),
             },

@@ -157,25 +157,6 @@ pub(super) fn settings(text: &str, layers: usize) -> Result<(GemmaSettings, f64)
     Ok((settings, global_theta))
 }
 
-impl ModelConfig {
-    /// On a GPU, whose attention kernels do not mask to a window yet, caps the context at the
-    /// sliding window of a model that has local layers (where windowed and full attention still
-    /// agree), with a warning.
-    pub fn cap_windows_for_gpu(&mut self) {
-        if let Some(g) = &self.gemma
-            && g.sliding.contains(&true)
-            && g.sliding_window < self.max_position_embeddings
-        {
-            tracing::warn!(
-                sliding_window = g.sliding_window,
-                "sliding-window attention runs on the CPU only: on the GPU the context is capped \
-                 at the window"
-            );
-            self.max_position_embeddings = g.sliding_window;
-        }
-    }
-}
-
 struct Layer {
     input_norm: RmsNorm,
     qkv: QkvProj,
@@ -350,13 +331,7 @@ mod tests {
         assert_eq!((c.rope_theta, g.global_rope_factor), (1e6, 8.0));
         assert_eq!((g.local_rope_theta, g.query_pre_attn_scalar), (1e4, 256.0));
         assert!(c.tie_word_embeddings && c.qk_norm && c.rope_scaling.is_none());
-        assert_eq!(
-            c.max_position_embeddings, 131072,
-            "windows are not a cap on the CPU"
-        );
-        let mut gpu = c.clone();
-        gpu.cap_windows_for_gpu();
-        assert_eq!(gpu.max_position_embeddings, 512);
+        assert_eq!(c.max_position_embeddings, 131072, "windows are not a cap");
     }
 
     #[test]
