@@ -2,6 +2,7 @@
 # Batch-1 decode speed of the architectures of issue 23 at their common sizes, with random weights
 # (--load-format dummy, bf16), on the GPU machine from the staged .gpu/ folder:
 #   bash .gpu/scripts/gpu/arch_speed.sh [shape ...]   (default: all four)
+#   CONTEXTS="1024 8192 32768" bash .gpu/scripts/gpu/arch_speed.sh gemma-3-12b   (decode against context)
 # Shapes: qwen3-8b, mistral-7b, phi-4, gemma-3-12b (the text model). Prints each `bench latency`
 # summary and the weight bytes, so effective bandwidth = bytes x tok/s.
 set -uo pipefail
@@ -53,6 +54,15 @@ for name, c in shapes.items():
 PY
 for m in ${@:-qwen3-8b mistral-7b phi-4 gemma-3-12b}; do
   cp "$here/tests/fixtures/llama-gqa-tied/tokenizer.json" "$cfg/$m/"
+  if [ -n "${CONTEXTS:-}" ]; then
+    # Decode speed against context length: CONTEXTS="1024 8192 32768", 64 tokens after each.
+    for c in $CONTEXTS; do
+      echo "== $m: batch-1 decode after $c prompt tokens"
+      timeout 280 "$bin" bench latency --model "$cfg/$m" --load-format dummy --batch-size 1 --input-len "$c" \
+        --output-len 64 --num-iters-warmup 0 --num-iters 1 --max-model-len $((c + 64)) 2>&1 | grep -E "tok/s|rror" | tail -2
+    done
+    continue
+  fi
   echo "== $m: batch-1 decode, 128 in / 512 out"
   timeout 150 "$bin" bench latency --model "$cfg/$m" --load-format dummy --batch-size 1 --input-len 128 \
     --output-len 512 --num-iters-warmup 1 --num-iters 3 --max-model-len 1024 2>&1 | grep -E "tok/s|per step|rror" | tail -3
