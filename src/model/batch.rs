@@ -92,8 +92,9 @@ pub struct ForwardBatch<'a> {
     pub positions: Tensor,
     /// Paged-attention metadata.
     pub attention: AttentionMeta<'a>,
-    /// Rows whose logits are needed (each sampling sequence's last token), `[rows]` u32.
+    /// Rows whose logits are needed (each sampling sequence's last token), `[rows]` u32. On a GPU
+    /// a step where nothing samples gathers a placeholder row, its last token.
     pub sample_rows: Tensor,
-    /// Number of sampled rows.
+    /// Number of sampled rows (0 with the placeholder).
     pub num_sample_rows: usize,
 }

@@ -48,7 +48,7 @@ pub enum Weights {
 /// Which GGUF matmul weights become float weights at load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dequantize {
-    /// None: on the CPU our kernels take the types they know ([`QLinear`]), candle's quantized
+    /// None: on the CPU our kernels take the types they know ([`QLinear`](crate::cpu::QLinear)), candle's quantized
     /// matmul the others.
     Nothing,
     /// Those our CPU kernels lack (on a GPU: none).

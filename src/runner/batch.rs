@@ -136,11 +136,18 @@ impl<'a> ForwardBatch<'a> {
             .filter(|s| s.samples)
             .map(|s| (s.tokens.end - 1) as u32)
             .collect();
+        // A step where no sequence samples (a long prompt's first chunks, alone) still gathers
+        // one row on a GPU, the step's last token, whose logits nobody reads: a device buffer of
+        // no bytes cannot be made (CUDA_ERROR_INVALID_VALUE).
+        let gathered = match rows.is_empty() && !device.is_cpu() {
+            true => vec![n.saturating_sub(1) as u32],
+            false => rows.clone(),
+        };
         Ok(ForwardBatch {
             input_ids: Tensor::from_slice(&out.token_ids, n, device)?,
             positions: Tensor::from_slice(&out.positions, n, device)?,
             num_sample_rows: rows.len(),
-            sample_rows: Tensor::from_vec(rows.clone(), rows.len(), device)?,
+            sample_rows: Tensor::from_vec(gathered.clone(), gathered.len(), device)?,
             attention: AttentionMeta {
                 slot_mapping: &out.slot_mapping,
                 block_tables: &out.block_tables,

@@ -141,6 +141,10 @@ impl<'a> DeviceRows<'a> {
         sampler: &mut Sampler,
         logits: &Tensor,
     ) -> candle_core::Result<Vec<SampledToken>> {
+        if self.len() == 0 {
+            // (A step where nothing samples: its logits, if any, are a placeholder row.)
+            return Ok(Vec::new());
+        }
         self.launch_masked(logits)?;
         let device = logits.device();
         let rows = self.len();
