@@ -50,6 +50,25 @@ fn prompts(n: usize, vocab: u64) -> Vec<Vec<u32>> {
 /// Relative L2 error of `got` against `want`, over all rows.
 use common::{argmax, rel_err};
 
+/// One prompt (41 tokens) longer than the step's token budget (16), alone: its first chunks are steps where no
+/// sequence samples (a placeholder row on the GPU), and the tokens equal the CPU's.
+#[test]
+fn a_lone_prompt_in_chunks_on_the_gpu_equals_the_cpu() {
+    let args = |device| EngineArgs {
+        model: model("tiny-d64"),
+        device,
+        dtype: DtypeArg::Float32,
+        max_num_batched_tokens: Some(16),
+        ..Default::default()
+    };
+    let prompt = prompts(1, 256);
+    let mut cpu = Llm::new(args(DeviceArg::Cpu)).unwrap();
+    let mut gpu = Llm::new(args(DeviceArg::Cuda(0))).unwrap();
+    let want = cpu.generate_tokens(prompt.clone(), &greedy(8)).unwrap();
+    let got = gpu.generate_tokens(prompt, &greedy(8)).unwrap();
+    assert_eq!(got[0].outputs[0].token_ids, want[0].outputs[0].token_ids);
+}
+
 #[test]
 fn gpu_float32_greedy_tokens_equal_the_cpu_reference() {
     for name in ["tiny-d64", "phi4mini-d64", "gemma3-d256", "qwen3moe-d128"] {
