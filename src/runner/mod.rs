@@ -174,7 +174,7 @@ impl ModelRunner {
         self.device.synchronize()?;
         let start = times.lap(Phase::Forward, start);
         // (A step where nothing samples has a placeholder row: `ForwardBatch::new`.)
-        debug_assert!(rows.len() == 0 || logits.dim(0)? == rows.len());
+        debug_assert!(rows.is_empty() || logits.dim(0)? == rows.len());
         let sampled = match graph {
             Some((_, graphs)) => {
                 let ids = graphs.sampled_ids(out.seqs.len())?;

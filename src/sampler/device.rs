@@ -141,7 +141,7 @@ impl<'a> DeviceRows<'a> {
         sampler: &mut Sampler,
         logits: &Tensor,
     ) -> candle_core::Result<Vec<SampledToken>> {
-        if self.len() == 0 {
+        if self.is_empty() {
             // (A step where nothing samples: its logits, if any, are a placeholder row.)
             return Ok(Vec::new());
         }
