@@ -73,23 +73,45 @@ pub fn load(
         "llama" => Architecture::Llama,
         "qwen2" => Architecture::Qwen2,
         "qwen3" | "qwen3moe" => Architecture::Qwen3,
+        "phi3" => Architecture::Phi3,
         other => {
             return Err(LoadError::Format(format!(
                 "GGUF architecture {other:?} is not supported (supported: llama (Mixtral's \
-                 experts included), qwen2, qwen3, qwen3moe)"
+                 experts included), qwen2, qwen3, qwen3moe, phi3)"
             )));
         }
     };
+    if ct.tensor_infos.contains_key("rope_factors_long.weight") {
+        return Err(LoadError::Format(
+            "GGUF LongRoPE factors (rope_factors_long) are not supported yet; load the Hugging \
+             Face checkpoint instead"
+                .into(),
+        ));
+    }
     // Metadata keys are prefixed by the architecture's name.
     let key = |k: &str| format!("{arch}.{k}");
     let tokens = md_strings(&ct, "tokenizer.ggml.tokens")?;
     let heads = md_u32(&ct, &key("attention.head_count"))? as usize;
     let hidden = md_u32(&ct, &key("embedding_length"))? as usize;
     let eos = md_u32(&ct, "tokenizer.ggml.eos_token_id").ok();
-    // Qwen3's head width is not hidden / heads: `attention.key_length` says it.
-    let head_dim = md_u32(&ct, &key("attention.key_length"))
-        .or_else(|_| md_u32(&ct, &key("rope.dimension_count")))
-        .map_or(hidden / heads, |v| v as usize);
+    // Qwen3's head width is not hidden / heads: `attention.key_length` says it. Phi-3's
+    // `rope.dimension_count` is the rotary part of a head (Phi-4-mini turns 3/4 of it).
+    let phi3 = architecture == Architecture::Phi3;
+    let head_dim = match md_u32(&ct, &key("attention.key_length")) {
+        Ok(v) => v as usize,
+        Err(_) if phi3 => hidden / heads,
+        Err(_) => md_u32(&ct, &key("rope.dimension_count")).map_or(hidden / heads, |v| v as usize),
+    };
+    let rotary_dim = match phi3 {
+        true => md_u32(&ct, &key("rope.dimension_count")).map_or(head_dim, |v| v as usize),
+        false => head_dim,
+    };
+    let context = md_u32(&ct, &key("context_length")).map_or(2048, |v| v as usize);
+    // Phi-3-mini's window (llama.cpp writes 0 for none) caps the context, as in config.json.
+    let max_position_embeddings = match md_u32(&ct, &key("attention.sliding_window")) {
+        Ok(w) if w > 0 && (w as usize) < context => w as usize,
+        _ => context,
+    };
     let config = ModelConfig {
         architecture,
         qk_norm: architecture == Architecture::Qwen3,
@@ -108,7 +130,7 @@ pub fn load(
         // llama.cpp's converter permutes Llama's q/k rows for interleaved rotary; Qwen's stay in
         // the rotate-half order.
         rope_interleaved: architecture == Architecture::Llama,
-        max_position_embeddings: md_u32(&ct, &key("context_length")).map_or(2048, |v| v as usize),
+        max_position_embeddings,
         tie_word_embeddings: !ct.tensor_infos.contains_key("output.weight"),
         qkv_bias: ct.tensor_infos.contains_key("blk.0.attn_q.bias"),
         o_bias: false,
@@ -119,7 +141,7 @@ pub fn load(
         neox: None,
         gemma: None,
         moe: moe_settings(&ct, &arch)?,
-        rotary_dim: head_dim,
+        rotary_dim,
     };
     let tokenizer = tokenizer_from_gguf(&ct, &tokens)?;
     let chat_template = ct

@@ -36,6 +36,9 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         "mlp.gate_proj" => "ffn_gate",
         "mlp.up_proj" => "ffn_up",
         "mlp.down_proj" => "ffn_down",
+        // Phi-3's stacked projections (gate rows before up rows, as llama.cpp keeps them).
+        "self_attn.qkv_proj" => "attn_qkv",
+        "mlp.gate_up_proj" => "ffn_up",
         // A mixture of experts' router (Qwen3-MoE's and Mixtral's names).
         "mlp.gate" | "block_sparse_moe.gate" => "ffn_gate_inp",
         _ => return None,
