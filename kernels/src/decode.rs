@@ -165,12 +165,44 @@ pub unsafe fn paged_attention_planned(
     writes: CacheWrites,
     scale: f32,
 ) -> Result<Tensor> {
-    // The kernel writes every row (zeros for an empty context).
+    // SAFETY: the caller's contract.
+    unsafe {
+        decode_new(
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            row_seq,
+            context_lens,
+            plan,
+            writes,
+            0,
+            scale,
+        )
+    }
+}
+
+/// [`decode_into`] into a new output and workspace (the kernel writes every row: zeros for an
+/// empty context).
+#[allow(clippy::too_many_arguments)]
+unsafe fn decode_new(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    block_tables: &Tensor,
+    row_seq: Option<&Tensor>,
+    context_lens: &Tensor,
+    plan: (usize, usize),
+    writes: CacheWrites,
+    window: usize,
+    scale: f32,
+) -> Result<Tensor> {
     let out = crate::empty(q.shape(), q.dtype(), q.device())?;
     let (rows, heads, head_dim) = q.dims3()?;
     let ws = DecodeWorkspace::new(rows, heads, plan.0, head_dim, q.device())?;
+    // SAFETY: the caller's contract.
     unsafe {
-        paged_attention_planned_into(
+        decode_into(
             &out,
             &ws,
             q,
@@ -181,6 +213,7 @@ pub unsafe fn paged_attention_planned(
             context_lens,
             plan,
             writes,
+            window,
             scale,
         )
     }?;
@@ -249,14 +282,9 @@ pub unsafe fn paged_attention_windowed(
     if window == 0 {
         bail!("a sliding window of no positions");
     }
-    let out = crate::empty(q.shape(), q.dtype(), q.device())?;
-    let (rows, heads, head_dim) = q.dims3()?;
-    let ws = DecodeWorkspace::new(rows, heads, plan.0, head_dim, q.device())?;
     // SAFETY: the caller's contract.
     unsafe {
-        decode_into(
-            &out,
-            &ws,
+        decode_new(
             q,
             k_cache,
             v_cache,
@@ -268,8 +296,7 @@ pub unsafe fn paged_attention_windowed(
             window,
             scale,
         )
-    }?;
-    Ok(out)
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

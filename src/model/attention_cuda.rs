@@ -51,10 +51,7 @@ fn attend_windowed(
     window: usize,
 ) -> candle_core::Result<Tensor> {
     let (tokens, heads, head_dim) = q.dims3()?;
-    let plan = match meta.split {
-        Some(plan) => plan,
-        None => pagewise_kernels::plan_for(q, k_cache, meta.max_context_len.min(window))?,
-    };
+    let plan = split_plan(q, k_cache, meta, meta.max_context_len.min(window))?;
     // SAFETY: the indices come from the scheduler's plan (ForwardBatch): block ids below the
     // cache's num_blocks, contexts within each block-table row.
     let out = unsafe {
@@ -129,10 +126,7 @@ pub(super) fn attend_cached(
             }
         }
         _ => {
-            let plan = match meta.split {
-                Some(plan) => plan,
-                None => pagewise_kernels::plan_for(&q, k_cache, meta.max_context_len)?,
-            };
+            let plan = split_plan(&q, k_cache, meta, meta.max_context_len)?;
             // SAFETY: the indices come from the scheduler's plan (ForwardBatch): block ids below the
             // cache's num_blocks, distinct slots within a step, contexts within each block-table row.
             unsafe {
@@ -151,6 +145,20 @@ pub(super) fn attend_cached(
         }
     };
     out.reshape((tokens, heads * head_dim))
+}
+
+/// The decode kernel's split plan: the step's (what a CUDA graph captured), else one for contexts
+/// up to `longest`.
+fn split_plan(
+    q: &Tensor,
+    k_cache: &Tensor,
+    meta: &DeviceAttentionMeta,
+    longest: usize,
+) -> candle_core::Result<(usize, usize)> {
+    match meta.split {
+        Some(plan) => Ok(plan),
+        None => pagewise_kernels::plan_for(q, k_cache, longest),
+    }
 }
 
 /// Where the kernel before decode attention may be writing the caches. A step without prefill

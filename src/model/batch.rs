@@ -98,3 +98,15 @@ pub struct ForwardBatch<'a> {
     /// Number of sampled rows (0 with the placeholder).
     pub num_sample_rows: usize,
 }
+
+impl ForwardBatch<'_> {
+    /// The rows of `x` (`[tokens, _]`) whose logits are needed: `x` itself when every row
+    /// samples (a decode step: already in order, no gather), else the gathered `sample_rows`.
+    pub fn sampled(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if self.num_sample_rows == x.dim(0)? {
+            Ok(x.clone())
+        } else {
+            x.index_select(&self.sample_rows, 0)
+        }
+    }
+}

@@ -289,12 +289,7 @@ impl CausalLm for Gemma3 {
             (x, h) = next_norm.add_forward(&x_mid, &mlp)?;
         }
         drop(x);
-        let rows = if batch.num_sample_rows == h.dim(0)? {
-            h
-        } else {
-            h.index_select(&batch.sample_rows, 0)?
-        };
-        let logits = self.lm_head.forward(&rows)?;
+        let logits = self.lm_head.forward(&batch.sampled(&h)?)?;
         Ok(match g.final_logit_softcapping {
             Some(c) => ((logits / c)?.tanh()? * c)?,
             None => logits,

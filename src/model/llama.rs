@@ -191,12 +191,7 @@ impl Llama {
     /// row samples (a decode step), the rows are already in order and need no gather. A
     /// vocabulary-parallel head's parts are gathered from the ranks.
     fn logits(&self, h: &Tensor, batch: &ForwardBatch<'_>) -> Result<Tensor, ModelError> {
-        let logits = if batch.num_sample_rows == h.dim(0)? {
-            self.lm_head.forward(h)?
-        } else {
-            self.lm_head
-                .forward(&h.index_select(&batch.sample_rows, 0)?)?
-        };
+        let logits = self.lm_head.forward(&batch.sampled(h)?)?;
         if self.vocab_parallel {
             return Ok(self.par.gather_columns(&logits)?);
         }

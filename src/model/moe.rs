@@ -139,51 +139,34 @@ impl SparseMoe {
                 ["gate_proj", "up_proj", "down_proj"],
             )
         };
-        if let Weights::Gguf { .. } = w {
-            // llama.cpp stacks a layer's experts in three tensors.
-            let stacked = |kind: &str| format!("blk.{layer}.ffn_{kind}_exps.weight");
-            let experts = (0..s.num_experts)
-                .map(|e| {
-                    let gate = w.stacked_expert(&stacked("gate"), e, (hidden, i))?;
-                    let up = w.stacked_expert(&stacked("up"), e, (hidden, i))?;
-                    Ok(Expert {
-                        gate_up: Linear::concat(&[&gate, &up])?.ok_or_else(|| {
-                            ModelError::Unsupported(format!(
-                                "experts of layer {layer}: gate and up in different formats"
-                            ))
-                        })?,
-                        down: w.stacked_expert(&stacked("down"), e, (i, hidden))?,
-                    })
-                })
-                .collect::<Result<Vec<_>, ModelError>>()?;
-            return Self::with_router(w, &prefix, hidden, experts, s);
-        }
+        // Expert `e`'s projection `k` (0 gate, 1 up, 2 down) as `(in, out)`: from its own
+        // tensor, or from the three in which llama.cpp's GGUF stacks a layer's experts.
+        let gguf = matches!(w, Weights::Gguf { .. });
+        let proj = |e: usize, k: usize, dims: (usize, usize)| match gguf {
+            true => {
+                let kind = ["gate", "up", "down"][k];
+                w.stacked_expert(&format!("blk.{layer}.ffn_{kind}_exps.weight"), e, dims)
+            }
+            false => w.linear(
+                &format!("{prefix}.experts.{e}.{}", names[k]),
+                dims.0,
+                dims.1,
+                false,
+            ),
+        };
         let experts = (0..s.num_experts)
             .map(|e| {
-                let name = |n: &str| format!("{prefix}.experts.{e}.{n}");
-                let gate = w.linear(&name(names[0]), hidden, i, false)?;
-                let up = w.linear(&name(names[1]), hidden, i, false)?;
+                let (gate, up) = (proj(e, 0, (hidden, i))?, proj(e, 1, (hidden, i))?);
                 Ok(Expert {
                     gate_up: Linear::concat(&[&gate, &up])?.ok_or_else(|| {
                         ModelError::Unsupported(format!(
                             "expert {e} of layer {layer}: gate and up in different formats"
                         ))
                     })?,
-                    down: w.linear(&name(names[2]), i, hidden, false)?,
+                    down: proj(e, 2, (i, hidden))?,
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
-        Self::with_router(w, &prefix, hidden, experts, s)
-    }
-
-    /// The layer from its `experts` and the router `prefix.gate`.
-    fn with_router(
-        w: &Weights,
-        prefix: &str,
-        hidden: usize,
-        experts: Vec<Expert>,
-        s: &MoeSettings,
-    ) -> Result<Self, ModelError> {
         let router = w.linear(&format!("{prefix}.gate"), hidden, s.num_experts, false)?;
         // A dense router scores in f32: in bf16 near-tied experts swap places, and a swapped
         // expert moves the output far more than bf16 rounding does.
