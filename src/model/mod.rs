@@ -12,6 +12,7 @@ pub mod gemma3;
 mod gguf_weights;
 pub mod gpt2;
 pub mod gpt_neox;
+mod hf_config;
 pub mod layers;
 pub mod llama;
 pub mod moe;
