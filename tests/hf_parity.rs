@@ -220,6 +220,17 @@ fn gemma3_with_sliding_windows_and_two_rotary_bases_matches_transformers() {
     check("gemma3");
 }
 
+/// The same Gemma 3 as GGUF files (`gemma3`, laid out as llama.cpp's converter does: norm
+/// weights stored as 1 + w, its own norm names, the layers' pattern and the score scale in the
+/// metadata): F32 gives transformers' logits and greedy tokens; Q8_0 stays within quantization
+/// error of them.
+#[test]
+fn gemma3_gguf_matches_transformers_in_f32_and_within_q8_0_error() {
+    let dir = format!("{FIXTURES}/gemma3");
+    check_model("gemma3", &format!("{dir}/model-F32.gguf"), 1e-4, true);
+    decodes_as_gguf_py(&dir, "Q8_0", 1e-1);
+}
+
 #[test]
 fn mixtral_with_top2_of_4_experts_matches_transformers() {
     check("mixtral");

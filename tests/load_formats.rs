@@ -101,3 +101,60 @@ fn bad_engine_settings_are_refused_clearly() {
     });
     assert!(e.contains("holds no block"), "{e}");
 }
+
+/// GGUF files with a SentencePiece vocabulary (`tokenizer.ggml.model = "llama"`: Llama 2, Mistral,
+/// Phi-3, Gemma) tokenize as SentencePiece itself does (tests/fixtures/make_spm_gguf.py trains the
+/// models and records its ids): with the prefix space and without (Gemma), byte fallback for
+/// characters outside the vocabulary, digits split, special tokens matched whole. Decoding gives
+/// the text back, whole and token by token as a stream.
+#[test]
+fn sentencepiece_gguf_tokenizers_tokenize_as_sentencepiece() {
+    use pagewise::engine::detokenizer::IncrementalDetokenizer;
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/spm");
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{dir}/expected.json")).unwrap())
+            .unwrap();
+    for kind in ["prefix", "noprefix"] {
+        let tok =
+            pagewise::loader::load_tokenizer(&format!("{dir}/tokenizer-{kind}.gguf")).unwrap();
+        for case in expected[kind].as_array().unwrap() {
+            let text = case["text"].as_str().unwrap();
+            let want: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
+            let got = tok.encode(text, false).unwrap().get_ids().to_vec();
+            assert_eq!(got, want, "{kind}: {text:?}");
+            // With special tokens: the BOS first, as the GGUF asks.
+            let with_bos = tok.encode(text, true).unwrap().get_ids().to_vec();
+            assert_eq!(with_bos[0], 1, "{kind}: {text:?} starts with <s>");
+            assert_eq!(&with_bos[1..], &want[..], "{kind}: {text:?}");
+            if text.contains("<start_of_turn>") {
+                continue;
+            }
+            let decoded = tok.decode(&got, false).unwrap();
+            assert_eq!(
+                decoded,
+                case["decoded"].as_str().unwrap(),
+                "{kind}: {text:?}"
+            );
+            let mut stream = IncrementalDetokenizer::new(&[], false);
+            let mut streamed = String::new();
+            for &id in &got {
+                streamed += &stream.step(&tok, id).unwrap();
+            }
+            streamed += &stream.flush(&tok).unwrap();
+            assert_eq!(streamed, decoded, "{kind}: {text:?} streamed");
+        }
+    }
+    // The prefix space is there or not, as the file says.
+    let ids = |kind: &str| {
+        let tok =
+            pagewise::loader::load_tokenizer(&format!("{dir}/tokenizer-{kind}.gguf")).unwrap();
+        let ids = tok.encode("Hello", false).unwrap().get_ids().to_vec();
+        tok.id_to_token(ids[0]).unwrap()
+    };
+    assert!(ids("prefix").starts_with('\u{2581}'), "{}", ids("prefix"));
+    assert!(
+        !ids("noprefix").starts_with('\u{2581}'),
+        "{}",
+        ids("noprefix")
+    );
+}

@@ -6,11 +6,11 @@ use std::path::Path;
 
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::{DType, Device};
-use serde_json::json;
 use tokenizers::Tokenizer;
 
+use super::gguf_tokenizer::tokenizer_from_gguf;
 use super::{GgufMatmul, LoadError};
-use crate::model::config::{Architecture, ModelConfig, MoeSettings};
+use crate::model::config::{Architecture, GemmaSettings, ModelConfig, MoeSettings};
 use crate::model::weights::{Dequantize, Weights};
 
 /// What a GGUF file provides besides weights.
@@ -25,13 +25,13 @@ pub struct GgufModel {
     pub weights: Weights,
 }
 
-fn md<'a>(ct: &'a Content, key: &str) -> Result<&'a Value, LoadError> {
+pub(super) fn md<'a>(ct: &'a Content, key: &str) -> Result<&'a Value, LoadError> {
     ct.metadata
         .get(key)
         .ok_or_else(|| LoadError::Format(format!("GGUF metadata has no `{key}`")))
 }
 
-fn md_u32(ct: &Content, key: &str) -> Result<u32, LoadError> {
+pub(super) fn md_u32(ct: &Content, key: &str) -> Result<u32, LoadError> {
     let v = md(ct, key)?;
     v.to_u32()
         .or_else(|_| v.to_u64().map(|x| x as u32))
@@ -44,7 +44,7 @@ fn md_f64(ct: &Content, key: &str) -> Option<f64> {
     v.to_f32().map(f64::from).or_else(|_| v.to_f64()).ok()
 }
 
-fn md_strings(ct: &Content, key: &str) -> Result<Vec<String>, LoadError> {
+pub(super) fn md_strings(ct: &Content, key: &str) -> Result<Vec<String>, LoadError> {
     let bad = |e: candle_core::Error| LoadError::Format(format!("GGUF `{key}`: {e}"));
     md(ct, key)?
         .to_vec()
@@ -74,10 +74,11 @@ pub fn load(
         "qwen2" => Architecture::Qwen2,
         "qwen3" | "qwen3moe" => Architecture::Qwen3,
         "phi3" => Architecture::Phi3,
+        "gemma3" => Architecture::Gemma3,
         other => {
             return Err(LoadError::Format(format!(
                 "GGUF architecture {other:?} is not supported (supported: llama (Mixtral's \
-                 experts included), qwen2, qwen3, qwen3moe, phi3)"
+                 experts included), qwen2, qwen3, qwen3moe, phi3, gemma3)"
             )));
         }
     };
@@ -108,13 +109,17 @@ pub fn load(
     };
     let context = md_u32(&ct, &key("context_length")).map_or(2048, |v| v as usize);
     // Phi-3-mini's window (llama.cpp writes 0 for none) caps the context, as in config.json.
+    let gemma = match architecture {
+        Architecture::Gemma3 => Some(gemma_settings(&ct, &arch, head_dim)?),
+        _ => None,
+    };
     let max_position_embeddings = match md_u32(&ct, &key("attention.sliding_window")) {
-        Ok(w) if w > 0 && (w as usize) < context => w as usize,
+        Ok(w) if gemma.is_none() && w > 0 && (w as usize) < context => w as usize,
         _ => context,
     };
     let config = ModelConfig {
         architecture,
-        qk_norm: architecture == Architecture::Qwen3,
+        qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
         vocab_size: tokens.len(),
         hidden_size: hidden,
         intermediate_size: md_u32(&ct, &key("feed_forward_length"))? as usize,
@@ -124,7 +129,10 @@ pub fn load(
             .map_or(heads, |v| v as usize),
         head_dim,
         norm_eps: md_f64(&ct, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
-        rope_theta: md_f64(&ct, &key("rope.freq_base")).unwrap_or(10_000.0),
+        rope_theta: md_f64(&ct, &key("rope.freq_base")).unwrap_or(match gemma {
+            Some(_) => 1_000_000.0,
+            None => 10_000.0,
+        }),
         rope_scaling: None,
         longrope: None,
         // llama.cpp's converter permutes Llama's q/k rows for interleaved rotary; Qwen's stay in
@@ -139,7 +147,7 @@ pub fn load(
         eos_token_ids: eos.into_iter().collect(),
         opt: None,
         neox: None,
-        gemma: None,
+        gemma,
         moe: moe_settings(&ct, &arch)?,
         rotary_dim,
     };
@@ -189,24 +197,66 @@ pub fn load_tokenizer(path: &Path) -> Result<Tokenizer, LoadError> {
     tokenizer_from_gguf(&ct, &tokens)
 }
 
-/// The pre-tokenizer llama.cpp's `tokenizer.ggml.pre` names, in tokenizers' JSON form.
-fn pre_tokenizer(pre: &str) -> serde_json::Value {
-    const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-    const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-    let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
-    let split = |regex: &str| json!({"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false});
-    match pre {
-        "smollm" => json!({"type": "Sequence", "pretokenizers": [
-            {"type": "Digits", "individual_digits": true}, byte_level(true)]}),
-        "llama-bpe" | "llama3" | "smaug-bpe" => {
-            json!({"type": "Sequence", "pretokenizers": [split(LLAMA3), byte_level(false)]})
+/// Gemma 3's settings from `gemma3.*`, as llama.cpp reads them: the local layers every layer but
+/// each sixth (or as `attention.sliding_window_pattern` says, a period or a flag per layer), their
+/// rotary base 10,000, linear rope scaling on the global layers only, scores scaled by
+/// `attention.scale` or else by `head_dim^-½` (`(hidden / heads)^-½` for the 62-layer 27B).
+fn gemma_settings(ct: &Content, arch: &str, head_dim: usize) -> Result<GemmaSettings, LoadError> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let layers = md_u32(ct, &key("block_count"))? as usize;
+    let pattern = ct.metadata.get(&key("attention.sliding_window_pattern"));
+    let sliding = match pattern.map(|v| v.to_vec()) {
+        Some(Ok(flags)) => flags
+            .iter()
+            .map(|f| f.to_bool())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| LoadError::Format(format!("GGUF sliding_window_pattern: {e}")))?,
+        _ => {
+            let period = md_u32(ct, &key("attention.sliding_window_pattern"))
+                .unwrap_or(6)
+                .max(1);
+            (0..layers)
+                .map(|i| (i + 1) % period as usize != 0)
+                .collect()
         }
-        "qwen2" => json!({"type": "Sequence", "pretokenizers": [split(QWEN2), byte_level(false)]}),
-        _ => byte_level(true),
+    };
+    if sliding.len() != layers {
+        return Err(LoadError::Format(format!(
+            "GGUF sliding_window_pattern: {} flags for {layers} layers",
+            sliding.len()
+        )));
     }
+    let global_rope_factor = match ct.metadata.get(&key("rope.scaling.type")) {
+        None => 1.0,
+        Some(t) => match t.to_string().map(String::as_str) {
+            Ok("linear") => md_f64(ct, &key("rope.scaling.factor")).unwrap_or(1.0),
+            Ok("none") => 1.0,
+            other => {
+                return Err(LoadError::Format(format!(
+                    "GGUF Gemma 3 with rope scaling {other:?} is not supported (linear is)"
+                )));
+            }
+        },
+    };
+    let query_pre_attn_scalar = match md_f64(ct, &key("attention.scale")) {
+        Some(scale) if scale > 0.0 => 1.0 / (scale * scale),
+        _ if layers == 62 => {
+            let hidden = md_u32(ct, &key("embedding_length"))? as f64;
+            hidden / md_u32(ct, &key("attention.head_count"))? as f64
+        }
+        _ => head_dim as f64,
+    };
+    Ok(GemmaSettings {
+        query_pre_attn_scalar,
+        sliding_window: md_u32(ct, &key("attention.sliding_window"))
+            .map_or(4096, |w| w.max(1) as usize),
+        sliding,
+        local_rope_theta: md_f64(ct, &key("rope.local_freq_base")).unwrap_or(10_000.0),
+        global_rope_factor,
+        final_logit_softcapping: md_f64(ct, &key("final_logit_softcapping")),
+    })
 }
 
-/// Rebuilds a byte-level BPE tokenizer from `tokenizer.ggml.*` (the `gpt2` tokenizer model).
 /// A mixture of experts' settings from `<arch>.expert_*` (Mixtral as `llama`, `qwen3moe`): a
 /// layer is sparse where it has a router (`blk.N.ffn_gate_inp`); llama.cpp renormalizes the
 /// chosen experts' weights for both.
@@ -231,79 +281,4 @@ fn moe_settings(ct: &Content, arch: &str) -> Result<Option<MoeSettings>, LoadErr
             .collect(),
         mixtral_names: arch == "llama",
     }))
-}
-
-fn tokenizer_from_gguf(ct: &Content, tokens: &[String]) -> Result<Tokenizer, LoadError> {
-    let model = md(ct, "tokenizer.ggml.model")?
-        .to_string()
-        .map_err(|e| LoadError::Format(e.to_string()))?;
-    if model != "gpt2" {
-        return Err(LoadError::Format(format!(
-            "GGUF tokenizer model {model:?} is not supported (supported: gpt2 byte-level BPE)"
-        )));
-    }
-    // (A vocabulary of bytes alone has no merges; writers then leave the key out.)
-    let merges = match ct.metadata.get("tokenizer.ggml.merges") {
-        Some(_) => md_strings(ct, "tokenizer.ggml.merges")?,
-        None => Vec::new(),
-    };
-    let pre = ct
-        .metadata
-        .get("tokenizer.ggml.pre")
-        .and_then(|v| v.to_string().ok().cloned())
-        .unwrap_or_default();
-    let types: Vec<i64> = match ct.metadata.get("tokenizer.ggml.token_type") {
-        Some(v) => v
-            .to_vec()
-            .map_err(|e| LoadError::Format(e.to_string()))?
-            .iter()
-            .map(|t| t.to_i32().map(i64::from).unwrap_or(1))
-            .collect(),
-        None => vec![1; tokens.len()],
-    };
-    let vocab: serde_json::Map<String, serde_json::Value> = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), json!(i)))
-        .collect();
-    // Control (3) and user-defined (4) tokens are matched whole; control tokens are special.
-    let added: Vec<serde_json::Value> = types
-        .iter()
-        .enumerate()
-        .filter(|&(_, &t)| t == 3 || t == 4)
-        .map(|(i, &t)| {
-            json!({"id": i, "content": tokens[i], "single_word": false, "lstrip": false,
-                   "rstrip": false, "normalized": false, "special": t == 3})
-        })
-        .collect();
-    let add_bos = ct
-        .metadata
-        .get("tokenizer.ggml.add_bos_token")
-        .and_then(|v| v.to_bool().ok())
-        .unwrap_or(false);
-    let bos = md_u32(ct, "tokenizer.ggml.bos_token_id").ok();
-    let post_processor = match (add_bos, bos) {
-        (true, Some(id)) => {
-            let bos = &tokens[id as usize];
-            json!({"type": "TemplateProcessing",
-                "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-                "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                         {"Sequence": {"id": "B", "type_id": 1}}],
-                "special_tokens": {bos: {"id": bos, "ids": [id], "tokens": [bos]}}})
-        }
-        _ => serde_json::Value::Null,
-    };
-    let spec = json!({
-        "version": "1.0", "truncation": null, "padding": null,
-        "added_tokens": added,
-        "normalizer": null,
-        "pre_tokenizer": pre_tokenizer(&pre),
-        "post_processor": post_processor,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
-        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                  "ignore_merges": false, "vocab": vocab, "merges": merges}
-    });
-    Tokenizer::from_bytes(spec.to_string())
-        .map_err(|e| LoadError::Format(format!("GGUF tokenizer: {e}")))
 }

@@ -188,7 +188,17 @@ impl Gemma3 {
         };
         let (h, d, nq) = (cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads);
         let eps = cfg.norm_eps;
-        let norm = |name: &str| RmsNorm::load_plus_one(w, name, h, eps);
+        // llama.cpp's converter stores Gemma's norm weights as the 1 + w they multiply by, and
+        // names the norm after attention its own way (its `ffn_norm` is the one before the MLP).
+        let gguf = matches!(w, Weights::Gguf { .. });
+        let norm = |name: &str| match gguf {
+            true => RmsNorm::load(w, name, h, eps),
+            false => RmsNorm::load_plus_one(w, name, h, eps),
+        };
+        let post_attention = match gguf {
+            true => "post_attention_norm",
+            false => "post_attention_layernorm",
+        };
         let embed_w = w.tensor("model.embed_tokens.weight", (cfg.vocab_size, h))?;
         let lm_head = if cfg.tie_word_embeddings || !w.contains("lm_head.weight") {
             match w {
@@ -206,7 +216,7 @@ impl Gemma3 {
                     input_norm: norm(&format!("{p}.input_layernorm.weight"))?,
                     qkv: QkvProj::load(w, &attn, cfg, TpRank::SINGLE)?,
                     o: w.linear(&format!("{attn}.o_proj"), nq * d, h, cfg.o_bias)?,
-                    post_attention_norm: norm(&format!("{p}.post_attention_layernorm.weight"))?,
+                    post_attention_norm: norm(&format!("{p}.{post_attention}.weight"))?,
                     pre_feedforward_norm: norm(&format!("{p}.pre_feedforward_layernorm.weight"))?,
                     post_feedforward_norm: norm(&format!("{p}.post_feedforward_layernorm.weight"))?,
                     mlp: GatedMlp::load(w, &format!("{p}.mlp"), cfg, TpRank::SINGLE)?,

@@ -36,6 +36,11 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         "mlp.gate_proj" => "ffn_gate",
         "mlp.up_proj" => "ffn_up",
         "mlp.down_proj" => "ffn_down",
+        // Gemma 3's norms around the attention and the MLP (the one after attention is asked
+        // for by its llama.cpp name: Llama's `post_attention_layernorm` is `ffn_norm`).
+        "post_attention_norm" => "post_attention_norm",
+        "pre_feedforward_layernorm" => "ffn_norm",
+        "post_feedforward_layernorm" => "post_ffw_norm",
         // Phi-3's stacked projections (gate rows before up rows, as llama.cpp keeps them).
         "self_attn.qkv_proj" => "attn_qkv",
         "mlp.gate_up_proj" => "ffn_up",
