@@ -2,6 +2,9 @@
 // qkv row t = [q heads | k heads | v heads] (each head_dim wide). Rotates q into q_out
 // ([tokens, heads, head_dim]), rotates k and copies v into the paged caches at the token's slot
 // (skipped for slot < 0). Rotate-half pairs (i, i + d/2); interleaved pairs (2i, 2i + 1).
+// Optionally (Qwen3, Gemma 3) each q and k head is RMS-normalized first, rounded to T as a
+// separate norm kernel would store it; and optionally cos/sin are whole tables read at each
+// token's position instead of the step's gathered rows.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -11,12 +14,19 @@
 
 namespace {
 
+// Most q + k heads a token may have when the heads are normalized (one inverse RMS each in
+// shared memory).
+constexpr int kMaxNormHeads = 512;
+
 template <typename T>
 __global__ void rope_qkv_cache_kernel(T* __restrict__ q_out, T* __restrict__ k_cache,
                                       T* __restrict__ v_cache, const T* __restrict__ qkv,
                                       const T* __restrict__ cos, const T* __restrict__ sin,
-                                      const int64_t* __restrict__ slots, int heads, int kv_heads,
-                                      int d, int interleaved) {
+                                      const uint32_t* __restrict__ positions, int table_rows,
+                                      const int64_t* __restrict__ slots,
+                                      const T* __restrict__ q_norm, const T* __restrict__ k_norm,
+                                      float eps, int heads, int kv_heads, int d,
+                                      int interleaved) {
   // Launched early (see launch_early): wait for the projection that wrote qkv. Decode attention,
   // launched early after this kernel, may be scheduled now: it reads the block tables while this
   // runs, and waits for this kernel's end before the query and the cache.
@@ -26,16 +36,41 @@ __global__ void rope_qkv_cache_kernel(T* __restrict__ q_out, T* __restrict__ k_c
   const int half = d / 2;
   const int row_width = (heads + 2 * kv_heads) * d;
   const T* row = qkv + t * row_width;
-  const T* c = cos + t * half;
-  const T* s = sin + t * half;
+  const int64_t tr = positions != nullptr ? min((int)positions[t], table_rows - 1) : t;
+  const T* c = cos + tr * half;
+  const T* s = sin + tr * half;
   const int64_t slot = slots[t];
   const int64_t cache_row = slot * (int64_t)kv_heads * d;
+  // Per-head RMSNorm: a warp sums each head's squares (every thread reaches the barrier).
+  __shared__ float inv_rms[kMaxNormHeads];
+  const bool normed = q_norm != nullptr;
+  if (normed) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (int h = warp; h < heads + kv_heads; h += warps) {
+      float sq = 0.f;
+      for (int i = lane; i < d; i += 32) {
+        const float v = to_float(row[h * d + i]);
+        sq += v * v;
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffff, sq, o);
+      if (lane == 0) inv_rms[h] = rsqrtf(sq / (float)d + eps);
+    }
+    __syncthreads();
+  }
+  // The head's value at i, normalized (and rounded to T) where the heads are.
+  auto value = [&](int h, int i) {
+    const float v = to_float(row[h * d + i]);
+    if (!normed) return v;
+    const T* w = h < heads ? q_norm : k_norm;
+    return to_float(from_float<T>(v * inv_rms[h] * to_float(w[i])));
+  };
   // Rotations: one thread per (q or k head, pair).
   for (int idx = threadIdx.x; idx < (heads + kv_heads) * half; idx += blockDim.x) {
     const int h = idx / half, i = idx % half;
     const int a = interleaved ? 2 * i : i;
     const int b = interleaved ? 2 * i + 1 : i + half;
-    const float x1 = to_float(row[h * d + a]), x2 = to_float(row[h * d + b]);
+    const float x1 = value(h, a), x2 = value(h, b);
     const float cc = to_float(c[i]), ss = to_float(s[i]);
     const T y1 = from_float<T>(x1 * cc - x2 * ss);
     const T y2 = from_float<T>(x1 * ss + x2 * cc);
@@ -54,34 +89,58 @@ __global__ void rope_qkv_cache_kernel(T* __restrict__ q_out, T* __restrict__ k_c
   for (int idx = threadIdx.x; idx < kv_heads * d; idx += blockDim.x) v_cache[cache_row + idx] = v[idx];
 }
 
+// The arguments of rope_qkv_cache_kernel (see pagewise_rope_qkv_cache).
+struct RopeArgs {
+  void *q_out, *k_cache, *v_cache;
+  const void *qkv, *cos, *sin;
+  const uint32_t* positions;
+  int table_rows;
+  const int64_t* slots;
+  const void *q_norm, *k_norm;
+  float eps;
+  int tokens, heads, kv_heads, d, interleaved;
+};
+
 template <typename T>
-int launch_rope(void* q_out, void* k_cache, void* v_cache, const void* qkv, const void* cos,
-                const void* sin, const int64_t* slots, int tokens, int heads, int kv_heads, int d,
-                int interleaved, cudaStream_t stream) {
+int launch_rope(const RopeArgs& a, cudaStream_t stream) {
+  const int heads = a.heads, kv_heads = a.kv_heads, d = a.d;
   // A thread per rotation where they fit one block (a decode token is latency-bound: fewer,
   // longer loops per thread left it waiting on one load after another).
   const int rotations = (heads + kv_heads) * (d / 2);
   const int threads = rotations >= 1024 ? 1024 : (rotations + 31) / 32 * 32;
-  const cudaError_t err = launch_early(rope_qkv_cache_kernel<T>, tokens, threads, 0, stream,
-                                       (T*)q_out, (T*)k_cache, (T*)v_cache, (const T*)qkv,
-                                       (const T*)cos, (const T*)sin, slots, heads, kv_heads, d,
-                                       interleaved);
+  const cudaError_t err = launch_early(
+      rope_qkv_cache_kernel<T>, a.tokens, threads, 0, stream, (T*)a.q_out, (T*)a.k_cache,
+      (T*)a.v_cache, (const T*)a.qkv, (const T*)a.cos, (const T*)a.sin, a.positions, a.table_rows,
+      a.slots, (const T*)a.q_norm, (const T*)a.k_norm, a.eps, heads, kv_heads, d, a.interleaved);
   return (int)(err != cudaSuccess ? err : cudaGetLastError());
 }
 
 }  // namespace
 
+// qkv [tokens, (heads + 2 kv_heads) head_dim] rotated and written as the header says. cos and
+// sin: [tokens, d / 2], or with `positions` (u32 [tokens]) whole tables [table_rows, d / 2] read
+// at each token's position (clamped to the last row). q_norm and k_norm ([head_dim] each, or
+// both null): per-head RMSNorm weights applied with `eps` before rotation. dtype 0 = f32, 1 =
+// f16, 2 = bf16. Returns 0, a CUDA error code, or 1 when the arguments are unsupported.
 extern "C" int pagewise_rope_qkv_cache(int dtype, void* q_out, void* k_cache, void* v_cache,
                                        const void* qkv, const void* cos, const void* sin,
-                                       const int64_t* slots, int tokens, int heads, int kv_heads,
-                                       int head_dim, int interleaved, void* stream) {
+                                       const uint32_t* positions, int table_rows,
+                                       const int64_t* slots, const void* q_norm,
+                                       const void* k_norm, float eps, int tokens, int heads,
+                                       int kv_heads, int head_dim, int interleaved, void* stream) {
   if (tokens == 0) return 0;
   if (head_dim % 2 != 0) return 1;
+  if (positions != nullptr && table_rows < 1) return 1;
+  if ((q_norm == nullptr) != (k_norm == nullptr)) return 1;
+  if (q_norm != nullptr && heads + kv_heads > kMaxNormHeads) return 1;
+  const RopeArgs a = {q_out,  k_cache, v_cache, qkv,    cos,      sin,  positions,
+                      table_rows, slots, q_norm, k_norm, eps, tokens, heads,
+                      kv_heads, head_dim, interleaved};
   cudaStream_t s = (cudaStream_t)stream;
   switch (dtype) {
-    case 0: return launch_rope<float>(q_out, k_cache, v_cache, qkv, cos, sin, slots, tokens, heads, kv_heads, head_dim, interleaved, s);
-    case 1: return launch_rope<__half>(q_out, k_cache, v_cache, qkv, cos, sin, slots, tokens, heads, kv_heads, head_dim, interleaved, s);
-    case 2: return launch_rope<__nv_bfloat16>(q_out, k_cache, v_cache, qkv, cos, sin, slots, tokens, heads, kv_heads, head_dim, interleaved, s);
+    case 0: return launch_rope<float>(a, s);
+    case 1: return launch_rope<__half>(a, s);
+    case 2: return launch_rope<__nv_bfloat16>(a, s);
     default: return 1;
   }
 }

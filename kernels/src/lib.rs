@@ -33,7 +33,7 @@ pub use pinned::PinnedIds;
 pub use prefill::{
     PrefillKernel, PrefillSeqs, paged_prefill_attention, paged_prefill_attention_with,
 };
-pub use rope::{QkvRope, rope_qkv_cache};
+pub use rope::{HeadNorms, MAX_NORM_HEADS, QkvRope, rope_qkv_cache};
 pub use sampling::{SampleOutputs, sample, sample_into, sample_masked, sample_workspace_len};
 pub use split::{MIN_CHUNK, decode_slots, graph_split_plan, split_plan};
 pub use staging::{MAX_STAGED_FIELDS, StagedField, Staging};

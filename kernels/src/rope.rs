@@ -15,15 +15,38 @@ pub struct QkvRope<'a> {
     pub heads: usize,
     /// Key/value heads.
     pub kv_heads: usize,
-    /// Rotary cos and sin at each token's position, `[tokens, head_dim / 2]`.
+    /// Rotary cos and sin at each token's position, `[tokens, head_dim / 2]`; or, with
+    /// `positions`, the whole table `[max_positions, head_dim / 2]`.
     pub cos: &'a Tensor,
     /// See `cos`.
     pub sin: &'a Tensor,
+    /// Each token's position (u32 `[tokens]`), when `cos` and `sin` are whole tables (a position
+    /// past the table reads its last row).
+    pub positions: Option<&'a Tensor>,
     /// Pairs (2i, 2i + 1) instead of rotate-half's (i, i + head_dim / 2).
     pub interleaved: bool,
+    /// Qwen3's and Gemma 3's per-head RMSNorm of q and k before rotation, if the model has it.
+    pub head_norms: Option<HeadNorms<'a>>,
 }
 
-/// Rotates q and k of `x`, writes the rotated k and the v of each token into the paged caches
+/// The RMSNorm of each query head and each key head (`[head_dim]` weights, in the projection's
+/// dtype), applied before rotary; the normalized values are rounded to the dtype, as a separate
+/// norm kernel would store them.
+#[derive(Clone, Copy)]
+pub struct HeadNorms<'a> {
+    /// The query heads' weight.
+    pub q: &'a Tensor,
+    /// The key heads' weight.
+    pub k: &'a Tensor,
+    /// The norm's epsilon.
+    pub eps: f32,
+}
+
+/// Most query + key heads a token may have with [`HeadNorms`] (the kernel keeps one inverse
+/// RMS each in shared memory).
+pub const MAX_NORM_HEADS: usize = 512;
+
+/// Rotates q and k of `x` (normalized first by `x.head_norms`, if any), writes the rotated k and the v of each token into the paged caches
 /// (`[blocks, block_size, kv_heads, head_dim]`) at its slot (`slot_mapping`, i64, -1 = skip), and
 /// returns the rotated q, `[tokens, heads, head_dim]`.
 ///
@@ -31,7 +54,7 @@ pub struct QkvRope<'a> {
 /// The kernel trusts the device-side indices it is given; their values are not checked (that
 /// would cost a copy to the host each call). The caller guarantees that every slot in the slot
 /// mapping is -1 or below `num_blocks * block_size` of the caches, that no two tokens of one
-/// call share a slot, and that every position is below the rows of the rotary tables.
+/// call share a slot, and, without `positions`, that `cos` and `sin` hold a row per token.
 pub unsafe fn rope_qkv_cache(
     x: &QkvRope<'_>,
     k_cache: &Tensor,
@@ -52,16 +75,34 @@ pub unsafe fn rope_qkv_cache(
     check_rope_inputs(
         "rope_qkv_cache",
         tokens,
-        (x.cos, x.sin, None),
+        (x.cos, x.sin, x.positions),
         (k_cache, v_cache),
         slot_mapping,
     )?;
-    for (t, what) in [
+    let mut same_dtype = vec![
         (x.cos, "cos"),
         (x.sin, "sin"),
         (k_cache, "k_cache"),
         (v_cache, "v_cache"),
-    ] {
+    ];
+    if let Some(n) = &x.head_norms {
+        for (w, what) in [(n.q, "q norm"), (n.k, "k norm")] {
+            if w.dims() != [d] || !w.is_contiguous() {
+                bail!(
+                    "rope_qkv_cache: the {what} weight must be contiguous [{d}], got {:?}",
+                    w.dims()
+                );
+            }
+            same_dtype.push((w, what));
+        }
+        if x.heads + kv_heads > MAX_NORM_HEADS {
+            bail!(
+                "rope_qkv_cache: {} + {kv_heads} normalized heads are past the kernel's {MAX_NORM_HEADS}",
+                x.heads
+            );
+        }
+    }
+    for (t, what) in same_dtype {
         if t.dtype() != x.qkv.dtype() {
             bail!(
                 "rope_qkv_cache: {what} is {:?} but qkv is {:?}",
@@ -79,8 +120,22 @@ pub unsafe fn rope_qkv_cache(
     let (c, _) = device_ptr(x.cos, "cos")?;
     let (s, _) = device_ptr(x.sin, "sin")?;
     let (slots, _) = device_ptr(slot_mapping, "slot_mapping")?;
+    let positions = match x.positions {
+        Some(p) => device_ptr(p, "positions")?.0 as *const u32,
+        None => std::ptr::null(),
+    };
+    let table_rows = i32::try_from(x.cos.dim(0)?).unwrap_or(i32::MAX);
+    let (q_norm, k_norm, eps) = match &x.head_norms {
+        Some(n) => (
+            device_ptr(n.q, "q norm")?.0 as *const c_void,
+            device_ptr(n.k, "k norm")?.0 as *const c_void,
+            n.eps,
+        ),
+        None => (std::ptr::null(), std::ptr::null(), 0.0),
+    };
     // SAFETY: shapes and dtypes checked above; slots address rows inside the caches by the
-    // caller's contract (the block manager's slot mapping), as for `reshape_and_cache`.
+    // caller's contract (the block manager's slot mapping), as for `reshape_and_cache`; a
+    // position past the tables reads their last row (clamped in the kernel).
     let code = unsafe {
         ffi::pagewise_rope_qkv_cache(
             dtype,
@@ -90,7 +145,12 @@ pub unsafe fn rope_qkv_cache(
             src as *const c_void,
             c as *const c_void,
             s as *const c_void,
+            positions,
+            table_rows,
             slots as *const i64,
+            q_norm,
+            k_norm,
+            eps,
             tokens as i32,
             x.heads as i32,
             kv_heads as i32,

@@ -54,7 +54,9 @@ fn rope_qkv_cache_rotates_q_and_writes_the_cache_at_each_slot() {
                 kv_heads,
                 cos: &cos,
                 sin: &sin,
+                positions: None,
                 interleaved,
+                head_norms: None,
             };
             let q = unsafe { pagewise_kernels::rope_qkv_cache(&x, &k_cache, &v_cache, &slots) }
                 .unwrap();
@@ -107,6 +109,118 @@ fn rope_qkv_cache_rotates_q_and_writes_the_cache_at_each_slot() {
     }
 }
 
+/// Qwen3's and Gemma 3's per-head q/k RMSNorm folded into the rotary kernel, against a host
+/// reference (normalize each head, round to the dtype, rotate), with the rotary tables read at
+/// each token's position; a mismatched norm weight is refused.
+#[test]
+fn rope_qkv_cache_normalizes_each_head_before_rotating() {
+    use pagewise_kernels::{HeadNorms, QkvRope, rope_qkv_cache};
+    let dev = Device::new_cuda(0).unwrap();
+    let mut rng = Lcg(33);
+    for dtype in [DType::F32, DType::BF16] {
+        for (heads, kv_heads, d) in [(8, 2, 64), (32, 8, 128), (16, 8, 256)] {
+            let (tokens, blocks, bs, eps) = (3, 4, 16, 1e-6f32);
+            let width = (heads + 2 * kv_heads) * d;
+            let qkv = random(&mut rng, (tokens, width), 3.0, dtype, &dev);
+            let table_rows = 20;
+            let (cos, sin) = rotary_rows(&mut rng, table_rows, d, dtype, &dev);
+            let pos_host = [17u32, 3, 40]; // the last past the table: reads its last row
+            let positions = Tensor::new(&pos_host, &dev).unwrap();
+            let qn = random(&mut rng, (1, d), 1.0, dtype, &dev)
+                .squeeze(0)
+                .unwrap();
+            let kn = random(&mut rng, (1, d), 1.0, dtype, &dev)
+                .squeeze(0)
+                .unwrap();
+            let slots_host = [5i64, -1, 33];
+            let slots = Tensor::new(&slots_host, &dev).unwrap();
+            let k_cache = Tensor::zeros((blocks, bs, kv_heads, d), dtype, &dev).unwrap();
+            let v_cache = Tensor::zeros((blocks, bs, kv_heads, d), dtype, &dev).unwrap();
+            let x = QkvRope {
+                qkv: &qkv,
+                heads,
+                kv_heads,
+                cos: &cos,
+                sin: &sin,
+                positions: Some(&positions),
+                interleaved: false,
+                head_norms: Some(HeadNorms {
+                    q: &qn,
+                    k: &kn,
+                    eps,
+                }),
+            };
+            let q = unsafe { rope_qkv_cache(&x, &k_cache, &v_cache, &slots) }.unwrap();
+            let (src, c, s) = (host_f32(&qkv), host_f32(&cos), host_f32(&sin));
+            let (qnw, knw) = (host_f32(&qn), host_f32(&kn));
+            let round = |v: f32| {
+                Tensor::new(&[v], &Device::Cpu)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()[0]
+            };
+            let expect = |t: usize, h: usize| {
+                let row = &src[t * width + h * d..][..d];
+                let w = if h < heads { &qnw } else { &knw };
+                let ms = row.iter().map(|v| v * v).sum::<f32>() / d as f32;
+                let inv = 1.0 / (ms + eps).sqrt();
+                let normed: Vec<f32> = (0..d).map(|i| round(row[i] * inv * w[i])).collect();
+                let tr = (pos_host[t] as usize).min(table_rows - 1);
+                let mut out = vec![0f32; d];
+                for i in 0..d / 2 {
+                    let (cc, ss) = (c[tr * d / 2 + i], s[tr * d / 2 + i]);
+                    let (y1, y2) = rotate(normed[i], normed[i + d / 2], cc, ss);
+                    out[i] = y1;
+                    out[i + d / 2] = y2;
+                }
+                out
+            };
+            let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
+            let (q, kc) = (host_f32(&q), host_f32(&k_cache));
+            for t in 0..tokens {
+                for h in 0..heads {
+                    let err = max_rel_diff(&q[(t * heads + h) * d..][..d], &expect(t, h));
+                    assert!(err < tol, "{dtype:?} d{d} q token {t} head {h}: {err}");
+                }
+                let Ok(slot) = usize::try_from(slots_host[t]) else {
+                    continue;
+                };
+                for h in 0..kv_heads {
+                    let got = &kc[(slot * kv_heads + h) * d..][..d];
+                    let err = max_rel_diff(got, &expect(t, heads + h));
+                    assert!(err < tol, "{dtype:?} d{d} k token {t} head {h}: {err}");
+                }
+            }
+        }
+    }
+    // A norm weight of the wrong width is refused by name.
+    let z = |shape: &[usize]| Tensor::zeros(shape, DType::BF16, &dev).unwrap();
+    let (qkv, c, w) = (z(&[1, 6 * 64]), z(&[1, 32]), z(&[32]));
+    let (kc, slots) = (z(&[2, 16, 1, 64]), Tensor::new(&[0i64], &dev).unwrap());
+    let x = QkvRope {
+        qkv: &qkv,
+        heads: 4,
+        kv_heads: 1,
+        cos: &c,
+        sin: &c,
+        positions: None,
+        interleaved: false,
+        head_norms: Some(HeadNorms {
+            q: &w,
+            k: &w,
+            eps: 1e-6,
+        }),
+    };
+    let err = unsafe { rope_qkv_cache(&x, &kc, &kc, &slots) }
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("q norm"), "{err}");
+}
+
 /// The qkv GEMV with rotary and the cache write folded in against the two kernels it replaces
 /// (RMSNorm-then-GEMV, then rope + cache write): the same q and caches, bit for bit, since it
 /// sums each output in the GEMV's order and rounds as the projection stores qkv.
@@ -157,7 +271,9 @@ fn gemv_rope_cache_equals_the_gemv_then_rope_and_cache() {
                 kv_heads,
                 cos: &cos,
                 sin: &sin,
+                positions: None,
                 interleaved,
+                head_norms: None,
             };
             let want_q = unsafe { rope_qkv_cache(&rope, &want_k, &want_v, &slots) }.unwrap();
 

@@ -5,7 +5,8 @@
 //! o and down projections add the residual as they store, and the down projection applies
 //! SiLU-and-multiply as it stages its input. A layer is then five kernels (qkv + rope + cache
 //! write, attention (+ its merge), o, gate/up, down) instead of ten or more, which is what bounds
-//! a batch-1 step.
+//! a batch-1 step. Models with per-head q/k norms (Qwen3) take one kernel more: the qkv GEMV
+//! stores plainly and `pagewise_kernels::rope_qkv_cache` normalizes, rotates and writes the cache.
 //!
 //! On the H200 it makes batch-1 decode 6-12% faster at the Llama-3.2-1B and 3.1-8B shapes than
 //! cuBLAS and the separate kernels (benches/history/2026-11-sessions.md).
@@ -29,6 +30,8 @@ pub(super) struct FusedLayer<'a> {
     pub input_norm: &'a RmsNorm,
     /// `[(heads + 2 * kv_heads) * head_dim, hidden]`.
     pub qkv: &'a Tensor,
+    /// Qwen3's per-head q/k norms, if the model has them.
+    pub head_norms: Option<pagewise_kernels::HeadNorms<'a>>,
     /// `[hidden, heads * head_dim]`.
     pub o: &'a Tensor,
     pub post_norm: &'a RmsNorm,
@@ -89,7 +92,8 @@ fn norm_input(norm: &RmsNorm) -> GemvInput<'_> {
 
 /// Layer `layer`'s attention output (`[rows, heads * head_dim]`) from the residual stream `x`
 /// (`[rows, hidden]`): the qkv projection of its norm with rotary (the tables read at the step's
-/// positions, no gather) and the cache write folded in (one kernel), then paged attention.
+/// positions, no gather) and the cache write folded in (one kernel; two with per-head q/k
+/// norms), then paged attention.
 pub(super) fn attention(
     x: &Tensor,
     l: &FusedLayer<'_>,
@@ -104,14 +108,26 @@ pub(super) fn attention(
             "the fused decode path needs the cache and the step's metadata on the GPU"
         );
     };
-    let q = rotary.project_qkv_and_cache(
-        x,
-        l.qkv,
-        l.input_norm,
-        (heads.q, heads.kv),
-        caches,
-        (&batch.positions, &dm.slot_mapping),
-    )?;
+    let q = match l.head_norms {
+        // A head's norm needs the whole head, which the projection's warps do not hold: the
+        // projection (its input norm folded in), then one kernel that normalizes each head,
+        // rotates and writes the cache.
+        Some(norms) => rotary.apply_qkv_and_cache(
+            &gemv_fused(x, l.qkv, norm_input(l.input_norm), None)?,
+            (heads.q, heads.kv),
+            Some(norms),
+            caches,
+            (&batch.positions, &dm.slot_mapping),
+        )?,
+        None => rotary.project_qkv_and_cache(
+            x,
+            l.qkv,
+            l.input_norm,
+            (heads.q, heads.kv),
+            caches,
+            (&batch.positions, &dm.slot_mapping),
+        )?,
+    };
     kv.attend_written(layer, &q, &batch.attention, heads.scale)
 }
 

@@ -359,6 +359,32 @@ impl Rotary {
             pagewise_kernels::gemv_rope_cache(x, w, norm.weight(), norm.eps() as f32, &target)
         }
     }
+
+    /// [`RotaryRows::apply_qkv_and_cache`] reading the whole tables at `positions` (u32
+    /// `[tokens]`, no gather): for the fused decode path of models with per-head q/k norms, whose
+    /// projection cannot rotate as it stores (a head's norm needs the whole head).
+    #[cfg(feature = "cuda")]
+    pub fn apply_qkv_and_cache(
+        &self,
+        qkv: &Tensor,
+        (heads, kv_heads): (usize, usize),
+        head_norms: Option<pagewise_kernels::HeadNorms<'_>>,
+        (k_cache, v_cache): (&Tensor, &Tensor),
+        (positions, slot_mapping): (&Tensor, &Tensor),
+    ) -> candle_core::Result<Tensor> {
+        let x = pagewise_kernels::QkvRope {
+            qkv,
+            heads,
+            kv_heads,
+            cos: &self.cos,
+            sin: &self.sin,
+            positions: Some(positions),
+            interleaved: self.interleaved,
+            head_norms,
+        };
+        // SAFETY: as for `project_qkv_and_cache`; positions past the tables read their last row.
+        unsafe { pagewise_kernels::rope_qkv_cache(&x, k_cache, v_cache, slot_mapping) }
+    }
 }
 
 /// The rotary tables gathered at one step's positions.
@@ -369,14 +395,15 @@ pub struct RotaryRows {
 }
 
 impl RotaryRows {
-    /// The fused q/k/v projection `qkv` rotated on the GPU in one kernel that also writes this
-    /// step's K/V into the caches at `slot_mapping`; returns q, `[tokens, heads, head_dim]`.
+    /// The fused q/k/v projection `qkv` rotated on the GPU in one kernel (after the per-head
+    /// norms, if the model has them) that also writes this step's K/V into the caches at
+    /// `slot_mapping`; returns q, `[tokens, heads, head_dim]`.
     #[cfg(feature = "cuda")]
     pub fn apply_qkv_and_cache(
         &self,
         qkv: &Tensor,
-        heads: usize,
-        kv_heads: usize,
+        (heads, kv_heads): (usize, usize),
+        head_norms: Option<pagewise_kernels::HeadNorms<'_>>,
         (k_cache, v_cache): (&Tensor, &Tensor),
         slot_mapping: &Tensor,
     ) -> candle_core::Result<Tensor> {
@@ -386,7 +413,9 @@ impl RotaryRows {
             kv_heads,
             cos: &self.cos,
             sin: &self.sin,
+            positions: None,
             interleaved: self.interleaved,
+            head_norms,
         };
         // SAFETY: the indices come from the scheduler's plan (ForwardBatch): block ids below the
         // cache's num_blocks, distinct slots within a step, contexts within each block-table row.

@@ -225,6 +225,7 @@ impl Llama {
                 Some(decode_fused::FusedLayer {
                     input_norm: &l.input_norm,
                     qkv: l.qkv.dense_weight()?,
+                    head_norms: l.qkv.head_norms(),
                     o: l.o.dense_weight()?,
                     post_norm: &l.post_norm,
                     gate_up,

@@ -61,7 +61,8 @@ impl QkvProj {
         let qk_norm = if cfg.qk_norm {
             let norm = |name: &str| {
                 let name = format!("{prefix}.{name}.weight");
-                if cfg.gemma.is_some() {
+                // (Gemma's stored w is applied as 1 + w; a GGUF stores 1 + w already.)
+                if cfg.gemma.is_some() && !matches!(w, Weights::Gguf { .. }) {
                     RmsNorm::load_plus_one(w, &name, d, cfg.norm_eps)
                 } else {
                     RmsNorm::load(w, &name, d, cfg.norm_eps)
@@ -78,13 +79,25 @@ impl QkvProj {
         Ok(QkvProj { proj, qk_norm })
     }
 
-    /// The fused weight, when dense without a bias and with nothing between the projection and
-    /// rotary (what the fused decode kernels take).
+    /// The fused weight, when dense without a bias (what the fused decode kernels take; the
+    /// per-head norms, if any, are `QkvProj::head_norms`, CUDA builds).
     pub fn dense_weight(&self) -> Option<&Tensor> {
-        match (&self.proj, &self.qk_norm) {
-            (Proj::Fused(l), None) => l.dense_weight(),
-            _ => None,
+        match &self.proj {
+            Proj::Fused(l) => l.dense_weight(),
+            Proj::Split(..) => None,
         }
+    }
+
+    /// The per-head q/k norms as the GPU's rotary kernel applies them, if the model has them.
+    #[cfg(feature = "cuda")]
+    pub fn head_norms(&self) -> Option<pagewise_kernels::HeadNorms<'_>> {
+        self.qk_norm
+            .as_ref()
+            .map(|(q, k)| pagewise_kernels::HeadNorms {
+                q: q.weight(),
+                k: k.weight(),
+                eps: q.eps() as f32,
+            })
     }
 }
 
@@ -143,14 +156,14 @@ pub fn attention(
     let (q, k, v) = match &proj.proj {
         Proj::Fused(linear) => {
             let mut qkv = linear.forward(h)?;
+            #[cfg(feature = "cuda")]
+            if let Some(out) = attend_projected(&qkv, proj, layer, rotary, batch, kv, heads) {
+                return out;
+            }
             if let Some((qn, kn)) = &proj.qk_norm {
                 let q = norm_heads(qn, &qkv.narrow(1, 0, qw)?, heads.q, heads.dim)?;
                 let k = norm_heads(kn, &qkv.narrow(1, qw, kvw)?, heads.kv, heads.dim)?;
                 qkv = Tensor::cat(&[&q, &k, &qkv.narrow(1, qw + kvw, kvw)?], 1)?;
-            }
-            #[cfg(feature = "cuda")]
-            if let Some(out) = attend_projected(&qkv, layer, rotary, batch, kv, heads) {
-                return out;
             }
             split_qkv(&qkv, heads)?
         }
@@ -178,12 +191,14 @@ pub fn attention(
 }
 
 /// On a GPU, the rest of [`attention`] from the fused projection's output `qkv`
-/// (`[tokens, (heads + 2 * kv_heads) * head_dim]`): one kernel rotates q and k and writes k and v
-/// into the cache, then paged attention. `None` when the layer's cache or the step's device
+/// (`[tokens, (heads + 2 * kv_heads) * head_dim]`): one kernel normalizes each q and k head (where
+/// the model has per-head norms), rotates q and k and writes k and v into the cache, then paged
+/// attention. `None` when the layer's cache or the step's device
 /// metadata is not on a GPU, or rotary turns only part of each head.
 #[cfg(feature = "cuda")]
 pub fn attend_projected(
     qkv: &Tensor,
+    proj: &QkvProj,
     layer: usize,
     rotary: &RotaryRows,
     batch: &ForwardBatch<'_>,
@@ -198,7 +213,13 @@ pub fn attend_projected(
         // layers take `KvCache::attend_windowed`, which checks the window.
         return None;
     }
-    let q = match rotary.apply_qkv_and_cache(qkv, heads.q, heads.kv, caches, &dm.slot_mapping) {
+    let q = match rotary.apply_qkv_and_cache(
+        qkv,
+        (heads.q, heads.kv),
+        proj.head_norms(),
+        caches,
+        &dm.slot_mapping,
+    ) {
         Ok(q) => q,
         Err(e) => return Some(Err(e)),
     };
