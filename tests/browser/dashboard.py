@@ -38,7 +38,7 @@ class Browser:
         port = free_port()
         self.proc = subprocess.Popen(
             [shutil.which("chromium") or "chromium", "--headless", "--no-sandbox", "--disable-gpu",
-             "--window-size=1400,1060", f"--remote-debugging-port={port}", f"--user-data-dir={self.profile}",
+             "--window-size=1400,1060", "--remote-allow-origins=*", f"--remote-debugging-port={port}", f"--user-data-dir={self.profile}",
              "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 30
         while True:
@@ -50,7 +50,7 @@ class Browser:
                 if time.time() > deadline or self.proc.poll() is not None:
                     raise RuntimeError("chromium did not start")
                 time.sleep(0.2)
-        self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=30)
+        self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=30, suppress_origin=True)
         self.next_id = 0
 
     def call(self, method, **params):
