@@ -1,6 +1,12 @@
 //! Chat templates: the model's Jinja template rendered the way Hugging Face transformers renders it
 //! (`trim_blocks` and `lstrip_blocks` on, Python string methods, `raise_exception`, and a `tojson`
-//! that writes what Python's `json.dumps` writes).
+//! that writes what Python's `json.dumps` writes, `strftime_now`, `tools` and `documents` always
+//! defined). tests/chat_templates.rs holds pagewise to transformers on real families' templates.
+
+mod pyjson;
+mod strftime;
+
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use minijinja::value::Value;
 use minijinja::{Environment, ErrorKind, syntax::SyntaxConfig};
@@ -45,55 +51,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
-}
-
-/// Python's `json.dumps(value, ensure_ascii=False)` (or with `indent`), as transformers' `tojson`.
-fn py_json(v: &serde_json::Value, indent: Option<usize>, level: usize, out: &mut String) {
-    let newline = |out: &mut String, level: usize| {
-        if let Some(n) = indent {
-            out.push('\n');
-            out.push_str(&" ".repeat(n * level));
-        }
-    };
-    let item_sep = if indent.is_some() { "," } else { ", " };
-    match v {
-        serde_json::Value::Array(items) if !items.is_empty() => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
-                }
-                newline(out, level + 1);
-                py_json(item, indent, level + 1, out);
-            }
-            newline(out, level);
-            out.push(']');
-        }
-        serde_json::Value::Object(map) if !map.is_empty() => {
-            out.push('{');
-            for (i, (k, item)) in map.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
-                }
-                newline(out, level + 1);
-                out.push_str(&serde_json::Value::String(k.clone()).to_string());
-                out.push_str(": ");
-                py_json(item, indent, level + 1, out);
-            }
-            newline(out, level);
-            out.push('}');
-        }
-        other => out.push_str(&other.to_string()),
-    }
-}
-
-fn tojson(value: Value, kwargs: minijinja::value::Kwargs) -> Result<Value, minijinja::Error> {
-    let indent: Option<usize> = kwargs.get("indent")?;
-    let json = serde_json::to_value(&value)
-        .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
-    let mut out = String::new();
-    py_json(&json, indent, 0, &mut out);
-    Ok(Value::from_safe_string(out))
+    /// What `strftime_now` reads as now, in seconds since the Unix epoch; `None`: the clock.
+    fixed_time: Option<i64>,
 }
 
 fn raise_exception(message: String) -> Result<Value, minijinja::Error> {
@@ -112,18 +71,27 @@ impl ChatTemplate {
                 .map_err(|e| ChatError(e.to_string()))?,
         );
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_filter("tojson", tojson);
+        env.add_filter("tojson", pyjson::tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_template_owned("chat", source.to_string())?;
         Ok(ChatTemplate {
             env,
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
+            fixed_time: None,
         })
     }
 
-    /// Renders `messages` (a JSON array of message objects). `extra` holds `chat_template_kwargs`
-    /// (they may not override `messages`).
+    /// Renders as if now were `unix_seconds` (UTC) for templates that print today's date, so a
+    /// prompt can be reproduced.
+    pub fn with_fixed_time(mut self, unix_seconds: i64) -> Self {
+        self.fixed_time = Some(unix_seconds);
+        self
+    }
+
+    /// Renders `messages` (a JSON array of message objects). `extra` holds `tools` and the
+    /// `chat_template_kwargs` (they may not override `messages`). As in transformers, `tools` and
+    /// `documents` are none when not given, and `strftime_now(format)` formats the current time.
     pub fn render(
         &self,
         messages: &serde_json::Value,
@@ -135,8 +103,20 @@ impl ChatTemplate {
         ctx.insert("eos_token".into(), self.eos_token.clone().into());
         ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
         ctx.insert("messages".into(), messages.clone());
+        for name in ["tools", "documents"] {
+            ctx.entry(name).or_insert(serde_json::Value::Null);
+        }
+        let now = self.fixed_time.unwrap_or_else(|| {
+            let since = SystemTime::now().duration_since(UNIX_EPOCH);
+            since.map_or(0, |d| d.as_secs() as i64)
+        });
+        let strftime_now =
+            Value::from_function(move |format: String| strftime::strftime(&format, now));
         let template = self.env.get_template("chat")?;
-        Ok(template.render(Value::from(minijinja::value::Serde(&ctx)))?)
+        Ok(template.render(minijinja::context! {
+            strftime_now => strftime_now,
+            ..Value::from(minijinja::value::Serde(&ctx))
+        })?)
     }
 
     /// Renders plain role/content messages with the generation prompt.
