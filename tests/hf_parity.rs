@@ -266,11 +266,12 @@ fn mixtral_gguf_matches_transformers() {
 }
 
 /// Phi-3 as `phi3` GGUF files (q/k/v in `attn_qkv`, gate and up in `ffn_up`, as llama.cpp's
-/// converter keeps them), with all of each head rotated and with Phi-4-mini's partial rotary
-/// (`rope.dimension_count` below the head): transformers' logits and greedy tokens.
+/// converter keeps them), with all of each head rotated, with Phi-4-mini's partial rotary
+/// (`rope.dimension_count` below the head) and with LongRoPE (`rope_factors_short/long` tensors,
+/// past the original context too): transformers' logits and greedy tokens.
 #[test]
-fn phi3_gguf_with_full_and_partial_rotary_matches_transformers() {
-    for name in ["phi3", "phi3-partial"] {
+fn phi3_gguf_with_full_and_partial_rotary_and_longrope_matches_transformers() {
+    for name in ["phi3", "phi3-partial", "phi3-longrope"] {
         check_model(
             name,
             &format!("{FIXTURES}/{name}/model-F32.gguf"),

@@ -10,7 +10,7 @@ use tokenizers::Tokenizer;
 
 use super::gguf_tokenizer::tokenizer_from_gguf;
 use super::{GgufMatmul, LoadError};
-use crate::model::config::{Architecture, GemmaSettings, ModelConfig, MoeSettings};
+use crate::model::config::{Architecture, GemmaSettings, LongRope, ModelConfig, MoeSettings};
 use crate::model::weights::{Dequantize, Weights};
 
 /// What a GGUF file provides besides weights.
@@ -82,13 +82,6 @@ pub fn load(
             )));
         }
     };
-    if ct.tensor_infos.contains_key("rope_factors_long.weight") {
-        return Err(LoadError::Format(
-            "GGUF LongRoPE factors (rope_factors_long) are not supported yet; load the Hugging \
-             Face checkpoint instead"
-                .into(),
-        ));
-    }
     // Metadata keys are prefixed by the architecture's name.
     let key = |k: &str| format!("{arch}.{k}");
     let tokens = md_strings(&ct, "tokenizer.ggml.tokens")?;
@@ -117,6 +110,7 @@ pub fn load(
         Ok(w) if gemma.is_none() && w > 0 && (w as usize) < context => w as usize,
         _ => context,
     };
+    let longrope = longrope(&ct, &mut file, &arch, context)?;
     let config = ModelConfig {
         architecture,
         qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
@@ -134,7 +128,7 @@ pub fn load(
             None => 10_000.0,
         }),
         rope_scaling: None,
-        longrope: None,
+        longrope,
         // llama.cpp's converter permutes Llama's q/k rows for interleaved rotary; Qwen's stay in
         // the rotate-half order.
         rope_interleaved: architecture == Architecture::Llama,
@@ -255,6 +249,46 @@ fn gemma_settings(ct: &Content, arch: &str, head_dim: usize) -> Result<GemmaSett
         global_rope_factor,
         final_logit_softcapping: md_f64(ct, &key("final_logit_softcapping")),
     })
+}
+
+/// Phi-3's LongRoPE as llama.cpp's converter writes it: the per-frequency divisors in the tensors
+/// `rope_factors_short` / `rope_factors_long`, the pre-training context in
+/// `rope.scaling.original_context_length` and the cos/sin scale in `rope.scaling.attn_factor`
+/// (else vLLM's default from the two contexts). `None` without the tensors.
+fn longrope<R: std::io::Seek + std::io::Read>(
+    ct: &Content,
+    file: &mut R,
+    arch: &str,
+    context: usize,
+) -> Result<Option<LongRope>, LoadError> {
+    let (short, long) = ("rope_factors_short.weight", "rope_factors_long.weight");
+    if !ct.tensor_infos.contains_key(long) {
+        return Ok(None);
+    }
+    let mut factors = |name: &str| -> Result<Vec<f64>, LoadError> {
+        let bad = |e: candle_core::Error| LoadError::Format(format!("GGUF tensor {name}: {e}"));
+        let t = ct.tensor(file, name, &Device::Cpu).map_err(bad)?;
+        let v = t.dequantize(&Device::Cpu).map_err(bad)?;
+        let v = v
+            .flatten_all()
+            .and_then(|v| v.to_vec1::<f32>())
+            .map_err(bad)?;
+        Ok(v.into_iter().map(f64::from).collect())
+    };
+    let (short_factor, long_factor) = (factors(short)?, factors(long)?);
+    let original = md_u32(ct, &format!("{arch}.rope.scaling.original_context_length"))? as usize;
+    let extension = context as f64 / original.max(1) as f64;
+    let attention_factor =
+        md_f64(ct, &format!("{arch}.rope.scaling.attn_factor")).unwrap_or(match extension <= 1.0 {
+            true => 1.0,
+            false => (1.0 + extension.ln() / (original as f64).ln()).sqrt(),
+        });
+    Ok(Some(LongRope {
+        short_factor,
+        long_factor,
+        original_max_position_embeddings: original,
+        attention_factor,
+    }))
 }
 
 /// A mixture of experts' settings from `<arch>.expert_*` (Mixtral as `llama`, `qwen3moe`): a
