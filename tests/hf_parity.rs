@@ -280,3 +280,17 @@ fn phi3_gguf_with_full_and_partial_rotary_and_longrope_matches_transformers() {
         );
     }
 }
+
+/// GPT-2 and GPT-NeoX as `gpt2` and `gptneox` GGUF files, laid out as llama.cpp's converter lays
+/// them out (GPT-2's Conv1D weights transposed to `[out, in]`, learned positions in
+/// `position_embd`; NeoX's per-head q/k/v regrouped into three blocks, partial rotary in
+/// `rope.dimension_count`): F32 gives transformers' logits and greedy tokens; Q8_0 stays within
+/// quantization error of them.
+#[test]
+fn gpt2_and_gpt_neox_gguf_match_transformers_in_f32_and_within_q8_0_error() {
+    for name in ["gpt2", "gpt-neox"] {
+        let dir = format!("{FIXTURES}/{name}");
+        check_model(name, &format!("{dir}/model-F32.gguf"), 1e-4, true);
+        check_model(name, &format!("{dir}/model-Q8_0.gguf"), 6e-2, false);
+    }
+}

@@ -10,7 +10,9 @@ use tokenizers::Tokenizer;
 
 use super::gguf_tokenizer::tokenizer_from_gguf;
 use super::{GgufMatmul, LoadError};
-use crate::model::config::{Architecture, GemmaSettings, LongRope, ModelConfig, MoeSettings};
+use crate::model::config::{
+    Architecture, GemmaSettings, LongRope, ModelConfig, MoeSettings, NeoxSettings,
+};
 use crate::model::weights::{Dequantize, Weights};
 
 /// What a GGUF file provides besides weights.
@@ -75,10 +77,12 @@ pub fn load(
         "qwen3" | "qwen3moe" => Architecture::Qwen3,
         "phi3" => Architecture::Phi3,
         "gemma3" => Architecture::Gemma3,
+        "gpt2" => Architecture::Gpt2,
+        "gptneox" => Architecture::GptNeox,
         other => {
             return Err(LoadError::Format(format!(
                 "GGUF architecture {other:?} is not supported (supported: llama (Mixtral's \
-                 experts included), qwen2, qwen3, qwen3moe, phi3, gemma3)"
+                 experts included), qwen2, qwen3, qwen3moe, phi3, gemma3, gpt2, gptneox)"
             )));
         }
     };
@@ -91,12 +95,15 @@ pub fn load(
     // Qwen3's head width is not hidden / heads: `attention.key_length` says it. Phi-3's
     // `rope.dimension_count` is the rotary part of a head (Phi-4-mini turns 3/4 of it).
     let phi3 = architecture == Architecture::Phi3;
+    // GPT-2 and GPT-NeoX: LayerNorm with biases everywhere; NeoX turns `rope.dimension_count`
+    // of each head.
+    let legacy = matches!(architecture, Architecture::Gpt2 | Architecture::GptNeox);
     let head_dim = match md_u32(&ct, &key("attention.key_length")) {
         Ok(v) => v as usize,
-        Err(_) if phi3 => hidden / heads,
+        Err(_) if phi3 || legacy => hidden / heads,
         Err(_) => md_u32(&ct, &key("rope.dimension_count")).map_or(hidden / heads, |v| v as usize),
     };
-    let rotary_dim = match phi3 {
+    let rotary_dim = match phi3 || legacy {
         true => md_u32(&ct, &key("rope.dimension_count")).map_or(head_dim, |v| v as usize),
         false => head_dim,
     };
@@ -122,7 +129,9 @@ pub fn load(
         num_key_value_heads: md_u32(&ct, &key("attention.head_count_kv"))
             .map_or(heads, |v| v as usize),
         head_dim,
-        norm_eps: md_f64(&ct, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
+        norm_eps: md_f64(&ct, &key("attention.layer_norm_rms_epsilon"))
+            .or_else(|| md_f64(&ct, &key("attention.layer_norm_epsilon")))
+            .unwrap_or(1e-5),
         rope_theta: md_f64(&ct, &key("rope.freq_base")).unwrap_or(match gemma {
             Some(_) => 1_000_000.0,
             None => 10_000.0,
@@ -133,14 +142,25 @@ pub fn load(
         // the rotate-half order.
         rope_interleaved: architecture == Architecture::Llama,
         max_position_embeddings,
-        tie_word_embeddings: !ct.tensor_infos.contains_key("output.weight"),
-        qkv_bias: ct.tensor_infos.contains_key("blk.0.attn_q.bias"),
-        o_bias: false,
-        mlp_bias: false,
+        // (GPT-2's head is its embedding, whatever the file holds.)
+        tie_word_embeddings: architecture == Architecture::Gpt2
+            || !ct.tensor_infos.contains_key("output.weight"),
+        qkv_bias: legacy || ct.tensor_infos.contains_key("blk.0.attn_q.bias"),
+        o_bias: legacy,
+        mlp_bias: legacy,
         bos_token_id: md_u32(&ct, "tokenizer.ggml.bos_token_id").ok(),
         eos_token_ids: eos.into_iter().collect(),
         opt: None,
-        neox: None,
+        // llama.cpp's files do not name NeoX's activation: Pythia's (and GPT-NeoX-20B's) exact
+        // GELU.
+        neox: (architecture == Architecture::GptNeox).then(|| NeoxSettings {
+            parallel_residual: ct
+                .metadata
+                .get(&key("use_parallel_residual"))
+                .and_then(|v| v.to_bool().ok())
+                .unwrap_or(true),
+            gelu_tanh: false,
+        }),
         gemma,
         moe: moe_settings(&ct, &arch)?,
         rotary_dim,

@@ -10,8 +10,21 @@ use super::layers::Linear;
 use super::weights::{Dequantize, Weights};
 use crate::cpu::QLinear;
 
-/// The GGUF (llama.cpp) name of a Hugging Face Llama tensor name.
+/// The GGUF (llama.cpp) name of a Hugging Face Llama tensor name. Models without Llama's names
+/// (GPT-2, GPT-NeoX) ask for llama.cpp's names (`blk.N.*` and the top-level ones), which map to
+/// themselves.
 pub fn gguf_name(hf: &str) -> Option<String> {
+    const GGUF_TOP: [&str; 6] = [
+        "token_embd.weight",
+        "position_embd.weight",
+        "output_norm.weight",
+        "output_norm.bias",
+        "output.weight",
+        "output.bias",
+    ];
+    if hf.starts_with("blk.") || GGUF_TOP.contains(&hf) {
+        return Some(hf.to_string());
+    }
     let fixed = match hf {
         "model.embed_tokens.weight" => Some("token_embd.weight"),
         "model.norm.weight" => Some("output_norm.weight"),

@@ -45,29 +45,43 @@ fn conv1d(w: &Weights, prefix: &str, inputs: usize, outputs: usize) -> Result<Li
 }
 
 impl Gpt2 {
-    /// Loads the model (tensor names with or without the leading `transformer.`).
+    /// Loads the model: Hugging Face names (with or without the leading `transformer.`, Conv1D
+    /// weights), or llama.cpp's GGUF names (`blk.N.attn_qkv`, ..., weights already `[out, in]`).
     pub fn load(cfg: &ModelConfig, w: &Weights) -> Result<Self, ModelError> {
+        let gguf = matches!(w, Weights::Gguf { .. });
         let root = if w.contains("transformer.wte.weight") {
             "transformer."
         } else {
             ""
         };
+        // A module of layer `i` by its Hugging Face and its llama.cpp name.
+        let module = |i: usize, hf: &str, ggml: &str| match gguf {
+            true => format!("blk.{i}.{ggml}"),
+            false => format!("{root}h.{i}.{hf}"),
+        };
+        let proj = |i, hf, ggml, inputs, outputs| match gguf {
+            true => w.linear(&module(i, hf, ggml), inputs, outputs, true),
+            false => conv1d(w, &module(i, hf, ggml), inputs, outputs),
+        };
+        let top = |hf: &str, ggml: &str| match gguf {
+            true => ggml.to_string(),
+            false => format!("{root}{hf}"),
+        };
         let (h, eps, inner) = (cfg.hidden_size, cfg.norm_eps, cfg.intermediate_size);
-        let wte_weight = w.tensor(&format!("{root}wte.weight"), (cfg.vocab_size, h))?;
+        let wte_weight = w.tensor(&top("wte.weight", "token_embd.weight"), (cfg.vocab_size, h))?;
         let wpe = w.tensor(
-            &format!("{root}wpe.weight"),
+            &top("wpe.weight", "position_embd.weight"),
             (cfg.max_position_embeddings, h),
         )?;
         let blocks = (0..cfg.num_hidden_layers)
             .map(|i| {
-                let p = format!("{root}h.{i}");
                 Ok(Block {
-                    ln_1: layer_norm(w, &format!("{p}.ln_1"), h, eps)?,
-                    c_attn: conv1d(w, &format!("{p}.attn.c_attn"), h, 3 * h)?,
-                    attn_proj: conv1d(w, &format!("{p}.attn.c_proj"), h, h)?,
-                    ln_2: layer_norm(w, &format!("{p}.ln_2"), h, eps)?,
-                    c_fc: conv1d(w, &format!("{p}.mlp.c_fc"), h, inner)?,
-                    mlp_proj: conv1d(w, &format!("{p}.mlp.c_proj"), inner, h)?,
+                    ln_1: layer_norm(w, &module(i, "ln_1", "attn_norm"), h, eps)?,
+                    c_attn: proj(i, "attn.c_attn", "attn_qkv", h, 3 * h)?,
+                    attn_proj: proj(i, "attn.c_proj", "attn_output", h, h)?,
+                    ln_2: layer_norm(w, &module(i, "ln_2", "ffn_norm"), h, eps)?,
+                    c_fc: proj(i, "mlp.c_fc", "ffn_up", h, inner)?,
+                    mlp_proj: proj(i, "mlp.c_proj", "ffn_down", inner, h)?,
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
@@ -77,7 +91,7 @@ impl Gpt2 {
             wte_weight,
             wpe: Embedding::new(wpe, h),
             blocks,
-            ln_f: layer_norm(w, &format!("{root}ln_f"), h, eps)?,
+            ln_f: layer_norm(w, &top("ln_f", "output_norm"), h, eps)?,
         })
     }
 }

@@ -61,38 +61,61 @@ impl GptNeox {
             cfg.num_attention_heads,
             cfg.head_dim,
         );
-        let embed_w = w.tensor("gpt_neox.embed_in.weight", (cfg.vocab_size, h))?;
+        // llama.cpp's GGUF names; its converter has already regrouped q, k and v.
+        let gguf = matches!(w, Weights::Gguf { .. });
+        let name = |hf: &str, ggml: &str| match gguf {
+            true => ggml.to_string(),
+            false => hf.to_string(),
+        };
+        let embed_w = w.tensor(
+            &name("gpt_neox.embed_in.weight", "token_embd.weight"),
+            (cfg.vocab_size, h),
+        )?;
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
-                let p = format!("gpt_neox.layers.{i}");
-                let lin = |name: &str, i, o| w.linear(&format!("{p}.{name}"), i, o, true);
-                let qkv_w =
-                    w.tensor(&format!("{p}.attention.query_key_value.weight"), (3 * h, h))?;
-                let qkv_b = w.tensor(&format!("{p}.attention.query_key_value.bias"), 3 * h)?;
-                Ok(Layer {
-                    ln_1: layer_norm(w, &format!("{p}.input_layernorm"), h, eps)?,
-                    ln_2: layer_norm(w, &format!("{p}.post_attention_layernorm"), h, eps)?,
-                    qkv: Linear::dense(
-                        regroup(&qkv_w, heads, d)?,
-                        Some(regroup(&qkv_b, heads, d)?),
+                let module = |hf: &str, ggml: &str| match gguf {
+                    true => format!("blk.{i}.{ggml}"),
+                    false => format!("gpt_neox.layers.{i}.{hf}"),
+                };
+                let lin = |hf, ggml, i, o| w.linear(&module(hf, ggml), i, o, true);
+                let qkv_name = module("attention.query_key_value", "attn_qkv");
+                let qkv = match gguf {
+                    true => w.linear(&qkv_name, h, 3 * h, true)?,
+                    false => Linear::dense(
+                        regroup(
+                            &w.tensor(&format!("{qkv_name}.weight"), (3 * h, h))?,
+                            heads,
+                            d,
+                        )?,
+                        Some(regroup(
+                            &w.tensor(&format!("{qkv_name}.bias"), 3 * h)?,
+                            heads,
+                            d,
+                        )?),
                     ),
-                    dense: lin("attention.dense", h, h)?,
-                    fc_in: lin("mlp.dense_h_to_4h", h, cfg.intermediate_size)?,
-                    fc_out: lin("mlp.dense_4h_to_h", cfg.intermediate_size, h)?,
+                };
+                Ok(Layer {
+                    ln_1: layer_norm(w, &module("input_layernorm", "attn_norm"), h, eps)?,
+                    ln_2: layer_norm(w, &module("post_attention_layernorm", "ffn_norm"), h, eps)?,
+                    qkv,
+                    dense: lin("attention.dense", "attn_output", h, h)?,
+                    fc_in: lin("mlp.dense_h_to_4h", "ffn_up", h, cfg.intermediate_size)?,
+                    fc_out: lin("mlp.dense_4h_to_h", "ffn_down", cfg.intermediate_size, h)?,
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
-        let lm_head = if cfg.tie_word_embeddings || !w.contains("embed_out.weight") {
+        let head = name("embed_out", "output");
+        let lm_head = if cfg.tie_word_embeddings || !w.contains(&format!("{head}.weight")) {
             Linear::dense(embed_w.clone(), None)
         } else {
-            w.linear("embed_out", h, cfg.vocab_size, false)?
+            w.linear(&head, h, cfg.vocab_size, false)?
         };
         Ok(GptNeox {
             cfg: cfg.clone(),
             settings,
             embed: Embedding::new(embed_w, h),
             layers,
-            final_norm: layer_norm(w, "gpt_neox.final_layer_norm", h, eps)?,
+            final_norm: layer_norm(w, &name("gpt_neox.final_layer_norm", "output_norm"), h, eps)?,
             lm_head,
             rotary: Rotary::new(cfg, max_len, w.dtype(), w.device())?,
         })
