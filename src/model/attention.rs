@@ -122,8 +122,8 @@ impl KvCache {
     }
 
     /// Attends `q` (`[tokens, heads, head_dim]`) over layer `layer` of a GPU cache that already
-    /// holds this step's K/V (written by `pagewise_kernels::rope_qkv_cache`). Returns
-    /// `[tokens, heads * head_dim]`.
+    /// holds this step's K/V (written by `pagewise_kernels::rope_qkv_cache`), over the last `window`
+    /// positions of each row's context in a sliding-window layer. Returns `[tokens, heads * head_dim]`.
     #[cfg(feature = "cuda")]
     pub fn attend_written(
         &self,
@@ -131,11 +131,15 @@ impl KvCache {
         q: &Tensor,
         meta: &AttentionMeta<'_>,
         scale: f32,
+        window: Option<usize>,
     ) -> candle_core::Result<Tensor> {
         let (Some((k_cache, v_cache)), Some(dm)) = (self.device_layer(layer), &meta.device) else {
             candle_core::bail!("attend_written needs a GPU cache and device metadata");
         };
-        super::attention_cuda::attend_cached(k_cache, v_cache, q, dm, scale)
+        match window {
+            Some(w) => super::attention_cuda::attend_windowed(k_cache, v_cache, q, dm, scale, w),
+            None => super::attention_cuda::attend_cached(k_cache, v_cache, q, dm, scale),
+        }
     }
 
     /// Writes `k`, `v` (`[tokens, kv_heads, head_dim]`) of layer `layer` at the slot mapping, then

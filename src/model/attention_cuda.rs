@@ -42,7 +42,7 @@ pub(super) fn attend(
 /// A sliding-window layer's attention: every row, prefill rows included, through the decode
 /// kernel, each over the last `window` positions of its context (a prefill row's context ends
 /// at its own position), so a row reads at most `window` positions.
-fn attend_windowed(
+pub(super) fn attend_windowed(
     k_cache: &Tensor,
     v_cache: &Tensor,
     q: &Tensor,

@@ -128,7 +128,7 @@ pub(super) fn attention(
             (&batch.positions, &dm.slot_mapping),
         )?,
     };
-    kv.attend_written(layer, &q, &batch.attention, heads.scale)
+    kv.attend_written(layer, &q, &batch.attention, heads.scale, heads.window)
 }
 
 /// The residual stream after the layer, from the stream `x` entering it and the attention

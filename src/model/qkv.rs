@@ -193,7 +193,7 @@ pub fn attention(
 /// On a GPU, the rest of [`attention`] from the fused projection's output `qkv`
 /// (`[tokens, (heads + 2 * kv_heads) * head_dim]`): one kernel normalizes each q and k head (where
 /// the model has per-head norms), rotates q and k and writes k and v into the cache, then paged
-/// attention. `None` when the layer's cache or the step's device
+/// attention (over the window in a sliding-window layer). `None` when the layer's cache or the step's device
 /// metadata is not on a GPU, or rotary turns only part of each head.
 #[cfg(feature = "cuda")]
 pub fn attend_projected(
@@ -208,9 +208,8 @@ pub fn attend_projected(
     let (Some(caches), Some(dm)) = (kv.device_layer(layer), &batch.attention.device) else {
         return None;
     };
-    if rotary.dims() < heads.dim || heads.window.is_some() {
-        // The kernel turns whole heads; partial rotary goes through `RotaryRows::apply`. Windowed
-        // layers take `KvCache::attend_windowed`, which checks the window.
+    if rotary.dims() < heads.dim {
+        // The kernel turns whole heads; partial rotary goes through `RotaryRows::apply`.
         return None;
     }
     let q = match rotary.apply_qkv_and_cache(
@@ -223,5 +222,5 @@ pub fn attend_projected(
         Ok(q) => q,
         Err(e) => return Some(Err(e)),
     };
-    Some(kv.attend_written(layer, &q, &batch.attention, heads.scale))
+    Some(kv.attend_written(layer, &q, &batch.attention, heads.scale, heads.window))
 }
