@@ -422,6 +422,43 @@ fn cuda_graph_decode_steps_equal_eager_steps() {
     assert_eq!(eager.core().step_times().per_step().graph_steps, 0);
 }
 
+/// A mixture of experts in bf16: decode steps of up to `moe::DEVICE_TOKENS` sequences route
+/// on the device (`moe_device.rs`), so they are captured in CUDA graphs, and replaying them gives
+/// the eager steps' tokens; larger batches run eagerly through the host routing.
+#[test]
+fn moe_decode_steps_in_cuda_graphs_equal_eager_steps() {
+    let args = |enforce_eager| EngineArgs {
+        model: model("qwen3moe-d128"),
+        device: DeviceArg::Cuda(0),
+        dtype: DtypeArg::Bfloat16,
+        enforce_eager,
+        max_num_seqs: 16,
+        ..Default::default()
+    };
+    let mut eager = Llm::new(args(true)).unwrap();
+    let mut graphs = Llm::new(args(false)).unwrap();
+    let mut replays = Vec::new();
+    for n in [1, 5, 12] {
+        let prompts = prompts(n, 256);
+        let want = eager.generate_tokens(prompts.clone(), &greedy(24)).unwrap();
+        graphs.core_mut().reset_step_times();
+        let got = graphs.generate_tokens(prompts, &greedy(24)).unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g.outputs[0].token_ids, w.outputs[0].token_ids,
+                "{n} prompts: prompt {i}"
+            );
+        }
+        let times = graphs.core().step_times().per_step();
+        replays.push((times.graph_steps, times.steps));
+    }
+    eprintln!("MoE (graph replays, steps) per run: {replays:?}");
+    assert_eq!(replays[0], (23, 24));
+    assert!(replays[1].0 > 0, "{replays:?}");
+    // Twelve sequences are past the captured batches until eight or fewer remain.
+    assert!(replays[2].0 + 1 < replays[2].1, "{replays:?}");
+}
+
 /// A real quantized model through candle's CUDA quantized matmuls: the first 4 blocks of
 /// SmolLM2-135M-Instruct (Q4_1 blocks, Q8_0 embedding; made by scripts/gpu/truncate_gguf.py),
 /// on the GPU against the CPU's quantized path, then served through the engine.

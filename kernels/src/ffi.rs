@@ -198,4 +198,44 @@ unsafe extern "C" {
         interleaved: c_int,
         stream: *mut c_void,
     ) -> c_int;
+
+    pub fn pagewise_moe_route(
+        logits: *const f32,
+        ids: *mut u32,
+        weights: *mut f32,
+        tokens: c_int,
+        experts: c_int,
+        top_k: c_int,
+        renormalize: c_int,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn pagewise_moe_gate_up(
+        dtype: c_int,
+        y: *mut c_void,
+        x: *const c_void,
+        w: *const c_void,
+        ids: *const u32,
+        tokens: c_int,
+        top_k: c_int,
+        out_dim: c_int,
+        k_dim: c_int,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn pagewise_moe_down(
+        dtype: c_int,
+        y: *mut c_void,
+        a: *const c_void,
+        w: *const c_void,
+        ids: *const u32,
+        weights: *const f32,
+        tokens: c_int,
+        top_k: c_int,
+        out_dim: c_int,
+        k_dim: c_int,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn pagewise_moe_max_stage_bytes() -> c_int;
 }

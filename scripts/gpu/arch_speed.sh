@@ -3,7 +3,8 @@
 # (--load-format dummy, bf16), on the GPU machine from the staged .gpu/ folder:
 #   bash .gpu/scripts/gpu/arch_speed.sh [shape ...]   (default: all four)
 #   CONTEXTS="1024 8192 32768" bash .gpu/scripts/gpu/arch_speed.sh gemma-3-12b   (decode against context)
-# Shapes: qwen3-8b, mistral-7b, phi-4, gemma-3-12b (the text model). Prints each `bench latency`
+# Shapes: qwen3-8b, mistral-7b, phi-4, gemma-3-12b (the text model); the mixtures of experts
+# mixtral-8x7b and qwen3-30b-a3b (not in the default list). Prints each `bench latency`
 # summary and the weight bytes, so effective bandwidth = bytes x tok/s.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -38,19 +39,37 @@ shapes = {
                         rope_scaling={"rope_type": "linear", "factor": 8.0}, max_position_embeddings=131072,
                         rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
                         torch_dtype="bfloat16", bos_token_id=2, eos_token_id=1),
+    # Mixtures of experts (issue 25): their parameters, and what a batch-1 step reads (the chosen
+    # experts only).
+    "mixtral-8x7b": dict(llama, architectures=["MixtralForCausalLM"], model_type="mixtral", vocab_size=32000,
+                         hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=8, head_dim=128, rope_theta=1000000.0, max_position_embeddings=32768,
+                         num_local_experts=8, num_experts_per_tok=2, sliding_window=None),
+    "qwen3-30b-a3b": dict(llama, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936,
+                          hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
+                          num_attention_heads=32, num_key_value_heads=4, head_dim=128, rope_theta=1000000.0,
+                          max_position_embeddings=40960, num_experts=128, num_experts_per_tok=8,
+                          norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6),
 }
-def params(c):
+def params(c, active=False):
     h, i, l = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
     d = c.get("head_dim") or h // c["num_attention_heads"]
     attn = h * d * (2 * c["num_attention_heads"] + 2 * c["num_key_value_heads"])
     head = 0 if c.get("tie_word_embeddings") else c["vocab_size"] * h
-    return l * (attn + 3 * h * i) + c["vocab_size"] * h + head
+    experts = c.get("num_local_experts") or c.get("num_experts")
+    if experts:
+        inner = c.get("moe_intermediate_size", i)
+        mlp = (c["num_experts_per_tok"] if active else experts) * 3 * h * inner + h * experts
+    else:
+        mlp = 3 * h * i
+    return l * (attn + mlp) + c["vocab_size"] * h + head
 for name, c in shapes.items():
     os.makedirs(f"{sys.argv[1]}/{name}", exist_ok=True)
     json.dump(c, open(f"{sys.argv[1]}/{name}/config.json", "w"), indent=1)
     # Bytes a decode step reads: every matrix once (the embedding row is negligible, a tied head
     # is read as the head).
-    print(f"{name}: {params(c) / 1e9:.2f} B parameters, {2 * (params(c) - (0 if c.get('tie_word_embeddings') else c['vocab_size'] * c['hidden_size'])) / 1e9:.2f} GB read a step")
+    embed = 0 if c.get("tie_word_embeddings") else c["vocab_size"] * c["hidden_size"]
+    print(f"{name}: {params(c) / 1e9:.2f} B parameters, {2 * (params(c, active=True) - embed) / 1e9:.2f} GB read a step")
 PY
 for m in ${@:-qwen3-8b mistral-7b phi-4 gemma-3-12b}; do
   cp "$here/tests/fixtures/llama-gqa-tied/tokenizer.json" "$cfg/$m/"
@@ -64,6 +83,6 @@ for m in ${@:-qwen3-8b mistral-7b phi-4 gemma-3-12b}; do
     continue
   fi
   echo "== $m: batch-1 decode, 128 in / 512 out"
-  timeout 150 "$bin" bench latency --model "$cfg/$m" --load-format dummy --batch-size 1 --input-len 128 \
+  timeout 240 "$bin" bench latency --model "$cfg/$m" --load-format dummy --batch-size 1 --input-len 128 \
     --output-len 512 --num-iters-warmup 1 --num-iters 3 --max-model-len 1024 2>&1 | grep -E "tok/s|per step|rror" | tail -3
 done

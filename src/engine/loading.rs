@@ -155,16 +155,22 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
     };
     let kv = KvCache::on_device(layout, cfg.num_hidden_layers, dtype, &device)?;
     let runner_device_is_cpu = device.is_cpu();
-    let mut runner = ModelRunner::new(model, kv, device);
-    if cfg.moe.is_some() && !args.enforce_eager && !runner_device_is_cpu {
+    // A mixture of experts routes small decode steps on the device; larger ones read the routing
+    // back, so only the small ones are captured.
+    let graph_seqs = args
+        .max_num_seqs
+        .min(model.graph_batch_limit().unwrap_or(usize::MAX));
+    if graph_seqs < args.max_num_seqs && !args.enforce_eager && !runner_device_is_cpu {
         tracing::warn!(
-            "mixture-of-experts steps run eagerly (no CUDA graphs): the routing reads the router's \
-             choices on the host"
+            graph_seqs,
+            "mixture-of-experts decode steps of more sequences than this run eagerly (no CUDA \
+             graphs): their routing is read on the host"
         );
     }
-    if !args.enforce_eager && cfg.moe.is_none() {
+    let mut runner = ModelRunner::new(model, kv, device);
+    if !args.enforce_eager && graph_seqs > 0 {
         runner.capture_graphs(
-            args.max_num_seqs,
+            graph_seqs,
             args.max_seq_len_to_capture.min(max_model_len),
             bs,
         );

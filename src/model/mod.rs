@@ -16,6 +16,8 @@ mod hf_config;
 pub mod layers;
 pub mod llama;
 pub mod moe;
+#[cfg(feature = "cuda")]
+mod moe_device;
 pub mod norm;
 pub mod opt;
 pub mod qkv;
@@ -62,6 +64,13 @@ pub trait CausalLm: Send {
     /// Runs the packed batch, writing its K/V into `kv`, and returns f32 logits
     /// `[batch.num_sample_rows, vocab]` for the sampled rows only.
     fn forward(&self, batch: &ForwardBatch<'_>, kv: &mut KvCache) -> Result<Tensor, ModelError>;
+
+    /// The most sequences a decode step may hold to be captured in a CUDA graph: `None` when the
+    /// model sets no limit of its own, `Some(0)` for never. A mixture of experts whose larger
+    /// steps read the routing back to the host caps it.
+    fn graph_batch_limit(&self) -> Option<usize> {
+        None
+    }
 
     /// [`CausalLm::forward`] with the logits left in the model's own dtype (bf16 on a GPU): the
     /// GPU sampler reads them as they are, so a step skips the cast. The runner calls this one.

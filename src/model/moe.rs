@@ -1,7 +1,8 @@
 //! Mixture-of-experts MLPs (Mixtral, Qwen3-MoE): a router scores every expert for each token,
 //! the token goes through its top-k experts, and their outputs are summed with the routing
 //! weights. This is the reference path (candle ops, one expert at a time over the tokens that
-//! chose it), on the CPU and on a GPU alike.
+//! chose it), on the CPU and on a GPU alike; on a GPU, small steps route and run their experts
+//! on the device (`moe_device.rs`).
 
 use candle_core::{DType, Tensor};
 use serde::Deserialize;
@@ -9,6 +10,12 @@ use serde::Deserialize;
 use super::ModelError;
 use super::layers::{Linear, silu_mul};
 use super::weights::Weights;
+
+/// The most tokens a step may have to take the device path on a GPU (`moe_device.rs`). Up to 8
+/// tokens, an expert may be read up to 8 times a step where the reference path reads it once,
+/// but the step needs no host round trip per layer; CUDA graphs cover decode batches up to this
+/// size.
+pub const DEVICE_TOKENS: usize = 8;
 
 /// How a model's experts are laid out and chosen.
 #[derive(Clone, Debug, PartialEq)]
@@ -107,9 +114,9 @@ pub fn route(
 }
 
 /// One expert: a SwiGLU MLP.
-struct Expert {
-    gate_up: Linear,
-    down: Linear,
+pub(super) struct Expert {
+    pub(super) gate_up: Linear,
+    pub(super) down: Linear,
 }
 
 /// A sparse MLP layer.
@@ -117,6 +124,10 @@ pub struct SparseMoe {
     router: Linear,
     experts: Vec<Expert>,
     settings: MoeSettings,
+    /// On a GPU with 16-bit dense weights: the experts' weights stacked for the device path of
+    /// small steps (`moe_device.rs`); each expert's layers are views of them.
+    #[cfg(feature = "cuda")]
+    stacked: Option<super::moe_device::Stacked>,
 }
 
 impl SparseMoe {
@@ -154,7 +165,8 @@ impl SparseMoe {
                 false,
             ),
         };
-        let experts = (0..s.num_experts)
+        #[allow(unused_mut)]
+        let mut experts = (0..s.num_experts)
             .map(|e| {
                 let (gate, up) = (proj(e, 0, (hidden, i))?, proj(e, 1, (hidden, i))?);
                 Ok(Expert {
@@ -174,21 +186,49 @@ impl SparseMoe {
             Some(weight) => Linear::dense(weight.to_dtype(DType::F32)?, None),
             None => router,
         };
+        #[cfg(feature = "cuda")]
+        let stacked = super::moe_device::Stacked::take(&mut experts, s.top_k)?;
         Ok(SparseMoe {
             router,
             experts,
             settings: s.clone(),
+            #[cfg(feature = "cuda")]
+            stacked,
         })
+    }
+
+    /// Whether steps of up to [`DEVICE_TOKENS`] tokens run on the device
+    /// without reading anything back (and so inside CUDA graphs).
+    pub fn routes_on_device(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        {
+            self.stacked.is_some()
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            false
+        }
+    }
+
+    /// The router's f32 logits for `x`, `[tokens, experts]`.
+    fn router_logits(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let scored = match self.router.dense_weight() {
+            Some(_) => x.to_dtype(DType::F32)?,
+            None => x.clone(),
+        };
+        self.router.forward(&scored)?.to_dtype(DType::F32)
     }
 
     /// Applies the layer to `x` (`[tokens, hidden]`).
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let s = &self.settings;
-        let scored = match self.router.dense_weight() {
-            Some(_) => x.to_dtype(DType::F32)?,
-            None => x.clone(),
-        };
-        let logits = self.router.forward(&scored)?.to_dtype(DType::F32)?;
+        #[cfg(feature = "cuda")]
+        if let Some(stacked) = &self.stacked
+            && x.dim(0)? <= DEVICE_TOKENS
+        {
+            return stacked.forward(x, &self.router_logits(x)?, s);
+        }
+        let logits = self.router_logits(x)?;
         let routes = route(
             &logits.flatten_all()?.to_vec1::<f32>()?,
             s.num_experts,

@@ -1,0 +1,238 @@
+// pagewise: a mixture-of-experts layer for small (decode) batches without the host: the router's
+// top-k and weights on the device (moe_route_kernel), then each token's chosen experts streamed
+// once as GEMVs over the experts' stacked weights, the expert read from the routing output on
+// the device (moe_gate_up_kernel, moe_down_kernel; the down projection also applies SiLU-and-mul
+// to its input and sums the experts' outputs with their weights). No step reads anything back,
+// so the layer runs inside a CUDA graph.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include "dtype.cuh"
+#include "gemv_stage.cuh"
+#include "silu.cuh"
+
+namespace {
+
+constexpr int kMaxTopK = 16;
+
+// Routing of token blockIdx.x (one warp): softmax over the `experts` router logits, the top_k
+// largest probabilities (on a tie the lower expert), divided by their own sum when `renormalize`
+// else by the softmax's. ids and weights: [tokens, top_k].
+__global__ void moe_route_kernel(const float* __restrict__ logits, int experts, int top_k,
+                                 int renormalize, uint32_t* __restrict__ ids,
+                                 float* __restrict__ weights) {
+  const int t = blockIdx.x, lane = threadIdx.x;
+  const float* row = logits + (int64_t)t * experts;
+  float mx = -INFINITY;
+  for (int e = lane; e < experts; e += 32) mx = fmaxf(mx, row[e]);
+#pragma unroll
+  for (int s = 16; s > 0; s >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, s));
+  float sum = 0.f;
+  for (int e = lane; e < experts; e += 32) sum += expf(row[e] - mx);
+#pragma unroll
+  for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, s);
+  int chosen[kMaxTopK];
+  float value[kMaxTopK];
+  float picked = 0.f;
+  for (int j = 0; j < top_k; ++j) {
+    float best = -1.f;
+    int best_e = experts;
+    for (int e = lane; e < experts; e += 32) {
+      bool taken = false;
+      for (int i = 0; i < j; ++i) taken |= chosen[i] == e;
+      const float p = expf(row[e] - mx);
+      if (!taken && (p > best || (p == best && e < best_e))) {
+        best = p;
+        best_e = e;
+      }
+    }
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffff, best, s);
+      const int oe = __shfl_xor_sync(0xffffffff, best_e, s);
+      if (ob > best || (ob == best && oe < best_e)) {
+        best = ob;
+        best_e = oe;
+      }
+    }
+    chosen[j] = best_e;
+    value[j] = best;
+    picked += best;
+  }
+  if (lane != 0) return;
+  const float norm = renormalize ? picked : sum;
+  for (int j = 0; j < top_k; ++j) {
+    ids[(int64_t)t * top_k + j] = (uint32_t)chosen[j];
+    weights[(int64_t)t * top_k + j] = value[j] / norm;
+  }
+}
+
+// The warp's dot product of a weight row with a staged row (k_dim elements, a multiple of 8),
+// summed over the warp (every lane gets it).
+template <typename T>
+__device__ __forceinline__ float warp_dot(const T* __restrict__ w, const T* xs, int k_dim,
+                                          int lane) {
+  float acc = 0.f;
+#pragma unroll 4
+  for (int k = lane * 8; k < k_dim; k += 32 * 8) {
+    const uint4 wraw = __ldg(reinterpret_cast<const uint4*>(w + k));
+    const uint4 xraw = *reinterpret_cast<const uint4*>(xs + k);
+    const T* wv = reinterpret_cast<const T*>(&wraw);
+    const T* xv = reinterpret_cast<const T*>(&xraw);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc += to_float(wv[j]) * to_float(xv[j]);
+  }
+#pragma unroll
+  for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, s);
+  return acc;
+}
+
+// y[t * top_k + j, o] = x[t] . w[ids[t, j], o] for token t = blockIdx.y: each of its chosen
+// experts' gate-and-up rows (w: [experts, out_dim, k_dim]) against the token's x, staged once.
+template <typename T>
+__global__ void __launch_bounds__(kGemvThreads)
+    moe_gate_up_kernel(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ w,
+                       const uint32_t* __restrict__ ids, int top_k, int out_dim, int k_dim) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* xs = reinterpret_cast<T*>(smem);
+  const int t = blockIdx.y;
+  for (int k = threadIdx.x * 8; k < k_dim; k += kGemvThreads * 8)
+    *reinterpret_cast<uint4*>(xs + k) =
+        *reinterpret_cast<const uint4*>(x + (int64_t)t * k_dim + k);
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int units = top_k * out_dim;
+  for (int u = blockIdx.x * kGemvWarps + warp; u < units; u += gridDim.x * kGemvWarps) {
+    const int j = u / out_dim, o = u % out_dim;
+    const int64_t e = ids[(int64_t)t * top_k + j];
+    const float v = warp_dot(w + (e * out_dim + o) * k_dim, xs, k_dim, lane);
+    if (lane == 0) y[((int64_t)t * top_k + j) * out_dim + o] = from_float<T>(v);
+  }
+}
+
+// y[t, o] = sum_j weights[t, j] * (silu(g) * u)[t, j] . w[ids[t, j], o] for token t =
+// blockIdx.y, where a = [tokens * top_k, 2 k_dim] holds each chosen expert's gate then up
+// columns (moe_gate_up_kernel's output) and w = [experts, out_dim, k_dim]. The SiLU-and-mul is
+// rounded to T as the separate kernel stores it; the weighted sum is taken in f32.
+template <typename T>
+__global__ void __launch_bounds__(kGemvThreads)
+    moe_down_kernel(T* __restrict__ y, const T* __restrict__ a, const T* __restrict__ w,
+                    const uint32_t* __restrict__ ids, const float* __restrict__ weights,
+                    int top_k, int out_dim, int k_dim) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* xs = reinterpret_cast<T*>(smem);
+  const int t = blockIdx.y;
+  const int vecs = k_dim / 8;
+  for (int i = threadIdx.x; i < top_k * vecs; i += kGemvThreads) {
+    const int j = i / vecs, k = (i % vecs) * 8;
+    const T* row = a + ((int64_t)t * top_k + j) * 2 * k_dim;
+    *reinterpret_cast<uint4*>(xs + j * k_dim + k) =
+        silu_mul16<T>(*reinterpret_cast<const uint4*>(row + k),
+                      *reinterpret_cast<const uint4*>(row + k_dim + k));
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int o = blockIdx.x * kGemvWarps + warp; o < out_dim; o += gridDim.x * kGemvWarps) {
+    float acc = 0.f;
+    for (int j = 0; j < top_k; ++j) {
+      const int64_t e = ids[(int64_t)t * top_k + j];
+      acc += weights[(int64_t)t * top_k + j] *
+             warp_dot(w + (e * out_dim + o) * k_dim, xs + j * k_dim, k_dim, lane);
+    }
+    if (lane == 0) y[(int64_t)t * out_dim + o] = from_float<T>(acc);
+  }
+}
+
+// Blocks a token for `units` warp-sized outputs: enough, over all the tokens, to fill the GPU
+// once (as many as run at once), never more than the outputs need.
+template <typename Kernel>
+int blocks_per_token(Kernel kernel, int smem, int units, int tokens, int* blocks) {
+  if (smem > kMaxStageBytes) return 1;
+  static int resident_by[64][kStageSteps + 1] = {};
+  int all = 0;
+  // grid_for with one output a block gives the blocks that run at once (capped by `units`).
+  if (const int e = grid_for(kernel, smem, 1 << 30, 1, resident_by, &all)) return e;
+  const int wanted = (units + kGemvWarps - 1) / kGemvWarps;
+  const int share = (all + tokens - 1) / tokens;
+  *blocks = wanted < share ? wanted : (share > 0 ? share : 1);
+  return 0;
+}
+
+template <typename T>
+int launch_gate_up(void* y, const void* x, const void* w, const uint32_t* ids, int tokens,
+                   int top_k, int out_dim, int k_dim, cudaStream_t stream) {
+  const auto kernel = moe_gate_up_kernel<T>;
+  const int smem = k_dim * (int)sizeof(T);
+  int blocks = 0;
+  if (const int e = blocks_per_token(kernel, smem, top_k * out_dim, tokens, &blocks)) return e;
+  kernel<<<dim3(blocks, tokens), kGemvThreads, smem, stream>>>(
+      (T*)y, (const T*)x, (const T*)w, ids, top_k, out_dim, k_dim);
+  return (int)cudaGetLastError();
+}
+
+template <typename T>
+int launch_down(void* y, const void* a, const void* w, const uint32_t* ids, const float* weights,
+                int tokens, int top_k, int out_dim, int k_dim, cudaStream_t stream) {
+  const auto kernel = moe_down_kernel<T>;
+  const int smem = top_k * k_dim * (int)sizeof(T);
+  int blocks = 0;
+  if (const int e = blocks_per_token(kernel, smem, out_dim, tokens, &blocks)) return e;
+  kernel<<<dim3(blocks, tokens), kGemvThreads, smem, stream>>>(
+      (T*)y, (const T*)a, (const T*)w, ids, weights, top_k, out_dim, k_dim);
+  return (int)cudaGetLastError();
+}
+
+}  // namespace
+
+// Routing of `tokens` rows of f32 router logits ([tokens, experts]) to ids (u32) and weights
+// (f32), both [tokens, top_k]: softmax, the top_k largest (ties to the lower expert), renormalized
+// over the chosen ones when `renormalize`. top_k 1..16, at most `experts`. Returns 0, a CUDA
+// error code, or 1 when the arguments are unsupported.
+extern "C" int pagewise_moe_route(const float* logits, uint32_t* ids, float* weights, int tokens,
+                                  int experts, int top_k, int renormalize, void* stream) {
+  if (tokens == 0) return 0;
+  if (top_k < 1 || top_k > kMaxTopK || top_k > experts) return 1;
+  moe_route_kernel<<<tokens, 32, 0, (cudaStream_t)stream>>>(logits, experts, top_k, renormalize,
+                                                            ids, weights);
+  return (int)cudaGetLastError();
+}
+
+// y ([tokens * top_k, out_dim]) = each token's x ([tokens, k_dim]) times its chosen experts' rows
+// of w ([experts, out_dim, k_dim]), ids [tokens, top_k] (u32, below `experts`, the caller's
+// promise). dtype 1 = f16, 2 = bf16; k_dim a multiple of 8; x and w 16-byte aligned. Returns 0, a
+// CUDA error code, or 1 when the arguments are unsupported.
+extern "C" int pagewise_moe_gate_up(int dtype, void* y, const void* x, const void* w,
+                                    const uint32_t* ids, int tokens, int top_k, int out_dim,
+                                    int k_dim, void* stream) {
+  if (tokens == 0 || out_dim == 0) return 0;
+  if (k_dim % 8 != 0 || top_k < 1) return 1;
+  cudaStream_t s = (cudaStream_t)stream;
+  switch (dtype) {
+    case 1: return launch_gate_up<__half>(y, x, w, ids, tokens, top_k, out_dim, k_dim, s);
+    case 2: return launch_gate_up<__nv_bfloat16>(y, x, w, ids, tokens, top_k, out_dim, k_dim, s);
+    default: return 1;
+  }
+}
+
+// y ([tokens, out_dim]) = sum over a token's chosen experts j of weights[t, j] times
+// silu(gate) * up of a's row t * top_k + j (a: [tokens * top_k, 2 k_dim], gate columns first)
+// times expert ids[t, j]'s rows of w ([experts, out_dim, k_dim]). dtype 1 = f16, 2 = bf16; k_dim a
+// multiple of 8; top_k x k_dim elements within the staging space; a and w 16-byte aligned.
+// Returns 0, a CUDA error code, or 1 when the arguments are unsupported.
+extern "C" int pagewise_moe_down(int dtype, void* y, const void* a, const void* w,
+                                 const uint32_t* ids, const float* weights, int tokens, int top_k,
+                                 int out_dim, int k_dim, void* stream) {
+  if (tokens == 0 || out_dim == 0) return 0;
+  if (k_dim % 8 != 0 || top_k < 1) return 1;
+  cudaStream_t s = (cudaStream_t)stream;
+  switch (dtype) {
+    case 1: return launch_down<__half>(y, a, w, ids, weights, tokens, top_k, out_dim, k_dim, s);
+    case 2:
+      return launch_down<__nv_bfloat16>(y, a, w, ids, weights, tokens, top_k, out_dim, k_dim, s);
+    default: return 1;
+  }
+}
+
+// The most bytes of staged input (top_k x k_dim x element size) pagewise_moe_down takes.
+extern "C" int pagewise_moe_max_stage_bytes() { return kMaxStageBytes; }

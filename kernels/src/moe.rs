@@ -1,0 +1,184 @@
+//! A mixture-of-experts layer for decode batches, on the device end to end: [`moe_route`] picks
+//! each token's experts and weights from the router's logits, [`moe_experts`] streams just those
+//! experts' weights (GEMVs over the stacked expert tensors, the expert index read on the device)
+//! and sums their outputs. Nothing is read back to the host, so a decode step with experts can be
+//! captured in a CUDA graph. Each token reads its experts' weights itself: the right shape for a
+//! few tokens, not for prefill.
+
+use std::ffi::c_void;
+
+use candle_core::{DType, Result, Tensor, bail};
+
+use crate::{check_launch, device_ptr, dtype_code, empty, ffi};
+
+/// Most experts a token may take.
+pub const MOE_MAX_TOP_K: usize = 16;
+
+/// Each token's chosen experts (`ids`, u32 `[tokens, top_k]`) and their weights (f32, same
+/// shape), as [`moe_route`] makes them: every id is below `experts`, which is what lets
+/// [`moe_experts`] index the stacked weights with them safely.
+#[derive(Clone, Debug)]
+pub struct MoeRoutes {
+    ids: Tensor,
+    weights: Tensor,
+    experts: usize,
+}
+
+impl MoeRoutes {
+    /// The chosen experts, u32 `[tokens, top_k]`, the most probable first.
+    pub fn ids(&self) -> &Tensor {
+        &self.ids
+    }
+
+    /// Their weights, f32 `[tokens, top_k]`.
+    pub fn weights(&self) -> &Tensor {
+        &self.weights
+    }
+}
+
+/// Routes each row of `logits` (f32 `[tokens, experts]`, a router's output) to its `top_k` most
+/// probable experts under the softmax (ties to the lower expert), with the softmax probabilities
+/// as weights, renormalized to sum to one over the chosen experts when `renormalize`.
+pub fn moe_route(logits: &Tensor, top_k: usize, renormalize: bool) -> Result<MoeRoutes> {
+    let (tokens, experts) = logits.dims2()?;
+    if logits.dtype() != DType::F32 {
+        bail!("moe_route: logits must be f32, got {:?}", logits.dtype());
+    }
+    if !(1..=MOE_MAX_TOP_K.min(experts)).contains(&top_k) {
+        bail!("moe_route: top_k {top_k} must be 1..={MOE_MAX_TOP_K} and at most {experts} experts");
+    }
+    let ids = empty((tokens, top_k), DType::U32, logits.device())?;
+    let weights = empty((tokens, top_k), DType::F32, logits.device())?;
+    let (lp, stream) = device_ptr(logits, "logits")?;
+    let (ip, _) = device_ptr(&ids, "ids")?;
+    let (wp, _) = device_ptr(&weights, "weights")?;
+    // SAFETY: contiguous tensors of the checked shapes on the stream's device: the kernel reads
+    // tokens x experts logits and writes tokens x top_k ids and weights.
+    let code = unsafe {
+        ffi::pagewise_moe_route(
+            lp as *const f32,
+            ip as *mut u32,
+            wp as *mut f32,
+            tokens as i32,
+            experts as i32,
+            top_k as i32,
+            renormalize as i32,
+            stream,
+        )
+    };
+    check_launch(code, "moe_route")?;
+    Ok(MoeRoutes {
+        ids,
+        weights,
+        experts,
+    })
+}
+
+/// Whether [`moe_experts`] takes `top_k` experts of inner width `inter` in `dtype`: the down
+/// projection stages a token's `top_k` activations in shared memory (8 x 1536 and 2 x 14336 bf16
+/// fit), and `inter` must be a multiple of 8.
+pub fn moe_fits(top_k: usize, inter: usize, dtype: DType) -> bool {
+    // SAFETY: a pure function of no arguments.
+    let most = unsafe { ffi::pagewise_moe_max_stage_bytes() } as usize;
+    (1..=MOE_MAX_TOP_K).contains(&top_k)
+        && inter.is_multiple_of(8)
+        && top_k * inter * dtype.size_in_bytes() <= most
+}
+
+/// The experts' part of the layer for `x` (`[tokens, hidden]`): for each token, the sum over its
+/// routed experts `e` of weight × `down[e] · (silu(g) * u)` where `g, u` are the halves of
+/// `gate_up[e] · x` (`gate_up`: `[experts, 2 * inter, hidden]`, gate rows first; `down`:
+/// `[experts, hidden, inter]`). f16 or bf16, contiguous, on one GPU; `hidden` a multiple of 8 and
+/// [`moe_fits`]. The gate/up outputs and the SiLU-and-mul are rounded to the dtype as separate
+/// kernels store them; each token's weighted sum is taken in f32. Returns `[tokens, hidden]`.
+pub fn moe_experts(
+    x: &Tensor,
+    gate_up: &Tensor,
+    down: &Tensor,
+    routes: &MoeRoutes,
+) -> Result<Tensor> {
+    let (tokens, hidden) = x.dims2()?;
+    let (experts, width, gk) = gate_up.dims3()?;
+    let (de, dh, inter) = down.dims3()?;
+    let (rt, top_k) = routes.ids.dims2()?;
+    if experts != routes.experts || de != experts || rt != tokens {
+        bail!(
+            "moe_experts: {experts} and {de} experts in the weights and {} routed, {rt} routed \
+             tokens for {tokens}",
+            routes.experts
+        );
+    }
+    if gk != hidden || dh != hidden || width != 2 * inter {
+        bail!(
+            "moe_experts: x {:?}, gate_up {:?} and down {:?} do not fit",
+            x.dims(),
+            gate_up.dims(),
+            down.dims()
+        );
+    }
+    if gate_up.dtype() != x.dtype() || down.dtype() != x.dtype() {
+        bail!("moe_experts: x, gate_up and down must share one dtype");
+    }
+    if !hidden.is_multiple_of(8) || !moe_fits(top_k, inter, x.dtype()) {
+        bail!(
+            "moe_experts: hidden {hidden} and inner width {inter} must be multiples of 8, and \
+             {top_k} x {inter} must fit the staging space"
+        );
+    }
+    if tokens > 65535 {
+        bail!("moe_experts: {tokens} tokens (at most 65535)");
+    }
+    let dtype = dtype_code(x.dtype(), "moe_experts")?;
+    if dtype == 0 {
+        bail!("moe_experts: f16 or bf16 only");
+    }
+    let mid = empty((tokens * top_k, width), x.dtype(), x.device())?;
+    let y = empty((tokens, hidden), x.dtype(), x.device())?;
+    let (mp, stream) = device_ptr(&mid, "gate_up output")?;
+    let (yp, _) = device_ptr(&y, "y")?;
+    let (xp, _) = device_ptr(x, "x")?;
+    let (gp, _) = device_ptr(gate_up, "gate_up")?;
+    let (dp, _) = device_ptr(down, "down")?;
+    let (ip, _) = device_ptr(&routes.ids, "ids")?;
+    let (wp, _) = device_ptr(&routes.weights, "weights")?;
+    // 16-byte loads: rows start 16-byte aligned when the tensors do (widths are multiples of 8).
+    if [xp, gp, dp, mp].iter().any(|p| p % 16 != 0) {
+        bail!("moe_experts: x and the weights must start on 16-byte boundaries");
+    }
+    // SAFETY: contiguous tensors of the checked shapes and dtype on the stream's device; every id
+    // is below `experts` (MoeRoutes comes only from moe_route over `experts` logits), so each
+    // expert's rows lie inside gate_up and down.
+    let code = unsafe {
+        ffi::pagewise_moe_gate_up(
+            dtype,
+            mp as *mut c_void,
+            xp as *const c_void,
+            gp as *const c_void,
+            ip as *const u32,
+            tokens as i32,
+            top_k as i32,
+            width as i32,
+            hidden as i32,
+            stream,
+        )
+    };
+    check_launch(code, "moe_experts (gate/up)")?;
+    // SAFETY: as above; `mid` holds tokens x top_k rows of 2 x inter.
+    let code = unsafe {
+        ffi::pagewise_moe_down(
+            dtype,
+            yp as *mut c_void,
+            mp as *const c_void,
+            dp as *const c_void,
+            ip as *const u32,
+            wp as *const f32,
+            tokens as i32,
+            top_k as i32,
+            hidden as i32,
+            inter as i32,
+            stream,
+        )
+    };
+    check_launch(code, "moe_experts (down)")?;
+    Ok(y)
+}

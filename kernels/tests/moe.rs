@@ -1,0 +1,215 @@
+//! The mixture-of-experts kernels (routing, then each token's experts) against the same math on
+//! the host (run on the GPU machine: scripts/gpu/run.sh).
+
+mod common;
+
+use candle_core::{DType, Device, Tensor};
+use common::{Lcg, host_f32, max_rel_diff, random};
+use pagewise_kernels::{moe_experts, moe_route};
+
+/// The host routing: softmax, the `top_k` largest (ties to the lower expert), renormalized or not.
+fn route(row: &[f32], top_k: usize, renormalize: bool) -> Vec<(u32, f32)> {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let p: Vec<f32> = row.iter().map(|l| (l - max).exp()).collect();
+    let sum: f32 = p.iter().sum();
+    let mut order: Vec<usize> = (0..row.len()).collect();
+    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+    let chosen = &order[..top_k];
+    let norm = match renormalize {
+        true => chosen.iter().map(|&e| p[e]).sum(),
+        false => sum,
+    };
+    chosen.iter().map(|&e| (e as u32, p[e] / norm)).collect()
+}
+
+fn check_routes(logits: &[f32], experts: usize, top_k: usize, renormalize: bool, dev: &Device) {
+    let tokens = logits.len() / experts;
+    let t = Tensor::from_vec(logits.to_vec(), (tokens, experts), dev).unwrap();
+    let r = moe_route(&t, top_k, renormalize).unwrap();
+    let ids = r.ids().flatten_all().unwrap().to_vec1::<u32>().unwrap();
+    let weights = host_f32(r.weights());
+    for (i, row) in logits.chunks(experts).enumerate() {
+        let want = route(row, top_k, renormalize);
+        let at = i * top_k..(i + 1) * top_k;
+        let want_ids: Vec<u32> = want.iter().map(|w| w.0).collect();
+        assert_eq!(
+            ids[at.clone()],
+            want_ids,
+            "{experts} experts, top {top_k}, token {i}"
+        );
+        for (got, w) in weights[at].iter().zip(&want) {
+            assert!(
+                (got - w.1).abs() < 1e-5,
+                "token {i}: weight {got} vs {}",
+                w.1
+            );
+        }
+    }
+}
+
+#[test]
+fn routing_takes_the_top_k_as_the_host_does() {
+    let dev = Device::new_cuda(0).unwrap();
+    let mut rng = Lcg(3);
+    for (tokens, experts, top_k) in [(1, 8, 2), (37, 8, 2), (5, 60, 4), (9, 128, 8), (3, 32, 16)] {
+        let logits: Vec<f32> = (0..tokens * experts).map(|_| rng.next() * 4.0).collect();
+        for renormalize in [true, false] {
+            check_routes(&logits, experts, top_k, renormalize, &dev);
+        }
+    }
+    // Ties go to the lower expert: all equal, and two equal maxima.
+    check_routes(&[0.0; 8], 8, 3, true, &dev);
+    check_routes(&[1.0, 3.0, 2.0, 3.0], 4, 2, false, &dev);
+    // Every token on one expert (k = 1, weight one once renormalized).
+    let one: Vec<f32> = (0..6 * 5)
+        .map(|i| if i % 5 == 3 { 9.0 } else { 0.0 })
+        .collect();
+    check_routes(&one, 5, 1, true, &dev);
+    let zero = Tensor::zeros((0, 8), DType::F32, &dev).unwrap();
+    assert_eq!(moe_route(&zero, 2, true).unwrap().ids().dims(), [0, 2]);
+    let logits = Tensor::zeros((2, 4), DType::F32, &dev).unwrap();
+    assert!(moe_route(&logits, 5, true).is_err());
+    assert!(moe_route(&logits.to_dtype(DType::BF16).unwrap(), 2, true).is_err());
+}
+
+/// silu(g) * u rounded to the dtype's precision (through a tensor of it).
+fn round(v: Vec<f32>, dtype: DType, dev: &Device) -> Vec<f32> {
+    let n = v.len();
+    host_f32(
+        &Tensor::from_vec(v, n, dev)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap(),
+    )
+}
+
+#[test]
+fn experts_match_each_tokens_experts_on_the_host() {
+    let dev = Device::new_cuda(0).unwrap();
+    let mut rng = Lcg(8);
+    for dtype in [DType::BF16, DType::F16] {
+        for (tokens, hidden, inter, experts, top_k) in [
+            (1, 256, 512, 8, 2),
+            (3, 1024, 1408, 8, 2),
+            (8, 512, 768, 128, 8),
+            (5, 2048, 96, 16, 4),
+        ] {
+            let x = random(&mut rng, (tokens, hidden), 1.0, dtype, &dev);
+            let gu = random(&mut rng, (experts * 2 * inter, hidden), 0.05, dtype, &dev)
+                .reshape((experts, 2 * inter, hidden))
+                .unwrap();
+            let down = random(&mut rng, (experts * hidden, inter), 0.05, dtype, &dev)
+                .reshape((experts, hidden, inter))
+                .unwrap();
+            let logits = random(&mut rng, (tokens, experts), 3.0, DType::F32, &dev);
+            let routes = moe_route(&logits, top_k, true).unwrap();
+            let got = host_f32(&moe_experts(&x, &gu, &down, &routes).unwrap());
+
+            let ids = routes
+                .ids()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<u32>()
+                .unwrap();
+            let weights = host_f32(routes.weights());
+            let (xv, guv, dv) = (host_f32(&x), host_f32(&gu), host_f32(&down));
+            let mut want = vec![0f32; tokens * hidden];
+            for t in 0..tokens {
+                let xt = &xv[t * hidden..(t + 1) * hidden];
+                for j in 0..top_k {
+                    let e = ids[t * top_k + j] as usize;
+                    let mid: Vec<f32> = (0..2 * inter)
+                        .map(|o| {
+                            let row = &guv[(e * 2 * inter + o) * hidden..][..hidden];
+                            row.iter().zip(xt).map(|(a, b)| a * b).sum()
+                        })
+                        .collect();
+                    let mid = round(mid, dtype, &dev);
+                    let act: Vec<f32> = (0..inter)
+                        .map(|i| mid[i] / (1.0 + (-mid[i]).exp()) * mid[inter + i])
+                        .collect();
+                    let act = round(act, dtype, &dev);
+                    for o in 0..hidden {
+                        let row = &dv[(e * hidden + o) * inter..][..inter];
+                        let dot: f32 = row.iter().zip(&act).map(|(a, b)| a * b).sum();
+                        want[t * hidden + o] += weights[t * top_k + j] * dot;
+                    }
+                }
+            }
+            let err = max_rel_diff(&got, &want);
+            assert!(
+                err < 1e-2,
+                "{dtype:?} {tokens} tokens, {experts} experts of {hidden}x{inter}, top {top_k}: \
+                 off by {err}"
+            );
+        }
+    }
+    // Weights that do not fit the routes are refused.
+    let x = Tensor::zeros((2, 64), DType::BF16, &dev).unwrap();
+    let gu = Tensor::zeros((4, 64, 64), DType::BF16, &dev).unwrap();
+    let down = Tensor::zeros((4, 64, 32), DType::BF16, &dev).unwrap();
+    let routes = moe_route(&Tensor::zeros((2, 8), DType::F32, &dev).unwrap(), 2, true).unwrap();
+    assert!(moe_experts(&x, &gu, &down, &routes).is_err());
+}
+
+/// The experts of one decode token at Mixtral-8x7B's and Qwen3-30B-A3B's shapes: microseconds
+/// a layer and the bandwidth of the chosen experts' weights (`moe-tests --ignored --nocapture
+/// moe_bandwidth`).
+#[test]
+#[ignore]
+fn moe_bandwidth() {
+    let dev = Device::new_cuda(0).unwrap();
+    let stream = dev.as_cuda_device().unwrap().cuda_stream();
+    let mut rng = Lcg(5);
+    println!(
+        "| shape | experts (top-k) | hidden x inter | µs a layer | TB/s of the chosen experts |"
+    );
+    println!("|---|---|---|---|---|");
+    for (name, experts, top_k, hidden, inter) in [
+        ("Mixtral-8x7B", 8, 2, 4096, 14336),
+        ("Qwen3-30B-A3B", 128, 8, 2048, 768),
+    ] {
+        let gu = random(
+            &mut rng,
+            (experts * 2 * inter, hidden),
+            0.05,
+            DType::BF16,
+            &dev,
+        )
+        .reshape((experts, 2 * inter, hidden))
+        .unwrap();
+        let down = random(&mut rng, (experts * hidden, inter), 0.05, DType::BF16, &dev)
+            .reshape((experts, hidden, inter))
+            .unwrap();
+        let x = random(&mut rng, (1, hidden), 1.0, DType::BF16, &dev);
+        // Different experts each call (the logits of call i favour experts i.. i + top_k).
+        let logits: Vec<Tensor> = (0..64)
+            .map(|i| {
+                let v: Vec<f32> = (0..experts)
+                    .map(|e| {
+                        if (e + experts - i % experts) % experts < top_k {
+                            5.0
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect();
+                Tensor::from_vec(v, (1, experts), &dev).unwrap()
+            })
+            .collect();
+        let run = |i: usize| {
+            let routes = moe_route(&logits[i % 64], top_k, true).unwrap();
+            moe_experts(&x, &gu, &down, &routes).unwrap();
+        };
+        for i in 0..4 {
+            run(i);
+        }
+        let s = common::graph_replay_seconds(&stream, 64, &run);
+        let bytes = (top_k * 3 * hidden * inter * 2) as f64;
+        println!(
+            "| {name} | {experts} (top-{top_k}) | {hidden} x {inter} | {:.1} | {:.2} |",
+            s * 1e6,
+            bytes / s / 1e12
+        );
+    }
+}
