@@ -3,22 +3,25 @@ Gemma, Phi-3.5, Mistral, gpt-oss, SmolLM3) for the chat-template tests, caches t
 cache directory.
 
 The templates are the copies llama.cpp keeps in models/templates/, taken from the pinned
-llama-cpp-python sdist on PyPI (downloaded, sha256-checked, never built or installed). They are
+llama-cpp-python sdist on PyPI (downloaded from the index's simple page, sha256-checked, never
+built or installed: `pip download` of an sdist would build its metadata, cmake included). They are
 third-party files, so they are fetched rather than committed. The cache is
 $PAGEWISE_CACHE_DIR/chat-templates, by default ~/.cache/pagewise/chat-templates.
 tests/fixtures/make_chat_templates.py renders them with transformers; tests/chat_templates.rs
 renders them with pagewise and compares.
 """
 
-import glob
 import hashlib
 import os
-import subprocess
+import re
 import sys
 import tarfile
 import tempfile
+import urllib.parse
+import urllib.request
 
 VERSION = "0.3.36"
+INDEX = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
 SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 PREFIX = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/models/templates/"
 TEMPLATES = [
@@ -53,10 +56,16 @@ def main():
         print(cache)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                        "--disable-pip-version-check", "-d", tmp, f"llama-cpp-python=={VERSION}"],
-                       check=True, stdout=sys.stderr)
-        (sdist,) = glob.glob(os.path.join(tmp, "llama_cpp_python-*.tar.gz"))
+        name = f"llama_cpp_python-{VERSION}.tar.gz"
+        page = urllib.request.urlopen(f"{INDEX}/llama-cpp-python/", timeout=120).read().decode()
+        links = [u for u in re.findall(r'href="([^"]+)"', page) if u.split("#")[0].endswith("/" + name)]
+        if not links:
+            sys.exit(f"{name} is not on {INDEX}/llama-cpp-python/")
+        url = urllib.parse.urljoin(f"{INDEX}/llama-cpp-python/", links[0].split("#")[0])
+        sdist = os.path.join(tmp, name)
+        with urllib.request.urlopen(url, timeout=600) as r, open(sdist, "wb") as f:
+            while chunk := r.read(1 << 20):
+                f.write(chunk)
         got = sha256(sdist)
         if got != SHA256:
             sys.exit(f"sha256 mismatch for llama-cpp-python=={VERSION}: {got}")
