@@ -103,6 +103,11 @@ pub struct ServeCmd {
     /// (Llama 3.1/3.2) or mistral.
     #[arg(long, env = "PAGEWISE_TOOL_CALL_PARSER", value_enum)]
     pub tool_call_parser: Option<crate::server::tools::ToolParser>,
+    /// Split chat answers' reasoning into `reasoning_content` (streamed as
+    /// `delta.reasoning_content`): deepseek_r1 (`...</think>`), qwen3 (`<think>...</think>`,
+    /// or no thinking) or openai_gptoss (gpt-oss's harmony channels: `analysis` is reasoning).
+    #[arg(long, env = "PAGEWISE_REASONING_PARSER", value_enum)]
+    pub reasoning_parser: Option<crate::server::reasoning::ReasoningParser>,
     /// This node serves no HTTP: it only runs its ranks of a multi-node tensor-parallel group
     /// (`--node-rank` 1 or more, which implies it).
     #[arg(long, env = "PAGEWISE_HEADLESS")]

@@ -122,6 +122,7 @@ fn serve(cmd: ServeCmd) -> Result<()> {
             auto_tool_choice: cmd.enable_auto_tool_choice,
             parser: cmd.tool_call_parser,
         },
+        reasoning_parser: cmd.reasoning_parser,
     };
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {

@@ -161,8 +161,8 @@ fn assert_decode_near_the_cpu(label: &str, path: &str, seqs: &[Vec<u32>], got: &
 /// top-1 on at least 99% of the positions where transformers' margin is decisive, and bf16
 /// decode steps near the CPU's float32 logits.
 #[test]
-fn qwen3_gemma3_and_qwen3_moe_on_the_gpu_match_transformers() {
-    for name in ["qwen3-d128", "gemma3-d256", "qwen3moe-d128"] {
+fn qwen3_gemma3_qwen3_moe_and_gpt_oss_on_the_gpu_match_transformers() {
+    for name in ["qwen3-d128", "gemma3-d256", "qwen3moe-d128", "gptoss-d64"] {
         matches_transformers_on_the_gpu(name);
     }
 }

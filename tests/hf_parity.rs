@@ -236,6 +236,20 @@ fn mixtral_with_top2_of_4_experts_matches_transformers() {
     check("mixtral");
 }
 
+/// gpt-oss: attention sinks, sliding windows shorter than the prompts, YaRN past the original
+/// context, experts with biases and the clamped SwiGLU, from MXFP4 experts (as the checkpoints
+/// ship them) and from the dequantized layout transformers saves.
+#[test]
+fn gpt_oss_with_sinks_windows_yarn_and_mxfp4_experts_matches_transformers() {
+    check("gpt-oss");
+    check_model(
+        "gpt-oss",
+        &format!("{FIXTURES}/gpt-oss/dequantized"),
+        1e-4,
+        true,
+    );
+}
+
 #[test]
 fn qwen3_moe_with_renormalized_top3_of_8_and_a_dense_layer_matches_transformers() {
     check("qwen3-moe");

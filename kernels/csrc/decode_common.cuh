@@ -59,8 +59,16 @@ struct DecodeArgs {
   // context only; 0: the whole context.
   int window;
   float scale;
+  // Each query head's attention sink (f32 [num_heads]): a learned logit that joins the softmax
+  // and attends to nothing (gpt-oss); null: none.
+  const float* sinks;
   cudaStream_t stream;
 };
+
+// The softmax's denominator `L` (over scores relative to `M`) with head `head`'s sink, if any.
+__device__ __forceinline__ float with_sink(float L, float M, const float* sinks, int head) {
+  return (sinks != nullptr && L > 0.f) ? L + __expf(sinks[head] - M) : L;
+}
 
 // The positions [begin, end) of a row's context that split `split` of `num_splits` covers.
 // `chunk` is a floor: a row splits its own context evenly when that gives longer chunks (a CUDA

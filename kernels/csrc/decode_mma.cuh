@@ -37,7 +37,7 @@ struct MmaShape {
 // so no block leaves while another still reads its shared memory.
 template <typename T, int D>
 __device__ __forceinline__ void merge_cluster_splits(T* out_heads, const float* ml, const float* o,
-                                                     int group) {
+                                                     int group, const float* sinks) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
@@ -59,11 +59,12 @@ __device__ __forceinline__ void merge_cluster_splits(T* out_heads, const float* 
       L += ls * f;
       acc += cluster.map_shared_rank(o, s)[g * D + d] * f;
     }
+    L = with_sink(L, M, sinks, g);
     out_heads[g * D + d] = from_float<T>(L > 0.f ? acc / L : 0.f);
   }
   cluster.sync();
 #else
-  (void)out_heads, (void)ml, (void)o, (void)group;
+  (void)out_heads, (void)ml, (void)o, (void)group, (void)sinks;
 #endif
 }
 
@@ -93,7 +94,8 @@ __global__ void __launch_bounds__(kThreads)
                             const int32_t* __restrict__ row_seq,
                             const int32_t* __restrict__ context_lens, int max_blocks,
                             int num_heads, int num_kv_heads, int block_size, int chunk,
-                            int fresh_tail, int window, float scale) {
+                            int fresh_tail, int window, float scale,
+                            const float* __restrict__ sinks) {
   using S = MmaShape<T, D>;
   using Copier = typename S::Copier;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -223,6 +225,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     const int head = kv_head * group + g;
     if (num_splits == 1) {
+      L = with_sink(L, M, sinks, head);
       out[((int64_t)seq * num_heads + head) * D + d] = from_float<T>(L > 0.f ? acc / L : 0.f);
     } else if (clustered) {
       if (d == 0) {
@@ -241,7 +244,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (clustered)
     merge_cluster_splits<T, D>(out + ((int64_t)seq * num_heads + (int64_t)kv_head * group) * D,
-                               res_ml, res_o, group);
+                               res_ml, res_o, group,
+                               sinks == nullptr ? nullptr : sinks + (int64_t)kv_head * group);
 }
 
 }  // namespace

@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kThreads)
                         const int32_t* __restrict__ row_seq,
                         const int32_t* __restrict__ context_lens, int max_blocks, int num_heads,
                         int num_kv_heads, int block_size, int chunk, int /*fresh_tail*/,
-                        int window, float scale) {
+                        int window, float scale, const float* __restrict__ sinks) {
   using S = Shape<T, D>;
   constexpr int kHeadsPerWarp = (G + kWarps - 1) / kWarps;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -178,7 +178,8 @@ __global__ void __launch_bounds__(kThreads)
     if (g >= group) break;
     const int head = kv_head * group + g;
     if (num_splits == 1) {
-      const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+      const float total = with_sink(l[h], m[h], sinks, head);
+      const float inv = total > 0.f ? 1.f / total : 0.f;
       T* op = out + ((int64_t)seq * num_heads + head) * D + lane * S::kPart;
 #pragma unroll
       for (int i = 0; i < S::kPart; ++i) op[i] = from_float<T>(acc[h][i] * inv);
@@ -221,7 +222,8 @@ __device__ __forceinline__ float block_reduce(float x, float* scratch) {
 template <typename T, int D, int kThreadsM>
 __global__ void __launch_bounds__(kThreadsM)
     merge_splits_kernel(T* __restrict__ out, const float* __restrict__ part_ml,
-                        const float* __restrict__ part_acc, int num_splits) {
+                        const float* __restrict__ part_acc, int num_splits,
+                        const float* __restrict__ sinks) {
   constexpr int kLanes = kThreadsM / D;
   __shared__ float weight[kMaxSplits];
   __shared__ float scratch[kThreadsM / 32];
@@ -251,7 +253,8 @@ __global__ void __launch_bounds__(kThreadsM)
     weight[s] = w;
     l += ml[2 * s + 1] * w;
   }
-  const float L = block_reduce<false>(l, scratch);  // (its barrier also publishes `weight`)
+  // (Its barrier also publishes `weight`.) The row's head is blockIdx.y.
+  const float L = with_sink(block_reduce<false>(l, scratch), M, sinks, blockIdx.y);
   float o = 0.f;
 #pragma unroll
   for (int k = 0; k < kHeld; ++k) {
@@ -275,10 +278,10 @@ cudaError_t launch_merge(const DecodeArgs* a) {
   const dim3 rows(a->num_seqs, a->num_heads);
   if (a->num_splits > 8)
     return launch_early(merge_splits_kernel<T, D, kMergeThreads>, rows, kMergeThreads, 0,
-                        a->stream, a->out, a->part_ml, a->part_acc, a->num_splits);
+                        a->stream, a->out, a->part_ml, a->part_acc, a->num_splits, a->sinks);
   if (a->num_splits > 1)
     return launch_early(merge_splits_kernel<T, D, D>, rows, D, 0, a->stream, a->out,
-                        a->part_ml, a->part_acc, a->num_splits);
+                        a->part_ml, a->part_acc, a->num_splits, a->sinks);
   return cudaSuccess;
 }
 
@@ -354,7 +357,7 @@ cudaError_t launch_split(K kernel, int smem, const DecodeArgs* a, bool can_clust
       kernel, grid, kThreads, smem, a->stream, in_clusters ? a->num_splits : 1, a->out,
       a->part_ml, a->part_acc, a->q, a->k_cache, a->v_cache, a->block_tables, a->row_seq,
       a->context_lens, a->max_blocks, a->num_heads, a->num_kv_heads, a->block_size, a->chunk,
-      a->fresh_tail, a->window, a->scale);
+      a->fresh_tail, a->window, a->scale, a->sinks);
   if (err == cudaSuccess && !in_clusters) err = launch_merge<T, D>(a);
   return err;
 }
@@ -423,17 +426,20 @@ int decode_any(int dtype, int head_dim, int group, const DecodeArgs* a, int* blo
 // output only in the last fresh_tail positions of each row's context (1 when it writes a
 // decode step's new tokens); -1 means anywhere, and no K/V is read before it ends. window > 0:
 // each row attends over the last `window` positions of its context only (sliding-window layers).
+// sinks: null, or f32 [num_heads], each head's attention sink (a logit in the softmax that attends
+// to nothing; gpt-oss).
 extern "C" int pagewise_paged_decode(int dtype, void* out, float* part_ml, float* part_acc,
                                      const void* q, const void* k_cache, const void* v_cache,
                                      const int32_t* block_tables, const int32_t* row_seq,
                                      const int32_t* context_lens, int num_seqs, int max_blocks,
                                      int num_heads, int num_kv_heads, int head_dim,
                                      int block_size, int num_splits, int chunk, int fresh_tail,
-                                     int window, float scale, cudaStream_t stream) {
+                                     int window, float scale, const float* sinks,
+                                     cudaStream_t stream) {
   const DecodeArgs a{out,          part_ml,  part_acc,     q,          k_cache,    v_cache,
                      block_tables, row_seq,  context_lens, num_seqs,   max_blocks, num_heads,
                      num_kv_heads, head_dim, block_size,   num_splits, chunk,      fresh_tail,
-                     window,       scale,    stream};
+                     window,       scale,    sinks,        stream};
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return 1;
   return decode_any(dtype, head_dim, num_heads / num_kv_heads, &a, nullptr);
 }

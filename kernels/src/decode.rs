@@ -177,6 +177,7 @@ pub unsafe fn paged_attention_planned(
             plan,
             writes,
             0,
+            None,
             scale,
         )
     }
@@ -195,6 +196,7 @@ unsafe fn decode_new(
     plan: (usize, usize),
     writes: CacheWrites,
     window: usize,
+    sinks: Option<&Tensor>,
     scale: f32,
 ) -> Result<Tensor> {
     let out = crate::empty(q.shape(), q.dtype(), q.device())?;
@@ -214,6 +216,7 @@ unsafe fn decode_new(
             plan,
             writes,
             window,
+            sinks,
             scale,
         )
     }?;
@@ -257,6 +260,7 @@ pub unsafe fn paged_attention_planned_into(
             plan,
             writes,
             0,
+            None,
             scale,
         )
     }
@@ -294,6 +298,59 @@ pub unsafe fn paged_attention_windowed(
             plan,
             CacheWrites::Anywhere,
             window,
+            None,
+            scale,
+        )
+    }
+}
+
+/// Decode attention with attention sinks (gpt-oss), every row (a prefill row as a decode row at
+/// its position): as [`paged_attention_windowed`] over the last `window` positions, or over the
+/// whole context when `window` is `None`, with head `h`'s logit `sinks[h]` (f32 `[heads]`) in
+/// each softmax as one more score that attends to nothing.
+///
+/// # Safety
+/// As [`paged_attention_planned_into`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn paged_attention_sinks(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    block_tables: &Tensor,
+    row_seq: Option<&Tensor>,
+    context_lens: &Tensor,
+    plan: (usize, usize),
+    window: Option<usize>,
+    sinks: &Tensor,
+    scale: f32,
+) -> Result<Tensor> {
+    let heads = q.dim(1)?;
+    if sinks.dtype() != DType::F32
+        || sinks.dims() != [heads]
+        || !sinks.device().same_device(q.device())
+    {
+        bail!(
+            "attention sinks must be f32 [{heads}] on the query's device, got {:?} {:?}",
+            sinks.dtype(),
+            sinks.dims()
+        );
+    }
+    if window == Some(0) {
+        bail!("a sliding window of no positions");
+    }
+    // SAFETY: the caller's contract.
+    unsafe {
+        decode_new(
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            row_seq,
+            context_lens,
+            plan,
+            CacheWrites::Anywhere,
+            window.unwrap_or(0),
+            Some(sinks),
             scale,
         )
     }
@@ -312,6 +369,7 @@ unsafe fn decode_into(
     (splits, chunk): (usize, usize),
     writes: CacheWrites,
     window: usize,
+    sinks: Option<&Tensor>,
     scale: f32,
 ) -> Result<()> {
     let (seqs, heads, head_dim) = q.dims3()?;
@@ -361,6 +419,10 @@ unsafe fn decode_into(
         None => 0,
     };
     let (cl, _) = device_ptr(context_lens, "context_lens")?;
+    let sk = match sinks {
+        Some(s) => device_ptr(s, "sinks")?.0,
+        None => 0,
+    };
     // SAFETY: as in `reshape_and_cache`; block table entries, row_seq entries and context lengths
     // are the caller's contract (they must address blocks inside the caches).
     let code = unsafe {
@@ -386,6 +448,7 @@ unsafe fn decode_into(
             writes.fresh_tail(),
             window.min(i32::MAX as usize) as i32,
             scale,
+            sk as *const f32,
             stream,
         )
     };

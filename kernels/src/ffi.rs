@@ -46,6 +46,7 @@ unsafe extern "C" {
         fresh_tail: c_int,
         window: c_int,
         scale: f32,
+        sinks: *const f32,
         stream: *mut c_void,
     ) -> c_int;
 

@@ -5,7 +5,8 @@
 use candle_core::{DType, Device, Tensor};
 use pagewise_kernels::{
     CacheWrites, DecodeWorkspace, decode_slots, paged_attention_planned,
-    paged_attention_planned_into, paged_decode_attention, plan_for, reshape_and_cache,
+    paged_attention_planned_into, paged_attention_sinks, paged_decode_attention, plan_for,
+    reshape_and_cache,
 };
 
 mod common;
@@ -99,6 +100,12 @@ fn case(
         got,
         "copies before the wait changed the result"
     );
+    // With attention sinks (gpt-oss): each head's logit joins its softmax.
+    let sinks: Vec<f32> = (0..heads).map(|_| rng.next() * 2.0).collect();
+    let sinks_t = Tensor::from_slice(&sinks, heads, &dev).unwrap();
+    let sunk =
+        unsafe { paged_attention_sinks(&q, &kc, &vc, &bt, None, &cl, plan, None, &sinks_t, scale) };
+    let sunk = host_f32(&sunk.unwrap());
 
     let mut max_err = 0f32;
     let mut first = 0;
@@ -114,6 +121,8 @@ fn case(
                 .collect();
             let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let z: f32 = scores.iter().map(|x| (x - m).exp()).sum();
+            // The share the sink leaves the positions.
+            let kept = z / (z + (sinks[h] - m).exp());
             for d in 0..head_dim {
                 let want: f32 = scores
                     .iter()
@@ -125,6 +134,12 @@ fn case(
                 let have = got[(s * heads + h) * head_dim + d];
                 assert!(have.is_finite(), "NaN/inf at seq {s} head {h} dim {d}");
                 max_err = max_err.max((have - want).abs());
+                let have = sunk[(s * heads + h) * head_dim + d];
+                assert!(
+                    have.is_finite(),
+                    "sinks: NaN/inf at seq {s} head {h} dim {d}"
+                );
+                max_err = max_err.max((have - want * kept).abs());
             }
         }
         first += c;

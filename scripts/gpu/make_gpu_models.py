@@ -18,6 +18,11 @@ OUT_DIR/gemma3-d256  Gemma 3 text with head dim 256 (hidden 256, 4 heads, 2 KV h
 OUT_DIR/qwen3moe-d128 Qwen3-MoE (8 experts of 128, top 2, renormalized, a router six times the
                      initial scale; head dim 128, hidden 256, 2 layers), float32, and its
                      hf_logits.safetensors.
+OUT_DIR/gptoss-d64   gpt-oss (8 experts of 128, top 2, biases, the clamped SwiGLU; attention with
+                     biases and sinks, head dim 64, hidden 256, 8/2 heads; 3 layers: sliding,
+                     full, sliding with a 48-token window; YaRN factor 8 over an original context
+                     of 32), float32, experts dequantized, and its hf_logits.safetensors (eager
+                     attention, the implementation with sinks).
 OUT_DIR/llama-1b     Random-weight Llama-3.2-1B shape (16 layers, hidden 2048, 32/8 heads, d64,
                      vocab 128256, tied embeddings, llama3 rope scaling), saved in bfloat16.
 OUT_DIR/llama-1b/hf_logits.safetensors
@@ -32,7 +37,8 @@ import sys
 
 import torch
 from safetensors.torch import save_file
-from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, Phi3Config,
+from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GptOssConfig, GptOssForCausalLM, LlamaConfig,
+                          LlamaForCausalLM, Phi3Config,
                           Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -66,12 +72,12 @@ def phi4mini(path):
     save(Phi3ForCausalLM(cfg).float(), cfg, path)
 
 
-def reference_logits(cls, path, vocab, seqs, tokens):
+def reference_logits(cls, path, vocab, seqs, tokens, **load):
     """transformers' logits for random ids, from the saved checkpoint in float32 and bfloat16."""
     ids = torch.randint(0, vocab, (seqs, tokens), generator=torch.Generator().manual_seed(2))
     out = {"tokens": ids.to(torch.int64)}
     for key, dtype in (("logits_bf16", torch.bfloat16), ("logits", torch.float32)):
-        model = cls.from_pretrained(path, dtype=dtype).cuda().eval()
+        model = cls.from_pretrained(path, dtype=dtype, **load).cuda().eval()
         with torch.no_grad():
             out[key] = model(ids.cuda()).logits.float().cpu().contiguous()
         del model
@@ -134,6 +140,36 @@ def qwen3moe(path):
     reference_logits(Qwen3MoeForCausalLM, path, cfg.vocab_size, seqs=2, tokens=128)
 
 
+def gptoss(path):
+    torch.manual_seed(8)
+    cfg = GptOssConfig(vocab_size=320, hidden_size=256, intermediate_size=128, num_hidden_layers=3,
+                       num_attention_heads=8, num_key_value_heads=2, head_dim=64, num_local_experts=8,
+                       num_experts_per_tok=2, sliding_window=48,
+                       layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                       rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0,
+                                        "beta_fast": 32.0, "beta_slow": 1.0,
+                                        "original_max_position_embeddings": 32, "truncate": False},
+                       max_position_embeddings=256, eos_token_id=256, bos_token_id=None,
+                       pad_token_id=None, initializer_range=0.1, tie_word_embeddings=False,
+                       rms_norm_eps=1e-5, attention_bias=True)
+    model = GptOssForCausalLM(cfg).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            if "bias" in name:
+                p.normal_(0.0, 0.1)
+            if name.endswith(".sinks"):
+                p.normal_(0.0, 1.0)
+            if name.endswith("router.weight"):
+                p.mul_(6.0)  # a decided router (see qwen3moe)
+            if name.endswith("experts.gate_up_proj"):
+                p.normal_(0.0, 0.25)  # large enough that the clamp at 7 bites now and then
+    save(model, cfg, path)
+    reference_logits(GptOssForCausalLM, path, cfg.vocab_size, seqs=2, tokens=128,
+                     attn_implementation="eager")
+
+
 def llama_1b(path, seqs=4, tokens=256):
     torch.manual_seed(1)
     cfg = LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
@@ -161,6 +197,7 @@ if __name__ == "__main__":
     qwen3(os.path.join(out, "qwen3-d128"))
     gemma3(os.path.join(out, "gemma3-d256"))
     qwen3moe(os.path.join(out, "qwen3moe-d128"))
+    gptoss(os.path.join(out, "gptoss-d64"))
     if sys.argv[2:] != ["tiny"]:
         llama_1b(os.path.join(out, "llama-1b"))
     print("models written to", out)

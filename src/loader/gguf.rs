@@ -11,7 +11,8 @@ use tokenizers::Tokenizer;
 use super::gguf_tokenizer::tokenizer_from_gguf;
 use super::{GgufMatmul, LoadError};
 use crate::model::config::{
-    Architecture, GemmaSettings, LongRope, ModelConfig, MoeSettings, NeoxSettings,
+    Architecture, ExpertActivation, ExpertNames, GemmaSettings, LongRope, ModelConfig, MoeSettings,
+    NeoxSettings,
 };
 use crate::model::weights::{Dequantize, Weights};
 
@@ -138,6 +139,8 @@ pub fn load(
         }),
         rope_scaling: None,
         longrope,
+        yarn: None,
+        gpt_oss: None,
         // llama.cpp's converter permutes Llama's q/k rows for interleaved rotary; Qwen's stay in
         // the rotate-half order.
         rope_interleaved: architecture == Architecture::Llama,
@@ -333,6 +336,10 @@ fn moe_settings(ct: &Content, arch: &str) -> Result<Option<MoeSettings>, LoadErr
                     .contains_key(&format!("blk.{i}.ffn_gate_inp.weight"))
             })
             .collect(),
-        mixtral_names: arch == "llama",
+        names: match arch {
+            "llama" => ExpertNames::Mixtral,
+            _ => ExpertNames::Qwen,
+        },
+        activation: ExpertActivation::SiluMul,
     }))
 }

@@ -170,7 +170,31 @@ impl KvCache {
         scale: f32,
         window: Option<usize>,
     ) -> candle_core::Result<Tensor> {
+        self.attend_with_sinks(layer, q, k, v, meta, scale, window, None)
+    }
+
+    /// [`KvCache::attend_windowed`] with attention sinks when `sinks` is given (gpt-oss; f32
+    /// `[heads]` on the model's device): head `h`'s learned logit `sinks[h]` joins each softmax
+    /// as one more score that attends to nothing, so a query may give its positions less than
+    /// all of its weight.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_with_sinks(
+        &mut self,
+        layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        meta: &AttentionMeta<'_>,
+        scale: f32,
+        window: Option<usize>,
+        sinks: Option<&Tensor>,
+    ) -> candle_core::Result<Tensor> {
         let (num_tokens, num_heads, head_dim) = q.dims3()?;
+        if let Some(s) = sinks
+            && s.dims() != [num_heads]
+        {
+            candle_core::bail!("attention sinks {:?} for {num_heads} heads", s.dims());
+        }
         let layout = self.layout;
         if k.dims3()? != (num_tokens, layout.num_kv_heads, head_dim) || head_dim != layout.head_dim
         {
@@ -196,7 +220,9 @@ impl KvCache {
                 let Some(dm) = &meta.device else {
                     candle_core::bail!("paged attention on a GPU needs device metadata");
                 };
-                return super::attention_cuda::attend(k_cache, v_cache, q, k, v, dm, scale, window);
+                return super::attention_cuda::attend(
+                    k_cache, v_cache, q, k, v, dm, scale, window, sinks,
+                );
             }
         };
         let (dtype, device) = (q.dtype(), q.device().clone());
@@ -204,7 +230,16 @@ impl KvCache {
         let (q, k, v) = (host(q)?, host(k)?, host(v)?);
         let cache = &mut layers[layer];
         reshape_and_cache(&k, &v, cache, meta.slot_mapping, layout)?;
-        let out = attend_cpu(&q, cache, meta, layout, num_heads, scale, window);
+        let sinks = sinks
+            .map(|s| s.to_dtype(DType::F32)?.to_vec1::<f32>())
+            .transpose()?;
+        let shape = Shape {
+            heads: num_heads,
+            scale,
+            window,
+            sinks: sinks.as_deref(),
+        };
+        let out = attend_cpu(&q, cache, meta, layout, shape);
         Tensor::from_vec(out, (num_tokens, num_heads * head_dim), &Device::Cpu)?
             .to_dtype(dtype)?
             .to_device(&device)
@@ -231,18 +266,31 @@ fn reshape_and_cache(
     Ok(())
 }
 
+/// What a step's attention computes beyond the cache's layout.
+struct Shape<'a> {
+    heads: usize,
+    scale: f32,
+    window: Option<usize>,
+    sinks: Option<&'a [f32]>,
+}
+
 /// Paged attention for every query row. The rows (token, head) are independent, so the CPU
 /// team splits them; each row is the textbook softmax(q·K / √d)·V over its positions (the last
-/// `window` of them in a sliding-window layer).
+/// `window` of them in a sliding-window layer), with the head's sink logit in the softmax's
+/// denominator when the model has sinks.
 fn attend_cpu(
     q: &[f32],
     cache: &LayerKv,
     meta: &AttentionMeta<'_>,
     layout: KvLayout,
-    num_heads: usize,
-    scale: f32,
-    window: Option<usize>,
+    shape: Shape<'_>,
 ) -> Vec<f32> {
+    let Shape {
+        heads: num_heads,
+        scale,
+        window,
+        sinks,
+    } = shape;
     let d = layout.head_dim;
     let w = layout.slot_width();
     let bs = layout.block_size;
@@ -267,8 +315,13 @@ fn attend_cpu(
         let mut scores: Vec<f32> = (first..=pos)
             .map(|p| dot(qv, &cache.k[slot(p) * w + kv_off..][..d]) * scale)
             .collect();
-        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0.0f32;
+        let sink = sinks.map(|s| s[h]);
+        let max = scores
+            .iter()
+            .copied()
+            .chain(sink)
+            .fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = sink.map_or(0.0, |s| (s - max).exp());
         for s in scores.iter_mut() {
             *s = (*s - max).exp();
             sum += *s;
@@ -324,6 +377,7 @@ mod tests {
         kvh: usize,
         d: usize,
         window: Option<usize>,
+        sinks: Option<&[f32]>,
     ) -> Vec<f32> {
         let mut out = vec![0.0; n * heads * d];
         for t in 0..n {
@@ -338,8 +392,13 @@ mod tests {
                             / (d as f32).sqrt()
                     })
                     .collect();
-                let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let z: f32 = s.iter().map(|x| (x - m).exp()).sum();
+                let sink = sinks.map(|s| s[h]);
+                let m = s
+                    .iter()
+                    .copied()
+                    .chain(sink)
+                    .fold(f32::NEG_INFINITY, f32::max);
+                let z: f32 = s.iter().chain(&sink).map(|x| (x - m).exp()).sum();
                 for (p, x) in (first..).zip(&s) {
                     for i in 0..d {
                         out[(t * heads + h) * d + i] +=
@@ -356,11 +415,52 @@ mod tests {
     #[test]
     fn chunked_paged_attention_over_shuffled_blocks_matches_dense_attention() {
         for window in [None, Some(1), Some(3), Some(7), Some(20)] {
-            paged_matches_dense(window);
+            paged_matches_dense(window, None);
         }
     }
 
-    fn paged_matches_dense(window: Option<usize>) {
+    /// gpt-oss's sinks: one large (most of the weight to nothing), one small, one near the
+    /// scores; with full and windowed attention.
+    #[test]
+    fn attention_sinks_take_their_share_of_each_softmax() {
+        let sinks = [3.0f32, -20.0, 0.4, 1.2];
+        for window in [None, Some(3)] {
+            paged_matches_dense(window, Some(&sinks));
+        }
+        let e = KvCache::new(
+            KvLayout {
+                num_blocks: 2,
+                block_size: 4,
+                num_kv_heads: 1,
+                head_dim: 8,
+            },
+            1,
+        )
+        .attend_with_sinks(
+            0,
+            &Tensor::zeros((1, 4, 8), DType::F32, &Device::Cpu).unwrap(),
+            &Tensor::zeros((1, 1, 8), DType::F32, &Device::Cpu).unwrap(),
+            &Tensor::zeros((1, 1, 8), DType::F32, &Device::Cpu).unwrap(),
+            &AttentionMeta {
+                slot_mapping: &[4],
+                block_tables: &[1],
+                seqs: vec![SeqSpan {
+                    query_start: 0,
+                    query_len: 1,
+                    context_len: 1,
+                    block_table: 0..1,
+                }],
+                device: None,
+            },
+            1.0,
+            None,
+            Some(&Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap()),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("sinks [3] for 4 heads"), "{e}");
+    }
+
+    fn paged_matches_dense(window: Option<usize>, sinks: Option<&[f32]>) {
         let (heads, kvh, d, bs) = (4, 2, 8, 4);
         let n = 11;
         let mut rng = SeededRng::new(3, 0);
@@ -369,7 +469,7 @@ mod tests {
             randn(n * kvh * d, &mut rng),
             randn(n * kvh * d, &mut rng),
         );
-        let expected = naive(&q, &k, &v, n, heads, kvh, d, window);
+        let expected = naive(&q, &k, &v, n, heads, kvh, d, window, sinks);
 
         let layout = KvLayout {
             num_blocks: 8,
@@ -402,7 +502,7 @@ mod tests {
                 device: None,
             };
             let o = cache
-                .attend_windowed(
+                .attend_with_sinks(
                     0,
                     &t(&q, heads),
                     &t(&k, kvh),
@@ -410,6 +510,11 @@ mod tests {
                     &meta,
                     1.0 / (d as f32).sqrt(),
                     window,
+                    sinks
+                        .map(|s| Tensor::from_slice(s, s.len(), &Device::Cpu))
+                        .transpose()
+                        .unwrap()
+                        .as_ref(),
                 )
                 .unwrap();
             got.extend(o.flatten_all().unwrap().to_vec1::<f32>().unwrap());

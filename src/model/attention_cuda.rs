@@ -10,7 +10,8 @@ use pagewise_kernels::PrefillSeqs;
 use super::batch::DeviceAttentionMeta;
 
 /// Writes `k`, `v` at the slot mapping and attends `q` (over the last `window` positions of each
-/// row's context in a sliding-window layer); returns `[tokens, heads * head_dim]`.
+/// row's context in a sliding-window layer; with each head's sink logit in its softmax when
+/// `sinks` is given); returns `[tokens, heads * head_dim]`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attend(
     k_cache: &Tensor,
@@ -21,6 +22,7 @@ pub(super) fn attend(
     meta: &DeviceAttentionMeta,
     scale: f32,
     window: Option<usize>,
+    sinks: Option<&Tensor>,
 ) -> candle_core::Result<Tensor> {
     // SAFETY: the indices come from the scheduler's plan (ForwardBatch): block ids below the
     // cache's num_blocks, distinct slots within a step, contexts within each block-table row.
@@ -33,10 +35,44 @@ pub(super) fn attend(
             &meta.slot_mapping,
         )
     }?;
-    match window {
-        Some(w) => attend_windowed(k_cache, v_cache, q, meta, scale, w),
-        None => attend_cached(k_cache, v_cache, q, meta, scale),
+    match (window, sinks) {
+        (_, Some(sinks)) => attend_sinks(k_cache, v_cache, q, meta, scale, window, sinks),
+        (Some(w), None) => attend_windowed(k_cache, v_cache, q, meta, scale, w),
+        (None, None) => attend_cached(k_cache, v_cache, q, meta, scale),
     }
+}
+
+/// Attention with sinks (gpt-oss): every row, prefill rows included, through the decode kernel
+/// (which adds each head's sink to its softmax), over the window or the whole context.
+fn attend_sinks(
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    q: &Tensor,
+    meta: &DeviceAttentionMeta,
+    scale: f32,
+    window: Option<usize>,
+    sinks: &Tensor,
+) -> candle_core::Result<Tensor> {
+    let (tokens, heads, head_dim) = q.dims3()?;
+    let longest = window.map_or(meta.max_context_len, |w| meta.max_context_len.min(w));
+    let plan = split_plan(q, k_cache, meta, longest)?;
+    // SAFETY: the indices come from the scheduler's plan (ForwardBatch): block ids below the
+    // cache's num_blocks, contexts within each block-table row.
+    let out = unsafe {
+        pagewise_kernels::paged_attention_sinks(
+            &q.contiguous()?,
+            k_cache,
+            v_cache,
+            &meta.block_tables,
+            Some(&meta.row_seq),
+            &meta.context_lens,
+            plan,
+            window,
+            sinks,
+            scale,
+        )
+    }?;
+    out.reshape((tokens, heads * head_dim))
 }
 
 /// A sliding-window layer's attention: every row, prefill rows included, through the decode

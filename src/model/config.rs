@@ -2,8 +2,9 @@
 //! (`hf_config.rs`) or from GGUF metadata (`loader::gguf`).
 
 pub use super::gemma3::GemmaSettings;
-pub use super::moe::MoeSettings;
-pub use super::rope_scaling::{Llama3RopeScaling, LongRope};
+pub use super::gpt_oss::GptOssSettings;
+pub use super::moe::{ExpertActivation, ExpertNames, MoeSettings};
+pub use super::rope_scaling::{Llama3RopeScaling, LongRope, Yarn};
 
 /// Supported architectures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +26,8 @@ pub enum Architecture {
     GptNeox,
     /// Google's Gemma 3 (text): see [`super::gemma3`].
     Gemma3,
+    /// OpenAI's gpt-oss: see [`super::gpt_oss`].
+    GptOss,
 }
 
 /// OPT-only settings.
@@ -74,6 +77,8 @@ pub struct ModelConfig {
     pub rope_scaling: Option<Llama3RopeScaling>,
     /// Phi-3's LongRoPE scaling, if any.
     pub longrope: Option<LongRope>,
+    /// YaRN scaling (gpt-oss; Qwen's long-context settings), if any.
+    pub yarn: Option<Yarn>,
     /// Rotary applied to interleaved pairs (GGUF llama weights) instead of rotate-half (HF).
     pub rope_interleaved: bool,
     /// Longest context the model supports.
@@ -98,7 +103,9 @@ pub struct ModelConfig {
     pub neox: Option<NeoxSettings>,
     /// Gemma 3-only settings.
     pub gemma: Option<GemmaSettings>,
-    /// The experts of a mixture-of-experts model (Mixtral, Qwen3-MoE).
+    /// gpt-oss-only settings.
+    pub gpt_oss: Option<GptOssSettings>,
+    /// The experts of a mixture-of-experts model (Mixtral, Qwen3-MoE, gpt-oss).
     pub moe: Option<MoeSettings>,
     /// Leading dimensions of each head that rotary turns: `head_dim`, or
     /// `partial_rotary_factor * head_dim` (GPT-NeoX, Phi-4-mini); the rest pass through.

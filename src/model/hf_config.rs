@@ -6,6 +6,7 @@ use serde::Deserialize;
 
 use super::ModelError;
 use super::config::{Architecture, ModelConfig, NeoxSettings, OptSettings};
+use super::moe::ExpertNames;
 
 /// A token id or a list of them (HF writes `eos_token_id` both ways).
 #[derive(Clone, Debug, Deserialize)]
@@ -118,27 +119,37 @@ impl ModelConfig {
             "GPT2LMHeadModel" | "gpt2" => Architecture::Gpt2,
             "GPTNeoXForCausalLM" | "gpt_neox" => Architecture::GptNeox,
             "Gemma3ForCausalLM" | "gemma3_text" => Architecture::Gemma3,
+            "GptOssForCausalLM" | "gpt_oss" => Architecture::GptOss,
             other => {
                 return Err(unsupported(format!(
-                    "architecture {other:?} (supported: Llama, Mistral, Qwen2, Qwen3, Phi-3, OPT, GPT-2, GPT-NeoX, Gemma 3 text, Mixtral, Qwen3-MoE)"
+                    "architecture {other:?} (supported: Llama, Mistral, Qwen2, Qwen3, Phi-3, OPT, GPT-2, GPT-NeoX, Gemma 3 text, Mixtral, Qwen3-MoE, gpt-oss)"
                 )));
             }
         };
-        let moe = match arch_name.as_str() {
-            "MixtralForCausalLM" | "mixtral" | "Qwen3MoeForCausalLM" | "qwen3_moe" => {
-                let mixtral = arch_name.to_lowercase().contains("mixtral");
+        let names = match arch_name.as_str() {
+            "MixtralForCausalLM" | "mixtral" => Some(ExpertNames::Mixtral),
+            "Qwen3MoeForCausalLM" | "qwen3_moe" => Some(ExpertNames::Qwen),
+            "GptOssForCausalLM" | "gpt_oss" => Some(ExpertNames::GptOss),
+            _ => None,
+        };
+        let moe = match names {
+            Some(names) => {
                 let dense = c.intermediate_size.unwrap_or(0);
                 Some(super::moe::settings(
                     text,
-                    mixtral,
+                    names,
                     c.num_hidden_layers,
                     dense,
                 )?)
             }
-            _ => None,
+            None => None,
         };
         let gemma = match architecture {
             Architecture::Gemma3 => Some(super::gemma3::settings(text, c.num_hidden_layers)?),
+            _ => None,
+        };
+        let gpt_oss = match architecture {
+            Architecture::GptOss => Some(super::gpt_oss::settings(text, c.num_hidden_layers)?),
             _ => None,
         };
         let rope_params = c.rope_parameters.as_ref().or(c.rope_scaling.as_ref());
@@ -150,9 +161,9 @@ impl ModelConfig {
                 .or(c.rotary_emb_base)
                 .unwrap_or(10_000.0),
         };
-        let (rope_scaling, longrope) = match gemma {
+        let scaling = match gemma {
             // (Gemma 3's rotary settings are its own: `GemmaSettings`.)
-            Some(_) => (None, None),
+            Some(_) => Default::default(),
             None => super::rope_scaling::parse(
                 rope_params,
                 c.max_position_embeddings,
@@ -241,13 +252,14 @@ impl ModelConfig {
                 1e-6
             }),
             rope_theta,
-            rope_scaling,
-            longrope,
+            rope_scaling: scaling.llama3,
+            longrope: scaling.longrope,
+            yarn: scaling.yarn,
             rope_interleaved: false,
-            max_position_embeddings: match (is_gpt2, &gemma) {
+            max_position_embeddings: match (is_gpt2, gemma.is_some() || gpt_oss.is_some()) {
                 (true, _) => c.max_position_embeddings.unwrap_or(1024),
-                // Gemma 3's windows are implemented.
-                (_, Some(_)) => c.max_position_embeddings.unwrap_or(131_072),
+                // Gemma 3's and gpt-oss's windows are implemented.
+                (_, true) => c.max_position_embeddings.unwrap_or(131_072),
                 _ => context_limit(&c),
             },
             // OPT and GPT-2 always tie their LM head to the embedding; Gemma by default.
@@ -256,10 +268,14 @@ impl ModelConfig {
                 || c.tie_word_embeddings.unwrap_or(gemma.is_some()),
             qkv_bias: is_opt
                 || is_gpt2
+                || (architecture == Architecture::GptOss && c.attention_bias.unwrap_or(true))
                 || architecture == Architecture::Qwen2
                 || c.attention_bias.unwrap_or(false),
             qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
-            o_bias: is_opt || is_gpt2 || c.attention_bias.unwrap_or(false),
+            o_bias: is_opt
+                || is_gpt2
+                || c.attention_bias
+                    .unwrap_or(architecture == Architecture::GptOss),
             mlp_bias: is_opt || is_gpt2 || c.mlp_bias.unwrap_or(false),
             bos_token_id: c.bos_token_id.and_then(|b| b.into_vec().first().copied()),
             eos_token_ids: c.eos_token_id.map(OneOrMany::into_vec).unwrap_or_default(),
@@ -271,6 +287,7 @@ impl ModelConfig {
             }),
             neox,
             gemma: gemma.map(|(settings, _)| settings),
+            gpt_oss,
             moe,
             rotary_dim,
         })

@@ -273,6 +273,9 @@ impl Rotary {
         if let Some(s) = &cfg.rope_scaling {
             llama3_scale(&mut inv_freq, s);
         }
+        if let Some(y) = &cfg.yarn {
+            y.scale(&mut inv_freq, theta);
+        }
         // LongRoPE: each frequency divided by its short factor within the original context and
         // by its long factor past it; cos and sin scaled.
         let (mut short, mut long, mut original, mut scale) = (None, None, usize::MAX, 1.0);
@@ -291,6 +294,9 @@ impl Rotary {
             long = Some(divided(&l.long_factor));
             original = l.original_max_position_embeddings;
             scale = l.attention_factor;
+        }
+        if let Some(y) = &cfg.yarn {
+            scale = y.attention_factor;
         }
         let mut cos = Vec::with_capacity(max_len * d / 2);
         let mut sin = Vec::with_capacity(max_len * d / 2);

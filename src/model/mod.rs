@@ -12,12 +12,14 @@ pub mod gemma3;
 mod gguf_weights;
 pub mod gpt2;
 pub mod gpt_neox;
+pub mod gpt_oss;
 mod hf_config;
 pub mod layers;
 pub mod llama;
 pub mod moe;
 #[cfg(feature = "cuda")]
 mod moe_device;
+mod mxfp4;
 pub mod norm;
 pub mod opt;
 pub mod qkv;
@@ -116,5 +118,6 @@ pub fn build_sharded(
         Architecture::Gpt2 => Box::new(gpt2::Gpt2::load(cfg, weights)?),
         Architecture::GptNeox => Box::new(gpt_neox::GptNeox::load(cfg, weights, max_len)?),
         Architecture::Gemma3 => Box::new(gemma3::Gemma3::load(cfg, weights, max_len)?),
+        Architecture::GptOss => Box::new(gpt_oss::GptOss::load(cfg, weights, max_len)?),
     })
 }

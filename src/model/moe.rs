@@ -1,4 +1,4 @@
-//! Mixture-of-experts MLPs (Mixtral, Qwen3-MoE): a router scores every expert for each token,
+//! Mixture-of-experts MLPs (Mixtral, Qwen3-MoE, gpt-oss): a router scores every expert for each token,
 //! the token goes through its top-k experts, and their outputs are summed with the routing
 //! weights. This is the reference path (candle ops, one expert at a time over the tokens that
 //! chose it), on the CPU and on a GPU alike; on a GPU, small steps route and run their experts
@@ -31,9 +31,56 @@ pub struct MoeSettings {
     pub expert_intermediate: usize,
     /// Which layers are sparse (the others have the dense MLP of `intermediate_size`).
     pub sparse: Vec<bool>,
-    /// Mixtral's names (`block_sparse_moe.experts.N.w1/w2/w3`) or Qwen's
-    /// (`mlp.experts.N.gate_proj/down_proj/up_proj`).
-    pub mixtral_names: bool,
+    /// How the checkpoint names (and lays out) the experts.
+    pub names: ExpertNames,
+    /// The experts' activation.
+    pub activation: ExpertActivation,
+}
+
+/// How a checkpoint names its experts' weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertNames {
+    /// `block_sparse_moe.experts.N.w1/w2/w3`, router `block_sparse_moe.gate`.
+    Mixtral,
+    /// `mlp.experts.N.gate_proj/down_proj/up_proj`, router `mlp.gate`.
+    Qwen,
+    /// gpt-oss: each layer's experts stacked in `mlp.experts.gate_up_proj` (gate and up
+    /// interleaved) and `mlp.experts.down_proj` with biases, or as MXFP4 blocks and scales;
+    /// router `mlp.router` with a bias.
+    GptOss,
+}
+
+/// What an expert computes between its two projections.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ExpertActivation {
+    /// `silu(gate) * up`.
+    SiluMul,
+    /// gpt-oss's: `g = min(gate, limit)`, `u = clamp(up, -limit, limit)`,
+    /// `(u + 1) * g * sigmoid(alpha * g)`.
+    ClampedSwiglu {
+        /// Slope of the sigmoid.
+        alpha: f32,
+        /// The clamp.
+        limit: f32,
+    },
+}
+
+impl ExpertActivation {
+    /// The activation of `gate_up` (`[tokens, 2 * inter]`, gate columns first).
+    pub fn apply(&self, gate_up: &Tensor) -> candle_core::Result<Tensor> {
+        match *self {
+            ExpertActivation::SiluMul => silu_mul(gate_up),
+            ExpertActivation::ClampedSwiglu { alpha, limit } => {
+                let i = gate_up.dim(1)? / 2;
+                let gate = gate_up.narrow(1, 0, i)?.minimum(limit as f64)?;
+                let up = gate_up
+                    .narrow(1, i, i)?
+                    .clamp(-limit as f64, limit as f64)?;
+                let glu = (&gate * candle_nn::ops::sigmoid(&gate.affine(alpha as f64, 0.0)?)?)?;
+                up.affine(1.0, 1.0)? * glu
+            }
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -47,16 +94,18 @@ struct MoeFields {
     #[serde(default)]
     mlp_only_layers: Vec<usize>,
     shared_expert_intermediate_size: Option<usize>,
+    swiglu_limit: Option<f64>,
 }
 
-/// The MoE settings of a `config.json` (`text`) for `mixtral` or Qwen3-MoE, with `layers`
-/// decoder layers and a dense MLP width of `intermediate`.
+/// The MoE settings of a `config.json` (`text`) for Mixtral, Qwen3-MoE or gpt-oss (`names`),
+/// with `layers` decoder layers and a dense MLP width of `intermediate`.
 pub(super) fn settings(
     text: &str,
-    mixtral: bool,
+    names: ExpertNames,
     layers: usize,
     intermediate: usize,
 ) -> Result<MoeSettings, ModelError> {
+    let mixtral = names == ExpertNames::Mixtral;
     let f: MoeFields =
         serde_json::from_str(text).map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
     if f.shared_expert_intermediate_size.is_some_and(|s| s > 0) {
@@ -70,19 +119,27 @@ pub(super) fn settings(
         )));
     }
     let step = f.decoder_sparse_step.unwrap_or(1).max(1);
+    let gpt_oss = names == ExpertNames::GptOss;
     Ok(MoeSettings {
         num_experts,
         top_k,
-        renormalize: mixtral || f.norm_topk_prob.unwrap_or(false),
-        expert_intermediate: if mixtral {
-            intermediate
-        } else {
-            f.moe_intermediate_size.unwrap_or(intermediate)
+        // (gpt-oss takes the softmax of the chosen experts' logits: the same weights.)
+        renormalize: mixtral || gpt_oss || f.norm_topk_prob.unwrap_or(false),
+        expert_intermediate: match names {
+            ExpertNames::Mixtral | ExpertNames::GptOss => intermediate,
+            ExpertNames::Qwen => f.moe_intermediate_size.unwrap_or(intermediate),
         },
         sparse: (0..layers)
-            .map(|i| !f.mlp_only_layers.contains(&i) && (i + 1) % step == 0)
+            .map(|i| gpt_oss || !f.mlp_only_layers.contains(&i) && (i + 1) % step == 0)
             .collect(),
-        mixtral_names: mixtral,
+        names,
+        activation: match gpt_oss {
+            true => ExpertActivation::ClampedSwiglu {
+                alpha: 1.702,
+                limit: f.swiglu_limit.unwrap_or(7.0) as f32,
+            },
+            false => ExpertActivation::SiluMul,
+        },
     })
 }
 
@@ -139,7 +196,18 @@ impl SparseMoe {
         s: &MoeSettings,
     ) -> Result<Self, ModelError> {
         let i = s.expert_intermediate;
-        let (prefix, names) = if s.mixtral_names {
+        if s.names == ExpertNames::GptOss {
+            let prefix = format!("model.layers.{layer}.mlp");
+            return Ok(SparseMoe {
+                router: router(w, &format!("{prefix}.router"), hidden, s.num_experts, true)?,
+                experts: super::gpt_oss::experts(w, &prefix, hidden, s)?,
+                settings: s.clone(),
+                // (Biases and the clamped activation are not in the device kernels.)
+                #[cfg(feature = "cuda")]
+                stacked: None,
+            });
+        }
+        let (prefix, names) = if s.names == ExpertNames::Mixtral {
             (
                 format!("model.layers.{layer}.block_sparse_moe"),
                 ["w1", "w3", "w2"],
@@ -179,13 +247,7 @@ impl SparseMoe {
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
-        let router = w.linear(&format!("{prefix}.gate"), hidden, s.num_experts, false)?;
-        // A dense router scores in f32: in bf16 near-tied experts swap places, and a swapped
-        // expert moves the output far more than bf16 rounding does.
-        let router = match router.dense_weight() {
-            Some(weight) => Linear::dense(weight.to_dtype(DType::F32)?, None),
-            None => router,
-        };
+        let router = router(w, &format!("{prefix}.gate"), hidden, s.num_experts, false)?;
         #[cfg(feature = "cuda")]
         let stacked = super::moe_device::Stacked::take(&mut experts, s.top_k)?;
         Ok(SparseMoe {
@@ -196,7 +258,28 @@ impl SparseMoe {
             stacked,
         })
     }
+}
 
+/// A router `name` (`[experts, hidden]`, with a bias when `bias`). A dense router scores in f32:
+/// in bf16 near-tied experts swap places, and a swapped expert moves the output far more than
+/// bf16 rounding does.
+fn router(
+    w: &Weights,
+    name: &str,
+    hidden: usize,
+    experts: usize,
+    bias: bool,
+) -> Result<Linear, ModelError> {
+    Ok(match w.linear(name, hidden, experts, bias)? {
+        Linear::Dense(l) => Linear::dense(
+            l.weight().to_dtype(DType::F32)?,
+            l.bias().map(|b| b.to_dtype(DType::F32)).transpose()?,
+        ),
+        other => other,
+    })
+}
+
+impl SparseMoe {
     /// Whether steps of up to [`DEVICE_TOKENS`] tokens run on the device
     /// without reading anything back (and so inside CUDA graphs).
     pub fn routes_on_device(&self) -> bool {
@@ -212,9 +295,9 @@ impl SparseMoe {
 
     /// The router's f32 logits for `x`, `[tokens, experts]`.
     fn router_logits(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let scored = match self.router.dense_weight() {
-            Some(_) => x.to_dtype(DType::F32)?,
-            None => x.clone(),
+        let scored = match &self.router {
+            Linear::Dense(_) => x.to_dtype(DType::F32)?,
+            _ => x.clone(),
         };
         self.router.forward(&scored)?.to_dtype(DType::F32)
     }
@@ -253,7 +336,7 @@ impl SparseMoe {
             let rows = x.index_select(&index, 0)?;
             let y = expert
                 .down
-                .forward(&silu_mul(&expert.gate_up.forward(&rows)?)?)?;
+                .forward(&s.activation.apply(&expert.gate_up.forward(&rows)?)?)?;
             out = out.index_add(&index, &y.broadcast_mul(&weights)?, 0)?;
         }
         Ok(out)
@@ -318,7 +401,7 @@ mod tests {
         ));
         let s = settings(
             r#"{"num_local_experts":3,"num_experts_per_tok":1}"#,
-            true,
+            ExpertNames::Mixtral,
             1,
             i,
         )
@@ -343,7 +426,7 @@ mod tests {
         let s = settings(
             r#"{"num_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":16,
             "decoder_sparse_step":2,"mlp_only_layers":[3],"norm_topk_prob":false}"#,
-            false,
+            ExpertNames::Qwen,
             6,
             64,
         )
@@ -352,19 +435,28 @@ mod tests {
         assert_eq!((s.expert_intermediate, s.renormalize), (16, false));
         let mixtral = settings(
             r#"{"num_local_experts":8,"num_experts_per_tok":2}"#,
-            true,
+            ExpertNames::Mixtral,
             2,
             64,
         )
         .unwrap();
-        assert!(mixtral.renormalize && mixtral.mixtral_names && mixtral.expert_intermediate == 64);
+        assert!(mixtral.renormalize && mixtral.expert_intermediate == 64);
+        assert_eq!(mixtral.activation, ExpertActivation::SiluMul);
         let shared = settings(
             r#"{"num_experts":8,"shared_expert_intermediate_size":32}"#,
-            false,
+            ExpertNames::Qwen,
             2,
             64,
         );
         assert!(shared.unwrap_err().to_string().contains("shared experts"));
-        assert!(settings(r#"{"num_experts":2,"num_experts_per_tok":3}"#, false, 2, 64).is_err());
+        assert!(
+            settings(
+                r#"{"num_experts":2,"num_experts_per_tok":3}"#,
+                ExpertNames::Qwen,
+                2,
+                64
+            )
+            .is_err()
+        );
     }
 }

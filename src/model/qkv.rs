@@ -151,13 +151,31 @@ pub fn attention(
     kv: &mut KvCache,
     heads: Heads,
 ) -> candle_core::Result<Tensor> {
+    attention_with_sinks(proj, layer, h, rotary, batch, kv, heads, None)
+}
+
+/// [`attention`] with each head's sink logit in its softmax when `sinks` is given (gpt-oss;
+/// see [`KvCache::attend_with_sinks`]).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_with_sinks(
+    proj: &QkvProj,
+    layer: usize,
+    h: &Tensor,
+    rotary: &RotaryRows,
+    batch: &ForwardBatch<'_>,
+    kv: &mut KvCache,
+    heads: Heads,
+    sinks: Option<&Tensor>,
+) -> candle_core::Result<Tensor> {
     let n = h.dim(0)?;
     let (qw, kvw) = (heads.q * heads.dim, heads.kv * heads.dim);
     let (q, k, v) = match &proj.proj {
         Proj::Fused(linear) => {
             let mut qkv = linear.forward(h)?;
             #[cfg(feature = "cuda")]
-            if let Some(out) = attend_projected(&qkv, proj, layer, rotary, batch, kv, heads) {
+            if sinks.is_none()
+                && let Some(out) = attend_projected(&qkv, proj, layer, rotary, batch, kv, heads)
+            {
                 return out;
             }
             if let Some((qn, kn)) = &proj.qk_norm {
@@ -179,7 +197,7 @@ pub fn attention(
     let q = rotary.apply(&q.reshape((n, heads.q, heads.dim))?)?;
     let k = rotary.apply(&k.reshape((n, heads.kv, heads.dim))?)?;
     let v = v.reshape((n, heads.kv, heads.dim))?;
-    kv.attend_windowed(
+    kv.attend_with_sinks(
         layer,
         &q,
         &k,
@@ -187,6 +205,7 @@ pub fn attention(
         &batch.attention,
         heads.scale,
         heads.window,
+        sinks,
     )
 }
 

@@ -1,6 +1,7 @@
 //! Rotary scaling as a Hugging Face config states it (`rope_scaling`, or transformers 5's
-//! `rope_parameters`): Llama 3.1's wavelength-dependent scaling and Phi-3's LongRoPE. The tables
-//! themselves are computed in `layers::Rotary`.
+//! `rope_parameters`): Llama 3.1's wavelength-dependent scaling, Phi-3's LongRoPE and YaRN
+//! (gpt-oss, Qwen's long-context settings). The tables themselves are computed in
+//! `layers::Rotary`.
 
 use serde::Deserialize;
 
@@ -34,16 +35,71 @@ pub struct LongRope {
     pub attention_factor: f64,
 }
 
-/// The scaling `params` names (`rope_type` or `type`): Llama 3.1's or LongRoPE (for which the
-/// config's context lengths supply what `params` leaves out), none for "default", an error for
-/// any other.
+/// YaRN (`rope_type` "yarn"): frequencies that turn fewer than `beta_slow` times over the original
+/// context are interpolated (divided by `factor`), those that turn more than `beta_fast` times are
+/// kept, with a linear ramp between; cos and sin are scaled by `attention_factor`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Yarn {
+    /// Context extension factor.
+    pub factor: f64,
+    /// Rotations over the original context above which a frequency is kept.
+    pub beta_fast: f64,
+    /// Rotations below which it is fully interpolated.
+    pub beta_slow: f64,
+    /// The context the model was pre-trained with.
+    pub original_max_position_embeddings: usize,
+    /// Scale of cos and sin.
+    pub attention_factor: f64,
+    /// Whether the ramp's ends are rounded to whole dimensions (transformers' default; gpt-oss
+    /// says `false`).
+    pub truncate: bool,
+}
+
+impl Yarn {
+    /// `inv_freq` (the `rotary_dim / 2` unscaled inverse frequencies of base `theta`) scaled, as
+    /// transformers computes them.
+    pub fn scale(&self, inv_freq: &mut [f64], theta: f64) {
+        let dim = 2 * inv_freq.len();
+        let correction = |rotations: f64| {
+            let turns = self.original_max_position_embeddings as f64
+                / (rotations * 2.0 * std::f64::consts::PI);
+            dim as f64 * turns.ln() / (2.0 * theta.ln())
+        };
+        let (mut low, mut high) = (correction(self.beta_fast), correction(self.beta_slow));
+        if self.truncate {
+            (low, high) = (low.floor(), high.ceil());
+        }
+        let (low, mut high) = (low.max(0.0), high.min(dim as f64 - 1.0));
+        if low == high {
+            high += 0.001;
+        }
+        for (i, f) in inv_freq.iter_mut().enumerate() {
+            // How much of the original frequency is kept (1 at high frequencies).
+            let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+            let keep = 1.0 - ramp;
+            *f = *f / self.factor * (1.0 - keep) + *f * keep;
+        }
+    }
+}
+
+/// The rotary scalings a config may state (at most one is set).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct Scaling {
+    pub llama3: Option<Llama3RopeScaling>,
+    pub longrope: Option<LongRope>,
+    pub yarn: Option<Yarn>,
+}
+
+/// The scaling `params` names (`rope_type` or `type`): Llama 3.1's, LongRoPE or YaRN (for which
+/// the config's context lengths supply what `params` leaves out), none for "default", an error
+/// for any other.
 pub(super) fn parse(
     params: Option<&serde_json::Value>,
     max_position_embeddings: Option<usize>,
     original_max_position_embeddings: Option<usize>,
-) -> Result<(Option<Llama3RopeScaling>, Option<LongRope>), ModelError> {
+) -> Result<Scaling, ModelError> {
     let Some(v) = params.filter(|v| !v.is_null()) else {
-        return Ok((None, None));
+        return Ok(Scaling::default());
     };
     let kind = v
         .get("rope_type")
@@ -51,26 +107,83 @@ pub(super) fn parse(
         .and_then(|t| t.as_str())
         .unwrap_or("");
     match kind {
-        "llama3" => Ok((
-            Some(
+        "llama3" => Ok(Scaling {
+            llama3: Some(
                 serde_json::from_value(v.clone())
                     .map_err(|e| ModelError::Config(format!("rope_scaling: {e}")))?,
             ),
-            None,
-        )),
-        "default" => Ok((None, None)),
-        "longrope" | "su" => Ok((
-            None,
-            Some(parse_longrope(
+            ..Scaling::default()
+        }),
+        "default" => Ok(Scaling::default()),
+        "longrope" | "su" => Ok(Scaling {
+            longrope: Some(parse_longrope(
                 v,
                 max_position_embeddings,
                 original_max_position_embeddings,
             )?),
-        )),
+            ..Scaling::default()
+        }),
+        "yarn" => Ok(Scaling {
+            yarn: Some(parse_yarn(
+                v,
+                max_position_embeddings,
+                original_max_position_embeddings,
+            )?),
+            ..Scaling::default()
+        }),
         other => Err(ModelError::Unsupported(format!(
             "rope_scaling type {other:?}"
         ))),
     }
+}
+
+/// YaRN's settings from `rope_scaling` (or `rope_parameters`) `v`, with transformers' defaults:
+/// the factor from the context extension, betas 32 and 1, the attention factor
+/// `0.1 ln(factor) + 1` (or its `mscale` / `mscale_all_dim` ratio).
+fn parse_yarn(
+    v: &serde_json::Value,
+    max_position_embeddings: Option<usize>,
+    original_max_position_embeddings: Option<usize>,
+) -> Result<Yarn, ModelError> {
+    let num = |key: &str| v.get(key).and_then(|x| x.as_f64()).filter(|x| *x != 0.0);
+    let original = v
+        .get("original_max_position_embeddings")
+        .and_then(|o| o.as_u64())
+        .map(|o| o as usize)
+        .or(original_max_position_embeddings)
+        .ok_or_else(|| {
+            ModelError::Config("yarn without original_max_position_embeddings".into())
+        })?;
+    let factor = match num("factor") {
+        Some(f) => f,
+        None => {
+            max_position_embeddings.ok_or_else(|| {
+                ModelError::Config("yarn without a factor or max_position_embeddings".into())
+            })? as f64
+                / original as f64
+        }
+    };
+    let mscale = |m: f64| match factor <= 1.0 {
+        true => 1.0,
+        false => 0.1 * m * factor.ln() + 1.0,
+    };
+    let attention_factor = match (
+        num("attention_factor"),
+        num("mscale"),
+        num("mscale_all_dim"),
+    ) {
+        (Some(a), _, _) => a,
+        (None, Some(m), Some(all)) => mscale(m) / mscale(all),
+        _ => mscale(1.0),
+    };
+    Ok(Yarn {
+        factor,
+        beta_fast: num("beta_fast").unwrap_or(32.0),
+        beta_slow: num("beta_slow").unwrap_or(1.0),
+        original_max_position_embeddings: original,
+        attention_factor,
+        truncate: v.get("truncate").and_then(|t| t.as_bool()).unwrap_or(true),
+    })
 }
 
 /// LongRoPE's settings from `rope_scaling` (or `rope_parameters`) `v`; the attention

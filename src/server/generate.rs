@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use super::AppState;
 use super::error::ApiError;
 use super::metrics::RequestTimer;
+use super::reasoning::{ReasoningParser, ReasoningStream};
 use super::responses::{
     ChatChoice, ChatCompletionResponse, ChatLogprobs, ChatMessageOut, ChatTokenLogprob,
     CompletionChoice, CompletionLogprobs, CompletionResponse, FunctionCallOut, ToolCallOut,
@@ -62,6 +63,8 @@ pub struct Job {
     pub guide: Option<crate::guided::Guide>,
     /// How tool calls come out of a chat answer, when the request calls tools.
     pub tools: Option<super::tools::ToolCalling>,
+    /// How a chat answer's reasoning is split from its content, if it is.
+    pub reasoning: Option<ReasoningParser>,
 }
 
 /// A tagged event: which choice (`prompt * n + index`) and what happened.
@@ -204,12 +207,20 @@ pub async fn respond_json(state: &AppState, job: Job) -> Result<Response, ApiErr
                 .into_iter()
                 .enumerate()
                 .map(|(index, c)| {
-                    let (content, tool_calls, finish) = chat_answer(&job, c.text, c.finish);
+                    let (reasoning, text) = match job.reasoning {
+                        Some(parser) => {
+                            let split = parser.split(&c.text);
+                            (Some(split.reasoning), split.content)
+                        }
+                        None => (None, c.text),
+                    };
+                    let (content, tool_calls, finish) = chat_answer(&job, text, c.finish);
                     ChatChoice {
                         index,
                         message: ChatMessageOut {
                             role: "assistant".into(),
                             content,
+                            reasoning_content: reasoning.filter(|r| !r.is_empty()),
                             tool_calls,
                         },
                         logprobs: want_logprobs.then(|| ChatLogprobs {
@@ -360,6 +371,9 @@ async fn pump(
     let mut tool_streams: Vec<Option<ToolStream>> = (0..num_choices)
         .map(|_| job.tools.clone().map(ToolStream::new))
         .collect();
+    let mut reasoning_streams: Vec<Option<ReasoningStream>> = (0..num_choices)
+        .map(|_| job.reasoning.map(ReasoningStream::new))
+        .collect();
     let mut timer = RequestTimer::new(job.arrived, num_choices);
     let mut completion_tokens = 0usize;
     let send = |v: Value| {
@@ -399,28 +413,40 @@ async fn pump(
                 let finish = finish.map(|f| f.as_str());
                 match job.flavor {
                     Flavor::Chat => {
+                        // The reasoning parser takes the text first; its content goes on.
+                        let (reasoning, text) = match &mut reasoning_streams[index] {
+                            Some(r) => {
+                                let split = r.step(&text, finish.is_some());
+                                (
+                                    split.reasoning,
+                                    Some(split.content).filter(|c| !c.is_empty()),
+                                )
+                            }
+                            None => (String::new(), Some(text)),
+                        };
                         let (mut delta, finish) = match &mut tool_streams[index] {
-                            None => (json!({"content": text}), finish),
+                            None => (text.map_or(json!({}), |t| json!({"content": t})), finish),
                             Some(tools) => {
-                                let delta = tools.step(&text, finish.is_some());
+                                let delta = tools.step(&text.unwrap_or_default(), finish.is_some());
                                 let calls = tools.num_calls() > 0;
                                 let finish = job
                                     .tools
                                     .as_ref()
                                     .and_then(|t| t.finish_reason(calls, finish));
-                                match delta {
-                                    Some(d) => (d, finish),
-                                    // Held back: nothing to say unless the choice starts or ends.
-                                    None if started[index]
-                                        && finish.is_none()
-                                        && logprobs.is_none() =>
-                                    {
-                                        continue;
-                                    }
-                                    None => (json!({}), finish),
-                                }
+                                (delta.unwrap_or_else(|| json!({})), finish)
                             }
                         };
+                        if !reasoning.is_empty() {
+                            delta["reasoning_content"] = json!(reasoning);
+                        }
+                        // Held back: nothing to say unless the choice starts or ends.
+                        if delta == json!({})
+                            && started[index]
+                            && finish.is_none()
+                            && logprobs.is_none()
+                        {
+                            continue;
+                        }
                         if !started[index] {
                             delta["role"] = json!("assistant");
                         }

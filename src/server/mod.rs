@@ -7,6 +7,7 @@ pub mod generate;
 pub mod metrics;
 pub mod openapi;
 pub mod protocol;
+pub mod reasoning;
 pub mod responses;
 pub mod routes;
 pub mod structured;
@@ -53,6 +54,8 @@ pub struct ServerOptions {
     pub structured_limits: structured::StructuredLimits,
     /// Tool calling: whether `auto` is honoured, and with which parser.
     pub tools: tools::ToolOptions,
+    /// How chat answers' reasoning is split from their content, if it is.
+    pub reasoning_parser: Option<reasoning::ReasoningParser>,
 }
 
 /// What every handler shares.
@@ -77,6 +80,8 @@ pub struct AppState {
     pub structured_limits: structured::StructuredLimits,
     /// Tool calling settings.
     pub tool_options: tools::ToolOptions,
+    /// The reasoning parser, if any.
+    pub reasoning_parser: Option<reasoning::ReasoningParser>,
 }
 
 impl AppState {
@@ -95,6 +100,7 @@ impl AppState {
             metrics: Arc::new(metrics::ServerMetrics::default()),
             structured_limits: opts.structured_limits,
             tool_options: opts.tools,
+            reasoning_parser: opts.reasoning_parser,
             started_at: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())

@@ -131,6 +131,9 @@ pub struct ChatMessageOut {
     pub role: String,
     /// The generated text (null when the answer is only tool calls).
     pub content: Option<String>,
+    /// The answer's reasoning, split from its content by `--reasoning-parser`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// Tool calls found in (or forced on) the answer.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCallOut>,

@@ -142,6 +142,7 @@ pub async fn completions(
         arrived,
         guide,
         tools: None,
+        reasoning: None,
     };
     respond(state, job, req.sampling.is_stream()).await
 }
@@ -197,6 +198,13 @@ pub async fn chat_completions(
         .sampling
         .resolve(Some(max_tokens), logprobs, max_tokens)?;
     params.validate(Some(state.info.vocab_size))?;
+    if state
+        .reasoning_parser
+        .is_some_and(|p| p.needs_special_tokens())
+    {
+        // (Its markers are special tokens; the parser keeps them from the client.)
+        params.skip_special_tokens = false;
+    }
     let tool_calling = match tool_calling {
         Some((calling, constraint)) => {
             if constraint.is_some() && params.structured_outputs.is_some() {
@@ -226,6 +234,7 @@ pub async fn chat_completions(
         arrived,
         guide,
         tools: tool_calling,
+        reasoning: state.reasoning_parser,
     };
     respond(state, job, req.sampling.is_stream()).await
 }

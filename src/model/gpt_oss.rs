@@ -1,0 +1,281 @@
+//! OpenAI's gpt-oss (`GptOssForCausalLM`): a mixture of experts (softmax over the top-k router
+//! logits, experts with biases and a clamped SwiGLU, `(up + 1) * gate * sigmoid(1.702 gate)`);
+//! attention with biases and a learned sink logit per head; sliding-window layers (128 positions)
+//! between full ones; YaRN rotary. Expert weights come dequantized or as MXFP4 (dequantized at
+//! load). On a GPU its attention (with sinks) runs every row through the decode kernel and its
+//! experts take the reference path (routing read back to the host, no CUDA graphs).
+
+use candle_core::{Module, Tensor};
+use candle_nn::Embedding;
+use serde::Deserialize;
+
+use super::attention::KvCache;
+use super::batch::ForwardBatch;
+use super::config::ModelConfig;
+use super::layers::{Linear, Rotary};
+use super::moe::{Expert, MoeSettings, SparseMoe};
+use super::norm::RmsNorm;
+use super::qkv::{Heads, QkvProj, attention_with_sinks};
+use super::weights::Weights;
+use super::{CausalLm, ModelError};
+use crate::parallel::TpRank;
+
+/// gpt-oss's settings beyond the Llama-like ones.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GptOssSettings {
+    /// Positions a sliding-window layer's query sees, itself included.
+    pub sliding_window: usize,
+    /// Which layers are sliding-window ones.
+    pub sliding: Vec<bool>,
+}
+
+#[derive(Deserialize)]
+struct Fields {
+    sliding_window: Option<usize>,
+    layer_types: Option<Vec<String>>,
+}
+
+/// Reads gpt-oss's settings from `config.json` text (`layers` decoder layers): `layer_types`,
+/// or transformers' default of sliding layers first and alternating.
+pub(super) fn settings(text: &str, layers: usize) -> Result<GptOssSettings, ModelError> {
+    let f: Fields =
+        serde_json::from_str(text).map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
+    let sliding = match f.layer_types {
+        Some(types) if types.len() != layers => {
+            return Err(ModelError::Config(format!(
+                "{} layer_types for {layers} layers",
+                types.len()
+            )));
+        }
+        Some(types) => types
+            .iter()
+            .map(|t| match t.as_str() {
+                "sliding_attention" => Ok(true),
+                "full_attention" => Ok(false),
+                other => Err(ModelError::Unsupported(format!(
+                    "gpt-oss layer type {other:?}"
+                ))),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        None => (0..layers).map(|i| i % 2 == 0).collect(),
+    };
+    Ok(GptOssSettings {
+        sliding_window: f.sliding_window.unwrap_or(128).max(1),
+        sliding,
+    })
+}
+
+/// A layer's experts from `prefix` (`model.layers.N.mlp`): gate/up `[experts, hidden, 2 * inter]`
+/// (gate and up interleaved by column) and down `[experts, inter, hidden]`, each with a bias
+/// `[experts, out]`; or the same as MXFP4 blocks, stored `[out, in]`. Each expert becomes a
+/// gate-then-up projection and a down projection, as the other mixtures' experts.
+pub(super) fn experts(
+    w: &Weights,
+    prefix: &str,
+    hidden: usize,
+    s: &MoeSettings,
+) -> Result<Vec<Expert>, ModelError> {
+    let (n, i) = (s.num_experts, s.expert_intermediate);
+    let p = format!("{prefix}.experts");
+    // Each expert's [out, in] weights: from MXFP4, or transposed from the stacked [in, out].
+    let stacked = |name: &str, (rows, cols): (usize, usize)| -> Result<Vec<Tensor>, ModelError> {
+        let name = format!("{p}.{name}");
+        if let Some(per_expert) = super::mxfp4::experts(w, &name, n, (rows, cols))? {
+            return Ok(per_expert);
+        }
+        let all = w.tensor(&name, (n, cols, rows))?;
+        (0..n).map(|e| Ok(all.get(e)?.t()?.contiguous()?)).collect()
+    };
+    let gate_up = stacked("gate_up_proj", (2 * i, hidden))?;
+    let down = stacked("down_proj", (hidden, i))?;
+    let gate_up_bias = w.tensor(&format!("{p}.gate_up_proj_bias"), (n, 2 * i))?;
+    let down_bias = w.tensor(&format!("{p}.down_proj_bias"), (n, hidden))?;
+    // Rows 2j (gate) and 2j + 1 (up) of the interleaved projection, as the gate rows then the up
+    // rows.
+    let split = |t: &Tensor| -> candle_core::Result<Tensor> {
+        let pairs = t.reshape((i, 2, ()))?;
+        let half = |k| pairs.narrow(1, k, 1)?.squeeze(1);
+        Tensor::cat(&[half(0)?, half(1)?], 0)
+    };
+    gate_up
+        .into_iter()
+        .zip(down)
+        .enumerate()
+        .map(|(e, (gu, d))| {
+            let gu_bias = split(&gate_up_bias.get(e)?)?.flatten_all()?;
+            Ok(Expert {
+                gate_up: Linear::dense(split(&gu)?, Some(gu_bias)),
+                down: Linear::dense(d, Some(down_bias.get(e)?)),
+            })
+        })
+        .collect()
+}
+
+struct Layer {
+    input_norm: RmsNorm,
+    qkv: QkvProj,
+    o: Linear,
+    /// Each head's sink logit (f32 `[heads]`).
+    sinks: Tensor,
+    post_norm: RmsNorm,
+    moe: SparseMoe,
+    sliding: bool,
+}
+
+/// A gpt-oss model (one device; tensor parallelism is refused).
+pub struct GptOss {
+    cfg: ModelConfig,
+    settings: GptOssSettings,
+    embed: Embedding,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    rotary: Rotary,
+}
+
+impl GptOss {
+    /// Loads the model; rotary tables cover positions below `max_len`.
+    pub fn load(cfg: &ModelConfig, w: &Weights, max_len: usize) -> Result<Self, ModelError> {
+        let (Some(settings), Some(moe)) = (cfg.gpt_oss.clone(), cfg.moe.as_ref()) else {
+            return Err(ModelError::Config("gpt-oss without its settings".into()));
+        };
+        let (h, d, nq) = (cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads);
+        let eps = cfg.norm_eps;
+        let embed_w = w.tensor("model.embed_tokens.weight", (cfg.vocab_size, h))?;
+        let lm_head = match cfg.tie_word_embeddings {
+            true => Linear::dense(embed_w.clone(), None),
+            false => w.linear("lm_head", h, cfg.vocab_size, false)?,
+        };
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| {
+                let p = format!("model.layers.{i}");
+                let attn = format!("{p}.self_attn");
+                let sinks = w
+                    .tensor(&format!("{attn}.sinks"), nq)?
+                    .to_dtype(candle_core::DType::F32)?;
+                Ok(Layer {
+                    input_norm: RmsNorm::load(w, &format!("{p}.input_layernorm.weight"), h, eps)?,
+                    qkv: QkvProj::load(w, &attn, cfg, TpRank::SINGLE)?,
+                    o: w.linear(&format!("{attn}.o_proj"), nq * d, h, cfg.o_bias)?,
+                    sinks,
+                    post_norm: RmsNorm::load(
+                        w,
+                        &format!("{p}.post_attention_layernorm.weight"),
+                        h,
+                        eps,
+                    )?,
+                    moe: SparseMoe::load(w, i, h, moe)?,
+                    sliding: settings.sliding[i],
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        Ok(GptOss {
+            cfg: cfg.clone(),
+            settings,
+            embed: Embedding::new(embed_w, h),
+            layers,
+            norm: RmsNorm::load(w, "model.norm.weight", h, eps)?,
+            lm_head,
+            rotary: Rotary::new(cfg, max_len, w.dtype(), w.device())?,
+        })
+    }
+}
+
+impl CausalLm for GptOss {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn graph_batch_limit(&self) -> Option<usize> {
+        // Its experts route on the host.
+        Some(0)
+    }
+
+    fn forward(&self, batch: &ForwardBatch<'_>, kv: &mut KvCache) -> Result<Tensor, ModelError> {
+        let cfg = &self.cfg;
+        let heads = |sliding: bool| Heads {
+            q: cfg.num_attention_heads,
+            kv: cfg.num_key_value_heads,
+            dim: cfg.head_dim,
+            scale: 1.0 / (cfg.head_dim as f32).sqrt(),
+            window: sliding.then_some(self.settings.sliding_window),
+        };
+        let mut x = self.embed.forward(&batch.input_ids)?;
+        let rotary = self.rotary.at(&batch.positions)?;
+        let mut h = match self.layers.first() {
+            Some(first) => first.input_norm.forward(&x)?,
+            None => self.norm.forward(&x)?,
+        };
+        for (i, layer) in self.layers.iter().enumerate() {
+            let attn = attention_with_sinks(
+                &layer.qkv,
+                i,
+                &h,
+                &rotary,
+                batch,
+                kv,
+                heads(layer.sliding),
+                Some(&layer.sinks),
+            )?;
+            let (x_mid, h_mid) = layer.post_norm.add_forward(&x, &layer.o.forward(&attn)?)?;
+            let next_norm = self.layers.get(i + 1).map_or(&self.norm, |l| &l.input_norm);
+            (x, h) = next_norm.add_forward(&x_mid, &layer.moe.forward(&h_mid)?)?;
+        }
+        let logits = self.lm_head.forward(&batch.sampled(&h)?)?;
+        Ok(logits.to_dtype(candle_core::DType::F32)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Architecture;
+
+    fn config(extra: &str) -> Result<ModelConfig, ModelError> {
+        ModelConfig::from_hf_json(&format!(
+            r#"{{"architectures":["GptOssForCausalLM"],"vocab_size":10,"hidden_size":64,
+            "intermediate_size":32,"num_hidden_layers":4,"num_attention_heads":4,
+            "num_key_value_heads":2,"head_dim":16,"num_local_experts":4,"num_experts_per_tok":2,
+            "max_position_embeddings":4096,"sliding_window":8,
+            "rope_scaling":{{"rope_type":"yarn","factor":32.0,"beta_fast":32.0,"beta_slow":1.0,
+            "original_max_position_embeddings":128,"truncate":false}},"rope_theta":150000{extra}}}"#
+        ))
+    }
+
+    #[test]
+    fn config_reads_windows_biases_experts_and_yarn() {
+        let c = config("").unwrap();
+        assert_eq!(c.architecture, Architecture::GptOss);
+        let g = c.gpt_oss.as_ref().unwrap();
+        assert_eq!(
+            (g.sliding_window, &g.sliding[..]),
+            (8, &[true, false, true, false][..])
+        );
+        // Windows are implemented: the context is not capped at the window.
+        assert_eq!(c.max_position_embeddings, 4096);
+        assert!(c.qkv_bias && c.o_bias && !c.tie_word_embeddings);
+        let moe = c.moe.as_ref().unwrap();
+        assert!(moe.renormalize && moe.sparse.iter().all(|&s| s));
+        assert_eq!(
+            moe.activation,
+            crate::model::config::ExpertActivation::ClampedSwiglu {
+                alpha: 1.702,
+                limit: 7.0
+            }
+        );
+        let y = c.yarn.as_ref().unwrap();
+        assert!(!y.truncate && y.factor == 32.0);
+        assert!((y.attention_factor - (0.1 * 32f64.ln() + 1.0)).abs() < 1e-12);
+        let types = config(
+            r#","layer_types":["full_attention","full_attention","sliding_attention","full_attention"],"swiglu_limit":5.0"#,
+        )
+        .unwrap();
+        assert_eq!(types.gpt_oss.unwrap().sliding, [false, false, true, false]);
+        assert!(matches!(
+            types.moe.unwrap().activation,
+            crate::model::config::ExpertActivation::ClampedSwiglu { limit: 5.0, .. }
+        ));
+        let e = config(r#","layer_types":["full_attention"]"#).unwrap_err();
+        assert!(e.to_string().contains("1 layer_types for 4 layers"), "{e}");
+    }
+}

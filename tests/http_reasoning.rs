@@ -1,0 +1,118 @@
+//! Reasoning outputs through HTTP (`--reasoning-parser`) on the tiny random Qwen2 fixture, its
+//! answers forced by a regex into each format: the reasoning comes back as `reasoning_content`,
+//! the rest as `content`, whole or streamed (the streamed parts put back together equal the
+//! whole), and no marker reaches the client. Without a parser the text is left as it is.
+
+mod common;
+
+use common::server::*;
+use pagewise::server::ServerOptions;
+use pagewise::server::reasoning::ReasoningParser;
+use serde_json::{Value, json};
+
+async fn server(parser: Option<ReasoningParser>) -> String {
+    let opts = ServerOptions {
+        served_model_names: vec!["tiny".into()],
+        reasoning_parser: parser,
+        ..Default::default()
+    };
+    serve(engine_args(), opts).await.0
+}
+
+fn request(regex: &str) -> Value {
+    json!({"model": "tiny", "messages": [{"role": "user", "content": "2+2?"}],
+           "max_tokens": 120, "temperature": 0, "structured_outputs": {"regex": regex}})
+}
+
+/// The streamed reasoning and content of choice 0.
+async fn streamed(base: &str, mut body: Value) -> (String, String) {
+    body["stream"] = json!(true);
+    let (mut reasoning, mut content) = (String::new(), String::new());
+    for data in sse(base, "/v1/chat/completions", body).await {
+        if data == "[DONE]" {
+            break;
+        }
+        let v: Value = serde_json::from_str(&data).unwrap();
+        let delta = &v["choices"][0]["delta"];
+        reasoning.push_str(delta["reasoning_content"].as_str().unwrap_or(""));
+        content.push_str(delta["content"].as_str().unwrap_or(""));
+    }
+    (reasoning, content)
+}
+
+async fn check(parser: ReasoningParser, regex: &str, content_start: &str) {
+    let base = server(Some(parser)).await;
+    let (status, body) = post(&base, "/v1/chat/completions", request(regex)).await;
+    assert_eq!(status, 200, "{body}");
+    let message = &body["choices"][0]["message"];
+    let (reasoning, content) = (
+        message["reasoning_content"].as_str().unwrap(),
+        message["content"].as_str().unwrap(),
+    );
+    assert!(
+        reasoning.trim_start().starts_with("We add") && content.starts_with(content_start),
+        "{parser:?}: {message}"
+    );
+    for part in [reasoning, content] {
+        assert!(
+            !part.contains("think>") && !part.contains("<|"),
+            "{parser:?}: {message}"
+        );
+    }
+    let (r, c) = streamed(&base, request(regex)).await;
+    assert_eq!(
+        (r.as_str(), c.as_str()),
+        (reasoning, content),
+        "{parser:?} streamed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reasoning_is_split_from_content_whole_and_streamed() {
+    check(
+        ReasoningParser::Qwen3,
+        "<think>\nWe add [a-z ]{5,20}\n</think>\n\nIt is [0-9]\\.",
+        "\n\nIt is ",
+    )
+    .await;
+    check(
+        ReasoningParser::DeepSeekR1,
+        "We add [a-z ]{5,20}</think>It is [0-9]\\.",
+        "It is ",
+    )
+    .await;
+    check(
+        ReasoningParser::GptOss,
+        "<\\|channel\\|>analysis<\\|message\\|>We add [a-z ]{5,20}<\\|end\\|><\\|start\\|>assistant\
+         <\\|channel\\|>final<\\|message\\|>It is [0-9]\\.",
+        "It is ",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_parser_or_reasoning_the_text_is_content() {
+    // No parser: the tags stay in the content, and no reasoning_content is sent.
+    let base = server(None).await;
+    let (status, body) = post(
+        &base,
+        "/v1/chat/completions",
+        request("<think>We add [a-z ]{5,20}</think>It is [0-9]\\."),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let message = &body["choices"][0]["message"];
+    assert!(
+        message["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("<think>We add")
+    );
+    assert!(message.get("reasoning_content").is_none(), "{message}");
+    // Qwen3 with thinking off: all content.
+    let base = server(Some(ReasoningParser::Qwen3)).await;
+    let (_, body) = post(&base, "/v1/chat/completions", request("It is [0-9]\\.")).await;
+    let message = &body["choices"][0]["message"];
+    assert!(message["content"].as_str().unwrap().starts_with("It is"));
+    assert!(message.get("reasoning_content").is_none(), "{message}");
+}
