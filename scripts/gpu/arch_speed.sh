@@ -4,7 +4,7 @@
 #   bash .gpu/scripts/gpu/arch_speed.sh [shape ...]   (default: all four)
 #   CONTEXTS="1024 8192 32768" bash .gpu/scripts/gpu/arch_speed.sh gemma-3-12b   (decode against context)
 # Shapes: qwen3-8b, mistral-7b, phi-4, gemma-3-12b (the text model); the mixtures of experts
-# mixtral-8x7b and qwen3-30b-a3b (not in the default list). Prints each `bench latency`
+# mixtral-8x7b, qwen3-30b-a3b and gpt-oss-20b (bf16 experts; not in the default list). Prints each `bench latency`
 # summary and the weight bytes, so effective bandwidth = bytes x tok/s.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -50,6 +50,13 @@ shapes = {
                           num_attention_heads=32, num_key_value_heads=4, head_dim=128, rope_theta=1000000.0,
                           max_position_embeddings=40960, num_experts=128, num_experts_per_tok=8,
                           norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6),
+    "gpt-oss-20b": dict(llama, architectures=["GptOssForCausalLM"], model_type="gpt_oss", vocab_size=201088,
+                        hidden_size=2880, intermediate_size=2880, num_hidden_layers=24, num_attention_heads=64,
+                        num_key_value_heads=8, head_dim=64, num_local_experts=32, num_experts_per_tok=4,
+                        sliding_window=128, rope_theta=150000.0, max_position_embeddings=131072,
+                        rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                      "original_max_position_embeddings": 4096, "truncate": False},
+                        attention_bias=True, eos_token_id=200002, bos_token_id=199998),
 }
 def params(c, active=False):
     h, i, l = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
