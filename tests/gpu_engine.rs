@@ -425,10 +425,17 @@ fn cuda_graph_decode_steps_equal_eager_steps() {
 /// A mixture of experts in bf16: decode steps of up to `moe::DEVICE_TOKENS` sequences route
 /// on the device (`moe_device.rs`), so they are captured in CUDA graphs, and replaying them gives
 /// the eager steps' tokens; larger batches run eagerly through the host routing.
+/// gpt-oss's experts (biases, the clamped SwiGLU) and attention with sinks take the same path.
 #[test]
 fn moe_decode_steps_in_cuda_graphs_equal_eager_steps() {
+    for name in ["qwen3moe-d128", "gptoss-d64"] {
+        moe_graphs_equal_eager(name);
+    }
+}
+
+fn moe_graphs_equal_eager(name: &str) {
     let args = |enforce_eager| EngineArgs {
-        model: model("qwen3moe-d128"),
+        model: model(name),
         device: DeviceArg::Cuda(0),
         dtype: DtypeArg::Bfloat16,
         enforce_eager,
@@ -452,7 +459,7 @@ fn moe_decode_steps_in_cuda_graphs_equal_eager_steps() {
         let times = graphs.core().step_times().per_step();
         replays.push((times.graph_steps, times.steps));
     }
-    eprintln!("MoE (graph replays, steps) per run: {replays:?}");
+    eprintln!("{name} (graph replays, steps) per run: {replays:?}");
     assert_eq!(replays[0], (23, 24));
     assert!(replays[1].0 > 0, "{replays:?}");
     // Twelve sequences are past the captured batches until eight or fewer remain.

@@ -1,9 +1,10 @@
 // pagewise: a mixture-of-experts layer for small (decode) batches without the host: the router's
 // top-k and weights on the device (moe_route_kernel), then each token's chosen experts streamed
 // once as GEMVs over the experts' stacked weights, the expert read from the routing output on
-// the device (moe_gate_up_kernel, moe_down_kernel; the down projection also applies SiLU-and-mul
-// to its input and sums the experts' outputs with their weights). No step reads anything back,
-// so the layer runs inside a CUDA graph.
+// the device (moe_gate_up_kernel, moe_down_kernel; the down projection also applies the
+// activation, SiLU-and-mul or gpt-oss's clamped SwiGLU, to its input and sums the experts'
+// outputs with their weights; either projection may have a bias per expert). No step reads
+// anything back, so the layer runs inside a CUDA graph.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -88,12 +89,14 @@ __device__ __forceinline__ float warp_dot(const T* __restrict__ w, const T* xs, 
   return acc;
 }
 
-// y[t * top_k + j, o] = x[t] . w[ids[t, j], o] for token t = blockIdx.y: each of its chosen
-// experts' gate-and-up rows (w: [experts, out_dim, k_dim]) against the token's x, staged once.
+// y[t * top_k + j, o] = x[t] . w[ids[t, j], o] (+ bias[ids[t, j], o]) for token t =
+// blockIdx.y: each of its chosen experts' gate-and-up rows (w: [experts, out_dim, k_dim]) against
+// the token's x, staged once. bias: null or [experts, out_dim].
 template <typename T>
 __global__ void __launch_bounds__(kGemvThreads)
     moe_gate_up_kernel(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ w,
-                       const uint32_t* __restrict__ ids, int top_k, int out_dim, int k_dim) {
+                       const T* __restrict__ bias, const uint32_t* __restrict__ ids, int top_k,
+                       int out_dim, int k_dim) {
   extern __shared__ __align__(16) unsigned char smem[];
   T* xs = reinterpret_cast<T*>(smem);
   const int t = blockIdx.y;
@@ -106,42 +109,102 @@ __global__ void __launch_bounds__(kGemvThreads)
   for (int u = blockIdx.x * kGemvWarps + warp; u < units; u += gridDim.x * kGemvWarps) {
     const int j = u / out_dim, o = u % out_dim;
     const int64_t e = ids[(int64_t)t * top_k + j];
-    const float v = warp_dot(w + (e * out_dim + o) * k_dim, xs, k_dim, lane);
+    float v = warp_dot(w + (e * out_dim + o) * k_dim, xs, k_dim, lane);
+    if (bias != nullptr) v += to_float(bias[e * out_dim + o]);
     if (lane == 0) y[((int64_t)t * top_k + j) * out_dim + o] = from_float<T>(v);
   }
 }
 
 // y[t, o] = sum_j weights[t, j] * (silu(g) * u)[t, j] . w[ids[t, j], o] for token t =
 // blockIdx.y, where a = [tokens * top_k, 2 k_dim] holds each chosen expert's gate then up
-// columns (moe_gate_up_kernel's output) and w = [experts, out_dim, k_dim]. The SiLU-and-mul is
-// rounded to T as the separate kernel stores it; the weighted sum is taken in f32.
+// columns (moe_gate_up_kernel's output) and w = [experts, out_dim, k_dim]. The activation
+// (alpha <= 0: SiLU-and-mul; else the clamped SwiGLU with alpha and limit) is rounded to T as the
+// separate kernel stores it; the weighted sum is taken in f32, with each expert's bias
+// ([experts, out_dim], or null) inside the weighting. An output's
+// top_k x k_dim products are cut into `split` slices (1, 2, 4 or 8) of whole 256-element steps,
+// a warp each, so few outputs still keep enough loads in flight (Mixtral: 4096 outputs of 2 x
+// 14336); the slices' warps sit in one block and meet in shared memory.
 template <typename T>
 __global__ void __launch_bounds__(kGemvThreads)
     moe_down_kernel(T* __restrict__ y, const T* __restrict__ a, const T* __restrict__ w,
-                    const uint32_t* __restrict__ ids, const float* __restrict__ weights,
-                    int top_k, int out_dim, int k_dim) {
+                    const T* __restrict__ bias, const uint32_t* __restrict__ ids,
+                    const float* __restrict__ weights, int top_k, int out_dim, int k_dim,
+                    int split, float alpha, float limit) {
   extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float partial[kGemvWarps];
+  __shared__ int64_t expert[kMaxTopK];
+  __shared__ float weight[kMaxTopK];
   T* xs = reinterpret_cast<T*>(smem);
   const int t = blockIdx.y;
   const int vecs = k_dim / 8;
   for (int i = threadIdx.x; i < top_k * vecs; i += kGemvThreads) {
     const int j = i / vecs, k = (i % vecs) * 8;
     const T* row = a + ((int64_t)t * top_k + j) * 2 * k_dim;
+    const uint4 g = *reinterpret_cast<const uint4*>(row + k);
+    const uint4 u = *reinterpret_cast<const uint4*>(row + k_dim + k);
     *reinterpret_cast<uint4*>(xs + j * k_dim + k) =
-        silu_mul16<T>(*reinterpret_cast<const uint4*>(row + k),
-                      *reinterpret_cast<const uint4*>(row + k_dim + k));
+        alpha > 0.f ? clamped_swiglu16<T>(g, u, alpha, limit) : silu_mul16<T>(g, u);
+  }
+  if (threadIdx.x < top_k) {
+    expert[threadIdx.x] = ids[(int64_t)t * top_k + threadIdx.x];
+    weight[threadIdx.x] = weights[(int64_t)t * top_k + threadIdx.x];
   }
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int o = blockIdx.x * kGemvWarps + warp; o < out_dim; o += gridDim.x * kGemvWarps) {
+  const int total = top_k * k_dim;
+  const int per = ((total + 255) / 256 + split - 1) / split * 256;
+  const int units = out_dim * split;
+  // The experts' biases of output o, weighted.
+  const auto biased = [&](int o) {
+    float b = 0.f;
+    if (bias != nullptr)
+      for (int j = 0; j < top_k; ++j) b += weight[j] * to_float(bias[expert[j] * out_dim + o]);
+    return b;
+  };
+  // Rounds of kGemvWarps units, the same for every warp of the block (so it may sync).
+  for (int base = blockIdx.x * kGemvWarps; base < units; base += gridDim.x * kGemvWarps) {
+    const int u = base + warp, o = u / split;
     float acc = 0.f;
-    for (int j = 0; j < top_k; ++j) {
-      const int64_t e = ids[(int64_t)t * top_k + j];
-      acc += weights[(int64_t)t * top_k + j] *
-             warp_dot(w + (e * out_dim + o) * k_dim, xs + j * k_dim, k_dim, lane);
+    if (u < units) {
+      const int begin = (u % split) * per, end = min(total, begin + per);
+#pragma unroll 4
+      for (int f = begin + lane * 8; f < end; f += 32 * 8) {
+        // (k_dim is a multiple of 8: a lane's 8 products belong to one expert.)
+        const int j = f / k_dim, k = f - j * k_dim;
+        const uint4 wraw =
+            __ldg(reinterpret_cast<const uint4*>(w + (expert[j] * out_dim + o) * k_dim + k));
+        const uint4 xraw = *reinterpret_cast<const uint4*>(xs + f);
+        const T* wv = reinterpret_cast<const T*>(&wraw);
+        const T* xv = reinterpret_cast<const T*>(&xraw);
+        float d = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) d += to_float(wv[i]) * to_float(xv[i]);
+        acc += weight[j] * d;
+      }
+#pragma unroll
+      for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, s);
     }
-    if (lane == 0) y[(int64_t)t * out_dim + o] = from_float<T>(acc);
+    if (split == 1) {
+      if (u < units && lane == 0) y[(int64_t)t * out_dim + o] = from_float<T>(acc + biased(o));
+      continue;
+    }
+    if (lane == 0) partial[warp] = acc;
+    __syncthreads();
+    if (u < units && lane == 0 && u % split == 0) {
+      float sum = biased(o);
+      for (int i = 0; i < split; ++i) sum += partial[warp + i];
+      y[(int64_t)t * out_dim + o] = from_float<T>(sum);
+    }
+    __syncthreads();
   }
+}
+
+// Slices an output of moe_down_kernel takes: enough warps to keep the GPU's loads in flight
+// (about 16k over the outputs), each slice at least two 256-element steps.
+int down_split(int out_dim, int total) {
+  int split = 1;
+  while (split < 8 && out_dim * split < 16384 && total / (2 * split) >= 512) split *= 2;
+  return split;
 }
 
 // Blocks a token for `units` warp-sized outputs: enough, over all the tokens, to fill the GPU
@@ -160,26 +223,29 @@ int blocks_per_token(Kernel kernel, int smem, int units, int tokens, int* blocks
 }
 
 template <typename T>
-int launch_gate_up(void* y, const void* x, const void* w, const uint32_t* ids, int tokens,
-                   int top_k, int out_dim, int k_dim, cudaStream_t stream) {
+int launch_gate_up(void* y, const void* x, const void* w, const void* bias, const uint32_t* ids,
+                   int tokens, int top_k, int out_dim, int k_dim, cudaStream_t stream) {
   const auto kernel = moe_gate_up_kernel<T>;
   const int smem = k_dim * (int)sizeof(T);
   int blocks = 0;
   if (const int e = blocks_per_token(kernel, smem, top_k * out_dim, tokens, &blocks)) return e;
   kernel<<<dim3(blocks, tokens), kGemvThreads, smem, stream>>>(
-      (T*)y, (const T*)x, (const T*)w, ids, top_k, out_dim, k_dim);
+      (T*)y, (const T*)x, (const T*)w, (const T*)bias, ids, top_k, out_dim, k_dim);
   return (int)cudaGetLastError();
 }
 
 template <typename T>
-int launch_down(void* y, const void* a, const void* w, const uint32_t* ids, const float* weights,
-                int tokens, int top_k, int out_dim, int k_dim, cudaStream_t stream) {
+int launch_down(void* y, const void* a, const void* w, const void* bias, const uint32_t* ids,
+                const float* weights, int tokens, int top_k, int out_dim, int k_dim, float alpha,
+                float limit, cudaStream_t stream) {
   const auto kernel = moe_down_kernel<T>;
   const int smem = top_k * k_dim * (int)sizeof(T);
+  const int split = down_split(out_dim, top_k * k_dim);
   int blocks = 0;
-  if (const int e = blocks_per_token(kernel, smem, out_dim, tokens, &blocks)) return e;
+  if (const int e = blocks_per_token(kernel, smem, out_dim * split, tokens, &blocks)) return e;
   kernel<<<dim3(blocks, tokens), kGemvThreads, smem, stream>>>(
-      (T*)y, (const T*)a, (const T*)w, ids, weights, top_k, out_dim, k_dim);
+      (T*)y, (const T*)a, (const T*)w, (const T*)bias, ids, weights, top_k, out_dim, k_dim, split,
+      alpha, limit);
   return (int)cudaGetLastError();
 }
 
@@ -199,37 +265,45 @@ extern "C" int pagewise_moe_route(const float* logits, uint32_t* ids, float* wei
 }
 
 // y ([tokens * top_k, out_dim]) = each token's x ([tokens, k_dim]) times its chosen experts' rows
-// of w ([experts, out_dim, k_dim]), ids [tokens, top_k] (u32, below `experts`, the caller's
-// promise). dtype 1 = f16, 2 = bf16; k_dim a multiple of 8; x and w 16-byte aligned. Returns 0, a
-// CUDA error code, or 1 when the arguments are unsupported.
+// of w ([experts, out_dim, k_dim]), plus their bias rows (null or [experts, out_dim]), ids
+// [tokens, top_k] (u32, below `experts`, the caller's promise). dtype 1 = f16, 2 = bf16; k_dim a
+// multiple of 8; x and w 16-byte aligned. Returns 0, a CUDA error code, or 1 when the arguments
+// are unsupported.
 extern "C" int pagewise_moe_gate_up(int dtype, void* y, const void* x, const void* w,
-                                    const uint32_t* ids, int tokens, int top_k, int out_dim,
-                                    int k_dim, void* stream) {
+                                    const void* bias, const uint32_t* ids, int tokens, int top_k,
+                                    int out_dim, int k_dim, void* stream) {
   if (tokens == 0 || out_dim == 0) return 0;
   if (k_dim % 8 != 0 || top_k < 1) return 1;
   cudaStream_t s = (cudaStream_t)stream;
   switch (dtype) {
-    case 1: return launch_gate_up<__half>(y, x, w, ids, tokens, top_k, out_dim, k_dim, s);
-    case 2: return launch_gate_up<__nv_bfloat16>(y, x, w, ids, tokens, top_k, out_dim, k_dim, s);
+    case 1: return launch_gate_up<__half>(y, x, w, bias, ids, tokens, top_k, out_dim, k_dim, s);
+    case 2:
+      return launch_gate_up<__nv_bfloat16>(y, x, w, bias, ids, tokens, top_k, out_dim, k_dim, s);
     default: return 1;
   }
 }
 
-// y ([tokens, out_dim]) = sum over a token's chosen experts j of weights[t, j] times
-// silu(gate) * up of a's row t * top_k + j (a: [tokens * top_k, 2 k_dim], gate columns first)
-// times expert ids[t, j]'s rows of w ([experts, out_dim, k_dim]). dtype 1 = f16, 2 = bf16; k_dim a
-// multiple of 8; top_k x k_dim elements within the staging space; a and w 16-byte aligned.
-// Returns 0, a CUDA error code, or 1 when the arguments are unsupported.
+// y ([tokens, out_dim]) = sum over a token's chosen experts j of weights[t, j] times (the
+// activation of a's row t * top_k + j (a: [tokens * top_k, 2 k_dim], gate columns first) times
+// expert ids[t, j]'s rows of w ([experts, out_dim, k_dim]), plus its bias row (null or
+// [experts, out_dim])). The activation: silu(gate) * up when alpha <= 0, else gpt-oss's clamped
+// SwiGLU (alpha, limit). dtype 1 = f16, 2 = bf16; k_dim a multiple of 8; top_k x k_dim elements
+// within the staging space; a and w 16-byte aligned. Returns 0, a CUDA error code, or 1 when the
+// arguments are unsupported.
 extern "C" int pagewise_moe_down(int dtype, void* y, const void* a, const void* w,
-                                 const uint32_t* ids, const float* weights, int tokens, int top_k,
-                                 int out_dim, int k_dim, void* stream) {
+                                 const void* bias, const uint32_t* ids, const float* weights,
+                                 int tokens, int top_k, int out_dim, int k_dim, float alpha,
+                                 float limit, void* stream) {
   if (tokens == 0 || out_dim == 0) return 0;
   if (k_dim % 8 != 0 || top_k < 1) return 1;
   cudaStream_t s = (cudaStream_t)stream;
   switch (dtype) {
-    case 1: return launch_down<__half>(y, a, w, ids, weights, tokens, top_k, out_dim, k_dim, s);
+    case 1:
+      return launch_down<__half>(y, a, w, bias, ids, weights, tokens, top_k, out_dim, k_dim,
+                                 alpha, limit, s);
     case 2:
-      return launch_down<__nv_bfloat16>(y, a, w, ids, weights, tokens, top_k, out_dim, k_dim, s);
+      return launch_down<__nv_bfloat16>(y, a, w, bias, ids, weights, tokens, top_k, out_dim,
+                                        k_dim, alpha, limit, s);
     default: return 1;
   }
 }

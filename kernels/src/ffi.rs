@@ -216,6 +216,7 @@ unsafe extern "C" {
         y: *mut c_void,
         x: *const c_void,
         w: *const c_void,
+        bias: *const c_void,
         ids: *const u32,
         tokens: c_int,
         top_k: c_int,
@@ -229,12 +230,15 @@ unsafe extern "C" {
         y: *mut c_void,
         a: *const c_void,
         w: *const c_void,
+        bias: *const c_void,
         ids: *const u32,
         weights: *const f32,
         tokens: c_int,
         top_k: c_int,
         out_dim: c_int,
         k_dim: c_int,
+        alpha: f32,
+        limit: f32,
         stream: *mut c_void,
     ) -> c_int;
 

@@ -31,7 +31,9 @@ pub use decode::{
 pub use fused::{add_rms_norm, silu_mul};
 pub use gemv::{GEMV_MAX_ROWS, GemvInput, gemv, gemv_fits, gemv_fused};
 pub use gemv_rope::{RopeCacheTarget, gemv_rope_cache};
-pub use moe::{MOE_MAX_TOP_K, MoeRoutes, moe_experts, moe_fits, moe_route};
+pub use moe::{
+    ExpertExtras, MOE_MAX_TOP_K, MoeRoutes, moe_experts, moe_experts_with, moe_fits, moe_route,
+};
 pub use pinned::PinnedIds;
 pub use prefill::{
     PrefillKernel, PrefillSeqs, paged_prefill_attention, paged_prefill_attention_with,

@@ -85,6 +85,18 @@ pub fn moe_fits(top_k: usize, inter: usize, dtype: DType) -> bool {
         && top_k * inter * dtype.size_in_bytes() <= most
 }
 
+/// What experts compute beyond [`moe_experts`]'s SwiGLU without biases (gpt-oss's experts).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExpertExtras<'a> {
+    /// Each expert's gate/up bias, `[experts, 2 * inter]` (gate first), in the weights' dtype.
+    pub gate_up_bias: Option<&'a Tensor>,
+    /// Each expert's down bias, `[experts, hidden]`.
+    pub down_bias: Option<&'a Tensor>,
+    /// gpt-oss's clamped SwiGLU `(alpha, limit)`: `g = min(gate, limit)`,
+    /// `u = clamp(up, -limit, limit)`, `(u + 1) * g * sigmoid(alpha * g)`; `None`: SiLU-and-mul.
+    pub clamped_swiglu: Option<(f32, f32)>,
+}
+
 /// The experts' part of the layer for `x` (`[tokens, hidden]`): for each token, the sum over its
 /// routed experts `e` of weight × `down[e] · (silu(g) * u)` where `g, u` are the halves of
 /// `gate_up[e] · x` (`gate_up`: `[experts, 2 * inter, hidden]`, gate rows first; `down`:
@@ -96,6 +108,18 @@ pub fn moe_experts(
     gate_up: &Tensor,
     down: &Tensor,
     routes: &MoeRoutes,
+) -> Result<Tensor> {
+    moe_experts_with(x, gate_up, down, routes, ExpertExtras::default())
+}
+
+/// [`moe_experts`] with `extras`: biases after either projection (the down bias inside the
+/// weighting) and the clamped SwiGLU in place of SiLU-and-mul.
+pub fn moe_experts_with(
+    x: &Tensor,
+    gate_up: &Tensor,
+    down: &Tensor,
+    routes: &MoeRoutes,
+    extras: ExpertExtras<'_>,
 ) -> Result<Tensor> {
     let (tokens, hidden) = x.dims2()?;
     let (experts, width, gk) = gate_up.dims3()?;
@@ -132,6 +156,25 @@ pub fn moe_experts(
     if dtype == 0 {
         bail!("moe_experts: f16 or bf16 only");
     }
+    let bias_ptr = |b: Option<&Tensor>, width: usize, what: &str| -> Result<u64> {
+        let Some(b) = b else { return Ok(0) };
+        if b.dims() != [experts, width] || b.dtype() != x.dtype() || !b.is_contiguous() {
+            bail!(
+                "moe_experts: the {what} bias must be contiguous {:?} [{experts}, {width}], got {:?} {:?}",
+                x.dtype(),
+                b.dtype(),
+                b.dims()
+            );
+        }
+        Ok(device_ptr(b, what)?.0)
+    };
+    let gbp = bias_ptr(extras.gate_up_bias, width, "gate/up")?;
+    let dbp = bias_ptr(extras.down_bias, hidden, "down")?;
+    let (alpha, limit) = match extras.clamped_swiglu {
+        Some((a, l)) if a > 0.0 => (a, l),
+        Some((a, _)) => bail!("moe_experts: a clamped SwiGLU needs alpha > 0, got {a}"),
+        None => (0.0, 0.0),
+    };
     let mid = empty((tokens * top_k, width), x.dtype(), x.device())?;
     let y = empty((tokens, hidden), x.dtype(), x.device())?;
     let (mp, stream) = device_ptr(&mid, "gate_up output")?;
@@ -154,6 +197,7 @@ pub fn moe_experts(
             mp as *mut c_void,
             xp as *const c_void,
             gp as *const c_void,
+            gbp as *const c_void,
             ip as *const u32,
             tokens as i32,
             top_k as i32,
@@ -170,12 +214,15 @@ pub fn moe_experts(
             yp as *mut c_void,
             mp as *const c_void,
             dp as *const c_void,
+            dbp as *const c_void,
             ip as *const u32,
             wp as *const f32,
             tokens as i32,
             top_k as i32,
             hidden as i32,
             inter as i32,
+            alpha,
+            limit,
             stream,
         )
     };

@@ -5,7 +5,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use common::{Lcg, host_f32, max_rel_diff, random};
-use pagewise_kernels::{moe_experts, moe_route};
+use pagewise_kernels::{ExpertExtras, moe_experts, moe_experts_with, moe_route};
 
 /// The host routing: softmax, the `top_k` largest (ties to the lower expert), renormalized or not.
 fn route(row: &[f32], top_k: usize, renormalize: bool) -> Vec<(u32, f32)> {
@@ -83,16 +83,24 @@ fn round(v: Vec<f32>, dtype: DType, dev: &Device) -> Vec<f32> {
     )
 }
 
+/// Plain SwiGLU experts, and gpt-oss's (biases, the clamped SwiGLU with a limit low enough to
+/// bite); the shapes cut the down projection's work into 1 to 8 slices an output, and one
+/// (gpt-oss's 2880) into slices that are not whole rows.
 #[test]
 fn experts_match_each_tokens_experts_on_the_host() {
     let dev = Device::new_cuda(0).unwrap();
     let mut rng = Lcg(8);
-    for dtype in [DType::BF16, DType::F16] {
+    for (dtype, gpt_oss) in [
+        (DType::BF16, false),
+        (DType::F16, false),
+        (DType::BF16, true),
+    ] {
         for (tokens, hidden, inter, experts, top_k) in [
             (1, 256, 512, 8, 2),
             (3, 1024, 1408, 8, 2),
             (8, 512, 768, 128, 8),
             (5, 2048, 96, 16, 4),
+            (2, 2880, 2880, 32, 4),
         ] {
             let x = random(&mut rng, (tokens, hidden), 1.0, dtype, &dev);
             let gu = random(&mut rng, (experts * 2 * inter, hidden), 0.05, dtype, &dev)
@@ -103,7 +111,25 @@ fn experts_match_each_tokens_experts_on_the_host() {
                 .unwrap();
             let logits = random(&mut rng, (tokens, experts), 3.0, DType::F32, &dev);
             let routes = moe_route(&logits, top_k, true).unwrap();
-            let got = host_f32(&moe_experts(&x, &gu, &down, &routes).unwrap());
+            let gu_bias = random(&mut rng, (experts, 2 * inter), 0.5, dtype, &dev);
+            let down_bias = random(&mut rng, (experts, hidden), 0.5, dtype, &dev);
+            let (alpha, limit) = (1.702f32, 1.0f32);
+            let got = match gpt_oss {
+                false => moe_experts(&x, &gu, &down, &routes),
+                true => moe_experts_with(
+                    &x,
+                    &gu,
+                    &down,
+                    &routes,
+                    ExpertExtras {
+                        gate_up_bias: Some(&gu_bias),
+                        down_bias: Some(&down_bias),
+                        clamped_swiglu: Some((alpha, limit)),
+                    },
+                ),
+            };
+            let got = host_f32(&got.unwrap());
+            let (gbv, dbv) = (host_f32(&gu_bias), host_f32(&down_bias));
 
             let ids = routes
                 .ids()
@@ -121,26 +147,35 @@ fn experts_match_each_tokens_experts_on_the_host() {
                     let mid: Vec<f32> = (0..2 * inter)
                         .map(|o| {
                             let row = &guv[(e * 2 * inter + o) * hidden..][..hidden];
-                            row.iter().zip(xt).map(|(a, b)| a * b).sum()
+                            let b = if gpt_oss { gbv[e * 2 * inter + o] } else { 0.0 };
+                            row.iter().zip(xt).map(|(a, b)| a * b).sum::<f32>() + b
                         })
                         .collect();
                     let mid = round(mid, dtype, &dev);
                     let act: Vec<f32> = (0..inter)
-                        .map(|i| mid[i] / (1.0 + (-mid[i]).exp()) * mid[inter + i])
+                        .map(|i| match gpt_oss {
+                            false => mid[i] / (1.0 + (-mid[i]).exp()) * mid[inter + i],
+                            true => {
+                                let g = mid[i].min(limit);
+                                let u = mid[inter + i].clamp(-limit, limit);
+                                (u + 1.0) * g / (1.0 + (-alpha * g).exp())
+                            }
+                        })
                         .collect();
                     let act = round(act, dtype, &dev);
                     for o in 0..hidden {
                         let row = &dv[(e * hidden + o) * inter..][..inter];
                         let dot: f32 = row.iter().zip(&act).map(|(a, b)| a * b).sum();
-                        want[t * hidden + o] += weights[t * top_k + j] * dot;
+                        let b = if gpt_oss { dbv[e * hidden + o] } else { 0.0 };
+                        want[t * hidden + o] += weights[t * top_k + j] * (dot + b);
                     }
                 }
             }
             let err = max_rel_diff(&got, &want);
             assert!(
                 err < 1e-2,
-                "{dtype:?} {tokens} tokens, {experts} experts of {hidden}x{inter}, top {top_k}: \
-                 off by {err}"
+                "{dtype:?} {tokens} tokens, {experts} experts of {hidden}x{inter}, top {top_k} \
+                 (gpt-oss {gpt_oss}): off by {err}"
             );
         }
     }

@@ -2,8 +2,9 @@
 //! logits, experts with biases and a clamped SwiGLU, `(up + 1) * gate * sigmoid(1.702 gate)`);
 //! attention with biases and a learned sink logit per head; sliding-window layers (128 positions)
 //! between full ones; YaRN rotary. Expert weights come dequantized or as MXFP4 (dequantized at
-//! load). On a GPU its attention (with sinks) runs every row through the decode kernel and its
-//! experts take the reference path (routing read back to the host, no CUDA graphs).
+//! load). On a GPU its attention (with sinks) runs every row through the decode kernel; its
+//! experts take the device path of the other mixtures for decode steps (biases and the clamped
+//! SwiGLU in the kernels), so decode runs in CUDA graphs.
 
 use candle_core::{Module, Tensor};
 use candle_nn::Embedding;
@@ -187,8 +188,12 @@ impl CausalLm for GptOss {
     }
 
     fn graph_batch_limit(&self) -> Option<usize> {
-        // Its experts route on the host.
-        Some(0)
+        let on_device = self.layers.iter().all(|l| l.moe.routes_on_device());
+        Some(if on_device {
+            super::moe::DEVICE_TOKENS
+        } else {
+            0
+        })
     }
 
     fn forward(&self, batch: &ForwardBatch<'_>, kv: &mut KvCache) -> Result<Tensor, ModelError> {

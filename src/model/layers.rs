@@ -87,6 +87,14 @@ impl Linear {
         }
     }
 
+    /// The weight `[out, in]` and bias of a dense layer.
+    pub fn dense_parts(&self) -> Option<(&Tensor, Option<&Tensor>)> {
+        match self {
+            Linear::Dense(l) => Some((l.weight(), l.bias())),
+            _ => None,
+        }
+    }
+
     /// Applies the layer to `[tokens, in]`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {

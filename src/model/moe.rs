@@ -198,13 +198,14 @@ impl SparseMoe {
         let i = s.expert_intermediate;
         if s.names == ExpertNames::GptOss {
             let prefix = format!("model.layers.{layer}.mlp");
+            #[allow(unused_mut)]
+            let mut experts = super::gpt_oss::experts(w, &prefix, hidden, s)?;
             return Ok(SparseMoe {
                 router: router(w, &format!("{prefix}.router"), hidden, s.num_experts, true)?,
-                experts: super::gpt_oss::experts(w, &prefix, hidden, s)?,
-                settings: s.clone(),
-                // (Biases and the clamped activation are not in the device kernels.)
                 #[cfg(feature = "cuda")]
-                stacked: None,
+                stacked: super::moe_device::Stacked::take(&mut experts, s.top_k, s.activation)?,
+                experts,
+                settings: s.clone(),
             });
         }
         let (prefix, names) = if s.names == ExpertNames::Mixtral {
@@ -249,7 +250,7 @@ impl SparseMoe {
             .collect::<Result<Vec<_>, ModelError>>()?;
         let router = router(w, &format!("{prefix}.gate"), hidden, s.num_experts, false)?;
         #[cfg(feature = "cuda")]
-        let stacked = super::moe_device::Stacked::take(&mut experts, s.top_k)?;
+        let stacked = super::moe_device::Stacked::take(&mut experts, s.top_k, s.activation)?;
         Ok(SparseMoe {
             router,
             experts,

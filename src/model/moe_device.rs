@@ -8,33 +8,40 @@
 use candle_core::{DType, Tensor};
 
 use super::layers::Linear;
-use super::moe::{Expert, MoeSettings};
+use super::moe::{Expert, ExpertActivation, MoeSettings};
 
 /// A layer's expert weights stacked: gate/up `[experts, 2 * inter, hidden]` (gate rows first)
-/// and down `[experts, hidden, inter]`.
+/// and down `[experts, hidden, inter]`, with their biases (gpt-oss) stacked the same way.
 pub struct Stacked {
     gate_up: Tensor,
     down: Tensor,
+    gate_up_bias: Option<Tensor>,
+    down_bias: Option<Tensor>,
+    activation: ExpertActivation,
 }
 
 impl Stacked {
     /// Stacks the experts' weights when they are dense f16/bf16 on a GPU and fit the kernels (with
-    /// `top_k` experts a token),
-    /// and makes each expert's layers views of the stacks (so the weights are held once).
-    pub fn take(experts: &mut [Expert], top_k: usize) -> candle_core::Result<Option<Stacked>> {
-        let weights: Option<Vec<(Tensor, Tensor)>> = experts
+    /// `top_k` experts a token), and makes each expert's layers views of the stacks (so the
+    /// weights are held once). Biases come along when every expert has them.
+    pub fn take(
+        experts: &mut [Expert],
+        top_k: usize,
+        activation: ExpertActivation,
+    ) -> candle_core::Result<Option<Stacked>> {
+        type Parts = (Tensor, Option<Tensor>);
+        let weights: Option<Vec<(Parts, Parts)>> = experts
             .iter()
             .map(|e| {
-                Some((
-                    e.gate_up.dense_weight()?.clone(),
-                    e.down.dense_weight()?.clone(),
-                ))
+                let (gu, gub) = e.gate_up.dense_parts()?;
+                let (d, db) = e.down.dense_parts()?;
+                Some(((gu.clone(), gub.cloned()), (d.clone(), db.cloned())))
             })
             .collect();
         let Some(weights) = weights.filter(|w| !w.is_empty()) else {
             return Ok(None);
         };
-        let (gate_up, down) = &weights[0];
+        let ((gate_up, _), (down, _)) = &weights[0];
         let (hidden, inter) = (down.dim(0)?, down.dim(1)?);
         if gate_up.device().is_cpu()
             || !matches!(gate_up.dtype(), DType::BF16 | DType::F16)
@@ -43,14 +50,27 @@ impl Stacked {
         {
             return Ok(None);
         }
-        let gate_up = Tensor::stack(&weights.iter().map(|w| &w.0).collect::<Vec<_>>(), 0)?;
-        let down = Tensor::stack(&weights.iter().map(|w| &w.1).collect::<Vec<_>>(), 0)?;
+        let stack = |pick: &dyn Fn(&(Parts, Parts)) -> &Parts| -> candle_core::Result<_> {
+            let w = Tensor::stack(&weights.iter().map(|p| &pick(p).0).collect::<Vec<_>>(), 0)?;
+            let b: Option<Vec<&Tensor>> = weights.iter().map(|p| pick(p).1.as_ref()).collect();
+            let b = b.map(|b| Tensor::stack(&b, 0)).transpose()?;
+            Ok((w, b))
+        };
+        let (gate_up, gate_up_bias) = stack(&|p| &p.0)?;
+        let (down, down_bias) = stack(&|p| &p.1)?;
         drop(weights);
+        let row = |b: &Option<Tensor>, e: usize| b.as_ref().map(|b| b.get(e)).transpose();
         for (e, expert) in experts.iter_mut().enumerate() {
-            expert.gate_up = Linear::dense(gate_up.get(e)?, None);
-            expert.down = Linear::dense(down.get(e)?, None);
+            expert.gate_up = Linear::dense(gate_up.get(e)?, row(&gate_up_bias, e)?);
+            expert.down = Linear::dense(down.get(e)?, row(&down_bias, e)?);
         }
-        Ok(Some(Stacked { gate_up, down }))
+        Ok(Some(Stacked {
+            gate_up,
+            down,
+            gate_up_bias,
+            down_bias,
+            activation,
+        }))
     }
 
     /// The layer for `x` (`[tokens, hidden]`, at most [`super::moe::DEVICE_TOKENS`]) from its router's f32
@@ -62,6 +82,20 @@ impl Stacked {
         s: &MoeSettings,
     ) -> candle_core::Result<Tensor> {
         let routes = pagewise_kernels::moe_route(&logits.contiguous()?, s.top_k, s.renormalize)?;
-        pagewise_kernels::moe_experts(&x.contiguous()?, &self.gate_up, &self.down, &routes)
+        let extras = pagewise_kernels::ExpertExtras {
+            gate_up_bias: self.gate_up_bias.as_ref(),
+            down_bias: self.down_bias.as_ref(),
+            clamped_swiglu: match self.activation {
+                ExpertActivation::SiluMul => None,
+                ExpertActivation::ClampedSwiglu { alpha, limit } => Some((alpha, limit)),
+            },
+        };
+        pagewise_kernels::moe_experts_with(
+            &x.contiguous()?,
+            &self.gate_up,
+            &self.down,
+            &routes,
+            extras,
+        )
     }
 }
