@@ -15,6 +15,7 @@ mod ffi;
 mod fused;
 mod gemv;
 mod gemv_rope;
+mod grouped;
 mod moe;
 mod pinned;
 mod prefill;
@@ -31,6 +32,7 @@ pub use decode::{
 pub use fused::{add_rms_norm, silu_mul};
 pub use gemv::{GEMV_MAX_ROWS, GemvInput, gemv, gemv_fits, gemv_fused};
 pub use gemv_rope::{RopeCacheTarget, gemv_rope_cache};
+pub use grouped::GroupedGemm;
 pub use moe::{
     ExpertExtras, MOE_MAX_TOP_K, MoeRoutes, moe_experts, moe_experts_with, moe_fits, moe_route,
 };

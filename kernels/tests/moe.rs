@@ -5,7 +5,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use common::{Lcg, host_f32, max_rel_diff, random};
-use pagewise_kernels::{ExpertExtras, moe_experts, moe_experts_with, moe_route};
+use pagewise_kernels::{ExpertExtras, GroupedGemm, moe_experts, moe_experts_with, moe_route};
 
 /// The host routing: softmax, the `top_k` largest (ties to the lower expert), renormalized or not.
 fn route(row: &[f32], top_k: usize, renormalize: bool) -> Vec<(u32, f32)> {
@@ -187,7 +187,44 @@ fn experts_match_each_tokens_experts_on_the_host() {
     assert!(moe_experts(&x, &gu, &down, &routes).is_err());
 }
 
-/// The experts of one decode token at Mixtral-8x7B's and Qwen3-30B-A3B's shapes: microseconds
+/// Grouped GEMMs against one matmul a group: runs of rows of every length (none, one, many),
+/// experts skipped and repeated, both 16-bit dtypes.
+#[test]
+fn grouped_matmul_equals_a_matmul_per_group() {
+    let dev = Device::new_cuda(0).unwrap();
+    let mut rng = Lcg(11);
+    let gemm = GroupedGemm::new(&dev).unwrap();
+    for dtype in [DType::BF16, DType::F16] {
+        let (experts, n, k) = (6, 96, 128);
+        let w = random(&mut rng, (experts * n, k), 0.1, dtype, &dev)
+            .reshape((experts, n, k))
+            .unwrap();
+        let groups = [(0, 5), (2, 0), (3, 1), (5, 37), (1, 12), (3, 4)];
+        let rows: usize = groups.iter().map(|g| g.1).sum();
+        let x = random(&mut rng, (rows, k), 1.0, dtype, &dev);
+        let got = host_f32(&gemm.matmul(&x, &w, &groups).unwrap());
+        let mut want = Vec::new();
+        let mut row = 0;
+        for &(e, count) in groups.iter().filter(|g| g.1 > 0) {
+            let part = x.narrow(0, row, count).unwrap();
+            let we = w.get(e).unwrap();
+            let y = part
+                .to_dtype(DType::F32)
+                .unwrap()
+                .matmul(&we.to_dtype(DType::F32).unwrap().t().unwrap())
+                .unwrap();
+            want.extend(host_f32(&y));
+            row += count;
+        }
+        let err = max_rel_diff(&got, &want);
+        assert!(err < 1e-2, "{dtype:?}: off by {err}");
+        // Groups that do not cover the rows, or name no expert, are refused.
+        assert!(gemm.matmul(&x, &w, &[(0, rows - 1)]).is_err());
+        assert!(gemm.matmul(&x, &w, &[(6, rows)]).is_err());
+    }
+}
+
+/// The experts of one decode token at Mixtral-8x7B's, Qwen3-30B-A3B's and gpt-oss-20b's shapes: microseconds
 /// a layer and the bandwidth of the chosen experts' weights (`moe-tests --ignored --nocapture
 /// moe_bandwidth`).
 #[test]
@@ -203,6 +240,7 @@ fn moe_bandwidth() {
     for (name, experts, top_k, hidden, inter) in [
         ("Mixtral-8x7B", 8, 2, 4096, 14336),
         ("Qwen3-30B-A3B", 128, 8, 2048, 768),
+        ("gpt-oss-20b", 32, 4, 2880, 2880),
     ] {
         let gu = random(
             &mut rng,

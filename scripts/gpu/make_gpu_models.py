@@ -164,7 +164,10 @@ def gptoss(path):
             if name.endswith("router.weight"):
                 p.mul_(6.0)  # a decided router (see qwen3moe)
             if name.endswith("experts.gate_up_proj"):
-                p.normal_(0.0, 0.25)  # large enough that the clamp at 7 bites now and then
+                # Small: at 0.25 (where the clamp at 7 bites) the model is chaotic, transformers'
+                # own bf16 agreeing with its f32 on 88% of the decisive positions; at 0.03, 97%.
+                # (The clamp is tested by the kernel tests and the CPU fixture.)
+                p.normal_(0.0, 0.03)
     save(model, cfg, path)
     reference_logits(GptOssForCausalLM, path, cfg.vocab_size, seqs=2, tokens=128,
                      attn_implementation="eager")

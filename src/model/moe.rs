@@ -1,8 +1,9 @@
 //! Mixture-of-experts MLPs (Mixtral, Qwen3-MoE, gpt-oss): a router scores every expert for each token,
 //! the token goes through its top-k experts, and their outputs are summed with the routing
 //! weights. This is the reference path (candle ops, one expert at a time over the tokens that
-//! chose it), on the CPU and on a GPU alike; on a GPU, small steps route and run their experts
-//! on the device (`moe_device.rs`).
+//! chose it), on the CPU and in f32 on a GPU; on a GPU in f16/bf16, small steps route and run
+//! their experts on the device, larger ones (prefill) run every expert in two grouped GEMMs
+//! (`moe_device.rs`).
 
 use candle_core::{DType, Tensor};
 use serde::Deserialize;
@@ -319,6 +320,10 @@ impl SparseMoe {
             s.top_k,
             s.renormalize,
         );
+        #[cfg(feature = "cuda")]
+        if let Some(stacked) = &self.stacked {
+            return stacked.forward_grouped(x, &routes);
+        }
         let mut chosen: Vec<(Vec<u32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); s.num_experts];
         for (t, route) in routes.iter().enumerate() {
             for &(e, weight) in route {

@@ -5,7 +5,10 @@
 //! few tokens need; a larger step would read an expert once per token that chose it, and goes
 //! through the reference path (`SparseMoe::forward`), which reads each chosen expert once.
 
-use candle_core::{DType, Tensor};
+use std::sync::{Arc, Mutex, Weak};
+
+use candle_core::{DType, Device, Tensor};
+use pagewise_kernels::GroupedGemm;
 
 use super::layers::Linear;
 use super::moe::{Expert, ExpertActivation, MoeSettings};
@@ -18,6 +21,27 @@ pub struct Stacked {
     gate_up_bias: Option<Tensor>,
     down_bias: Option<Tensor>,
     activation: ExpertActivation,
+    /// The cuBLAS handle of larger steps' grouped GEMMs, shared by the layers on one stream.
+    grouped: Arc<GroupedGemm>,
+}
+
+/// The grouped-GEMM handle on `device`'s stream: the one the model's other layers hold, or a new
+/// one. (A handle keeps its stream alive, so a live entry's stream is this one.)
+fn grouped_handle(device: &Device) -> candle_core::Result<Arc<GroupedGemm>> {
+    static HANDLES: Mutex<Vec<(usize, Weak<GroupedGemm>)>> = Mutex::new(Vec::new());
+    let stream = device.as_cuda_device()?.cuda_stream().cu_stream() as usize;
+    let mut handles = HANDLES.lock().unwrap_or_else(|e| e.into_inner());
+    handles.retain(|(_, h)| h.strong_count() > 0);
+    if let Some(h) = handles
+        .iter()
+        .find(|(s, _)| *s == stream)
+        .and_then(|(_, h)| h.upgrade())
+    {
+        return Ok(h);
+    }
+    let h = Arc::new(GroupedGemm::new(device)?);
+    handles.push((stream, Arc::downgrade(&h)));
+    Ok(h)
 }
 
 impl Stacked {
@@ -59,6 +83,7 @@ impl Stacked {
         let (gate_up, gate_up_bias) = stack(&|p| &p.0)?;
         let (down, down_bias) = stack(&|p| &p.1)?;
         drop(weights);
+        let grouped = grouped_handle(gate_up.device())?;
         let row = |b: &Option<Tensor>, e: usize| b.as_ref().map(|b| b.get(e)).transpose();
         for (e, expert) in experts.iter_mut().enumerate() {
             expert.gate_up = Linear::dense(gate_up.get(e)?, row(&gate_up_bias, e)?);
@@ -70,7 +95,52 @@ impl Stacked {
             gate_up_bias,
             down_bias,
             activation,
+            grouped,
         }))
+    }
+
+    /// The layer for a larger step (prefill): `routes` (each token's experts and weights, read
+    /// on the host) sort the tokens' rows by expert; two grouped GEMMs over the stacked weights
+    /// (gate/up, then down after the activation) take every expert at once; the rows, weighted,
+    /// are summed back into their tokens.
+    pub fn forward_grouped(
+        &self,
+        x: &Tensor,
+        routes: &[Vec<(usize, f32)>],
+    ) -> candle_core::Result<Tensor> {
+        let experts = self.gate_up.dim(0)?;
+        let mut by_expert: Vec<Vec<(u32, f32)>> = vec![Vec::new(); experts];
+        for (t, route) in routes.iter().enumerate() {
+            for &(e, w) in route {
+                by_expert[e].push((t as u32, w));
+            }
+        }
+        let groups: Vec<(usize, usize)> = by_expert
+            .iter()
+            .enumerate()
+            .map(|(e, rows)| (e, rows.len()))
+            .collect();
+        let rows: Vec<(u32, f32, u32)> = by_expert
+            .iter()
+            .enumerate()
+            .flat_map(|(e, rows)| rows.iter().map(move |&(t, w)| (t, w, e as u32)))
+            .collect();
+        let (n, dev) = (rows.len(), x.device());
+        let order = Tensor::from_vec(rows.iter().map(|r| r.0).collect(), n, dev)?;
+        let weights = Tensor::from_vec(rows.iter().map(|r| r.1).collect(), (n, 1), dev)?;
+        let expert_of = Tensor::from_vec(rows.iter().map(|r| r.2).collect(), n, dev)?;
+        let xs = x.index_select(&order, 0)?.contiguous()?;
+        let mut mid = self.grouped.matmul(&xs, &self.gate_up, &groups)?;
+        if let Some(b) = &self.gate_up_bias {
+            mid = (mid + b.index_select(&expert_of, 0)?)?;
+        }
+        let act = self.activation.apply(&mid)?.contiguous()?;
+        let mut ys = self.grouped.matmul(&act, &self.down, &groups)?;
+        if let Some(b) = &self.down_bias {
+            ys = (ys + b.index_select(&expert_of, 0)?)?;
+        }
+        let ys = ys.broadcast_mul(&weights.to_dtype(ys.dtype())?)?;
+        x.zeros_like()?.index_add(&order, &ys, 0)
     }
 
     /// The layer for `x` (`[tokens, hidden]`, at most [`super::moe::DEVICE_TOKENS`]) from its router's f32
