@@ -223,3 +223,66 @@ fn parse_longrope(
         attention_factor,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// transformers' `_compute_yarn_parameters` (5.17) for head dim 16, base 10000, factor 4
+    /// over an original context of 64: its inverse frequencies, truncated ramp ends (the
+    /// default) and not, and the attention factor `0.1 ln 4 + 1`.
+    #[test]
+    fn yarn_frequencies_match_transformers() {
+        let cases: [(bool, [f64; 8]); 2] = [
+            (
+                true,
+                [
+                    1.0,
+                    0.237_170_815,
+                    0.049_999_997,
+                    0.007_905_694_7,
+                    0.002_5,
+                    0.000_790_569_47,
+                    0.000_25,
+                    7.905_694_7e-5,
+                ],
+            ),
+            (
+                false,
+                [
+                    1.0,
+                    0.198_583_528,
+                    0.025_595_250,
+                    0.007_905_694_7,
+                    0.002_5,
+                    0.000_790_569_47,
+                    0.000_25,
+                    7.905_694_7e-5,
+                ],
+            ),
+        ];
+        for (truncate, want) in cases {
+            let v = serde_json::json!({"rope_type": "yarn", "factor": 4.0,
+                "original_max_position_embeddings": 64, "truncate": truncate});
+            let y = parse(Some(&v), Some(256), None).unwrap().yarn.unwrap();
+            assert!((y.attention_factor - 1.138_629_436_111_989).abs() < 1e-12);
+            let mut inv: Vec<f64> = (0..8)
+                .map(|i| 1.0 / 10_000f64.powf(2.0 * i as f64 / 16.0))
+                .collect();
+            y.scale(&mut inv, 10_000.0);
+            for (g, w) in inv.iter().zip(want) {
+                assert!((g - w).abs() <= 1e-6 * w, "truncate {truncate}: {inv:?}");
+            }
+        }
+        // The factor from the context extension when the config leaves it out.
+        let v = serde_json::json!({"rope_type": "yarn", "original_max_position_embeddings": 64});
+        assert_eq!(
+            parse(Some(&v), Some(256), None)
+                .unwrap()
+                .yarn
+                .unwrap()
+                .factor,
+            4.0
+        );
+    }
+}
