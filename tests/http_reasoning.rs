@@ -116,3 +116,58 @@ async fn without_a_parser_or_reasoning_the_text_is_content() {
     assert!(message["content"].as_str().unwrap().starts_with("It is"));
     assert!(message.get("reasoning_content").is_none(), "{message}");
 }
+
+/// Qwen3 reasons, then calls a tool (Hermes' format): the reasoning goes to
+/// `reasoning_content`, the call to `tool_calls`, and neither leaks into `content`, whole or
+/// streamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reasoning_then_a_tool_call() {
+    use pagewise::server::tools::{ToolOptions, ToolParser};
+    let opts = ServerOptions {
+        served_model_names: vec!["tiny".into()],
+        reasoning_parser: Some(ReasoningParser::Qwen3),
+        tools: ToolOptions {
+            auto_tool_choice: true,
+            parser: Some(ToolParser::Hermes),
+        },
+        ..Default::default()
+    };
+    let base = serve(engine_args(), opts).await.0;
+    let forced = "<think>\nWe need [a-z]{3,8}\\.\n</think>\n\n<tool_call>\n\\{\"name\": \"get_time\", \
+                  \"arguments\": \\{\"zone\": \"(UTC|CET)\"\\}\\}\n</tool_call>";
+    let mut body = request(forced);
+    body["tools"] = json!([{"type": "function", "function": {"name": "get_time",
+        "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"]}}}]);
+    let (status, got) = post(&base, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(status, 200, "{got}");
+    let choice = &got["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{got}");
+    let message = &choice["message"];
+    let reasoning = message["reasoning_content"].as_str().unwrap();
+    assert!(reasoning.trim().starts_with("We need"), "{message}");
+    assert!(
+        message["content"].as_str().unwrap_or("").trim().is_empty(),
+        "{message}"
+    );
+    let call = &message["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_time", "{message}");
+    // Streamed: the same reasoning, the same call, no content.
+    body["stream"] = json!(true);
+    let (mut r, mut content, mut args) = (String::new(), String::new(), String::new());
+    for data in sse(&base, "/v1/chat/completions", body).await {
+        if data == "[DONE]" {
+            break;
+        }
+        let v: Value = serde_json::from_str(&data).unwrap();
+        let delta = &v["choices"][0]["delta"];
+        r.push_str(delta["reasoning_content"].as_str().unwrap_or(""));
+        content.push_str(delta["content"].as_str().unwrap_or(""));
+        for c in delta["tool_calls"].as_array().into_iter().flatten() {
+            args.push_str(c["function"]["arguments"].as_str().unwrap_or(""));
+        }
+    }
+    assert_eq!(r, reasoning);
+    assert!(content.trim().is_empty(), "{content:?}");
+    assert_eq!(args, call["arguments"].as_str().unwrap());
+}
