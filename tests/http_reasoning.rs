@@ -24,10 +24,10 @@ fn request(regex: &str) -> Value {
            "max_tokens": 120, "temperature": 0, "structured_outputs": {"regex": regex}})
 }
 
-/// The streamed reasoning and content of choice 0.
-async fn streamed(base: &str, mut body: Value) -> (String, String) {
+/// The streamed reasoning, content and tool-call arguments of choice 0.
+async fn streamed(base: &str, mut body: Value) -> (String, String, String) {
     body["stream"] = json!(true);
-    let (mut reasoning, mut content) = (String::new(), String::new());
+    let (mut reasoning, mut content, mut args) = (String::new(), String::new(), String::new());
     for data in sse(base, "/v1/chat/completions", body).await {
         if data == "[DONE]" {
             break;
@@ -36,8 +36,11 @@ async fn streamed(base: &str, mut body: Value) -> (String, String) {
         let delta = &v["choices"][0]["delta"];
         reasoning.push_str(delta["reasoning_content"].as_str().unwrap_or(""));
         content.push_str(delta["content"].as_str().unwrap_or(""));
+        for c in delta["tool_calls"].as_array().into_iter().flatten() {
+            args.push_str(c["function"]["arguments"].as_str().unwrap_or(""));
+        }
     }
-    (reasoning, content)
+    (reasoning, content, args)
 }
 
 async fn check(parser: ReasoningParser, regex: &str, content_start: &str) {
@@ -59,7 +62,7 @@ async fn check(parser: ReasoningParser, regex: &str, content_start: &str) {
             "{parser:?}: {message}"
         );
     }
-    let (r, c) = streamed(&base, request(regex)).await;
+    let (r, c, _) = streamed(&base, request(regex)).await;
     assert_eq!(
         (r.as_str(), c.as_str()),
         (reasoning, content),
@@ -153,20 +156,7 @@ async fn reasoning_then_a_tool_call() {
     let call = &message["tool_calls"][0]["function"];
     assert_eq!(call["name"], "get_time", "{message}");
     // Streamed: the same reasoning, the same call, no content.
-    body["stream"] = json!(true);
-    let (mut r, mut content, mut args) = (String::new(), String::new(), String::new());
-    for data in sse(&base, "/v1/chat/completions", body).await {
-        if data == "[DONE]" {
-            break;
-        }
-        let v: Value = serde_json::from_str(&data).unwrap();
-        let delta = &v["choices"][0]["delta"];
-        r.push_str(delta["reasoning_content"].as_str().unwrap_or(""));
-        content.push_str(delta["content"].as_str().unwrap_or(""));
-        for c in delta["tool_calls"].as_array().into_iter().flatten() {
-            args.push_str(c["function"]["arguments"].as_str().unwrap_or(""));
-        }
-    }
+    let (r, content, args) = streamed(&base, body).await;
     assert_eq!(r, reasoning);
     assert!(content.trim().is_empty(), "{content:?}");
     assert_eq!(args, call["arguments"].as_str().unwrap());

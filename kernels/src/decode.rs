@@ -266,53 +266,15 @@ pub unsafe fn paged_attention_planned_into(
     }
 }
 
-/// [`paged_attention_planned`] for a sliding-window layer: each row attends over the last
-/// `window` positions of its context only (a prefill row too, as a decode row at its position).
+/// Decode attention for every row, a prefill row as a decode row at its position: over the last
+/// `window` positions of each row's context when `window` is given (sliding-window layers), and
+/// with head `h`'s logit `sinks[h]` (f32 `[heads]`) in each softmax as one more score that
+/// attends to nothing when `sinks` is given (gpt-oss).
 ///
 /// # Safety
 /// As [`paged_attention_planned_into`].
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn paged_attention_windowed(
-    q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    block_tables: &Tensor,
-    row_seq: Option<&Tensor>,
-    context_lens: &Tensor,
-    plan: (usize, usize),
-    window: usize,
-    scale: f32,
-) -> Result<Tensor> {
-    if window == 0 {
-        bail!("a sliding window of no positions");
-    }
-    // SAFETY: the caller's contract.
-    unsafe {
-        decode_new(
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            row_seq,
-            context_lens,
-            plan,
-            CacheWrites::Anywhere,
-            window,
-            None,
-            scale,
-        )
-    }
-}
-
-/// Decode attention with attention sinks (gpt-oss), every row (a prefill row as a decode row at
-/// its position): as [`paged_attention_windowed`] over the last `window` positions, or over the
-/// whole context when `window` is `None`, with head `h`'s logit `sinks[h]` (f32 `[heads]`) in
-/// each softmax as one more score that attends to nothing.
-///
-/// # Safety
-/// As [`paged_attention_planned_into`].
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn paged_attention_sinks(
+pub unsafe fn paged_attention_rows(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
@@ -321,13 +283,14 @@ pub unsafe fn paged_attention_sinks(
     context_lens: &Tensor,
     plan: (usize, usize),
     window: Option<usize>,
-    sinks: &Tensor,
+    sinks: Option<&Tensor>,
     scale: f32,
 ) -> Result<Tensor> {
     let heads = q.dim(1)?;
-    if sinks.dtype() != DType::F32
-        || sinks.dims() != [heads]
-        || !sinks.device().same_device(q.device())
+    if let Some(sinks) = sinks
+        && (sinks.dtype() != DType::F32
+            || sinks.dims() != [heads]
+            || !sinks.device().same_device(q.device()))
     {
         bail!(
             "attention sinks must be f32 [{heads}] on the query's device, got {:?} {:?}",
@@ -350,7 +313,7 @@ pub unsafe fn paged_attention_sinks(
             plan,
             CacheWrites::Anywhere,
             window.unwrap_or(0),
-            Some(sinks),
+            sinks,
             scale,
         )
     }

@@ -26,8 +26,7 @@ mod staging;
 
 pub use decode::{
     CacheWrites, DecodeWorkspace, paged_attention, paged_attention_planned,
-    paged_attention_planned_into, paged_attention_sinks, paged_attention_windowed,
-    paged_decode_attention, plan_for,
+    paged_attention_planned_into, paged_attention_rows, paged_decode_attention, plan_for,
 };
 pub use fused::{add_rms_norm, silu_mul};
 pub use gemv::{GEMV_MAX_ROWS, GemvInput, gemv, gemv_fits, gemv_fused};

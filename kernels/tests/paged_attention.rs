@@ -5,7 +5,7 @@
 use candle_core::{DType, Device, Tensor};
 use pagewise_kernels::{
     CacheWrites, DecodeWorkspace, decode_slots, paged_attention_planned,
-    paged_attention_planned_into, paged_attention_sinks, paged_decode_attention, plan_for,
+    paged_attention_planned_into, paged_attention_rows, paged_decode_attention, plan_for,
     reshape_and_cache,
 };
 
@@ -103,8 +103,20 @@ fn case(
     // With attention sinks (gpt-oss): each head's logit joins its softmax.
     let sinks: Vec<f32> = (0..heads).map(|_| rng.next() * 2.0).collect();
     let sinks_t = Tensor::from_slice(&sinks, heads, &dev).unwrap();
-    let sunk =
-        unsafe { paged_attention_sinks(&q, &kc, &vc, &bt, None, &cl, plan, None, &sinks_t, scale) };
+    let sunk = unsafe {
+        paged_attention_rows(
+            &q,
+            &kc,
+            &vc,
+            &bt,
+            None,
+            &cl,
+            plan,
+            None,
+            Some(&sinks_t),
+            scale,
+        )
+    };
     let sunk = host_f32(&sunk.unwrap());
 
     let mut max_err = 0f32;

@@ -137,7 +137,9 @@ impl KvCache {
             candle_core::bail!("attend_written needs a GPU cache and device metadata");
         };
         match window {
-            Some(w) => super::attention_cuda::attend_windowed(k_cache, v_cache, q, dm, scale, w),
+            Some(w) => {
+                super::attention_cuda::attend_rows(k_cache, v_cache, q, dm, scale, Some(w), None)
+            }
             None => super::attention_cuda::attend_cached(k_cache, v_cache, q, dm, scale),
         }
     }
@@ -153,30 +155,15 @@ impl KvCache {
         meta: &AttentionMeta<'_>,
         scale: f32,
     ) -> candle_core::Result<Tensor> {
-        self.attend_windowed(layer, q, k, v, meta, scale, None)
+        self.attend_with_sinks(layer, q, k, v, meta, scale, None, None)
     }
 
     /// [`KvCache::attend`] for a sliding-window layer when `window` is given: the query at
     /// position `p` attends to positions `p + 1 - window ..= p` only (transformers' and vLLM's
-    /// window), on the CPU and on the GPU (its decode kernel, for every row of the layer).
-    #[allow(clippy::too_many_arguments)]
-    pub fn attend_windowed(
-        &mut self,
-        layer: usize,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        meta: &AttentionMeta<'_>,
-        scale: f32,
-        window: Option<usize>,
-    ) -> candle_core::Result<Tensor> {
-        self.attend_with_sinks(layer, q, k, v, meta, scale, window, None)
-    }
-
-    /// [`KvCache::attend_windowed`] with attention sinks when `sinks` is given (gpt-oss; f32
-    /// `[heads]` on the model's device): head `h`'s learned logit `sinks[h]` joins each softmax
-    /// as one more score that attends to nothing, so a query may give its positions less than
-    /// all of its weight.
+    /// window), on the CPU and on the GPU (its decode kernel, for every row of the layer); and
+    /// with attention sinks when `sinks` is given (gpt-oss; f32 `[heads]` on the model's device):
+    /// head `h`'s learned logit `sinks[h]` joins each softmax as one more score that attends to
+    /// nothing, so a query may give its positions less than all of its weight.
     #[allow(clippy::too_many_arguments)]
     pub fn attend_with_sinks(
         &mut self,

@@ -36,22 +36,23 @@ pub(super) fn attend(
         )
     }?;
     match (window, sinks) {
-        (_, Some(sinks)) => attend_sinks(k_cache, v_cache, q, meta, scale, window, sinks),
-        (Some(w), None) => attend_windowed(k_cache, v_cache, q, meta, scale, w),
         (None, None) => attend_cached(k_cache, v_cache, q, meta, scale),
+        _ => attend_rows(k_cache, v_cache, q, meta, scale, window, sinks),
     }
 }
 
-/// Attention with sinks (gpt-oss): every row, prefill rows included, through the decode kernel
-/// (which adds each head's sink to its softmax), over the window or the whole context.
-fn attend_sinks(
+/// A sliding-window layer's attention, or attention with sinks (gpt-oss): every row, prefill
+/// rows included, through the decode kernel, over the last `window` positions of its context
+/// when given (a prefill row's context ends at its own position, so a row reads at most `window`
+/// positions), with each head's sink in its softmax when given.
+pub(super) fn attend_rows(
     k_cache: &Tensor,
     v_cache: &Tensor,
     q: &Tensor,
     meta: &DeviceAttentionMeta,
     scale: f32,
     window: Option<usize>,
-    sinks: &Tensor,
+    sinks: Option<&Tensor>,
 ) -> candle_core::Result<Tensor> {
     let (tokens, heads, head_dim) = q.dims3()?;
     let longest = window.map_or(meta.max_context_len, |w| meta.max_context_len.min(w));
@@ -59,7 +60,7 @@ fn attend_sinks(
     // SAFETY: the indices come from the scheduler's plan (ForwardBatch): block ids below the
     // cache's num_blocks, contexts within each block-table row.
     let out = unsafe {
-        pagewise_kernels::paged_attention_sinks(
+        pagewise_kernels::paged_attention_rows(
             &q.contiguous()?,
             k_cache,
             v_cache,
@@ -69,37 +70,6 @@ fn attend_sinks(
             plan,
             window,
             sinks,
-            scale,
-        )
-    }?;
-    out.reshape((tokens, heads * head_dim))
-}
-
-/// A sliding-window layer's attention: every row, prefill rows included, through the decode
-/// kernel, each over the last `window` positions of its context (a prefill row's context ends
-/// at its own position), so a row reads at most `window` positions.
-pub(super) fn attend_windowed(
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    q: &Tensor,
-    meta: &DeviceAttentionMeta,
-    scale: f32,
-    window: usize,
-) -> candle_core::Result<Tensor> {
-    let (tokens, heads, head_dim) = q.dims3()?;
-    let plan = split_plan(q, k_cache, meta, meta.max_context_len.min(window))?;
-    // SAFETY: the indices come from the scheduler's plan (ForwardBatch): block ids below the
-    // cache's num_blocks, contexts within each block-table row.
-    let out = unsafe {
-        pagewise_kernels::paged_attention_windowed(
-            &q.contiguous()?,
-            k_cache,
-            v_cache,
-            &meta.block_tables,
-            Some(&meta.row_seq),
-            &meta.context_lens,
-            plan,
-            window,
             scale,
         )
     }?;

@@ -285,8 +285,9 @@ impl Rotary {
             y.scale(&mut inv_freq, theta);
         }
         // LongRoPE: each frequency divided by its short factor within the original context and
-        // by its long factor past it; cos and sin scaled.
-        let (mut short, mut long, mut original, mut scale) = (None, None, usize::MAX, 1.0);
+        // by its long factor past it; cos and sin scaled (as YaRN scales them).
+        let yarn_scale = cfg.yarn.as_ref().map_or(1.0, |y| y.attention_factor);
+        let (mut short, mut long, mut original, mut scale) = (None, None, usize::MAX, yarn_scale);
         if let Some(l) = &cfg.longrope {
             for f in [&l.short_factor, &l.long_factor] {
                 if f.len() != inv_freq.len() {
@@ -302,9 +303,6 @@ impl Rotary {
             long = Some(divided(&l.long_factor));
             original = l.original_max_position_embeddings;
             scale = l.attention_factor;
-        }
-        if let Some(y) = &cfg.yarn {
-            scale = y.attention_factor;
         }
         let mut cos = Vec::with_capacity(max_len * d / 2);
         let mut sin = Vec::with_capacity(max_len * d / 2);

@@ -137,6 +137,22 @@ pub(super) fn parse(
     }
 }
 
+/// The pre-training context a `kind` scaling `v` extends: its own
+/// `original_max_position_embeddings`, else the config's (`fallback`).
+fn original_context(
+    v: &serde_json::Value,
+    fallback: Option<usize>,
+    kind: &str,
+) -> Result<usize, ModelError> {
+    v.get("original_max_position_embeddings")
+        .and_then(|o| o.as_u64())
+        .map(|o| o as usize)
+        .or(fallback)
+        .ok_or_else(|| {
+            ModelError::Config(format!("{kind} without original_max_position_embeddings"))
+        })
+}
+
 /// YaRN's settings from `rope_scaling` (or `rope_parameters`) `v`, with transformers' defaults:
 /// the factor from the context extension, betas 32 and 1, the attention factor
 /// `0.1 ln(factor) + 1` (or its `mscale` / `mscale_all_dim` ratio).
@@ -146,14 +162,7 @@ fn parse_yarn(
     original_max_position_embeddings: Option<usize>,
 ) -> Result<Yarn, ModelError> {
     let num = |key: &str| v.get(key).and_then(|x| x.as_f64()).filter(|x| *x != 0.0);
-    let original = v
-        .get("original_max_position_embeddings")
-        .and_then(|o| o.as_u64())
-        .map(|o| o as usize)
-        .or(original_max_position_embeddings)
-        .ok_or_else(|| {
-            ModelError::Config("yarn without original_max_position_embeddings".into())
-        })?;
+    let original = original_context(v, original_max_position_embeddings, "yarn")?;
     let factor = match num("factor") {
         Some(f) => f,
         None => {
@@ -199,14 +208,7 @@ fn parse_longrope(
             .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
             .ok_or_else(|| ModelError::Config(format!("rope_scaling: longrope without {key}")))
     };
-    let original = v
-        .get("original_max_position_embeddings")
-        .and_then(|o| o.as_u64())
-        .map(|o| o as usize)
-        .or(original_max_position_embeddings)
-        .ok_or_else(|| {
-            ModelError::Config("longrope without original_max_position_embeddings".into())
-        })?;
+    let original = original_context(v, original_max_position_embeddings, "longrope")?;
     let extension = max_position_embeddings.unwrap_or(original) as f64 / original as f64;
     let attention_factor = v
         .get("attention_factor")

@@ -25,7 +25,7 @@ pub enum ReasoningParser {
     GptOss,
 }
 
-/// An answer's reasoning and content (each `None` when empty).
+/// An answer's reasoning and content (either may be empty).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Split {
     /// What goes to `reasoning_content`.
