@@ -100,7 +100,8 @@ pub struct ServeCmd {
     )]
     pub enable_auto_tool_choice: bool,
     /// How the model writes tool calls: hermes (Qwen2.5, Qwen3, Hermes), llama3_json
-    /// (Llama 3.1/3.2) or mistral.
+    /// (Llama 3.1/3.2), mistral, or openai (gpt-oss's harmony messages to `functions.*`; implies
+    /// `--reasoning-parser openai_gptoss`, and `strict` tools are not enforced under it).
     #[arg(long, env = "PAGEWISE_TOOL_CALL_PARSER", value_enum)]
     pub tool_call_parser: Option<crate::server::tools::ToolParser>,
     /// Split chat answers' reasoning into `reasoning_content` (streamed as

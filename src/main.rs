@@ -122,7 +122,7 @@ fn serve(cmd: ServeCmd) -> Result<()> {
             auto_tool_choice: cmd.enable_auto_tool_choice,
             parser: cmd.tool_call_parser,
         },
-        reasoning_parser: cmd.reasoning_parser,
+        reasoning_parser: reasoning_parser(&cmd)?,
     };
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {
@@ -173,6 +173,22 @@ fn serve(cmd: ServeCmd) -> Result<()> {
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// The reasoning parser to serve with: harmony tool calls (`--tool-call-parser openai`) are read
+/// by harmony's reasoning split, so that parser implies `--reasoning-parser openai_gptoss`.
+fn reasoning_parser(cmd: &ServeCmd) -> Result<Option<server::reasoning::ReasoningParser>> {
+    use server::reasoning::ReasoningParser;
+    match (cmd.tool_call_parser, cmd.reasoning_parser) {
+        (Some(server::tools::ToolParser::Openai), None | Some(ReasoningParser::GptOss)) => {
+            Ok(Some(ReasoningParser::GptOss))
+        }
+        (Some(server::tools::ToolParser::Openai), Some(other)) => anyhow::bail!(
+            "--tool-call-parser openai reads gpt-oss's harmony format and needs \
+             --reasoning-parser openai_gptoss (or none), not {other:?}"
+        ),
+        (_, parser) => Ok(parser),
+    }
 }
 
 fn write_json(path: Option<&String>, value: &impl serde::Serialize) -> Result<()> {

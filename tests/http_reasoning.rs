@@ -161,3 +161,47 @@ async fn reasoning_then_a_tool_call() {
     assert!(content.trim().is_empty(), "{content:?}");
     assert_eq!(args, call["arguments"].as_str().unwrap());
 }
+
+/// gpt-oss reasons, says what it will do, then calls a function (harmony, `--tool-call-parser
+/// openai`): the analysis goes to `reasoning_content`, the commentary preamble to `content`, the
+/// message to `functions.get_time` to `tool_calls`, and no marker reaches the client, whole or
+/// streamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn harmony_reasoning_then_a_tool_call() {
+    use pagewise::server::tools::{ToolOptions, ToolParser};
+    let opts = ServerOptions {
+        served_model_names: vec!["tiny".into()],
+        reasoning_parser: Some(ReasoningParser::GptOss),
+        tools: ToolOptions {
+            auto_tool_choice: true,
+            parser: Some(ToolParser::Openai),
+        },
+        ..Default::default()
+    };
+    let base = serve(engine_args(), opts).await.0;
+    let forced = "<\\|channel\\|>analysis<\\|message\\|>So [a-z]{1,2}\\.<\\|end\\|>\
+        <\\|start\\|>assistant<\\|channel\\|>commentary<\\|message\\|>Ok\\.<\\|end\\|>\
+        <\\|start\\|>assistant to=functions\\.get_time<\\|channel\\|>commentary\
+        <\\|message\\|>\\{\"zone\": \"(UTC|CET)\"\\}<\\|call\\|>";
+    let mut body = request(forced);
+    body["max_tokens"] = json!(200);
+    body["tools"] = json!([{"type": "function", "function": {"name": "get_time",
+        "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"]}}}]);
+    let (status, got) = post(&base, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(status, 200, "{got}");
+    let choice = &got["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{got}");
+    let message = &choice["message"];
+    let reasoning = message["reasoning_content"].as_str().unwrap();
+    assert!(reasoning.starts_with("So "), "{message}");
+    assert_eq!(message["content"], "Ok.", "{message}");
+    let call = &message["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_time", "{message}");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["zone"] == "UTC" || args["zone"] == "CET", "{message}");
+    let (r, content, streamed_args) = streamed(&base, body).await;
+    assert_eq!(r, reasoning);
+    assert_eq!(content, "Ok.");
+    assert_eq!(streamed_args, call["arguments"].as_str().unwrap());
+}

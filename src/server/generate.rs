@@ -209,7 +209,8 @@ pub async fn respond_json(state: &AppState, job: Job) -> Result<Response, ApiErr
                 .map(|(index, c)| {
                     let (reasoning, text) = match job.reasoning {
                         Some(parser) => {
-                            let split = parser.split(&c.text);
+                            let calls = job.tools.as_ref().is_some_and(|t| t.reads_harmony());
+                            let split = parser.split_keeping_calls(&c.text, calls);
                             (Some(split.reasoning), split.content)
                         }
                         None => (None, c.text),
@@ -372,7 +373,11 @@ async fn pump(
         .map(|_| job.tools.clone().map(ToolStream::new))
         .collect();
     let mut reasoning_streams: Vec<Option<ReasoningStream>> = (0..num_choices)
-        .map(|_| job.reasoning.map(ReasoningStream::new))
+        .map(|_| {
+            let calls = job.tools.as_ref().is_some_and(|t| t.reads_harmony());
+            job.reasoning
+                .map(|p| ReasoningStream::keeping_calls(p, calls))
+        })
         .collect();
     let mut timer = RequestTimer::new(job.arrived, num_choices);
     let mut completion_tokens = 0usize;

@@ -4,6 +4,7 @@
 pub mod dashboard;
 pub mod error;
 pub mod generate;
+pub mod harmony;
 pub mod metrics;
 pub mod openapi;
 pub mod protocol;

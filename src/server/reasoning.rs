@@ -6,11 +6,11 @@
 //!   reasoning (all of it while no `</think>` has come).
 //! - `qwen3`: an answer that starts with `<think>` reasons up to `</think>`; any other is content
 //!   (thinking switched off).
-//! - `openai_gptoss`: gpt-oss's harmony format, messages `<|channel|>NAME<|message|>TEXT` ended by
-//!   `<|end|>` (then `<|start|>assistant` and the next) or by the stop tokens `<|return|>` and
-//!   `<|call|>`: the `analysis` channel is reasoning, `final` and `commentary` are content. The
-//!   markers are special tokens, so this parser asks the engine to keep special tokens in the
-//!   text (they never reach the client). Text outside any message is content.
+//! - `openai_gptoss`: gpt-oss's harmony format (`super::harmony`): the `analysis` channel is
+//!   reasoning, `final` and `commentary` are content. The markers are special tokens, so this
+//!   parser asks the engine to keep special tokens in the text (they never reach the client).
+
+use super::harmony;
 
 /// A reasoning format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -36,18 +36,6 @@ pub struct Split {
 
 const THINK_OPEN: &str = "<think>";
 const THINK_CLOSE: &str = "</think>";
-const CHANNEL: &str = "<|channel|>";
-const MESSAGE: &str = "<|message|>";
-/// Every harmony marker: each ends a message's text, or a header.
-const HARMONY: [&str; 7] = [
-    "<|start|>",
-    CHANNEL,
-    MESSAGE,
-    "<|end|>",
-    "<|return|>",
-    "<|call|>",
-    "<|constrain|>",
-];
 
 impl ReasoningParser {
     /// Whether the engine must keep special tokens in the text for this parser to see its
@@ -59,6 +47,12 @@ impl ReasoningParser {
     /// The reasoning and content of `text`, an answer or a prefix of one: the split of a longer
     /// prefix extends both parts of a shorter one's, so streaming sends their growth.
     pub fn split(self, text: &str) -> Split {
+        self.split_keeping_calls(text, false)
+    }
+
+    /// [`ReasoningParser::split`], with harmony's messages to functions kept in the content for
+    /// the `openai` tool parser when `keep_calls` (`super::harmony`; other formats have none).
+    pub fn split_keeping_calls(self, text: &str, keep_calls: bool) -> Split {
         match self {
             ReasoningParser::DeepSeekR1 => {
                 let text = text.strip_prefix(THINK_OPEN).unwrap_or(text);
@@ -74,7 +68,7 @@ impl ReasoningParser {
                 },
                 None => parts("", text),
             },
-            ReasoningParser::GptOss => harmony(text),
+            ReasoningParser::GptOss => harmony::split(text, keep_calls),
         }
     }
 
@@ -89,10 +83,8 @@ impl ReasoningParser {
                 }
                 &[THINK_CLOSE]
             }
-            ReasoningParser::GptOss => &HARMONY,
+            ReasoningParser::GptOss => return harmony::undecided_tail(text),
         };
-        // (A header, `<|channel|>NAME` before its `<|message|>`, is dropped whole: `harmony`
-        // splits a prefix that ends in one the same as it will the whole.)
         markers
             .iter()
             .map(|m| {
@@ -113,48 +105,12 @@ fn parts(reasoning: &str, content: &str) -> Split {
     }
 }
 
-/// Harmony: each message's text to its channel's side; headers and markers dropped; a message
-/// not yet ended runs to the end of `text`.
-fn harmony(text: &str) -> Split {
-    let mut out = Split::default();
-    let mut rest = text;
-    // Text before any marker (a model that skips the format) is content.
-    let first = next_marker(rest).map_or(rest.len(), |(i, _)| i);
-    out.content.push_str(&rest[..first]);
-    rest = &rest[first..];
-    let mut channel = String::new();
-    while let Some((i, marker)) = next_marker(rest) {
-        rest = &rest[i + marker.len()..];
-        let end = next_marker(rest).map_or(rest.len(), |(j, _)| j);
-        let body = &rest[..end];
-        match marker {
-            CHANNEL => channel = body.split_whitespace().next().unwrap_or("").to_string(),
-            MESSAGE => match channel.as_str() {
-                "analysis" => out.reasoning.push_str(body),
-                _ => out.content.push_str(body),
-            },
-            // (`<|start|>`'s role, `<|constrain|>`'s format and the text after an end: not
-            // for the client.)
-            _ => {}
-        }
-        rest = &rest[end..];
-    }
-    out
-}
-
-/// The first harmony marker in `text`: its byte offset and which.
-fn next_marker(text: &str) -> Option<(usize, &'static str)> {
-    HARMONY
-        .iter()
-        .filter_map(|m| text.find(m).map(|i| (i, *m)))
-        .min_by_key(|&(i, _)| i)
-}
-
 /// A streamed choice's reasoning split: the text so far, and how much of each part has gone
 /// out.
 #[derive(Clone, Debug)]
 pub struct ReasoningStream {
     parser: ReasoningParser,
+    keep_calls: bool,
     text: String,
     sent: Split,
 }
@@ -162,8 +118,15 @@ pub struct ReasoningStream {
 impl ReasoningStream {
     /// A fresh stream.
     pub fn new(parser: ReasoningParser) -> Self {
+        Self::keeping_calls(parser, false)
+    }
+
+    /// A fresh stream that keeps harmony's calls for the `openai` tool parser when `keep_calls`
+    /// ([`ReasoningParser::split_keeping_calls`]).
+    pub fn keeping_calls(parser: ReasoningParser, keep_calls: bool) -> Self {
         ReasoningStream {
             parser,
+            keep_calls,
             text: String::new(),
             sent: Split::default(),
         }
@@ -177,7 +140,9 @@ impl ReasoningStream {
             true => 0,
             false => self.parser.undecided_tail(&self.text),
         };
-        let now = self.parser.split(&self.text[..self.text.len() - held]);
+        let now = self
+            .parser
+            .split_keeping_calls(&self.text[..self.text.len() - held], self.keep_calls);
         let grow = |now: &str, sent: &mut String| -> String {
             match now.strip_prefix(sent.as_str()) {
                 Some(more) => {

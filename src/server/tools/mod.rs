@@ -119,9 +119,11 @@ pub fn resolve(
         "auto" => match (opts.auto_tool_choice, opts.parser) {
             (true, Some(parser)) => {
                 // With a strict tool, the calls the model starts are held to the schemas.
-                let constraint = functions.iter().any(|f| f.strict).then(|| {
-                    StructuredOutputs::Grammar(strict::grammar(parser, &functions, parallel))
-                });
+                let constraint = match functions.iter().any(|f| f.strict) {
+                    true => strict::grammar(parser, &functions, parallel)
+                        .map(StructuredOutputs::Grammar),
+                    false => None,
+                };
                 Ok(Some((calling(ToolMode::Auto(parser)), constraint)))
             }
             _ => Err(ApiError::invalid(
@@ -219,6 +221,12 @@ impl ToolCalling {
             parsed.calls.truncate(1);
         }
         parsed
+    }
+
+    /// Whether calls come from harmony messages (`openai`), which the reasoning split keeps in
+    /// the content for the parser (`super::harmony`).
+    pub fn reads_harmony(&self) -> bool {
+        self.mode == ToolMode::Auto(ToolParser::Openai)
     }
 
     /// The finish reason of an answer with calls: `tool_calls`, except for a named function,

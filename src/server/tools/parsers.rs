@@ -4,6 +4,8 @@
 
 use serde_json::Value;
 
+use super::super::harmony;
+
 /// A tool-call format (vLLM's parser names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ToolParser {
@@ -16,6 +18,9 @@ pub enum ToolParser {
     Llama3Json,
     /// Mistral: `[TOOL_CALLS]` then a JSON list of `{"name": ..., "arguments": {...}}`.
     Mistral,
+    /// gpt-oss: harmony messages to `functions.NAME` (`super::super::harmony`). Needs
+    /// `--reasoning-parser openai_gptoss`, which reads the format and keeps the calls for it.
+    Openai,
 }
 
 /// One call found in the text: the function's name and its arguments as JSON text.
@@ -57,6 +62,7 @@ impl ToolParser {
     pub fn call_start(self, text: &str) -> Option<usize> {
         match self {
             ToolParser::Hermes => text.find(HERMES_OPEN),
+            ToolParser::Openai => text.find(harmony::CALL_OPEN),
             ToolParser::Llama3Json => {
                 let start = text.len() - text.trim_start().len();
                 let rest = &text[start..];
@@ -74,6 +80,7 @@ impl ToolParser {
     pub fn undecided_tail(self, text: &str) -> usize {
         match self {
             ToolParser::Hermes => partial_suffix(text, HERMES_OPEN),
+            ToolParser::Openai => partial_suffix(text, harmony::CALL_OPEN),
             ToolParser::Mistral if text.trim().is_empty() => text.len(),
             ToolParser::Mistral if text.trim_start() == "[" => text.len(),
             ToolParser::Mistral => partial_suffix(text, MISTRAL_MARK),
@@ -89,6 +96,20 @@ impl ToolParser {
             return Parsed::text(text);
         };
         let calls = match self {
+            ToolParser::Openai => {
+                // (Preambles between calls are content too.)
+                let (calls, between) = harmony::calls(&text[start..]);
+                let before = text[..start].trim_end();
+                let content = [before, between.as_deref().unwrap_or("")]
+                    .into_iter()
+                    .filter(|c| !c.is_empty())
+                    .collect::<Vec<_>>()
+                    .join("\n\n");
+                return Parsed {
+                    content: Some(content).filter(|c| !c.is_empty()),
+                    calls,
+                };
+            }
             ToolParser::Hermes => hermes_calls(&text[start..]),
             ToolParser::Llama3Json => llama3_calls(&text[start..]),
             ToolParser::Mistral => mistral_calls(&text[start..]),

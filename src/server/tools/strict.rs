@@ -8,12 +8,15 @@ use serde_json::{Value, json};
 
 use super::{Function, ToolParser};
 
-/// The grammar of an answer in `parser`'s format whose calls follow `functions`.
-pub fn grammar(parser: ToolParser, functions: &[Function], parallel: bool) -> String {
+/// The grammar of an answer in `parser`'s format whose calls follow `functions`; `None` for
+/// harmony (`openai`), whose calls sit among special tokens a grammar of text does not write:
+/// there `strict` is not enforced.
+pub fn grammar(parser: ToolParser, functions: &[Function], parallel: bool) -> Option<String> {
     // Hermes and Mistral calls name their arguments `arguments`; Llama 3's `parameters`.
     let key = match parser {
         ToolParser::Llama3Json => "parameters",
         ToolParser::Hermes | ToolParser::Mistral => "arguments",
+        ToolParser::Openai => return None,
     };
     let calls: Vec<Value> = functions
         .iter()
@@ -36,7 +39,7 @@ pub fn grammar(parser: ToolParser, functions: &[Function], parallel: bool) -> St
         json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
     let call = json!({"anyOf": calls, "x-guidance": compact});
     let more = if parallel { "*" } else { "" };
-    match parser {
+    Some(match parser {
         // Text, or text up to the first `<tool_call>` (a lazy lexeme: it ends where the tag
         // does) and calls after it.
         ToolParser::Hermes => format!(
@@ -65,5 +68,6 @@ pub fn grammar(parser: ToolParser, functions: &[Function], parallel: bool) -> St
                  TEXT: /[^\\[\\s](?s:.*)/\n"
             )
         }
-    }
+        ToolParser::Openai => return None,
+    })
 }
