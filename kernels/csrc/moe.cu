@@ -17,37 +17,49 @@ namespace {
 
 constexpr int kMaxTopK = 16;
 
-// Routing of token blockIdx.x (one warp): softmax over the `experts` router logits, the top_k
-// largest probabilities (on a tie the lower expert), divided by their own sum when `renormalize`
-// else by the softmax's. ids and weights: [tokens, top_k].
+// Most experts the router may have: each lane keeps its share of a token's probabilities in
+// registers (kPerLane each).
+constexpr int kPerLane = 8;
+constexpr int kMaxExperts = 32 * kPerLane;
+
+// Routing of token blockIdx.x (one warp): softmax over the `experts` f32 router logits, the top_k
+// largest probabilities (on a tie the lower expert), divided by their own sum
+// when `renormalize` else by the softmax's. ids and weights: [tokens, top_k]. Lane l holds the
+// probabilities of experts l, l + 32, ...; a chosen one is struck out (-1) by its lane.
 __global__ void moe_route_kernel(const float* __restrict__ logits, int experts, int top_k,
                                  int renormalize, uint32_t* __restrict__ ids,
                                  float* __restrict__ weights) {
   const int t = blockIdx.x, lane = threadIdx.x;
   const float* row = logits + (int64_t)t * experts;
+  float p[kPerLane];
   float mx = -INFINITY;
-  for (int e = lane; e < experts; e += 32) mx = fmaxf(mx, row[e]);
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    p[i] = e < experts ? row[e] : -INFINITY;
+    mx = fmaxf(mx, p[i]);
+  }
 #pragma unroll
   for (int s = 16; s > 0; s >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, s));
   float sum = 0.f;
-  for (int e = lane; e < experts; e += 32) sum += expf(row[e] - mx);
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    // (Past `experts`: exp(-inf) = 0, then struck out so it is never chosen.)
+    p[i] = lane + 32 * i < experts ? expf(p[i] - mx) : -1.f;
+    sum += fmaxf(p[i], 0.f);
+  }
 #pragma unroll
   for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, s);
-  int chosen[kMaxTopK];
-  float value[kMaxTopK];
   float picked = 0.f;
   for (int j = 0; j < top_k; ++j) {
     float best = -1.f;
     int best_e = experts;
-    for (int e = lane; e < experts; e += 32) {
-      bool taken = false;
-      for (int i = 0; i < j; ++i) taken |= chosen[i] == e;
-      const float p = expf(row[e] - mx);
-      if (!taken && (p > best || (p == best && e < best_e))) {
-        best = p;
-        best_e = e;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if (p[i] > best) {  // (ascending experts: the first of equals stays)
+        best = p[i];
+        best_e = lane + 32 * i;
       }
-    }
 #pragma unroll
     for (int s = 16; s > 0; s >>= 1) {
       const float ob = __shfl_xor_sync(0xffffffff, best, s);
@@ -57,15 +69,47 @@ __global__ void moe_route_kernel(const float* __restrict__ logits, int experts, 
         best_e = oe;
       }
     }
-    chosen[j] = best_e;
-    value[j] = best;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if (best_e == lane + 32 * i) p[i] = -1.f;
+    if (lane == 0) {
+      ids[(int64_t)t * top_k + j] = (uint32_t)best_e;
+      weights[(int64_t)t * top_k + j] = best;
+    }
     picked += best;
   }
-  if (lane != 0) return;
-  const float norm = renormalize ? picked : sum;
-  for (int j = 0; j < top_k; ++j) {
-    ids[(int64_t)t * top_k + j] = (uint32_t)chosen[j];
-    weights[(int64_t)t * top_k + j] = value[j] / norm;
+  __syncwarp();
+  if (lane == 0) {
+    const float norm = renormalize ? picked : sum;
+    for (int j = 0; j < top_k; ++j) weights[(int64_t)t * top_k + j] /= norm;
+  }
+}
+
+// A router's f32 logits[t, e] = x[t] . w[e] for token t = blockIdx.y, a warp an expert (w:
+// [experts, k_dim] f32), x staged once a block (kIn = kRmsNorm: RMSNorm(x) * norm_w rounded to
+// T, as the experts take it). The weights stay f32: in 16 bits near-tied experts swap places.
+template <typename T, int kIn>
+__global__ void __launch_bounds__(kGemvThreads)
+    moe_router_kernel(float* __restrict__ logits, const T* __restrict__ x,
+                      const T* __restrict__ norm_w, float eps, const float* __restrict__ w,
+                      int experts, int k_dim) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* xs = reinterpret_cast<T*>(smem);
+  const int t = blockIdx.y;
+  stage_input<T, 1, kIn>(xs, x + (int64_t)t * k_dim, norm_w, k_dim, eps);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int e = blockIdx.x * kGemvWarps + warp; e < experts; e += gridDim.x * kGemvWarps) {
+    const float* row = w + (int64_t)e * k_dim;
+    float acc = 0.f;
+#pragma unroll 4
+    for (int k = lane * 4; k < k_dim; k += 32 * 4) {
+      const float4 wv = __ldg(reinterpret_cast<const float4*>(row + k));
+      acc += wv.x * to_float(xs[k]) + wv.y * to_float(xs[k + 1]) + wv.z * to_float(xs[k + 2]) +
+             wv.w * to_float(xs[k + 3]);
+    }
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, s);
+    if (lane == 0) logits[(int64_t)t * experts + e] = acc;
   }
 }
 
@@ -91,19 +135,17 @@ __device__ __forceinline__ float warp_dot(const T* __restrict__ w, const T* xs, 
 
 // y[t * top_k + j, o] = x[t] . w[ids[t, j], o] (+ bias[ids[t, j], o]) for token t =
 // blockIdx.y: each of its chosen experts' gate-and-up rows (w: [experts, out_dim, k_dim]) against
-// the token's x, staged once. bias: null or [experts, out_dim].
-template <typename T>
+// the token's x, staged once (kIn = kRmsNorm: RMSNorm(x) * norm_w, rounded to T, staged in its
+// place). bias: null or [experts, out_dim].
+template <typename T, int kIn>
 __global__ void __launch_bounds__(kGemvThreads)
-    moe_gate_up_kernel(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ w,
-                       const T* __restrict__ bias, const uint32_t* __restrict__ ids, int top_k,
-                       int out_dim, int k_dim) {
+    moe_gate_up_kernel(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ norm_w,
+                       float eps, const T* __restrict__ w, const T* __restrict__ bias,
+                       const uint32_t* __restrict__ ids, int top_k, int out_dim, int k_dim) {
   extern __shared__ __align__(16) unsigned char smem[];
   T* xs = reinterpret_cast<T*>(smem);
   const int t = blockIdx.y;
-  for (int k = threadIdx.x * 8; k < k_dim; k += kGemvThreads * 8)
-    *reinterpret_cast<uint4*>(xs + k) =
-        *reinterpret_cast<const uint4*>(x + (int64_t)t * k_dim + k);
-  __syncthreads();
+  stage_input<T, 1, kIn>(xs, x + (int64_t)t * k_dim, norm_w, k_dim, eps);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int units = top_k * out_dim;
   for (int u = blockIdx.x * kGemvWarps + warp; u < units; u += gridDim.x * kGemvWarps) {
@@ -120,16 +162,17 @@ __global__ void __launch_bounds__(kGemvThreads)
 // columns (moe_gate_up_kernel's output) and w = [experts, out_dim, k_dim]. The activation
 // (alpha <= 0: SiLU-and-mul; else the clamped SwiGLU with alpha and limit) is rounded to T as the
 // separate kernel stores it; the weighted sum is taken in f32, with each expert's bias
-// ([experts, out_dim], or null) inside the weighting. An output's
+// ([experts, out_dim], or null) inside the weighting, and `residual` ([tokens, out_dim], or
+// null) added to the sum before it is rounded. An output's
 // top_k x k_dim products are cut into `split` slices (1, 2, 4 or 8) of whole 256-element steps,
 // a warp each, so few outputs still keep enough loads in flight (Mixtral: 4096 outputs of 2 x
 // 14336); the slices' warps sit in one block and meet in shared memory.
 template <typename T>
 __global__ void __launch_bounds__(kGemvThreads)
     moe_down_kernel(T* __restrict__ y, const T* __restrict__ a, const T* __restrict__ w,
-                    const T* __restrict__ bias, const uint32_t* __restrict__ ids,
-                    const float* __restrict__ weights, int top_k, int out_dim, int k_dim,
-                    int split, float alpha, float limit) {
+                    const T* __restrict__ bias, const T* __restrict__ residual,
+                    const uint32_t* __restrict__ ids, const float* __restrict__ weights,
+                    int top_k, int out_dim, int k_dim, int split, float alpha, float limit) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float partial[kGemvWarps];
   __shared__ int64_t expert[kMaxTopK];
@@ -154,9 +197,9 @@ __global__ void __launch_bounds__(kGemvThreads)
   const int total = top_k * k_dim;
   const int per = ((total + 255) / 256 + split - 1) / split * 256;
   const int units = out_dim * split;
-  // The experts' biases of output o, weighted.
+  // The experts' biases of output o, weighted, and its residual.
   const auto biased = [&](int o) {
-    float b = 0.f;
+    float b = residual != nullptr ? to_float(residual[(int64_t)t * out_dim + o]) : 0.f;
     if (bias != nullptr)
       for (int j = 0; j < top_k; ++j) b += weight[j] * to_float(bias[expert[j] * out_dim + o]);
     return b;
@@ -234,63 +277,118 @@ int blocks_per_token(Kernel kernel, int smem, int units, int tokens, int* blocks
   return 0;
 }
 
-template <typename T>
-int launch_gate_up(void* y, const void* x, const void* w, const void* bias, const uint32_t* ids,
-                   int tokens, int top_k, int out_dim, int k_dim, cudaStream_t stream) {
-  const auto kernel = moe_gate_up_kernel<T>;
+template <typename T, int kIn>
+int launch_gate_up(void* y, const void* x, const void* norm_w, float eps, const void* w,
+                   const void* bias, const uint32_t* ids, int tokens, int top_k, int out_dim,
+                   int k_dim, cudaStream_t stream) {
+  const auto kernel = moe_gate_up_kernel<T, kIn>;
   const int smem = k_dim * (int)sizeof(T);
   int blocks = 0;
   if (const int e = blocks_per_token(kernel, smem, top_k * out_dim, tokens, &blocks)) return e;
   kernel<<<dim3(blocks, tokens), kGemvThreads, smem, stream>>>(
-      (T*)y, (const T*)x, (const T*)w, (const T*)bias, ids, top_k, out_dim, k_dim);
+      (T*)y, (const T*)x, (const T*)norm_w, eps, (const T*)w, (const T*)bias, ids, top_k,
+      out_dim, k_dim);
   return (int)cudaGetLastError();
 }
 
 template <typename T>
-int launch_down(void* y, const void* a, const void* w, const void* bias, const uint32_t* ids,
-                const float* weights, int tokens, int top_k, int out_dim, int k_dim, float alpha,
-                float limit, cudaStream_t stream) {
+int gate_up_by_input(void* y, const void* x, const void* norm_w, float eps, const void* w,
+                     const void* bias, const uint32_t* ids, int tokens, int top_k, int out_dim,
+                     int k_dim, cudaStream_t stream) {
+  if (norm_w != nullptr)
+    return launch_gate_up<T, kRmsNorm>(y, x, norm_w, eps, w, bias, ids, tokens, top_k, out_dim,
+                                       k_dim, stream);
+  return launch_gate_up<T, kPlain>(y, x, norm_w, eps, w, bias, ids, tokens, top_k, out_dim,
+                                   k_dim, stream);
+}
+
+template <typename T>
+int launch_down(void* y, const void* a, const void* w, const void* bias, const void* residual,
+                const uint32_t* ids, const float* weights, int tokens, int top_k, int out_dim,
+                int k_dim, float alpha, float limit, cudaStream_t stream) {
   const auto kernel = moe_down_kernel<T>;
   const int smem = top_k * k_dim * (int)sizeof(T);
   const int split = down_split(out_dim, top_k * k_dim);
   int blocks = 0;
   if (const int e = blocks_per_token(kernel, smem, out_dim * split, tokens, &blocks)) return e;
   kernel<<<dim3(blocks, tokens), kGemvThreads, smem, stream>>>(
-      (T*)y, (const T*)a, (const T*)w, (const T*)bias, ids, weights, top_k, out_dim, k_dim, split,
-      alpha, limit);
+      (T*)y, (const T*)a, (const T*)w, (const T*)bias, (const T*)residual, ids, weights, top_k,
+      out_dim, k_dim, split, alpha, limit);
+  return (int)cudaGetLastError();
+}
+
+template <typename T>
+int launch_router(float* logits, const void* x, const void* norm_w, float eps, const float* w,
+                  int tokens, int experts, int k_dim, cudaStream_t stream) {
+  const int smem = k_dim * (int)sizeof(T);
+  const dim3 grid((experts + kGemvWarps - 1) / kGemvWarps, tokens);
+  const auto kernel = norm_w != nullptr ? moe_router_kernel<T, kRmsNorm> : moe_router_kernel<T, kPlain>;
+  if (smem > 48 * 1024) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return (int)e;
+  }
+  kernel<<<grid, kGemvThreads, smem, stream>>>(logits, (const T*)x, (const T*)norm_w, eps, w,
+                                               experts, k_dim);
   return (int)cudaGetLastError();
 }
 
 }  // namespace
 
+// A router's f32 logits ([tokens, experts]) of x ([tokens, k_dim]; RMSNorm(x) * norm_w with `eps`
+// first when norm_w ([k_dim]) is not null) times w ([experts, k_dim], f32). dtype 1 = f16,
+// 2 = bf16 (x and norm_w); k_dim a multiple of 8 within the staging space; x, norm_w and w
+// 16-byte aligned. Returns 0, a CUDA error code, or 1 when the arguments are unsupported.
+extern "C" int pagewise_moe_router(int dtype, float* logits, const void* x, const void* norm_w,
+                                   float eps, const float* w, int tokens, int experts, int k_dim,
+                                   void* stream) {
+  if (tokens == 0 || experts == 0) return 0;
+  if (k_dim % 8 != 0 || k_dim * 2 > kMaxStageBytes) return 1;
+  cudaStream_t s = (cudaStream_t)stream;
+  switch (dtype) {
+    case 1: return launch_router<__half>(logits, x, norm_w, eps, w, tokens, experts, k_dim, s);
+    case 2:
+      return launch_router<__nv_bfloat16>(logits, x, norm_w, eps, w, tokens, experts, k_dim, s);
+    default: return 1;
+  }
+}
+
 // Routing of `tokens` rows of f32 router logits ([tokens, experts]) to ids (u32) and weights
 // (f32), both [tokens, top_k]: softmax, the top_k largest (ties to the lower expert), renormalized
-// over the chosen ones when `renormalize`. top_k 1..16, at most `experts`. Returns 0, a CUDA
-// error code, or 1 when the arguments are unsupported.
+// over the chosen ones when `renormalize`. top_k 1..16, at most `experts`; experts at most 256.
+// Returns 0, a CUDA error code, or 1 when the arguments are unsupported.
 extern "C" int pagewise_moe_route(const float* logits, uint32_t* ids, float* weights, int tokens,
                                   int experts, int top_k, int renormalize, void* stream) {
   if (tokens == 0) return 0;
-  if (top_k < 1 || top_k > kMaxTopK || top_k > experts) return 1;
+  if (top_k < 1 || top_k > kMaxTopK || top_k > experts || experts > kMaxExperts) return 1;
   moe_route_kernel<<<tokens, 32, 0, (cudaStream_t)stream>>>(logits, experts, top_k, renormalize,
                                                             ids, weights);
   return (int)cudaGetLastError();
 }
 
-// y ([tokens * top_k, out_dim]) = each token's x ([tokens, k_dim]) times its chosen experts' rows
-// of w ([experts, out_dim, k_dim]), plus their bias rows (null or [experts, out_dim]), ids
+// The most experts pagewise_moe_route takes.
+extern "C" int pagewise_moe_max_experts() { return kMaxExperts; }
+
+// y ([tokens * top_k, out_dim]) = each token's x ([tokens, k_dim]; RMSNorm(x) * norm_w with
+// `eps` when norm_w ([k_dim]) is not null) times its chosen experts' rows of w
+// ([experts, out_dim, k_dim]), plus their bias rows (null or [experts, out_dim]), ids
 // [tokens, top_k] (u32, below `experts`, the caller's promise). dtype 1 = f16, 2 = bf16; k_dim a
-// multiple of 8; x and w 16-byte aligned. Returns 0, a CUDA error code, or 1 when the arguments
-// are unsupported.
-extern "C" int pagewise_moe_gate_up(int dtype, void* y, const void* x, const void* w,
-                                    const void* bias, const uint32_t* ids, int tokens, int top_k,
-                                    int out_dim, int k_dim, void* stream) {
+// multiple of 8; x, norm_w and w 16-byte aligned. Returns 0, a CUDA error code, or 1 when the
+// arguments are unsupported.
+extern "C" int pagewise_moe_gate_up(int dtype, void* y, const void* x, const void* norm_w,
+                                    float eps, const void* w, const void* bias,
+                                    const uint32_t* ids, int tokens, int top_k, int out_dim,
+                                    int k_dim, void* stream) {
   if (tokens == 0 || out_dim == 0) return 0;
   if (k_dim % 8 != 0 || top_k < 1) return 1;
   cudaStream_t s = (cudaStream_t)stream;
   switch (dtype) {
-    case 1: return launch_gate_up<__half>(y, x, w, bias, ids, tokens, top_k, out_dim, k_dim, s);
+    case 1:
+      return gate_up_by_input<__half>(y, x, norm_w, eps, w, bias, ids, tokens, top_k, out_dim,
+                                      k_dim, s);
     case 2:
-      return launch_gate_up<__nv_bfloat16>(y, x, w, bias, ids, tokens, top_k, out_dim, k_dim, s);
+      return gate_up_by_input<__nv_bfloat16>(y, x, norm_w, eps, w, bias, ids, tokens, top_k,
+                                             out_dim, k_dim, s);
     default: return 1;
   }
 }
@@ -298,24 +396,25 @@ extern "C" int pagewise_moe_gate_up(int dtype, void* y, const void* x, const voi
 // y ([tokens, out_dim]) = sum over a token's chosen experts j of weights[t, j] times (the
 // activation of a's row t * top_k + j (a: [tokens * top_k, 2 k_dim], gate columns first) times
 // expert ids[t, j]'s rows of w ([experts, out_dim, k_dim]), plus its bias row (null or
-// [experts, out_dim])). The activation: silu(gate) * up when alpha <= 0, else gpt-oss's clamped
-// SwiGLU (alpha, limit). dtype 1 = f16, 2 = bf16; k_dim a multiple of 8; top_k x k_dim elements
+// [experts, out_dim])), plus residual's row t (null or [tokens, out_dim]). The activation:
+// silu(gate) * up when alpha <= 0, else gpt-oss's clamped SwiGLU (alpha, limit). dtype 1 = f16,
+// 2 = bf16; k_dim a multiple of 8; top_k x k_dim elements
 // within the staging space; a and w 16-byte aligned. Returns 0, a CUDA error code, or 1 when the
 // arguments are unsupported.
 extern "C" int pagewise_moe_down(int dtype, void* y, const void* a, const void* w,
-                                 const void* bias, const uint32_t* ids, const float* weights,
-                                 int tokens, int top_k, int out_dim, int k_dim, float alpha,
-                                 float limit, void* stream) {
+                                 const void* bias, const void* residual, const uint32_t* ids,
+                                 const float* weights, int tokens, int top_k, int out_dim,
+                                 int k_dim, float alpha, float limit, void* stream) {
   if (tokens == 0 || out_dim == 0) return 0;
   if (k_dim % 8 != 0 || top_k < 1) return 1;
   cudaStream_t s = (cudaStream_t)stream;
   switch (dtype) {
     case 1:
-      return launch_down<__half>(y, a, w, bias, ids, weights, tokens, top_k, out_dim, k_dim,
-                                 alpha, limit, s);
+      return launch_down<__half>(y, a, w, bias, residual, ids, weights, tokens, top_k, out_dim,
+                                 k_dim, alpha, limit, s);
     case 2:
-      return launch_down<__nv_bfloat16>(y, a, w, bias, ids, weights, tokens, top_k, out_dim,
-                                        k_dim, alpha, limit, s);
+      return launch_down<__nv_bfloat16>(y, a, w, bias, residual, ids, weights, tokens, top_k,
+                                        out_dim, k_dim, alpha, limit, s);
     default: return 1;
   }
 }

@@ -211,10 +211,25 @@ unsafe extern "C" {
         stream: *mut c_void,
     ) -> c_int;
 
+    pub fn pagewise_moe_router(
+        dtype: c_int,
+        logits: *mut f32,
+        x: *const c_void,
+        norm_w: *const c_void,
+        eps: f32,
+        w: *const f32,
+        tokens: c_int,
+        experts: c_int,
+        k_dim: c_int,
+        stream: *mut c_void,
+    ) -> c_int;
+
     pub fn pagewise_moe_gate_up(
         dtype: c_int,
         y: *mut c_void,
         x: *const c_void,
+        norm_w: *const c_void,
+        eps: f32,
         w: *const c_void,
         bias: *const c_void,
         ids: *const u32,
@@ -231,6 +246,7 @@ unsafe extern "C" {
         a: *const c_void,
         w: *const c_void,
         bias: *const c_void,
+        residual: *const c_void,
         ids: *const u32,
         weights: *const f32,
         tokens: c_int,
@@ -243,4 +259,6 @@ unsafe extern "C" {
     ) -> c_int;
 
     pub fn pagewise_moe_max_stage_bytes() -> c_int;
+
+    pub fn pagewise_moe_max_experts() -> c_int;
 }

@@ -33,7 +33,8 @@ pub use gemv::{GEMV_MAX_ROWS, GemvInput, gemv, gemv_fits, gemv_fused};
 pub use gemv_rope::{RopeCacheTarget, gemv_rope_cache};
 pub use grouped::GroupedGemm;
 pub use moe::{
-    ExpertExtras, MOE_MAX_TOP_K, MoeRoutes, moe_experts, moe_experts_with, moe_fits, moe_route,
+    ExpertExtras, MOE_MAX_TOP_K, MoeRoutes, moe_experts, moe_experts_with, moe_fits,
+    moe_max_experts, moe_route, moe_router,
 };
 pub use pinned::PinnedIds;
 pub use prefill::{

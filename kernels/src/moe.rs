@@ -36,13 +36,91 @@ impl MoeRoutes {
     }
 }
 
+/// The most experts [`moe_route`] takes.
+pub fn moe_max_experts() -> usize {
+    // SAFETY: a pure function of no arguments.
+    unsafe { ffi::pagewise_moe_max_experts() as usize }
+}
+
+/// A router's f32 logits `[tokens, experts]` for `x` (`[tokens, hidden]`, f16 or bf16; taken
+/// through the RMSNorm `norm` = `(weight [hidden], eps)` first, rounded to its dtype, when given)
+/// and the router's f32 weight `w` (`[experts, hidden]`): one kernel, where a separate norm, a
+/// cast and an f32 matmul take four. `hidden` a multiple of 8.
+pub fn moe_router(x: &Tensor, w: &Tensor, norm: Option<(&Tensor, f32)>) -> Result<Tensor> {
+    let (tokens, hidden) = x.dims2()?;
+    let (experts, wk) = w.dims2()?;
+    let dtype = dtype_code(x.dtype(), "moe_router")?;
+    if dtype == 0 || w.dtype() != DType::F32 {
+        bail!(
+            "moe_router: x must be f16 or bf16 and the weight f32, got {:?} and {:?}",
+            x.dtype(),
+            w.dtype()
+        );
+    }
+    // SAFETY: a pure function of no arguments.
+    let most = unsafe { ffi::pagewise_moe_max_stage_bytes() } as usize;
+    if wk != hidden || !hidden.is_multiple_of(8) || hidden * 2 > most {
+        bail!(
+            "moe_router: x {:?} and weight {:?} do not fit (hidden a multiple of 8, at most {})",
+            x.dims(),
+            w.dims(),
+            most / 2
+        );
+    }
+    let (np, eps) = match norm {
+        Some((n, eps)) if n.dims() == [hidden] && n.dtype() == x.dtype() => {
+            (device_ptr(n, "norm weight")?.0, eps)
+        }
+        Some((n, _)) => bail!(
+            "moe_router: the norm weight must be {:?} [{hidden}], got {:?} {:?}",
+            x.dtype(),
+            n.dtype(),
+            n.dims()
+        ),
+        None => (0, 0.0),
+    };
+    let logits = empty((tokens, experts), DType::F32, x.device())?;
+    let (lp, stream) = device_ptr(&logits, "logits")?;
+    let (xp, _) = device_ptr(x, "x")?;
+    let (wp, _) = device_ptr(w, "router weight")?;
+    if [xp, wp, np].iter().any(|p| p % 16 != 0) {
+        bail!("moe_router: x, the norm and the weight must start on 16-byte boundaries");
+    }
+    // SAFETY: contiguous tensors of the checked shapes and dtypes on the stream's device: the
+    // kernel reads tokens x hidden of x, hidden of the norm and experts x hidden f32 weights, and
+    // writes tokens x experts logits.
+    let code = unsafe {
+        ffi::pagewise_moe_router(
+            dtype,
+            lp as *mut f32,
+            xp as *const c_void,
+            np as *const c_void,
+            eps,
+            wp as *const f32,
+            tokens as i32,
+            experts as i32,
+            hidden as i32,
+            stream,
+        )
+    };
+    check_launch(code, "moe_router")?;
+    Ok(logits)
+}
+
 /// Routes each row of `logits` (f32 `[tokens, experts]`, a router's output) to its `top_k` most
 /// probable experts under the softmax (ties to the lower expert), with the softmax probabilities
-/// as weights, renormalized to sum to one over the chosen experts when `renormalize`.
+/// as weights, renormalized to sum to one over the chosen experts when `renormalize`. At most
+/// [`moe_max_experts`] experts.
 pub fn moe_route(logits: &Tensor, top_k: usize, renormalize: bool) -> Result<MoeRoutes> {
     let (tokens, experts) = logits.dims2()?;
     if logits.dtype() != DType::F32 {
         bail!("moe_route: logits must be f32, got {:?}", logits.dtype());
+    }
+    if experts > moe_max_experts() {
+        bail!(
+            "moe_route: {experts} experts (at most {})",
+            moe_max_experts()
+        );
     }
     if !(1..=MOE_MAX_TOP_K.min(experts)).contains(&top_k) {
         bail!("moe_route: top_k {top_k} must be 1..={MOE_MAX_TOP_K} and at most {experts} experts");
@@ -95,6 +173,11 @@ pub struct ExpertExtras<'a> {
     /// gpt-oss's clamped SwiGLU `(alpha, limit)`: `g = min(gate, limit)`,
     /// `u = clamp(up, -limit, limit)`, `(u + 1) * g * sigmoid(alpha * g)`; `None`: SiLU-and-mul.
     pub clamped_swiglu: Option<(f32, f32)>,
+    /// An RMSNorm `(weight [hidden], eps)` the experts take `x` through first (rounded to the
+    /// dtype, as a separate norm stores it).
+    pub input_norm: Option<(&'a Tensor, f32)>,
+    /// A residual `[tokens, hidden]` added to the experts' weighted sum before it is rounded.
+    pub residual: Option<&'a Tensor>,
 }
 
 /// The experts' part of the layer for `x` (`[tokens, hidden]`): for each token, the sum over its
@@ -113,7 +196,7 @@ pub fn moe_experts(
 }
 
 /// [`moe_experts`] with `extras`: biases after either projection (the down bias inside the
-/// weighting) and the clamped SwiGLU in place of SiLU-and-mul.
+/// weighting), the clamped SwiGLU in place of SiLU-and-mul, an input RMSNorm and a residual.
 pub fn moe_experts_with(
     x: &Tensor,
     gate_up: &Tensor,
@@ -170,6 +253,34 @@ pub fn moe_experts_with(
     };
     let gbp = bias_ptr(extras.gate_up_bias, width, "gate/up")?;
     let dbp = bias_ptr(extras.down_bias, hidden, "down")?;
+    let (np, eps) = match extras.input_norm {
+        Some((w, eps)) => {
+            if w.dims() != [hidden] || w.dtype() != x.dtype() || !w.is_contiguous() {
+                bail!(
+                    "moe_experts: the input norm's weight must be contiguous {:?} [{hidden}], got {:?} {:?}",
+                    x.dtype(),
+                    w.dtype(),
+                    w.dims()
+                );
+            }
+            (device_ptr(w, "input norm")?.0, eps)
+        }
+        None => (0, 0.0),
+    };
+    let rp = match extras.residual {
+        Some(r) => {
+            if r.dims() != [tokens, hidden] || r.dtype() != x.dtype() || !r.is_contiguous() {
+                bail!(
+                    "moe_experts: the residual must be contiguous {:?} [{tokens}, {hidden}], got {:?} {:?}",
+                    x.dtype(),
+                    r.dtype(),
+                    r.dims()
+                );
+            }
+            device_ptr(r, "residual")?.0
+        }
+        None => 0,
+    };
     let (alpha, limit) = match extras.clamped_swiglu {
         Some((a, l)) if a > 0.0 => (a, l),
         Some((a, _)) => bail!("moe_experts: a clamped SwiGLU needs alpha > 0, got {a}"),
@@ -185,7 +296,7 @@ pub fn moe_experts_with(
     let (ip, _) = device_ptr(&routes.ids, "ids")?;
     let (wp, _) = device_ptr(&routes.weights, "weights")?;
     // 16-byte loads: rows start 16-byte aligned when the tensors do (widths are multiples of 8).
-    if [xp, gp, dp, mp].iter().any(|p| p % 16 != 0) {
+    if [xp, gp, dp, mp, np].iter().any(|p| p % 16 != 0) {
         bail!("moe_experts: x and the weights must start on 16-byte boundaries");
     }
     // SAFETY: contiguous tensors of the checked shapes and dtype on the stream's device; every id
@@ -196,6 +307,8 @@ pub fn moe_experts_with(
             dtype,
             mp as *mut c_void,
             xp as *const c_void,
+            np as *const c_void,
+            eps,
             gp as *const c_void,
             gbp as *const c_void,
             ip as *const u32,
@@ -215,6 +328,7 @@ pub fn moe_experts_with(
             mp as *const c_void,
             dp as *const c_void,
             dbp as *const c_void,
+            rp as *const c_void,
             ip as *const u32,
             wp as *const f32,
             tokens as i32,

@@ -5,7 +5,9 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use common::{Lcg, host_f32, max_rel_diff, random};
-use pagewise_kernels::{ExpertExtras, GroupedGemm, moe_experts, moe_experts_with, moe_route};
+use pagewise_kernels::{
+    ExpertExtras, GroupedGemm, moe_experts, moe_experts_with, moe_route, moe_router,
+};
 
 /// The host routing: softmax, the `top_k` largest (ties to the lower expert), renormalized or not.
 fn route(row: &[f32], top_k: usize, renormalize: bool) -> Vec<(u32, f32)> {
@@ -51,7 +53,16 @@ fn check_routes(logits: &[f32], experts: usize, top_k: usize, renormalize: bool,
 fn routing_takes_the_top_k_as_the_host_does() {
     let dev = Device::new_cuda(0).unwrap();
     let mut rng = Lcg(3);
-    for (tokens, experts, top_k) in [(1, 8, 2), (37, 8, 2), (5, 60, 4), (9, 128, 8), (3, 32, 16)] {
+    let shapes = [
+        (1, 8, 2),
+        (37, 8, 2),
+        (5, 60, 4),
+        (9, 128, 8),
+        (3, 32, 16),
+        (2, 256, 8),
+        (4, 200, 16),
+    ];
+    for (tokens, experts, top_k) in shapes {
         let logits: Vec<f32> = (0..tokens * experts).map(|_| rng.next() * 4.0).collect();
         for renormalize in [true, false] {
             check_routes(&logits, experts, top_k, renormalize, &dev);
@@ -69,7 +80,56 @@ fn routing_takes_the_top_k_as_the_host_does() {
     assert_eq!(moe_route(&zero, 2, true).unwrap().ids().dims(), [0, 2]);
     let logits = Tensor::zeros((2, 4), DType::F32, &dev).unwrap();
     assert!(moe_route(&logits, 5, true).is_err());
-    assert!(moe_route(&logits.to_dtype(DType::BF16).unwrap(), 2, true).is_err());
+    let too_many = Tensor::zeros((1, 257), DType::F32, &dev).unwrap();
+    assert!(moe_route(&too_many, 2, true).is_err());
+}
+
+/// The router kernel against the host: the f32 logits of x, or of RMSNorm(x) rounded to its
+/// dtype, times f32 weights (Mixtral's 8 experts and Qwen3-MoE's 128, one and two tokens).
+#[test]
+fn router_logits_match_the_host() {
+    let dev = Device::new_cuda(0).unwrap();
+    let mut rng = Lcg(5);
+    for dtype in [DType::BF16, DType::F16] {
+        for (tokens, hidden, experts) in [(1, 4096, 8), (2, 2048, 128), (3, 64, 20)] {
+            let x = random(&mut rng, (tokens, hidden), 1.0, dtype, &dev);
+            let norm_w = random(&mut rng, (1, hidden), 1.0, dtype, &dev)
+                .flatten_all()
+                .unwrap();
+            let w = random(&mut rng, (experts, hidden), 0.05, DType::F32, &dev);
+            let (xv, nv, wv) = (host_f32(&x), host_f32(&norm_w), host_f32(&w));
+            for normed in [false, true] {
+                let eps = 1e-5f32;
+                let norm = normed.then_some((&norm_w, eps));
+                let got = host_f32(&moe_router(&x, &w, norm).unwrap());
+                let mut want = Vec::new();
+                for t in 0..tokens {
+                    let mut xt = xv[t * hidden..(t + 1) * hidden].to_vec();
+                    if normed {
+                        let ms = xt.iter().map(|v| v * v).sum::<f32>() / hidden as f32;
+                        let inv = 1.0 / (ms + eps).sqrt();
+                        let n = xt.iter().zip(&nv).map(|(v, g)| v * inv * g).collect();
+                        xt = round(n, dtype, &dev);
+                    }
+                    for e in 0..experts {
+                        let row = &wv[e * hidden..(e + 1) * hidden];
+                        want.push(row.iter().zip(&xt).map(|(a, b)| a * b).sum::<f32>());
+                    }
+                }
+                let err = max_rel_diff(&got, &want);
+                assert!(
+                    err < 1e-3,
+                    "{dtype:?} {tokens}x{hidden}, {experts} experts, normed {normed}: {err}"
+                );
+            }
+        }
+    }
+    let x = Tensor::zeros((1, 64), DType::BF16, &dev).unwrap();
+    let w16 = Tensor::zeros((8, 64), DType::BF16, &dev).unwrap();
+    assert!(
+        moe_router(&x, &w16, None).is_err(),
+        "a 16-bit router weight"
+    );
 }
 
 /// silu(g) * u rounded to the dtype's precision (through a tensor of it).
@@ -83,17 +143,20 @@ fn round(v: Vec<f32>, dtype: DType, dev: &Device) -> Vec<f32> {
     )
 }
 
-/// Plain SwiGLU experts, and gpt-oss's (biases, the clamped SwiGLU with a limit low enough to
-/// bite); the shapes cut the down projection's work into 1 to 8 slices an output, and one
-/// (gpt-oss's 2880) into slices that are not whole rows.
+/// Plain SwiGLU experts; gpt-oss's (biases, the clamped SwiGLU with a limit low enough to
+/// bite); and the fused decode path's (an input RMSNorm and a residual). The shapes cut the down
+/// projection's work into 1 to 8 slices an output, and one (gpt-oss's 2880) into slices that are
+/// not whole rows.
 #[test]
 fn experts_match_each_tokens_experts_on_the_host() {
     let dev = Device::new_cuda(0).unwrap();
     let mut rng = Lcg(8);
-    for (dtype, gpt_oss) in [
-        (DType::BF16, false),
-        (DType::F16, false),
-        (DType::BF16, true),
+    for (dtype, gpt_oss, fused) in [
+        (DType::BF16, false, false),
+        (DType::F16, false, false),
+        (DType::BF16, true, false),
+        (DType::BF16, false, true),
+        (DType::F16, false, true),
     ] {
         for (tokens, hidden, inter, experts, top_k) in [
             (1, 256, 512, 8, 2),
@@ -113,10 +176,14 @@ fn experts_match_each_tokens_experts_on_the_host() {
             let routes = moe_route(&logits, top_k, true).unwrap();
             let gu_bias = random(&mut rng, (experts, 2 * inter), 0.5, dtype, &dev);
             let down_bias = random(&mut rng, (experts, hidden), 0.5, dtype, &dev);
-            let (alpha, limit) = (1.702f32, 1.0f32);
-            let got = match gpt_oss {
-                false => moe_experts(&x, &gu, &down, &routes),
-                true => moe_experts_with(
+            let norm_w = random(&mut rng, (1, hidden), 1.0, dtype, &dev)
+                .flatten_all()
+                .unwrap();
+            let residual = random(&mut rng, (tokens, hidden), 1.0, dtype, &dev);
+            let (alpha, limit, eps) = (1.702f32, 1.0f32, 1e-6f32);
+            let got = match (gpt_oss, fused) {
+                (false, false) => moe_experts(&x, &gu, &down, &routes),
+                (true, _) => moe_experts_with(
                     &x,
                     &gu,
                     &down,
@@ -125,11 +192,24 @@ fn experts_match_each_tokens_experts_on_the_host() {
                         gate_up_bias: Some(&gu_bias),
                         down_bias: Some(&down_bias),
                         clamped_swiglu: Some((alpha, limit)),
+                        ..Default::default()
+                    },
+                ),
+                (false, true) => moe_experts_with(
+                    &x,
+                    &gu,
+                    &down,
+                    &routes,
+                    ExpertExtras {
+                        input_norm: Some((&norm_w, eps)),
+                        residual: Some(&residual),
+                        ..Default::default()
                     },
                 ),
             };
             let got = host_f32(&got.unwrap());
             let (gbv, dbv) = (host_f32(&gu_bias), host_f32(&down_bias));
+            let (nwv, rv) = (host_f32(&norm_w), host_f32(&residual));
 
             let ids = routes
                 .ids()
@@ -139,16 +219,25 @@ fn experts_match_each_tokens_experts_on_the_host() {
                 .unwrap();
             let weights = host_f32(routes.weights());
             let (xv, guv, dv) = (host_f32(&x), host_f32(&gu), host_f32(&down));
-            let mut want = vec![0f32; tokens * hidden];
+            let mut want = match fused {
+                true => rv.clone(),
+                false => vec![0f32; tokens * hidden],
+            };
             for t in 0..tokens {
-                let xt = &xv[t * hidden..(t + 1) * hidden];
+                let mut xt = xv[t * hidden..(t + 1) * hidden].to_vec();
+                if fused {
+                    let ms = xt.iter().map(|v| v * v).sum::<f32>() / hidden as f32;
+                    let inv = 1.0 / (ms + eps).sqrt();
+                    let normed = xt.iter().zip(&nwv).map(|(v, w)| v * inv * w).collect();
+                    xt = round(normed, dtype, &dev);
+                }
                 for j in 0..top_k {
                     let e = ids[t * top_k + j] as usize;
                     let mid: Vec<f32> = (0..2 * inter)
                         .map(|o| {
                             let row = &guv[(e * 2 * inter + o) * hidden..][..hidden];
                             let b = if gpt_oss { gbv[e * 2 * inter + o] } else { 0.0 };
-                            row.iter().zip(xt).map(|(a, b)| a * b).sum::<f32>() + b
+                            row.iter().zip(&xt).map(|(a, b)| a * b).sum::<f32>() + b
                         })
                         .collect();
                     let mid = round(mid, dtype, &dev);
@@ -175,7 +264,7 @@ fn experts_match_each_tokens_experts_on_the_host() {
             assert!(
                 err < 1e-2,
                 "{dtype:?} {tokens} tokens, {experts} experts of {hidden}x{inter}, top {top_k} \
-                 (gpt-oss {gpt_oss}): off by {err}"
+                 (gpt-oss {gpt_oss}, fused {fused}): off by {err}"
             );
         }
     }

@@ -7,6 +7,9 @@
 //! write, attention (+ its merge), o, gate/up, down) instead of ten or more, which is what bounds
 //! a batch-1 step. Models with per-head q/k norms (Qwen3) take one kernel more: the qkv GEMV
 //! stores plainly and `pagewise_kernels::rope_qkv_cache` normalizes, rotates and writes the cache.
+//! A mixture-of-experts layer (Mixtral, Qwen3-MoE) ends in three kernels after o: the router
+//! (norm folded in), the routing, and the chosen experts (norm folded into gate/up, the residual
+//! into down); see `SparseMoe::forward_fused`.
 //!
 //! On the H200 it makes batch-1 decode 6-12% faster at the Llama-3.2-1B and 3.1-8B shapes than
 //! cuBLAS and the separate kernels (benches/history/2026-11-sessions.md).
@@ -21,6 +24,7 @@ use pagewise_kernels::{GemvInput, gemv_fits, gemv_fused};
 use super::attention::KvCache;
 use super::batch::ForwardBatch;
 use super::layers::{Rotary, silu_mul};
+use super::moe::SparseMoe;
 use super::norm::RmsNorm;
 use super::qkv::Heads;
 use crate::parallel::Parallel;
@@ -35,10 +39,19 @@ pub(super) struct FusedLayer<'a> {
     /// `[hidden, heads * head_dim]`.
     pub o: &'a Tensor,
     pub post_norm: &'a RmsNorm,
-    /// `[2 * intermediate, hidden]`, gate rows first.
-    pub gate_up: &'a Tensor,
+    pub mlp: FusedMlp<'a>,
+}
+
+/// A fused layer's MLP.
+pub(super) enum FusedMlp<'a> {
+    /// SwiGLU: gate/up `[2 * intermediate, hidden]` (gate rows first), down
     /// `[hidden, intermediate]`.
-    pub down: &'a Tensor,
+    Dense {
+        gate_up: &'a Tensor,
+        down: &'a Tensor,
+    },
+    /// Experts routed on the device (`SparseMoe::forward_fused`).
+    Sparse(&'a SparseMoe),
 }
 
 /// Forward passes that took the fused path in this process.
@@ -74,12 +87,22 @@ pub(super) fn fits(x: &Tensor, layers: &[FusedLayer<'_>]) -> bool {
         && rows <= MAX_ROWS
         && matches!(dtype, DType::BF16 | DType::F16)
         && layers.iter().all(|l| {
-            [l.qkv, l.o, l.gate_up, l.down]
+            let mlp = match l.mlp {
+                FusedMlp::Dense { gate_up, down } => {
+                    [gate_up, down]
+                        .iter()
+                        .all(|w| w.dtype() == dtype && w.is_contiguous())
+                        && gemv_fits(rows, inner(gate_up), dtype)
+                }
+                // (The expert kernels check their own shapes.)
+                FusedMlp::Sparse(_) => l.post_norm.weight().dtype() == dtype,
+            };
+            [l.qkv, l.o]
                 .iter()
                 .all(|w| w.dtype() == dtype && w.is_contiguous())
                 && gemv_fits(rows, inner(l.qkv), dtype)
                 && gemv_fits(rows, inner(l.o), dtype)
-                && gemv_fits(rows, inner(l.gate_up), dtype)
+                && mlp
         })
 }
 
@@ -135,6 +158,7 @@ pub(super) fn attention(
 /// output `attn` (`[rows, heads * head_dim]`): `x + o(attn)`, then that plus the MLP of its norm.
 /// Under tensor parallelism o and down are this rank's columns: the leading rank adds the
 /// residual as it stores and the all-reduce sums the ranks' parts, so the residual counts once.
+/// (Expert layers take this path on one rank only: `Llama::fused_layers`.)
 pub(super) fn finish_layer(
     x: &Tensor,
     attn: &Tensor,
@@ -143,13 +167,17 @@ pub(super) fn finish_layer(
 ) -> candle_core::Result<Tensor> {
     let residual = |r| par.rank.leads().then_some(r);
     let x_mid = par.all_reduce(gemv_fused(attn, l.o, GemvInput::Plain, residual(x))?)?;
-    let gate_up = gemv_fused(&x_mid, l.gate_up, norm_input(l.post_norm), None)?;
-    let (rows, inter) = (x.dim(0)?, l.down.dim(1)?);
+    let (gate_up_w, down_w) = match l.mlp {
+        FusedMlp::Dense { gate_up, down } => (gate_up, down),
+        FusedMlp::Sparse(moe) => return moe.forward_fused(&x_mid, l.post_norm),
+    };
+    let gate_up = gemv_fused(&x_mid, gate_up_w, norm_input(l.post_norm), None)?;
+    let (rows, inter) = (x.dim(0)?, down_w.dim(1)?);
     let out = if gemv_fits(rows, inter, x.dtype()) {
-        gemv_fused(&gate_up, l.down, GemvInput::SiluMul, residual(&x_mid))?
+        gemv_fused(&gate_up, down_w, GemvInput::SiluMul, residual(&x_mid))?
     } else {
         // (8 x 14336 bf16 is past the staging space: SiLU-and-mul and cuBLAS, as unfused.)
-        let down = silu_mul(&gate_up)?.matmul(&l.down.t()?)?;
+        let down = silu_mul(&gate_up)?.matmul(&down_w.t()?)?;
         match residual(&x_mid) {
             Some(r) => (r + down)?,
             None => down,

@@ -232,18 +232,25 @@ impl Llama {
             .enumerate()
             .map(|(i, l)| {
                 kv.device_layer(i)?;
-                let Mlp::Dense(mlp) = &l.mlp else {
-                    return None;
+                let mlp = match &l.mlp {
+                    Mlp::Dense(mlp) => {
+                        let (gate_up, down) = mlp.dense_weights()?;
+                        decode_fused::FusedMlp::Dense { gate_up, down }
+                    }
+                    // (Experts are not split across ranks.)
+                    Mlp::Sparse(moe) if self.par.rank.size == 1 => {
+                        moe.fused_router()?;
+                        decode_fused::FusedMlp::Sparse(moe)
+                    }
+                    Mlp::Sparse(_) => return None,
                 };
-                let (gate_up, down) = mlp.dense_weights()?;
                 Some(decode_fused::FusedLayer {
                     input_norm: &l.input_norm,
                     qkv: l.qkv.dense_weight()?,
                     head_norms: l.qkv.head_norms(),
                     o: l.o.dense_weight()?,
                     post_norm: &l.post_norm,
-                    gate_up,
-                    down,
+                    mlp,
                 })
             })
             .collect::<Option<Vec<_>>>()?;

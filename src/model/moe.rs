@@ -295,6 +295,32 @@ impl SparseMoe {
         }
     }
 
+    /// The router's f32 weight, when the fused decode path can take this layer
+    /// (`decode_fused.rs`): experts routed on the device and a dense router without a bias.
+    #[cfg(feature = "cuda")]
+    pub(super) fn fused_router(&self) -> Option<&Tensor> {
+        self.stacked.as_ref()?;
+        match self.router.dense_parts()? {
+            (w, None) if w.dtype() == DType::F32 => Some(w),
+            _ => None,
+        }
+    }
+
+    /// The fused decode path's layer (`decode_fused.rs`): `x + self(norm(x))` for the residual
+    /// stream `x`, with the norm folded into the router's and the experts' kernels.
+    #[cfg(feature = "cuda")]
+    pub(super) fn forward_fused(
+        &self,
+        x: &Tensor,
+        norm: &super::norm::RmsNorm,
+    ) -> candle_core::Result<Tensor> {
+        let (Some(stacked), Some(router)) = (&self.stacked, self.fused_router()) else {
+            candle_core::bail!("this expert layer does not take the fused decode path");
+        };
+        let norm = (norm.weight(), norm.eps() as f32);
+        stacked.forward_fused(&x.contiguous()?, router, norm, &self.settings)
+    }
+
     /// The router's f32 logits for `x`, `[tokens, experts]`.
     fn router_logits(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let scored = match &self.router {
