@@ -8,6 +8,7 @@ mod common;
 use common::server::*;
 use pagewise::server::ServerOptions;
 use pagewise::server::reasoning::ReasoningParser;
+use pagewise::server::tools::{ToolOptions, ToolParser};
 use serde_json::{Value, json};
 
 async fn server(parser: Option<ReasoningParser>) -> String {
@@ -120,28 +121,37 @@ async fn without_a_parser_or_reasoning_the_text_is_content() {
     assert!(message.get("reasoning_content").is_none(), "{message}");
 }
 
+/// A server that splits reasoning with `reasoning` and reads tool calls with `tools`.
+async fn tool_server(reasoning: ReasoningParser, tools: ToolParser) -> String {
+    let opts = ServerOptions {
+        served_model_names: vec!["tiny".into()],
+        reasoning_parser: Some(reasoning),
+        tools: ToolOptions {
+            auto_tool_choice: true,
+            parser: Some(tools),
+        },
+        ..Default::default()
+    };
+    serve(engine_args(), opts).await.0
+}
+
+/// The one tool the tool-call tests declare: `get_time(zone: "UTC" | "CET")`.
+fn get_time_tool() -> Value {
+    json!([{"type": "function", "function": {"name": "get_time",
+        "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"]}}}])
+}
+
 /// Qwen3 reasons, then calls a tool (Hermes' format): the reasoning goes to
 /// `reasoning_content`, the call to `tool_calls`, and neither leaks into `content`, whole or
 /// streamed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reasoning_then_a_tool_call() {
-    use pagewise::server::tools::{ToolOptions, ToolParser};
-    let opts = ServerOptions {
-        served_model_names: vec!["tiny".into()],
-        reasoning_parser: Some(ReasoningParser::Qwen3),
-        tools: ToolOptions {
-            auto_tool_choice: true,
-            parser: Some(ToolParser::Hermes),
-        },
-        ..Default::default()
-    };
-    let base = serve(engine_args(), opts).await.0;
+    let base = tool_server(ReasoningParser::Qwen3, ToolParser::Hermes).await;
     let forced = "<think>\nWe need [a-z]{3,8}\\.\n</think>\n\n<tool_call>\n\\{\"name\": \"get_time\", \
                   \"arguments\": \\{\"zone\": \"(UTC|CET)\"\\}\\}\n</tool_call>";
     let mut body = request(forced);
-    body["tools"] = json!([{"type": "function", "function": {"name": "get_time",
-        "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
-            "required": ["zone"]}}}]);
+    body["tools"] = get_time_tool();
     let (status, got) = post(&base, "/v1/chat/completions", body.clone()).await;
     assert_eq!(status, 200, "{got}");
     let choice = &got["choices"][0];
@@ -168,26 +178,14 @@ async fn reasoning_then_a_tool_call() {
 /// streamed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn harmony_reasoning_then_a_tool_call() {
-    use pagewise::server::tools::{ToolOptions, ToolParser};
-    let opts = ServerOptions {
-        served_model_names: vec!["tiny".into()],
-        reasoning_parser: Some(ReasoningParser::GptOss),
-        tools: ToolOptions {
-            auto_tool_choice: true,
-            parser: Some(ToolParser::Openai),
-        },
-        ..Default::default()
-    };
-    let base = serve(engine_args(), opts).await.0;
+    let base = tool_server(ReasoningParser::GptOss, ToolParser::Openai).await;
     let forced = "<\\|channel\\|>analysis<\\|message\\|>So [a-z]{1,2}\\.<\\|end\\|>\
         <\\|start\\|>assistant<\\|channel\\|>commentary<\\|message\\|>Ok\\.<\\|end\\|>\
         <\\|start\\|>assistant to=functions\\.get_time<\\|channel\\|>commentary\
         <\\|message\\|>\\{\"zone\": \"(UTC|CET)\"\\}<\\|call\\|>";
     let mut body = request(forced);
     body["max_tokens"] = json!(200);
-    body["tools"] = json!([{"type": "function", "function": {"name": "get_time",
-        "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
-            "required": ["zone"]}}}]);
+    body["tools"] = get_time_tool();
     let (status, got) = post(&base, "/v1/chat/completions", body.clone()).await;
     assert_eq!(status, 200, "{got}");
     let choice = &got["choices"][0];

@@ -137,10 +137,6 @@ impl Stacked {
         }
         let dev = x.device();
         let token_of: Vec<u32> = slots.iter().map(|&s| s / top_k as u32).collect();
-        let expert_of: Vec<u32> = routes
-            .iter()
-            .flat_map(|r| r.iter().map(|&(e, _)| e as u32))
-            .collect();
         let weights: Vec<f32> = routes
             .iter()
             .flat_map(|r| r.iter().map(|&(_, w)| w))
@@ -148,18 +144,28 @@ impl Stacked {
         let xs = x
             .index_select(&Tensor::from_vec(token_of, n, dev)?, 0)?
             .contiguous()?;
-        let sorted_expert = || -> candle_core::Result<Tensor> {
-            let ids: Vec<u32> = slots.iter().map(|&s| expert_of[s as usize]).collect();
-            Tensor::from_vec(ids, n, dev)
+        // Each sorted row's expert, for the biases (gpt-oss): the groups' runs.
+        let sorted_expert = match self.gate_up_bias.is_some() || self.down_bias.is_some() {
+            true => {
+                let ids = groups
+                    .iter()
+                    .flat_map(|&(e, rows)| std::iter::repeat_n(e as u32, rows));
+                Some(Tensor::from_iter(ids, dev)?)
+            }
+            false => None,
+        };
+        let bias_rows = |b: &Option<Tensor>| match (b, &sorted_expert) {
+            (Some(b), Some(ids)) => b.index_select(ids, 0).map(Some),
+            _ => Ok(None),
         };
         let mut mid = self.grouped.matmul(&xs, &self.gate_up, &groups)?;
-        if let Some(b) = &self.gate_up_bias {
-            mid = (mid + b.index_select(&sorted_expert()?, 0)?)?;
+        if let Some(b) = bias_rows(&self.gate_up_bias)? {
+            mid = (mid + b)?;
         }
         let act = self.activation.apply(&mid)?.contiguous()?;
         let mut ys = self.grouped.matmul(&act, &self.down, &groups)?;
-        if let Some(b) = &self.down_bias {
-            ys = (ys + b.index_select(&sorted_expert()?, 0)?)?;
+        if let Some(b) = bias_rows(&self.down_bias)? {
+            ys = (ys + b)?;
         }
         let hidden = ys.dim(1)?;
         let gathered = ys

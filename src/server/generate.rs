@@ -14,12 +14,12 @@ use tokio::sync::mpsc;
 
 use super::AppState;
 use super::error::ApiError;
+use super::logprobs::{chat_logprob, completion_logprobs};
 use super::metrics::RequestTimer;
 use super::reasoning::{ReasoningParser, ReasoningStream};
 use super::responses::{
-    ChatChoice, ChatCompletionResponse, ChatLogprobs, ChatMessageOut, ChatTokenLogprob,
-    CompletionChoice, CompletionLogprobs, CompletionResponse, FunctionCallOut, ToolCallOut,
-    TopLogprob, Usage,
+    ChatChoice, ChatCompletionResponse, ChatLogprobs, ChatMessageOut, CompletionChoice,
+    CompletionResponse, FunctionCallOut, ToolCallOut, Usage,
 };
 use super::tools::stream::ToolStream;
 use crate::engine::handle::{GenerateRequest, StreamEvent};
@@ -70,6 +70,13 @@ pub struct Job {
 /// A tagged event: which choice (`prompt * n + index`) and what happened.
 type Tagged = (usize, StreamEvent);
 
+impl Job {
+    /// Whether the reasoning split keeps harmony's calls for the `openai` tool parser.
+    fn harmony_calls(&self) -> bool {
+        self.tools.as_ref().is_some_and(|t| t.reads_harmony())
+    }
+}
+
 fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -118,43 +125,6 @@ async fn submit_all(state: &AppState, job: &Job) -> Result<BoxStream<'static, Ta
         .prompt_tokens
         .fetch_add(prompt_tokens as u64, std::sync::atomic::Ordering::Relaxed);
     Ok(stream::select_all(streams).boxed())
-}
-
-/// A token as text for logprobs: its decoded text, or its vocabulary entry when it is only part of
-/// a UTF-8 character, or vLLM's `token_id:N` for an id the tokenizer has no entry for (a model
-/// whose embedding has more rows than its tokenizer has tokens), so distinct tokens never share
-/// a key in `top_logprobs`.
-fn token_text(state: &AppState, id: u32) -> String {
-    let tokenizer = &state.info.tokenizer;
-    match tokenizer.decode(&[id], false) {
-        Ok(text) if !text.is_empty() && !text.contains('\u{FFFD}') => text,
-        _ => tokenizer
-            .id_to_token(id)
-            .unwrap_or_else(|| format!("token_id:{id}")),
-    }
-}
-
-/// Chat logprobs of one generated token and its alternatives.
-fn chat_logprob(state: &AppState, id: u32, lp: &Logprobs) -> ChatTokenLogprob {
-    let entry = |id: u32, logprob: f32| {
-        let token = token_text(state, id);
-        TopLogprob {
-            bytes: token.as_bytes().to_vec(),
-            token,
-            logprob,
-        }
-    };
-    let TopLogprob {
-        token,
-        logprob,
-        bytes,
-    } = entry(id, lp.logprob);
-    ChatTokenLogprob {
-        token,
-        logprob,
-        bytes,
-        top_logprobs: lp.top.iter().map(|&(t, l)| entry(t, l)).collect(),
-    }
 }
 
 /// Accumulates one choice's completion for the non-streaming response.
@@ -209,8 +179,7 @@ pub async fn respond_json(state: &AppState, job: Job) -> Result<Response, ApiErr
                 .map(|(index, c)| {
                     let (reasoning, text) = match job.reasoning {
                         Some(parser) => {
-                            let calls = job.tools.as_ref().is_some_and(|t| t.reads_harmony());
-                            let split = parser.split_keeping_calls(&c.text, calls);
+                            let split = parser.split_keeping_calls(&c.text, job.harmony_calls());
                             (Some(split.reasoning), split.content)
                         }
                         None => (None, c.text),
@@ -302,35 +271,6 @@ fn chat_answer(
     (parsed.content, calls, finish)
 }
 
-fn completion_logprobs(
-    state: &AppState,
-    tokens: &[u32],
-    lps: &[Logprobs],
-    offset: usize,
-) -> CompletionLogprobs {
-    let texts: Vec<String> = tokens.iter().map(|&t| token_text(state, t)).collect();
-    let mut text_offset = Vec::with_capacity(texts.len());
-    let mut at = offset;
-    for t in &texts {
-        text_offset.push(at);
-        at += t.len();
-    }
-    CompletionLogprobs {
-        tokens: texts,
-        token_logprobs: lps.iter().map(|l| l.logprob).collect(),
-        top_logprobs: lps
-            .iter()
-            .map(|l| {
-                l.top
-                    .iter()
-                    .map(|&(t, v)| (token_text(state, t), v))
-                    .collect()
-            })
-            .collect(),
-        text_offset,
-    }
-}
-
 /// Streams the job as server-sent events: one chunk per token, then usage (if asked), then `[DONE]`.
 pub async fn respond_sse(state: AppState, job: Job) -> Result<Response, ApiError> {
     let events = submit_all(&state, &job).await?;
@@ -374,9 +314,8 @@ async fn pump(
         .collect();
     let mut reasoning_streams: Vec<Option<ReasoningStream>> = (0..num_choices)
         .map(|_| {
-            let calls = job.tools.as_ref().is_some_and(|t| t.reads_harmony());
             job.reasoning
-                .map(|p| ReasoningStream::keeping_calls(p, calls))
+                .map(|p| ReasoningStream::keeping_calls(p, job.harmony_calls()))
         })
         .collect();
     let mut timer = RequestTimer::new(job.arrived, num_choices);

@@ -122,16 +122,7 @@ pub fn undecided_tail(text: &str) -> usize {
     }
     // (A header before its `<|message|>` is dropped whole: `split` splits a prefix that ends
     // in one the same as it will the whole.)
-    MARKERS
-        .iter()
-        .map(|m| {
-            (1..m.len())
-                .rev()
-                .find(|&n| text.ends_with(&m[..n]))
-                .unwrap_or(0)
-        })
-        .max()
-        .unwrap_or(0)
+    super::reasoning::partial_marker(text, &MARKERS)
 }
 
 /// The first marker in `text`: its byte offset and which.

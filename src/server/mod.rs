@@ -5,6 +5,7 @@ pub mod dashboard;
 pub mod error;
 pub mod generate;
 pub mod harmony;
+mod logprobs;
 pub mod metrics;
 pub mod openapi;
 pub mod protocol;

@@ -85,17 +85,23 @@ impl ReasoningParser {
             }
             ReasoningParser::GptOss => return harmony::undecided_tail(text),
         };
-        markers
-            .iter()
-            .map(|m| {
-                (1..m.len())
-                    .rev()
-                    .find(|&n| text.ends_with(&m[..n]))
-                    .unwrap_or(0)
-            })
-            .max()
-            .unwrap_or(0)
+        partial_marker(text, markers)
     }
+}
+
+/// The length of the longest proper prefix of any of `markers` that `text` ends with: bytes
+/// that may yet turn out to start a marker.
+pub(super) fn partial_marker(text: &str, markers: &[&str]) -> usize {
+    markers
+        .iter()
+        .map(|m| {
+            (1..m.len())
+                .rev()
+                .find(|&n| text.ends_with(&m[..n]))
+                .unwrap_or(0)
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 fn parts(reasoning: &str, content: &str) -> Split {
