@@ -27,6 +27,7 @@ fn decoding_scheduler() -> Scheduler {
         block_size,
         num_blocks: NUM_SEQS * max_len / block_size + 1,
         enable_prefix_caching: true,
+        window: None,
     });
     let params = Arc::new(SamplingParams {
         max_tokens: 4096,

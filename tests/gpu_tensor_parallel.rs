@@ -47,6 +47,7 @@ fn step(tokens: &[u32], start: usize) -> SchedulerOutput {
             .collect(),
         block_tables: table,
         preempted: Vec::new(),
+        ..SchedulerOutput::default()
     }
 }
 

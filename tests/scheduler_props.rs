@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use common::fake_model::{self, EOS, FakeModel, VOCAB};
 use pagewise::engine::sequence::SeqStatus;
-use pagewise::kv::{BlockId, BlockState};
+use pagewise::kv::{BlockId, BlockState, WindowConfig};
 use pagewise::{SamplingParams, Scheduler, SchedulerConfig, SeqId, Sequence};
 use proptest::prelude::*;
 
@@ -33,6 +33,8 @@ struct Case {
     budget: usize,
     max_num_seqs: usize,
     prefix_caching: bool,
+    /// Sliding-window layers: (window, blocks of the window group beyond the fewest a step needs).
+    window: Option<(usize, usize)>,
     prefixes: Vec<Vec<u32>>,
     reqs: Vec<Req>,
 }
@@ -69,16 +71,27 @@ fn case() -> impl Strategy<Value = Case> {
         prop::sample::select(vec![1usize, 7, 16, 64, 256]),
         1..8usize,
         any::<bool>(),
+        prop::option::weighted(0.5, (1..20usize, 0..12usize)),
         prop::collection::vec(prop::collection::vec(token(), 0..40), 3),
         prop::collection::vec(req(), 1..12),
     )
         .prop_map(
-            |(block_size, num_blocks, budget, max_num_seqs, prefix_caching, prefixes, reqs)| Case {
+            |(
                 block_size,
                 num_blocks,
                 budget,
                 max_num_seqs,
                 prefix_caching,
+                window,
+                prefixes,
+                reqs,
+            )| Case {
+                block_size,
+                num_blocks,
+                budget,
+                max_num_seqs,
+                prefix_caching,
+                window,
                 prefixes,
                 reqs,
             },
@@ -127,6 +140,21 @@ fn check_invariants(s: &Scheduler) {
         cached_free <= pool.num_cached(),
         "a cached free block is a registered one"
     );
+    if let Some(wpool) = s.kv().window_pool() {
+        let live = |q: &Sequence| -> Vec<BlockId> {
+            let w = q.block_table.window_blocks();
+            assert_eq!(w.len(), q.block_table.len(), "one window entry per block");
+            w.iter().copied().filter(|b| b.0 != 0).collect()
+        };
+        let held: usize = s.running().iter().map(|q| live(q).len()).sum();
+        assert_eq!(wpool.total_refs(), held as u64, "window ref counts");
+        let distinct: HashSet<_> = s.running().iter().flat_map(live).collect();
+        assert_eq!(
+            wpool.num_free() + distinct.len(),
+            wpool.num_usable(),
+            "no window block leaked"
+        );
+    }
     for q in s.running() {
         assert_eq!(q.status, SeqStatus::Running);
         assert!(q.block_table.len() * s.config().block_size >= q.num_computed_tokens());
@@ -150,6 +178,12 @@ struct Seen {
     chunked_prefills: usize,
 }
 
+/// A window group of `extra` blocks more than one sequence's largest step needs (its window
+/// before the step, plus the step's tokens), the null block included.
+fn window_blocks(case: &Case, window: usize, extra: usize) -> usize {
+    (window - 1 + case.budget).div_ceil(case.block_size) + 2 + extra
+}
+
 fn run(case: &Case) -> Seen {
     let config = SchedulerConfig {
         max_num_seqs: case.max_num_seqs,
@@ -158,10 +192,17 @@ fn run(case: &Case) -> Seen {
         block_size: case.block_size,
         num_blocks: case.num_blocks,
         enable_prefix_caching: case.prefix_caching,
+        window: case.window.map(|(window, extra)| WindowConfig {
+            window,
+            num_blocks: window_blocks(case, window, extra),
+        }),
     };
     let capacity = (case.num_blocks - 1) * case.block_size;
-    let mut s = Scheduler::new(config);
-    let mut model = FakeModel::new(case.num_blocks, case.block_size);
+    let mut s = Scheduler::new(config.clone());
+    let mut model = match config.window {
+        Some(w) => FakeModel::with_window(case.num_blocks, case.block_size, w.window, w.num_blocks),
+        None => FakeModel::new(case.num_blocks, case.block_size),
+    };
     let eos: Arc<[u32]> = Arc::from(vec![EOS]);
     let prompts: Vec<Vec<u32>> = case
         .reqs
@@ -244,6 +285,9 @@ fn run(case: &Case) -> Seen {
         "every block is free at the end"
     );
     assert_eq!(pool.total_refs(), 0);
+    if let Some(wpool) = s.kv().window_pool() {
+        assert_eq!(wpool.num_free(), wpool.num_usable(), "window group freed");
+    }
     for &id in accepted.difference(&aborted) {
         let r = &case.reqs[id as usize];
         let expected = fake_model::reference(&prompts[id as usize], r.max_tokens);
@@ -268,8 +312,7 @@ proptest! {
 }
 
 /// A long, deterministic workload on a cache too small for it: many preemptions, many prefix hits.
-#[test]
-fn heavy_contention_simulation_matches_solo_runs() {
+fn heavy_contention(window: Option<(usize, usize)>) -> Case {
     let prefix: Vec<u32> = (1..=40).map(|t| t % (VOCAB - 1) + 1).collect();
     let reqs: Vec<Req> = (0..48)
         .map(|i| Req {
@@ -283,18 +326,35 @@ fn heavy_contention_simulation_matches_solo_runs() {
             salt: None,
         })
         .collect();
-    let case = Case {
+    Case {
         block_size: 8,
         num_blocks: 40,
         budget: 48,
         max_num_seqs: 16,
         prefix_caching: true,
+        window,
         prefixes: vec![prefix.clone(), prefix[..20].to_vec(), vec![]],
         reqs,
-    };
-    let seen = run(&case);
+    }
+}
+
+#[test]
+fn heavy_contention_simulation_matches_solo_runs() {
+    let seen = run(&heavy_contention(None));
     eprintln!("{seen:?}");
     assert!(seen.preemptions > 10, "{seen:?}");
     assert!(seen.prefix_hit_tokens > 200, "{seen:?}");
+    assert!(seen.chunked_prefills > 10, "{seen:?}");
+}
+
+/// The same with sliding-window layers whose own group is the scarcer one (11 blocks for a
+/// 12-token window): blocks released as they leave the window, prefix hits that need the window's
+/// cached blocks, and preemptions when the window group runs out.
+#[test]
+fn heavy_contention_with_a_window_group_matches_solo_runs() {
+    let seen = run(&heavy_contention(Some((12, 2))));
+    eprintln!("{seen:?}");
+    assert!(seen.preemptions > 10, "{seen:?}");
+    assert!(seen.prefix_hit_tokens > 100, "{seen:?}");
     assert!(seen.chunked_prefills > 10, "{seen:?}");
 }

@@ -6,9 +6,11 @@
 
 pub mod block_hash;
 pub mod block_pool;
+mod window;
 
 pub use block_hash::{BlockHash, Parent, ParentKey};
 pub use block_pool::{BlockId, BlockPool, BlockState};
+pub use window::WindowConfig;
 
 use std::sync::Arc;
 
@@ -32,6 +34,11 @@ pub struct BlockTable {
     /// The prefix-cache serial of each committed block: the exact identity of the prefix up to
     /// and including it (`num_committed` of them).
     serials: Vec<u64>,
+    /// With a window group: the sliding-window layers' blocks, one entry per block of `blocks`
+    /// (same logical index); entries that fell out of the window are the null block.
+    window: Vec<BlockId>,
+    /// Leading entries of `window` already released.
+    window_released: usize,
 }
 
 impl BlockTable {
@@ -55,6 +62,12 @@ impl BlockTable {
     /// The sequence's blocks, in token order.
     pub fn blocks(&self) -> &[BlockId] {
         &self.blocks
+    }
+
+    /// The sliding-window layers' blocks, one per entry of [`Self::blocks`], the null block where
+    /// a block fell out of the window (empty without a window group).
+    pub fn window_blocks(&self) -> &[BlockId] {
+        &self.window
     }
 
     /// Number of blocks held.
@@ -97,6 +110,11 @@ pub struct CachedPrefix {
     pub num_tokens: usize,
     /// Each block's prefix-cache serial (see [`BlockTable`]).
     serials: Vec<u64>,
+    /// With a window group: its cached blocks for entries `window_start..blocks.len()`, the
+    /// ones the first computed token's window reaches.
+    window_blocks: Vec<BlockId>,
+    /// The first entry the window group needs.
+    window_start: usize,
 }
 
 /// Prefix-cache counters, in tokens (what vLLM's `prefix_cache_queries/hits` count).
@@ -112,6 +130,8 @@ pub struct PrefixCacheStats {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("not enough free KV-cache blocks: {needed} needed, {free} free")]
 pub struct NoFreeBlocks {
+    /// Whether the sliding-window layers' group ran out (else the full layers').
+    pub window: bool,
     /// Blocks the allocation needed off the free list.
     pub needed: usize,
     /// Blocks that were free.
@@ -122,6 +142,9 @@ pub struct NoFreeBlocks {
 #[derive(Clone, Debug)]
 pub struct KvCacheManager {
     pool: BlockPool,
+    /// The sliding-window layers' own blocks, when the model has such layers and their window
+    /// is shorter than the context.
+    window: Option<window::WindowGroup>,
     enable_prefix_caching: bool,
     stats: PrefixCacheStats,
 }
@@ -129,8 +152,20 @@ pub struct KvCacheManager {
 impl KvCacheManager {
     /// A manager over `num_blocks` blocks (block 0 reserved) of `block_size` slots.
     pub fn new(num_blocks: usize, block_size: usize, enable_prefix_caching: bool) -> Self {
+        Self::with_window(num_blocks, block_size, enable_prefix_caching, None)
+    }
+
+    /// A manager whose sliding-window layers, when `window` is given, take their blocks from a
+    /// pool of their own (`window.num_blocks`) and give back those that fall out of the window.
+    pub fn with_window(
+        num_blocks: usize,
+        block_size: usize,
+        enable_prefix_caching: bool,
+        window: Option<WindowConfig>,
+    ) -> Self {
         KvCacheManager {
             pool: BlockPool::new(num_blocks, block_size, enable_prefix_caching),
+            window: window.map(|w| window::WindowGroup::new(w, block_size, enable_prefix_caching)),
             enable_prefix_caching,
             stats: PrefixCacheStats::default(),
         }
@@ -184,6 +219,7 @@ impl KvCacheManager {
                 None => break,
             }
         }
+        self.window_prefix(table, tokens, &mut found);
         found.num_tokens = found.blocks.len() * bs;
         found
     }
@@ -208,6 +244,30 @@ impl KvCacheManager {
         new + revived
     }
 
+    /// Why `allocate_slots(table, cached, num_tokens)` would fail, if it would.
+    fn shortfall(
+        &self,
+        table: &BlockTable,
+        cached: &CachedPrefix,
+        num_tokens: usize,
+    ) -> Option<NoFreeBlocks> {
+        let needed = self.blocks_needed(table, cached, num_tokens);
+        if needed > self.pool.num_free() {
+            return Some(NoFreeBlocks {
+                window: false,
+                needed,
+                free: self.pool.num_free(),
+            });
+        }
+        let group = self.window.as_ref()?;
+        let needed = self.window_blocks_needed(group, table, cached, num_tokens);
+        (needed > group.pool.num_free()).then(|| NoFreeBlocks {
+            window: true,
+            needed,
+            free: group.pool.num_free(),
+        })
+    }
+
     /// Whether `allocate_slots(table, cached, num_tokens)` would succeed.
     pub fn can_allocate(
         &self,
@@ -215,7 +275,7 @@ impl KvCacheManager {
         cached: &CachedPrefix,
         num_tokens: usize,
     ) -> bool {
-        self.blocks_needed(table, cached, num_tokens) <= self.pool.num_free()
+        self.shortfall(table, cached, num_tokens).is_none()
     }
 
     /// Grows `table` so it covers `num_tokens` token slots in all, first adopting `cached` (a prefix
@@ -226,12 +286,8 @@ impl KvCacheManager {
         cached: &CachedPrefix,
         num_tokens: usize,
     ) -> Result<(), NoFreeBlocks> {
-        let needed = self.blocks_needed(table, cached, num_tokens);
-        if needed > self.pool.num_free() {
-            return Err(NoFreeBlocks {
-                needed,
-                free: self.pool.num_free(),
-            });
+        if let Some(e) = self.shortfall(table, cached, num_tokens) {
+            return Err(e);
         }
         debug_assert!(cached.blocks.is_empty() || table.is_empty());
         // Take the cached blocks first so allocating new ones cannot evict them.
@@ -247,6 +303,7 @@ impl KvCacheManager {
             let b = self.pool.allocate().expect("checked free count");
             table.blocks.push(b);
         }
+        self.allocate_window(table, cached);
         Ok(())
     }
 
@@ -275,6 +332,7 @@ impl KvCacheManager {
                 .pool
                 .register(table.blocks[i], table.hashes[i], &parent, chunk);
             table.serials.push(serial);
+            self.commit_window_block(table, i, &parent, chunk);
         }
         table.num_committed = num_full;
     }
@@ -282,6 +340,7 @@ impl KvCacheManager {
     /// Releases every block of `table`, tail first so a sequence's last blocks are evicted first.
     /// The table keeps its hashes (still valid for the same tokens) and can be reused.
     pub fn free(&mut self, table: &mut BlockTable) {
+        self.free_window(table);
         for &b in table.blocks.iter().rev() {
             self.pool.release(b);
         }
@@ -313,7 +372,14 @@ mod tests {
         assert!(kv.can_allocate(&t, &none, 12));
         assert!(!kv.can_allocate(&t, &none, 13));
         let err = kv.allocate_slots(&mut t, &none, 13).unwrap_err();
-        assert_eq!(err, NoFreeBlocks { needed: 4, free: 3 });
+        assert_eq!(
+            err,
+            NoFreeBlocks {
+                window: false,
+                needed: 4,
+                free: 3
+            }
+        );
         assert!(t.is_empty());
         assert_eq!(kv.pool().num_free(), 3);
         kv.allocate_slots(&mut t, &none, 5).unwrap();

@@ -226,6 +226,7 @@ mod tests {
             slot_mapping: vec![46, 48, 49, 50],
             block_tables: vec![1, 2, 3],
             preempted: vec![SeqId(4)],
+            ..SchedulerOutput::default()
         }
     }
 

@@ -16,7 +16,7 @@ pub use output::{ScheduledSeq, SchedulerOutput, SeqUpdate};
 
 use std::collections::VecDeque;
 
-use crate::kv::{CachedPrefix, KvCacheManager};
+use crate::kv::{CachedPrefix, KvCacheManager, WindowConfig};
 use crate::request::FinishReason;
 use crate::sequence::{SeqId, SeqStatus, Sequence};
 
@@ -35,6 +35,9 @@ pub struct SchedulerConfig {
     pub num_blocks: usize,
     /// Reuse the KV of identical prompt prefixes across requests.
     pub enable_prefix_caching: bool,
+    /// The sliding-window layers' own blocks, released as they fall out of the window (models
+    /// that interleave sliding-window and full layers, with a window shorter than the context).
+    pub window: Option<WindowConfig>,
 }
 
 /// Why a sequence cannot be accepted. Worded for the API user.
@@ -84,10 +87,11 @@ pub struct Scheduler {
 impl Scheduler {
     /// A scheduler over a fresh KV cache of `config.num_blocks` blocks.
     pub fn new(config: SchedulerConfig) -> Self {
-        let kv = KvCacheManager::new(
+        let kv = KvCacheManager::with_window(
             config.num_blocks,
             config.block_size,
             config.enable_prefix_caching,
+            config.window,
         );
         Scheduler {
             config,
@@ -257,6 +261,13 @@ impl Scheduler {
         let table_start = out.block_tables.len();
         out.block_tables
             .extend(seq.block_table.blocks().iter().map(|b| b.0));
+        if self.kv.window().is_some() {
+            let table = &seq.block_table;
+            out.window_slot_mapping
+                .extend((start..start + n).map(|p| self.kv.window_slot(table, p)));
+            out.window_block_tables
+                .extend(table.window_blocks().iter().map(|b| b.0));
+        }
         out.seqs.push(ScheduledSeq {
             seq_id: seq.id,
             num_computed_tokens: start,
@@ -307,6 +318,7 @@ impl Scheduler {
             seq.set_num_computed_tokens(computed);
             let (table, tokens) = seq.table_and_tokens();
             self.kv.commit_full_blocks(table, tokens, computed);
+            self.kv.release_out_of_window(table, computed);
             if !s.samples {
                 continue;
             }

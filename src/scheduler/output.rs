@@ -36,6 +36,11 @@ pub struct SchedulerOutput {
     pub slot_mapping: Vec<u32>,
     /// Block tables of the scheduled sequences, concatenated (block ids as u32).
     pub block_tables: Vec<u32>,
+    /// With a window group: the slot in the sliding-window layers' cache of each scheduled token.
+    pub window_slot_mapping: Vec<u32>,
+    /// With a window group: the sliding-window layers' block tables, laid out as `block_tables`
+    /// (the same ranges; the null block where a block fell out of the window).
+    pub window_block_tables: Vec<u32>,
     /// Sequences preempted (blocks freed, back to waiting) while building this step.
     pub preempted: Vec<SeqId>,
 }
@@ -62,6 +67,8 @@ impl SchedulerOutput {
         self.positions.clear();
         self.slot_mapping.clear();
         self.block_tables.clear();
+        self.window_slot_mapping.clear();
+        self.window_block_tables.clear();
         self.preempted.clear();
     }
 }

@@ -11,6 +11,7 @@ fn config(num_blocks: usize, budget: usize) -> SchedulerConfig {
         block_size: 4,
         num_blocks,
         enable_prefix_caching: true,
+        window: None,
     }
 }
 

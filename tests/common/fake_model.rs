@@ -37,10 +37,16 @@ pub fn reference(prompt: &[u32], max_tokens: usize) -> Vec<u32> {
     out
 }
 
-/// The fake paged KV cache: for each physical slot, the (token, position) written there.
+/// What a fake cache slot holds: the (token, position) written there.
+type Slots = Vec<Option<(u32, u32)>>;
+
+/// The fake paged KV cache: for each physical slot, the (token, position) written there; with a
+/// window group, the same for the sliding-window layers' own blocks.
 pub struct FakeModel {
     block_size: usize,
-    slots: Vec<Option<(u32, u32)>>,
+    slots: Slots,
+    /// The window, and the window group's slots.
+    window: Option<(usize, Slots)>,
 }
 
 impl FakeModel {
@@ -48,36 +54,72 @@ impl FakeModel {
         FakeModel {
             block_size,
             slots: vec![None; num_blocks * block_size],
+            window: None,
         }
+    }
+
+    /// A fake model that also has sliding-window layers of `window` positions over a window
+    /// group of `num_blocks` blocks: each sampling row also reads its last `window` positions
+    /// through the window block table, and they must hold the same tokens.
+    pub fn with_window(
+        num_blocks: usize,
+        block_size: usize,
+        window: usize,
+        window_blocks: usize,
+    ) -> Self {
+        FakeModel {
+            window: Some((window, vec![None; window_blocks * block_size])),
+            ..Self::new(num_blocks, block_size)
+        }
+    }
+
+    fn read(slots: &[Option<(u32, u32)>], table: &[u32], bs: usize, pos: usize, what: &str) -> u32 {
+        let slot = table[pos / bs] as usize * bs + pos % bs;
+        assert!(slot >= bs, "{what}: position {pos} reads the null block");
+        let (token, written_at) =
+            slots[slot].unwrap_or_else(|| panic!("{what}: slot {slot} (pos {pos}) never written"));
+        assert_eq!(
+            written_at as usize, pos,
+            "{what}: slot {slot} holds another position"
+        );
+        token
     }
 
     /// Runs one step: returns one token per sampling sequence, in order.
     pub fn execute(&mut self, out: &SchedulerOutput) -> Vec<u32> {
+        let bs = self.block_size;
         for i in 0..out.num_batched_tokens() {
             let slot = out.slot_mapping[i] as usize;
-            assert!(slot >= self.block_size, "slot {slot} is in the null block");
+            assert!(slot >= bs, "slot {slot} is in the null block");
             self.slots[slot] = Some((out.token_ids[i], out.positions[i]));
+            if let Some((_, slots)) = &mut self.window {
+                let slot = out.window_slot_mapping[i] as usize;
+                assert!(slot >= bs, "window slot {slot} is in the null block");
+                slots[slot] = Some((out.token_ids[i], out.positions[i]));
+            }
         }
         let mut sampled = Vec::new();
-        for s in out.seqs.iter().filter(|s| s.samples) {
+        for s in &out.seqs {
             let table = &out.block_tables[s.block_table.clone()];
             let len = s.num_computed_tokens + s.num_new_tokens;
+            let what = format!("{:?}", s.seq_id);
             let context: Vec<u32> = (0..len)
-                .map(|pos| {
-                    let slot = table[pos / self.block_size] as usize * self.block_size
-                        + pos % self.block_size;
-                    let (token, written_at) = self.slots[slot].unwrap_or_else(|| {
-                        panic!("{:?}: slot {slot} (pos {pos}) never written", s.seq_id)
-                    });
-                    assert_eq!(
-                        written_at as usize, pos,
-                        "{:?}: slot {slot} holds another position",
-                        s.seq_id
-                    );
-                    token
-                })
+                .map(|pos| Self::read(&self.slots, table, bs, pos, &what))
                 .collect();
-            sampled.push(next_token(&context));
+            if let Some((window, slots)) = &self.window {
+                // Each row of the step reads its own window through the window group's table.
+                let table = &out.window_block_tables[s.block_table.clone()];
+                for row in s.num_computed_tokens..len {
+                    let first = (row + 1).saturating_sub(*window);
+                    for (pos, &want) in context.iter().enumerate().take(row + 1).skip(first) {
+                        let token = Self::read(slots, table, bs, pos, &format!("{what} window"));
+                        assert_eq!(token, want, "{what}: window position {pos}");
+                    }
+                }
+            }
+            if s.samples {
+                sampled.push(next_token(&context));
+            }
         }
         sampled
     }

@@ -121,6 +121,7 @@ pub fn logits_decoding_step_by_step(
                 .collect(),
             block_tables: (0..seqs.len()).flat_map(table).collect(),
             preempted: Vec::new(),
+            ..SchedulerOutput::default()
         };
         let batch = ForwardBatch::new(&out, device).unwrap();
         let step = m
@@ -218,6 +219,7 @@ pub fn prefill_step(tokens: &[u32], bs: usize) -> SchedulerOutput {
             .collect(),
         block_tables: table,
         preempted: Vec::new(),
+        ..SchedulerOutput::default()
     }
 }
 
