@@ -32,6 +32,8 @@ struct Buffers {
     positions: Tensor,
     slot_mapping: Tensor,
     block_tables: Tensor,
+    /// With a window group: its slot mapping and block tables.
+    window: Option<(Tensor, Tensor)>,
     row_seq: Tensor,
     sample_rows: Tensor,
     context_lens: Tensor,
@@ -51,11 +53,13 @@ struct Buffers {
 
 /// Where each input sits in the staging buffer, in 32-bit words, for `rows` rows: word 0 is the
 /// step's block-table width, then one run of `rows` words per 4-byte field and `2 * rows` per
-/// 8-byte one, then the block tables, `max_blocks` words a row.
+/// 8-byte one, then the block tables, `max_blocks` words a row; with a window group, then its
+/// slots (two words a row) and its block tables.
 #[derive(Clone, Copy)]
 struct Layout {
     rows: usize,
     max_blocks: usize,
+    window: bool,
 }
 
 impl Layout {
@@ -75,19 +79,31 @@ impl Layout {
         1 + field * self.rows
     }
 
-    fn words(&self) -> usize {
+    fn window_slots(&self) -> usize {
         self.at(Self::TABLES) + self.rows * self.max_blocks
+    }
+
+    fn window_tables(&self) -> usize {
+        self.window_slots() + 2 * self.rows
+    }
+
+    fn words(&self) -> usize {
+        match self.window {
+            true => self.window_tables() + self.rows * self.max_blocks,
+            false => self.window_slots(),
+        }
     }
 }
 
 impl Buffers {
     fn new(
-        rows: usize,
-        max_blocks: usize,
+        layout: Layout,
         (vocab, logits_dtype): (usize, DType),
         device: &Device,
     ) -> candle_core::Result<Self> {
-        let layout = Layout { rows, max_blocks };
+        let Layout {
+            rows, max_blocks, ..
+        } = layout;
         let rows_i32: Vec<i32> = (0..rows as i32).collect();
         let rows_u32: Vec<u32> = (0..rows as u32).collect();
         Ok(Buffers {
@@ -95,6 +111,13 @@ impl Buffers {
             positions: Tensor::zeros(rows, DType::U32, device)?,
             slot_mapping: Tensor::full(-1i64, rows, device)?,
             block_tables: Tensor::zeros((rows, max_blocks), DType::I32, device)?,
+            window: match layout.window {
+                true => Some((
+                    Tensor::full(-1i64, rows, device)?,
+                    Tensor::zeros((rows, max_blocks), DType::I32, device)?,
+                )),
+                false => None,
+            },
             sample_rows: Tensor::from_vec(rows_u32, rows, device)?,
             row_seq: Tensor::from_vec(rows_i32, rows, device)?,
             context_lens: Tensor::zeros(rows, DType::I32, device)?,
@@ -125,7 +148,15 @@ impl Buffers {
             src_row_words: 0,
             dst_row_words: 0,
         };
-        self.staging.unpack(&[
+        let tables = |dst, src_word| pagewise_kernels::StagedField {
+            dst,
+            src_word,
+            rows: b,
+            row_words: None,
+            src_row_words: l.max_blocks,
+            dst_row_words: l.max_blocks,
+        };
+        let mut fields = vec![
             run(&self.input_ids, Layout::IDS, 1),
             run(&self.positions, Layout::POSITIONS, 1),
             run(&self.context_lens, Layout::CONTEXT_LENS, 1),
@@ -133,15 +164,16 @@ impl Buffers {
             run(&self.min_ps, Layout::MIN_PS, 1),
             run(&self.slot_mapping, Layout::SLOTS, 2),
             run(&self.seeds, Layout::SEEDS, 2),
-            pagewise_kernels::StagedField {
-                dst: &self.block_tables,
-                src_word: l.at(Layout::TABLES),
-                rows: b,
-                row_words: None,
-                src_row_words: l.max_blocks,
-                dst_row_words: l.max_blocks,
-            },
-        ])
+            tables(&self.block_tables, l.at(Layout::TABLES)),
+        ];
+        if let Some((slots, window_tables)) = &self.window {
+            fields.push(pagewise_kernels::StagedField {
+                src_word: l.window_slots(),
+                ..run(slots, 0, 2)
+            });
+            fields.push(tables(window_tables, l.window_tables()));
+        }
+        self.staging.unpack(&fields)
     }
 
     /// Writes a decode step's inputs into the staging buffer: `n` sequences, padded to `b` rows
@@ -177,13 +209,25 @@ impl Buffers {
             w[l.at(Layout::MIN_PS) + i] = m.to_bits();
             put_i64(&mut w[l.at(Layout::SLOTS) + 2 * i..], slot);
             put_i64(&mut w[l.at(Layout::SEEDS) + 2 * i..], seed);
-        }
-        for (i, s) in out.seqs.iter().enumerate() {
-            let row = &mut w[l.at(Layout::TABLES) + i * l.max_blocks..][..width];
-            let table = &out.block_tables[s.block_table.clone()];
-            for (dst, &block) in row.iter_mut().zip(table) {
-                *dst = block;
+            if l.window {
+                let slot = out
+                    .seqs
+                    .get(i)
+                    .map_or(-1, |s| i64::from(out.window_slot_mapping[s.tokens.start]));
+                put_i64(&mut w[l.window_slots() + 2 * i..], slot);
             }
+        }
+        let mut put_tables = |first: usize, tables: &[u32]| {
+            for (i, s) in out.seqs.iter().enumerate() {
+                let row = &mut w[first + i * l.max_blocks..][..width];
+                for (dst, &block) in row.iter_mut().zip(&tables[s.block_table.clone()]) {
+                    *dst = block;
+                }
+            }
+        };
+        put_tables(l.at(Layout::TABLES), &out.block_tables);
+        if l.window {
+            put_tables(l.window_tables(), &out.window_block_tables);
         }
     }
 
@@ -223,6 +267,7 @@ impl Buffers {
             attention: AttentionMeta {
                 slot_mapping: &[],
                 block_tables: &[],
+                window: None,
                 seqs: Vec::new(),
                 device: Some(DeviceAttentionMeta {
                     slot_mapping: rows(&self.slot_mapping)?,
@@ -233,6 +278,11 @@ impl Buffers {
                     split: Some(split),
                     prefill: None,
                     decode: None,
+                    window: self
+                        .window
+                        .as_ref()
+                        .map(|(s, t)| Ok::<_, candle_core::Error>((rows(s)?, rows(t)?)))
+                        .transpose()?,
                 }),
             },
         })
@@ -258,6 +308,9 @@ pub struct CaptureSpec {
     pub max_seq_len: usize,
     /// Token slots per KV block.
     pub block_size: usize,
+    /// Whether the steps carry a window group's slots and tables (sliding-window layers with
+    /// blocks of their own).
+    pub window: bool,
 }
 
 impl DecodeGraphs {
@@ -283,7 +336,12 @@ impl DecodeGraphs {
             }
         };
         // (Logits come in the activations' dtype, the KV cache's; checked at the first pass.)
-        let mut buffers = Buffers::new(rows, max_blocks, (cfg.vocab_size, dtype), device)?;
+        let layout = Layout {
+            rows,
+            max_blocks,
+            window: spec.window,
+        };
+        let mut buffers = Buffers::new(layout, (cfg.vocab_size, dtype), device)?;
         let cuda = device.as_cuda_device()?;
         // Warm-up passes fill candle's cache of small host uploads (shapes, strides), which a
         // capture must not perform, and load every kernel.
@@ -361,7 +419,7 @@ impl DecodeGraphs {
             return Ok(None);
         };
         let decode = out.seqs.iter().all(|s| s.num_new_tokens == 1 && s.samples);
-        if n == 0 || !decode {
+        if n == 0 || !decode || out.has_window() != self.buffers.layout.window {
             return Ok(None);
         }
         if rows.len() != n {

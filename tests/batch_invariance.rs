@@ -31,15 +31,22 @@ fn prompts() -> Vec<Vec<u32>> {
 #[test]
 fn batched_chunked_cached_preempted_equals_solo() {
     // 512 bytes of KV per token (2 layers x 2 KV heads x 16 dims x K,V x f32).
-    batched_equals_solo(MODEL, 512);
+    batched_equals_solo(MODEL, 512, None);
 }
 
 /// The same under sliding windows: chunks, cached prefixes and recomputed sequences all reach
-/// past the window.
+/// past the window, and the sliding layers' blocks (a window group: 4 sequences at most) are
+/// released as they fall out of it.
 #[test]
 fn batched_chunked_cached_preempted_equals_solo_under_sliding_windows() {
-    // 3 layers x 2 KV heads x 32 dims x K,V x f32.
-    batched_equals_solo(WINDOWED, 1536);
+    // 24 x 8 x 1024 bytes: 48 blocks of one layer (8 tokens x 2 KV heads x 32 dims x K,V x
+    // f32 = 4 KiB); 2 x 15 go to the sliding layers' group (see kv_sizing), 18 to the full one.
+    let batched = batched_equals_solo(WINDOWED, 1024, Some(4));
+    let window = batched.core().scheduler().kv().window_pool();
+    let window = window.expect("the sliding layers have a window group");
+    assert_eq!(window.num_blocks(), 15);
+    assert_eq!(batched.core().scheduler().kv().pool().num_blocks(), 18);
+    assert_eq!(window.num_free(), window.num_usable());
 }
 
 /// The same for a mixture of experts: each expert takes the tokens that chose it, whatever else
@@ -49,10 +56,13 @@ fn batched_chunked_cached_preempted_equals_solo_with_experts() {
     batched_equals_solo(
         concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mixtral"),
         512,
+        None,
     );
 }
 
-fn batched_equals_solo(model: &str, kv_bytes_per_token: u64) {
+/// Runs the prompts batched (under `max_num_seqs` when given) and checks each against a solo run;
+/// returns the batched engine.
+fn batched_equals_solo(model: &str, kv_bytes_per_token: u64, max_num_seqs: Option<usize>) -> Llm {
     let params = SamplingParams {
         temperature: 0.0,
         max_tokens: 24,
@@ -84,6 +94,7 @@ fn batched_equals_solo(model: &str, kv_bytes_per_token: u64) {
         kv_cache_memory: Some(24 * 8 * kv_bytes_per_token),
         // The cache must hold one sequence of the full context length (checked at startup).
         max_model_len: Some(128),
+        max_num_seqs: max_num_seqs.unwrap_or(EngineArgs::default().max_num_seqs),
         ..Default::default()
     })
     .unwrap();
@@ -97,6 +108,7 @@ fn batched_equals_solo(model: &str, kv_bytes_per_token: u64) {
         );
     }
     common::assert_preempted_cached_and_freed(&batched, "");
+    batched
 }
 
 /// 96 sequences in one step run the text phase (detokenization, stop strings) on a thread pool;

@@ -90,7 +90,7 @@ impl EngineCore {
             block_size: args.block_size,
             num_blocks: loaded.num_blocks,
             enable_prefix_caching: args.enable_prefix_caching,
-            window: None,
+            window: loaded.window,
         });
         let runner = loaded.runner;
         let tokenizer = loaded.tokenizer;

@@ -2,12 +2,20 @@
 //! left under `--gpu-memory-utilization` of the device after the weights and the activations of one
 //! profiling forward pass at the largest step the scheduler can build (vLLM's method); an explicit
 //! `--kv-cache-memory` wins. Both are capped at what `max_num_seqs` full-length sequences can use.
+//!
+//! A model that mixes sliding-window layers with full ones (Gemma 3, gpt-oss), with a window
+//! shorter than the context, gets a window group (`crate::kv::WindowConfig`): its sliding layers
+//! hold only the blocks their windows can reach, so they get just enough blocks for every
+//! sequence's window plus a full step of new tokens, and the rest of the memory goes to the full
+//! layers. Gemma 3 (five sliding layers to one full) then holds about six times the context in
+//! the same memory.
 
 use candle_core::DType;
 #[cfg(feature = "cuda")]
 use candle_core::Device;
 
 use super::args::{DEFAULT_KV_CACHE_MEMORY, EngineArgs, EngineError};
+use crate::kv::WindowConfig;
 #[cfg(feature = "cuda")]
 use crate::model::CausalLm;
 use crate::model::ModelConfig;
@@ -26,28 +34,83 @@ pub struct KvSizing<'a> {
     pub max_num_batched_tokens: usize,
     /// The cache's dtype.
     pub dtype: DType,
+    /// Whether the ranks of a tensor-parallel group share the step plan (which carries no window
+    /// group: such a model's sliding layers then keep the whole context).
+    pub tensor_parallel: bool,
+}
+
+/// How the cache's blocks are laid out over the layers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvPlan {
+    /// Blocks of the full-attention layers (every layer without a window group), the null
+    /// block included.
+    pub num_blocks: usize,
+    /// The sliding-window layers' own group, when the model has one.
+    pub window: Option<WindowConfig>,
+    /// Blocks of each layer.
+    pub layer_blocks: Vec<usize>,
 }
 
 impl KvSizing<'_> {
-    fn bytes_per_block(&self) -> u64 {
-        let bytes = self
-            .cfg
-            .kv_bytes_per_token(self.kv_heads, self.dtype.size_in_bytes());
+    /// Bytes of one block of one layer.
+    fn bytes_per_layer_block(&self) -> u64 {
+        let bytes = 2 * self.kv_heads * self.cfg.head_dim * self.dtype.size_in_bytes();
         (bytes * self.args.block_size) as u64
     }
 
-    /// Blocks (the null block included) for `budget` bytes.
-    fn blocks_for(&self, budget: u64, what: &str) -> Result<usize, EngineError> {
-        let per_block = self.bytes_per_block();
-        let useful = (self.args.max_num_seqs * self.max_model_len).div_ceil(self.args.block_size);
-        let num_blocks = (budget / per_block).min(useful as u64) as usize + 1;
+    /// The window and the sliding layers, when a window group pays: some layers slide, some do
+    /// not, the window is shorter than the context and the ranks do not share a plan.
+    fn sliding(&self) -> Option<(usize, &[bool])> {
+        let (window, sliding) = self.cfg.sliding_layers()?;
+        let mixed = sliding.contains(&true) && sliding.contains(&false);
+        (mixed && window < self.max_model_len && !self.tensor_parallel).then_some((window, sliding))
+    }
+
+    /// The layout of `budget` bytes.
+    fn plan_for(&self, budget: u64, what: &str) -> Result<KvPlan, EngineError> {
+        let per_block = self.bytes_per_layer_block();
+        let layers = self.cfg.num_hidden_layers;
+        let bs = self.args.block_size;
+        let useful = (self.args.max_num_seqs * self.max_model_len).div_ceil(bs);
+        let layer_blocks = budget / per_block;
+        let mut plan = KvPlan {
+            num_blocks: (layer_blocks / layers as u64).min(useful as u64) as usize + 1,
+            window: None,
+            layer_blocks: Vec::new(),
+        };
+        if let Some((window, sliding)) = self.sliding() {
+            // Every sequence's window (and the block it ends in), plus one step's new tokens.
+            let need = self.args.max_num_seqs * ((window - 1).div_ceil(bs) + 2)
+                + self.max_num_batched_tokens.div_ceil(bs);
+            let window_blocks = need.min(useful) + 1;
+            let num_sliding = sliding.iter().filter(|&&s| s).count() as u64;
+            let num_full = layers as u64 - num_sliding;
+            let rest = layer_blocks.checked_sub(num_sliding * window_blocks as u64);
+            let full = rest.map(|r| (r / num_full).min(useful as u64 + 1) as usize);
+            if let Some(full) = full.filter(|&f| f > window_blocks) {
+                plan.num_blocks = full;
+                plan.window = Some(WindowConfig {
+                    window,
+                    num_blocks: window_blocks,
+                });
+                plan.layer_blocks = sliding
+                    .iter()
+                    .map(|&s| if s { window_blocks } else { full })
+                    .collect();
+            }
+        }
+        if plan.layer_blocks.is_empty() {
+            plan.layer_blocks = vec![plan.num_blocks; layers];
+        }
+        let num_blocks = plan.num_blocks;
         if num_blocks < 2 {
             return Err(EngineError::Config(format!(
-                "{what} {budget} bytes holds no block of {per_block} bytes"
+                "{what} {budget} bytes holds no block of {} bytes",
+                per_block * layers as u64
             )));
         }
         // One sequence of the full context length must fit, or it would wait forever.
-        let capacity = (num_blocks - 1) * self.args.block_size;
+        let capacity = (num_blocks - 1) * bs;
         if capacity < self.max_model_len {
             return Err(EngineError::Config(format!(
                 "The model's max seq len ({}) is larger than the maximum number of tokens that \
@@ -56,28 +119,35 @@ impl KvSizing<'_> {
                 self.max_model_len
             )));
         }
+        let bytes: u64 = plan
+            .layer_blocks
+            .iter()
+            .map(|&b| (b - 1) as u64)
+            .sum::<u64>()
+            * per_block;
         tracing::info!(
             num_blocks = num_blocks - 1,
-            block_size = self.args.block_size,
-            tokens = (num_blocks - 1) * self.args.block_size,
-            bytes = (num_blocks - 1) as u64 * per_block,
+            block_size = bs,
+            tokens = capacity,
+            window_blocks = plan.window.map(|w| w.num_blocks - 1),
+            bytes,
             "KV cache allocated"
         );
-        Ok(num_blocks)
+        Ok(plan)
     }
 
     /// Blocks for a host cache.
-    pub fn cpu_blocks(&self) -> Result<usize, EngineError> {
+    pub fn cpu_blocks(&self) -> Result<KvPlan, EngineError> {
         let budget = self.args.kv_cache_memory.unwrap_or(DEFAULT_KV_CACHE_MEMORY);
-        self.blocks_for(budget, "kv_cache_memory")
+        self.plan_for(budget, "kv_cache_memory")
     }
 
     /// Blocks for a cache on `device`, after profiling `model` there.
     #[cfg(feature = "cuda")]
-    pub fn gpu_blocks(&self, model: &dyn CausalLm, device: &Device) -> Result<usize, EngineError> {
+    pub fn gpu_blocks(&self, model: &dyn CausalLm, device: &Device) -> Result<KvPlan, EngineError> {
         use super::device::{gpu_memory, reset_peak};
         if let Some(bytes) = self.args.kv_cache_memory {
-            return self.blocks_for(bytes, "kv_cache_memory");
+            return self.plan_for(bytes, "kv_cache_memory");
         }
         let util = self.args.gpu_memory_utilization;
         if !(util > 0.0 && util <= 1.0) {
@@ -112,7 +182,7 @@ impl KvSizing<'_> {
                     gib(mem.total)
                 ))
             })?;
-        self.blocks_for(budget, "gpu_memory_utilization")
+        self.plan_for(budget, "gpu_memory_utilization")
     }
 
     /// One forward pass of the largest step: `max_num_batched_tokens` tokens spread over up to

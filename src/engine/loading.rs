@@ -9,7 +9,7 @@ use candle_core::Device;
 use tokenizers::Tokenizer;
 
 use super::args::{DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineArgs, EngineError};
-use super::kv_sizing::KvSizing;
+use super::kv_sizing::{KvPlan, KvSizing};
 use crate::guided::Grammars;
 use crate::kv::BLOCK_SIZES;
 use crate::loader::{self, LoadOptions};
@@ -35,6 +35,8 @@ pub struct LoadedEngine {
     pub max_num_batched_tokens: usize,
     /// KV blocks, the null block included (the same on every rank).
     pub num_blocks: usize,
+    /// The sliding-window layers' own block group, when the model has one.
+    pub window: Option<crate::kv::WindowConfig>,
     /// The runner (rank 0's sends each step's plan to the other ranks).
     pub runner: ModelRunner,
     /// A worker rank's side of the group (`None` on rank 0 and without tensor parallelism).
@@ -136,16 +138,21 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
         max_model_len,
         max_num_batched_tokens,
         dtype,
+        tensor_parallel: member.is_some(),
     };
-    let mut num_blocks = if device.is_cpu() {
+    let mut plan = if device.is_cpu() {
         sizing.cpu_blocks()?
     } else {
         gpu_blocks(&sizing, model.as_ref(), &device)?
     };
     let mut member = member;
     if let Some(m) = member.as_mut() {
-        num_blocks = m.agree_blocks(num_blocks)?;
+        // No window group under tensor parallelism (`KvSizing::tensor_parallel`).
+        let agreed = m.agree_blocks(plan.num_blocks)?;
+        plan.layer_blocks.fill(agreed);
+        plan.num_blocks = agreed;
     }
+    let num_blocks = plan.num_blocks;
     let bs = args.block_size;
     let layout = KvLayout {
         num_blocks,
@@ -153,7 +160,7 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
         num_kv_heads: kv_heads,
         head_dim: cfg.head_dim,
     };
-    let kv = KvCache::on_device(layout, cfg.num_hidden_layers, dtype, &device)?;
+    let kv = KvCache::on_device_grouped(layout, &plan.layer_blocks, dtype, &device)?;
     let runner_device_is_cpu = device.is_cpu();
     // A mixture of experts routes small decode steps on the device; larger ones read the routing
     // back, so only the small ones are captured.
@@ -173,6 +180,7 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
             graph_seqs,
             args.max_seq_len_to_capture.min(max_model_len),
             bs,
+            plan.window.is_some(),
         );
     }
     let member = match member {
@@ -190,6 +198,7 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
         max_model_len,
         max_num_batched_tokens,
         num_blocks,
+        window: plan.window,
         runner,
         member,
     })
@@ -200,7 +209,7 @@ fn gpu_blocks(
     sizing: &KvSizing<'_>,
     model: &dyn model::CausalLm,
     device: &Device,
-) -> Result<usize, EngineError> {
+) -> Result<KvPlan, EngineError> {
     sizing.gpu_blocks(model, device)
 }
 
@@ -209,7 +218,7 @@ fn gpu_blocks(
     _: &KvSizing<'_>,
     _: &dyn model::CausalLm,
     device: &Device,
-) -> Result<usize, EngineError> {
+) -> Result<KvPlan, EngineError> {
     Err(EngineError::Config(format!(
         "{device:?} needs a build with `--features cuda`"
     )))

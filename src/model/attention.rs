@@ -55,14 +55,21 @@ pub struct KvCache {
 impl KvCache {
     /// A zeroed host (CPU) cache of `num_layers` layers.
     pub fn new(layout: KvLayout, num_layers: usize) -> Self {
-        let n = layout.num_blocks * layout.block_size * layout.slot_width();
+        Self::new_grouped(layout, &vec![layout.num_blocks; num_layers])
+    }
+
+    /// A zeroed host cache whose layer `i` has `layer_blocks[i]` blocks (a window group's layers
+    /// have fewer than `layout.num_blocks`).
+    pub fn new_grouped(layout: KvLayout, layer_blocks: &[usize]) -> Self {
+        let slots = |blocks: usize| blocks * layout.block_size * layout.slot_width();
         KvCache {
             layout,
             store: Store::Host(
-                (0..num_layers)
-                    .map(|_| LayerKv {
-                        k: vec![0.0; n],
-                        v: vec![0.0; n],
+                layer_blocks
+                    .iter()
+                    .map(|&b| LayerKv {
+                        k: vec![0.0; slots(b)],
+                        v: vec![0.0; slots(b)],
                     })
                     .collect(),
             ),
@@ -76,22 +83,35 @@ impl KvCache {
         dtype: DType,
         device: &Device,
     ) -> candle_core::Result<Self> {
+        Self::on_device_grouped(layout, &vec![layout.num_blocks; num_layers], dtype, device)
+    }
+
+    /// [`KvCache::on_device`] with `layer_blocks[i]` blocks in layer `i`.
+    pub fn on_device_grouped(
+        layout: KvLayout,
+        layer_blocks: &[usize],
+        dtype: DType,
+        device: &Device,
+    ) -> candle_core::Result<Self> {
         if device.is_cpu() {
-            return Ok(Self::new(layout, num_layers));
+            return Ok(Self::new_grouped(layout, layer_blocks));
         }
         #[cfg(feature = "cuda")]
         {
-            let shape = (
-                layout.num_blocks,
-                layout.block_size,
-                layout.num_kv_heads,
-                layout.head_dim,
-            );
-            let layers = (0..num_layers)
-                .map(|_| {
+            let shape = |blocks: usize| {
+                (
+                    blocks,
+                    layout.block_size,
+                    layout.num_kv_heads,
+                    layout.head_dim,
+                )
+            };
+            let layers = layer_blocks
+                .iter()
+                .map(|&b| {
                     Ok((
-                        Tensor::zeros(shape, dtype, device)?,
-                        Tensor::zeros(shape, dtype, device)?,
+                        Tensor::zeros(shape(b), dtype, device)?,
+                        Tensor::zeros(shape(b), dtype, device)?,
                     ))
                 })
                 .collect::<candle_core::Result<Vec<_>>>()?;
@@ -107,7 +127,8 @@ impl KvCache {
         }
     }
 
-    /// The cache's shape.
+    /// The cache's shape (`num_blocks` is the full layers'; a window group's layers may have
+    /// fewer).
     pub fn layout(&self) -> KvLayout {
         self.layout
     }
@@ -191,9 +212,10 @@ impl KvCache {
                 k.shape()
             );
         }
+        let windowed = window.is_some();
         let slots = match &meta.device {
-            Some(dm) => dm.slot_mapping.dim(0)?,
-            None => meta.slot_mapping.len(),
+            Some(dm) => dm.tables(windowed).0.dim(0)?,
+            None => meta.tables(windowed).0.len(),
         };
         if slots != num_tokens {
             candle_core::bail!("paged attention: {slots} slots for {num_tokens} tokens");
@@ -216,7 +238,7 @@ impl KvCache {
         let host = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
         let (q, k, v) = (host(q)?, host(k)?, host(v)?);
         let cache = &mut layers[layer];
-        reshape_and_cache(&k, &v, cache, meta.slot_mapping, layout)?;
+        reshape_and_cache(&k, &v, cache, meta.tables(windowed).0, layout)?;
         let sinks = sinks
             .map(|s| s.to_dtype(DType::F32)?.to_vec1::<f32>())
             .transpose()?;
@@ -241,7 +263,7 @@ fn reshape_and_cache(
     layout: KvLayout,
 ) -> candle_core::Result<()> {
     let w = layout.slot_width();
-    let num_slots = layout.num_blocks * layout.block_size;
+    let num_slots = cache.k.len() / w;
     for (t, &slot) in slots.iter().enumerate() {
         let slot = slot as usize;
         if slot >= num_slots {
@@ -290,11 +312,12 @@ fn attend_cpu(
             tokens[seq.query_start + i] = Some((seq, first_pos + i));
         }
     }
+    let block_tables = meta.tables(window.is_some()).1;
     let mut out = vec![0.0f32; q.len()];
     Team::global().for_each_chunk(&mut out, d, &|row, o| {
         let (t, h) = (row / num_heads, row % num_heads);
         let Some((seq, pos)) = tokens[t] else { return };
-        let table = &meta.block_tables[seq.block_table.clone()];
+        let table = &block_tables[seq.block_table.clone()];
         let slot = |p: usize| table[p / bs] as usize * bs + p % bs;
         let kv_off = (h / group) * d;
         let qv = &q[row * d..][..d];

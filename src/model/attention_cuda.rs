@@ -32,7 +32,7 @@ pub(super) fn attend(
             &v.contiguous()?,
             k_cache,
             v_cache,
-            &meta.slot_mapping,
+            meta.tables(window.is_some()).0,
         )
     }?;
     match (window, sinks) {
@@ -64,7 +64,7 @@ pub(super) fn attend_rows(
             &q.contiguous()?,
             k_cache,
             v_cache,
-            &meta.block_tables,
+            meta.tables(window.is_some()).1,
             Some(&meta.row_seq),
             &meta.context_lens,
             plan,

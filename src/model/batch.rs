@@ -28,8 +28,31 @@ pub struct AttentionMeta<'a> {
     pub block_tables: &'a [u32],
     /// Per-sequence spans.
     pub seqs: Vec<SeqSpan>,
+    /// With a window group (see `crate::kv::WindowConfig`): the sliding-window layers' slots and
+    /// block tables.
+    pub window: Option<WindowTables<'a>>,
     /// The same metadata as device tensors, for models on a GPU (built once per step).
     pub device: Option<DeviceAttentionMeta>,
+}
+
+/// The sliding-window layers' own slots and block tables (their cache has blocks of its own).
+#[derive(Clone, Copy, Debug)]
+pub struct WindowTables<'a> {
+    /// Physical KV slot per token in those layers' cache.
+    pub slot_mapping: &'a [u32],
+    /// Concatenated block tables, at the same ranges as [`AttentionMeta::block_tables`].
+    pub block_tables: &'a [u32],
+}
+
+impl<'a> AttentionMeta<'a> {
+    /// The slot mapping and block tables a layer reads: the window group's for a sliding-window
+    /// layer when the step has one, else the full layers'.
+    pub fn tables(&self, windowed: bool) -> (&'a [u32], &'a [u32]) {
+        match (&self.window, windowed) {
+            (Some(w), true) => (w.slot_mapping, w.block_tables),
+            _ => (self.slot_mapping, self.block_tables),
+        }
+    }
 }
 
 /// Paged-attention metadata on the model's device, one row per query token: the form the CUDA
@@ -54,6 +77,20 @@ pub struct DeviceAttentionMeta {
     pub prefill: Option<PrefillMeta>,
     /// When prefill chunks and decode tokens share the step: just the decode rows.
     pub decode: Option<DecodeRows>,
+    /// With a window group: the sliding-window layers' slot mapping (i64 `[tokens]`) and padded
+    /// block tables (i32 `[seqs, max_blocks]`, the same shape as `block_tables`).
+    pub window: Option<(Tensor, Tensor)>,
+}
+
+impl DeviceAttentionMeta {
+    /// The slot mapping and block tables a layer reads: the window group's for a sliding-window
+    /// layer when the step has one, else the full layers'.
+    pub fn tables(&self, windowed: bool) -> (&Tensor, &Tensor) {
+        match (&self.window, windowed) {
+            (Some((slots, tables)), true) => (slots, tables),
+            _ => (&self.slot_mapping, &self.block_tables),
+        }
+    }
 }
 
 /// Prefill sequences of a step, each i32 `[seqs]`.

@@ -118,6 +118,16 @@ impl ModelConfig {
         self.rotary_dim
     }
 
+    /// The layers that attend over a sliding window, and the window, for models that mix them
+    /// with full-attention layers (Gemma 3, gpt-oss): `(window, sliding[layer])`.
+    pub fn sliding_layers(&self) -> Option<(usize, &[bool])> {
+        match (&self.gemma, &self.gpt_oss) {
+            (Some(g), _) => Some((g.sliding_window, &g.sliding)),
+            (_, Some(g)) => Some((g.sliding_window, &g.sliding)),
+            _ => None,
+        }
+    }
+
     /// Bytes of KV cache one token takes in all layers for `kv_heads` of the KV heads (all of
     /// them, or a tensor-parallel rank's), at `dtype_bytes` per element.
     pub fn kv_bytes_per_token(&self, kv_heads: usize, dtype_bytes: usize) -> usize {

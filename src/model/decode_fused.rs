@@ -131,6 +131,7 @@ pub(super) fn attention(
             "the fused decode path needs the cache and the step's metadata on the GPU"
         );
     };
+    let slots = dm.tables(heads.window.is_some()).0;
     let q = match l.head_norms {
         // A head's norm needs the whole head, which the projection's warps do not hold: the
         // projection (its input norm folded in), then one kernel that normalizes each head,
@@ -140,7 +141,7 @@ pub(super) fn attention(
             (heads.q, heads.kv),
             Some(norms),
             caches,
-            (&batch.positions, &dm.slot_mapping),
+            (&batch.positions, slots),
         )?,
         None => rotary.project_qkv_and_cache(
             x,
@@ -148,7 +149,7 @@ pub(super) fn attention(
             l.input_norm,
             (heads.q, heads.kv),
             caches,
-            (&batch.positions, &dm.slot_mapping),
+            (&batch.positions, slots),
         )?,
     };
     kv.attend_written(layer, &q, &batch.attention, heads.scale, heads.window)

@@ -236,7 +236,7 @@ pub fn attend_projected(
         (heads.q, heads.kv),
         proj.head_norms(),
         caches,
-        &dm.slot_mapping,
+        dm.tables(heads.window.is_some()).0,
     ) {
         Ok(q) => q,
         Err(e) => return Some(Err(e)),

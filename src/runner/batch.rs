@@ -6,6 +6,7 @@ use candle_core::{Device, Tensor};
 
 use crate::model::batch::{
     AttentionMeta, DecodeRows, DeviceAttentionMeta, ForwardBatch, PrefillMeta, SeqSpan,
+    WindowTables,
 };
 use crate::scheduler::{ScheduledSeq, SchedulerOutput};
 
@@ -73,23 +74,30 @@ pub fn block_table_width(out: &SchedulerOutput) -> usize {
         .max(1)
 }
 
-/// The step's block tables as one row per sequence, padded with the null block to the longest:
-/// `([seqs * width], width)` with `width >= 1`.
-pub fn padded_block_tables(out: &SchedulerOutput) -> (Vec<i32>, usize) {
+/// Block tables laid out as the step's (`tables` is `out.block_tables` or the window group's) as
+/// one row per sequence, padded with the null block to the longest: `([seqs * width], width)`
+/// with `width >= 1`.
+pub fn padded_block_tables(out: &SchedulerOutput, tables: &[u32]) -> (Vec<i32>, usize) {
     let width = block_table_width(out);
-    let mut tables = vec![0i32; out.seqs.len() * width];
-    for (row, s) in tables.chunks_mut(width).zip(&out.seqs) {
-        for (dst, &b) in row.iter_mut().zip(&out.block_tables[s.block_table.clone()]) {
+    let mut padded = vec![0i32; out.seqs.len() * width];
+    for (row, s) in padded.chunks_mut(width).zip(&out.seqs) {
+        for (dst, &b) in row.iter_mut().zip(&tables[s.block_table.clone()]) {
             *dst = b as i32;
         }
     }
-    (tables, width)
+    (padded, width)
+}
+
+/// Slots as the kernels read them (i64).
+fn slots_tensor(slots: &[u32], device: &Device) -> candle_core::Result<Tensor> {
+    let wide: Vec<i64> = slots.iter().map(|&s| i64::from(s)).collect();
+    Tensor::from_vec(wide, slots.len(), device)
 }
 
 /// The step's attention metadata on `device`, one row per query token.
 fn device_meta(out: &SchedulerOutput, device: &Device) -> candle_core::Result<DeviceAttentionMeta> {
     let n = out.num_batched_tokens();
-    let (tables, max_blocks) = padded_block_tables(out);
+    let (tables, max_blocks) = padded_block_tables(out, &out.block_tables);
     let mut row_seq = Vec::with_capacity(n);
     let mut context_lens = Vec::with_capacity(n);
     for (i, s) in out.seqs.iter().enumerate() {
@@ -98,7 +106,16 @@ fn device_meta(out: &SchedulerOutput, device: &Device) -> candle_core::Result<De
             context_lens.push((s.num_computed_tokens + j + 1) as i32);
         }
     }
-    let slots: Vec<i64> = out.slot_mapping.iter().map(|&s| i64::from(s)).collect();
+    let window = match out.has_window() {
+        true => {
+            let (tables, _) = padded_block_tables(out, &out.window_block_tables);
+            Some((
+                slots_tensor(&out.window_slot_mapping, device)?,
+                Tensor::from_vec(tables, (out.seqs.len(), max_blocks), device)?,
+            ))
+        }
+        false => None,
+    };
     let prefill = prefill_meta(out, device)?;
     let decode = match prefill {
         Some(_) => decode_rows(out, device)?,
@@ -107,7 +124,8 @@ fn device_meta(out: &SchedulerOutput, device: &Device) -> candle_core::Result<De
     Ok(DeviceAttentionMeta {
         prefill,
         decode,
-        slot_mapping: Tensor::from_vec(slots, n, device)?,
+        slot_mapping: slots_tensor(&out.slot_mapping, device)?,
+        window,
         block_tables: Tensor::from_vec(tables, (out.seqs.len(), max_blocks), device)?,
         row_seq: Tensor::from_vec(row_seq, n, device)?,
         max_context_len: context_lens.iter().copied().max().unwrap_or(0) as usize,
@@ -151,6 +169,10 @@ impl<'a> ForwardBatch<'a> {
             attention: AttentionMeta {
                 slot_mapping: &out.slot_mapping,
                 block_tables: &out.block_tables,
+                window: out.has_window().then_some(WindowTables {
+                    slot_mapping: &out.window_slot_mapping,
+                    block_tables: &out.window_block_tables,
+                }),
                 seqs,
                 device: if device.is_cpu() {
                     None

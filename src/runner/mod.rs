@@ -60,9 +60,16 @@ impl ModelRunner {
         self.leader.as_ref()
     }
 
-    /// Captures CUDA graphs for decode steps (GPU only; a no-op on the CPU). A model whose forward
-    /// pass cannot be captured keeps running eagerly, with a warning.
-    pub fn capture_graphs(&mut self, max_num_seqs: usize, max_seq_len: usize, block_size: usize) {
+    /// Captures CUDA graphs for decode steps (GPU only; a no-op on the CPU), reading a window
+    /// group's slots and tables when `window`. A model whose forward pass cannot be captured
+    /// keeps running eagerly, with a warning.
+    pub fn capture_graphs(
+        &mut self,
+        max_num_seqs: usize,
+        max_seq_len: usize,
+        block_size: usize,
+        window: bool,
+    ) {
         #[cfg(feature = "cuda")]
         if !self.device.is_cpu() {
             let start = Instant::now();
@@ -70,6 +77,7 @@ impl ModelRunner {
                 max_num_seqs,
                 max_seq_len,
                 block_size,
+                window,
             };
             match crate::cuda_graphs::DecodeGraphs::capture(
                 self.model.as_ref(),
@@ -90,7 +98,7 @@ impl ModelRunner {
             }
         }
         #[cfg(not(feature = "cuda"))]
-        let _ = (max_num_seqs, max_seq_len, block_size);
+        let _ = (max_num_seqs, max_seq_len, block_size, window);
     }
 
     /// The model.

@@ -56,6 +56,11 @@ impl SchedulerOutput {
         self.seqs.iter().filter(|s| s.samples).count()
     }
 
+    /// Whether the step carries a window group's slots and tables.
+    pub fn has_window(&self) -> bool {
+        !self.window_block_tables.is_empty()
+    }
+
     /// Whether nothing is scheduled.
     pub fn is_empty(&self) -> bool {
         self.seqs.is_empty()

@@ -92,6 +92,7 @@ fn attention_sinks_take_their_share_of_each_softmax() {
                 context_len: 1,
                 block_table: 0..1,
             }],
+            window: None,
             device: None,
         },
         1.0,
@@ -140,6 +141,7 @@ fn paged_matches_dense(window: Option<usize>, sinks: Option<&[f32]>) {
                 context_len: end,
                 block_table: 0..3,
             }],
+            window: None,
             device: None,
         };
         let o = cache
