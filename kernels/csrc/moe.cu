@@ -1,10 +1,10 @@
 // pagewise: a mixture-of-experts layer for small (decode) batches without the host: the router's
 // top-k and weights on the device (moe_route_kernel), then each token's chosen experts streamed
 // once as GEMVs over the experts' stacked weights, the expert read from the routing output on
-// the device (moe_gate_up_kernel, moe_down_kernel; the down projection also applies the
-// activation, SiLU-and-mul or gpt-oss's clamped SwiGLU, to its input and sums the experts'
-// outputs with their weights; either projection may have a bias per expert). No step reads
-// anything back, so the layer runs inside a CUDA graph.
+// the device (moe_gate_up_kernel, which also applies the activation, SiLU-and-mul or gpt-oss's
+// clamped SwiGLU; moe_down_kernel, which sums the experts' outputs with their weights; either
+// projection may have a bias per expert). No step reads anything back, so the layer runs inside
+// a CUDA graph.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -85,31 +85,49 @@ __global__ void moe_route_kernel(const float* __restrict__ logits, int experts, 
   }
 }
 
-// A router's f32 logits[t, e] = x[t] . w[e] for token t = blockIdx.y, a warp an expert (w:
-// [experts, k_dim] f32), x staged once a block (kIn = kRmsNorm: RMSNorm(x) * norm_w rounded to
-// T, as the experts take it). The weights stay f32: in 16 bits near-tied experts swap places.
+// Warps splitting one expert's router row, and experts a block of the router kernel.
+constexpr int kRouterSlices = 8;
+constexpr int kRouterExperts = kGemvWarps / kRouterSlices;
+
+// A router's f32 logits[t, e] = x[t] . w[e] for token t = blockIdx.y (w: [experts, k_dim] f32),
+// x staged once a block (kIn = kRmsNorm: RMSNorm(x) * norm_w rounded to T, as the experts take
+// it). Each expert's row is cut into kRouterSlices slices, a warp each, so a router of few
+// experts still spreads over many blocks (Qwen3-30B-A3B's 128 x 2048: 64 blocks a token, not 8).
+// The weights stay f32: in 16 bits near-tied experts swap places.
 template <typename T, int kIn>
 __global__ void __launch_bounds__(kGemvThreads)
     moe_router_kernel(float* __restrict__ logits, const T* __restrict__ x,
                       const T* __restrict__ norm_w, float eps, const float* __restrict__ w,
                       int experts, int k_dim) {
   extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float partial[kGemvWarps];
   T* xs = reinterpret_cast<T*>(smem);
   const int t = blockIdx.y;
   stage_input<T, 1, kIn>(xs, x + (int64_t)t * k_dim, norm_w, k_dim, eps);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int e = blockIdx.x * kGemvWarps + warp; e < experts; e += gridDim.x * kGemvWarps) {
+  const int e = blockIdx.x * kRouterExperts + warp / kRouterSlices;
+  const int slice = warp % kRouterSlices;
+  // Slices of whole float4s (k_dim is a multiple of 8).
+  const int per = (k_dim / 4 + kRouterSlices - 1) / kRouterSlices * 4;
+  const int begin = slice * per, end = min(k_dim, begin + per);
+  float acc = 0.f;
+  if (e < experts) {
     const float* row = w + (int64_t)e * k_dim;
-    float acc = 0.f;
-#pragma unroll 4
-    for (int k = lane * 4; k < k_dim; k += 32 * 4) {
+#pragma unroll 2
+    for (int k = begin + lane * 4; k < end; k += 32 * 4) {
       const float4 wv = __ldg(reinterpret_cast<const float4*>(row + k));
       acc += wv.x * to_float(xs[k]) + wv.y * to_float(xs[k + 1]) + wv.z * to_float(xs[k + 2]) +
              wv.w * to_float(xs[k + 3]);
     }
+  }
 #pragma unroll
-    for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, s);
-    if (lane == 0) logits[(int64_t)t * experts + e] = acc;
+  for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, s);
+  if (lane == 0) partial[warp] = acc;
+  __syncthreads();
+  if (e < experts && slice == 0 && lane == 0) {
+    float sum = 0.f;
+    for (int i = 0; i < kRouterSlices; ++i) sum += partial[warp + i];
+    logits[(int64_t)t * experts + e] = sum;
   }
 }
 
@@ -133,61 +151,92 @@ __device__ __forceinline__ float warp_dot(const T* __restrict__ w, const T* xs, 
   return acc;
 }
 
-// y[t * top_k + j, o] = x[t] . w[ids[t, j], o] (+ bias[ids[t, j], o]) for token t =
-// blockIdx.y: each of its chosen experts' gate-and-up rows (w: [experts, out_dim, k_dim]) against
-// the token's x, staged once (kIn = kRmsNorm: RMSNorm(x) * norm_w, rounded to T, staged in its
-// place). bias: null or [experts, out_dim].
+// The warp's dot products of two weight rows with one staged row (as warp_dot computes each:
+// the same sums in the same order), their loads interleaved so twice as many are in flight.
+template <typename T>
+__device__ __forceinline__ float2 warp_dot2(const T* __restrict__ w0, const T* __restrict__ w1,
+                                            const T* xs, int k_dim, int lane) {
+  float a0 = 0.f, a1 = 0.f;
+#pragma unroll 2
+  for (int k = lane * 8; k < k_dim; k += 32 * 8) {
+    const uint4 r0 = __ldg(reinterpret_cast<const uint4*>(w0 + k));
+    const uint4 r1 = __ldg(reinterpret_cast<const uint4*>(w1 + k));
+    const uint4 xraw = *reinterpret_cast<const uint4*>(xs + k);
+    const T* v0 = reinterpret_cast<const T*>(&r0);
+    const T* v1 = reinterpret_cast<const T*>(&r1);
+    const T* xv = reinterpret_cast<const T*>(&xraw);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      a0 += to_float(v0[j]) * to_float(xv[j]);
+      a1 += to_float(v1[j]) * to_float(xv[j]);
+    }
+  }
+#pragma unroll
+  for (int s = 16; s > 0; s >>= 1) {
+    a0 += __shfl_xor_sync(0xffffffff, a0, s);
+    a1 += __shfl_xor_sync(0xffffffff, a1, s);
+  }
+  return make_float2(a0, a1);
+}
+
+// a[t * top_k + j, o] = act(g, u) for token t = blockIdx.y and inner column o, where g and u are
+// x[t] . w[e, o] and x[t] . w[e, inner + o] (+ bias[e, o] and bias[e, inner + o]) for expert
+// e = ids[t, j] (w: [experts, 2 inner, k_dim], gate rows first; bias null or [experts, 2 inner]),
+// x staged once (kIn = kRmsNorm: RMSNorm(x) * norm_w, rounded to T, staged in its place). A warp
+// computes both rows of a column. g and u are rounded to T, as a projection stores them, and so
+// is the activation (alpha <= 0: SiLU-and-mul; else the clamped SwiGLU with alpha and limit), as
+// the separate kernel stores it.
 template <typename T, int kIn>
 __global__ void __launch_bounds__(kGemvThreads)
-    moe_gate_up_kernel(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ norm_w,
+    moe_gate_up_kernel(T* __restrict__ a, const T* __restrict__ x, const T* __restrict__ norm_w,
                        float eps, const T* __restrict__ w, const T* __restrict__ bias,
-                       const uint32_t* __restrict__ ids, int top_k, int out_dim, int k_dim) {
+                       const uint32_t* __restrict__ ids, int top_k, int inner, int k_dim,
+                       float alpha, float limit) {
   extern __shared__ __align__(16) unsigned char smem[];
   T* xs = reinterpret_cast<T*>(smem);
   const int t = blockIdx.y;
   stage_input<T, 1, kIn>(xs, x + (int64_t)t * k_dim, norm_w, k_dim, eps);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int units = top_k * out_dim;
+  const int units = top_k * inner;
   for (int u = blockIdx.x * kGemvWarps + warp; u < units; u += gridDim.x * kGemvWarps) {
-    const int j = u / out_dim, o = u % out_dim;
+    const int j = u / inner, o = u % inner;
     const int64_t e = ids[(int64_t)t * top_k + j];
-    float v = warp_dot(w + (e * out_dim + o) * k_dim, xs, k_dim, lane);
-    if (bias != nullptr) v += to_float(bias[e * out_dim + o]);
-    if (lane == 0) y[((int64_t)t * top_k + j) * out_dim + o] = from_float<T>(v);
+    const T* gate = w + (e * 2 * inner + o) * k_dim;
+    float2 gu = warp_dot2(gate, gate + (int64_t)inner * k_dim, xs, k_dim, lane);
+    if (bias != nullptr) {
+      gu.x += to_float(bias[e * 2 * inner + o]);
+      gu.y += to_float(bias[e * 2 * inner + inner + o]);
+    }
+    const float g = to_float(from_float<T>(gu.x)), up = to_float(from_float<T>(gu.y));
+    const float v = alpha > 0.f ? clamped_swiglu(g, up, alpha, limit) : silu_mul(g, up);
+    if (lane == 0) a[((int64_t)t * top_k + j) * inner + o] = from_float<T>(v);
   }
 }
 
-// y[t, o] = sum_j weights[t, j] * (silu(g) * u)[t, j] . w[ids[t, j], o] for token t =
-// blockIdx.y, where a = [tokens * top_k, 2 k_dim] holds each chosen expert's gate then up
-// columns (moe_gate_up_kernel's output) and w = [experts, out_dim, k_dim]. The activation
-// (alpha <= 0: SiLU-and-mul; else the clamped SwiGLU with alpha and limit) is rounded to T as the
-// separate kernel stores it; the weighted sum is taken in f32, with each expert's bias
-// ([experts, out_dim], or null) inside the weighting, and `residual` ([tokens, out_dim], or
-// null) added to the sum before it is rounded. An output's
-// top_k x k_dim products are cut into `split` slices (1, 2, 4 or 8) of whole 256-element steps,
-// a warp each, so few outputs still keep enough loads in flight (Mixtral: 4096 outputs of 2 x
-// 14336); the slices' warps sit in one block and meet in shared memory.
+// y[t, o] = sum_j weights[t, j] * a[t * top_k + j] . w[ids[t, j], o] for token t = blockIdx.y,
+// where a = [tokens * top_k, k_dim] holds each chosen expert's activation (moe_gate_up_kernel's
+// output) and w = [experts, out_dim, k_dim]. The weighted sum is taken in f32, with each
+// expert's bias ([experts, out_dim], or null) inside the weighting, and `residual`
+// ([tokens, out_dim], or null) added to the sum before it is rounded. An output's top_k x k_dim
+// products are cut into `split` slices (1, 2, 4 or 8) of whole 256-element steps, a warp each,
+// so few outputs still keep enough loads in flight (Mixtral: 4096 outputs of 2 x 14336); the
+// slices' warps sit in one block and meet in shared memory.
 template <typename T>
 __global__ void __launch_bounds__(kGemvThreads)
     moe_down_kernel(T* __restrict__ y, const T* __restrict__ a, const T* __restrict__ w,
                     const T* __restrict__ bias, const T* __restrict__ residual,
                     const uint32_t* __restrict__ ids, const float* __restrict__ weights,
-                    int top_k, int out_dim, int k_dim, int split, float alpha, float limit) {
+                    int top_k, int out_dim, int k_dim, int split) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float partial[kGemvWarps];
   __shared__ int64_t expert[kMaxTopK];
   __shared__ float weight[kMaxTopK];
   T* xs = reinterpret_cast<T*>(smem);
   const int t = blockIdx.y;
-  const int vecs = k_dim / 8;
-  for (int i = threadIdx.x; i < top_k * vecs; i += kGemvThreads) {
-    const int j = i / vecs, k = (i % vecs) * 8;
-    const T* row = a + ((int64_t)t * top_k + j) * 2 * k_dim;
-    const uint4 g = *reinterpret_cast<const uint4*>(row + k);
-    const uint4 u = *reinterpret_cast<const uint4*>(row + k_dim + k);
-    *reinterpret_cast<uint4*>(xs + j * k_dim + k) =
-        alpha > 0.f ? clamped_swiglu16<T>(g, u, alpha, limit) : silu_mul16<T>(g, u);
-  }
+  // The token's top_k activation rows are contiguous in `a`, as they are staged.
+  const T* rows = a + (int64_t)t * top_k * k_dim;
+  for (int i = threadIdx.x * 8; i < top_k * k_dim; i += kGemvThreads * 8)
+    *reinterpret_cast<uint4*>(xs + i) = *reinterpret_cast<const uint4*>(rows + i);
   if (threadIdx.x < top_k) {
     expert[threadIdx.x] = ids[(int64_t)t * top_k + threadIdx.x];
     weight[threadIdx.x] = weights[(int64_t)t * top_k + threadIdx.x];
@@ -277,35 +326,40 @@ int blocks_per_token(Kernel kernel, int smem, int units, int tokens, int* blocks
   return 0;
 }
 
+// What the gate/up launch passes on: the activation's parameters.
+struct Activation {
+  float alpha, limit;
+};
+
 template <typename T, int kIn>
-int launch_gate_up(void* y, const void* x, const void* norm_w, float eps, const void* w,
-                   const void* bias, const uint32_t* ids, int tokens, int top_k, int out_dim,
-                   int k_dim, cudaStream_t stream) {
+int launch_gate_up(void* a, const void* x, const void* norm_w, float eps, const void* w,
+                   const void* bias, const uint32_t* ids, int tokens, int top_k, int inner,
+                   int k_dim, Activation act, cudaStream_t stream) {
   const auto kernel = moe_gate_up_kernel<T, kIn>;
   const int smem = k_dim * (int)sizeof(T);
   int blocks = 0;
-  if (const int e = blocks_per_token(kernel, smem, top_k * out_dim, tokens, &blocks)) return e;
+  if (const int e = blocks_per_token(kernel, smem, top_k * inner, tokens, &blocks)) return e;
   kernel<<<dim3(blocks, tokens), kGemvThreads, smem, stream>>>(
-      (T*)y, (const T*)x, (const T*)norm_w, eps, (const T*)w, (const T*)bias, ids, top_k,
-      out_dim, k_dim);
+      (T*)a, (const T*)x, (const T*)norm_w, eps, (const T*)w, (const T*)bias, ids, top_k, inner,
+      k_dim, act.alpha, act.limit);
   return (int)cudaGetLastError();
 }
 
 template <typename T>
-int gate_up_by_input(void* y, const void* x, const void* norm_w, float eps, const void* w,
-                     const void* bias, const uint32_t* ids, int tokens, int top_k, int out_dim,
-                     int k_dim, cudaStream_t stream) {
+int gate_up_by_input(void* a, const void* x, const void* norm_w, float eps, const void* w,
+                     const void* bias, const uint32_t* ids, int tokens, int top_k, int inner,
+                     int k_dim, Activation act, cudaStream_t stream) {
   if (norm_w != nullptr)
-    return launch_gate_up<T, kRmsNorm>(y, x, norm_w, eps, w, bias, ids, tokens, top_k, out_dim,
-                                       k_dim, stream);
-  return launch_gate_up<T, kPlain>(y, x, norm_w, eps, w, bias, ids, tokens, top_k, out_dim,
-                                   k_dim, stream);
+    return launch_gate_up<T, kRmsNorm>(a, x, norm_w, eps, w, bias, ids, tokens, top_k, inner,
+                                       k_dim, act, stream);
+  return launch_gate_up<T, kPlain>(a, x, norm_w, eps, w, bias, ids, tokens, top_k, inner, k_dim,
+                                   act, stream);
 }
 
 template <typename T>
 int launch_down(void* y, const void* a, const void* w, const void* bias, const void* residual,
                 const uint32_t* ids, const float* weights, int tokens, int top_k, int out_dim,
-                int k_dim, float alpha, float limit, cudaStream_t stream) {
+                int k_dim, cudaStream_t stream) {
   const auto kernel = moe_down_kernel<T>;
   const int smem = top_k * k_dim * (int)sizeof(T);
   const int split = down_split(out_dim, top_k * k_dim);
@@ -313,7 +367,7 @@ int launch_down(void* y, const void* a, const void* w, const void* bias, const v
   if (const int e = blocks_per_token(kernel, smem, out_dim * split, tokens, &blocks)) return e;
   kernel<<<dim3(blocks, tokens), kGemvThreads, smem, stream>>>(
       (T*)y, (const T*)a, (const T*)w, (const T*)bias, (const T*)residual, ids, weights, top_k,
-      out_dim, k_dim, split, alpha, limit);
+      out_dim, k_dim, split);
   return (int)cudaGetLastError();
 }
 
@@ -321,7 +375,7 @@ template <typename T>
 int launch_router(float* logits, const void* x, const void* norm_w, float eps, const float* w,
                   int tokens, int experts, int k_dim, cudaStream_t stream) {
   const int smem = k_dim * (int)sizeof(T);
-  const dim3 grid((experts + kGemvWarps - 1) / kGemvWarps, tokens);
+  const dim3 grid((experts + kRouterExperts - 1) / kRouterExperts, tokens);
   const auto kernel = norm_w != nullptr ? moe_router_kernel<T, kRmsNorm> : moe_router_kernel<T, kPlain>;
   if (smem > 48 * 1024) {
     const cudaError_t e =
@@ -369,52 +423,52 @@ extern "C" int pagewise_moe_route(const float* logits, uint32_t* ids, float* wei
 // The most experts pagewise_moe_route takes.
 extern "C" int pagewise_moe_max_experts() { return kMaxExperts; }
 
-// y ([tokens * top_k, out_dim]) = each token's x ([tokens, k_dim]; RMSNorm(x) * norm_w with
-// `eps` when norm_w ([k_dim]) is not null) times its chosen experts' rows of w
-// ([experts, out_dim, k_dim]), plus their bias rows (null or [experts, out_dim]), ids
-// [tokens, top_k] (u32, below `experts`, the caller's promise). dtype 1 = f16, 2 = bf16; k_dim a
-// multiple of 8; x, norm_w and w 16-byte aligned. Returns 0, a CUDA error code, or 1 when the
-// arguments are unsupported.
-extern "C" int pagewise_moe_gate_up(int dtype, void* y, const void* x, const void* norm_w,
+// a ([tokens * top_k, inner]) = the activation of each token's x ([tokens, k_dim]; RMSNorm(x) *
+// norm_w with `eps` when norm_w ([k_dim]) is not null) times its chosen experts' gate rows and up
+// rows of w ([experts, 2 inner, k_dim], gate rows first), plus their bias rows (null or
+// [experts, 2 inner]): silu(gate) * up when alpha <= 0, else gpt-oss's clamped SwiGLU (alpha,
+// limit). ids [tokens, top_k] (u32, below `experts`, the caller's promise). dtype 1 = f16,
+// 2 = bf16; k_dim a multiple of 8; x, norm_w and w 16-byte aligned. Returns 0, a CUDA error
+// code, or 1 when the arguments are unsupported.
+extern "C" int pagewise_moe_gate_up(int dtype, void* a, const void* x, const void* norm_w,
                                     float eps, const void* w, const void* bias,
-                                    const uint32_t* ids, int tokens, int top_k, int out_dim,
-                                    int k_dim, void* stream) {
-  if (tokens == 0 || out_dim == 0) return 0;
+                                    const uint32_t* ids, int tokens, int top_k, int inner,
+                                    int k_dim, float alpha, float limit, void* stream) {
+  if (tokens == 0 || inner == 0) return 0;
   if (k_dim % 8 != 0 || top_k < 1) return 1;
   cudaStream_t s = (cudaStream_t)stream;
+  const Activation act{alpha, limit};
   switch (dtype) {
     case 1:
-      return gate_up_by_input<__half>(y, x, norm_w, eps, w, bias, ids, tokens, top_k, out_dim,
-                                      k_dim, s);
+      return gate_up_by_input<__half>(a, x, norm_w, eps, w, bias, ids, tokens, top_k, inner,
+                                      k_dim, act, s);
     case 2:
-      return gate_up_by_input<__nv_bfloat16>(y, x, norm_w, eps, w, bias, ids, tokens, top_k,
-                                             out_dim, k_dim, s);
+      return gate_up_by_input<__nv_bfloat16>(a, x, norm_w, eps, w, bias, ids, tokens, top_k,
+                                             inner, k_dim, act, s);
     default: return 1;
   }
 }
 
-// y ([tokens, out_dim]) = sum over a token's chosen experts j of weights[t, j] times (the
-// activation of a's row t * top_k + j (a: [tokens * top_k, 2 k_dim], gate columns first) times
-// expert ids[t, j]'s rows of w ([experts, out_dim, k_dim]), plus its bias row (null or
-// [experts, out_dim])), plus residual's row t (null or [tokens, out_dim]). The activation:
-// silu(gate) * up when alpha <= 0, else gpt-oss's clamped SwiGLU (alpha, limit). dtype 1 = f16,
-// 2 = bf16; k_dim a multiple of 8; top_k x k_dim elements
-// within the staging space; a and w 16-byte aligned. Returns 0, a CUDA error code, or 1 when the
-// arguments are unsupported.
+// y ([tokens, out_dim]) = sum over a token's chosen experts j of weights[t, j] times (a's row
+// t * top_k + j (a: [tokens * top_k, k_dim], pagewise_moe_gate_up's activations) times expert
+// ids[t, j]'s rows of w ([experts, out_dim, k_dim]), plus its bias row (null or
+// [experts, out_dim])), plus residual's row t (null or [tokens, out_dim]). dtype 1 = f16,
+// 2 = bf16; k_dim a multiple of 8; top_k x k_dim elements within the staging space; a and w
+// 16-byte aligned. Returns 0, a CUDA error code, or 1 when the arguments are unsupported.
 extern "C" int pagewise_moe_down(int dtype, void* y, const void* a, const void* w,
                                  const void* bias, const void* residual, const uint32_t* ids,
                                  const float* weights, int tokens, int top_k, int out_dim,
-                                 int k_dim, float alpha, float limit, void* stream) {
+                                 int k_dim, void* stream) {
   if (tokens == 0 || out_dim == 0) return 0;
   if (k_dim % 8 != 0 || top_k < 1) return 1;
   cudaStream_t s = (cudaStream_t)stream;
   switch (dtype) {
     case 1:
       return launch_down<__half>(y, a, w, bias, residual, ids, weights, tokens, top_k, out_dim,
-                                 k_dim, alpha, limit, s);
+                                 k_dim, s);
     case 2:
       return launch_down<__nv_bfloat16>(y, a, w, bias, residual, ids, weights, tokens, top_k,
-                                        out_dim, k_dim, alpha, limit, s);
+                                        out_dim, k_dim, s);
     default: return 1;
   }
 }

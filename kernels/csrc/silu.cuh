@@ -23,21 +23,12 @@ __device__ __forceinline__ uint4 silu_mul16(uint4 gate, uint4 up) {
   return out;
 }
 
-// gpt-oss's clamped SwiGLU over 16 bytes of T: g = min(gate, limit), u = clamp(up, -limit,
-// limit), (u + 1) * g * sigmoid(alpha * g), rounded to T.
-template <typename T>
-__device__ __forceinline__ uint4 clamped_swiglu16(uint4 gate, uint4 up, float alpha, float limit) {
-  const T* g = reinterpret_cast<const T*>(&gate);
-  const T* u = reinterpret_cast<const T*>(&up);
-  uint4 out;
-  T* o = reinterpret_cast<T*>(&out);
-#pragma unroll
-  for (int j = 0; j < (int)(16 / sizeof(T)); ++j) {
-    const float gj = fminf(to_float(g[j]), limit);
-    const float uj = fminf(fmaxf(to_float(u[j]), -limit), limit);
-    o[j] = from_float<T>((uj + 1.f) * gj / (1.f + __expf(-alpha * gj)));
-  }
-  return out;
+// gpt-oss's clamped SwiGLU: g = min(gate, limit), u = clamp(up, -limit, limit),
+// (u + 1) * g * sigmoid(alpha * g).
+__device__ __forceinline__ float clamped_swiglu(float gate, float up, float alpha, float limit) {
+  const float g = fminf(gate, limit);
+  const float u = fminf(fmaxf(up, -limit), limit);
+  return (u + 1.f) * g / (1.f + __expf(-alpha * g));
 }
 
 }  // namespace

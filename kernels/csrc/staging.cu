@@ -6,7 +6,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#define PAGEWISE_MAX_STAGED_FIELDS 8
+#define PAGEWISE_MAX_STAGED_FIELDS 12
 
 // Field `i`: `rows` rows copied from `src_word + r * src_row_words` to `dst + r * dst_row_words`,
 // each `row_words` 32-bit words long, or as many as the staging buffer's word 0 says when

@@ -226,7 +226,7 @@ unsafe extern "C" {
 
     pub fn pagewise_moe_gate_up(
         dtype: c_int,
-        y: *mut c_void,
+        a: *mut c_void,
         x: *const c_void,
         norm_w: *const c_void,
         eps: f32,
@@ -235,8 +235,10 @@ unsafe extern "C" {
         ids: *const u32,
         tokens: c_int,
         top_k: c_int,
-        out_dim: c_int,
+        inner: c_int,
         k_dim: c_int,
+        alpha: f32,
+        limit: f32,
         stream: *mut c_void,
     ) -> c_int;
 
@@ -253,8 +255,6 @@ unsafe extern "C" {
         top_k: c_int,
         out_dim: c_int,
         k_dim: c_int,
-        alpha: f32,
-        limit: f32,
         stream: *mut c_void,
     ) -> c_int;
 

@@ -184,8 +184,10 @@ pub struct ExpertExtras<'a> {
 /// routed experts `e` of weight × `down[e] · (silu(g) * u)` where `g, u` are the halves of
 /// `gate_up[e] · x` (`gate_up`: `[experts, 2 * inter, hidden]`, gate rows first; `down`:
 /// `[experts, hidden, inter]`). f16 or bf16, contiguous, on one GPU; `hidden` a multiple of 8 and
-/// [`moe_fits`]. The gate/up outputs and the SiLU-and-mul are rounded to the dtype as separate
-/// kernels store them; each token's weighted sum is taken in f32. Returns `[tokens, hidden]`.
+/// [`moe_fits`]. Two kernels: gate/up with the activation (a warp takes a column's gate and up
+/// rows), then down with the weighted sum. The gate/up outputs and the SiLU-and-mul are rounded
+/// to the dtype as separate kernels store them; each token's weighted sum is taken in f32.
+/// Returns `[tokens, hidden]`.
 pub fn moe_experts(
     x: &Tensor,
     gate_up: &Tensor,
@@ -286,7 +288,7 @@ pub fn moe_experts_with(
         Some((a, _)) => bail!("moe_experts: a clamped SwiGLU needs alpha > 0, got {a}"),
         None => (0.0, 0.0),
     };
-    let mid = empty((tokens * top_k, width), x.dtype(), x.device())?;
+    let mid = empty((tokens * top_k, inter), x.dtype(), x.device())?;
     let y = empty((tokens, hidden), x.dtype(), x.device())?;
     let (mp, stream) = device_ptr(&mid, "gate_up output")?;
     let (yp, _) = device_ptr(&y, "y")?;
@@ -314,13 +316,15 @@ pub fn moe_experts_with(
             ip as *const u32,
             tokens as i32,
             top_k as i32,
-            width as i32,
+            inter as i32,
             hidden as i32,
+            alpha,
+            limit,
             stream,
         )
     };
     check_launch(code, "moe_experts (gate/up)")?;
-    // SAFETY: as above; `mid` holds tokens x top_k rows of 2 x inter.
+    // SAFETY: as above; `mid` holds tokens x top_k rows of inter activations.
     let code = unsafe {
         ffi::pagewise_moe_down(
             dtype,
@@ -335,8 +339,6 @@ pub fn moe_experts_with(
             top_k as i32,
             hidden as i32,
             inter as i32,
-            alpha,
-            limit,
             stream,
         )
     };

@@ -10,7 +10,7 @@ use crate::pinned::MappedWords;
 use crate::{check_launch, device_ptr, ffi};
 
 /// Most fields one [`Staging::unpack`] copies.
-pub const MAX_STAGED_FIELDS: usize = 8;
+pub const MAX_STAGED_FIELDS: usize = 12;
 
 /// The kernel's view of a field (kernels/csrc/staging.cu `StagedField`).
 #[repr(C)]
