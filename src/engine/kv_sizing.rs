@@ -87,6 +87,15 @@ impl KvSizing<'_> {
             let num_full = layers as u64 - num_sliding;
             let rest = layer_blocks.checked_sub(num_sliding * window_blocks as u64);
             let full = rest.map(|r| (r / num_full).min(useful as u64 + 1) as usize);
+            if full.is_none_or(|f| f <= window_blocks) {
+                tracing::info!(
+                    window_blocks,
+                    max_num_seqs = self.args.max_num_seqs,
+                    "no window group: the sliding-window layers' blocks for max_num_seqs \
+                     windows would leave the full layers no more than they get without one; \
+                     lower --max-num-seqs for more context in the same memory"
+                );
+            }
             if let Some(full) = full.filter(|&f| f > window_blocks) {
                 plan.num_blocks = full;
                 plan.window = Some(WindowConfig {
