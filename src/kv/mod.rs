@@ -138,6 +138,12 @@ pub struct NoFreeBlocks {
     pub free: usize,
 }
 
+/// Free blocks of `pool` that growing a table to `wanted` entries takes when it `has` some
+/// (adopted ones included): the new ones, plus the adopted `cached` blocks now on the free list.
+fn free_blocks_taken(pool: &BlockPool, wanted: usize, has: usize, cached: &[BlockId]) -> usize {
+    wanted.saturating_sub(has) + cached.iter().filter(|&&b| pool.is_free(b)).count()
+}
+
 /// The page table manager.
 #[derive(Clone, Debug)]
 pub struct KvCacheManager {
@@ -235,13 +241,12 @@ impl KvCacheManager {
     /// Free blocks an allocation would take: new blocks plus cached blocks now on the free list.
     fn blocks_needed(&self, table: &BlockTable, cached: &CachedPrefix, num_tokens: usize) -> usize {
         let have = table.len() + cached.blocks.len();
-        let new = self.blocks_for(num_tokens).saturating_sub(have);
-        let revived = cached
-            .blocks
-            .iter()
-            .filter(|&&b| self.pool.is_free(b))
-            .count();
-        new + revived
+        free_blocks_taken(
+            &self.pool,
+            self.blocks_for(num_tokens),
+            have,
+            &cached.blocks,
+        )
     }
 
     /// Why `allocate_slots(table, cached, num_tokens)` would fail, if it would.

@@ -16,7 +16,7 @@
 //! are still cached (released blocks stay cached until reused, as full ones do).
 
 use super::block_hash::Parent;
-use super::{BlockId, BlockPool, BlockTable, CachedPrefix, KvCacheManager};
+use super::{BlockId, BlockPool, BlockTable, CachedPrefix, KvCacheManager, free_blocks_taken};
 
 /// The window group's settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,14 +121,13 @@ impl KvCacheManager {
         cached: &CachedPrefix,
         num_tokens: usize,
     ) -> usize {
-        let have = table.window.len().max(cached.blocks.len());
-        let new = self.blocks_for(num_tokens).saturating_sub(have);
-        let revived = cached
-            .window_blocks
-            .iter()
-            .filter(|&&b| group.pool.is_free(b))
-            .count();
-        new + revived
+        let has = table.window.len().max(cached.blocks.len());
+        free_blocks_taken(
+            &group.pool,
+            self.blocks_for(num_tokens),
+            has,
+            &cached.window_blocks,
+        )
     }
 
     /// Grows the window entries of `table` to match its blocks (after adopting `cached`'s).
