@@ -1,10 +1,12 @@
-// pagewise fused elementwise kernels for the decoder layer: residual add + RMSNorm in one pass, and
+// pagewise fused elementwise kernels for the decoder layer: residual add + RMSNorm in one pass, the
+// residual add of a normalized output (Gemma's norms after attention and the MLP), and
 // SiLU(gate) * up over a fused gate/up projection. Both compute in f32 and store in the tensor dtype.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include "dtype.cuh"
+#include "pdl.cuh"
 #include "silu.cuh"
 
 namespace {
@@ -90,6 +92,87 @@ __global__ void add_rms_norm_vec_kernel(T* __restrict__ sum_out, T* __restrict__
   }
 }
 
+// One block per row: out = x + RMSNorm(delta) * weight, the normalized delta rounded to T before
+// the add as the separate norm kernel stores it. Launched early (pdl.cuh): x and delta are the
+// kernels before's outputs.
+template <typename T>
+__global__ void add_rms_normed_kernel(T* __restrict__ out, const T* __restrict__ x,
+                                      const T* __restrict__ delta, const T* __restrict__ weight,
+                                      int hidden, float eps) {
+  wait_for_previous_grid();
+  let_next_grid_launch();
+  const int64_t base = (int64_t)blockIdx.x * hidden;
+  float sq = 0.f;
+  for (int i = threadIdx.x; i < hidden; i += kThreads) {
+    const float d = to_float(delta[base + i]);
+    sq += d * d;
+  }
+  const float inv_rms = block_inv_rms(sq, hidden, eps);
+  for (int i = threadIdx.x; i < hidden; i += kThreads) {
+    const T n = from_float<T>(to_float(delta[base + i]) * inv_rms * to_float(weight[i]));
+    out[base + i] = from_float<T>(to_float(x[base + i]) + to_float(n));
+  }
+}
+
+// The same for rows whose elements fit 16-byte vectors (as add_rms_norm_vec_kernel): delta and x
+// loaded once, all before the reduction, and kept in registers.
+template <typename T, int kPer>
+__global__ void add_rms_normed_vec_kernel(T* __restrict__ out, const T* __restrict__ x,
+                                          const T* __restrict__ delta,
+                                          const T* __restrict__ weight, int hidden, float eps) {
+  wait_for_previous_grid();
+  let_next_grid_launch();
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t base = (int64_t)blockIdx.x * hidden;
+  const int vectors = hidden / kVec;
+  uint4 dv[kPer], xv[kPer];
+  float sq = 0.f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int v = threadIdx.x + j * kThreads;
+    if (v >= vectors) break;
+    dv[j] = *reinterpret_cast<const uint4*>(delta + base + v * kVec);
+    xv[j] = *reinterpret_cast<const uint4*>(x + base + v * kVec);
+    const T* d = reinterpret_cast<const T*>(&dv[j]);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) sq += to_float(d[e]) * to_float(d[e]);
+  }
+  const float inv_rms = block_inv_rms(sq, hidden, eps);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int v = threadIdx.x + j * kThreads;
+    if (v >= vectors) break;
+    const uint4 wa = *reinterpret_cast<const uint4*>(weight + v * kVec);
+    const T* w = reinterpret_cast<const T*>(&wa);
+    const T* d = reinterpret_cast<const T*>(&dv[j]);
+    const T* xs = reinterpret_cast<const T*>(&xv[j]);
+    uint4 oa;
+    T* o = reinterpret_cast<T*>(&oa);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      const T n = from_float<T>(to_float(d[e]) * inv_rms * to_float(w[e]));
+      o[e] = from_float<T>(to_float(xs[e]) + to_float(n));
+    }
+    *reinterpret_cast<uint4*>(out + base + v * kVec) = oa;
+  }
+}
+
+template <typename T>
+int launch_add_rms_normed(void* out, const void* x, const void* delta, const void* weight,
+                          int rows, int hidden, float eps, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T), kPer = 4;
+  const uintptr_t addresses =
+      (uintptr_t)out | (uintptr_t)x | (uintptr_t)delta | (uintptr_t)weight;
+  cudaError_t err;
+  if (addresses % 16 == 0 && hidden % kVec == 0 && hidden <= kThreads * kVec * kPer)
+    err = launch_early(add_rms_normed_vec_kernel<T, kPer>, dim3(rows), dim3(kThreads), 0, stream,
+                       (T*)out, (const T*)x, (const T*)delta, (const T*)weight, hidden, eps);
+  else
+    err = launch_early(add_rms_normed_kernel<T>, dim3(rows), dim3(kThreads), 0, stream, (T*)out,
+                       (const T*)x, (const T*)delta, (const T*)weight, hidden, eps);
+  return (int)(err != cudaSuccess ? err : cudaGetLastError());
+}
+
 // out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i].
 template <typename T>
 __global__ void silu_mul_kernel(T* __restrict__ out, const T* __restrict__ gate_up, int64_t rows,
@@ -154,6 +237,21 @@ int launch_silu_mul(void* out, const void* gate_up, int64_t rows, int inter, cud
 }
 
 }  // namespace
+
+// out = x + RMSNorm(delta) * weight over [rows, hidden] (weight [hidden]); dtype 0 = f32, 1 = f16,
+// 2 = bf16. Returns 0, a CUDA error code, or 1 for an unknown dtype.
+extern "C" int pagewise_add_rms_normed(int dtype, void* out, const void* x, const void* delta,
+                                       const void* weight, int rows, int hidden, float eps,
+                                       void* stream) {
+  if (rows == 0) return 0;
+  cudaStream_t s = (cudaStream_t)stream;
+  switch (dtype) {
+    case 0: return launch_add_rms_normed<float>(out, x, delta, weight, rows, hidden, eps, s);
+    case 1: return launch_add_rms_normed<__half>(out, x, delta, weight, rows, hidden, eps, s);
+    case 2: return launch_add_rms_normed<__nv_bfloat16>(out, x, delta, weight, rows, hidden, eps, s);
+    default: return 1;
+  }
+}
 
 extern "C" int pagewise_add_rms_norm(int dtype, void* sum_out, void* normed, const void* x,
                                      const void* delta, const void* weight, int rows, int hidden,

@@ -273,8 +273,9 @@ int launch_rope(const QkvRopeArgs& a, cudaStream_t s) {
 // y ([rows, out_dim]) = in(x) w^T (+ residual, [rows, out_dim], when not null), rows 1..8, dtype
 // 1 = f16, 2 = bf16, k_dim a multiple of 8, every pointer 16-byte aligned. input 0: in(x) = x
 // ([rows, k_dim]); 1: RMSNorm(x) * norm_w with `eps` (x [rows, k_dim], norm_w [k_dim]); 2:
-// silu(x[:, :k_dim]) * x[:, k_dim:] (x [rows, 2 k_dim]). Returns 0, a CUDA error code, or 1 when
-// the arguments are unsupported (rows x k_dim past the staging space among them).
+// silu(x[:, :k_dim]) * x[:, k_dim:] (x [rows, 2 k_dim]); 3: gelu_tanh(x[:, :k_dim]) * x[:, k_dim:]
+// (no residual). Returns 0, a CUDA error code, or 1 when the arguments are unsupported (rows x
+// k_dim past the staging space among them).
 extern "C" int pagewise_gemv(int dtype, int input, void* y, const void* x, const void* norm_w,
                              const void* w, const void* residual, int rows, int out_dim,
                              int k_dim, float eps, void* stream) {

@@ -1,5 +1,5 @@
 // pagewise: what the GEMV kernels of gemv.cu share: the block shape, the staging of the matmul's
-// input (x, RMSNorm(x) or SiLU-and-mul) in shared memory, the grid of a launch and the dispatch
+// input (x, RMSNorm(x), SiLU-and-mul or GeGLU) in shared memory, the grid of a launch and the dispatch
 // over dtype, input and rows. Included by gemv.cu.
 #pragma once
 #include <cuda_bf16.h>
@@ -17,21 +17,23 @@ constexpr int kGemvWarps = kGemvThreads / 32;
 constexpr int kMaxStageBytes = 96 * 1024;
 
 // What the block computes from x before the matmul.
-enum Input { kPlain = 0, kRmsNorm = 1, kSiluMul = 2 };
+enum Input { kPlain = 0, kRmsNorm = 1, kSiluMul = 2, kGeluMul = 3 };
 
 // Stages the R rows of the matmul's input in `xs` ([R, k_dim], T): x itself, RMSNorm(x) * norm_w,
-// or silu(gate) * up from x = [R, 2 k_dim] (gate columns first).
+// or silu(gate) * up (gelu_tanh(gate) * up for kGeluMul) from x = [R, 2 k_dim] (gate columns
+// first).
 template <typename T, int R, int kIn>
 __device__ void stage_input(T* xs, const T* __restrict__ x, const T* __restrict__ norm_w,
                             int k_dim, float eps) {
   constexpr int kVec = 8;  // 16 bytes of T (f16 / bf16)
   const int vecs = k_dim / kVec;
-  if constexpr (kIn == kSiluMul) {
+  if constexpr (kIn == kSiluMul || kIn == kGeluMul) {
     for (int i = threadIdx.x; i < R * vecs; i += kGemvThreads) {
       const int r = i / vecs, k = (i % vecs) * kVec;
       const uint4 ga = *reinterpret_cast<const uint4*>(x + (int64_t)r * 2 * k_dim + k);
       const uint4 ua = *reinterpret_cast<const uint4*>(x + (int64_t)r * 2 * k_dim + k_dim + k);
-      *reinterpret_cast<uint4*>(xs + r * k_dim + k) = silu_mul16<T>(ga, ua);
+      *reinterpret_cast<uint4*>(xs + r * k_dim + k) =
+          kIn == kSiluMul ? silu_mul16<T>(ga, ua) : gelu_tanh_mul16<T>(ga, ua);
     }
   } else {
     float sq[R];
@@ -170,6 +172,8 @@ int by_input(int input, int rows, const GemvArgs& a) {
     case kSiluMul:
       return add ? by_rows<Launcher, T, kSiluMul, true>(rows, a)
                  : by_rows<Launcher, T, kSiluMul, false>(rows, a);
+    // (Gemma adds the residual after a norm of the MLP's output: never folded into the store.)
+    case kGeluMul: return add ? 1 : by_rows<Launcher, T, kGeluMul, false>(rows, a);
     default: return 1;
   }
 }

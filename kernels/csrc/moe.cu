@@ -4,13 +4,15 @@
 // the device (moe_gate_up_kernel, which also applies the activation, SiLU-and-mul or gpt-oss's
 // clamped SwiGLU; moe_down_kernel, which sums the experts' outputs with their weights; either
 // projection may have a bias per expert). No step reads anything back, so the layer runs inside
-// a CUDA graph.
+// a CUDA graph. Every kernel here is launched early (pdl.cuh): it waits for the kernel before it
+// only where it reads what that one wrote, and the router streams its first weights before that.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include "dtype.cuh"
 #include "gemv_stage.cuh"
+#include "pdl.cuh"
 #include "silu.cuh"
 
 namespace {
@@ -29,6 +31,8 @@ constexpr int kMaxExperts = 32 * kPerLane;
 __global__ void moe_route_kernel(const float* __restrict__ logits, int experts, int top_k,
                                  int renormalize, uint32_t* __restrict__ ids,
                                  float* __restrict__ weights) {
+  wait_for_previous_grid();  // (the logits are the router's)
+  let_next_grid_launch();
   const int t = blockIdx.x, lane = threadIdx.x;
   const float* row = logits + (int64_t)t * experts;
   float p[kPerLane];
@@ -88,6 +92,8 @@ __global__ void moe_route_kernel(const float* __restrict__ logits, int experts, 
 // Warps splitting one expert's router row, and experts a block of the router kernel.
 constexpr int kRouterSlices = 8;
 constexpr int kRouterExperts = kGemvWarps / kRouterSlices;
+// float4s of its slice a lane of the router loads before it waits for the kernel before it.
+constexpr int kRouterEarly = 4;
 
 // A router's f32 logits[t, e] = x[t] . w[e] for token t = blockIdx.y (w: [experts, k_dim] f32),
 // x staged once a block (kIn = kRmsNorm: RMSNorm(x) * norm_w rounded to T, as the experts take
@@ -103,22 +109,40 @@ __global__ void __launch_bounds__(kGemvThreads)
   __shared__ float partial[kGemvWarps];
   T* xs = reinterpret_cast<T*>(smem);
   const int t = blockIdx.y;
-  stage_input<T, 1, kIn>(xs, x + (int64_t)t * k_dim, norm_w, k_dim, eps);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int e = blockIdx.x * kRouterExperts + warp / kRouterSlices;
   const int slice = warp % kRouterSlices;
   // Slices of whole float4s (k_dim is a multiple of 8).
   const int per = (k_dim / 4 + kRouterSlices - 1) / kRouterSlices * 4;
   const int begin = slice * per, end = min(k_dim, begin + per);
+  const float* row = w + (int64_t)(e < experts ? e : 0) * k_dim;
+  // The weights belong to no kernel before this one: the first ones are loaded while that one
+  // may still run (Qwen3-30B-A3B's and gpt-oss's whole slices).
+  float4 early[kRouterEarly];
+#pragma unroll
+  for (int i = 0; i < kRouterEarly; ++i) {
+    const int k = begin + (lane + 32 * i) * 4;
+    early[i] = e < experts && k < end ? __ldg(reinterpret_cast<const float4*>(row + k))
+                                      : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  wait_for_previous_grid();  // (x is the kernel before's output)
+  let_next_grid_launch();
+  stage_input<T, 1, kIn>(xs, x + (int64_t)t * k_dim, norm_w, k_dim, eps);
+  const auto dot4 = [&](float4 wv, int k) {
+    return wv.x * to_float(xs[k]) + wv.y * to_float(xs[k + 1]) + wv.z * to_float(xs[k + 2]) +
+           wv.w * to_float(xs[k + 3]);
+  };
   float acc = 0.f;
   if (e < experts) {
-    const float* row = w + (int64_t)e * k_dim;
-#pragma unroll 2
-    for (int k = begin + lane * 4; k < end; k += 32 * 4) {
-      const float4 wv = __ldg(reinterpret_cast<const float4*>(row + k));
-      acc += wv.x * to_float(xs[k]) + wv.y * to_float(xs[k + 1]) + wv.z * to_float(xs[k + 2]) +
-             wv.w * to_float(xs[k + 3]);
+    // (The same order of sums as one loop over the slice.)
+#pragma unroll
+    for (int i = 0; i < kRouterEarly; ++i) {
+      const int k = begin + (lane + 32 * i) * 4;
+      if (k < end) acc += dot4(early[i], k);
     }
+#pragma unroll 2
+    for (int k = begin + (lane + 32 * kRouterEarly) * 4; k < end; k += 32 * 4)
+      acc += dot4(__ldg(reinterpret_cast<const float4*>(row + k)), k);
   }
 #pragma unroll
   for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, s);
@@ -195,6 +219,8 @@ __global__ void __launch_bounds__(kGemvThreads)
   extern __shared__ __align__(16) unsigned char smem[];
   T* xs = reinterpret_cast<T*>(smem);
   const int t = blockIdx.y;
+  wait_for_previous_grid();  // (ids are the routing's output; x is read before it)
+  let_next_grid_launch();
   stage_input<T, 1, kIn>(xs, x + (int64_t)t * k_dim, norm_w, k_dim, eps);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int units = top_k * inner;
@@ -233,6 +259,8 @@ __global__ void __launch_bounds__(kGemvThreads)
   __shared__ float weight[kMaxTopK];
   T* xs = reinterpret_cast<T*>(smem);
   const int t = blockIdx.y;
+  wait_for_previous_grid();  // (a is gate/up's output)
+  let_next_grid_launch();
   // The token's top_k activation rows are contiguous in `a`, as they are staged.
   const T* rows = a + (int64_t)t * top_k * k_dim;
   for (int i = threadIdx.x * 8; i < top_k * k_dim; i += kGemvThreads * 8)
@@ -339,10 +367,11 @@ int launch_gate_up(void* a, const void* x, const void* norm_w, float eps, const 
   const int smem = k_dim * (int)sizeof(T);
   int blocks = 0;
   if (const int e = blocks_per_token(kernel, smem, top_k * inner, tokens, &blocks)) return e;
-  kernel<<<dim3(blocks, tokens), kGemvThreads, smem, stream>>>(
-      (T*)a, (const T*)x, (const T*)norm_w, eps, (const T*)w, (const T*)bias, ids, top_k, inner,
-      k_dim, act.alpha, act.limit);
-  return (int)cudaGetLastError();
+  const cudaError_t err = launch_early(kernel, dim3(blocks, tokens), dim3(kGemvThreads), smem,
+                                       stream, (T*)a, (const T*)x, (const T*)norm_w, eps,
+                                       (const T*)w, (const T*)bias, ids, top_k, inner, k_dim,
+                                       act.alpha, act.limit);
+  return (int)(err != cudaSuccess ? err : cudaGetLastError());
 }
 
 template <typename T>
@@ -365,10 +394,11 @@ int launch_down(void* y, const void* a, const void* w, const void* bias, const v
   const int split = down_split(out_dim, top_k * k_dim);
   int blocks = 0;
   if (const int e = blocks_per_token(kernel, smem, out_dim * split, tokens, &blocks)) return e;
-  kernel<<<dim3(blocks, tokens), kGemvThreads, smem, stream>>>(
-      (T*)y, (const T*)a, (const T*)w, (const T*)bias, (const T*)residual, ids, weights, top_k,
-      out_dim, k_dim, split);
-  return (int)cudaGetLastError();
+  const cudaError_t err = launch_early(kernel, dim3(blocks, tokens), dim3(kGemvThreads), smem,
+                                       stream, (T*)y, (const T*)a, (const T*)w, (const T*)bias,
+                                       (const T*)residual, ids, weights, top_k, out_dim, k_dim,
+                                       split);
+  return (int)(err != cudaSuccess ? err : cudaGetLastError());
 }
 
 template <typename T>
@@ -382,9 +412,9 @@ int launch_router(float* logits, const void* x, const void* norm_w, float eps, c
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return (int)e;
   }
-  kernel<<<grid, kGemvThreads, smem, stream>>>(logits, (const T*)x, (const T*)norm_w, eps, w,
-                                               experts, k_dim);
-  return (int)cudaGetLastError();
+  const cudaError_t err = launch_early(kernel, grid, dim3(kGemvThreads), smem, stream, logits,
+                                       (const T*)x, (const T*)norm_w, eps, w, experts, k_dim);
+  return (int)(err != cudaSuccess ? err : cudaGetLastError());
 }
 
 }  // namespace
@@ -415,9 +445,10 @@ extern "C" int pagewise_moe_route(const float* logits, uint32_t* ids, float* wei
                                   int experts, int top_k, int renormalize, void* stream) {
   if (tokens == 0) return 0;
   if (top_k < 1 || top_k > kMaxTopK || top_k > experts || experts > kMaxExperts) return 1;
-  moe_route_kernel<<<tokens, 32, 0, (cudaStream_t)stream>>>(logits, experts, top_k, renormalize,
-                                                            ids, weights);
-  return (int)cudaGetLastError();
+  const cudaError_t err = launch_early(moe_route_kernel, dim3(tokens), dim3(32), 0,
+                                       (cudaStream_t)stream, logits, experts, top_k, renormalize,
+                                       ids, weights);
+  return (int)(err != cudaSuccess ? err : cudaGetLastError());
 }
 
 // The most experts pagewise_moe_route takes.

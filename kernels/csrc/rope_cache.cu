@@ -14,63 +14,82 @@
 
 namespace {
 
-// Most q + k heads a token may have when the heads are normalized (one inverse RMS each in
-// shared memory).
+// Most q + k heads a token may have when the heads are normalized (what the Rust side checks).
 constexpr int kMaxNormHeads = 512;
 
+// Threads of a block of rope_qkv_cache_kernel, and most heads one block takes.
+constexpr int kRopeThreads = 128;
+constexpr int kMaxHeadsPerBlock = 32;
+
+// Token t = blockIdx.x. Blocks y < ceil((heads + kv_heads) / heads_per_block) rotate that many q
+// or k heads (a thread per rotation pair); each block after them copies one v head. Spread over
+// blocks so a decode token's few heads are not one block's loop (one block took 6 µs for
+// Gemma-3-12B's 24 heads of 256).
 template <typename T>
-__global__ void rope_qkv_cache_kernel(T* __restrict__ q_out, T* __restrict__ k_cache,
-                                      T* __restrict__ v_cache, const T* __restrict__ qkv,
-                                      const T* __restrict__ cos, const T* __restrict__ sin,
-                                      const uint32_t* __restrict__ positions, int table_rows,
-                                      const int64_t* __restrict__ slots,
-                                      const T* __restrict__ q_norm, const T* __restrict__ k_norm,
-                                      float eps, int heads, int kv_heads, int d,
-                                      int interleaved) {
+__global__ void __launch_bounds__(kRopeThreads)
+    rope_qkv_cache_kernel(T* __restrict__ q_out, T* __restrict__ k_cache,
+                          T* __restrict__ v_cache, const T* __restrict__ qkv,
+                          const T* __restrict__ cos, const T* __restrict__ sin,
+                          const uint32_t* __restrict__ positions, int table_rows,
+                          const int64_t* __restrict__ slots, const T* __restrict__ q_norm,
+                          const T* __restrict__ k_norm, float eps, int heads, int kv_heads,
+                          int d, int interleaved, int heads_per_block) {
   // Launched early (see launch_early): wait for the projection that wrote qkv. Decode attention,
   // launched early after this kernel, may be scheduled now: it reads the block tables while this
   // runs, and waits for this kernel's end before the query and the cache.
   wait_for_previous_grid();
   let_next_grid_launch();
   const int64_t t = blockIdx.x;
-  const int half = d / 2;
+  const int half = d / 2, units = heads + kv_heads;
+  const int head_blocks = (units + heads_per_block - 1) / heads_per_block;
   const int row_width = (heads + 2 * kv_heads) * d;
   const T* row = qkv + t * row_width;
+  const int64_t slot = slots[t];
+  const int64_t cache_row = slot * (int64_t)kv_heads * d;
+  if ((int)blockIdx.y >= head_blocks) {
+    if (slot < 0) return;
+    const int j = blockIdx.y - head_blocks;  // v head j
+    const T* v = row + (int64_t)(units + j) * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) v_cache[cache_row + (int64_t)j * d + i] = v[i];
+    return;
+  }
   const int64_t tr = positions != nullptr ? min((int)positions[t], table_rows - 1) : t;
   const T* c = cos + tr * half;
   const T* s = sin + tr * half;
-  const int64_t slot = slots[t];
-  const int64_t cache_row = slot * (int64_t)kv_heads * d;
+  const int h0 = blockIdx.y * heads_per_block;
   // Per-head RMSNorm: a warp sums each head's squares (every thread reaches the barrier).
-  __shared__ float inv_rms[kMaxNormHeads];
+  __shared__ float inv_rms[kMaxHeadsPerBlock];
   const bool normed = q_norm != nullptr;
   if (normed) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    for (int h = warp; h < heads + kv_heads; h += warps) {
+    for (int lh = warp; lh < heads_per_block && h0 + lh < units; lh += warps) {
+      const T* x = row + (int64_t)(h0 + lh) * d;
       float sq = 0.f;
       for (int i = lane; i < d; i += 32) {
-        const float v = to_float(row[h * d + i]);
+        const float v = to_float(x[i]);
         sq += v * v;
       }
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffff, sq, o);
-      if (lane == 0) inv_rms[h] = rsqrtf(sq / (float)d + eps);
+      if (lane == 0) inv_rms[lh] = rsqrtf(sq / (float)d + eps);
     }
     __syncthreads();
   }
-  // The head's value at i, normalized (and rounded to T) where the heads are.
-  auto value = [&](int h, int i) {
+  // The value at i of the block's head lh, normalized (and rounded to T) where the heads are.
+  auto value = [&](int lh, int i) {
+    const int h = h0 + lh;
     const float v = to_float(row[h * d + i]);
     if (!normed) return v;
     const T* w = h < heads ? q_norm : k_norm;
-    return to_float(from_float<T>(v * inv_rms[h] * to_float(w[i])));
+    return to_float(from_float<T>(v * inv_rms[lh] * to_float(w[i])));
   };
-  // Rotations: one thread per (q or k head, pair).
-  for (int idx = threadIdx.x; idx < (heads + kv_heads) * half; idx += blockDim.x) {
-    const int h = idx / half, i = idx % half;
+  // Rotations: one thread per (head, pair).
+  for (int idx = threadIdx.x; idx < heads_per_block * half; idx += blockDim.x) {
+    const int lh = idx / half, i = idx % half, h = h0 + lh;
+    if (h >= units) break;
     const int a = interleaved ? 2 * i : i;
     const int b = interleaved ? 2 * i + 1 : i + half;
-    const float x1 = value(h, a), x2 = value(h, b);
+    const float x1 = value(lh, a), x2 = value(lh, b);
     const float cc = to_float(c[i]), ss = to_float(s[i]);
     const T y1 = from_float<T>(x1 * cc - x2 * ss);
     const T y2 = from_float<T>(x1 * ss + x2 * cc);
@@ -84,9 +103,6 @@ __global__ void rope_qkv_cache_kernel(T* __restrict__ q_out, T* __restrict__ k_c
       o[b] = y2;
     }
   }
-  if (slot < 0) return;
-  const T* v = row + (heads + kv_heads) * d;
-  for (int idx = threadIdx.x; idx < kv_heads * d; idx += blockDim.x) v_cache[cache_row + idx] = v[idx];
 }
 
 // The arguments of rope_qkv_cache_kernel (see pagewise_rope_qkv_cache).
@@ -104,14 +120,16 @@ struct RopeArgs {
 template <typename T>
 int launch_rope(const RopeArgs& a, cudaStream_t stream) {
   const int heads = a.heads, kv_heads = a.kv_heads, d = a.d;
-  // A thread per rotation where they fit one block (a decode token is latency-bound: fewer,
-  // longer loops per thread left it waiting on one load after another).
-  const int rotations = (heads + kv_heads) * (d / 2);
-  const int threads = rotations >= 1024 ? 1024 : (rotations + 31) / 32 * 32;
+  // As many whole heads as fill a block with one thread per rotation pair (at least one).
+  const int half = d / 2;
+  int per_block = half >= kRopeThreads ? 1 : kRopeThreads / half;
+  if (per_block > kMaxHeadsPerBlock) per_block = kMaxHeadsPerBlock;
+  const int head_blocks = (heads + kv_heads + per_block - 1) / per_block;
   const cudaError_t err = launch_early(
-      rope_qkv_cache_kernel<T>, a.tokens, threads, 0, stream, (T*)a.q_out, (T*)a.k_cache,
-      (T*)a.v_cache, (const T*)a.qkv, (const T*)a.cos, (const T*)a.sin, a.positions, a.table_rows,
-      a.slots, (const T*)a.q_norm, (const T*)a.k_norm, a.eps, heads, kv_heads, d, a.interleaved);
+      rope_qkv_cache_kernel<T>, dim3(a.tokens, head_blocks + kv_heads), dim3(kRopeThreads), 0,
+      stream, (T*)a.q_out, (T*)a.k_cache, (T*)a.v_cache, (const T*)a.qkv, (const T*)a.cos,
+      (const T*)a.sin, a.positions, a.table_rows, a.slots, (const T*)a.q_norm,
+      (const T*)a.k_norm, a.eps, heads, kv_heads, d, a.interleaved, per_block);
   return (int)(err != cudaSuccess ? err : cudaGetLastError());
 }
 
@@ -129,7 +147,7 @@ extern "C" int pagewise_rope_qkv_cache(int dtype, void* q_out, void* k_cache, vo
                                        const void* k_norm, float eps, int tokens, int heads,
                                        int kv_heads, int head_dim, int interleaved, void* stream) {
   if (tokens == 0) return 0;
-  if (head_dim % 2 != 0) return 1;
+  if (head_dim <= 0 || head_dim % 2 != 0) return 1;
   if (positions != nullptr && table_rows < 1) return 1;
   if ((q_norm == nullptr) != (k_norm == nullptr)) return 1;
   if (q_norm != nullptr && heads + kv_heads > kMaxNormHeads) return 1;

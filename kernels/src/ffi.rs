@@ -113,6 +113,18 @@ unsafe extern "C" {
         stream: *mut c_void,
     ) -> c_int;
 
+    pub fn pagewise_add_rms_normed(
+        dtype: c_int,
+        out: *mut c_void,
+        x: *const c_void,
+        delta: *const c_void,
+        weight: *const c_void,
+        rows: c_int,
+        hidden: c_int,
+        eps: f32,
+        stream: *mut c_void,
+    ) -> c_int;
+
     pub fn pagewise_ar_alloc(data_bytes: usize, ptr: *mut *mut c_void, handle: *mut u8) -> c_int;
 
     pub fn pagewise_ar_open(handle: *const u8, ptr: *mut *mut c_void) -> c_int;

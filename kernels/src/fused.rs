@@ -56,6 +56,49 @@ pub fn add_rms_norm(
     Ok((sum, normed))
 }
 
+/// `x + rms_norm(delta) * weight` over `[rows, hidden]` (`weight`: `[hidden]`; all one dtype,
+/// contiguous, on one GPU): Gemma's residual add of a normalized attention or MLP output, in one
+/// kernel. The normalized delta is rounded to the dtype before the add, as the separate norm
+/// stores it.
+pub fn add_rms_normed(x: &Tensor, delta: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+    let (rows, hidden) = x.dims2()?;
+    if delta.dims() != x.dims() || weight.dims() != [hidden] {
+        bail!(
+            "add_rms_normed: x {:?}, delta {:?} and weight {:?} do not match",
+            x.dims(),
+            delta.dims(),
+            weight.dims()
+        );
+    }
+    if delta.dtype() != x.dtype() || weight.dtype() != x.dtype() {
+        bail!("add_rms_normed: x, delta and weight must share one dtype");
+    }
+    let dtype = dtype_code(x.dtype(), "add_rms_normed")?;
+    let out = empty(x.shape(), x.dtype(), x.device())?;
+    let (o, stream) = device_ptr(&out, "out")?;
+    let (xp, _) = device_ptr(x, "x")?;
+    let (dp, _) = device_ptr(delta, "delta")?;
+    let (wp, _) = device_ptr(weight, "weight")?;
+    // SAFETY: every pointer addresses a contiguous tensor of the checked shape and dtype on this
+    // stream's device; the kernel reads `rows * hidden` elements of x and delta, `hidden` of
+    // weight, and writes `rows * hidden` of out.
+    let code = unsafe {
+        ffi::pagewise_add_rms_normed(
+            dtype,
+            o as *mut c_void,
+            xp as *const c_void,
+            dp as *const c_void,
+            wp as *const c_void,
+            rows as i32,
+            hidden as i32,
+            eps,
+            stream,
+        )
+    };
+    check_launch(code, "add_rms_normed")?;
+    Ok(out)
+}
+
 /// `silu(gate) * up` for `gate_up` = `[rows, 2 * inter]` (gate columns first, as a fused gate/up
 /// projection writes them); returns `[rows, inter]`.
 pub fn silu_mul(gate_up: &Tensor) -> Result<Tensor> {

@@ -1,5 +1,5 @@
 //! The weight-streaming matmul of small decode batches (up to [`GEMV_MAX_ROWS`] rows, f16/bf16),
-//! optionally with the step before it (RMSNorm, or SiLU-and-multiply) folded into its reading of
+//! optionally with the step before it (RMSNorm, SiLU-and-multiply or GeGLU's GELU-and-multiply) folded into its reading of
 //! `x` and the residual add after it folded into its stores: one kernel where the unfused layer
 //! runs two or three, which is what a batch-1 decode step is made of.
 
@@ -26,6 +26,10 @@ pub enum GemvInput<'a> {
     },
     /// `silu(x[:, :k]) * x[:, k:]` (`x`: `[rows, 2k]`, gate columns first).
     SiluMul,
+    /// `gelu_tanh(x[:, :k]) * x[:, k:]` (Gemma's GeGLU; `x`: `[rows, 2k]`, gate columns first;
+    /// no residual). The GELU is rounded to the dtype before the product, as the separate GELU
+    /// kernel stores it.
+    GeluTanhMul,
 }
 
 impl GemvInput<'_> {
@@ -34,13 +38,14 @@ impl GemvInput<'_> {
             GemvInput::Plain => 0,
             GemvInput::RmsNorm { .. } => 1,
             GemvInput::SiluMul => 2,
+            GemvInput::GeluTanhMul => 3,
         }
     }
 
     /// The matmul's inner size `k` for an `x` of `x_cols` columns.
     fn inner(&self, x_cols: usize) -> usize {
         match self {
-            GemvInput::SiluMul => x_cols / 2,
+            GemvInput::SiluMul | GemvInput::GeluTanhMul => x_cols / 2,
             _ => x_cols,
         }
     }
@@ -76,7 +81,8 @@ pub fn gemv_fused(
     let (rows, x_cols) = x.dims2()?;
     let k = input.inner(x_cols);
     let (out_dim, wk) = w.dims2()?;
-    if wk != k || (matches!(input, GemvInput::SiluMul) && x_cols != 2 * k) {
+    let gated = matches!(input, GemvInput::SiluMul | GemvInput::GeluTanhMul);
+    if wk != k || (gated && x_cols != 2 * k) {
         bail!(
             "gemv: x {:?} ({input:?}) does not fit w {:?}",
             x.dims(),
@@ -109,6 +115,9 @@ pub fn gemv_fused(
         }
         _ => None,
     };
+    if residual.is_some() && matches!(input, GemvInput::GeluTanhMul) {
+        bail!("gemv: GeluTanhMul takes no residual");
+    }
     if let Some(r) = residual
         && (r.dims() != [rows, out_dim] || r.dtype() != x.dtype())
     {
@@ -142,7 +151,7 @@ pub fn gemv_fused(
         _ => 0.0,
     };
     // SAFETY: contiguous tensors of the checked shapes and dtype on the stream's device; the
-    // kernel reads rows x k (2k for SiluMul) of x, out x k of w, k of the norm weight, rows x out
+    // kernel reads rows x k (2k for the gated inputs) of x, out x k of w, k of the norm weight, rows x out
     // of the residual, and writes rows x out of y.
     let code = unsafe {
         ffi::pagewise_gemv(

@@ -47,6 +47,54 @@ fn add_rms_norm_matches_add_then_rms_norm() {
     }
 }
 
+/// Gemma's residual add of a normalized output: `x + rms_norm(delta) * w`, against the same
+/// computed on the host from the dtype's values (the normalized delta rounded to the dtype, as
+/// the separate norm kernel stores it, then the add rounded).
+#[test]
+fn add_rms_normed_matches_norm_then_add() {
+    let dev = Device::new_cuda(0).unwrap();
+    let mut rng = Lcg(17);
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (rows, hidden) in [(1, 1152), (2, 3840), (5, 5376), (3, 100), (0, 64)] {
+            let x = random(&mut rng, (rows, hidden), 4.0, dtype, &dev);
+            let delta = random(&mut rng, (rows, hidden), 1.0, dtype, &dev);
+            let w = random(&mut rng, (1, hidden), 1.0, dtype, &dev)
+                .squeeze(0)
+                .unwrap();
+            let got = pagewise_kernels::add_rms_normed(&x, &delta, &w, 1e-6).unwrap();
+            assert_eq!(got.dims(), x.dims());
+            if rows == 0 {
+                continue;
+            }
+            let (xv, dv, wv) = (host_f32(&x), host_f32(&delta), host_f32(&w));
+            let mut normed = vec![0f32; dv.len()];
+            for r in 0..rows {
+                let row = &dv[r * hidden..(r + 1) * hidden];
+                let inv =
+                    1.0 / (row.iter().map(|v| v * v).sum::<f32>() / hidden as f32 + 1e-6).sqrt();
+                for i in 0..hidden {
+                    normed[r * hidden + i] = row[i] * inv * wv[i];
+                }
+            }
+            let round = |v: Vec<f32>| {
+                let t = Tensor::from_vec(v, (rows, hidden), &Device::Cpu).unwrap();
+                host_f32(&t.to_dtype(dtype).unwrap())
+            };
+            let normed = round(normed);
+            let want = round(xv.iter().zip(&normed).map(|(a, b)| a + b).collect());
+            let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
+            let err = max_rel_diff(&host_f32(&got), &want);
+            assert!(err < tol, "{dtype:?} {rows}x{hidden}: off by {err}");
+        }
+    }
+    let x = Tensor::zeros((2, 64), DType::BF16, &dev).unwrap();
+    let w = Tensor::zeros(32, DType::BF16, &dev).unwrap();
+    let err = pagewise_kernels::add_rms_normed(&x, &x, &w, 1e-6)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("do not match"), "{err}");
+}
+
 #[test]
 fn silu_mul_matches_silu_times_up() {
     let dev = Device::new_cuda(0).unwrap();
@@ -190,6 +238,14 @@ fn fused_gemv_matches_the_separate_kernels() {
             let got = host_f32(&gemv_fused(&gu, &w, GemvInput::SiluMul, None).unwrap());
             assert_eq!(got, want, "{case} SiLU-and-mul");
 
+            // GeGLU against candle's GELU (tanh approximation) and product, then the GEMV.
+            let (gate, up) = (gu.narrow(1, 0, k).unwrap(), gu.narrow(1, k, k).unwrap());
+            let act = (gate.gelu().unwrap() * up).unwrap().contiguous().unwrap();
+            let want = host_f32(&gemv(&act, &w).unwrap());
+            let got = host_f32(&gemv_fused(&gu, &w, GemvInput::GeluTanhMul, None).unwrap());
+            let err = max_rel_diff(&got, &want);
+            assert!(err < 2e-2, "{case} GELU-and-mul: off by {err}");
+
             let want = host_f32(&(gemv(&x, &w).unwrap() + &res).unwrap());
             let got = host_f32(&gemv_fused(&x, &w, GemvInput::Plain, Some(&res)).unwrap());
             let err = max_rel_diff(&got, &want);
@@ -208,6 +264,12 @@ fn fused_gemv_matches_the_separate_kernels() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("does not fit"), "{err}");
+    let x2 = Tensor::zeros((1, 128), DType::BF16, &dev).unwrap();
+    let r1 = Tensor::zeros((1, 4), DType::BF16, &dev).unwrap();
+    let err = gemv_fused(&x2, &w, GemvInput::GeluTanhMul, Some(&r1))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no residual"), "{err}");
 }
 
 /// GEMV bandwidth at the Llama-3.2-1B and Llama-3.1-8B decode shapes (bf16, batch 1 by default):

@@ -39,7 +39,7 @@ for pair in "$CARGO_TARGET_DIR/release/pagewise:pagewise" "$kernel_tests:kernel-
   strip ".gpu/$name"
   xz -T2 -9 ".gpu/$name"
 done
-cp scripts/gpu/make_gpu_models.py scripts/gpu/arch_speed.sh scripts/gpu/ncu_step.py scripts/gpu/run.sh scripts/gpu/scoreboard.sh scripts/gpu/hf_baselines.py scripts/gpu/hf_server.py scripts/gpu/long_serve.sh .gpu/scripts/gpu/
+cp scripts/gpu/make_gpu_models.py scripts/gpu/arch_speed.sh scripts/gpu/ncu_step.py scripts/gpu/profile_arch.sh scripts/gpu/run.sh scripts/gpu/scoreboard.sh scripts/gpu/hf_baselines.py scripts/gpu/hf_server.py scripts/gpu/long_serve.sh .gpu/scripts/gpu/
 cp tests/fixtures/llama-gqa-tied/tokenizer.json .gpu/tests/fixtures/llama-gqa-tied/
 cp scripts/gpu/run.sh .gpu/run.sh
 # A real 49k vocabulary (SmolLM2's) for the `structured` benchmark's dummy-weight shape, when the

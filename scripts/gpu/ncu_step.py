@@ -1,9 +1,9 @@
 """Summarizes the last decode step of an Nsight Compute CSV, kernel by kernel.
 
 Reads `ncu --csv --metrics gpu__time_duration.sum` output of a `pagewise bench latency` run (any
-lines that are not CSV rows are skipped), takes the kernels after the second-to-last sampling
-`pick` kernel up to the last one (one whole decode step, its sampling included) and prints their
-total and, per kernel name and grid, the time, count and time per launch.
+lines that are not CSV rows are skipped), takes the last decode step (the kernels after one
+sampling kernel up to the next, its sampling included, with no prefill attention among them) and
+prints their total and, per kernel name and grid, the time, count and time per launch.
 
     python3 scripts/gpu/ncu_step.py ncu.csv
 """
@@ -20,10 +20,12 @@ def main(path):
     head, rows = rows[0], rows[1:]
     name, value, grid = (head.index(k) for k in ("Kernel Name", "Metric Value", "Grid Size"))
     kernels = [(r[name], float(r[value].replace(",", "")), r[grid]) for r in rows]
-    picks = [i for i, k in enumerate(kernels) if "::pick(" in k[0] or k[0].startswith("pick")]
-    if len(picks) < 2:
-        sys.exit(f"{path}: fewer than two sampling steps ({len(picks)} pick kernels)")
-    step = kernels[picks[-2] + 1 : picks[-1] + 1]
+    picks = [i for i, k in enumerate(kernels) if "sample_kernel" in k[0] or k[0].startswith("pick")]
+    steps = [kernels[a + 1 : b + 1] for a, b in zip(picks, picks[1:])]
+    steps = [s for s in steps if not any("prefill" in k[0] for k in s)]
+    if not steps:
+        sys.exit(f"{path}: no decode step between two sampling kernels ({len(picks)} found)")
+    step = steps[-1]
     print(f"{len(step)} kernels, {sum(k[1] for k in step) / 1e3:.1f} us in all")
     by = collections.defaultdict(lambda: [0, 0.0])
     for kname, ns, g in step:

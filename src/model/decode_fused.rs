@@ -31,15 +31,20 @@ use crate::parallel::Parallel;
 
 /// One decoder layer's weights as the fused path takes them (dense, no biases).
 pub(super) struct FusedLayer<'a> {
-    pub input_norm: &'a RmsNorm,
-    /// `[(heads + 2 * kv_heads) * head_dim, hidden]`.
-    pub qkv: &'a Tensor,
-    /// Qwen3's per-head q/k norms, if the model has them.
-    pub head_norms: Option<pagewise_kernels::HeadNorms<'a>>,
+    pub attn: FusedAttention<'a>,
     /// `[hidden, heads * head_dim]`.
     pub o: &'a Tensor,
     pub post_norm: &'a RmsNorm,
     pub mlp: FusedMlp<'a>,
+}
+
+/// What the fused attention of a layer reads: its input norm, qkv projection and head norms.
+pub(super) struct FusedAttention<'a> {
+    pub input_norm: &'a RmsNorm,
+    /// `[(heads + 2 * kv_heads) * head_dim, hidden]`.
+    pub qkv: &'a Tensor,
+    /// Qwen3's and Gemma 3's per-head q/k norms, if the model has them.
+    pub head_norms: Option<pagewise_kernels::HeadNorms<'a>>,
 }
 
 /// A fused layer's MLP.
@@ -82,31 +87,36 @@ pub(super) fn fits(x: &Tensor, layers: &[FusedLayer<'_>]) -> bool {
     let (Ok(rows), dtype) = (x.dim(0), x.dtype()) else {
         return false;
     };
-    let inner = |w: &Tensor| w.dim(1).unwrap_or(usize::MAX);
     x.device().is_cuda()
         && rows <= MAX_ROWS
         && matches!(dtype, DType::BF16 | DType::F16)
         && layers.iter().all(|l| {
             let mlp = match l.mlp {
                 FusedMlp::Dense { gate_up, down } => {
-                    [gate_up, down]
-                        .iter()
-                        .all(|w| w.dtype() == dtype && w.is_contiguous())
-                        && gemv_fits(rows, inner(gate_up), dtype)
+                    // (Down may be past the staging space: `finish_layer` then takes cuBLAS.)
+                    gemv_takes(rows, dtype, &[gate_up])
+                        && down.dtype() == dtype
+                        && down.is_contiguous()
                 }
                 // (The expert kernels check their own shapes.)
                 FusedMlp::Sparse(_) => l.post_norm.weight().dtype() == dtype,
             };
-            [l.qkv, l.o]
-                .iter()
-                .all(|w| w.dtype() == dtype && w.is_contiguous())
-                && gemv_fits(rows, inner(l.qkv), dtype)
-                && gemv_fits(rows, inner(l.o), dtype)
-                && mlp
+            gemv_takes(rows, dtype, &[l.attn.qkv, l.o]) && mlp
         })
 }
 
-fn norm_input(norm: &RmsNorm) -> GemvInput<'_> {
+/// Whether the GEMV takes `rows` rows in `dtype` through each of `weights` (`[out, k]`):
+/// the same dtype, contiguous, and the rows' `k` within its staging space.
+pub(super) fn gemv_takes(rows: usize, dtype: DType, weights: &[&Tensor]) -> bool {
+    weights.iter().all(|w| {
+        w.dtype() == dtype
+            && w.is_contiguous()
+            && gemv_fits(rows, w.dim(1).unwrap_or(usize::MAX), dtype)
+    })
+}
+
+/// The GEMV input that folds `norm` in.
+pub(super) fn norm_input(norm: &RmsNorm) -> GemvInput<'_> {
     GemvInput::RmsNorm {
         weight: norm.weight(),
         eps: norm.eps() as f32,
@@ -119,7 +129,7 @@ fn norm_input(norm: &RmsNorm) -> GemvInput<'_> {
 /// norms), then paged attention.
 pub(super) fn attention(
     x: &Tensor,
-    l: &FusedLayer<'_>,
+    l: &FusedAttention<'_>,
     layer: usize,
     rotary: &Rotary,
     batch: &ForwardBatch<'_>,

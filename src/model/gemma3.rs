@@ -277,33 +277,132 @@ impl CausalLm for Gemma3 {
         let scale = Tensor::new((cfg.hidden_size as f32).sqrt(), embedded.device())?
             .to_dtype(embedded.dtype())?;
         let mut x = embedded.broadcast_mul(&scale)?;
+        #[cfg(feature = "cuda")]
+        if let Some(layers) = self.fused_layers(&x, batch, kv) {
+            super::decode_fused::count_step();
+            for (i, (layer, f)) in self.layers.iter().zip(&layers).enumerate() {
+                let rotary = if layer.sliding {
+                    &self.local
+                } else {
+                    &self.global
+                };
+                let attn = super::decode_fused::attention(
+                    &x,
+                    &f.attn,
+                    i,
+                    rotary,
+                    batch,
+                    kv,
+                    heads(layer.sliding),
+                )?;
+                x = layer.finish_fused(&x, &attn, f)?;
+            }
+            return self.logits(&self.norm.forward(&x)?, batch);
+        }
         let (global, local) = (
             self.global.at(&batch.positions)?,
             self.local.at(&batch.positions)?,
         );
-        let mut h = match self.layers.first() {
-            Some(first) => first.input_norm.forward(&x)?,
-            None => self.norm.forward(&x)?,
-        };
         for (i, layer) in self.layers.iter().enumerate() {
             let rotary = if layer.sliding { &local } else { &global };
+            let h = layer.input_norm.forward(&x)?;
             let attn = attention(&layer.qkv, i, &h, rotary, batch, kv, heads(layer.sliding))?;
-            let o = layer
+            let x_mid = layer
                 .post_attention_norm
-                .forward(&layer.o.forward(&attn)?)?;
-            let (x_mid, h_mid) = layer.pre_feedforward_norm.add_forward(&x, &o)?;
+                .add_normed(&x, &layer.o.forward(&attn)?)?;
             let mlp = layer
-                .post_feedforward_norm
-                .forward(&layer.mlp.forward(&h_mid)?)?;
-            let next_norm = self.layers.get(i + 1).map_or(&self.norm, |l| &l.input_norm);
-            (x, h) = next_norm.add_forward(&x_mid, &mlp)?;
+                .mlp
+                .forward(&layer.pre_feedforward_norm.forward(&x_mid)?)?;
+            x = layer.post_feedforward_norm.add_normed(&x_mid, &mlp)?;
         }
-        drop(x);
-        let logits = self.lm_head.forward(&batch.sampled(&h)?)?;
-        Ok(match g.final_logit_softcapping {
+        self.logits(&self.norm.forward(&x)?, batch)
+    }
+}
+
+impl Gemma3 {
+    /// The logits of the rows of the normalized stream `h` that sample, softcapped where the
+    /// model says.
+    fn logits(&self, h: &Tensor, batch: &ForwardBatch<'_>) -> Result<Tensor, ModelError> {
+        let logits = self.lm_head.forward(&batch.sampled(h)?)?;
+        Ok(match self.gemma.final_logit_softcapping {
             Some(c) => ((logits / c)?.tanh()? * c)?,
             None => logits,
         })
+    }
+
+    /// The layers' weights for the fused decode path (src/model/decode_fused.rs), when it takes
+    /// this step: a GPU step of at most `decode_fused::MAX_ROWS` rows in f16 or bf16, dense
+    /// weights the GEMV can stage.
+    #[cfg(feature = "cuda")]
+    fn fused_layers(
+        &self,
+        x: &Tensor,
+        batch: &ForwardBatch<'_>,
+        kv: &KvCache,
+    ) -> Option<Vec<FusedGemmaLayer<'_>>> {
+        use super::decode_fused::{MAX_ROWS, gemv_takes};
+        batch.attention.device.as_ref()?;
+        let (rows, dtype) = (x.dim(0).ok()?, x.dtype());
+        let fits = x.device().is_cuda()
+            && rows <= MAX_ROWS
+            && matches!(dtype, candle_core::DType::BF16 | candle_core::DType::F16)
+            && self.cfg.rotary_dim() == self.cfg.head_dim;
+        if !fits {
+            return None;
+        }
+        self.layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                kv.device_layer(i)?;
+                let (gate_up, down) = l.mlp.dense_geglu_weights()?;
+                let f = FusedGemmaLayer {
+                    attn: super::decode_fused::FusedAttention {
+                        input_norm: &l.input_norm,
+                        qkv: l.qkv.dense_weight()?,
+                        head_norms: l.qkv.head_norms(),
+                    },
+                    o: l.o.dense_weight()?,
+                    gate_up,
+                    down,
+                };
+                gemv_takes(rows, dtype, &[f.attn.qkv, f.o, gate_up, down]).then_some(f)
+            })
+            .collect()
+    }
+}
+
+/// A Gemma layer's weights as the fused decode path takes them.
+#[cfg(feature = "cuda")]
+struct FusedGemmaLayer<'a> {
+    attn: super::decode_fused::FusedAttention<'a>,
+    /// `[hidden, heads * head_dim]`.
+    o: &'a Tensor,
+    /// `[2 * intermediate, hidden]`, gate rows first.
+    gate_up: &'a Tensor,
+    /// `[hidden, intermediate]`.
+    down: &'a Tensor,
+}
+
+#[cfg(feature = "cuda")]
+impl Layer {
+    /// The residual stream after the layer on the fused decode path, from the stream `x` entering
+    /// it and its attention output `attn`: o, the normalized output's residual add (one kernel),
+    /// gate/up with the pre-MLP norm folded in, down with GeGLU folded in, and the normalized
+    /// MLP output's residual add: five kernels.
+    fn finish_fused(
+        &self,
+        x: &Tensor,
+        attn: &Tensor,
+        f: &FusedGemmaLayer<'_>,
+    ) -> candle_core::Result<Tensor> {
+        use pagewise_kernels::{GemvInput, gemv, gemv_fused};
+        let o = gemv(attn, f.o)?;
+        let x_mid = self.post_attention_norm.add_normed(x, &o)?;
+        let input = super::decode_fused::norm_input(&self.pre_feedforward_norm);
+        let gate_up = gemv_fused(&x_mid, f.gate_up, input, None)?;
+        let mlp = gemv_fused(&gate_up, f.down, GemvInput::GeluTanhMul, None)?;
+        self.post_feedforward_norm.add_normed(&x_mid, &mlp)
     }
 }
 

@@ -189,12 +189,18 @@ impl GatedMlp {
         })
     }
 
-    /// The fused gate/up weight `[2 * intermediate, hidden]` and the down weight, when both are
-    /// dense without biases.
+    /// The fused gate/up weight `[2 * intermediate, hidden]` and the down weight of a SwiGLU MLP,
+    /// when both are dense without biases.
     pub fn dense_weights(&self) -> Option<(&Tensor, &Tensor)> {
-        if self.gelu_tanh {
-            return None;
-        }
+        self.fused_dense().filter(|_| !self.gelu_tanh)
+    }
+
+    /// [`GatedMlp::dense_weights`] for a GeGLU MLP (Gemma).
+    pub fn dense_geglu_weights(&self) -> Option<(&Tensor, &Tensor)> {
+        self.fused_dense().filter(|_| self.gelu_tanh)
+    }
+
+    fn fused_dense(&self) -> Option<(&Tensor, &Tensor)> {
         match &self.gate_up {
             GateUp::Fused(l) => Some((l.dense_weight()?, self.down.dense_weight()?)),
             GateUp::Split(..) => None,

@@ -175,7 +175,8 @@ impl CausalLm for Llama {
         if let Some(layers) = self.fused_layers(&x, batch, kv) {
             decode_fused::count_step();
             for (i, layer) in layers.iter().enumerate() {
-                let attn = decode_fused::attention(&x, layer, i, &self.rotary, batch, kv, heads)?;
+                let attn =
+                    decode_fused::attention(&x, &layer.attn, i, &self.rotary, batch, kv, heads)?;
                 x = decode_fused::finish_layer(&x, &attn, layer, &self.par)?;
             }
             return self.logits(&self.norm.forward(&x)?, batch);
@@ -245,9 +246,11 @@ impl Llama {
                     Mlp::Sparse(_) => return None,
                 };
                 Some(decode_fused::FusedLayer {
-                    input_norm: &l.input_norm,
-                    qkv: l.qkv.dense_weight()?,
-                    head_norms: l.qkv.head_norms(),
+                    attn: decode_fused::FusedAttention {
+                        input_norm: &l.input_norm,
+                        qkv: l.qkv.dense_weight()?,
+                        head_norms: l.qkv.head_norms(),
+                    },
                     o: l.o.dense_weight()?,
                     post_norm: &l.post_norm,
                     mlp,

@@ -46,6 +46,16 @@ impl RmsNorm {
         candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps as f32)
     }
 
+    /// `x + norm(delta)`: Gemma's residual add of a normalized attention or MLP output (one
+    /// kernel on a GPU, `pagewise_kernels::add_rms_normed`).
+    pub fn add_normed(&self, x: &Tensor, delta: &Tensor) -> candle_core::Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if x.device().is_cuda() && x.is_contiguous() && delta.is_contiguous() {
+            return pagewise_kernels::add_rms_normed(x, delta, &self.weight, self.eps as f32);
+        }
+        x + self.forward(delta)?
+    }
+
     /// The residual stream after adding `delta` to `x`, and its normalization: `(x + delta,
     /// norm(x + delta))`.
     pub fn add_forward(&self, x: &Tensor, delta: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
