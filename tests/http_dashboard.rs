@@ -2,7 +2,8 @@
 //! every snapshot, rebuilt from the first full pool and the changed runs after it, must agree
 //! with its own counts and with the page table's invariants (a block is in use exactly when a
 //! running sequence's table holds it, shared exactly when several do; used + shared + cached +
-//! free = all blocks), and the idle snapshot after a load with `/metrics`.
+//! free = all blocks), and the idle snapshot after a load with `/metrics`. A model with sliding-
+//! window layers has its window group's pool checked the same way against the window tables.
 
 mod common;
 
@@ -68,7 +69,14 @@ struct Pool(Vec<u8>);
 impl Pool {
     /// Applies a snapshot's pool and checks it against the snapshot's counts and sequences.
     fn apply_and_check(&mut self, s: &Value) {
-        let pool = &s["pool"];
+        self.apply_part(s, s, "blocks");
+    }
+
+    /// Applies `part`'s pool (the snapshot itself, or its `window` group: `pool`, `counts`,
+    /// `num_blocks`) and checks it against its counts and the sequences' tables `table` of the
+    /// snapshot `s` (0 in a table: a released window entry, held by no one).
+    fn apply_part(&mut self, part: &Value, s: &Value, table: &str) {
+        let pool = &part["pool"];
         if let Some(full) = pool["full"].as_str() {
             self.0 = full.bytes().map(|b| b - b'0').collect();
         } else {
@@ -79,13 +87,13 @@ impl Pool {
                 }
             }
         }
-        let n = s["num_blocks"].as_u64().unwrap() as usize;
+        let n = part["num_blocks"].as_u64().unwrap() as usize;
         assert_eq!(self.0.len(), n);
         let mut counts = [0u64; 4];
         for &b in &self.0 {
             counts[usize::from(b)] += 1;
         }
-        let c = &s["counts"];
+        let c = &part["counts"];
         let want = ["free", "used", "cached", "shared"].map(|k| c[k].as_u64().unwrap());
         assert_eq!(counts, want, "rebuilt pool against the snapshot's counts");
         assert_eq!(counts.iter().sum::<u64>() as usize, n);
@@ -93,12 +101,14 @@ impl Pool {
         // index from 0).
         let mut refs: HashMap<usize, u32> = HashMap::new();
         for q in s["seqs"].as_array().unwrap() {
-            let blocks = q["blocks"].as_array().unwrap();
+            let blocks = q[table].as_array().unwrap();
             if !q["running"].as_bool().unwrap() {
                 assert!(blocks.is_empty(), "a waiting sequence holds blocks: {q}");
             }
-            for b in blocks {
-                *refs.entry(b.as_u64().unwrap() as usize).or_default() += 1;
+            for b in blocks.iter().map(|b| b.as_u64().unwrap() as usize) {
+                if b != 0 {
+                    *refs.entry(b).or_default() += 1;
+                }
             }
         }
         for (i, &state) in self.0.iter().enumerate() {
@@ -235,6 +245,108 @@ async fn snapshots_follow_the_page_table_and_agree_with_metrics() {
     }
     assert_eq!(st["generated_tokens"], 12 * 120);
     assert!(st["prefix_hits"].as_u64().unwrap() > 0, "{st}");
+}
+
+/// The tiny Gemma 3 (a 5-token window on two of its three layers) with a window group: every
+/// snapshot's window pool agrees with its counts and with the sequences' window tables, a long
+/// generation keeps at most the blocks its window reaches there while its full table grows, and
+/// the idle snapshot's window usage is what `/metrics` reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_window_group_is_shown_and_follows_the_window_tables() {
+    let args = pagewise::EngineArgs {
+        model: concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gemma3").into(),
+        block_size: 8,
+        max_num_seqs: 4,
+        max_num_batched_tokens: Some(16),
+        // 40 blocks of 8 tokens (2 KV heads x 32 dims x K,V x f32) per layer when alike.
+        kv_cache_memory: Some(3 * 40 * 8 * 2 * 32 * 2 * 4),
+        max_model_len: Some(256),
+        chat_template: Some(CHATML.into()),
+        ..Default::default()
+    };
+    let opts = ServerOptions {
+        served_model_names: vec!["tiny".into()],
+        ..Default::default()
+    };
+    let (base, _) = serve(args, opts).await;
+    let mut events = Events::open(&format!("{base}/dashboard/events"), None).await;
+    let (mut pool, mut window) = (Pool::default(), Pool::default());
+    let first = events.next().await;
+    assert_eq!(first["window"]["window"], 5, "{}", first["window"]);
+    assert_eq!(
+        first["window"]["num_blocks"], 14,
+        "15 blocks less the null one"
+    );
+    pool.apply_and_check(&first);
+    window.apply_part(&first["window"], &first, "window_blocks");
+
+    let load = tokio::spawn({
+        let base = base.clone();
+        async move {
+            let mut tasks = Vec::new();
+            for i in 0..3 {
+                let base = base.clone();
+                let body = json!({"prompt": [1 + i, 2, 3, 4, 5, 6, 7, 8, 9, 10], "max_tokens": 150,
+                    "ignore_eos": true, "temperature": 0});
+                tasks.push(tokio::spawn(async move {
+                    post(&base, "/v1/completions", body).await
+                }));
+            }
+            for t in tasks {
+                let (status, body) = t.await.unwrap();
+                assert_eq!(status, 200, "{body}");
+            }
+        }
+    });
+    let (mut most_window, mut most_full, mut released) = (0, 0, 0);
+    let mut last = first;
+    let mut load = load;
+    let mut load_done = false;
+    while !(load_done && last["seqs"].as_array().unwrap().is_empty()) {
+        tokio::select! {
+            frame = events.next() => {
+                last = frame;
+                pool.apply_and_check(&last);
+                window.apply_part(&last["window"], &last, "window_blocks");
+                for q in last["seqs"].as_array().unwrap() {
+                    let table = q["window_blocks"].as_array().unwrap();
+                    let live = table.iter().filter(|b| b.as_u64() != Some(0)).count();
+                    assert_eq!(table.len(), q["blocks"].as_array().unwrap().len(), "{q}");
+                    most_window = most_window.max(live);
+                    most_full = most_full.max(table.len());
+                    released = released.max(table.len() - live);
+                }
+            }
+            joined = &mut load, if !load_done => {
+                joined.unwrap();
+                load_done = true;
+            }
+        }
+    }
+    // 160 tokens fill 20 blocks; a 5-token window reaches at most 2 of them, and one more is
+    // taken before the step that leaves the oldest behind releases it.
+    assert!(
+        most_full >= 15,
+        "the full tables grew to {most_full} blocks"
+    );
+    assert!(
+        (1..=3).contains(&most_window),
+        "window tables held up to {most_window} blocks"
+    );
+    assert!(released >= 10, "entries released: {released}");
+    assert_eq!(window.used(), 0, "every window block is freed at the end");
+
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        metric(&text, "pagewise:kv_window_cache_usage_perc"),
+        last["stats"]["kv_window_usage"].as_f64().unwrap()
+    );
+    assert_eq!(last["stats"]["kv_window_usage"], 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

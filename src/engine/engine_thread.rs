@@ -224,6 +224,10 @@ impl EngineThread {
         stats
             .kv_usage_ppm
             .store((s.kv().pool().usage() * 1e6) as u64, Ordering::Relaxed);
+        let window_usage = s.kv().window_pool().map_or(0.0, |p| p.usage());
+        stats
+            .kv_window_usage_ppm
+            .store((window_usage * 1e6) as u64, Ordering::Relaxed);
         stats
             .num_waiting
             .store(s.num_waiting() as u64, Ordering::Release);

@@ -79,6 +79,8 @@ pub struct EngineStats {
     pub num_waiting: AtomicU64,
     /// KV-cache usage in millionths.
     pub kv_usage_ppm: AtomicU64,
+    /// The window group's usage in millionths (0 without one).
+    pub kv_window_usage_ppm: AtomicU64,
     /// Preemptions since start.
     pub num_preemptions: AtomicU64,
     /// Tokens generated since start.

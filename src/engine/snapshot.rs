@@ -35,6 +35,9 @@ pub struct SeqView {
     pub preemptions: u32,
     /// Its block table (physical block ids, in order).
     pub blocks: Vec<u32>,
+    /// Its sliding layers' table in the window group, one entry per entry of `blocks` (0 where
+    /// a block has left every window and went back to the group); empty without a group.
+    pub window_blocks: Vec<u32>,
 }
 
 impl SeqView {
@@ -48,6 +51,12 @@ impl SeqView {
             cached_tokens: seq.num_cached_tokens,
             preemptions: seq.num_preemptions,
             blocks: seq.block_table.blocks().iter().map(|b| b.0).collect(),
+            window_blocks: seq
+                .block_table
+                .window_blocks()
+                .iter()
+                .map(|b| b.0)
+                .collect(),
         }
     }
 }
@@ -63,6 +72,11 @@ pub struct PoolSnapshot {
     pub block_size: usize,
     /// Each usable block's state (block 1 first), as `kv::BlockState` codes.
     pub states: Vec<u8>,
+    /// The same for the window group's pool (the sliding-window layers' blocks), when the model
+    /// has one (`kv::window`).
+    pub window_states: Option<Vec<u8>>,
+    /// Positions a sliding layer's query sees, with a window group.
+    pub window_tokens: Option<usize>,
     /// Running sequences, then waiting ones.
     pub seqs: Vec<SeqView>,
     /// The GPU's (used, total) bytes, when the model runs on one.
@@ -74,6 +88,11 @@ impl PoolSnapshot {
     pub fn take(scheduler: &Scheduler, device: &Device, serial: u64) -> Self {
         let mut states = Vec::new();
         scheduler.kv().pool().states_into(&mut states);
+        let window_states = scheduler.kv().window_pool().map(|pool| {
+            let mut states = Vec::new();
+            pool.states_into(&mut states);
+            states
+        });
         let seqs = scheduler
             .running()
             .iter()
@@ -85,6 +104,8 @@ impl PoolSnapshot {
             taken_at: Some(Instant::now()),
             block_size: scheduler.kv().block_size(),
             states,
+            window_states,
+            window_tokens: scheduler.kv().window().map(|w| w.window),
             seqs,
             gpu_memory: super::device::memory_now(device),
         }

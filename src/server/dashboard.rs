@@ -2,8 +2,9 @@
 //! the binary) and `GET /dashboard/events`, a server-sent event stream of the engine's page-table
 //! snapshots (`engine::snapshot`, at most 10 a second) merged with the counters `/metrics`
 //! reports. The first event carries every block's state; later ones only the runs of blocks that
-//! changed, unless the whole pool is cheaper. Sequences appear as ids and lengths: never tokens
-//! or text.
+//! changed, unless the whole pool is cheaper. A model with a window group (`kv::window`: the
+//! sliding-window layers' own blocks) has its pool sent the same way, under `window`. Sequences
+//! appear as ids, lengths and block tables: never tokens or text.
 //!
 //! Both sit behind `--api-key` when one is set. A browser cannot put a header on a page load or
 //! an `EventSource`, so here the key may also come as `?key=KEY` (the page passes its own on).
@@ -72,6 +73,7 @@ pub async fn events(
         watch: state.engine.watch_pool(),
         state,
         sent: None,
+        sent_window: None,
         started: std::time::Instant::now(),
     };
     let body = stream::unfold(viewer, |mut v| async move {
@@ -92,28 +94,22 @@ struct Viewer {
     state: AppState,
     /// Block states as last sent.
     sent: Option<Vec<u8>>,
+    /// The window group's block states as last sent.
+    sent_window: Option<Vec<u8>>,
     started: std::time::Instant,
 }
 
 impl Viewer {
     fn frame(&mut self, s: &Arc<PoolSnapshot>) -> Event {
-        let pool = match &self.sent {
-            Some(old) if old.len() == s.states.len() => {
-                let runs = changed_runs(old, &s.states);
-                let bytes: usize = runs.iter().map(|(_, r)| r.len() + 12).sum();
-                if bytes < s.states.len() / 2 {
-                    json!({ "runs": runs })
-                } else {
-                    json!({ "full": digits(&s.states) })
-                }
-            }
-            _ => json!({ "full": digits(&s.states) }),
-        };
-        self.sent = Some(s.states.clone());
-        let mut counts = [0usize; 4];
-        for &b in &s.states {
-            counts[usize::from(b.min(3))] += 1;
-        }
+        let pool = encode(&mut self.sent, &s.states);
+        let window = s.window_states.as_ref().map(|states| {
+            json!({
+                "window": s.window_tokens,
+                "num_blocks": states.len(),
+                "pool": encode(&mut self.sent_window, states),
+                "counts": counts(states),
+            })
+        });
         let t = s.taken_at.map_or(0.0, |at| {
             at.saturating_duration_since(self.started).as_secs_f64()
         });
@@ -123,7 +119,8 @@ impl Viewer {
             "block_size": s.block_size,
             "num_blocks": s.states.len(),
             "pool": pool,
-            "counts": {"free": counts[0], "used": counts[1], "cached": counts[2], "shared": counts[3]},
+            "counts": counts(&s.states),
+            "window": window,
             "seqs": s.seqs.iter().map(|q| json!({
                 "id": q.id,
                 "running": q.running,
@@ -133,6 +130,7 @@ impl Viewer {
                 "cached": q.cached_tokens,
                 "preemptions": q.preemptions,
                 "blocks": q.blocks,
+                "window_blocks": q.window_blocks,
             })).collect::<Vec<_>>(),
             "stats": stats(&self.state),
             "gpu_memory": s.gpu_memory.map(|(used, total)| json!({"used": used, "total": total})),
@@ -154,6 +152,7 @@ fn stats(state: &AppState) -> Value {
         "running": s.num_running.load(Ordering::Acquire),
         "waiting": s.num_waiting.load(Ordering::Acquire),
         "kv_usage": get(&s.kv_usage_ppm) as f64 / 1e6,
+        "kv_window_usage": get(&s.kv_window_usage_ppm) as f64 / 1e6,
         "prefix_queries": get(&s.prefix_cache_queries),
         "prefix_hits": get(&s.prefix_cache_hits),
         "generated_tokens": get(&s.num_generated_tokens),
@@ -163,6 +162,34 @@ fn stats(state: &AppState) -> Value {
         "graph_forward_seconds": get(&s.graph_forward_micros) as f64 / 1e6,
         "phase_seconds": phases,
     })
+}
+
+/// A pool's states for a viewer that was last sent `sent`: the runs that changed, or the whole
+/// pool when that is cheaper or nothing of its size was sent; `sent` becomes `states`.
+fn encode(sent: &mut Option<Vec<u8>>, states: &[u8]) -> Value {
+    let value = match sent.as_deref() {
+        Some(old) if old.len() == states.len() => {
+            let runs = changed_runs(old, states);
+            let bytes: usize = runs.iter().map(|(_, r)| r.len() + 12).sum();
+            if bytes < states.len() / 2 {
+                json!({ "runs": runs })
+            } else {
+                json!({ "full": digits(states) })
+            }
+        }
+        _ => json!({ "full": digits(states) }),
+    };
+    *sent = Some(states.to_vec());
+    value
+}
+
+/// Blocks of each state.
+fn counts(states: &[u8]) -> Value {
+    let mut counts = [0usize; 4];
+    for &b in states {
+        counts[usize::from(b.min(3))] += 1;
+    }
+    json!({"free": counts[0], "used": counts[1], "cached": counts[2], "shared": counts[3]})
 }
 
 /// Block states as a string of digits, one a block.

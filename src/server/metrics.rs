@@ -113,6 +113,12 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
             load(&e.kv_usage_ppm) / 1e6,
         ),
         (
+            "pagewise:kv_window_cache_usage_perc",
+            "Usage of the window group, the sliding-window layers' own blocks (models that mix \
+             sliding-window and full layers): 1 means every block in use; 0 without a group.",
+            load(&e.kv_window_usage_ppm) / 1e6,
+        ),
+        (
             "pagewise:num_queued_sequences",
             "Sequences accepted and not yet scheduled (what --max-num-queued-requests bounds).",
             state.engine.num_queued() as f64,

@@ -6,6 +6,8 @@ page of a live `pagewise serve` (the tiny Qwen2 fixture) while requests run.
 Passes when the page goes live, its numbers move while the load runs (running sequences seen,
 generated tokens rising, blocks in use), and once the load is over its numbers equal /metrics
 (generated tokens, running, KV usage, prefix-cache hit rate). Saves a screenshot taken mid-load.
+Then, on the tiny Gemma 3 (sliding-window layers, so a window group): the page shows the window
+group's grid, its blocks in use rise during a load and fall back to /metrics' window usage.
 Needs chromium on PATH (Debian's package), httpx and websocket-client.
 """
 
@@ -24,7 +26,7 @@ import httpx
 import websocket
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "robustness"))
-from tiny_server import BIN, free_port, metric, start_server, wait_ready  # noqa: E402
+from tiny_server import BIN, ROOT, free_port, metric, start_server, wait_ready  # noqa: E402
 
 FIELDS = ["kv-usage", "blocks-used", "blocks-cached", "blocks-free", "running", "waiting", "hit-rate",
           "tokens-per-s", "generated", "graph-share", "preemptions"]
@@ -113,6 +115,57 @@ def load(base, n, max_tokens, repeat, done):
     done.set()
 
 
+def window_group(browser, failures):
+    """The tiny Gemma 3 with a window group (4 sequences: 14 window blocks): the page shows the
+    group's grid, and its blocks in use rise under a load and end at /metrics' usage (0)."""
+    port = free_port()
+    server = subprocess.Popen(
+        [BIN, "serve", os.path.join(ROOT, "tests", "fixtures", "gemma3"), "--host", "127.0.0.1",
+         "--port", str(port), "--block-size", "8", "--max-num-seqs", "4", "--max-num-batched-tokens", "16",
+         "--kv-cache-memory", str(3 * 40 * 8 * 2 * 32 * 2 * 4), "--max-model-len", "256"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base, server, base)
+        browser.call("Page.navigate", url=base + "/dashboard")
+        deadline = time.time() + 20
+        while "live" not in (browser.values() or {}).get("status", ""):
+            if time.time() > deadline:
+                raise RuntimeError("the Gemma page never went live")
+            time.sleep(0.1)
+        state = "(() => { const g = document.getElementById('window-group'); return [g.hidden, g.offsetHeight," \
+                " document.getElementById('wpool').width, document.getElementById('window-counts').dataset.value," \
+                " document.getElementById('window-geometry').textContent]; })()"
+        hidden, height, width, _, geometry = browser.eval(state)
+        if hidden or height == 0 or width == 0 or "windows of 5 tokens" not in geometry:
+            failures.append(f"window group not shown: hidden {hidden}, {height}px high, canvas {width}px, {geometry!r}")
+
+        def one(i):
+            body = {"prompt": [1 + i, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 150, "ignore_eos": True, "temperature": 0}
+            assert httpx.post(base + "/v1/completions", json=body, timeout=120).status_code == 200
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        in_use = []
+        while any(t.is_alive() for t in threads):
+            in_use.append(int(browser.eval(state)[3] or 0))
+            time.sleep(0.05)
+        if max(in_use, default=0) == 0:
+            failures.append(f"the window group's blocks in use never rose: {in_use[:10]}")
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            usage = metric(httpx.get(base + "/metrics").text, "pagewise:kv_window_cache_usage_perc")
+            if usage == 0 and int(browser.eval(state)[3] or 0) == 0:
+                break
+            time.sleep(0.2)
+        else:
+            failures.append(f"window group after the load: page {browser.eval(state)[3]}, /metrics {usage}")
+        print(f"window group: {geometry}; blocks in use during the load up to {max(in_use, default=0)}")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--screenshot", default=os.path.join(tempfile.gettempdir(), "pagewise-dashboard.png"))
@@ -193,9 +246,13 @@ def main():
             failures.append(f"page vs /metrics after the load: {last}")
         if last and last["generated"][1] != args.requests * args.max_tokens:
             failures.append(f"/metrics counted {last['generated'][1]} tokens, not {args.requests * args.max_tokens}")
+        if not browser.eval("document.getElementById('window-group').hidden"):
+            failures.append("a model without sliding-window layers shows a window group")
         print(f"dashboard: {blocks} blocks ({agg or 'one cell a block'}); hover: {hovered!r}; {len(seen)} readings during the load, peak running "
               f"{max(int(v['running'] or 0) for v in seen)}, page == /metrics afterwards: {last}; "
               f"screenshot {args.screenshot}")
+        if not args.model:
+            window_group(browser, failures)
     finally:
         browser.close()
         server.terminate()
