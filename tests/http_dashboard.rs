@@ -349,6 +349,34 @@ async fn the_window_group_is_shown_and_follows_the_window_tables() {
     assert_eq!(last["stats"]["kv_window_usage"], 0.0);
 }
 
+/// An open viewer does not hold a shutdown up: on SIGTERM its stream ends and the server returns
+/// (graceful shutdown waits for every connection; the stream would otherwise never end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_viewer_does_not_hold_up_a_shutdown() {
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let stop = async move {
+        let _ = stop_rx.await;
+    };
+    let opts = ServerOptions {
+        served_model_names: vec!["tiny".into()],
+        ..Default::default()
+    };
+    let (base, _, server) = serve_until(engine_args(), opts, stop, Duration::from_secs(5)).await;
+    let mut events = Events::open(&format!("{base}/dashboard/events"), None).await;
+    events.next().await;
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("the server did not stop while a viewer watched")
+        .unwrap()
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(Ok(_)) = events.body.next().await {}
+    })
+    .await
+    .expect("the viewer's stream did not end");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_sits_behind_the_api_key_and_can_be_turned_off() {
     let (base, _) = start(vec!["sesame".into()]).await;

@@ -8,7 +8,9 @@
 //!
 //! Both sit behind `--api-key` when one is set. A browser cannot put a header on a page load or
 //! an `EventSource`, so here the key may also come as `?key=KEY` (the page passes its own on).
-//! `--disable-dashboard` leaves both out (404).
+//! `--disable-dashboard` leaves both out (404). A viewer's stream ends when the server starts
+//! shutting down: an open page never holds a shutdown up (graceful shutdown waits for every
+//! connection to close).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -31,6 +33,9 @@ const PAGE: &str = include_str!("dashboard.html");
 /// Unchanged blocks shorter than this between two changed runs are sent as changed (one run
 /// instead of two).
 const RUN_GAP: usize = 16;
+
+/// How often an idle viewer's stream looks whether the server is shutting down.
+const DRAIN_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// `?key=` on the dashboard's URLs.
 #[derive(serde::Deserialize)]
@@ -77,8 +82,19 @@ pub async fn events(
         started: std::time::Instant::now(),
     };
     let body = stream::unfold(viewer, |mut v| async move {
-        // A closed channel: the engine thread has ended; so does the stream.
-        v.watch.changed().await.ok()?;
+        loop {
+            if v.state.is_draining() {
+                return None;
+            }
+            tokio::select! {
+                // A closed channel: the engine thread has ended; so does the stream.
+                changed = v.watch.changed() => {
+                    changed.ok()?;
+                    break;
+                }
+                _ = tokio::time::sleep(DRAIN_CHECK) => {}
+            }
+        }
         let snapshot = v.watch.borrow_and_update().clone();
         let frame = v.frame(&snapshot);
         Some((Ok::<_, std::convert::Infallible>(frame), v))

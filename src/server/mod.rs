@@ -145,6 +145,11 @@ impl AppState {
         }
     }
 
+    /// Whether the server is shutting down (draining).
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
     /// Stops accepting new requests (/ready turns 503).
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::Release);
