@@ -62,6 +62,43 @@ impl Events {
     }
 }
 
+impl Events {
+    /// Reads snapshots, each passed to `on_frame`, until `load` has returned and the engine has
+    /// published its idle pool (the last snapshot before it waits for work); returns that one
+    /// (`first` when no snapshot came).
+    async fn follow(
+        &mut self,
+        first: Value,
+        mut load: tokio::task::JoinHandle<()>,
+        mut on_frame: impl FnMut(&Value),
+    ) -> Value {
+        let (mut last, mut load_done) = (first, false);
+        while !(load_done && last["seqs"].as_array().unwrap().is_empty()) {
+            tokio::select! {
+                frame = self.next() => {
+                    last = frame;
+                    on_frame(&last);
+                }
+                joined = &mut load, if !load_done => {
+                    joined.unwrap();
+                    load_done = true;
+                }
+            }
+        }
+        last
+    }
+}
+
+/// `base`'s /metrics page.
+async fn metrics_text(base: &str) -> String {
+    reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 /// The pool as the page rebuilds it.
 #[derive(Default)]
 struct Pool(Vec<u8>);
@@ -188,25 +225,13 @@ async fn snapshots_follow_the_page_table_and_agree_with_metrics() {
         }
     });
     let (mut busiest, mut deltas) = (0, 0);
-    let mut last = first;
-    let mut load = load;
-    let mut load_done = false;
-    // Until the load has returned and the engine has published its idle pool (the last snapshot
-    // before it waits for work).
-    while !(load_done && last["seqs"].as_array().unwrap().is_empty()) {
-        tokio::select! {
-            frame = events.next() => {
-                last = frame;
-                pool.apply_and_check(&last);
-                deltas += usize::from(last["pool"]["runs"].is_array());
-                busiest = busiest.max(last["seqs"].as_array().unwrap().len());
-            }
-            joined = &mut load, if !load_done => {
-                joined.unwrap();
-                load_done = true;
-            }
-        }
-    }
+    let last = events
+        .follow(first, load, |s| {
+            pool.apply_and_check(s);
+            deltas += usize::from(s["pool"]["runs"].is_array());
+            busiest = busiest.max(s["seqs"].as_array().unwrap().len());
+        })
+        .await;
     assert!(
         busiest >= 2,
         "the snapshots saw the load: at most {busiest} sequences at once"
@@ -222,12 +247,7 @@ async fn snapshots_follow_the_page_table_and_agree_with_metrics() {
     );
 
     // The idle snapshot against /metrics (read after it: the counters no longer move).
-    let text = reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&base).await;
     let st = &last["stats"];
     assert_eq!(st["running"], 0);
     assert_eq!(metric(&text, "vllm:num_requests_running"), 0.0);
@@ -299,30 +319,20 @@ async fn the_window_group_is_shown_and_follows_the_window_tables() {
         }
     });
     let (mut most_window, mut most_full, mut released) = (0, 0, 0);
-    let mut last = first;
-    let mut load = load;
-    let mut load_done = false;
-    while !(load_done && last["seqs"].as_array().unwrap().is_empty()) {
-        tokio::select! {
-            frame = events.next() => {
-                last = frame;
-                pool.apply_and_check(&last);
-                window.apply_part(&last["window"], &last, "window_blocks");
-                for q in last["seqs"].as_array().unwrap() {
-                    let table = q["window_blocks"].as_array().unwrap();
-                    let live = table.iter().filter(|b| b.as_u64() != Some(0)).count();
-                    assert_eq!(table.len(), q["blocks"].as_array().unwrap().len(), "{q}");
-                    most_window = most_window.max(live);
-                    most_full = most_full.max(table.len());
-                    released = released.max(table.len() - live);
-                }
+    let last = events
+        .follow(first, load, |s| {
+            pool.apply_and_check(s);
+            window.apply_part(&s["window"], s, "window_blocks");
+            for q in s["seqs"].as_array().unwrap() {
+                let table = q["window_blocks"].as_array().unwrap();
+                let live = table.iter().filter(|b| b.as_u64() != Some(0)).count();
+                assert_eq!(table.len(), q["blocks"].as_array().unwrap().len(), "{q}");
+                most_window = most_window.max(live);
+                most_full = most_full.max(table.len());
+                released = released.max(table.len() - live);
             }
-            joined = &mut load, if !load_done => {
-                joined.unwrap();
-                load_done = true;
-            }
-        }
-    }
+        })
+        .await;
     // 160 tokens fill 20 blocks; a 5-token window reaches at most 2 of them, and one more is
     // taken before the step that leaves the oldest behind releases it.
     assert!(
@@ -336,12 +346,7 @@ async fn the_window_group_is_shown_and_follows_the_window_tables() {
     assert!(released >= 10, "entries released: {released}");
     assert_eq!(window.used(), 0, "every window block is freed at the end");
 
-    let text = reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&base).await;
     assert_eq!(
         metric(&text, "pagewise:kv_window_cache_usage_perc"),
         last["stats"]["kv_window_usage"].as_f64().unwrap()

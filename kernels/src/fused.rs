@@ -1,5 +1,5 @@
-//! Fused elementwise kernels of the decoder layer: residual add + RMSNorm, and SiLU-and-multiply
-//! over a fused gate/up projection. Each replaces two or three candle kernels (and their
+//! Fused elementwise kernels of the decoder layer: residual add + RMSNorm, the residual add of a
+//! normalized output, and SiLU-and-multiply over a fused gate/up projection. Each replaces two or three candle kernels (and their
 //! intermediate tensors) with one pass.
 
 use std::ffi::c_void;
@@ -7,6 +7,29 @@ use std::ffi::c_void;
 use candle_core::{Result, Tensor, bail};
 
 use crate::{check_launch, device_ptr, dtype_code, empty, ffi};
+
+/// The rows, width and dtype code of a residual add with a norm (`what`): `x` and `delta`
+/// `[rows, hidden]`, `weight` `[hidden]`, all one dtype the kernels take.
+fn add_norm_shape(
+    what: &str,
+    x: &Tensor,
+    delta: &Tensor,
+    weight: &Tensor,
+) -> Result<(usize, usize, i32)> {
+    let (rows, hidden) = x.dims2()?;
+    if delta.dims() != x.dims() || weight.dims() != [hidden] {
+        bail!(
+            "{what}: x {:?}, delta {:?} and weight {:?} do not match",
+            x.dims(),
+            delta.dims(),
+            weight.dims()
+        );
+    }
+    if delta.dtype() != x.dtype() || weight.dtype() != x.dtype() {
+        bail!("{what}: x, delta and weight must share one dtype");
+    }
+    Ok((rows, hidden, dtype_code(x.dtype(), what)?))
+}
 
 /// `sum = x + delta` and `normed = rms_norm(sum) * weight` in one pass over `[rows, hidden]`
 /// (`weight`: `[hidden]`; all one dtype, contiguous, on one GPU). Returns `(sum, normed)`.
@@ -16,19 +39,7 @@ pub fn add_rms_norm(
     weight: &Tensor,
     eps: f32,
 ) -> Result<(Tensor, Tensor)> {
-    let (rows, hidden) = x.dims2()?;
-    if delta.dims() != x.dims() || weight.dims() != [hidden] {
-        bail!(
-            "add_rms_norm: x {:?}, delta {:?} and weight {:?} do not match",
-            x.dims(),
-            delta.dims(),
-            weight.dims()
-        );
-    }
-    if delta.dtype() != x.dtype() || weight.dtype() != x.dtype() {
-        bail!("add_rms_norm: x, delta and weight must share one dtype");
-    }
-    let dtype = dtype_code(x.dtype(), "add_rms_norm")?;
+    let (rows, hidden, dtype) = add_norm_shape("add_rms_norm", x, delta, weight)?;
     let sum = empty(x.shape(), x.dtype(), x.device())?;
     let normed = empty(x.shape(), x.dtype(), x.device())?;
     let (s, stream) = device_ptr(&sum, "sum")?;
@@ -61,19 +72,7 @@ pub fn add_rms_norm(
 /// kernel. The normalized delta is rounded to the dtype before the add, as the separate norm
 /// stores it.
 pub fn add_rms_normed(x: &Tensor, delta: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
-    let (rows, hidden) = x.dims2()?;
-    if delta.dims() != x.dims() || weight.dims() != [hidden] {
-        bail!(
-            "add_rms_normed: x {:?}, delta {:?} and weight {:?} do not match",
-            x.dims(),
-            delta.dims(),
-            weight.dims()
-        );
-    }
-    if delta.dtype() != x.dtype() || weight.dtype() != x.dtype() {
-        bail!("add_rms_normed: x, delta and weight must share one dtype");
-    }
-    let dtype = dtype_code(x.dtype(), "add_rms_normed")?;
+    let (rows, hidden, dtype) = add_norm_shape("add_rms_normed", x, delta, weight)?;
     let out = empty(x.shape(), x.dtype(), x.device())?;
     let (o, stream) = device_ptr(&out, "out")?;
     let (xp, _) = device_ptr(x, "x")?;

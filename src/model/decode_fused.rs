@@ -84,25 +84,28 @@ pub const MAX_ROWS: usize = 2;
 /// Whether a step whose embedded tokens are `x` (`[rows, hidden]`) fits the fused kernels with
 /// these layers: a GPU, f16 or bf16, at most [`MAX_ROWS`] rows, and inputs the kernels can stage.
 pub(super) fn fits(x: &Tensor, layers: &[FusedLayer<'_>]) -> bool {
-    let (Ok(rows), dtype) = (x.dim(0), x.dtype()) else {
+    let Some((rows, dtype)) = step_fits(x) else {
         return false;
     };
-    x.device().is_cuda()
-        && rows <= MAX_ROWS
-        && matches!(dtype, DType::BF16 | DType::F16)
-        && layers.iter().all(|l| {
-            let mlp = match l.mlp {
-                FusedMlp::Dense { gate_up, down } => {
-                    // (Down may be past the staging space: `finish_layer` then takes cuBLAS.)
-                    gemv_takes(rows, dtype, &[gate_up])
-                        && down.dtype() == dtype
-                        && down.is_contiguous()
-                }
-                // (The expert kernels check their own shapes.)
-                FusedMlp::Sparse(_) => l.post_norm.weight().dtype() == dtype,
-            };
-            gemv_takes(rows, dtype, &[l.attn.qkv, l.o]) && mlp
-        })
+    layers.iter().all(|l| {
+        let mlp = match l.mlp {
+            FusedMlp::Dense { gate_up, down } => {
+                // (Down may be past the staging space: `finish_layer` then takes cuBLAS.)
+                gemv_takes(rows, dtype, &[gate_up]) && down.dtype() == dtype && down.is_contiguous()
+            }
+            // (The expert kernels check their own shapes.)
+            FusedMlp::Sparse(_) => l.post_norm.weight().dtype() == dtype,
+        };
+        gemv_takes(rows, dtype, &[l.attn.qkv, l.o]) && mlp
+    })
+}
+
+/// The rows and dtype of a step whose embedded tokens are `x` (`[rows, hidden]`) when the step
+/// itself fits the fused kernels: on a GPU, f16 or bf16, at most [`MAX_ROWS`] rows.
+pub(super) fn step_fits(x: &Tensor) -> Option<(usize, DType)> {
+    let (rows, dtype) = (x.dim(0).ok()?, x.dtype());
+    (x.device().is_cuda() && rows <= MAX_ROWS && matches!(dtype, DType::BF16 | DType::F16))
+        .then_some((rows, dtype))
 }
 
 /// Whether the GEMV takes `rows` rows in `dtype` through each of `weights` (`[out, k]`):

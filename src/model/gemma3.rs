@@ -340,14 +340,10 @@ impl Gemma3 {
         batch: &ForwardBatch<'_>,
         kv: &KvCache,
     ) -> Option<Vec<FusedGemmaLayer<'_>>> {
-        use super::decode_fused::{MAX_ROWS, gemv_takes};
+        use super::decode_fused::{gemv_takes, step_fits};
         batch.attention.device.as_ref()?;
-        let (rows, dtype) = (x.dim(0).ok()?, x.dtype());
-        let fits = x.device().is_cuda()
-            && rows <= MAX_ROWS
-            && matches!(dtype, candle_core::DType::BF16 | candle_core::DType::F16)
-            && self.cfg.rotary_dim() == self.cfg.head_dim;
-        if !fits {
+        let (rows, dtype) = step_fits(x)?;
+        if self.cfg.rotary_dim() < self.cfg.head_dim {
             return None;
         }
         self.layers

@@ -69,6 +69,15 @@ class Browser:
         r = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
         return r["result"].get("value")
 
+    def open_live(self, url):
+        """Loads the dashboard at `url` and waits (20 s at most) until it shows live data."""
+        self.call("Page.navigate", url=url)
+        deadline = time.time() + 20
+        while "live" not in (self.values() or {}).get("status", ""):
+            if time.time() > deadline:
+                raise RuntimeError(f"{url} never went live")
+            time.sleep(0.1)
+
     def values(self):
         """The page's tiles: raw values (data-value) and the live status."""
         return self.eval("(() => { const v = {}; for (const id of %s) v[id] = document.getElementById(id).dataset.value;"
@@ -127,12 +136,7 @@ def window_group(browser, failures):
     base = f"http://127.0.0.1:{port}"
     try:
         wait_ready(base, server, base)
-        browser.call("Page.navigate", url=base + "/dashboard")
-        deadline = time.time() + 20
-        while "live" not in (browser.values() or {}).get("status", ""):
-            if time.time() > deadline:
-                raise RuntimeError("the Gemma page never went live")
-            time.sleep(0.1)
+        browser.open_live(base + "/dashboard")
         state = "(() => { const g = document.getElementById('window-group'); return [g.hidden, g.offsetHeight," \
                 " document.getElementById('wpool').width, document.getElementById('window-counts').dataset.value," \
                 " document.getElementById('window-geometry').textContent]; })()"
@@ -189,12 +193,7 @@ def main():
     failures = []
     try:
         browser.call("Page.enable")
-        browser.call("Page.navigate", url=base + "/dashboard")
-        deadline = time.time() + 20
-        while "live" not in (browser.values() or {}).get("status", ""):
-            if time.time() > deadline:
-                raise RuntimeError("the page never went live")
-            time.sleep(0.1)
+        browser.open_live(base + "/dashboard")
         idle = browser.values()
         blocks, pixels, agg = browser.eval(
             "[last.num_blocks, document.getElementById('pool').width * document.getElementById('pool').height,"
