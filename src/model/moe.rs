@@ -333,23 +333,20 @@ impl SparseMoe {
     /// Applies the layer to `x` (`[tokens, hidden]`).
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let s = &self.settings;
-        #[cfg(feature = "cuda")]
-        if let Some(stacked) = &self.stacked
-            && x.dim(0)? <= DEVICE_TOKENS
-        {
-            return stacked.forward(x, &self.router_logits(x)?, s);
-        }
         let logits = self.router_logits(x)?;
+        #[cfg(feature = "cuda")]
+        if let Some(stacked) = &self.stacked {
+            return match x.dim(0)? <= DEVICE_TOKENS {
+                true => stacked.forward(x, &logits, s),
+                false => stacked.forward_grouped(x, &logits, s),
+            };
+        }
         let routes = route(
             &logits.flatten_all()?.to_vec1::<f32>()?,
             s.num_experts,
             s.top_k,
             s.renormalize,
         );
-        #[cfg(feature = "cuda")]
-        if let Some(stacked) = &self.stacked {
-            return stacked.forward_grouped(x, &routes);
-        }
         let mut chosen: Vec<(Vec<u32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); s.num_experts];
         for (t, route) in routes.iter().enumerate() {
             for &(e, weight) in route {
