@@ -39,9 +39,12 @@ for pair in "$CARGO_TARGET_DIR/release/pagewise:pagewise" "$kernel_tests:kernel-
   strip ".gpu/$name"
   xz -T2 -9 ".gpu/$name"
 done
-cp scripts/gpu/make_gpu_models.py scripts/gpu/arch_speed.sh scripts/gpu/ncu_step.py scripts/gpu/profile_arch.sh scripts/gpu/run.sh scripts/gpu/scoreboard.sh scripts/gpu/hf_baselines.py scripts/gpu/hf_server.py scripts/gpu/long_serve.sh .gpu/scripts/gpu/
+cp scripts/gpu/make_gpu_models.py scripts/gpu/arch_speed.sh scripts/gpu/ncu_step.py scripts/gpu/profile_arch.sh scripts/gpu/run.sh scripts/gpu/scoreboard.sh scripts/gpu/hf_baselines.py scripts/gpu/hf_server.py scripts/gpu/long_serve.sh scripts/gpu/moe_peer.sh scripts/gpu/mkgguf_moe.py .gpu/scripts/gpu/
 cp tests/fixtures/llama-gqa-tied/tokenizer.json .gpu/tests/fixtures/llama-gqa-tied/
 cp scripts/gpu/run.sh .gpu/run.sh
+# The llama.cpp peer kit, for moe_peer.sh (writable: its run.sh extracts next to itself).
+kit=../shared/peers/llama.cpp
+[ -d "$kit" ] && rm -rf .gpu/lcpp && cp -r "$kit" .gpu/lcpp && chmod -R u+w .gpu/lcpp
 # A real 49k vocabulary (SmolLM2's) for the `structured` benchmark's dummy-weight shape, when the
 # GGUF and gguf-py are at hand (pip install --target /tmp/ggufpy gguf==0.17.1).
 gguf=${PAGEWISE_SMOLLM2_GGUF:-$HOME/.cache/pagewise/models/SmolLM2-135M-Instruct.Q4_1.gguf}
