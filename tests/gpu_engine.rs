@@ -436,13 +436,41 @@ fn cuda_graph_decode_steps_equal_eager_steps() {
 
 /// A mixture of experts in bf16: decode steps of up to `moe::DEVICE_TOKENS` sequences route
 /// on the device (`moe_device.rs`), so they are captured in CUDA graphs, and replaying them gives
-/// the eager steps' tokens; larger batches run eagerly through the host routing.
+/// the eager steps' tokens; larger batches run eagerly (the grouped GEMMs, routed on the device).
 /// gpt-oss's experts (biases, the clamped SwiGLU) and attention with sinks take the same path.
 #[test]
 fn moe_decode_steps_in_cuda_graphs_equal_eager_steps() {
     for name in ["qwen3moe-d128", "gptoss-d64"] {
         moe_graphs_equal_eager(name);
     }
+}
+
+/// gpt-oss in llama.cpp's layout (gptoss-d64's experts quantized to MXFP4 by
+/// tests/fixtures/make_gptoss_gguf.py; dequantized at load) in bf16 on the GPU: within bf16's
+/// error of the same file on the CPU in f32, and its experts take the device path (decode steps
+/// in CUDA graphs, equal to eager ones).
+#[test]
+fn gpt_oss_gguf_on_the_gpu_matches_the_cpu() {
+    let path = model("gptoss-d64/model-MXFP4.gguf");
+    let tokens: Vec<u32> = prompts(1, 256)[0]
+        .iter()
+        .copied()
+        .cycle()
+        .take(100)
+        .collect();
+    let on = |device: &Device, dtype| {
+        common::logits_at_every_position_on(&path, GgufMatmul::Auto, &tokens, device, dtype)
+    };
+    let want = on(&Device::Cpu, DType::F32);
+    let got = on(&gpu(), DType::BF16);
+    let err = rel_err(&got, &want);
+    let (agree, decisive) = top1_agreement(&got, &want);
+    eprintln!(
+        "gpt-oss MXFP4 GGUF, GPU bf16 vs CPU f32: rel. err. {err:.2e}, top-1 {agree}/{decisive}"
+    );
+    assert!(err < 1e-1, "{err}");
+    assert!(agree as f64 >= 0.95 * decisive as f64, "{agree}/{decisive}");
+    moe_graphs_equal_eager("gptoss-d64/model-MXFP4.gguf");
 }
 
 fn moe_graphs_equal_eager(name: &str) {

@@ -250,6 +250,20 @@ fn gpt_oss_with_sinks_windows_yarn_and_mxfp4_experts_matches_transformers() {
     );
 }
 
+/// The same gpt-oss as llama.cpp lays it out (`gpt-oss`; tests/fixtures/make_gptoss_gguf.py):
+/// experts in ggml's MXFP4 blocks (a type candle's GGUF reader refuses; ours reads it), gate and
+/// up split, sinks and biases under llama.cpp's names, YaRN and the window from its metadata:
+/// transformers' logits and greedy tokens.
+#[test]
+fn gpt_oss_gguf_with_mxfp4_experts_matches_transformers() {
+    check_model(
+        "gpt-oss",
+        &format!("{FIXTURES}/gpt-oss/model-MXFP4.gguf"),
+        1e-4,
+        true,
+    );
+}
+
 #[test]
 fn qwen3_moe_with_renormalized_top3_of_8_and_a_dense_layer_matches_transformers() {
     check("qwen3-moe");

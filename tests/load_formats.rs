@@ -102,6 +102,57 @@ fn bad_engine_settings_are_refused_clearly() {
     assert!(e.contains("holds no block"), "{e}");
 }
 
+/// A GGUF file of one 32 x 4 tensor of ggml type `ggml_type` (its data zeros) and the
+/// architecture `arch`, written to the temporary folder as `name`.
+fn one_tensor_gguf(name: &str, arch: &str, ggml_type: u32, data_bytes: usize) -> String {
+    let mut f = b"GGUF".to_vec();
+    f.extend(3u32.to_le_bytes());
+    f.extend(1u64.to_le_bytes()); // tensors
+    f.extend(1u64.to_le_bytes()); // metadata entries
+    let string = |f: &mut Vec<u8>, s: &str| {
+        f.extend((s.len() as u64).to_le_bytes());
+        f.extend(s.as_bytes());
+    };
+    string(&mut f, "general.architecture");
+    f.extend(8u32.to_le_bytes()); // a string
+    string(&mut f, arch);
+    string(&mut f, "token_embd.weight");
+    f.extend(2u32.to_le_bytes());
+    f.extend(32u64.to_le_bytes());
+    f.extend(4u64.to_le_bytes());
+    f.extend(ggml_type.to_le_bytes());
+    f.extend(0u64.to_le_bytes());
+    f.resize(f.len().div_ceil(32) * 32 + data_bytes, 0);
+    let path = std::env::temp_dir().join(format!("pagewise-{}-{name}.gguf", std::process::id()));
+    std::fs::write(&path, f).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// A GGUF file the loader cannot run is refused with an error that names what: an architecture
+/// it does not have, a tensor type it does not read (IQ4_NL, ggml type 20), a damaged header.
+#[test]
+fn gguf_files_it_cannot_run_are_refused_by_name() {
+    let err = |path: &str| {
+        let args = EngineArgs {
+            model: path.into(),
+            ..Default::default()
+        };
+        let e = Llm::new(args).err().expect("must fail").to_string();
+        std::fs::remove_file(path).unwrap();
+        e
+    };
+    let e = err(&one_tensor_gguf("arch", "mamba", 0, 32 * 4 * 4));
+    assert!(e.contains("\"mamba\" is not supported"), "{e}");
+    let e = err(&one_tensor_gguf("type", "llama", 20, 4 * 18));
+    assert!(e.contains("ggml type 20 is not supported"), "{e}");
+    // Cut inside the tensor table.
+    let damaged = one_tensor_gguf("damaged", "llama", 0, 0);
+    let bytes = std::fs::read(&damaged).unwrap();
+    std::fs::write(&damaged, &bytes[..70]).unwrap();
+    let e = err(&damaged);
+    assert!(e.contains("damaged.gguf"), "{e}");
+}
+
 /// GGUF files with a SentencePiece vocabulary (`tokenizer.ggml.model = "llama"`: Llama 2, Mistral,
 /// Phi-3, Gemma) tokenize as SentencePiece itself does (tests/fixtures/make_spm_gguf.py trains the
 /// models and records its ids): with the prefix space and without (Gemma), byte fallback for

@@ -43,6 +43,14 @@ if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] &
   (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS") > "$out/make-models.log" 2>&1 \
     || { tail -20 "$out/make-models.log"; exit 1; }
 fi
+# gpt-oss in llama.cpp's layout: gptoss-d64 with its experts quantized to MXFP4, written by the
+# gguf-py of the llama.cpp kit (staged by build.sh as lcpp/).
+gptoss=$PAGEWISE_GPU_MODELS/gptoss-d64
+if [ -d "$gptoss" ] && [ ! -f "$gptoss/model-MXFP4.gguf" ] && [ -f "$here/lcpp/lcpp.tar.xz" ]; then
+  mkdir -p "$work/ggufpy" && tar -xJf "$here/lcpp/lcpp.tar.xz" -C "$work/ggufpy" --wildcards '*/gguf-py/*' \
+    && PYTHONPATH=$work/ggufpy/llama.cpp/gguf-py python3 "$here/../tests/fixtures/make_gptoss_gguf.py" "$gptoss" \
+      >> "$out/make-models.log" 2>&1 || tail -5 "$out/make-models.log"
+fi
 status=0
 if [ "$what" = tests ] || [ "$what" = kernels ] || [ "$what" = all ] || [ "$what" = recheck ]; then
   "$work/bin/kernel-tests" --test-threads=1 > "$out/kernel-tests.log" 2>&1 || status=1

@@ -8,12 +8,14 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::{DType, Device};
 use tokenizers::Tokenizer;
 
+use super::gguf_file;
 use super::gguf_tokenizer::tokenizer_from_gguf;
 use super::{GgufMatmul, LoadError};
 use crate::model::config::{
-    Architecture, ExpertActivation, ExpertNames, GemmaSettings, LongRope, ModelConfig, MoeSettings,
-    NeoxSettings,
+    Architecture, ExpertActivation, ExpertNames, GemmaSettings, GptOssSettings, LongRope,
+    ModelConfig, MoeSettings, NeoxSettings,
 };
+use crate::model::rope_scaling::{Yarn, parse_yarn};
 use crate::model::weights::{Dequantize, Weights};
 
 /// What a GGUF file provides besides weights.
@@ -66,9 +68,10 @@ pub fn load(
 ) -> Result<GgufModel, LoadError> {
     let io = |e: std::io::Error| LoadError::Io(format!("{}: {e}", path.display()));
     let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(io)?);
-    let ct = Content::read(&mut file)
+    let header = gguf_file::read(&mut file)
         .map_err(|e| LoadError::Format(format!("{}: {e}", path.display())))?;
-    let arch = md(&ct, "general.architecture")?
+    let ct = &header.content;
+    let arch = md(ct, "general.architecture")?
         .to_string()
         .map_err(|e| LoadError::Format(e.to_string()))?
         .clone();
@@ -80,67 +83,74 @@ pub fn load(
         "gemma3" => Architecture::Gemma3,
         "gpt2" => Architecture::Gpt2,
         "gptneox" => Architecture::GptNeox,
+        "gpt-oss" => Architecture::GptOss,
         other => {
             return Err(LoadError::Format(format!(
                 "GGUF architecture {other:?} is not supported (supported: llama (Mixtral's \
-                 experts included), qwen2, qwen3, qwen3moe, phi3, gemma3, gpt2, gptneox)"
+                 experts included), qwen2, qwen3, qwen3moe, phi3, gemma3, gpt2, gptneox, gpt-oss)"
             )));
         }
     };
     // Metadata keys are prefixed by the architecture's name.
     let key = |k: &str| format!("{arch}.{k}");
-    let tokens = md_strings(&ct, "tokenizer.ggml.tokens")?;
-    let heads = md_u32(&ct, &key("attention.head_count"))? as usize;
-    let hidden = md_u32(&ct, &key("embedding_length"))? as usize;
-    let eos = md_u32(&ct, "tokenizer.ggml.eos_token_id").ok();
+    let tokens = md_strings(ct, "tokenizer.ggml.tokens")?;
+    let heads = md_u32(ct, &key("attention.head_count"))? as usize;
+    let hidden = md_u32(ct, &key("embedding_length"))? as usize;
+    let eos = md_u32(ct, "tokenizer.ggml.eos_token_id").ok();
     // Qwen3's head width is not hidden / heads: `attention.key_length` says it. Phi-3's
     // `rope.dimension_count` is the rotary part of a head (Phi-4-mini turns 3/4 of it).
     let phi3 = architecture == Architecture::Phi3;
     // GPT-2 and GPT-NeoX: LayerNorm with biases everywhere; NeoX turns `rope.dimension_count`
     // of each head.
     let legacy = matches!(architecture, Architecture::Gpt2 | Architecture::GptNeox);
-    let head_dim = match md_u32(&ct, &key("attention.key_length")) {
+    let head_dim = match md_u32(ct, &key("attention.key_length")) {
         Ok(v) => v as usize,
         Err(_) if phi3 || legacy => hidden / heads,
-        Err(_) => md_u32(&ct, &key("rope.dimension_count")).map_or(hidden / heads, |v| v as usize),
+        Err(_) => md_u32(ct, &key("rope.dimension_count")).map_or(hidden / heads, |v| v as usize),
     };
     let rotary_dim = match phi3 || legacy {
-        true => md_u32(&ct, &key("rope.dimension_count")).map_or(head_dim, |v| v as usize),
+        true => md_u32(ct, &key("rope.dimension_count")).map_or(head_dim, |v| v as usize),
         false => head_dim,
     };
-    let context = md_u32(&ct, &key("context_length")).map_or(2048, |v| v as usize);
+    let context = md_u32(ct, &key("context_length")).map_or(2048, |v| v as usize);
     // Phi-3-mini's window (llama.cpp writes 0 for none) caps the context, as in config.json.
     let gemma = match architecture {
-        Architecture::Gemma3 => Some(gemma_settings(&ct, &arch, head_dim)?),
+        Architecture::Gemma3 => Some(gemma_settings(ct, &arch, head_dim)?),
         _ => None,
     };
-    let max_position_embeddings = match md_u32(&ct, &key("attention.sliding_window")) {
-        Ok(w) if gemma.is_none() && w > 0 && (w as usize) < context => w as usize,
+    let gpt_oss = match architecture {
+        Architecture::GptOss => Some(gpt_oss_settings(ct, &arch, context)?),
+        _ => None,
+    };
+    let max_position_embeddings = match md_u32(ct, &key("attention.sliding_window")) {
+        Ok(w) if gemma.is_none() && gpt_oss.is_none() && w > 0 && (w as usize) < context => {
+            w as usize
+        }
         _ => context,
     };
-    let longrope = longrope(&ct, &mut file, &arch, context)?;
+    let longrope = longrope(ct, &mut file, &arch, context)?;
     let config = ModelConfig {
         architecture,
         qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
         vocab_size: tokens.len(),
         hidden_size: hidden,
-        intermediate_size: md_u32(&ct, &key("feed_forward_length"))? as usize,
-        num_hidden_layers: md_u32(&ct, &key("block_count"))? as usize,
+        intermediate_size: md_u32(ct, &key("feed_forward_length"))? as usize,
+        num_hidden_layers: md_u32(ct, &key("block_count"))? as usize,
         num_attention_heads: heads,
-        num_key_value_heads: md_u32(&ct, &key("attention.head_count_kv"))
+        num_key_value_heads: md_u32(ct, &key("attention.head_count_kv"))
             .map_or(heads, |v| v as usize),
         head_dim,
-        norm_eps: md_f64(&ct, &key("attention.layer_norm_rms_epsilon"))
-            .or_else(|| md_f64(&ct, &key("attention.layer_norm_epsilon")))
+        norm_eps: md_f64(ct, &key("attention.layer_norm_rms_epsilon"))
+            .or_else(|| md_f64(ct, &key("attention.layer_norm_epsilon")))
             .unwrap_or(1e-5),
-        rope_theta: md_f64(&ct, &key("rope.freq_base")).unwrap_or(match gemma {
+        rope_theta: md_f64(ct, &key("rope.freq_base")).unwrap_or(match gemma {
             Some(_) => 1_000_000.0,
             None => 10_000.0,
         }),
         rope_scaling: None,
         longrope,
-        yarn: None,
-        gpt_oss: None,
+        yarn: gpt_oss.as_ref().and_then(|(_, yarn)| yarn.clone()),
+        gpt_oss: gpt_oss.map(|(settings, _)| settings),
         // llama.cpp's converter permutes Llama's q/k rows for interleaved rotary; Qwen's stay in
         // the rotate-half order.
         rope_interleaved: architecture == Architecture::Llama,
@@ -149,9 +159,9 @@ pub fn load(
         tie_word_embeddings: architecture == Architecture::Gpt2
             || !ct.tensor_infos.contains_key("output.weight"),
         qkv_bias: legacy || ct.tensor_infos.contains_key("blk.0.attn_q.bias"),
-        o_bias: legacy,
+        o_bias: legacy || ct.tensor_infos.contains_key("blk.0.attn_output.bias"),
         mlp_bias: legacy,
-        bos_token_id: md_u32(&ct, "tokenizer.ggml.bos_token_id").ok(),
+        bos_token_id: md_u32(ct, "tokenizer.ggml.bos_token_id").ok(),
         eos_token_ids: eos.into_iter().collect(),
         opt: None,
         // llama.cpp's files do not name NeoX's activation: Pythia's (and GPT-NeoX-20B's) exact
@@ -165,16 +175,25 @@ pub fn load(
             gelu_tanh: false,
         }),
         gemma,
-        moe: moe_settings(&ct, &arch)?,
+        moe: moe_settings(ct, &arch)?,
         rotary_dim,
     };
-    let tokenizer = tokenizer_from_gguf(&ct, &tokens)?;
+    let tokenizer = tokenizer_from_gguf(ct, &tokens)?;
     let chat_template = ct
         .metadata
         .get("tokenizer.chat_template")
         .and_then(|v| v.to_string().ok().cloned());
 
-    let num_params: usize = ct.tensor_infos.values().map(|t| t.shape.elem_count()).sum();
+    let num_params: usize = ct
+        .tensor_infos
+        .values()
+        .map(|t| t.shape.elem_count())
+        .sum::<usize>()
+        + header
+            .mxfp4
+            .values()
+            .map(|(dims, _)| dims.iter().product::<usize>())
+            .sum::<usize>();
     let dequantize = match matmul {
         GgufMatmul::Quantized => Dequantize::Nothing,
         GgufMatmul::Dequantized => Dequantize::All,
@@ -189,6 +208,12 @@ pub fn load(
         let t = ct
             .tensor(&mut file, name, device)
             .map_err(|e| LoadError::Format(format!("GGUF tensor {name}: {e}")))?;
+        tensors.insert(name.clone(), t);
+    }
+    // MXFP4 (gpt-oss's experts): dequantized at load to the model's dtype.
+    for name in header.mxfp4.keys() {
+        let t = gguf_file::read_mxfp4(&mut file, &header, name, dtype, device)
+            .map_err(LoadError::Format)?;
         tensors.insert(name.clone(), t);
     }
     Ok(GgufModel {
@@ -208,10 +233,10 @@ pub fn load(
 pub fn load_tokenizer(path: &Path) -> Result<Tokenizer, LoadError> {
     let io = |e: std::io::Error| LoadError::Io(format!("{}: {e}", path.display()));
     let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(io)?);
-    let ct = Content::read(&mut file)
+    let header = gguf_file::read(&mut file)
         .map_err(|e| LoadError::Format(format!("{}: {e}", path.display())))?;
-    let tokens = md_strings(&ct, "tokenizer.ggml.tokens")?;
-    tokenizer_from_gguf(&ct, &tokens)
+    let tokens = md_strings(&header.content, "tokenizer.ggml.tokens")?;
+    tokenizer_from_gguf(&header.content, &tokens)
 }
 
 /// Gemma 3's settings from `gemma3.*`, as llama.cpp reads them: the local layers every layer but
@@ -272,6 +297,55 @@ fn gemma_settings(ct: &Content, arch: &str, head_dim: usize) -> Result<GemmaSett
         global_rope_factor,
         final_logit_softcapping: md_f64(ct, &key("final_logit_softcapping")),
     })
+}
+
+/// gpt-oss's settings from `gpt-oss.*`, as llama.cpp reads them: sliding-window layers and full
+/// ones alternating, the first sliding (`attention.sliding_window` positions), and YaRN from
+/// `rope.scaling.*` (the factor, the pre-training context, the betas when given), its ramp not
+/// rounded to whole dimensions, as gpt-oss's `config.json` says.
+fn gpt_oss_settings(
+    ct: &Content,
+    arch: &str,
+    context: usize,
+) -> Result<(GptOssSettings, Option<Yarn>), LoadError> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let layers = md_u32(ct, &key("block_count"))? as usize;
+    let settings = GptOssSettings {
+        sliding_window: md_u32(ct, &key("attention.sliding_window")).map_or(128, |w| w.max(1))
+            as usize,
+        sliding: (0..layers).map(|i| i % 2 == 0).collect(),
+    };
+    let scaling = ct
+        .metadata
+        .get(&key("rope.scaling.type"))
+        .and_then(|t| t.to_string().ok().cloned());
+    let yarn = match scaling.as_deref() {
+        None | Some("none") => None,
+        Some("yarn") => {
+            let mut v = serde_json::json!({ "truncate": false });
+            let keys = [
+                ("factor", "rope.scaling.factor"),
+                ("beta_fast", "rope.scaling.yarn_beta_fast"),
+                ("beta_slow", "rope.scaling.yarn_beta_slow"),
+            ];
+            for (name, k) in keys {
+                if let Some(x) = md_f64(ct, &key(k)) {
+                    v[name] = x.into();
+                }
+            }
+            let original = md_u32(ct, &key("rope.scaling.original_context_length")).ok();
+            Some(
+                parse_yarn(&v, Some(context), original.map(|o| o as usize))
+                    .map_err(|e| LoadError::Format(format!("GGUF gpt-oss: {e}")))?,
+            )
+        }
+        Some(other) => {
+            return Err(LoadError::Format(format!(
+                "GGUF gpt-oss with rope scaling {other:?} is not supported (yarn is)"
+            )));
+        }
+    };
+    Ok((settings, yarn))
 }
 
 /// Phi-3's LongRoPE as llama.cpp's converter writes it: the per-frequency divisors in the tensors
@@ -338,8 +412,16 @@ fn moe_settings(ct: &Content, arch: &str) -> Result<Option<MoeSettings>, LoadErr
             .collect(),
         names: match arch {
             "llama" => ExpertNames::Mixtral,
+            "gpt-oss" => ExpertNames::GptOss,
             _ => ExpertNames::Qwen,
         },
-        activation: ExpertActivation::SiluMul,
+        // (gpt-oss's clamp is not in llama.cpp's metadata: the released models' 7.)
+        activation: match arch {
+            "gpt-oss" => ExpertActivation::ClampedSwiglu {
+                alpha: 1.702,
+                limit: 7.0,
+            },
+            _ => ExpertActivation::SiluMul,
+        },
     }))
 }

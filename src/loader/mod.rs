@@ -3,6 +3,7 @@
 //! from `config.json` alone.
 
 pub mod gguf;
+mod gguf_file;
 mod gguf_tokenizer;
 pub mod hub;
 

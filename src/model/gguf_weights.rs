@@ -1,9 +1,8 @@
 //! GGUF tensors as model weights: llama.cpp's tensor names for the Hugging Face ones the models
 //! ask for, a matrix's bytes as a linear layer, and experts stacked in one tensor.
 
-use candle_core::Device;
-use candle_core::Tensor;
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
+use candle_core::{DType, Device, Tensor};
 
 use super::ModelError;
 use super::layers::Linear;
@@ -57,27 +56,29 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         // Phi-3's stacked projections (gate rows before up rows, as llama.cpp keeps them).
         "self_attn.qkv_proj" => "attn_qkv",
         "mlp.gate_up_proj" => "ffn_up",
-        // A mixture of experts' router (Qwen3-MoE's and Mixtral's names).
-        "mlp.gate" | "block_sparse_moe.gate" => "ffn_gate_inp",
+        // A mixture of experts' router (Qwen3-MoE's, Mixtral's and gpt-oss's names).
+        "mlp.gate" | "block_sparse_moe.gate" | "mlp.router" => "ffn_gate_inp",
         _ => return None,
     };
     Some(format!("blk.{layer}.{mapped}.{kind}"))
 }
 
-/// A linear layer from the GGUF bytes of a `[rows, cols]` matrix of `dtype`: our CPU kernels
-/// where they take the type, else float weights or candle's quantized matmul, as `dequantize`
-/// says.
+/// A linear layer from the GGUF bytes of a `[rows, cols]` matrix of `dtype`. Float types (F32,
+/// F16, BF16) become dense weights in the model's `float` dtype, as safetensors weights do (so
+/// they take the same kernels); quantized ones our CPU kernels where they take the type, else
+/// float weights or candle's quantized matmul, as `dequantize` says.
 pub(super) fn gguf_linear(
     dtype: GgmlDType,
     bytes: &[u8],
     (rows, cols): (usize, usize),
     dequantize: Dequantize,
-    device: &Device,
+    (device, float): (&Device, DType),
     bias: Option<Tensor>,
 ) -> Result<Linear, ModelError> {
+    let dense = matches!(dtype, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
     let kernel = match dequantize {
         Dequantize::All => None,
-        _ if !device.is_cpu() => None,
+        _ if dense || !device.is_cpu() => None,
         _ => QLinear::from_gguf(dtype, bytes, rows, cols),
     };
     if let Some(weight) = kernel {
@@ -88,10 +89,11 @@ pub(super) fn gguf_linear(
         QStorage::from_data(std::borrow::Cow::Borrowed(bytes), device, dtype)?,
         (rows, cols),
     )?;
-    if dequantize == Dequantize::All
+    if dense
+        || dequantize == Dequantize::All
         || (dequantize == Dequantize::WithoutCpuKernel && device.is_cpu())
     {
-        Ok(Linear::dense(q.dequantize(device)?, bias))
+        Ok(Linear::dense(q.dequantize(device)?.to_dtype(float)?, bias))
     } else {
         Ok(Linear::quantized(QMatMul::from_qtensor(q)?, bias))
     }
@@ -111,7 +113,7 @@ impl Weights {
             tensors,
             dequantize,
             device,
-            ..
+            dtype,
         } = self
         else {
             return Err(ModelError::Unsupported(format!(
@@ -135,7 +137,7 @@ impl Weights {
             bytes,
             (out_dim, in_dim),
             *dequantize,
-            device,
+            (device, *dtype),
             None,
         )
     }

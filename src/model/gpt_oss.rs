@@ -77,6 +77,9 @@ pub(super) fn experts(
     s: &MoeSettings,
 ) -> Result<Vec<Expert>, ModelError> {
     let (n, i) = (s.num_experts, s.expert_intermediate);
+    if let Weights::Gguf { .. } = w {
+        return gguf_experts(w, prefix, hidden, s);
+    }
     let p = format!("{prefix}.experts");
     // Each expert's [out, in] weights: from MXFP4, or transposed from the stacked [in, out].
     let stacked = |name: &str, (rows, cols): (usize, usize)| -> Result<Vec<Tensor>, ModelError> {
@@ -107,6 +110,40 @@ pub(super) fn experts(
             Ok(Expert {
                 gate_up: Linear::dense(split(&gu)?, Some(gu_bias)),
                 down: Linear::dense(d, Some(down_bias.get(e)?)),
+            })
+        })
+        .collect()
+}
+
+/// A layer's experts from llama.cpp's GGUF layout: `blk.N.ffn_{gate,up,down}_exps` stacked
+/// `[experts, out, in]` (MXFP4 in its files, dequantized at load), each with a bias `[experts,
+/// out]`.
+fn gguf_experts(
+    w: &Weights,
+    prefix: &str,
+    hidden: usize,
+    s: &MoeSettings,
+) -> Result<Vec<Expert>, ModelError> {
+    let (n, i) = (s.num_experts, s.expert_intermediate);
+    let layer = prefix
+        .strip_prefix("model.layers.")
+        .and_then(|r| r.split('.').next())
+        .ok_or_else(|| ModelError::Config(format!("gpt-oss expert prefix {prefix}")))?;
+    let stack = |kind: &str, rows: usize, cols: usize| -> Result<(Tensor, Tensor), ModelError> {
+        let name = format!("blk.{layer}.ffn_{kind}_exps");
+        let weight = w.tensor(&format!("{name}.weight"), (n, rows, cols))?;
+        Ok((weight, w.tensor(&format!("{name}.bias"), (n, rows))?))
+    };
+    let (gate, gate_bias) = stack("gate", i, hidden)?;
+    let (up, up_bias) = stack("up", i, hidden)?;
+    let (down, down_bias) = stack("down", hidden, i)?;
+    (0..n)
+        .map(|e| {
+            let gate_up = Tensor::cat(&[gate.get(e)?, up.get(e)?], 0)?;
+            let gate_up_bias = Tensor::cat(&[gate_bias.get(e)?, up_bias.get(e)?], 0)?;
+            Ok(Expert {
+                gate_up: Linear::dense(gate_up, Some(gate_up_bias)),
+                down: Linear::dense(down.get(e)?, Some(down_bias.get(e)?)),
             })
         })
         .collect()
@@ -151,20 +188,25 @@ impl GptOss {
             .map(|i| {
                 let p = format!("model.layers.{i}");
                 let attn = format!("{p}.self_attn");
-                let sinks = w
-                    .tensor(&format!("{attn}.sinks"), nq)?
-                    .to_dtype(candle_core::DType::F32)?;
+                // (llama.cpp's names for the two tensors that have no Llama counterpart.)
+                let gguf = matches!(w, Weights::Gguf { .. });
+                let (sinks, post_norm) = match gguf {
+                    true => (
+                        format!("blk.{i}.attn_sinks.weight"),
+                        format!("blk.{i}.post_attention_norm.weight"),
+                    ),
+                    false => (
+                        format!("{attn}.sinks"),
+                        format!("{p}.post_attention_layernorm.weight"),
+                    ),
+                };
+                let sinks = w.tensor(&sinks, nq)?.to_dtype(candle_core::DType::F32)?;
                 Ok(Layer {
                     input_norm: RmsNorm::load(w, &format!("{p}.input_layernorm.weight"), h, eps)?,
                     qkv: QkvProj::load(w, &attn, cfg, TpRank::SINGLE)?,
                     o: w.linear(&format!("{attn}.o_proj"), nq * d, h, cfg.o_bias)?,
                     sinks,
-                    post_norm: RmsNorm::load(
-                        w,
-                        &format!("{p}.post_attention_layernorm.weight"),
-                        h,
-                        eps,
-                    )?,
+                    post_norm: RmsNorm::load(w, &post_norm, h, eps)?,
                     moe: SparseMoe::load(w, i, h, moe)?,
                     sliding: settings.sliding[i],
                 })

@@ -19,7 +19,7 @@ pub mod llama;
 pub mod moe;
 #[cfg(feature = "cuda")]
 mod moe_device;
-mod mxfp4;
+pub(crate) mod mxfp4;
 pub mod norm;
 pub mod opt;
 pub mod qkv;

@@ -156,7 +156,7 @@ fn original_context(
 /// YaRN's settings from `rope_scaling` (or `rope_parameters`) `v`, with transformers' defaults:
 /// the factor from the context extension, betas 32 and 1, the attention factor
 /// `0.1 ln(factor) + 1` (or its `mscale` / `mscale_all_dim` ratio).
-fn parse_yarn(
+pub(crate) fn parse_yarn(
     v: &serde_json::Value,
     max_position_embeddings: Option<usize>,
     original_max_position_embeddings: Option<usize>,

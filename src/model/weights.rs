@@ -200,7 +200,10 @@ impl Weights {
                 Ok(Linear::dense(w, bias))
             }
             Weights::Gguf {
-                dequantize, device, ..
+                dequantize,
+                device,
+                dtype,
+                ..
             } => {
                 if part != Part::Whole {
                     return Err(gguf_unsharded());
@@ -217,7 +220,7 @@ impl Weights {
                     &q.data()?,
                     (out_dim, in_dim),
                     *dequantize,
-                    device,
+                    (device, *dtype),
                     bias,
                 )
             }
