@@ -123,6 +123,15 @@ fn sharded_qwen3_with_per_head_qk_norm_matches_the_whole_model() {
     );
 }
 
+/// Mixtures of experts: every expert split by its intermediate features (gate and up rows, down
+/// columns) as a dense MLP is, the router whole on every rank. Mixtral (4 experts of 128, top
+/// 2) and Qwen3-MoE (8 experts of 32, top 3, a dense layer among the sparse ones).
+#[test]
+fn sharded_mixtures_of_experts_match_the_whole_model() {
+    check(&format!("{FIXTURES}/mixtral"), LoadFormat::Auto, &[2, 4]);
+    check(&format!("{FIXTURES}/qwen3-moe"), LoadFormat::Auto, &[2, 4]);
+}
+
 #[test]
 fn sharded_dummy_weights_are_the_same_model_at_every_size() {
     check(

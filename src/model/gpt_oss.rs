@@ -207,7 +207,7 @@ impl GptOss {
                     o: w.linear(&format!("{attn}.o_proj"), nq * d, h, cfg.o_bias)?,
                     sinks,
                     post_norm: RmsNorm::load(w, &post_norm, h, eps)?,
-                    moe: SparseMoe::load(w, i, h, moe)?,
+                    moe: SparseMoe::load(w, i, h, moe, TpRank::SINGLE)?,
                     sliding: settings.sliding[i],
                 })
             })

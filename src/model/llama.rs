@@ -108,7 +108,9 @@ impl Llama {
                         cfg.norm_eps,
                     )?,
                     mlp: match &cfg.moe {
-                        Some(moe) if moe.sparse[i] => Mlp::Sparse(SparseMoe::load(w, i, h, moe)?),
+                        Some(moe) if moe.sparse[i] => {
+                            Mlp::Sparse(SparseMoe::load(w, i, h, moe, tp)?)
+                        }
                         _ => Mlp::Dense(GatedMlp::load(w, &format!("{p}.mlp"), cfg, tp)?),
                     },
                 })

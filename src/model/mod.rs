@@ -104,9 +104,9 @@ pub fn build_sharded(
 ) -> Result<Box<dyn CausalLm>, ModelError> {
     if !par.rank.is_single() {
         TpRank::check(par.rank.size, cfg).map_err(ModelError::Unsupported)?;
-        if cfg.moe.is_some() || cfg.gemma.is_some() {
+        if cfg.gemma.is_some() || cfg.gpt_oss.is_some() {
             return Err(ModelError::Unsupported(
-                "tensor parallelism for mixtures of experts and Gemma 3".into(),
+                "tensor parallelism for Gemma 3 and gpt-oss".into(),
             ));
         }
     }

@@ -10,7 +10,8 @@ use serde::Deserialize;
 
 use super::ModelError;
 use super::layers::{Linear, silu_mul};
-use super::weights::Weights;
+use super::weights::{Part, Weights};
+use crate::parallel::TpRank;
 
 /// The most tokens a step may have to take the device path on a GPU (`moe_device.rs`). Up to 8
 /// tokens, an expert may be read up to 8 times a step where the reference path reads it once,
@@ -189,12 +190,16 @@ pub struct SparseMoe {
 }
 
 impl SparseMoe {
-    /// Loads layer `layer`'s router and experts (`hidden` wide).
+    /// Loads layer `layer`'s router and experts (`hidden` wide): under tensor parallelism, `tp`'s
+    /// slice of every expert (gate and up rows, down columns, as a dense MLP is split; the layer's
+    /// output is then this rank's part of the sum) and the whole router, so every rank routes
+    /// alike.
     pub fn load(
         w: &Weights,
         layer: usize,
         hidden: usize,
         s: &MoeSettings,
+        tp: TpRank,
     ) -> Result<Self, ModelError> {
         let i = s.expert_intermediate;
         if s.names == ExpertNames::GptOss {
@@ -223,16 +228,25 @@ impl SparseMoe {
         // Expert `e`'s projection `k` (0 gate, 1 up, 2 down) as `(in, out)`: from its own
         // tensor, or from the three in which llama.cpp's GGUF stacks a layer's experts.
         let gguf = matches!(w, Weights::Gguf { .. });
+        if gguf && !tp.is_single() {
+            return Err(ModelError::Unsupported(
+                "GGUF weights under tensor parallelism".into(),
+            ));
+        }
+        let slice = tp.expert_intermediate(s);
         let proj = |e: usize, k: usize, dims: (usize, usize)| match gguf {
             true => {
                 let kind = ["gate", "up", "down"][k];
                 w.stacked_expert(&format!("blk.{layer}.ffn_{kind}_exps.weight"), e, dims)
             }
-            false => w.linear(
+            false => w.linear_part(
                 &format!("{prefix}.experts.{e}.{}", names[k]),
-                dims.0,
-                dims.1,
+                dims,
                 false,
+                match k {
+                    2 => Part::Cols(slice.clone()),
+                    _ => Part::Rows(slice.clone()),
+                },
             ),
         };
         #[allow(unused_mut)]
@@ -435,7 +449,7 @@ mod tests {
             i,
         )
         .unwrap();
-        let moe = SparseMoe::load(&w, 0, h, &s).unwrap();
+        let moe = SparseMoe::load(&w, 0, h, &s, TpRank::SINGLE).unwrap();
         // Positive inputs: every router logit of expert 0 is far above the others (zero).
         let x = Tensor::from_vec(ramp(5 * h, 9.0), (5, h), &dev)
             .unwrap()

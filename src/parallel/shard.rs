@@ -3,6 +3,7 @@
 
 use std::ops::Range;
 
+use crate::model::config::MoeSettings;
 use crate::model::{Architecture, ModelConfig};
 
 /// Tensor-parallel sizes pagewise takes (vLLM's usual ones: a power of two up to one host's GPUs).
@@ -70,6 +71,14 @@ impl TpRank {
                 cfg.intermediate_size
             ));
         }
+        if let Some(moe) = &cfg.moe
+            && !moe.expert_intermediate.is_multiple_of(size)
+        {
+            return Err(format!(
+                "tensor_parallel_size {size} must divide the experts' intermediate size ({})",
+                moe.expert_intermediate
+            ));
+        }
         Ok(())
     }
 
@@ -99,6 +108,12 @@ impl TpRank {
     /// The MLP's intermediate columns this rank computes.
     pub fn intermediate(&self, cfg: &ModelConfig) -> Range<usize> {
         self.part(cfg.intermediate_size)
+    }
+
+    /// Each expert's intermediate columns this rank computes (a mixture's experts are sharded
+    /// as a dense MLP is: every rank holds its slice of every expert).
+    pub fn expert_intermediate(&self, moe: &MoeSettings) -> Range<usize> {
+        self.part(moe.expert_intermediate)
     }
 
     /// The vocabulary rows of the LM head this rank computes, or `None` when every rank keeps
