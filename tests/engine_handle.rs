@@ -1,9 +1,12 @@
 //! The engine thread through its async handle: concurrent requests, n > 1, rejections, and a
 //! dropped receiver aborting its sequences.
 
+mod common;
+
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use common::greedy;
 use pagewise::engine::handle::{EngineHandle, GenerateRequest, StreamEvent};
 use pagewise::{EngineArgs, FinishReason, Llm, SamplingParams};
 
@@ -12,15 +15,6 @@ const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/qwen2-b
 fn args() -> EngineArgs {
     EngineArgs {
         model: MODEL.into(),
-        ..Default::default()
-    }
-}
-
-fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        temperature: 0.0,
-        max_tokens,
-        ignore_eos: true,
         ..Default::default()
     }
 }

@@ -7,6 +7,7 @@
 mod common;
 
 use candle_core::{DType, Device};
+use common::{argmax, greedy, rel_err};
 use pagewise::engine::device::DeviceArg;
 use pagewise::loader::GgufMatmul;
 use pagewise::sampler::SeededRng;
@@ -20,15 +21,6 @@ fn model(name: &str) -> String {
 
 fn gpu() -> Device {
     Device::new_cuda(0).expect("a CUDA GPU")
-}
-
-fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        temperature: 0.0,
-        max_tokens,
-        ignore_eos: true,
-        ..Default::default()
-    }
 }
 
 fn prompts(n: usize, vocab: u64) -> Vec<Vec<u32>> {
@@ -46,9 +38,6 @@ fn prompts(n: usize, vocab: u64) -> Vec<Vec<u32>> {
         })
         .collect()
 }
-
-/// Relative L2 error of `got` against `want`, over all rows.
-use common::{argmax, rel_err};
 
 /// One prompt (41 tokens) longer than the step's token budget (16), alone: its first chunks are steps where no
 /// sequence samples (a placeholder row on the GPU), and the tokens equal the CPU's.

@@ -3,7 +3,10 @@
 //! its windows can reach in the sliding layers, gives the rest of the memory to the full layers,
 //! and generates exactly what it generates with every layer holding the whole context.
 
-use pagewise::{EngineArgs, Llm, SamplingParams};
+mod common;
+
+use common::greedy;
+use pagewise::{EngineArgs, Llm};
 
 const GEMMA3: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gemma3");
 /// Bytes of one 8-token block of one layer: 8 tokens x 2 KV heads x 32 dims x K,V x f32.
@@ -21,15 +24,6 @@ fn engine(max_num_seqs: usize) -> Llm {
         ..Default::default()
     })
     .unwrap()
-}
-
-fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        temperature: 0.0,
-        max_tokens,
-        ignore_eos: true,
-        ..Default::default()
-    }
 }
 
 #[test]

@@ -241,3 +241,14 @@ pub fn rel_err(got: &[Vec<f32>], want: &[Vec<f32>]) -> f64 {
 pub fn argmax(row: &[f32]) -> usize {
     (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best })
 }
+
+/// Greedy sampling of `max_tokens` tokens, past any end-of-sequence token.
+#[allow(dead_code)]
+pub fn greedy(max_tokens: usize) -> pagewise::SamplingParams {
+    pagewise::SamplingParams {
+        temperature: 0.0,
+        max_tokens,
+        ignore_eos: true,
+        ..Default::default()
+    }
+}
