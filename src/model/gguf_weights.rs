@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::ModelError;
 use super::layers::Linear;
-use super::weights::{Dequantize, Weights};
+use super::weights::{Dequantize, Part, Weights, gguf_unsharded};
 use crate::cpu::QLinear;
 
 /// The GGUF (llama.cpp) name of a Hugging Face Llama tensor name. Models without Llama's names
@@ -102,13 +102,18 @@ pub(super) fn gguf_linear(
 impl Weights {
     /// Expert `expert` of the experts stacked in the GGUF tensor `gguf` (llama.cpp's
     /// `blk.N.ffn_{gate,up,down}_exps.weight`, `[experts, out_dim, in_dim]`): its `[out_dim,
-    /// in_dim]` matrix, read from its own bytes.
+    /// in_dim]` matrix, read from its own bytes. `part` must cover all of it: GGUF is not
+    /// sharded.
     pub fn stacked_expert(
         &self,
         gguf: &str,
         expert: usize,
         (in_dim, out_dim): (usize, usize),
+        part: Part,
     ) -> Result<Linear, ModelError> {
+        if part.within((out_dim, in_dim)) != Part::Whole {
+            return Err(gguf_unsharded());
+        }
         let Weights::Gguf {
             tensors,
             dequantize,

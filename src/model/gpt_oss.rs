@@ -66,21 +66,21 @@ pub(super) fn settings(text: &str, layers: usize) -> Result<GptOssSettings, Mode
     })
 }
 
-/// A layer's experts from `prefix` (`model.layers.N.mlp`): gate/up `[experts, hidden, 2 * inter]`
+/// Layer `layer`'s experts (`model.layers.N.mlp.experts`): gate/up `[experts, hidden, 2 * inter]`
 /// (gate and up interleaved by column) and down `[experts, inter, hidden]`, each with a bias
 /// `[experts, out]`; or the same as MXFP4 blocks, stored `[out, in]`. Each expert becomes a
 /// gate-then-up projection and a down projection, as the other mixtures' experts.
 pub(super) fn experts(
     w: &Weights,
-    prefix: &str,
+    layer: usize,
     hidden: usize,
     s: &MoeSettings,
 ) -> Result<Vec<Expert>, ModelError> {
     let (n, i) = (s.num_experts, s.expert_intermediate);
     if let Weights::Gguf { .. } = w {
-        return gguf_experts(w, prefix, hidden, s);
+        return gguf_experts(w, layer, hidden, s);
     }
-    let p = format!("{prefix}.experts");
+    let p = format!("model.layers.{layer}.mlp.experts");
     // Each expert's [out, in] weights: from MXFP4, or transposed from the stacked [in, out].
     let stacked = |name: &str, (rows, cols): (usize, usize)| -> Result<Vec<Tensor>, ModelError> {
         let name = format!("{p}.{name}");
@@ -120,15 +120,11 @@ pub(super) fn experts(
 /// out]`.
 fn gguf_experts(
     w: &Weights,
-    prefix: &str,
+    layer: usize,
     hidden: usize,
     s: &MoeSettings,
 ) -> Result<Vec<Expert>, ModelError> {
     let (n, i) = (s.num_experts, s.expert_intermediate);
-    let layer = prefix
-        .strip_prefix("model.layers.")
-        .and_then(|r| r.split('.').next())
-        .ok_or_else(|| ModelError::Config(format!("gpt-oss expert prefix {prefix}")))?;
     let stack = |kind: &str, rows: usize, cols: usize| -> Result<(Tensor, Tensor), ModelError> {
         let name = format!("blk.{layer}.ffn_{kind}_exps");
         let weight = w.tensor(&format!("{name}.weight"), (n, rows, cols))?;

@@ -19,6 +19,7 @@ pub mod llama;
 pub mod moe;
 #[cfg(feature = "cuda")]
 mod moe_device;
+mod moe_settings;
 pub(crate) mod mxfp4;
 pub mod norm;
 pub mod opt;

@@ -6,10 +6,11 @@
 //! (`moe_device.rs`).
 
 use candle_core::{DType, Tensor};
-use serde::Deserialize;
 
 use super::ModelError;
-use super::layers::{Linear, silu_mul};
+use super::layers::Linear;
+pub(super) use super::moe_settings::settings;
+pub use super::moe_settings::{ExpertActivation, ExpertNames, MoeSettings};
 use super::weights::{Part, Weights};
 use crate::parallel::TpRank;
 
@@ -18,132 +19,6 @@ use crate::parallel::TpRank;
 /// but the step needs no host round trip per layer; CUDA graphs cover decode batches up to this
 /// size.
 pub const DEVICE_TOKENS: usize = 8;
-
-/// How a model's experts are laid out and chosen.
-#[derive(Clone, Debug, PartialEq)]
-pub struct MoeSettings {
-    /// Experts a sparse layer has.
-    pub num_experts: usize,
-    /// Experts each token goes through.
-    pub top_k: usize,
-    /// Whether the chosen experts' softmax probabilities are renormalized to sum to one
-    /// (Mixtral always; Qwen3-MoE with `norm_topk_prob`).
-    pub renormalize: bool,
-    /// Each expert's inner width.
-    pub expert_intermediate: usize,
-    /// Which layers are sparse (the others have the dense MLP of `intermediate_size`).
-    pub sparse: Vec<bool>,
-    /// How the checkpoint names (and lays out) the experts.
-    pub names: ExpertNames,
-    /// The experts' activation.
-    pub activation: ExpertActivation,
-}
-
-/// How a checkpoint names its experts' weights.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExpertNames {
-    /// `block_sparse_moe.experts.N.w1/w2/w3`, router `block_sparse_moe.gate`.
-    Mixtral,
-    /// `mlp.experts.N.gate_proj/down_proj/up_proj`, router `mlp.gate`.
-    Qwen,
-    /// gpt-oss: each layer's experts stacked in `mlp.experts.gate_up_proj` (gate and up
-    /// interleaved) and `mlp.experts.down_proj` with biases, or as MXFP4 blocks and scales;
-    /// router `mlp.router` with a bias.
-    GptOss,
-}
-
-/// What an expert computes between its two projections.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum ExpertActivation {
-    /// `silu(gate) * up`.
-    SiluMul,
-    /// gpt-oss's: `g = min(gate, limit)`, `u = clamp(up, -limit, limit)`,
-    /// `(u + 1) * g * sigmoid(alpha * g)`.
-    ClampedSwiglu {
-        /// Slope of the sigmoid.
-        alpha: f32,
-        /// The clamp.
-        limit: f32,
-    },
-}
-
-impl ExpertActivation {
-    /// The activation of `gate_up` (`[tokens, 2 * inter]`, gate columns first).
-    pub fn apply(&self, gate_up: &Tensor) -> candle_core::Result<Tensor> {
-        match *self {
-            ExpertActivation::SiluMul => silu_mul(gate_up),
-            ExpertActivation::ClampedSwiglu { alpha, limit } => {
-                let i = gate_up.dim(1)? / 2;
-                let gate = gate_up.narrow(1, 0, i)?.minimum(limit as f64)?;
-                let up = gate_up
-                    .narrow(1, i, i)?
-                    .clamp(-limit as f64, limit as f64)?;
-                let glu = (&gate * candle_nn::ops::sigmoid(&gate.affine(alpha as f64, 0.0)?)?)?;
-                up.affine(1.0, 1.0)? * glu
-            }
-        }
-    }
-}
-
-#[derive(Deserialize)]
-struct MoeFields {
-    #[serde(alias = "num_local_experts")]
-    num_experts: Option<usize>,
-    num_experts_per_tok: Option<usize>,
-    moe_intermediate_size: Option<usize>,
-    norm_topk_prob: Option<bool>,
-    decoder_sparse_step: Option<usize>,
-    #[serde(default)]
-    mlp_only_layers: Vec<usize>,
-    shared_expert_intermediate_size: Option<usize>,
-    swiglu_limit: Option<f64>,
-}
-
-/// The MoE settings of a `config.json` (`text`) for Mixtral, Qwen3-MoE or gpt-oss (`names`),
-/// with `layers` decoder layers and a dense MLP width of `intermediate`.
-pub(super) fn settings(
-    text: &str,
-    names: ExpertNames,
-    layers: usize,
-    intermediate: usize,
-) -> Result<MoeSettings, ModelError> {
-    let mixtral = names == ExpertNames::Mixtral;
-    let f: MoeFields =
-        serde_json::from_str(text).map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
-    if f.shared_expert_intermediate_size.is_some_and(|s| s > 0) {
-        return Err(ModelError::Unsupported("shared experts (Qwen2-MoE)".into()));
-    }
-    let num_experts = f.num_experts.unwrap_or(0);
-    let top_k = f.num_experts_per_tok.unwrap_or(2);
-    if num_experts == 0 || top_k == 0 || top_k > num_experts {
-        return Err(ModelError::Config(format!(
-            "mixture of experts with {num_experts} experts and {top_k} a token"
-        )));
-    }
-    let step = f.decoder_sparse_step.unwrap_or(1).max(1);
-    let gpt_oss = names == ExpertNames::GptOss;
-    Ok(MoeSettings {
-        num_experts,
-        top_k,
-        // (gpt-oss takes the softmax of the chosen experts' logits: the same weights.)
-        renormalize: mixtral || gpt_oss || f.norm_topk_prob.unwrap_or(false),
-        expert_intermediate: match names {
-            ExpertNames::Mixtral | ExpertNames::GptOss => intermediate,
-            ExpertNames::Qwen => f.moe_intermediate_size.unwrap_or(intermediate),
-        },
-        sparse: (0..layers)
-            .map(|i| gpt_oss || !f.mlp_only_layers.contains(&i) && (i + 1) % step == 0)
-            .collect(),
-        names,
-        activation: match gpt_oss {
-            true => ExpertActivation::ClampedSwiglu {
-                alpha: 1.702,
-                limit: f.swiglu_limit.unwrap_or(7.0) as f32,
-            },
-            false => ExpertActivation::SiluMul,
-        },
-    })
-}
 
 /// Each token's experts and their weights: the softmax over all experts' router logits, the
 /// `top_k` largest (on a tie the lower expert first), renormalized when `renormalize`.
@@ -205,7 +80,7 @@ impl SparseMoe {
         if s.names == ExpertNames::GptOss {
             let prefix = format!("model.layers.{layer}.mlp");
             #[allow(unused_mut)]
-            let mut experts = super::gpt_oss::experts(w, &prefix, hidden, s)?;
+            let mut experts = super::gpt_oss::experts(w, layer, hidden, s)?;
             return Ok(SparseMoe {
                 router: router(w, &format!("{prefix}.router"), hidden, s.num_experts, true)?,
                 #[cfg(feature = "cuda")]
@@ -228,26 +103,25 @@ impl SparseMoe {
         // Expert `e`'s projection `k` (0 gate, 1 up, 2 down) as `(in, out)`: from its own
         // tensor, or from the three in which llama.cpp's GGUF stacks a layer's experts.
         let gguf = matches!(w, Weights::Gguf { .. });
-        if gguf && !tp.is_single() {
-            return Err(ModelError::Unsupported(
-                "GGUF weights under tensor parallelism".into(),
-            ));
-        }
         let slice = tp.expert_intermediate(s);
-        let proj = |e: usize, k: usize, dims: (usize, usize)| match gguf {
-            true => {
-                let kind = ["gate", "up", "down"][k];
-                w.stacked_expert(&format!("blk.{layer}.ffn_{kind}_exps.weight"), e, dims)
+        let proj = |e: usize, k: usize, dims: (usize, usize)| {
+            let part = match k {
+                2 => Part::Cols(slice.clone()),
+                _ => Part::Rows(slice.clone()),
+            };
+            match gguf {
+                true => {
+                    let kind = ["gate", "up", "down"][k];
+                    let name = format!("blk.{layer}.ffn_{kind}_exps.weight");
+                    w.stacked_expert(&name, e, dims, part)
+                }
+                false => w.linear_part(
+                    &format!("{prefix}.experts.{e}.{}", names[k]),
+                    dims,
+                    false,
+                    part,
+                ),
             }
-            false => w.linear_part(
-                &format!("{prefix}.experts.{e}.{}", names[k]),
-                dims,
-                false,
-                match k {
-                    2 => Part::Cols(slice.clone()),
-                    _ => Part::Rows(slice.clone()),
-                },
-            ),
         };
         #[allow(unused_mut)]
         let mut experts = (0..s.num_experts)
@@ -462,44 +336,5 @@ mod tests {
         let want = act.matmul(&get("w2").t().unwrap()).unwrap();
         let diff = (got - want).unwrap().abs().unwrap().max_all().unwrap();
         assert!(diff.to_scalar::<f32>().unwrap() < 1e-6);
-    }
-
-    #[test]
-    fn settings_read_the_sparse_layers_and_refuse_shared_experts() {
-        let s = settings(
-            r#"{"num_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":16,
-            "decoder_sparse_step":2,"mlp_only_layers":[3],"norm_topk_prob":false}"#,
-            ExpertNames::Qwen,
-            6,
-            64,
-        )
-        .unwrap();
-        assert_eq!(s.sparse, [false, true, false, false, false, true]);
-        assert_eq!((s.expert_intermediate, s.renormalize), (16, false));
-        let mixtral = settings(
-            r#"{"num_local_experts":8,"num_experts_per_tok":2}"#,
-            ExpertNames::Mixtral,
-            2,
-            64,
-        )
-        .unwrap();
-        assert!(mixtral.renormalize && mixtral.expert_intermediate == 64);
-        assert_eq!(mixtral.activation, ExpertActivation::SiluMul);
-        let shared = settings(
-            r#"{"num_experts":8,"shared_expert_intermediate_size":32}"#,
-            ExpertNames::Qwen,
-            2,
-            64,
-        );
-        assert!(shared.unwrap_err().to_string().contains("shared experts"));
-        assert!(
-            settings(
-                r#"{"num_experts":2,"num_experts_per_tok":3}"#,
-                ExpertNames::Qwen,
-                2,
-                64
-            )
-            .is_err()
-        );
     }
 }

@@ -80,7 +80,7 @@ impl Part {
 
     /// This part of a `[rows, cols]` tensor, as [`Part::Whole`] when it covers all of it (a
     /// single rank's "share"), so every weight format reads it the unsharded way.
-    fn within(&self, (rows, cols): (usize, usize)) -> Part {
+    pub(super) fn within(&self, (rows, cols): (usize, usize)) -> Part {
         match self {
             Part::Rows(r) if *r == (0..rows) => Part::Whole,
             Part::Cols(c) if *c == (0..cols) => Part::Whole,
@@ -321,7 +321,7 @@ impl Weights {
     }
 }
 
-fn gguf_unsharded() -> ModelError {
+pub(super) fn gguf_unsharded() -> ModelError {
     ModelError::Unsupported(
         "tensor parallelism reads safetensors or dummy weights; GGUF files are not sharded".into(),
     )
