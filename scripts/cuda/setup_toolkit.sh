@@ -27,7 +27,11 @@ ln -sfn "$(basename "$(ls "$home"/lib64/libcudart.so.13* | head -n1)")" "$home/l
 [ -f "$cu/lib/libcudart_static.a" ] && cp -f "$cu/lib/libcudart_static.a" "$home/lib64/"
 
 # Link stubs: one empty function per symbol cudarc may reference, under the real SONAME.
-cudarc=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cudarc-0.19.* 2>/dev/null | head -n1)
+find_cudarc() { ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cudarc-0.19.* 2> /dev/null | head -n1 || true; }
+cudarc=$(find_cudarc)
+# (A fresh machine has no sources yet: fetch them, from this script's checkout.)
+[ -n "$cudarc" ] || (cd "$(dirname "$0")/../.." && cargo fetch --locked >&2)
+cudarc=$(find_cudarc)
 if [ -z "$cudarc" ]; then
   echo "cudarc sources not found: run 'cargo fetch' first" >&2
   exit 1
