@@ -89,7 +89,7 @@ __device__ __forceinline__ bool merge_split(float (&acc)[N][R], int warp, int la
 // rounds of warps / S (S warps an output, see dot_rows), stepping by the grid's. One-row
 // kernels without the norm are held to 32 registers, 4 blocks an SM: more loads in flight
 // (Mistral-7B's down with SiLU-and-mul 39.7 -> 31.5 µs, its o 12.7 -> 10.6 on the H200); the
-// RMSNorm-staging ones lost by it (Mistral-7B's qkv 15.4 -> 17.5 µs), as did gemv_rope.
+// RMSNorm-staging ones lost by it (Mistral-7B's qkv 15.4 -> 17.5 µs); gemv_rope gained nothing.
 template <typename T, int R, int kIn, bool kAdd, int S>
 __global__ void __launch_bounds__(kGemvThreads, R == 1 && kIn != kRmsNorm ? 4 : 1)
     gemv_kernel(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ norm_w,

@@ -29,11 +29,13 @@ ln -sfn "$(basename "$(ls "$home"/lib64/libcudart.so.13* | head -n1)")" "$home/l
 # Link stubs: one empty function per symbol cudarc may reference, under the real SONAME.
 find_cudarc() { ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cudarc-0.19.* 2> /dev/null | head -n1 || true; }
 cudarc=$(find_cudarc)
-# (A fresh machine has no sources yet: fetch them, from this script's checkout.)
-[ -n "$cudarc" ] || (cd "$(dirname "$0")/../.." && cargo fetch --locked >&2)
-cudarc=$(find_cudarc)
 if [ -z "$cudarc" ]; then
-  echo "cudarc sources not found: run 'cargo fetch' first" >&2
+  # A fresh machine has no sources yet: fetch them, from this script's checkout.
+  (cd "$(dirname "$0")/../.." && cargo fetch --locked >&2)
+  cudarc=$(find_cudarc)
+fi
+if [ -z "$cudarc" ]; then
+  echo "cudarc 0.19 sources not found under the cargo registry, even after 'cargo fetch'" >&2
   exit 1
 fi
 stub() { # stub <cudarc module> <soname> <link name>
