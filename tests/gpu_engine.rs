@@ -434,32 +434,37 @@ fn moe_decode_steps_in_cuda_graphs_equal_eager_steps() {
     }
 }
 
-/// gpt-oss in llama.cpp's layout (gptoss-d64's experts quantized to MXFP4 by
-/// tests/fixtures/make_gptoss_gguf.py; dequantized at load) in bf16 on the GPU: within bf16's
-/// error of the same file on the CPU in f32, and its experts take the device path (decode steps
-/// in CUDA graphs, equal to eager ones).
+/// gpt-oss with MXFP4 experts, read as they are by the GPU's kernels in bf16 (dequantized at
+/// load on the CPU): in llama.cpp's layout (gptoss-d64's experts quantized by
+/// tests/fixtures/make_gptoss_gguf.py) and as gpt-oss's safetensors ship them (`_blocks` and
+/// `_scales`, by tests/fixtures/make_gptoss_mxfp4.py), within bf16's error of the same files on
+/// the CPU in f32 (prefill: the experts a step routes to dequantized for the grouped GEMMs); and
+/// their decode steps in CUDA graphs equal eager ones.
 #[test]
-fn gpt_oss_gguf_on_the_gpu_matches_the_cpu() {
-    let path = model("gptoss-d64/model-MXFP4.gguf");
+fn gpt_oss_mxfp4_on_the_gpu_matches_the_cpu() {
+    for name in ["gptoss-d64/model-MXFP4.gguf", "gptoss-d64-mxfp4"] {
+        gpt_oss_matches_the_cpu(&model(name), 100);
+        moe_graphs_equal_eager(name);
+    }
+}
+
+fn gpt_oss_matches_the_cpu(path: &str, len: usize) {
     let tokens: Vec<u32> = prompts(1, 256)[0]
         .iter()
         .copied()
         .cycle()
-        .take(100)
+        .take(len)
         .collect();
     let on = |device: &Device, dtype| {
-        common::logits_at_every_position_on(&path, GgufMatmul::Auto, &tokens, device, dtype)
+        common::logits_at_every_position_on(path, GgufMatmul::Auto, &tokens, device, dtype)
     };
     let want = on(&Device::Cpu, DType::F32);
     let got = on(&gpu(), DType::BF16);
     let err = rel_err(&got, &want);
     let (agree, decisive) = top1_agreement(&got, &want);
-    eprintln!(
-        "gpt-oss MXFP4 GGUF, GPU bf16 vs CPU f32: rel. err. {err:.2e}, top-1 {agree}/{decisive}"
-    );
+    eprintln!("{path}, GPU bf16 vs CPU f32: rel. err. {err:.2e}, top-1 {agree}/{decisive}");
     assert!(err < 1e-1, "{err}");
     assert!(agree as f64 >= 0.95 * decisive as f64, "{agree}/{decisive}");
-    moe_graphs_equal_eager("gptoss-d64/model-MXFP4.gguf");
 }
 
 fn moe_graphs_equal_eager(name: &str) {

@@ -243,6 +243,7 @@ unsafe extern "C" {
         norm_w: *const c_void,
         eps: f32,
         w: *const c_void,
+        scales: *const u8,
         bias: *const c_void,
         ids: *const u32,
         tokens: c_int,
@@ -259,6 +260,7 @@ unsafe extern "C" {
         y: *mut c_void,
         a: *const c_void,
         w: *const c_void,
+        scales: *const u8,
         bias: *const c_void,
         residual: *const c_void,
         ids: *const u32,
@@ -273,4 +275,15 @@ unsafe extern "C" {
     pub fn pagewise_moe_max_stage_bytes() -> c_int;
 
     pub fn pagewise_moe_max_experts() -> c_int;
+
+    pub fn pagewise_mxfp4_dequant(
+        dtype: c_int,
+        out: *mut c_void,
+        codes: *const u8,
+        scales: *const u8,
+        experts: *const u32,
+        count: c_int,
+        per_expert: i64,
+        stream: *mut c_void,
+    ) -> c_int;
 }

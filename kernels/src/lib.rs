@@ -17,6 +17,7 @@ mod gemv;
 mod gemv_rope;
 mod grouped;
 mod moe;
+mod mxfp4;
 mod pinned;
 mod prefill;
 mod rope;
@@ -33,9 +34,10 @@ pub use gemv::{GEMV_MAX_ROWS, GemvInput, gemv, gemv_fits, gemv_fused};
 pub use gemv_rope::{RopeCacheTarget, gemv_rope_cache};
 pub use grouped::GroupedGemm;
 pub use moe::{
-    ExpertExtras, MOE_MAX_TOP_K, MoeRoutes, moe_experts, moe_experts_with, moe_fits,
+    ExpertExtras, ExpertWeights, MOE_MAX_TOP_K, MoeRoutes, moe_experts, moe_experts_with, moe_fits,
     moe_max_experts, moe_route, moe_router,
 };
+pub use mxfp4::{MXFP4_MAX_SCALE, Mxfp4Stack};
 pub use pinned::PinnedIds;
 pub use prefill::{
     PrefillKernel, PrefillSeqs, paged_prefill_attention, paged_prefill_attention_with,
@@ -76,6 +78,7 @@ pub(crate) fn device_ptr(t: &Tensor, what: &str) -> Result<(u64, *mut c_void)> {
         DType::I64 => cs.as_cuda_slice::<i64>()?.device_ptr(&stream).0,
         DType::U32 => cs.as_cuda_slice::<u32>()?.device_ptr(&stream).0,
         DType::I32 => cs.as_cuda_slice::<i32>()?.device_ptr(&stream).0,
+        DType::U8 => cs.as_cuda_slice::<u8>()?.device_ptr(&stream).0,
         other => bail!("{what}: dtype {other:?} has no kernel"),
     };
     let offset = (layout.start_offset() * t.dtype().size_in_bytes()) as u64;

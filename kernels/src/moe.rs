@@ -9,6 +9,7 @@ use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
+use crate::mxfp4::Mxfp4Stack;
 use crate::{check_launch, device_ptr, dtype_code, empty, ffi};
 
 /// Most experts a token may take.
@@ -197,15 +198,66 @@ pub fn moe_experts(
     moe_experts_with(x, gate_up, down, routes, ExpertExtras::default())
 }
 
+/// A stack of experts' weights as the expert kernels read it: dense in the activations' dtype,
+/// or MXFP4.
+#[derive(Clone, Copy, Debug)]
+pub enum ExpertWeights<'a> {
+    /// `[experts, rows, cols]`, f16 or bf16.
+    Dense(&'a Tensor),
+    /// `[experts, rows, cols]` in MXFP4 (cols a multiple of 32).
+    Mxfp4(&'a Mxfp4Stack),
+}
+
+impl<'a> From<&'a Tensor> for ExpertWeights<'a> {
+    fn from(t: &'a Tensor) -> Self {
+        ExpertWeights::Dense(t)
+    }
+}
+
+impl<'a> From<&'a Mxfp4Stack> for ExpertWeights<'a> {
+    fn from(s: &'a Mxfp4Stack) -> Self {
+        ExpertWeights::Mxfp4(s)
+    }
+}
+
+impl ExpertWeights<'_> {
+    fn dims3(&self) -> Result<(usize, usize, usize)> {
+        match self {
+            ExpertWeights::Dense(t) => t.dims3(),
+            ExpertWeights::Mxfp4(s) => Ok(s.dims3()),
+        }
+    }
+
+    /// The weights' (or codes') address and the scales' (0 for dense weights), checked against
+    /// the activations' dtype `dtype`.
+    fn ptrs(&self, dtype: DType, what: &str) -> Result<(u64, u64)> {
+        match self {
+            ExpertWeights::Dense(t) if t.dtype() == dtype => Ok((device_ptr(t, what)?.0, 0)),
+            ExpertWeights::Dense(t) => bail!(
+                "moe_experts: {what} is {:?}, the activations {dtype:?}",
+                t.dtype()
+            ),
+            ExpertWeights::Mxfp4(s) => {
+                let (cp, sp, _) = s.ptrs()?;
+                Ok((cp, sp))
+            }
+        }
+    }
+}
+
 /// [`moe_experts`] with `extras`: biases after either projection (the down bias inside the
 /// weighting), the clamped SwiGLU in place of SiLU-and-mul, an input RMSNorm and a residual.
-pub fn moe_experts_with(
+/// Either stack may be MXFP4 ([`Mxfp4Stack`]): the kernels read its codes as they are, and sum
+/// the same products in the same order as over the dequantized stack, so the results are the
+/// same bit for bit.
+pub fn moe_experts_with<'a>(
     x: &Tensor,
-    gate_up: &Tensor,
-    down: &Tensor,
+    gate_up: impl Into<ExpertWeights<'a>>,
+    down: impl Into<ExpertWeights<'a>>,
     routes: &MoeRoutes,
     extras: ExpertExtras<'_>,
 ) -> Result<Tensor> {
+    let (gate_up, down) = (gate_up.into(), down.into());
     let (tokens, hidden) = x.dims2()?;
     let (experts, width, gk) = gate_up.dims3()?;
     let (de, dh, inter) = down.dims3()?;
@@ -221,12 +273,9 @@ pub fn moe_experts_with(
         bail!(
             "moe_experts: x {:?}, gate_up {:?} and down {:?} do not fit",
             x.dims(),
-            gate_up.dims(),
-            down.dims()
+            (experts, width, gk),
+            (de, dh, inter)
         );
-    }
-    if gate_up.dtype() != x.dtype() || down.dtype() != x.dtype() {
-        bail!("moe_experts: x, gate_up and down must share one dtype");
     }
     if !hidden.is_multiple_of(8) || !moe_fits(top_k, inter, x.dtype()) {
         bail!(
@@ -293,16 +342,17 @@ pub fn moe_experts_with(
     let (mp, stream) = device_ptr(&mid, "gate_up output")?;
     let (yp, _) = device_ptr(&y, "y")?;
     let (xp, _) = device_ptr(x, "x")?;
-    let (gp, _) = device_ptr(gate_up, "gate_up")?;
-    let (dp, _) = device_ptr(down, "down")?;
+    let (gp, gsp) = gate_up.ptrs(x.dtype(), "gate_up")?;
+    let (dp, dsp) = down.ptrs(x.dtype(), "down")?;
     let (ip, _) = device_ptr(&routes.ids, "ids")?;
     let (wp, _) = device_ptr(&routes.weights, "weights")?;
     // 16-byte loads: rows start 16-byte aligned when the tensors do (widths are multiples of 8).
     if [xp, gp, dp, mp, np].iter().any(|p| p % 16 != 0) {
         bail!("moe_experts: x and the weights must start on 16-byte boundaries");
     }
-    // SAFETY: contiguous tensors of the checked shapes and dtype on the stream's device; every id
-    // is below `experts` (MoeRoutes comes only from moe_route over `experts` logits), so each
+    // SAFETY: contiguous tensors of the checked shapes and dtype on the stream's device (an MXFP4
+    // stack: codes and scales of its checked dims, columns in whole runs of 32); every id is
+    // below `experts` (MoeRoutes comes only from moe_route over `experts` logits), so each
     // expert's rows lie inside gate_up and down.
     let code = unsafe {
         ffi::pagewise_moe_gate_up(
@@ -312,6 +362,7 @@ pub fn moe_experts_with(
             np as *const c_void,
             eps,
             gp as *const c_void,
+            gsp as *const u8,
             gbp as *const c_void,
             ip as *const u32,
             tokens as i32,
@@ -331,6 +382,7 @@ pub fn moe_experts_with(
             yp as *mut c_void,
             mp as *const c_void,
             dp as *const c_void,
+            dsp as *const u8,
             dbp as *const c_void,
             rp as *const c_void,
             ip as *const u32,

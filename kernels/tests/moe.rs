@@ -6,7 +6,7 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use common::{Lcg, host_f32, max_rel_diff, random};
 use pagewise_kernels::{
-    ExpertExtras, GroupedGemm, moe_experts, moe_experts_with, moe_route, moe_router,
+    ExpertExtras, GroupedGemm, Mxfp4Stack, moe_experts, moe_experts_with, moe_route, moe_router,
 };
 
 /// The host routing: softmax, the `top_k` largest (ties to the lower expert), renormalized or not.
@@ -276,6 +276,95 @@ fn experts_match_each_tokens_experts_on_the_host() {
     assert!(moe_experts(&x, &gu, &down, &routes).is_err());
 }
 
+/// Random MXFP4 matrices (scales 2^-12 to 2^-3) and their values on the host.
+fn random_mxfp4(
+    rng: &mut Lcg,
+    dims: (usize, usize, usize),
+    dev: &Device,
+) -> (Mxfp4Stack, Vec<f32>) {
+    const FP4: [f32; 16] = [
+        0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+    ];
+    let (n, rows, cols) = dims;
+    let byte = |rng: &mut Lcg| ((rng.next() + 1.0) * 128.0) as u8;
+    let codes: Vec<u8> = (0..n * rows * cols / 2).map(|_| byte(rng)).collect();
+    let scales: Vec<u8> = (0..n * rows * cols / 32)
+        .map(|_| 115 + byte(rng) % 10)
+        .collect();
+    let values = codes
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &c)| {
+            let s = 2f32.powi(i32::from(scales[i / 16]) - 127);
+            [FP4[usize::from(c & 15)] * s, FP4[usize::from(c >> 4)] * s]
+        })
+        .collect();
+    (
+        Mxfp4Stack::from_host(&codes, &scales, dims, dev).unwrap(),
+        values,
+    )
+}
+
+/// MXFP4 experts (gpt-oss's, as they ship) read as they are: the dense kernels' outputs on their
+/// dequantized weights (which equal the host's values exactly), but for the order of the sums
+/// and the rounding it moves. Plain SwiGLU and gpt-oss's extras, with the input norm and residual
+/// of the fused path; gpt-oss-20b's shape and small ones, runs a lane's share of a row and not,
+/// 1 to 3 tokens.
+#[test]
+fn mxfp4_experts_equal_the_dense_kernels_on_their_values() {
+    let dev = Device::new_cuda(0).unwrap();
+    let mut rng = Lcg(12);
+    for (dtype, experts, top_k, hidden, inter, tokens) in [
+        (DType::BF16, 8, 2, 256, 128, 3),
+        (DType::F16, 8, 2, 256, 128, 2),
+        (DType::BF16, 32, 4, 2880, 2880, 1),
+        (DType::BF16, 4, 1, 64, 32, 2),
+    ] {
+        let (gu, gu_values) = random_mxfp4(&mut rng, (experts, 2 * inter, hidden), &dev);
+        let (down, down_values) = random_mxfp4(&mut rng, (experts, hidden, inter), &dev);
+        let dense_gu = gu.dequantize(dtype).unwrap();
+        let dense_down = down.dequantize(dtype).unwrap();
+        assert_eq!(host_f32(&dense_gu), gu_values, "dequantized gate/up");
+        assert_eq!(host_f32(&dense_down), down_values, "dequantized down");
+        let x = random(&mut rng, (tokens, hidden), 1.0, dtype, &dev);
+        let logits = random(&mut rng, (tokens, experts), 2.0, DType::F32, &dev);
+        let routes = moe_route(&logits, top_k, true).unwrap();
+        let gu_bias = random(&mut rng, (experts, 2 * inter), 0.3, dtype, &dev);
+        let down_bias = random(&mut rng, (experts, hidden), 0.3, dtype, &dev);
+        let norm_w = random(&mut rng, (1, hidden), 1.0, dtype, &dev)
+            .flatten_all()
+            .unwrap();
+        let gpt_oss = ExpertExtras {
+            gate_up_bias: Some(&gu_bias),
+            down_bias: Some(&down_bias),
+            clamped_swiglu: Some((1.702, 0.5)),
+            input_norm: Some((&norm_w, 1e-5)),
+            residual: Some(&x),
+        };
+        for extras in [ExpertExtras::default(), gpt_oss] {
+            let fp4 = moe_experts_with(&x, &gu, &down, &routes, extras).unwrap();
+            let dense = moe_experts_with(&x, &dense_gu, &dense_down, &routes, extras).unwrap();
+            let err = max_rel_diff(&host_f32(&fp4), &host_f32(&dense));
+            assert!(
+                err < 1e-2,
+                "{dtype:?} {experts} experts (top {top_k}) of {hidden} x {inter}, {tokens} tokens: \
+                 off by {err}"
+            );
+        }
+        // Only the listed experts are written.
+        let out = dense_gu.zeros_like().unwrap();
+        gu.dequantize_into(&out, &[1]).unwrap();
+        let got = host_f32(&out);
+        let per = 2 * inter * hidden;
+        assert_eq!(got[per..2 * per], gu_values[per..2 * per]);
+        assert!(got[..per].iter().chain(&got[2 * per..]).all(|&v| v == 0.0));
+        assert!(gu.dequantize_into(&out, &[experts as u32]).is_err());
+    }
+    // Scales past 2^113 and runs that are not whole are refused.
+    assert!(Mxfp4Stack::from_host(&[0; 16], &[241], (1, 1, 32), &dev).is_err());
+    assert!(Mxfp4Stack::from_host(&[0; 8], &[127], (1, 1, 16), &dev).is_err());
+}
+
 /// Grouped GEMMs against one matmul a group: runs of rows of every length (none, one, many),
 /// experts skipped and repeated, both 16-bit dtypes.
 #[test]
@@ -373,5 +462,24 @@ fn moe_bandwidth() {
             s * 1e6,
             bytes / s / 1e12
         );
+        if name == "gpt-oss-20b" {
+            // The same experts in MXFP4, as gpt-oss ships them (17 bytes a run of 32).
+            let (gu4, _) = random_mxfp4(&mut rng, (experts, 2 * inter, hidden), &dev);
+            let (down4, _) = random_mxfp4(&mut rng, (experts, hidden, inter), &dev);
+            let run = |i: usize| {
+                let routes = moe_route(&logits[i % 64], top_k, true).unwrap();
+                moe_experts_with(&x, &gu4, &down4, &routes, ExpertExtras::default()).unwrap();
+            };
+            for i in 0..4 {
+                run(i);
+            }
+            let s = common::graph_replay_seconds(&stream, 64, &run);
+            let bytes = (top_k * 3 * hidden * inter) as f64 * 17.0 / 32.0;
+            println!(
+                "| {name}, MXFP4 | {experts} (top-{top_k}) | {hidden} x {inter} | {:.1} | {:.2} |",
+                s * 1e6,
+                bytes / s / 1e12
+            );
+        }
     }
 }

@@ -4,8 +4,9 @@
 #   bash .gpu/scripts/gpu/arch_speed.sh [shape ...]   (default: all four)
 #   CONTEXTS="1024 8192 32768" bash .gpu/scripts/gpu/arch_speed.sh gemma-3-12b   (decode against context)
 # Shapes: qwen3-8b, mistral-7b, phi-4, gemma-3-12b (the text model); the mixtures of experts
-# mixtral-8x7b, qwen3-30b-a3b and gpt-oss-20b (bf16 experts; not in the default list). Prints each `bench latency`
-# summary and the weight bytes, so effective bandwidth = bytes x tok/s.
+# mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b and gpt-oss-120b (MXFP4 experts, as gpt-oss ships them; not in
+# the default list). Prints each `bench latency` summary and the weight bytes, so effective bandwidth =
+# bytes x tok/s.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 bin=/tmp/pagewise-gpu/bin/pagewise
@@ -58,6 +59,7 @@ shapes = {
                                       "original_max_position_embeddings": 4096, "truncate": False},
                         attention_bias=True, eos_token_id=200002, bos_token_id=199998),
 }
+shapes["gpt-oss-120b"] = dict(shapes["gpt-oss-20b"], num_hidden_layers=36, num_local_experts=128)
 def params(c, active=False):
     h, i, l = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
     d = c.get("head_dim") or h // c["num_attention_heads"]
@@ -76,7 +78,10 @@ for name, c in shapes.items():
     # Bytes a decode step reads: every matrix once (the embedding row is negligible, a tied head
     # is read as the head).
     embed = 0 if c.get("tie_word_embeddings") else c["vocab_size"] * c["hidden_size"]
-    print(f"{name}: {params(c) / 1e9:.2f} B parameters, {2 * (params(c, active=True) - embed) / 1e9:.2f} GB read a step")
+    read = 2 * (params(c, active=True) - embed)
+    if c["model_type"] == "gpt_oss":  # MXFP4 experts: 17 bytes a run of 32 where bf16 takes 64
+        read -= (2 - 17 / 32) * c["num_hidden_layers"] * c["num_experts_per_tok"] * 3 * c["hidden_size"] * c["intermediate_size"]
+    print(f"{name}: {params(c) / 1e9:.2f} B parameters, {read / 1e9:.2f} GB read a step")
 PY
 for m in ${@:-qwen3-8b mistral-7b phi-4 gemma-3-12b}; do
   cp "$here/tests/fixtures/llama-gqa-tied/tokenizer.json" "$cfg/$m/"

@@ -51,6 +51,11 @@ if [ -d "$gptoss" ] && [ ! -f "$gptoss/model-MXFP4.gguf" ] && [ -f "$here/lcpp/l
     && PYTHONPATH=$work/ggufpy/llama.cpp/gguf-py python3 "$here/../tests/fixtures/make_gptoss_gguf.py" "$gptoss" \
       >> "$out/make-models.log" 2>&1 || tail -5 "$out/make-models.log"
 fi
+# The same with its experts quantized to MXFP4 as gpt-oss's safetensors ship them.
+if [ -d "$gptoss" ] && [ ! -f "$gptoss-mxfp4/model.safetensors" ]; then
+  python3 "$here/../tests/fixtures/make_gptoss_mxfp4.py" "$gptoss" "$gptoss-mxfp4" >> "$out/make-models.log" 2>&1 \
+    || tail -5 "$out/make-models.log"
+fi
 status=0
 if [ "$what" = tests ] || [ "$what" = kernels ] || [ "$what" = all ] || [ "$what" = recheck ]; then
   "$work/bin/kernel-tests" --test-threads=1 > "$out/kernel-tests.log" 2>&1 || status=1

@@ -210,8 +210,17 @@ pub fn load(
             .map_err(|e| LoadError::Format(format!("GGUF tensor {name}: {e}")))?;
         tensors.insert(name.clone(), t);
     }
-    // MXFP4 (gpt-oss's experts): dequantized at load to the model's dtype.
+    // MXFP4 (gpt-oss's experts): kept as they are on a GPU in f16/bf16 (the expert kernels read
+    // them so), dequantized at load to the model's dtype elsewhere.
+    let native = device.is_cuda() && matches!(dtype, DType::F16 | DType::BF16);
+    let mut mxfp4 = HashMap::new();
     for name in header.mxfp4.keys() {
+        if native {
+            let host =
+                gguf_file::read_mxfp4_host(&mut file, &header, name).map_err(LoadError::Format)?;
+            mxfp4.insert(name.clone(), host);
+            continue;
+        }
         let t = gguf_file::read_mxfp4(&mut file, &header, name, dtype, device)
             .map_err(LoadError::Format)?;
         tensors.insert(name.clone(), t);
@@ -225,6 +234,7 @@ pub fn load(
             dtype,
             device: device.clone(),
             dequantize,
+            mxfp4,
         },
     })
 }

@@ -203,15 +203,12 @@ pub fn read<R: Read + Seek>(r: &mut R) -> Result<Header, String> {
     })
 }
 
-/// The MXFP4 tensor `name` of `header` (a shape from its table) read from `r` and dequantized to
-/// `dtype` (f32, f16 or bf16) on `device`: a float `QTensor`, as a GGUF file's float tensors are.
-pub fn read_mxfp4<R: Read + Seek>(
+/// The bytes of the MXFP4 tensor `name` of `header` (ggml's blocks), and its shape.
+fn mxfp4_bytes<R: Read + Seek>(
     r: &mut R,
     header: &Header,
     name: &str,
-    dtype: DType,
-    device: &Device,
-) -> Result<QTensor, String> {
+) -> Result<(Vec<u8>, Vec<usize>), String> {
     let (dims, offset) = &header.mxfp4[name];
     let values: usize = dims.iter().product();
     if dims.last().is_none_or(|d| d % 32 != 0) {
@@ -224,6 +221,40 @@ pub fn read_mxfp4<R: Read + Seek>(
     r.seek(SeekFrom::Start(start))
         .and_then(|_| r.read_exact(&mut bytes))
         .map_err(|e| format!("MXFP4 tensor {name}: {e}"))?;
+    Ok((bytes, dims.clone()))
+}
+
+/// The MXFP4 tensor `name` of `header`, a stack of matrices (`[experts, rows, cols]`; a 2-D tensor
+/// is one matrix), read from `r` as it is.
+pub fn read_mxfp4_host<R: Read + Seek>(
+    r: &mut R,
+    header: &Header,
+    name: &str,
+) -> Result<mxfp4::Mxfp4Host, String> {
+    let (bytes, dims) = mxfp4_bytes(r, header, name)?;
+    let stack = match dims[..] {
+        [n, rows, cols] => (n, rows, cols),
+        [rows, cols] => (1, rows, cols),
+        _ => {
+            return Err(format!(
+                "MXFP4 tensor {name} {dims:?}: not a stack of matrices"
+            ));
+        }
+    };
+    Ok(mxfp4::Mxfp4Host::from_ggml(&bytes, stack))
+}
+
+/// The MXFP4 tensor `name` of `header` (a shape from its table) read from `r` and dequantized to
+/// `dtype` (f32, f16 or bf16) on `device`: a float `QTensor`, as a GGUF file's float tensors are.
+pub fn read_mxfp4<R: Read + Seek>(
+    r: &mut R,
+    header: &Header,
+    name: &str,
+    dtype: DType,
+    device: &Device,
+) -> Result<QTensor, String> {
+    let (bytes, dims) = mxfp4_bytes(r, header, name)?;
+    let values: usize = dims.iter().product();
     let mut floats = Vec::with_capacity(values);
     mxfp4::dequantize_ggml(&bytes, &mut floats);
     drop(bytes);

@@ -119,6 +119,7 @@ impl Weights {
             dequantize,
             device,
             dtype,
+            ..
         } = self
         else {
             return Err(ModelError::Unsupported(format!(

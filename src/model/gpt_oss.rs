@@ -115,6 +115,98 @@ pub(super) fn experts(
         .collect()
 }
 
+/// A layer's experts as MXFP4 stacks, the gate rows before the up rows, with their biases
+/// (`[experts, 2 * inter]`, gate first, and `[experts, hidden]`).
+#[cfg(feature = "cuda")]
+pub(super) struct Mxfp4Experts {
+    pub gate_up: super::mxfp4::Mxfp4Host,
+    pub down: super::mxfp4::Mxfp4Host,
+    pub gate_up_bias: Tensor,
+    pub down_bias: Tensor,
+}
+
+/// Layer `layer`'s experts kept in MXFP4, when the model runs on a GPU in f16/bf16 (where the
+/// expert kernels read MXFP4 as it is), the experts fit those kernels, and the weights hold them
+/// so: safetensors with `_blocks` and `_scales`, llama.cpp's GGUF, or dummy weights (which stand
+/// for gpt-oss's checkpoints, MXFP4 all). `None` otherwise: the experts are then dequantized at
+/// load ([`experts`]).
+#[cfg(feature = "cuda")]
+pub(super) fn mxfp4_experts(
+    w: &Weights,
+    layer: usize,
+    hidden: usize,
+    s: &MoeSettings,
+) -> Result<Option<Mxfp4Experts>, ModelError> {
+    use super::mxfp4::Mxfp4Host;
+    use candle_core::DType;
+    let (n, i) = (s.num_experts, s.expert_intermediate);
+    let dtype = w.dtype();
+    if !w.device().is_cuda()
+        || !matches!(dtype, DType::F16 | DType::BF16)
+        || !hidden.is_multiple_of(32)
+        || !i.is_multiple_of(32)
+        || n > pagewise_kernels::moe_max_experts()
+        || !pagewise_kernels::moe_fits(s.top_k, i, dtype)
+    {
+        return Ok(None);
+    }
+    let p = format!("model.layers.{layer}.mlp.experts");
+    let (gate_up, down, gate_up_bias, down_bias) = match w {
+        Weights::Gguf { .. } => {
+            let name = |kind: &str| format!("blk.{layer}.ffn_{kind}_exps");
+            let (Some(gate), Some(up), Some(down)) = (
+                w.gguf_mxfp4(&format!("{}.weight", name("gate"))),
+                w.gguf_mxfp4(&format!("{}.weight", name("up"))),
+                w.gguf_mxfp4(&format!("{}.weight", name("down"))),
+            ) else {
+                return Ok(None);
+            };
+            let bias = |kind: &str, width| w.tensor(&format!("{}.bias", name(kind)), (n, width));
+            let gate_up_bias = Tensor::cat(&[bias("gate", i)?, bias("up", i)?], 1)?;
+            let gate_up = Mxfp4Host::stack_rows(gate, up);
+            (gate_up, down.clone(), gate_up_bias, bias("down", hidden)?)
+        }
+        Weights::Safetensors { .. } => {
+            let host = |name: &str, dims| super::mxfp4::safetensors_host(w, name, n, dims);
+            let (Some(gate_up), Some(down)) = (
+                host(&format!("{p}.gate_up_proj"), (2 * i, hidden))?,
+                host(&format!("{p}.down_proj"), (hidden, i))?,
+            ) else {
+                return Ok(None);
+            };
+            // The bias's columns interleave gate and up, as the rows do.
+            let bias = w.tensor(&format!("{p}.gate_up_proj_bias"), (n, 2 * i))?;
+            let bias = bias
+                .reshape((n, i, 2))?
+                .transpose(1, 2)?
+                .reshape((n, 2 * i))?;
+            let down_bias = w.tensor(&format!("{p}.down_proj_bias"), (n, hidden))?;
+            (gate_up.halves_from_interleaved(), down, bias, down_bias)
+        }
+        Weights::Dense(_) => {
+            let seed = 2 * layer as u64;
+            (
+                Mxfp4Host::random((n, 2 * i, hidden), seed),
+                Mxfp4Host::random((n, hidden, i), seed + 1),
+                w.tensor(&format!("{p}.gate_up_proj_bias"), (n, 2 * i))?,
+                w.tensor(&format!("{p}.down_proj_bias"), (n, hidden))?,
+            )
+        }
+    };
+    if gate_up.dims != (n, 2 * i, hidden) || down.dims != (n, hidden, i) {
+        return Err(ModelError::Config(format!(
+            "layer {layer}'s MXFP4 experts: {:?} and {:?} for {n} experts of {hidden} x {i}",
+            gate_up.dims, down.dims
+        )));
+    }
+    Ok(Some(Mxfp4Experts {
+        gate_up,
+        down,
+        gate_up_bias: gate_up_bias.contiguous()?,
+        down_bias: down_bias.contiguous()?,
+    }))
+}
+
 /// A layer's experts from llama.cpp's GGUF layout: `blk.N.ffn_{gate,up,down}_exps` stacked
 /// `[experts, out, in]` (MXFP4 in its files, dequantized at load), each with a bias `[experts,
 /// out]`.
@@ -127,7 +219,16 @@ fn gguf_experts(
     let (n, i) = (s.num_experts, s.expert_intermediate);
     let stack = |kind: &str, rows: usize, cols: usize| -> Result<(Tensor, Tensor), ModelError> {
         let name = format!("blk.{layer}.ffn_{kind}_exps");
-        let weight = w.tensor(&format!("{name}.weight"), (n, rows, cols))?;
+        let weight = match w.gguf_mxfp4(&format!("{name}.weight")) {
+            // Kept as it is for the GPU's kernels, which these experts do not fit.
+            Some(h) => {
+                let values = (0..n).flat_map(|e| h.dequantize_expert(e)).collect();
+                Tensor::from_vec(values, (n, rows, cols), &candle_core::Device::Cpu)?
+                    .to_dtype(w.dtype())?
+                    .to_device(w.device())?
+            }
+            None => w.tensor(&format!("{name}.weight"), (n, rows, cols))?,
+        };
         Ok((weight, w.tensor(&format!("{name}.bias"), (n, rows))?))
     };
     let (gate, gate_bias) = stack("gate", i, hidden)?;

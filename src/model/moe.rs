@@ -79,10 +79,24 @@ impl SparseMoe {
         let i = s.expert_intermediate;
         if s.names == ExpertNames::GptOss {
             let prefix = format!("model.layers.{layer}.mlp");
+            let router = router(w, &format!("{prefix}.router"), hidden, s.num_experts, true)?;
+            // On a GPU in f16/bf16 the experts stay MXFP4 (no per-expert layers: every step
+            // takes the device path).
+            #[cfg(feature = "cuda")]
+            if let Some(e) = super::gpt_oss::mxfp4_experts(w, layer, hidden, s)? {
+                let stacked =
+                    super::moe_device::Stacked::mxfp4(e, w.device(), w.dtype(), s.activation)?;
+                return Ok(SparseMoe {
+                    router,
+                    stacked: Some(stacked),
+                    experts: Vec::new(),
+                    settings: s.clone(),
+                });
+            }
             #[allow(unused_mut)]
             let mut experts = super::gpt_oss::experts(w, layer, hidden, s)?;
             return Ok(SparseMoe {
-                router: router(w, &format!("{prefix}.router"), hidden, s.num_experts, true)?,
+                router,
                 #[cfg(feature = "cuda")]
                 stacked: super::moe_device::Stacked::take(&mut experts, s.top_k, s.activation)?,
                 experts,

@@ -4,20 +4,42 @@
 //! the step runs inside a CUDA graph; each token streams its own experts' weights, which is what a
 //! few tokens need. Larger steps (prefill) route on the device too, read the chosen ids back to
 //! sort the rows by expert, and run two grouped GEMMs, which read each chosen expert once.
+//! gpt-oss's experts stay MXFP4 (4.25 bits a weight): the decode kernels read them as they are;
+//! a larger step dequantizes the experts it routes to into a scratch stack for the grouped GEMMs.
 
 use std::sync::{Arc, Mutex, Weak};
 
 use candle_core::{DType, Device, Tensor};
-use pagewise_kernels::GroupedGemm;
+use pagewise_kernels::{ExpertWeights, GroupedGemm, Mxfp4Stack};
 
+use super::gpt_oss::Mxfp4Experts;
 use super::layers::Linear;
 use super::moe::{Expert, ExpertActivation, MoeSettings};
+
+/// One projection's stacked experts: dense, or MXFP4.
+enum Stack {
+    Dense(Tensor),
+    Mxfp4(Mxfp4Stack),
+}
+
+impl Stack {
+    fn weights(&self) -> ExpertWeights<'_> {
+        match self {
+            Stack::Dense(t) => ExpertWeights::Dense(t),
+            Stack::Mxfp4(s) => ExpertWeights::Mxfp4(s),
+        }
+    }
+}
 
 /// A layer's expert weights stacked: gate/up `[experts, 2 * inter, hidden]` (gate rows first)
 /// and down `[experts, hidden, inter]`, with their biases (gpt-oss) stacked the same way.
 pub struct Stacked {
-    gate_up: Tensor,
-    down: Tensor,
+    experts: usize,
+    gate_up: Stack,
+    down: Stack,
+    /// For MXFP4 stacks: the dense stack (of the model dtype, as large as the larger projection)
+    /// a grouped GEMM reads the step's experts from, shared by the layers on one stream.
+    scratch: Option<Arc<Tensor>>,
     gate_up_bias: Option<Tensor>,
     down_bias: Option<Tensor>,
     activation: ExpertActivation,
@@ -44,7 +66,74 @@ fn grouped_handle(device: &Device) -> candle_core::Result<Arc<GroupedGemm>> {
     Ok(h)
 }
 
+/// A scratch of at least `elements` of `dtype` on `device`'s stream: the one the model's other
+/// layers hold, or a new one. (The layers run one after the other on the stream, so each fills it
+/// just before its grouped GEMM reads it.)
+fn scratch(device: &Device, elements: usize, dtype: DType) -> candle_core::Result<Arc<Tensor>> {
+    type Entry = (usize, DType, Weak<Tensor>);
+    static SCRATCH: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+    let stream = device.as_cuda_device()?.cuda_stream().cu_stream() as usize;
+    let mut all = SCRATCH.lock().unwrap_or_else(|e| e.into_inner());
+    all.retain(|(_, _, t)| t.strong_count() > 0);
+    let found = all
+        .iter()
+        .find_map(|(s, d, t)| match *s == stream && *d == dtype {
+            true => t.upgrade().filter(|t| t.elem_count() >= elements),
+            false => None,
+        });
+    if let Some(t) = found {
+        return Ok(t);
+    }
+    let t = Arc::new(pagewise_kernels::empty(elements, dtype, device)?);
+    all.push((stream, dtype, Arc::downgrade(&t)));
+    Ok(t)
+}
+
 impl Stacked {
+    /// gpt-oss's experts as MXFP4 stacks on `device` (the model dtype `dtype`), with `top_k`
+    /// experts a token, and the scratch their grouped GEMMs dequantize into.
+    pub fn mxfp4(
+        e: Mxfp4Experts,
+        device: &Device,
+        dtype: DType,
+        activation: ExpertActivation,
+    ) -> candle_core::Result<Stacked> {
+        let upload = |h: &super::mxfp4::Mxfp4Host| {
+            Mxfp4Stack::from_host(&h.codes, &h.scales, h.dims, device)
+        };
+        let (gate_up, down) = (upload(&e.gate_up)?, upload(&e.down)?);
+        let (n, rows, cols) = e.gate_up.dims;
+        let (_, drows, dcols) = e.down.dims;
+        let elements = n * (rows * cols).max(drows * dcols);
+        Ok(Stacked {
+            experts: n,
+            gate_up: Stack::Mxfp4(gate_up),
+            down: Stack::Mxfp4(down),
+            scratch: Some(scratch(device, elements, dtype)?),
+            gate_up_bias: Some(e.gate_up_bias.to_dtype(dtype)?),
+            down_bias: Some(e.down_bias.to_dtype(dtype)?),
+            activation,
+            grouped: grouped_handle(device)?,
+        })
+    }
+
+    /// The dense stack a grouped GEMM reads for `stack`: itself, or (MXFP4) the scratch with the
+    /// step's `used` experts dequantized into it.
+    fn gemm_weights(&self, stack: &Stack, used: &[u32]) -> candle_core::Result<Tensor> {
+        match (stack, &self.scratch) {
+            (Stack::Dense(t), _) => Ok(t.clone()),
+            (Stack::Mxfp4(s), Some(scratch)) => {
+                let (n, rows, cols) = s.dims3();
+                let view = scratch
+                    .narrow(0, 0, n * rows * cols)?
+                    .reshape((n, rows, cols))?;
+                s.dequantize_into(&view, used)?;
+                Ok(view)
+            }
+            (Stack::Mxfp4(_), None) => candle_core::bail!("MXFP4 experts without a scratch"),
+        }
+    }
+
     /// Stacks the experts' weights when they are dense f16/bf16 on a GPU and fit the kernels (with
     /// `top_k` experts a token), and makes each expert's layers views of the stacks (so the
     /// weights are held once). Biases come along when every expert has them.
@@ -91,8 +180,10 @@ impl Stacked {
             expert.down = Linear::dense(down.get(e)?, row(&down_bias, e)?);
         }
         Ok(Some(Stacked {
-            gate_up,
-            down,
+            experts: experts.len(),
+            gate_up: Stack::Dense(gate_up),
+            down: Stack::Dense(down),
+            scratch: None,
             gate_up_bias,
             down_bias,
             activation,
@@ -117,7 +208,13 @@ impl Stacked {
         let routes = pagewise_kernels::moe_route(&logits.contiguous()?, s.top_k, s.renormalize)?;
         let (tokens, top_k) = routes.ids().dims2()?;
         let ids = routes.ids().flatten_all()?.to_vec1::<u32>()?;
-        let sorted = SortedRoutes::new(&ids, self.gate_up.dim(0)?, top_k);
+        let sorted = SortedRoutes::new(&ids, self.experts, top_k);
+        let used: Vec<u32> = sorted
+            .groups
+            .iter()
+            .filter(|g| g.1 > 0)
+            .map(|g| g.0 as u32)
+            .collect();
         let n = ids.len();
         let dev = x.device();
         let xs = x
@@ -138,12 +235,14 @@ impl Stacked {
             (Some(b), Some(ids)) => b.index_select(ids, 0).map(Some),
             _ => Ok(None),
         };
-        let mut mid = self.grouped.matmul(&xs, &self.gate_up, &sorted.groups)?;
+        let gate_up = self.gemm_weights(&self.gate_up, &used)?;
+        let mut mid = self.grouped.matmul(&xs, &gate_up, &sorted.groups)?;
         if let Some(b) = bias_rows(&self.gate_up_bias)? {
             mid = (mid + b)?;
         }
         let act = self.activation.apply(&mid)?.contiguous()?;
-        let mut ys = self.grouped.matmul(&act, &self.down, &sorted.groups)?;
+        let down = self.gemm_weights(&self.down, &used)?;
+        let mut ys = self.grouped.matmul(&act, &down, &sorted.groups)?;
         if let Some(b) = bias_rows(&self.down_bias)? {
             ys = (ys + b)?;
         }
@@ -168,8 +267,8 @@ impl Stacked {
         let routes = pagewise_kernels::moe_route(&logits.contiguous()?, s.top_k, s.renormalize)?;
         pagewise_kernels::moe_experts_with(
             &x.contiguous()?,
-            &self.gate_up,
-            &self.down,
+            self.gate_up.weights(),
+            self.down.weights(),
             &routes,
             self.extras(),
         )
@@ -194,7 +293,8 @@ impl Stacked {
             residual: Some(x),
             ..self.extras()
         };
-        pagewise_kernels::moe_experts_with(x, &self.gate_up, &self.down, &routes, extras)
+        let (gate_up, down) = (self.gate_up.weights(), self.down.weights());
+        pagewise_kernels::moe_experts_with(x, gate_up, down, &routes, extras)
     }
 
     /// The biases and activation of this layer's experts.

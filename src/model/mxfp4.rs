@@ -2,8 +2,9 @@
 //! values is 16 bytes of FP4 (E2M1) codes, two a byte (the low nibble first), and one E8M0 scale
 //! byte (`2^(s - 127)`). Safetensors checkpoints store a tensor `[.., rows, cols]` as
 //! `NAME_blocks` (`[.., rows, cols / 32, 16]`, u8) and `NAME_scales` (`[.., rows, cols / 32]`).
-//! llama.cpp's GGUF files store them as ggml's MXFP4 blocks ([`dequantize_ggml`]). pagewise
-//! dequantizes them at load to the model dtype.
+//! llama.cpp's GGUF files store them as ggml's MXFP4 blocks ([`dequantize_ggml`]). On a GPU in
+//! f16/bf16, pagewise keeps them as they are ([`Mxfp4Host`], uploaded as the expert kernels'
+//! `Mxfp4Stack`: 4.25 bits a weight); elsewhere it dequantizes them at load to the model dtype.
 
 use candle_core::{Device, Tensor};
 
@@ -43,20 +44,14 @@ pub fn dequantize(blocks: &[u8], scales: &[u8], out: &mut Vec<f32>) {
 }
 
 /// The stacked MXFP4 tensor `name` (`name_blocks` and `name_scales`) of `experts` matrices
-/// `[rows, cols]`, one tensor per expert in the model dtype, when the weights are safetensors
-/// that hold it; `None` otherwise.
-pub fn experts(
+/// `[rows, cols]` as they are, when the weights are safetensors that hold it; `None` otherwise.
+pub fn safetensors_host(
     w: &Weights,
     name: &str,
     experts: usize,
     (rows, cols): (usize, usize),
-) -> Result<Option<Vec<Tensor>>, ModelError> {
-    let Weights::Safetensors {
-        files,
-        dtype,
-        device,
-    } = w
-    else {
+) -> Result<Option<Mxfp4Host>, ModelError> {
+    let Weights::Safetensors { files, .. } = w else {
         return Ok(None);
     };
     let (blocks_name, scales_name) = (format!("{name}_blocks"), format!("{name}_scales"));
@@ -74,22 +69,158 @@ pub fn experts(
             scales.shape()
         )));
     }
-    let (b, s) = (blocks.data(), scales.data());
-    let (per_b, per_s) = (rows * groups * 16, rows * groups);
+    Ok(Some(Mxfp4Host {
+        codes: blocks.data().to_vec(),
+        scales: scales.data().to_vec(),
+        dims: (experts, rows, cols),
+    }))
+}
+
+/// The stacked MXFP4 tensor `name` of `experts` matrices `[rows, cols]`, one tensor per expert in
+/// the model dtype, when the weights are safetensors that hold it; `None` otherwise.
+pub fn experts(
+    w: &Weights,
+    name: &str,
+    experts: usize,
+    dims: (usize, usize),
+) -> Result<Option<Vec<Tensor>>, ModelError> {
+    let Some(host) = safetensors_host(w, name, experts, dims)? else {
+        return Ok(None);
+    };
     (0..experts)
         .map(|e| {
-            let mut values = Vec::with_capacity(rows * cols);
-            dequantize(
-                &b[e * per_b..(e + 1) * per_b],
-                &s[e * per_s..(e + 1) * per_s],
-                &mut values,
-            );
-            Ok(Tensor::from_vec(values, (rows, cols), &Device::Cpu)?
-                .to_dtype(*dtype)?
-                .to_device(device)?)
+            Ok(
+                Tensor::from_vec(host.dequantize_expert(e), dims, &Device::Cpu)?
+                    .to_dtype(w.dtype())?
+                    .to_device(w.device())?,
+            )
         })
         .collect::<Result<Vec<_>, ModelError>>()
         .map(Some)
+}
+
+/// Stacked MXFP4 matrices on the host, in the layout the GPU kernels read: `codes`
+/// `[experts, rows, cols / 2]` (a row's values 2i and 2i + 1 in byte i's low and high nibble, as
+/// safetensors checkpoints pair them) and `scales` `[experts, rows, cols / 32]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mxfp4Host {
+    pub codes: Vec<u8>,
+    pub scales: Vec<u8>,
+    /// `(experts, rows, cols)`.
+    pub dims: (usize, usize, usize),
+}
+
+impl Mxfp4Host {
+    /// From ggml's MXFP4 blocks of `dims` (in row order), whose codes are paired otherwise
+    /// (low nibbles the block's values 0..16, high nibbles 16..32).
+    pub fn from_ggml(blocks: &[u8], dims: (usize, usize, usize)) -> Mxfp4Host {
+        let runs = blocks.len() / GGML_BLOCK_BYTES;
+        let mut codes = Vec::with_capacity(runs * 16);
+        let mut scales = Vec::with_capacity(runs);
+        for block in blocks.chunks_exact(GGML_BLOCK_BYTES) {
+            scales.push(block[0]);
+            let value = |v: usize| match v < 16 {
+                true => block[1 + v] & 15,
+                false => block[1 + v - 16] >> 4,
+            };
+            codes.extend((0..16).map(|i| value(2 * i) | (value(2 * i + 1) << 4)));
+        }
+        Mxfp4Host {
+            codes,
+            scales,
+            dims,
+        }
+    }
+
+    /// Random codes and scales (2^-7 to 2^-4: weights up to 0.375) of `dims`, from `seed`: the
+    /// dummy weights of a checkpoint that ships MXFP4.
+    pub fn random(dims: (usize, usize, usize), seed: u64) -> Mxfp4Host {
+        let (n, rows, cols) = dims;
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let codes = (0..n * rows * cols / 16)
+            .flat_map(|_| next().to_le_bytes())
+            .collect();
+        let scales = (0..n * rows * cols / 32)
+            .map(|_| 120 + (next() % 4) as u8)
+            .collect();
+        Mxfp4Host {
+            codes,
+            scales,
+            dims,
+        }
+    }
+
+    /// Each matrix's rows reordered so that row `r` is old row `from(r)`.
+    fn rows_from(&self, from: impl Fn(usize) -> usize) -> Mxfp4Host {
+        let (n, rows, cols) = self.dims;
+        let (cb, sb) = (cols / 2, cols / 32);
+        let mut out = Mxfp4Host {
+            codes: Vec::with_capacity(self.codes.len()),
+            scales: Vec::with_capacity(self.scales.len()),
+            dims: self.dims,
+        };
+        for e in 0..n {
+            for r in 0..rows {
+                let src = e * rows + from(r);
+                out.codes
+                    .extend_from_slice(&self.codes[src * cb..(src + 1) * cb]);
+                out.scales
+                    .extend_from_slice(&self.scales[src * sb..(src + 1) * sb]);
+            }
+        }
+        out
+    }
+
+    /// Rows interleaved gate, up, gate, up (gpt-oss's checkpoints) as the gate rows, then the up
+    /// rows.
+    pub fn halves_from_interleaved(&self) -> Mxfp4Host {
+        let half = self.dims.1 / 2;
+        self.rows_from(|r| match r < half {
+            true => 2 * r,
+            false => 2 * (r - half) + 1,
+        })
+    }
+
+    /// Each matrix of `a` with the same matrix of `b` below it (the same experts and columns).
+    pub fn stack_rows(a: &Mxfp4Host, b: &Mxfp4Host) -> Mxfp4Host {
+        let ((n, ra, cols), (_, rb, _)) = (a.dims, b.dims);
+        let (cb, sb) = (cols / 2, cols / 32);
+        let mut out = Mxfp4Host {
+            codes: Vec::with_capacity(a.codes.len() + b.codes.len()),
+            scales: Vec::with_capacity(a.scales.len() + b.scales.len()),
+            dims: (n, ra + rb, cols),
+        };
+        for e in 0..n {
+            out.codes
+                .extend_from_slice(&a.codes[e * ra * cb..(e + 1) * ra * cb]);
+            out.codes
+                .extend_from_slice(&b.codes[e * rb * cb..(e + 1) * rb * cb]);
+            out.scales
+                .extend_from_slice(&a.scales[e * ra * sb..(e + 1) * ra * sb]);
+            out.scales
+                .extend_from_slice(&b.scales[e * rb * sb..(e + 1) * rb * sb]);
+        }
+        out
+    }
+
+    /// Matrix `e`'s values `[rows, cols]`.
+    pub fn dequantize_expert(&self, e: usize) -> Vec<f32> {
+        let (_, rows, cols) = self.dims;
+        let (per_c, per_s) = (rows * cols / 2, rows * cols / 32);
+        let mut out = Vec::with_capacity(rows * cols);
+        dequantize(
+            &self.codes[e * per_c..(e + 1) * per_c],
+            &self.scales[e * per_s..(e + 1) * per_s],
+            &mut out,
+        );
+        out
+    }
 }
 
 #[cfg(test)]
@@ -110,6 +241,51 @@ mod tests {
         out.clear();
         dequantize(&[0x22; 16], &[127 - 3], &mut out); // code 2 (1.0) times 1/8
         assert!(out.iter().all(|&x| x == 0.125));
+    }
+
+    #[test]
+    fn ggml_blocks_repack_to_the_pairs_safetensors_use() {
+        // Two rows of one run each: the same values whether read from ggml's blocks or from
+        // the repacked codes.
+        let mut blocks = Vec::new();
+        for r in 0..2u8 {
+            blocks.push(120 + r);
+            blocks.extend((0..16u8).map(|i| i.wrapping_mul(37).wrapping_add(r)));
+        }
+        let host = Mxfp4Host::from_ggml(&blocks, (1, 2, 32));
+        let mut want = Vec::new();
+        dequantize_ggml(&blocks, &mut want);
+        assert_eq!(host.dequantize_expert(0), want);
+        assert_eq!(host.scales, [120, 121]);
+    }
+
+    #[test]
+    fn interleaved_rows_become_the_gate_rows_then_the_up_rows() {
+        // 2 experts of 4 rows of one run: row r's codes all r + 4e, its scale 100 + r + 4e.
+        let (codes, scales): (Vec<u8>, Vec<u8>) = (0..8u8).map(|r| (vec![r; 16], 100 + r)).fold(
+            (Vec::new(), Vec::new()),
+            |(mut c, mut s), (rc, rs)| {
+                c.extend(rc);
+                s.push(rs);
+                (c, s)
+            },
+        );
+        let host = Mxfp4Host {
+            codes,
+            scales,
+            dims: (2, 4, 32),
+        };
+        let halves = host.halves_from_interleaved();
+        assert_eq!(halves.scales, [100, 102, 101, 103, 104, 106, 105, 107]);
+        assert_eq!(halves.codes[16..32], [2; 16]);
+        let stacked = Mxfp4Host::stack_rows(&host, &halves);
+        assert_eq!(stacked.dims, (2, 8, 32));
+        assert_eq!(
+            stacked.scales,
+            [
+                100, 101, 102, 103, 100, 102, 101, 103, 104, 105, 106, 107, 104, 106, 105, 107
+            ]
+        );
     }
 
     #[test]

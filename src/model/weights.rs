@@ -42,6 +42,9 @@ pub enum Weights {
         device: Device,
         /// Which matmul weights are dequantized at load.
         dequantize: Dequantize,
+        /// MXFP4 tensors (gpt-oss's experts) kept as they are, by GGUF name: on a GPU in f16/bf16,
+        /// where the expert kernels read them so; elsewhere they are dequantized into `tensors`.
+        mxfp4: HashMap<String, crate::model::mxfp4::Mxfp4Host>,
     },
 }
 
@@ -111,6 +114,14 @@ impl Weights {
         match self {
             Weights::Dense(vb) => vb.dtype(),
             Weights::Safetensors { dtype, .. } | Weights::Gguf { dtype, .. } => *dtype,
+        }
+    }
+
+    /// The MXFP4 tensor of GGUF name `name` kept as it is (on a GPU in f16/bf16), if any.
+    pub fn gguf_mxfp4(&self, name: &str) -> Option<&crate::model::mxfp4::Mxfp4Host> {
+        match self {
+            Weights::Gguf { mxfp4, .. } => mxfp4.get(name),
+            _ => None,
         }
     }
 
