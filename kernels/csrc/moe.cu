@@ -73,13 +73,12 @@ __device__ __forceinline__ float2 warp_dot2(const T* __restrict__ w0, const T* _
 constexpr int kFp4Batch = 4;
 
 // The dot products of two MXFP4 rows (codes c0, c1 and scales s0, s1 at their starts) with one
-// staged row xs (k_dim values, a multiple of 32), summed over the warp: lane l takes runs l,
+// staged row xs (k_dim values, a multiple of 32, as fp4_input8 stages them), summed over the warp: lane l takes runs l,
 // l + 32, ..., loading kFp4Batch runs of each row before it sums them.
-template <typename T>
 __device__ __forceinline__ float2 warp_dot2_fp4(const uint8_t* __restrict__ c0,
                                                 const uint8_t* __restrict__ s0,
                                                 const uint8_t* __restrict__ c1,
-                                                const uint8_t* __restrict__ s1, const T* xs,
+                                                const uint8_t* __restrict__ s1, const __half* xs,
                                                 int k_dim, int lane) {
   const int runs = k_dim / 32, rot = (lane >> 1) & 3;
   float a0 = 0.f, a1 = 0.f;
@@ -110,12 +109,11 @@ __device__ __forceinline__ float2 warp_dot2_fp4(const uint8_t* __restrict__ c0,
 // sum_j weight[j] * (row o of expert[j] in the MXFP4 stack (codes, scales; [experts, out_dim,
 // k_dim]) . xs[j]) for j below top_k, over the warp: the top_k rows' runs taken as one sequence (xs's rows are
 // contiguous), kFp4Batch runs loaded at a time.
-template <typename T>
 __device__ __forceinline__ float warp_dot_experts_fp4(const uint8_t* __restrict__ codes,
                                                       const uint8_t* __restrict__ scales,
                                                       const int64_t* expert, int out_dim, int o,
                                                       const float* weight, int top_k,
-                                                      const T* xs, int k_dim, int lane) {
+                                                      const __half* xs, int k_dim, int lane) {
   const int runs = k_dim / 32, all = top_k * runs, rot = (lane >> 1) & 3;
   float acc = 0.f;
   for (int first = lane; first < all; first += 32 * kFp4Batch) {
@@ -158,6 +156,12 @@ __global__ void __launch_bounds__(kGemvThreads)
   wait_for_previous_grid();  // (ids are the routing's output; x is read before it)
   let_next_grid_launch();
   stage_input<T, 1, kIn>(xs, x + (int64_t)t * k_dim, norm_w, k_dim, eps);
+  if constexpr (kFp4) {
+    // Each thread converts the pieces it reads and writes back in place.
+    for (int i = threadIdx.x * 8; i < k_dim; i += kGemvThreads * 8)
+      *reinterpret_cast<uint4*>(xs + i) = fp4_input8<T>(*reinterpret_cast<const uint4*>(xs + i));
+    __syncthreads();
+  }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int units = top_k * inner;
   for (int u = blockIdx.x * kGemvWarps + warp; u < units; u += gridDim.x * kGemvWarps) {
@@ -168,8 +172,8 @@ __global__ void __launch_bounds__(kGemvThreads)
     if constexpr (kFp4) {
       const uint8_t* codes = static_cast<const uint8_t*>(w_any);
       gu = warp_dot2_fp4(codes + gate_row * (k_dim / 2), scales + gate_row * (k_dim / 32),
-                         codes + up_row * (k_dim / 2), scales + up_row * (k_dim / 32), xs, k_dim,
-                         lane);
+                         codes + up_row * (k_dim / 2), scales + up_row * (k_dim / 32),
+                         reinterpret_cast<const __half*>(xs), k_dim, lane);
     } else {
       const T* w = static_cast<const T*>(w_any);
       gu = warp_dot2(w + gate_row * k_dim, w + up_row * k_dim, xs, k_dim, lane);
@@ -211,8 +215,10 @@ __global__ void __launch_bounds__(kGemvThreads, kFp4 ? 2 : 4)
   let_next_grid_launch();
   // The token's top_k activation rows are contiguous in `a`, as they are staged.
   const T* rows = a + (int64_t)t * top_k * k_dim;
-  for (int i = threadIdx.x * 8; i < top_k * k_dim; i += kGemvThreads * 8)
-    *reinterpret_cast<uint4*>(xs + i) = *reinterpret_cast<const uint4*>(rows + i);
+  for (int i = threadIdx.x * 8; i < top_k * k_dim; i += kGemvThreads * 8) {
+    const uint4 v = *reinterpret_cast<const uint4*>(rows + i);
+    *reinterpret_cast<uint4*>(xs + i) = kFp4 ? fp4_input8<T>(v) : v;
+  }
   if (threadIdx.x < top_k) {
     expert[threadIdx.x] = ids[(int64_t)t * top_k + threadIdx.x];
     weight[threadIdx.x] = weights[(int64_t)t * top_k + threadIdx.x];
@@ -233,7 +239,8 @@ __global__ void __launch_bounds__(kGemvThreads, kFp4 ? 2 : 4)
     // A warp an output, its top_k rows' runs in one sequence (no slices: the launch gives 1).
     for (int o = blockIdx.x * kGemvWarps + warp; o < out_dim; o += gridDim.x * kGemvWarps) {
       const float acc = warp_dot_experts_fp4(static_cast<const uint8_t*>(w_any), scales, expert,
-                                             out_dim, o, weight, top_k, xs, k_dim, lane);
+                                             out_dim, o, weight, top_k,
+                                             reinterpret_cast<const __half*>(xs), k_dim, lane);
       if (lane == 0) y[(int64_t)t * out_dim + o] = from_float<T>(acc + biased(o));
     }
   } else {
