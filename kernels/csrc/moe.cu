@@ -73,14 +73,15 @@ __device__ __forceinline__ float2 warp_dot2(const T* __restrict__ w0, const T* _
 constexpr int kFp4Batch = 4;
 
 // The dot products of two MXFP4 rows (codes c0, c1 and scales s0, s1 at their starts) with one
-// staged row xs (k_dim values, a multiple of 32, as fp4_input8 stages them), summed over the warp: lane l takes runs l,
+// staged row xs (k_dim values, a multiple of 32, staged by fp4_input8 at fp4_staged_at), summed
+// over the warp: lane l takes runs l,
 // l + 32, ..., loading kFp4Batch runs of each row before it sums them.
 __device__ __forceinline__ float2 warp_dot2_fp4(const uint8_t* __restrict__ c0,
                                                 const uint8_t* __restrict__ s0,
                                                 const uint8_t* __restrict__ c1,
                                                 const uint8_t* __restrict__ s1, const __half* xs,
                                                 int k_dim, int lane) {
-  const int runs = k_dim / 32, rot = (lane >> 1) & 3;
+  const int runs = k_dim / 32;
   float a0 = 0.f, a1 = 0.f;
   for (int first = lane; first < runs; first += 32 * kFp4Batch) {
     Fp4Run r0[kFp4Batch], r1[kFp4Batch];
@@ -93,8 +94,8 @@ __device__ __forceinline__ float2 warp_dot2_fp4(const uint8_t* __restrict__ c0,
     for (int i = 0; i < kFp4Batch; ++i) {
       const int b = first + 32 * i;
       if (b < runs) {
-        a0 += fp4_run_dot(r0[i], xs + 32 * b, rot);
-        a1 += fp4_run_dot(r1[i], xs + 32 * b, rot);
+        a0 += fp4_run_dot(r0[i], xs + 8 * b, 8 * runs);
+        a1 += fp4_run_dot(r1[i], xs + 8 * b, 8 * runs);
       }
     }
   }
@@ -114,7 +115,7 @@ __device__ __forceinline__ float warp_dot_experts_fp4(const uint8_t* __restrict_
                                                       const int64_t* expert, int out_dim, int o,
                                                       const float* weight, int top_k,
                                                       const __half* xs, int k_dim, int lane) {
-  const int runs = k_dim / 32, all = top_k * runs, rot = (lane >> 1) & 3;
+  const int runs = k_dim / 32, all = top_k * runs;
   float acc = 0.f;
   for (int first = lane; first < all; first += 32 * kFp4Batch) {
     Fp4Run r[kFp4Batch];
@@ -127,7 +128,7 @@ __device__ __forceinline__ float warp_dot_experts_fp4(const uint8_t* __restrict_
 #pragma unroll
     for (int i = 0; i < kFp4Batch; ++i) {
       const int f = first + 32 * i;
-      if (f < all) acc += weight[f / runs] * fp4_run_dot(r[i], xs + 32 * f, rot);
+      if (f < all) acc += weight[f / runs] * fp4_run_dot(r[i], xs + 8 * f, 8 * all);
     }
   }
 #pragma unroll
@@ -156,10 +157,12 @@ __global__ void __launch_bounds__(kGemvThreads)
   wait_for_previous_grid();  // (ids are the routing's output; x is read before it)
   let_next_grid_launch();
   stage_input<T, 1, kIn>(xs, x + (int64_t)t * k_dim, norm_w, k_dim, eps);
+  // (MXFP4: the input again as f16, piece-major, after it.)
+  __half* xh = reinterpret_cast<__half*>(xs + k_dim);
   if constexpr (kFp4) {
-    // Each thread converts the pieces it reads and writes back in place.
-    for (int i = threadIdx.x * 8; i < k_dim; i += kGemvThreads * 8)
-      *reinterpret_cast<uint4*>(xs + i) = fp4_input8<T>(*reinterpret_cast<const uint4*>(xs + i));
+    for (int p = threadIdx.x; p < k_dim / 8; p += kGemvThreads)
+      *reinterpret_cast<uint4*>(xh + fp4_staged_at(p, k_dim / 32)) =
+          fp4_input8<T>(*reinterpret_cast<const uint4*>(xs + 8 * p));
     __syncthreads();
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -172,8 +175,8 @@ __global__ void __launch_bounds__(kGemvThreads)
     if constexpr (kFp4) {
       const uint8_t* codes = static_cast<const uint8_t*>(w_any);
       gu = warp_dot2_fp4(codes + gate_row * (k_dim / 2), scales + gate_row * (k_dim / 32),
-                         codes + up_row * (k_dim / 2), scales + up_row * (k_dim / 32),
-                         reinterpret_cast<const __half*>(xs), k_dim, lane);
+                         codes + up_row * (k_dim / 2), scales + up_row * (k_dim / 32), xh,
+                         k_dim, lane);
     } else {
       const T* w = static_cast<const T*>(w_any);
       gu = warp_dot2(w + gate_row * k_dim, w + up_row * k_dim, xs, k_dim, lane);
@@ -217,7 +220,10 @@ __global__ void __launch_bounds__(kGemvThreads, kFp4 ? 2 : 4)
   const T* rows = a + (int64_t)t * top_k * k_dim;
   for (int i = threadIdx.x * 8; i < top_k * k_dim; i += kGemvThreads * 8) {
     const uint4 v = *reinterpret_cast<const uint4*>(rows + i);
-    *reinterpret_cast<uint4*>(xs + i) = kFp4 ? fp4_input8<T>(v) : v;
+    if constexpr (kFp4)  // (as f16, piece-major: the top_k rows' runs as one sequence)
+      *reinterpret_cast<uint4*>(xs + fp4_staged_at(i / 8, top_k * k_dim / 32)) = fp4_input8<T>(v);
+    else
+      *reinterpret_cast<uint4*>(xs + i) = v;
   }
   if (threadIdx.x < top_k) {
     expert[threadIdx.x] = ids[(int64_t)t * top_k + threadIdx.x];
@@ -335,7 +341,8 @@ int launch_gate_up(void* a, const void* x, const void* norm_w, float eps, Expert
                    const void* bias, const uint32_t* ids, int tokens, int top_k, int inner,
                    int k_dim, Activation act, cudaStream_t stream) {
   const auto kernel = moe_gate_up_kernel<T, kIn, kFp4>;
-  const int smem = k_dim * (int)sizeof(T);
+  // (MXFP4: the staged input again as f16.)
+  const int smem = k_dim * (int)(sizeof(T) + (kFp4 ? sizeof(__half) : 0));
   int blocks = 0;
   if (const int e = blocks_per_token(kernel, smem, top_k * inner, tokens, &blocks)) return e;
   const cudaError_t err = launch_early(kernel, dim3(blocks, tokens), dim3(kGemvThreads), smem,

@@ -94,22 +94,27 @@ __device__ __forceinline__ uint4 fp4_input8(uint4 raw) {
   return out;
 }
 
-// The dot product of a run with its 32 staged inputs at x (fp4_input8's order, 16-byte aligned,
-// in shared memory): a word's 8 products summed in f16 pairs (exact products; at most 4 terms a
-// half, so inputs up to 2730 in magnitude cannot overflow), the words' sums in f32, times the
-// run's scale. The lane reads x's four 16-byte pieces in the order rot, rot + 1, ... (mod 4):
-// lanes of consecutive runs with rot = (lane / 2) % 4 then read 8 different bank groups at once,
-// where reading in order would read two of them 4 times over.
-__device__ __forceinline__ float fp4_run_dot(Fp4Run run, const __half* x, int rot) {
+// Where the GEMVs stage input piece p (values 8p .. 8p + 7: piece p % 4 of run p / 4) of a
+// sequence of `runs` runs: piece-major (all runs' first pieces, then their second, ...), so the
+// lanes of consecutive runs read consecutive 16-byte pieces at once, which no two lanes' reads
+// share a bank in. Returns the element offset.
+__device__ __forceinline__ int fp4_staged_at(int p, int runs) {
+  return ((p & 3) * runs + (p >> 2)) * 8;
+}
+
+// The dot product of a run with its 32 staged inputs (fp4_input8's order and fp4_staged_at's
+// places: piece c at x + c * stride, in shared memory): a word's 8 products summed in f16 pairs
+// (exact products; at most 4 terms a half, so inputs up to 2730 in magnitude cannot overflow),
+// the words' sums in f32, times the run's scale.
+__device__ __forceinline__ float fp4_run_dot(Fp4Run run, const __half* x, int stride) {
+  const uint32_t words[4] = {run.codes.x, run.codes.y, run.codes.z, run.codes.w};
   float acc = 0.f;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int c = (i + rot) & 3;
-    const uint32_t u = c == 0 ? run.codes.x : c == 1 ? run.codes.y : c == 2 ? run.codes.z : run.codes.w;
-    const uint4 xraw = *reinterpret_cast<const uint4*>(x + 8 * c);
+  for (int c = 0; c < 4; ++c) {
+    const uint4 xraw = *reinterpret_cast<const uint4*>(x + c * stride);
     const __half2* xv = reinterpret_cast<const __half2*>(&xraw);
     uint32_t w[4];
-    fp4x8_pairs(u, w);
+    fp4x8_pairs(words[c], w);
     const __half2* wv = reinterpret_cast<const __half2*>(w);
     __half2 sum = __hmul2(wv[0], xv[0]);
 #pragma unroll

@@ -4,7 +4,10 @@
 //! with transformers' logits.
 #![cfg(feature = "cuda")]
 
+mod architectures;
+#[path = "../common/mod.rs"]
 mod common;
+mod moe;
 
 use candle_core::{DType, Device};
 use common::{argmax, greedy, rel_err};
@@ -141,68 +144,6 @@ fn assert_decode_near_the_cpu(label: &str, path: &str, seqs: &[Vec<u32>], got: &
         let err = rel_err(&got[i], &want);
         eprintln!("{label}, sequence {i}: rel. err. {err:.2e}");
         assert!(err < 5e-2, "{label}, sequence {i}: {err}");
-    }
-}
-
-/// Qwen3 (q/k norms, head dim 128), Gemma 3 (head dim 256; a 48-token window on its local
-/// layers, in prefill and decode steps) and Qwen3-MoE (experts; eager steps) on the GPU against
-/// transformers (scripts/gpu/make_gpu_models.py): float32 prefill logits within 1e-4, bfloat16
-/// top-1 on at least 99% of the positions where transformers' margin is decisive, and bf16
-/// decode steps near the CPU's float32 logits.
-#[test]
-fn qwen3_gemma3_qwen3_moe_and_gpt_oss_on_the_gpu_match_transformers() {
-    for name in ["qwen3-d128", "gemma3-d256", "qwen3moe-d128", "gptoss-d64"] {
-        matches_transformers_on_the_gpu(name);
-    }
-}
-
-fn matches_transformers_on_the_gpu(name: &str) {
-    let path = model(name);
-    let common::HfReference {
-        tokens,
-        logits: hf,
-        logits_bf16: hf_bf16,
-    } = common::hf_reference(&path);
-    // Top-1 agreement counted over every position of both sequences: (ours, transformers' own
-    // bf16, decisive positions).
-    let mut top1 = (0, 0, 0);
-    for (s, seq) in tokens.iter().enumerate() {
-        let on = |dtype| {
-            common::logits_at_every_position_on(&path, GgufMatmul::Auto, seq, &gpu(), dtype)
-        };
-        let (f32_gpu, bf16_gpu) = (on(DType::F32), on(DType::BF16));
-        let e32 = rel_err(&f32_gpu, &hf[s]);
-        let (agree, decisive) = top1_agreement(&bf16_gpu, &hf[s]);
-        let (theirs, _) = top1_agreement(&hf_bf16[s], &hf[s]);
-        let (e16, theirs_e16) = (rel_err(&bf16_gpu, &hf[s]), rel_err(&hf_bf16[s], &hf[s]));
-        eprintln!(
-            "{name}, sequence {s}: f32 GPU rel. err. {e32:.2e}; bf16 {e16:.2e}, top-1 \
-             {agree}/{decisive} (transformers' own bf16: {theirs_e16:.2e}, {theirs})"
-        );
-        assert!(e32 < 1e-4, "{name} f32 on the GPU: {e32}");
-        top1 = (top1.0 + agree, top1.1 + theirs, top1.2 + decisive);
-    }
-    // (A mixture of experts in bf16 swaps near-tied experts now and then, transformers' own bf16
-    // as well: the bar is 99% or what transformers' bf16 reaches, if lower.)
-    let (agree, theirs, decisive) = top1;
-    assert!(
-        agree * 100 >= decisive * 99 || agree >= theirs,
-        "{name} bf16 top-1 {agree}/{decisive} (transformers' bf16: {theirs})"
-    );
-    // (Gemma's run past its local layers' 48-token window.)
-    let steps = if name.starts_with("gemma3") { 100 } else { 40 };
-    let seqs: Vec<Vec<u32>> = tokens.iter().map(|t| t[..steps].to_vec()).collect();
-    let before = pagewise::model::decode_fused::steps_run();
-    let got = common::logits_decoding_step_by_step(&path, &seqs, &gpu(), DType::BF16);
-    let fused = pagewise::model::decode_fused::steps_run() - before;
-    let label = format!("{name}, {steps} bf16 decode steps of 2 rows ({fused} fused)");
-    assert_decode_near_the_cpu(&label, &path, &seqs, &got);
-    // Dense Qwen3 and Gemma 3 take the fused decode kernels (src/model/decode_fused.rs).
-    if matches!(name, "qwen3-d128" | "gemma3-d256") {
-        assert_eq!(
-            fused, steps as u64,
-            "{name}: every step must take the fused path"
-        );
     }
 }
 
@@ -421,92 +362,6 @@ fn cuda_graph_decode_steps_equal_eager_steps() {
     // Some decode steps ran eagerly: a sequence longer than max_seq_len_to_capture.
     assert!(replays.iter().any(|&(g, s)| g + 1 < s), "{replays:?}");
     assert_eq!(eager.core().step_times().per_step().graph_steps, 0);
-}
-
-/// A mixture of experts in bf16: decode steps of up to `moe::DEVICE_TOKENS` sequences route
-/// on the device (`moe_device.rs`), so they are captured in CUDA graphs, and replaying them gives
-/// the eager steps' tokens; larger batches run eagerly (the grouped GEMMs, routed on the device).
-/// gpt-oss's experts (biases, the clamped SwiGLU) and attention with sinks take the same path.
-#[test]
-fn moe_decode_steps_in_cuda_graphs_equal_eager_steps() {
-    for name in ["qwen3moe-d128", "gptoss-d64"] {
-        moe_graphs_equal_eager(name);
-    }
-}
-
-/// gpt-oss with MXFP4 experts, read as they are by the GPU's kernels in bf16 (dequantized at
-/// load on the CPU): in llama.cpp's layout (gptoss-d64's experts quantized by
-/// tests/fixtures/make_gptoss_gguf.py) and as gpt-oss's safetensors ship them (`_blocks` and
-/// `_scales`, by tests/fixtures/make_gptoss_mxfp4.py), within bf16's error of the same files on
-/// the CPU in f32 (prefill: the experts a step routes to dequantized for the grouped GEMMs); and
-/// their decode steps in CUDA graphs equal eager ones.
-#[test]
-fn gpt_oss_mxfp4_on_the_gpu_matches_the_cpu() {
-    for name in ["gptoss-d64/model-MXFP4.gguf", "gptoss-d64-mxfp4"] {
-        gpt_oss_matches_the_cpu(&model(name), 100);
-        moe_graphs_equal_eager(name);
-    }
-}
-
-fn gpt_oss_matches_the_cpu(path: &str, len: usize) {
-    let tokens: Vec<u32> = prompts(1, 256)[0]
-        .iter()
-        .copied()
-        .cycle()
-        .take(len)
-        .collect();
-    let on = |device: &Device, dtype| {
-        common::logits_at_every_position_on(path, GgufMatmul::Auto, &tokens, device, dtype)
-    };
-    let want = on(&Device::Cpu, DType::F32);
-    let got = on(&gpu(), DType::BF16);
-    let err = rel_err(&got, &want);
-    let (agree, decisive) = top1_agreement(&got, &want);
-    eprintln!("{path}, GPU bf16 vs CPU f32: rel. err. {err:.2e}, top-1 {agree}/{decisive}");
-    assert!(err < 1e-1, "{err}");
-    assert!(agree as f64 >= 0.95 * decisive as f64, "{agree}/{decisive}");
-}
-
-fn moe_graphs_equal_eager(name: &str) {
-    let args = |enforce_eager| EngineArgs {
-        model: model(name),
-        device: DeviceArg::Cuda(0),
-        dtype: DtypeArg::Bfloat16,
-        enforce_eager,
-        max_num_seqs: 16,
-        // A small step leaves room for gpt-oss's window group (its sliding layers' own blocks),
-        // whose slots and tables the graphs then stage too.
-        max_num_batched_tokens: Some(256),
-        ..Default::default()
-    };
-    let mut eager = Llm::new(args(true)).unwrap();
-    let mut graphs = Llm::new(args(false)).unwrap();
-    let windowed = graphs.core().scheduler().kv().window().is_some();
-    assert_eq!(
-        windowed,
-        name.starts_with("gptoss"),
-        "{name}: a window group"
-    );
-    let mut replays = Vec::new();
-    for n in [1, 5, 12] {
-        let prompts = prompts(n, 256);
-        let want = eager.generate_tokens(prompts.clone(), &greedy(24)).unwrap();
-        graphs.core_mut().reset_step_times();
-        let got = graphs.generate_tokens(prompts, &greedy(24)).unwrap();
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(
-                g.outputs[0].token_ids, w.outputs[0].token_ids,
-                "{n} prompts: prompt {i}"
-            );
-        }
-        let times = graphs.core().step_times().per_step();
-        replays.push((times.graph_steps, times.steps));
-    }
-    eprintln!("{name} (graph replays, steps) per run: {replays:?}");
-    assert_eq!(replays[0], (23, 24));
-    assert!(replays[1].0 > 0, "{replays:?}");
-    // Twelve sequences are past the captured batches until eight or fewer remain.
-    assert!(replays[2].0 + 1 < replays[2].1, "{replays:?}");
 }
 
 /// A real quantized model through candle's CUDA quantized matmuls: the first 4 blocks of

@@ -1,0 +1,96 @@
+//! The mixtures of experts on the GPU (part of the gpu_engine test binary): decode steps in CUDA
+//! graphs equal eager ones; gpt-oss's MXFP4 experts read as they are against the CPU.
+
+use candle_core::{DType, Device};
+use pagewise::engine::device::DeviceArg;
+use pagewise::loader::GgufMatmul;
+use pagewise::{DtypeArg, EngineArgs, Llm};
+
+use super::common::{self, greedy, rel_err};
+use super::{gpu, model, prompts, top1_agreement};
+
+/// A mixture of experts in bf16: decode steps of up to `moe::DEVICE_TOKENS` sequences route
+/// on the device (`moe_device.rs`), so they are captured in CUDA graphs, and replaying them gives
+/// the eager steps' tokens; larger batches run eagerly (the grouped GEMMs, routed on the device).
+/// gpt-oss's experts (biases, the clamped SwiGLU) and attention with sinks take the same path.
+#[test]
+fn moe_decode_steps_in_cuda_graphs_equal_eager_steps() {
+    for name in ["qwen3moe-d128", "gptoss-d64"] {
+        moe_graphs_equal_eager(name);
+    }
+}
+
+/// gpt-oss with MXFP4 experts, read as they are by the GPU's kernels in bf16 (dequantized at
+/// load on the CPU): in llama.cpp's layout (gptoss-d64's experts quantized by
+/// tests/fixtures/make_gptoss_gguf.py) and as gpt-oss's safetensors ship them (`_blocks` and
+/// `_scales`, by tests/fixtures/make_gptoss_mxfp4.py), within bf16's error of the same files on
+/// the CPU in f32 (prefill: the experts a step routes to dequantized for the grouped GEMMs); and
+/// their decode steps in CUDA graphs equal eager ones.
+#[test]
+fn gpt_oss_mxfp4_on_the_gpu_matches_the_cpu() {
+    for name in ["gptoss-d64/model-MXFP4.gguf", "gptoss-d64-mxfp4"] {
+        gpt_oss_matches_the_cpu(&model(name), 100);
+        moe_graphs_equal_eager(name);
+    }
+}
+
+fn gpt_oss_matches_the_cpu(path: &str, len: usize) {
+    let tokens: Vec<u32> = prompts(1, 256)[0]
+        .iter()
+        .copied()
+        .cycle()
+        .take(len)
+        .collect();
+    let on = |device: &Device, dtype| {
+        common::logits_at_every_position_on(path, GgufMatmul::Auto, &tokens, device, dtype)
+    };
+    let want = on(&Device::Cpu, DType::F32);
+    let got = on(&gpu(), DType::BF16);
+    let err = rel_err(&got, &want);
+    let (agree, decisive) = top1_agreement(&got, &want);
+    eprintln!("{path}, GPU bf16 vs CPU f32: rel. err. {err:.2e}, top-1 {agree}/{decisive}");
+    assert!(err < 1e-1, "{err}");
+    assert!(agree as f64 >= 0.95 * decisive as f64, "{agree}/{decisive}");
+}
+
+fn moe_graphs_equal_eager(name: &str) {
+    let args = |enforce_eager| EngineArgs {
+        model: model(name),
+        device: DeviceArg::Cuda(0),
+        dtype: DtypeArg::Bfloat16,
+        enforce_eager,
+        max_num_seqs: 16,
+        // A small step leaves room for gpt-oss's window group (its sliding layers' own blocks),
+        // whose slots and tables the graphs then stage too.
+        max_num_batched_tokens: Some(256),
+        ..Default::default()
+    };
+    let mut eager = Llm::new(args(true)).unwrap();
+    let mut graphs = Llm::new(args(false)).unwrap();
+    let windowed = graphs.core().scheduler().kv().window().is_some();
+    assert_eq!(
+        windowed,
+        name.starts_with("gptoss"),
+        "{name}: a window group"
+    );
+    let mut replays = Vec::new();
+    for n in [1, 5, 12] {
+        let prompts = prompts(n, 256);
+        let want = eager.generate_tokens(prompts.clone(), &greedy(24)).unwrap();
+        graphs.core_mut().reset_step_times();
+        let got = graphs.generate_tokens(prompts, &greedy(24)).unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g.outputs[0].token_ids, w.outputs[0].token_ids,
+                "{n} prompts: prompt {i}"
+            );
+        }
+        let times = graphs.core().step_times().per_step();
+        replays.push((times.graph_steps, times.steps));
+    }
+    eprintln!("{name} (graph replays, steps) per run: {replays:?}");
+    assert_eq!(replays[0], (23, 24));
+    assert!(replays[1].0 > 0, "{replays:?}");
+    // Twelve sequences are past the captured batches until eight or fewer remain.
+    assert!(replays[2].0 + 1 < replays[2].1, "{replays:?}");
+}
