@@ -323,6 +323,32 @@ fn seeded_sampling_on_the_gpu_is_reproducible_and_batch_independent() {
     assert!(distinct.len() > 1, "unseeded draws must differ");
 }
 
+/// For each `n` of `counts`, `n` prompts decoded greedily for 24 tokens by `eager` and by
+/// `graphs`, which must give the same tokens; returns each run's (graph replays, steps) of
+/// `graphs`.
+fn graph_replays_equal_eager(
+    eager: &mut Llm,
+    graphs: &mut Llm,
+    counts: &[usize],
+) -> Vec<(u64, u64)> {
+    let mut replays = Vec::new();
+    for &n in counts {
+        let prompts = prompts(n, 256);
+        let want = eager.generate_tokens(prompts.clone(), &greedy(24)).unwrap();
+        graphs.core_mut().reset_step_times();
+        let got = graphs.generate_tokens(prompts, &greedy(24)).unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g.outputs[0].token_ids, w.outputs[0].token_ids,
+                "{n} prompts: prompt {i}"
+            );
+        }
+        let times = graphs.core().step_times().per_step();
+        replays.push((times.graph_steps, times.steps));
+    }
+    replays
+}
+
 #[test]
 fn cuda_graph_decode_steps_equal_eager_steps() {
     let args = |enforce_eager| EngineArgs {
@@ -338,23 +364,9 @@ fn cuda_graph_decode_steps_equal_eager_steps() {
     };
     let mut eager = Llm::new(args(true)).unwrap();
     let mut graphs = Llm::new(args(false)).unwrap();
-    let mut replays = Vec::new();
     // 1 and 16 fill a bucket; 3 and 13 pad up to 4 and 16; sequences finish and the batch
     // shrinks across buckets as they go.
-    for n in [1, 3, 13, 16] {
-        let prompts = prompts(n, 256);
-        let want = eager.generate_tokens(prompts.clone(), &greedy(24)).unwrap();
-        graphs.core_mut().reset_step_times();
-        let got = graphs.generate_tokens(prompts, &greedy(24)).unwrap();
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(
-                g.outputs[0].token_ids, w.outputs[0].token_ids,
-                "{n} prompts: prompt {i}"
-            );
-        }
-        let times = graphs.core().step_times().per_step();
-        replays.push((times.graph_steps, times.steps));
-    }
+    let replays = graph_replays_equal_eager(&mut eager, &mut graphs, &[1, 3, 13, 16]);
     eprintln!("(graph replays, steps) per run: {replays:?}");
     // One prompt: a prefill step, then 23 decode steps, every one a replay.
     assert_eq!(replays[0], (23, 24));

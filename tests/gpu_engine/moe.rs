@@ -6,8 +6,8 @@ use pagewise::engine::device::DeviceArg;
 use pagewise::loader::GgufMatmul;
 use pagewise::{DtypeArg, EngineArgs, Llm};
 
-use super::common::{self, greedy, rel_err};
-use super::{gpu, model, prompts, top1_agreement};
+use super::common::{self, rel_err};
+use super::{gpu, graph_replays_equal_eager, model, prompts, top1_agreement};
 
 /// A mixture of experts in bf16: decode steps of up to `moe::DEVICE_TOKENS` sequences route
 /// on the device (`moe_device.rs`), so they are captured in CUDA graphs, and replaying them gives
@@ -73,21 +73,7 @@ fn moe_graphs_equal_eager(name: &str) {
         name.starts_with("gptoss"),
         "{name}: a window group"
     );
-    let mut replays = Vec::new();
-    for n in [1, 5, 12] {
-        let prompts = prompts(n, 256);
-        let want = eager.generate_tokens(prompts.clone(), &greedy(24)).unwrap();
-        graphs.core_mut().reset_step_times();
-        let got = graphs.generate_tokens(prompts, &greedy(24)).unwrap();
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(
-                g.outputs[0].token_ids, w.outputs[0].token_ids,
-                "{n} prompts: prompt {i}"
-            );
-        }
-        let times = graphs.core().step_times().per_step();
-        replays.push((times.graph_steps, times.steps));
-    }
+    let replays = graph_replays_equal_eager(&mut eager, &mut graphs, &[1, 5, 12]);
     eprintln!("{name} (graph replays, steps) per run: {replays:?}");
     assert_eq!(replays[0], (23, 24));
     assert!(replays[1].0 > 0, "{replays:?}");
