@@ -5,9 +5,8 @@
 // SwiGLU; moe_down_kernel, which sums the experts' outputs with their weights; either
 // projection may have a bias per expert). No step reads anything back, so the layer runs inside
 // a CUDA graph. Both kernels are launched early (pdl.cuh): they wait for the kernel before them
-// only where they read what it wrote. Either kernel reads dense f16/bf16 weights or MXFP4 ones
-// (mxfp4.cuh: gpt-oss's experts as its checkpoints ship them, 4.25 bits a weight), the kernel
-// chosen by whether the launch has scales.
+// only where they read what it wrote. A launch with scales reads MXFP4 weights instead (gpt-oss's
+// experts as its checkpoints ship them): moe_fp4.cu's twins of these kernels take it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -15,7 +14,7 @@
 #include "dtype.cuh"
 #include "gemv_stage.cuh"
 #include "moe.cuh"
-#include "mxfp4.cuh"
+#include "moe_launch.cuh"
 #include "pdl.cuh"
 #include "silu.cuh"
 
@@ -69,86 +68,17 @@ __device__ __forceinline__ float2 warp_dot2(const T* __restrict__ w0, const T* _
   return make_float2(a0, a1);
 }
 
-// Runs a lane loads before it uses the first (MXFP4): enough 16-byte loads in flight.
-constexpr int kFp4Batch = 4;
-
-// The dot products of two MXFP4 rows (codes c0, c1 and scales s0, s1 at their starts) with one
-// staged row xs (k_dim values, a multiple of 32, staged by fp4_input8 at fp4_staged_at), summed
-// over the warp: lane l takes runs l,
-// l + 32, ..., loading kFp4Batch runs of each row before it sums them.
-__device__ __forceinline__ float2 warp_dot2_fp4(const uint8_t* __restrict__ c0,
-                                                const uint8_t* __restrict__ s0,
-                                                const uint8_t* __restrict__ c1,
-                                                const uint8_t* __restrict__ s1, const __half* xs,
-                                                int k_dim, int lane) {
-  const int runs = k_dim / 32;
-  float a0 = 0.f, a1 = 0.f;
-  for (int first = lane; first < runs; first += 32 * kFp4Batch) {
-    Fp4Run r0[kFp4Batch], r1[kFp4Batch];
-#pragma unroll
-    for (int i = 0; i < kFp4Batch; ++i) {
-      const int b = first + 32 * i;
-      if (b < runs) r0[i] = fp4_run(c0, s0, b), r1[i] = fp4_run(c1, s1, b);
-    }
-#pragma unroll
-    for (int i = 0; i < kFp4Batch; ++i) {
-      const int b = first + 32 * i;
-      if (b < runs) {
-        a0 += fp4_run_dot(r0[i], xs + 8 * b, 8 * runs);
-        a1 += fp4_run_dot(r1[i], xs + 8 * b, 8 * runs);
-      }
-    }
-  }
-#pragma unroll
-  for (int s = 16; s > 0; s >>= 1) {
-    a0 += __shfl_xor_sync(0xffffffff, a0, s);
-    a1 += __shfl_xor_sync(0xffffffff, a1, s);
-  }
-  return make_float2(a0, a1);
-}
-
-// sum_j weight[j] * (row o of expert[j] in the MXFP4 stack (codes, scales; [experts, out_dim,
-// k_dim]) . xs[j]) for j below top_k, over the warp: the top_k rows' runs taken as one sequence (xs's rows are
-// contiguous), kFp4Batch runs loaded at a time.
-__device__ __forceinline__ float warp_dot_experts_fp4(const uint8_t* __restrict__ codes,
-                                                      const uint8_t* __restrict__ scales,
-                                                      const int64_t* expert, int out_dim, int o,
-                                                      const float* weight, int top_k,
-                                                      const __half* xs, int k_dim, int lane) {
-  const int runs = k_dim / 32, all = top_k * runs;
-  float acc = 0.f;
-  for (int first = lane; first < all; first += 32 * kFp4Batch) {
-    Fp4Run r[kFp4Batch];
-#pragma unroll
-    for (int i = 0; i < kFp4Batch; ++i) {
-      const int f = first + 32 * i, j = f / runs;
-      const int64_t row = expert[j] * out_dim + o;
-      if (f < all) r[i] = fp4_run(codes + row * (k_dim / 2), scales + row * runs, f - j * runs);
-    }
-#pragma unroll
-    for (int i = 0; i < kFp4Batch; ++i) {
-      const int f = first + 32 * i;
-      if (f < all) acc += weight[f / runs] * fp4_run_dot(r[i], xs + 8 * f, 8 * all);
-    }
-  }
-#pragma unroll
-  for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, s);
-  return acc;
-}
-
 // a[t * top_k + j, o] = act(g, u) for token t = blockIdx.y and inner column o, where g and u are
 // x[t] . w[e, o] and x[t] . w[e, inner + o] (+ bias[e, o] and bias[e, inner + o]) for expert
 // e = ids[t, j] (w: [experts, 2 inner, k_dim], gate rows first; bias null or [experts, 2 inner]),
 // x staged once (kIn = kRmsNorm: RMSNorm(x) * norm_w, rounded to T, staged in its place). A warp
 // computes both rows of a column. g and u are rounded to T, as a projection stores them, and so
 // is the activation (alpha <= 0: SiLU-and-mul; else the clamped SwiGLU with alpha and limit), as
-// the separate kernel stores it. kFp4: w holds MXFP4 codes ([experts, 2 inner, k_dim / 2] bytes)
-// and `scales` their scales ([experts, 2 inner, k_dim / 32]).
-template <typename T, int kIn, bool kFp4>
+// the separate kernel stores it.
+template <typename T, int kIn>
 __global__ void __launch_bounds__(kGemvThreads)
     moe_gate_up_kernel(T* __restrict__ a, const T* __restrict__ x, const T* __restrict__ norm_w,
-                       float eps, const void* __restrict__ w_any,
-                       const uint8_t* __restrict__ scales, const T* __restrict__ bias,
+                       float eps, const T* __restrict__ w, const T* __restrict__ bias,
                        const uint32_t* __restrict__ ids, int top_k, int inner, int k_dim,
                        float alpha, float limit) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -157,30 +87,13 @@ __global__ void __launch_bounds__(kGemvThreads)
   wait_for_previous_grid();  // (ids are the routing's output; x is read before it)
   let_next_grid_launch();
   stage_input<T, 1, kIn>(xs, x + (int64_t)t * k_dim, norm_w, k_dim, eps);
-  // (MXFP4: the input again as f16, piece-major, after it.)
-  __half* xh = reinterpret_cast<__half*>(xs + k_dim);
-  if constexpr (kFp4) {
-    for (int p = threadIdx.x; p < k_dim / 8; p += kGemvThreads)
-      *reinterpret_cast<uint4*>(xh + fp4_staged_at(p, k_dim / 32)) =
-          fp4_input8<T>(*reinterpret_cast<const uint4*>(xs + 8 * p));
-    __syncthreads();
-  }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int units = top_k * inner;
   for (int u = blockIdx.x * kGemvWarps + warp; u < units; u += gridDim.x * kGemvWarps) {
     const int j = u / inner, o = u % inner;
     const int64_t e = ids[(int64_t)t * top_k + j];
-    const int64_t gate_row = e * 2 * inner + o, up_row = gate_row + inner;
-    float2 gu;
-    if constexpr (kFp4) {
-      const uint8_t* codes = static_cast<const uint8_t*>(w_any);
-      gu = warp_dot2_fp4(codes + gate_row * (k_dim / 2), scales + gate_row * (k_dim / 32),
-                         codes + up_row * (k_dim / 2), scales + up_row * (k_dim / 32), xh,
-                         k_dim, lane);
-    } else {
-      const T* w = static_cast<const T*>(w_any);
-      gu = warp_dot2(w + gate_row * k_dim, w + up_row * k_dim, xs, k_dim, lane);
-    }
+    const T* gate = w + (e * 2 * inner + o) * k_dim;
+    float2 gu = warp_dot2(gate, gate + (int64_t)inner * k_dim, xs, k_dim, lane);
     if (bias != nullptr) {
       gu.x += to_float(bias[e * 2 * inner + o]);
       gu.y += to_float(bias[e * 2 * inner + inner + o]);
@@ -201,11 +114,11 @@ __global__ void __launch_bounds__(kGemvThreads)
 // slices' warps sit in one block and meet in shared memory. Held to 32 registers (4 blocks an
 // SM, not 3): Qwen3-30B-A3B's 512 blocks a token run in one round (14.2 -> 12.4 µs on the
 // H200). (The gate/up kernel held to 3 blocks an SM lost: Mixtral's 117 -> 121 µs, gpt-oss-20b's
-// 37.8 -> 40.) kFp4: w holds MXFP4 codes and `scales` their scales, as for the gate/up kernel.
-template <typename T, bool kFp4>
-__global__ void __launch_bounds__(kGemvThreads, kFp4 ? 2 : 4)
-    moe_down_kernel(T* __restrict__ y, const T* __restrict__ a, const void* __restrict__ w_any,
-                    const uint8_t* __restrict__ scales, const T* __restrict__ bias, const T* __restrict__ residual,
+// 37.8 -> 40.)
+template <typename T>
+__global__ void __launch_bounds__(kGemvThreads, 4)
+    moe_down_kernel(T* __restrict__ y, const T* __restrict__ a, const T* __restrict__ w,
+                    const T* __restrict__ bias, const T* __restrict__ residual,
                     const uint32_t* __restrict__ ids, const float* __restrict__ weights,
                     int top_k, int out_dim, int k_dim, int split) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -218,13 +131,8 @@ __global__ void __launch_bounds__(kGemvThreads, kFp4 ? 2 : 4)
   let_next_grid_launch();
   // The token's top_k activation rows are contiguous in `a`, as they are staged.
   const T* rows = a + (int64_t)t * top_k * k_dim;
-  for (int i = threadIdx.x * 8; i < top_k * k_dim; i += kGemvThreads * 8) {
-    const uint4 v = *reinterpret_cast<const uint4*>(rows + i);
-    if constexpr (kFp4)  // (as f16, piece-major: the top_k rows' runs as one sequence)
-      *reinterpret_cast<uint4*>(xs + fp4_staged_at(i / 8, top_k * k_dim / 32)) = fp4_input8<T>(v);
-    else
-      *reinterpret_cast<uint4*>(xs + i) = v;
-  }
+  for (int i = threadIdx.x * 8; i < top_k * k_dim; i += kGemvThreads * 8)
+    *reinterpret_cast<uint4*>(xs + i) = *reinterpret_cast<const uint4*>(rows + i);
   if (threadIdx.x < top_k) {
     expert[threadIdx.x] = ids[(int64_t)t * top_k + threadIdx.x];
     weight[threadIdx.x] = weights[(int64_t)t * top_k + threadIdx.x];
@@ -241,60 +149,49 @@ __global__ void __launch_bounds__(kGemvThreads, kFp4 ? 2 : 4)
       for (int j = 0; j < top_k; ++j) b += weight[j] * to_float(bias[expert[j] * out_dim + o]);
     return b;
   };
-  if constexpr (kFp4) {
-    // A warp an output, its top_k rows' runs in one sequence (no slices: the launch gives 1).
+  if (split == 1) {
+    // A warp an output, expert after expert (the loop of warp_dot keeps more loads in flight
+    // than the sliced one below: Mixtral's layer 198.1 µs against 206.7).
     for (int o = blockIdx.x * kGemvWarps + warp; o < out_dim; o += gridDim.x * kGemvWarps) {
-      const float acc = warp_dot_experts_fp4(static_cast<const uint8_t*>(w_any), scales, expert,
-                                             out_dim, o, weight, top_k,
-                                             reinterpret_cast<const __half*>(xs), k_dim, lane);
+      float acc = 0.f;
+      for (int j = 0; j < top_k; ++j)
+        acc += weight[j] *
+               warp_dot(w + (expert[j] * out_dim + o) * k_dim, xs + j * k_dim, k_dim, lane);
       if (lane == 0) y[(int64_t)t * out_dim + o] = from_float<T>(acc + biased(o));
     }
-  } else {
-    if (split == 1) {
-      // A warp an output, expert after expert (the loop of warp_dot keeps more loads in flight
-      // than the sliced one below: Mixtral's layer 198.1 µs against 206.7).
-      for (int o = blockIdx.x * kGemvWarps + warp; o < out_dim; o += gridDim.x * kGemvWarps) {
-        float acc = 0.f;
-        for (int j = 0; j < top_k; ++j)
-          acc += weight[j] * warp_dot(static_cast<const T*>(w_any) + (expert[j] * out_dim + o) * k_dim,
-                                      xs + j * k_dim, k_dim, lane);
-        if (lane == 0) y[(int64_t)t * out_dim + o] = from_float<T>(acc + biased(o));
-      }
-      return;
-    }
-    // Rounds of kGemvWarps units, the same for every warp of the block (so it may sync).
-    for (int base = blockIdx.x * kGemvWarps; base < units; base += gridDim.x * kGemvWarps) {
-      const int u = base + warp, o = u / split;
-      float acc = 0.f;
-      if (u < units) {
-        const int begin = (u % split) * per, end = min(total, begin + per);
+    return;
+  }
+  // Rounds of kGemvWarps units, the same for every warp of the block (so it may sync).
+  for (int base = blockIdx.x * kGemvWarps; base < units; base += gridDim.x * kGemvWarps) {
+    const int u = base + warp, o = u / split;
+    float acc = 0.f;
+    if (u < units) {
+      const int begin = (u % split) * per, end = min(total, begin + per);
 #pragma unroll 4
-        for (int f = begin + lane * 8; f < end; f += 32 * 8) {
-          // (k_dim is a multiple of 8: a lane's 8 products belong to one expert.)
-          const int j = f / k_dim, k = f - j * k_dim;
-          const int64_t row = expert[j] * out_dim + o;
-          const uint4 xraw = *reinterpret_cast<const uint4*>(xs + f);
-          const T* xv = reinterpret_cast<const T*>(&xraw);
-          const uint4 wraw = __ldg(
-              reinterpret_cast<const uint4*>(static_cast<const T*>(w_any) + row * k_dim + k));
-          const T* wv = reinterpret_cast<const T*>(&wraw);
-          float d = 0.f;
+      for (int f = begin + lane * 8; f < end; f += 32 * 8) {
+        // (k_dim is a multiple of 8: a lane's 8 products belong to one expert.)
+        const int j = f / k_dim, k = f - j * k_dim;
+        const uint4 wraw =
+            __ldg(reinterpret_cast<const uint4*>(w + (expert[j] * out_dim + o) * k_dim + k));
+        const uint4 xraw = *reinterpret_cast<const uint4*>(xs + f);
+        const T* wv = reinterpret_cast<const T*>(&wraw);
+        const T* xv = reinterpret_cast<const T*>(&xraw);
+        float d = 0.f;
 #pragma unroll
-          for (int i = 0; i < 8; ++i) d += to_float(wv[i]) * to_float(xv[i]);
-          acc += weight[j] * d;
-        }
+        for (int i = 0; i < 8; ++i) d += to_float(wv[i]) * to_float(xv[i]);
+        acc += weight[j] * d;
+      }
 #pragma unroll
-        for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, s);
-      }
-      if (lane == 0) partial[warp] = acc;
-      __syncthreads();
-      if (u < units && lane == 0 && u % split == 0) {
-        float sum = biased(o);
-        for (int i = 0; i < split; ++i) sum += partial[warp + i];
-        y[(int64_t)t * out_dim + o] = from_float<T>(sum);
-      }
-      __syncthreads();
+      for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, s);
     }
+    if (lane == 0) partial[warp] = acc;
+    __syncthreads();
+    if (u < units && lane == 0 && u % split == 0) {
+      float sum = biased(o);
+      for (int i = 0; i < split; ++i) sum += partial[warp + i];
+      y[(int64_t)t * out_dim + o] = from_float<T>(sum);
+    }
+    __syncthreads();
   }
 }
 
@@ -310,95 +207,46 @@ int down_split(int out_dim, int total) {
   return split;
 }
 
-// Blocks a token for `units` warp-sized outputs: enough, over all the tokens, to fill the GPU
-// once (as many as run at once), never more than the outputs need.
-template <typename Kernel>
-int blocks_per_token(Kernel kernel, int smem, int units, int tokens, int* blocks) {
-  if (smem > kMaxStageBytes) return 1;
-  static int resident_by[64][kStageSteps + 1] = {};
-  int all = 0;
-  // grid_for with one output a block gives the blocks that run at once (capped by `units`).
-  if (const int e = grid_for(kernel, smem, 1 << 30, 1, resident_by, &all)) return e;
-  const int wanted = (units + kGemvWarps - 1) / kGemvWarps;
-  const int share = (all + tokens - 1) / tokens;
-  *blocks = wanted < share ? wanted : (share > 0 ? share : 1);
-  return 0;
-}
-
-// What the gate/up launch passes on: the activation's parameters.
-struct Activation {
-  float alpha, limit;
-};
-
-// The expert weights a launch reads: dense T (scales null) or MXFP4 codes and scales.
-struct ExpertWeights {
-  const void* w;
-  const uint8_t* scales;
-};
-
-template <typename T, int kIn, bool kFp4>
-int launch_gate_up(void* a, const void* x, const void* norm_w, float eps, ExpertWeights w,
+template <typename T, int kIn>
+int launch_gate_up(void* a, const void* x, const void* norm_w, float eps, const void* w,
                    const void* bias, const uint32_t* ids, int tokens, int top_k, int inner,
                    int k_dim, Activation act, cudaStream_t stream) {
-  const auto kernel = moe_gate_up_kernel<T, kIn, kFp4>;
-  // (MXFP4: the staged input again as f16.)
-  const int smem = k_dim * (int)(sizeof(T) + (kFp4 ? sizeof(__half) : 0));
+  const auto kernel = moe_gate_up_kernel<T, kIn>;
+  const int smem = k_dim * (int)sizeof(T);
   int blocks = 0;
   if (const int e = blocks_per_token(kernel, smem, top_k * inner, tokens, &blocks)) return e;
   const cudaError_t err = launch_early(kernel, dim3(blocks, tokens), dim3(kGemvThreads), smem,
-                                       stream, (T*)a, (const T*)x, (const T*)norm_w, eps, w.w,
-                                       w.scales, (const T*)bias, ids, top_k, inner, k_dim,
+                                       stream, (T*)a, (const T*)x, (const T*)norm_w, eps,
+                                       (const T*)w, (const T*)bias, ids, top_k, inner, k_dim,
                                        act.alpha, act.limit);
   return (int)(err != cudaSuccess ? err : cudaGetLastError());
 }
 
-template <typename T, bool kFp4>
-int gate_up_by_input(void* a, const void* x, const void* norm_w, float eps, ExpertWeights w,
+template <typename T>
+int gate_up_by_input(void* a, const void* x, const void* norm_w, float eps, const void* w,
                      const void* bias, const uint32_t* ids, int tokens, int top_k, int inner,
                      int k_dim, Activation act, cudaStream_t stream) {
   if (norm_w != nullptr)
-    return launch_gate_up<T, kRmsNorm, kFp4>(a, x, norm_w, eps, w, bias, ids, tokens, top_k,
-                                             inner, k_dim, act, stream);
-  return launch_gate_up<T, kPlain, kFp4>(a, x, norm_w, eps, w, bias, ids, tokens, top_k, inner,
-                                         k_dim, act, stream);
+    return launch_gate_up<T, kRmsNorm>(a, x, norm_w, eps, w, bias, ids, tokens, top_k, inner,
+                                       k_dim, act, stream);
+  return launch_gate_up<T, kPlain>(a, x, norm_w, eps, w, bias, ids, tokens, top_k, inner, k_dim,
+                                   act, stream);
 }
 
 template <typename T>
-int gate_up_by_format(void* a, const void* x, const void* norm_w, float eps, ExpertWeights w,
-                      const void* bias, const uint32_t* ids, int tokens, int top_k, int inner,
-                      int k_dim, Activation act, cudaStream_t stream) {
-  if (w.scales != nullptr)
-    return gate_up_by_input<T, true>(a, x, norm_w, eps, w, bias, ids, tokens, top_k, inner,
-                                     k_dim, act, stream);
-  return gate_up_by_input<T, false>(a, x, norm_w, eps, w, bias, ids, tokens, top_k, inner, k_dim,
-                                    act, stream);
-}
-
-template <typename T, bool kFp4>
-int launch_down(void* y, const void* a, ExpertWeights w, const void* bias, const void* residual,
+int launch_down(void* y, const void* a, const void* w, const void* bias, const void* residual,
                 const uint32_t* ids, const float* weights, int tokens, int top_k, int out_dim,
                 int k_dim, cudaStream_t stream) {
-  const auto kernel = moe_down_kernel<T, kFp4>;
+  const auto kernel = moe_down_kernel<T>;
   const int smem = top_k * k_dim * (int)sizeof(T);
-  const int split = kFp4 ? 1 : down_split(out_dim, top_k * k_dim);
+  const int split = down_split(out_dim, top_k * k_dim);
   int blocks = 0;
   if (const int e = blocks_per_token(kernel, smem, out_dim * split, tokens, &blocks)) return e;
   const cudaError_t err = launch_early(kernel, dim3(blocks, tokens), dim3(kGemvThreads), smem,
-                                       stream, (T*)y, (const T*)a, w.w, w.scales, (const T*)bias,
+                                       stream, (T*)y, (const T*)a, (const T*)w, (const T*)bias,
                                        (const T*)residual, ids, weights, top_k, out_dim, k_dim,
                                        split);
   return (int)(err != cudaSuccess ? err : cudaGetLastError());
-}
-
-template <typename T>
-int down_by_format(void* y, const void* a, ExpertWeights w, const void* bias, const void* residual,
-                   const uint32_t* ids, const float* weights, int tokens, int top_k, int out_dim,
-                   int k_dim, cudaStream_t stream) {
-  if (w.scales != nullptr)
-    return launch_down<T, true>(y, a, w, bias, residual, ids, weights, tokens, top_k, out_dim,
-                                k_dim, stream);
-  return launch_down<T, false>(y, a, w, bias, residual, ids, weights, tokens, top_k, out_dim,
-                               k_dim, stream);
 }
 
 }  // namespace
@@ -420,14 +268,16 @@ extern "C" int pagewise_moe_gate_up(int dtype, void* a, const void* x, const voi
   if (k_dim % (scales != nullptr ? 32 : 8) != 0 || top_k < 1) return 1;
   cudaStream_t s = (cudaStream_t)stream;
   const Activation act{alpha, limit};
-  const ExpertWeights ew{w, scales};
+  if (scales != nullptr)
+    return moe_fp4_gate_up(dtype, a, x, norm_w, eps, static_cast<const uint8_t*>(w), scales, bias,
+                           ids, tokens, top_k, inner, k_dim, act, s);
   switch (dtype) {
     case 1:
-      return gate_up_by_format<__half>(a, x, norm_w, eps, ew, bias, ids, tokens, top_k, inner,
-                                       k_dim, act, s);
+      return gate_up_by_input<__half>(a, x, norm_w, eps, w, bias, ids, tokens, top_k, inner,
+                                      k_dim, act, s);
     case 2:
-      return gate_up_by_format<__nv_bfloat16>(a, x, norm_w, eps, ew, bias, ids, tokens, top_k,
-                                              inner, k_dim, act, s);
+      return gate_up_by_input<__nv_bfloat16>(a, x, norm_w, eps, w, bias, ids, tokens, top_k,
+                                             inner, k_dim, act, s);
     default: return 1;
   }
 }
@@ -446,14 +296,16 @@ extern "C" int pagewise_moe_down(int dtype, void* y, const void* a, const void* 
   if (tokens == 0 || out_dim == 0) return 0;
   if (k_dim % (scales != nullptr ? 32 : 8) != 0 || top_k < 1 || top_k > kMaxTopK) return 1;
   cudaStream_t s = (cudaStream_t)stream;
-  const ExpertWeights ew{w, scales};
+  if (scales != nullptr)
+    return moe_fp4_down(dtype, y, a, static_cast<const uint8_t*>(w), scales, bias, residual, ids,
+                        weights, tokens, top_k, out_dim, k_dim, s);
   switch (dtype) {
     case 1:
-      return down_by_format<__half>(y, a, ew, bias, residual, ids, weights, tokens, top_k,
-                                    out_dim, k_dim, s);
+      return launch_down<__half>(y, a, w, bias, residual, ids, weights, tokens, top_k, out_dim,
+                                 k_dim, s);
     case 2:
-      return down_by_format<__nv_bfloat16>(y, a, ew, bias, residual, ids, weights, tokens, top_k,
-                                           out_dim, k_dim, s);
+      return launch_down<__nv_bfloat16>(y, a, w, bias, residual, ids, weights, tokens, top_k,
+                                        out_dim, k_dim, s);
     default: return 1;
   }
 }

@@ -327,12 +327,7 @@ impl CausalLm for GptOss {
     }
 
     fn graph_batch_limit(&self) -> Option<usize> {
-        let on_device = self.layers.iter().all(|l| l.moe.routes_on_device());
-        Some(if on_device {
-            super::moe::DEVICE_TOKENS
-        } else {
-            0
-        })
+        self.layers.iter().map(|l| l.moe.device_tokens()).min()
     }
 
     fn forward(&self, batch: &ForwardBatch<'_>, kv: &mut KvCache) -> Result<Tensor, ModelError> {

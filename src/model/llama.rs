@@ -135,17 +135,13 @@ impl CausalLm for Llama {
     }
 
     fn graph_batch_limit(&self) -> Option<usize> {
-        let mut sparse = self.layers.iter().filter_map(|l| match &l.mlp {
-            Mlp::Sparse(m) => Some(m),
-            Mlp::Dense(_) => None,
-        });
-        let first = sparse.next()?;
-        let on_device = first.routes_on_device() && sparse.all(|m| m.routes_on_device());
-        Some(if on_device {
-            super::moe::DEVICE_TOKENS
-        } else {
-            0
-        })
+        self.layers
+            .iter()
+            .filter_map(|l| match &l.mlp {
+                Mlp::Sparse(m) => Some(m.device_tokens()),
+                Mlp::Dense(_) => None,
+            })
+            .min()
     }
 
     fn tp_rank(&self) -> TpRank {

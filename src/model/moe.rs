@@ -14,11 +14,17 @@ pub use super::moe_settings::{ExpertActivation, ExpertNames, MoeSettings};
 use super::weights::{Part, Weights};
 use crate::parallel::TpRank;
 
-/// The most tokens a step may have to take the device path on a GPU (`moe_device.rs`). Up to 8
-/// tokens, an expert may be read up to 8 times a step where the reference path reads it once,
-/// but the step needs no host round trip per layer; CUDA graphs cover decode batches up to this
-/// size.
+/// The most tokens a step may have to take the device path on a GPU (`moe_device.rs`) with
+/// dense experts. Up to 8 tokens, an expert may be read up to 8 times a step where the grouped
+/// GEMMs read it once, but the step needs no host round trip per layer; CUDA graphs cover decode
+/// batches up to this size.
 pub const DEVICE_TOKENS: usize = 8;
+
+/// The most tokens a step of MXFP4 experts (gpt-oss) may have on the device path. Their grouped
+/// GEMMs first dequantize each routed expert (about four times the bytes the device path reads
+/// for one token's use of it), so the device path stays cheaper up to about four uses an expert:
+/// `4 * experts / top_k` tokens (gpt-oss-20b 32, gpt-oss-120b 128), at most this many.
+pub const MXFP4_DEVICE_TOKENS: usize = 128;
 
 /// Each token's experts and their weights: the softmax over all experts' router logits, the
 /// `top_k` largest (on a tie the lower expert first), renormalized when `renormalize`.
@@ -184,16 +190,18 @@ fn router(
 }
 
 impl SparseMoe {
-    /// Whether steps of up to [`DEVICE_TOKENS`] tokens run on the device
-    /// without reading anything back (and so inside CUDA graphs).
-    pub fn routes_on_device(&self) -> bool {
+    /// The most tokens a step may have to run on the device without reading anything back (and
+    /// so inside CUDA graphs): [`DEVICE_TOKENS`] for dense experts, up to
+    /// [`MXFP4_DEVICE_TOKENS`] for MXFP4 ones; 0 where the layer does not route on the device.
+    pub fn device_tokens(&self) -> usize {
         #[cfg(feature = "cuda")]
         {
-            self.stacked.is_some()
+            let top_k = self.settings.top_k;
+            self.stacked.as_ref().map_or(0, |s| s.device_tokens(top_k))
         }
         #[cfg(not(feature = "cuda"))]
         {
-            false
+            0
         }
     }
 
@@ -238,7 +246,7 @@ impl SparseMoe {
         let logits = self.router_logits(x)?;
         #[cfg(feature = "cuda")]
         if let Some(stacked) = &self.stacked {
-            return match x.dim(0)? <= DEVICE_TOKENS {
+            return match x.dim(0)? <= stacked.device_tokens(s.top_k) {
                 true => stacked.forward(x, &logits, s),
                 false => stacked.forward_grouped(x, &logits, s),
             };

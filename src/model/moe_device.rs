@@ -14,7 +14,7 @@ use pagewise_kernels::{ExpertWeights, GroupedGemm, Mxfp4Stack};
 
 use super::gpt_oss::Mxfp4Experts;
 use super::layers::Linear;
-use super::moe::{Expert, ExpertActivation, MoeSettings};
+use super::moe::{DEVICE_TOKENS, Expert, ExpertActivation, MXFP4_DEVICE_TOKENS, MoeSettings};
 
 /// One projection's stacked experts: dense, or MXFP4.
 enum Stack {
@@ -115,6 +115,17 @@ impl Stacked {
             activation,
             grouped: grouped_handle(device)?,
         })
+    }
+
+    /// The most tokens a step may have to take [`Stacked::forward`] rather than the grouped
+    /// GEMMs, with `top_k` experts a token (see [`MXFP4_DEVICE_TOKENS`]).
+    pub fn device_tokens(&self, top_k: usize) -> usize {
+        match self.gate_up {
+            Stack::Dense(_) => DEVICE_TOKENS,
+            Stack::Mxfp4(_) => {
+                (4 * self.experts / top_k.max(1)).clamp(DEVICE_TOKENS, MXFP4_DEVICE_TOKENS)
+            }
+        }
     }
 
     /// The dense stack a grouped GEMM reads for `stack`: itself, or (MXFP4) the scratch with the
@@ -256,7 +267,7 @@ impl Stacked {
             .sum(1)
     }
 
-    /// The layer for `x` (`[tokens, hidden]`, at most [`super::moe::DEVICE_TOKENS`]) from its router's f32
+    /// The layer for `x` (`[tokens, hidden]`, at most [`Stacked::device_tokens`]) from its router's f32
     /// `logits` (`[tokens, experts]`).
     pub fn forward(
         &self,
@@ -275,7 +286,7 @@ impl Stacked {
     }
 
     /// The fused decode path's layer: `x + experts(norm(x))` for the residual stream `x`
-    /// (`[tokens, hidden]`, at most [`super::moe::DEVICE_TOKENS`]), the router's f32 `router`
+    /// (`[tokens, hidden]`, at most [`Stacked::device_tokens`]), the router's f32 `router`
     /// weight (`[experts, hidden]`) and the layer's RMSNorm `(weight, eps)`, in three kernels:
     /// the router (the norm folded into its staging), the routing, and the experts (the norm
     /// folded into the gate/up staging, the residual into the down projection's store).
