@@ -24,13 +24,16 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x; i < words;
        i += (int64_t)gridDim.x * kThreads) {
     const int64_t v = base + i * 8;
-    float w[8];
-    fp4x8(__ldg(reinterpret_cast<const uint32_t*>(codes + v / 2)), fp4_scale(__ldg(scales + v / 32)),
-          w);
+    uint32_t h[4];  // (pair k: values k and k + 4)
+    fp4x8_pairs(__ldg(reinterpret_cast<const uint32_t*>(codes + v / 2)), h);
+    const float scale = fp4_run_scale(__ldg(scales + v / 32));
     uint4 packed;
     T* o = reinterpret_cast<T*>(&packed);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) o[j] = from_float<T>(w[j]);
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h[k]));
+      o[k] = from_float<T>(f.x * scale), o[k + 4] = from_float<T>(f.y * scale);
+    }
     *reinterpret_cast<uint4*>(out + v) = packed;
   }
 }

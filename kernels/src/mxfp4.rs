@@ -8,8 +8,8 @@ use candle_core::{DType, Device, Result, Tensor, bail};
 
 use crate::{check_launch, device_ptr, dtype_code, ffi};
 
-/// The largest E8M0 scale byte the kernels take: 2^113 (they fold 2^14 into it; real checkpoints'
-/// scales are far below).
+/// The largest E8M0 scale byte taken: 2^113. Real checkpoints' scales are far below; weights past
+/// it (6 x 2^113) would leave f32 sums little room before they overflow.
 pub const MXFP4_MAX_SCALE: u8 = 240;
 
 /// `experts` matrices `[rows, cols]` in MXFP4 on one GPU: `codes` u8 `[experts, rows, cols / 2]`
