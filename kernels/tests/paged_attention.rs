@@ -222,8 +222,8 @@ fn bad_arguments_are_refused_clearly() {
     assert!(err.contains("CUDA"), "{err}");
 }
 
-/// Decode attention bandwidth: KV bytes read per second, batch × context, GQA 32/8, head dim 128,
-/// bf16, block size 16, scattered block tables. Buffers are allocated once and the kernel is timed
+/// Decode attention bandwidth: KV bytes read per second, batch × context, GQA 32/8, head dim 128
+/// (or `PAGEWISE_BW_SHAPE`), bf16, block size 16, scattered block tables. Buffers are allocated once and the kernel is timed
 /// with CUDA events over 64 launches, issued one by one and replayed from a CUDA graph (the GPU's
 /// time: the table's bandwidth); the launches rotate over
 /// copies of the cache totalling at least 128 MB, so small cases do not run out of the 50 MB L2.
@@ -236,7 +236,14 @@ fn decode_bandwidth() {
     let stream = dev.as_cuda_device().unwrap().cuda_stream();
     let timing =
         Some(candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let (heads, kv_heads, d, bs) = (32, 8, 128, 16);
+    // PAGEWISE_BW_SHAPE="16x8x256" (query heads x KV heads x head dim) times another geometry:
+    // Gemma-3-12B's, whose head dim 256 takes the CUDA-core kernel.
+    let shape = std::env::var("PAGEWISE_BW_SHAPE").unwrap_or_else(|_| "32x8x128".into());
+    let dims: Vec<usize> = shape.split('x').map(|v| v.parse().unwrap()).collect();
+    let [heads, kv_heads, d] = dims[..] else {
+        panic!("PAGEWISE_BW_SHAPE: HEADSxKV_HEADSxHEAD_DIM, not {shape}")
+    };
+    let bs = 16;
     let group = heads / kv_heads;
     let slots = decode_slots(DType::BF16, d, group).unwrap();
     println!("decode blocks at once (bf16, d{d}, group {group}): {slots}");
