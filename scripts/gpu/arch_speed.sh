@@ -3,13 +3,16 @@
 # (--load-format dummy, bf16), on the GPU machine from the staged .gpu/ folder:
 #   bash .gpu/scripts/gpu/arch_speed.sh [shape ...]   (default: all four)
 #   CONTEXTS="1024 8192 32768" bash .gpu/scripts/gpu/arch_speed.sh gemma-3-12b   (decode against context)
+#   BATCHES="16 32" bash .gpu/scripts/gpu/arch_speed.sh gpt-oss-20b   (decode against batch size)
 # Shapes: qwen3-8b, mistral-7b, phi-4, gemma-3-12b (the text model); the mixtures of experts
 # mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b and gpt-oss-120b (MXFP4 experts, as gpt-oss ships them; not in
 # the default list). Prints each `bench latency` summary and the weight bytes, so effective bandwidth =
-# bytes x tok/s.
+# bytes x tok/s. PAGEWISE_BIN=path runs another build (an A/B in one call: the other commit's
+# binary, unpacked next to the staged one).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
-bin=/tmp/pagewise-gpu/bin/pagewise
+bin=${PAGEWISE_BIN:-/tmp/pagewise-gpu/bin/pagewise}
+mkdir -p "$(dirname "$bin")"
 [ -x "$bin" ] || python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$here/pagewise.xz" "$bin"
 chmod +x "$bin"
 nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2> /dev/null)
@@ -85,6 +88,15 @@ for name, c in shapes.items():
 PY
 for m in ${@:-qwen3-8b mistral-7b phi-4 gemma-3-12b}; do
   cp "$here/tests/fixtures/llama-gqa-tied/tokenizer.json" "$cfg/$m/"
+  if [ -n "${BATCHES:-}" ]; then
+    # Decode speed against batch size: BATCHES="16 32", 128 in / 128 out each.
+    for b in $BATCHES; do
+      echo "== $m: batch-$b decode, 128 in / 128 out"
+      timeout 240 "$bin" bench latency --model "$cfg/$m" --load-format dummy --batch-size "$b" --input-len 128 \
+        --output-len 128 --num-iters-warmup 1 --num-iters 2 --max-model-len 512 2>&1 | grep -E "tok/s|rror" | tail -2
+    done
+    continue
+  fi
   if [ -n "${CONTEXTS:-}" ]; then
     # Decode speed against context length: CONTEXTS="1024 8192 32768", 64 tokens after each.
     for c in $CONTEXTS; do

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Write a random-weight F16 GGUF with the shape of a mixture of experts, for the llama.cpp peer.
+"""Write a random-weight GGUF with the shape of a mixture of experts, for the llama.cpp peer.
 
-    python3 mkgguf_moe.py --shape qwen3-30b-a3b|mixtral-8x7b --out FILE
+    python3 mkgguf_moe.py --shape qwen3-30b-a3b|mixtral-8x7b|gpt-oss-20b|gpt-oss-120b --out FILE
         --kit DIR [--layers N] [--threads N] [--seed S]
 
 DIR is the llama.cpp peer kit (../shared/peers/llama.cpp, staged next to this script on the GPU
@@ -13,7 +13,10 @@ then runs the same cut shape from its config, so both engines read the same byte
 Layout as llama.cpp's converter writes these models at F16: merged expert tensors
 `blk.N.ffn_{gate,up,down}_exps` ([experts, out, in]), the router `blk.N.ffn_gate_inp` in F32,
 F32 norms; Qwen3-MoE as `qwen3moe` with its q/k norms, Mixtral as `llama` with experts.
-Weights ~ N(0, 0.02), norm weights 1.0. The file is written to FILE.tmp and renamed at the end.
+gpt-oss as `gpt-oss`, the way ggml-org ships it: experts in MXFP4 (random codes, scales 2^-8 to
+2^-6), the other matrices F16, its biases, sinks and post-attention norm in F32, YaRN and the
+128-token sliding window in the metadata. Weights ~ N(0, 0.02), norm weights 1.0, biases and
+sinks 0. The file is written to FILE.tmp and renamed at the end.
 """
 import argparse
 import importlib.util
@@ -31,7 +34,13 @@ SHAPES = {
                          n_head=32, n_head_kv=8, head_dim=128, n_ff=14336, n_ff_exp=14336,
                          n_expert=8, n_expert_used=2, n_vocab=32000, rope_theta=1e6,
                          rms_eps=1e-5, qk_norm=False),
+    "gpt-oss-20b": dict(arch="gpt-oss", name="gpt-oss-20b random", n_embd=2880, n_layer=24,
+                        n_head=64, n_head_kv=8, head_dim=64, n_ff=2880, n_ff_exp=2880,
+                        n_expert=32, n_expert_used=4, n_vocab=201088, rope_theta=150000.0,
+                        rms_eps=1e-5, qk_norm=False),
 }
+SHAPES["gpt-oss-120b"] = dict(SHAPES["gpt-oss-20b"], name="gpt-oss-120b random", n_layer=36, n_expert=128)
+MXFP4_RUN = 32  # values a block, stored as 1 scale byte + 16 bytes of codes
 CTX_TRAIN = 32768
 
 
@@ -47,6 +56,8 @@ def tensor_plan(s):
     X, F = s["n_expert"], s["n_ff_exp"]
     q, kv = s["n_head"] * D, s["n_head_kv"] * D
     f16, f32 = np.float16, np.float32
+    if s["arch"] == "gpt-oss":
+        return gptoss_plan(s)
     # numpy (row-major) shapes, i.e. [out, in]; gguf-py reverses them into ggml's ne[]
     plan = [("token_embd.weight", (V, E), f16, "normal")]
     for i in range(s["n_layer"]):
@@ -67,6 +78,48 @@ def tensor_plan(s):
     plan += [("output_norm.weight", (E,), f32, "ones"),
              ("output.weight", (V, E), f16, "normal")]
     return plan
+
+
+def gptoss_plan(s):
+    """gpt-oss's tensors: MXFP4 experts given by their byte shape [experts, out, in / 32 * 17]."""
+    E, V, D = s["n_embd"], s["n_vocab"], s["head_dim"]
+    X, F = s["n_expert"], s["n_ff_exp"]
+    q, kv = s["n_head"] * D, s["n_head_kv"] * D
+    f16, f32, u8 = np.float16, np.float32, np.uint8
+    runs = lambda k: k // MXFP4_RUN * 17  # noqa: E731
+    plan = [("token_embd.weight", (V, E), f16, "normal")]
+    for i in range(s["n_layer"]):
+        b = f"blk.{i}."
+        plan += [(b + "attn_norm.weight", (E,), f32, "ones"),
+                 (b + "attn_q.weight", (q, E), f16, "normal"), (b + "attn_q.bias", (q,), f32, "zeros"),
+                 (b + "attn_k.weight", (kv, E), f16, "normal"), (b + "attn_k.bias", (kv,), f32, "zeros"),
+                 (b + "attn_v.weight", (kv, E), f16, "normal"), (b + "attn_v.bias", (kv,), f32, "zeros"),
+                 (b + "attn_output.weight", (E, q), f16, "normal"),
+                 (b + "attn_output.bias", (E,), f32, "zeros"),
+                 (b + "attn_sinks.weight", (s["n_head"],), f32, "zeros"),
+                 (b + "post_attention_norm.weight", (E,), f32, "ones"),
+                 (b + "ffn_gate_inp.weight", (X, E), f32, "normal"),
+                 (b + "ffn_gate_inp.bias", (X,), f32, "zeros"),
+                 (b + "ffn_gate_exps.weight", (X, F, runs(E)), u8, "mxfp4"),
+                 (b + "ffn_gate_exps.bias", (X, F), f32, "zeros"),
+                 (b + "ffn_up_exps.weight", (X, F, runs(E)), u8, "mxfp4"),
+                 (b + "ffn_up_exps.bias", (X, F), f32, "zeros"),
+                 (b + "ffn_down_exps.weight", (X, E, runs(F)), u8, "mxfp4"),
+                 (b + "ffn_down_exps.bias", (X, E), f32, "zeros")]
+    plan += [("output_norm.weight", (E,), f32, "ones"),
+             ("output.weight", (V, E), f16, "normal")]
+    return plan
+
+
+def write_mxfp4(fout, shape, rng):
+    """Random MXFP4 blocks, a row of blocks at a time: codes uniform, scale bytes 119..121."""
+    rows, width = int(np.prod(shape[:-1])), shape[-1]
+    step = max(1, (64 << 20) // width)
+    for r in range(0, rows, step):
+        n = min(step, rows - r)
+        blocks = np.frombuffer(rng.bytes(n * width), np.uint8).reshape(n, width // 17, 17).copy()
+        blocks[:, :, 0] = 119 + blocks[:, :, 0] % 3
+        blocks.tofile(fout)
 
 
 def main():
@@ -101,13 +154,18 @@ def main():
     w.add_value_length(s["head_dim"])
     w.add_rope_dimension_count(s["head_dim"])
     w.add_rope_freq_base(s["rope_theta"])
+    if s["arch"] == "gpt-oss":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(32.0)
+        w.add_rope_scaling_orig_ctx_len(4096)
+        w.add_sliding_window(128)
     w.add_layer_norm_rms_eps(s["rms_eps"])
     w.add_expert_count(s["n_expert"])
     w.add_expert_used_count(s["n_expert_used"])
-    if s["arch"] == "qwen3moe":
+    if s["arch"] in ("qwen3moe", "gpt-oss"):
         w.add_expert_feed_forward_length(s["n_ff_exp"])
     w.add_vocab_size(s["n_vocab"])
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE if s["arch"] == "gpt-oss" else gguf.LlamaFileType.MOSTLY_F16)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     tokens, ttypes, merges, first_special = kit.build_bpe_vocab(s["n_vocab"])
     w.add_tokenizer_model("gpt2")
@@ -121,8 +179,9 @@ def main():
     w.add_chat_template(kit.LLAMA3_CHAT_TEMPLATE)
 
     plan = tensor_plan(s)
-    for name, shape, dt, _ in plan:
-        w.add_tensor_info(name, shape, np.dtype(dt), int(np.prod(shape)) * np.dtype(dt).itemsize)
+    for name, shape, dt, kind in plan:
+        raw = gguf.GGMLQuantizationType.MXFP4 if kind == "mxfp4" else None
+        w.add_tensor_info(name, shape, np.dtype(dt), int(np.prod(shape)) * np.dtype(dt).itemsize, raw_dtype=raw)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -132,10 +191,15 @@ def main():
     gen = kit.NormalF16(a.threads, a.seed)
     buf16 = np.empty(kit.CHUNK, np.float16)
     total = 0
+    rng = np.random.default_rng(a.seed)
     for name, shape, dt, kind in plan:
         n = int(np.prod(shape))
         if kind == "ones":
             np.ones(n, dt).tofile(fout)
+        elif kind == "zeros":
+            np.zeros(n, dt).tofile(fout)
+        elif kind == "mxfp4":
+            write_mxfp4(fout, shape, rng)
         elif dt == np.float16:
             done = 0
             while done < n:

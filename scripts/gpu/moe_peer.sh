@@ -3,12 +3,13 @@
 # (issue 25), from the staged .gpu/ folder with the llama.cpp kit staged as .gpu/lcpp/
 # (`cp -r ../shared/peers/llama.cpp .gpu/lcpp`):
 #   bash .gpu/scripts/gpu/moe_peer.sh build                 # llama.cpp's CUDA build (~6 min; re-run resumes)
-#   bash .gpu/scripts/gpu/moe_peer.sh qwen3-30b-a3b:24 mixtral-8x7b:8
-# Each shape:layers is cut to its first N layers (whole, their F16 GGUFs would not fit the
-# machine's disk): mkgguf_moe.py writes a random F16 GGUF of the cut shape, llama.cpp runs it
-# (llama-bench tg128 / pp512, then llama-batched-bench 64 x (1024 in, 128 out)), the GGUF is
-# removed, and pagewise runs the same cut shape with random bf16 weights (--load-format dummy):
-# batch-1 decode (128 in / 512 out) and `bench throughput` on the same 64 x (1024, 128).
+#   bash .gpu/scripts/gpu/moe_peer.sh qwen3-30b-a3b:24 mixtral-8x7b:8 gpt-oss-20b:24
+# Each shape:layers is cut to its first N layers (whole, the F16 GGUFs of Qwen3 and Mixtral would
+# not fit the machine's disk): mkgguf_moe.py writes a random GGUF of the cut shape (F16; gpt-oss
+# with MXFP4 experts, as it ships), llama.cpp runs it (llama-bench tg128 / pp512, then
+# llama-batched-bench 64 x (1024 in, 128 out)); pagewise runs that same GGUF where it is gpt-oss
+# (batch-1 decode 128 in / 512 out, `bench throughput` 64 x (1024, 128)); the GGUF is removed, and
+# pagewise runs the same cut shape with random bf16 weights (--load-format dummy), same two runs.
 # Needs arch_speed.sh's shapes (/tmp/pagewise-gpu/arch-shapes): run `arch_speed.sh <shape>` first.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -44,6 +45,14 @@ for arg in "$@"; do
     timeout 300 "$lcpp/llama-batched-bench" -m "$gguf" -c 100000 -b 2048 -ub 512 -npp 1024 -ntg 128 -npl 64 \
       -fa 1 -ngl 99 > "$out/lcpp-batched-$m.log" 2>&1
     grep -E "^\|" "$out/lcpp-batched-$m.log" || tail -5 "$out/lcpp-batched-$m.log"
+    case $m in gpt-oss*)
+      echo "== pagewise on that GGUF: batch-1 decode, 128 in / 512 out"
+      timeout 240 "$bin" bench latency --model "$gguf" --batch-size 1 --input-len 128 --output-len 512 \
+        --num-iters-warmup 1 --num-iters 3 --max-model-len 1024 2>&1 | grep -E "tok/s|rror" | tail -2
+      echo "== pagewise on that GGUF: bench throughput 64 x (1024, 128)"
+      timeout 300 "$bin" bench throughput --model "$gguf" --num-prompts 64 --input-len 1024 --output-len 128 \
+        --max-model-len 2048 2>&1 | grep -E "req/s|tok/s|rror" | tail -3 ;;
+    esac
     rm -f "$gguf"
   else
     echo "== no llama.cpp build in $lcpp (run: moe_peer.sh build)"
