@@ -132,6 +132,27 @@ fn sharded_mixtures_of_experts_match_the_whole_model() {
     check(&format!("{FIXTURES}/qwen3-moe"), LoadFormat::Auto, &[2, 4]);
 }
 
+/// gpt-oss (4 experts of 32, top 2; biases on attention and experts, whose down bias only the
+/// leading rank adds; a sink per query head, split with the heads; sliding and full layers), from
+/// its MXFP4 checkpoint and from the dequantized one. Its GGUF is refused by name.
+#[test]
+fn sharded_gpt_oss_matches_the_whole_model() {
+    check(&format!("{FIXTURES}/gpt-oss"), LoadFormat::Auto, &[2, 4]);
+    check(
+        &format!("{FIXTURES}/gpt-oss/dequantized"),
+        LoadFormat::Auto,
+        &[2],
+    );
+    let path = format!("{FIXTURES}/gpt-oss/model-MXFP4.gguf");
+    let loaded = loader::load(&path, &options(LoadFormat::Auto)).unwrap();
+    let group = LocalGroup::new(2);
+    let par = Parallel::new(TpRank { rank: 0, size: 2 }, group.member(0));
+    let e = model::build_sharded(&loaded.config, &loaded.weights, 16, &par)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("GGUF files are not sharded"), "{e}");
+}
+
 #[test]
 fn sharded_dummy_weights_are_the_same_model_at_every_size() {
     check(

@@ -28,5 +28,6 @@ python3 -m pip download --quiet --disable-pip-version-check --dest .gpu-tp/wheel
   --platform manylinux_2_17_x86_64 --platform any 'openai==3.57.0' 'pytest==9.2.0'
 cp scripts/gpu/tp.sh scripts/gpu/tp_check.py scripts/gpu/make_gpu_models.py .gpu-tp/scripts/gpu/
 cp tests/fixtures/llama-gqa-tied/tokenizer.json .gpu-tp/tests/fixtures/llama-gqa-tied/
+cp tests/fixtures/make_gptoss_mxfp4.py tests/fixtures/make_tiny_models.py .gpu-tp/tests/fixtures/
 cp tests/openai_sdk/test_openai_sdk.py .gpu-tp/tests/openai_sdk/
 du -sh .gpu-tp

@@ -36,6 +36,10 @@ if [ "$what" = check ] || [ "$what" = all ]; then
   [ -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ] || \
     (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS") > "$out/make-models.log" 2>&1 \
     || { tail -20 "$out/make-models.log"; exit 1; }
+  # gpt-oss with MXFP4 experts, as its checkpoints ship them (for tp_gpt_oss_matches_tp1).
+  [ -f "$PAGEWISE_GPU_MODELS/gptoss-d64-mxfp4/model.safetensors" ] || python3 "$here/tests/fixtures/make_gptoss_mxfp4.py" \
+    "$PAGEWISE_GPU_MODELS/gptoss-d64" "$PAGEWISE_GPU_MODELS/gptoss-d64-mxfp4" >> "$out/make-models.log" 2>&1 \
+    || tail -5 "$out/make-models.log"
   echo "== NCCL parity (two GPUs in one process)"
   "$work/bin/gpu-tp-tests" --test-threads=1 --nocapture > "$out/gpu-tp-tests.log" 2>&1 || status=1
   grep -hE "^test |test result|rel\. err|panicked" "$out/gpu-tp-tests.log"

@@ -15,6 +15,7 @@ use crate::model::config::{
     Architecture, ExpertActivation, ExpertNames, GemmaSettings, GptOssSettings, LongRope,
     ModelConfig, MoeSettings, NeoxSettings,
 };
+use crate::model::mxfp4::GgufMxfp4;
 use crate::model::rope_scaling::{Yarn, parse_yarn};
 use crate::model::weights::{Dequantize, Weights};
 
@@ -184,16 +185,13 @@ pub fn load(
         .get("tokenizer.chat_template")
         .and_then(|v| v.to_string().ok().cloned());
 
+    let mxfp4 = GgufMxfp4::new(path.to_path_buf(), ct.tensor_data_offset, &header.mxfp4);
     let num_params: usize = ct
         .tensor_infos
         .values()
         .map(|t| t.shape.elem_count())
         .sum::<usize>()
-        + header
-            .mxfp4
-            .values()
-            .map(|(dims, _)| dims.iter().product::<usize>())
-            .sum::<usize>();
+        + mxfp4.num_params();
     let dequantize = match matmul {
         GgufMatmul::Quantized => Dequantize::Nothing,
         GgufMatmul::Dequantized => Dequantize::All,
@@ -210,21 +208,7 @@ pub fn load(
             .map_err(|e| LoadError::Format(format!("GGUF tensor {name}: {e}")))?;
         tensors.insert(name.clone(), t);
     }
-    // MXFP4 (gpt-oss's experts): kept as they are on a GPU in f16/bf16 (the expert kernels read
-    // them so), dequantized at load to the model's dtype elsewhere.
-    let native = device.is_cuda() && matches!(dtype, DType::F16 | DType::BF16);
-    let mut mxfp4 = HashMap::new();
-    for name in header.mxfp4.keys() {
-        if native {
-            let host =
-                gguf_file::read_mxfp4_host(&mut file, &header, name).map_err(LoadError::Format)?;
-            mxfp4.insert(name.clone(), host);
-            continue;
-        }
-        let t = gguf_file::read_mxfp4(&mut file, &header, name, dtype, device)
-            .map_err(LoadError::Format)?;
-        tensors.insert(name.clone(), t);
-    }
+    // MXFP4 tensors (gpt-oss's experts) are read as the model asks for them, a layer at a time.
     Ok(GgufModel {
         config,
         tokenizer,

@@ -7,11 +7,9 @@
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
 
+use candle_core::Shape;
+use candle_core::quantized::GgmlDType;
 use candle_core::quantized::gguf_file::{Content, TensorInfo, Value, VersionedMagic};
-use candle_core::quantized::{GgmlDType, QStorage, QTensor};
-use candle_core::{DType, Device, Shape, Tensor};
-
-use crate::model::mxfp4;
 
 /// ggml's type id of MXFP4 blocks (32 values: an E8M0 scale byte and 16 bytes of FP4 codes).
 const MXFP4: u32 = 39;
@@ -201,77 +199,6 @@ pub fn read<R: Read + Seek>(r: &mut R) -> Result<Header, String> {
         },
         mxfp4,
     })
-}
-
-/// The bytes of the MXFP4 tensor `name` of `header` (ggml's blocks), and its shape.
-fn mxfp4_bytes<R: Read + Seek>(
-    r: &mut R,
-    header: &Header,
-    name: &str,
-) -> Result<(Vec<u8>, Vec<usize>), String> {
-    let (dims, offset) = &header.mxfp4[name];
-    let values: usize = dims.iter().product();
-    if dims.last().is_none_or(|d| d % 32 != 0) {
-        return Err(format!(
-            "MXFP4 tensor {name} {dims:?}: rows of whole 32-value blocks"
-        ));
-    }
-    let mut bytes = vec![0u8; values / 32 * mxfp4::GGML_BLOCK_BYTES];
-    let start = header.content.tensor_data_offset + offset;
-    r.seek(SeekFrom::Start(start))
-        .and_then(|_| r.read_exact(&mut bytes))
-        .map_err(|e| format!("MXFP4 tensor {name}: {e}"))?;
-    Ok((bytes, dims.clone()))
-}
-
-/// The MXFP4 tensor `name` of `header`, a stack of matrices (`[experts, rows, cols]`; a 2-D tensor
-/// is one matrix), read from `r` as it is.
-pub fn read_mxfp4_host<R: Read + Seek>(
-    r: &mut R,
-    header: &Header,
-    name: &str,
-) -> Result<mxfp4::Mxfp4Host, String> {
-    let (bytes, dims) = mxfp4_bytes(r, header, name)?;
-    let stack = match dims[..] {
-        [n, rows, cols] => (n, rows, cols),
-        [rows, cols] => (1, rows, cols),
-        _ => {
-            return Err(format!(
-                "MXFP4 tensor {name} {dims:?}: not a stack of matrices"
-            ));
-        }
-    };
-    Ok(mxfp4::Mxfp4Host::from_ggml(&bytes, stack))
-}
-
-/// The MXFP4 tensor `name` of `header` (a shape from its table) read from `r` and dequantized to
-/// `dtype` (f32, f16 or bf16) on `device`: a float `QTensor`, as a GGUF file's float tensors are.
-pub fn read_mxfp4<R: Read + Seek>(
-    r: &mut R,
-    header: &Header,
-    name: &str,
-    dtype: DType,
-    device: &Device,
-) -> Result<QTensor, String> {
-    let (bytes, dims) = mxfp4_bytes(r, header, name)?;
-    let values: usize = dims.iter().product();
-    let mut floats = Vec::with_capacity(values);
-    mxfp4::dequantize_ggml(&bytes, &mut floats);
-    drop(bytes);
-    let ggml = match dtype {
-        DType::F32 => GgmlDType::F32,
-        DType::F16 => GgmlDType::F16,
-        DType::BF16 => GgmlDType::BF16,
-        other => return Err(format!("MXFP4 tensor {name}: no {other:?} weights")),
-    };
-    let e = |e: candle_core::Error| format!("MXFP4 tensor {name}: {e}");
-    let t = Tensor::from_vec(floats, dims.as_slice(), &Device::Cpu)
-        .and_then(|t| t.to_dtype(dtype))
-        .map_err(e)?;
-    // A float QTensor on the CPU holds its values as they are; its bytes go to `device`.
-    let on_cpu = QTensor::quantize(&t, ggml).map_err(e)?;
-    let storage = QStorage::from_data(on_cpu.data().map_err(e)?, device, ggml).map_err(e)?;
-    QTensor::new(storage, dims.as_slice()).map_err(e)
 }
 
 #[cfg(test)]

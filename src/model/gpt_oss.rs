@@ -17,9 +17,9 @@ use super::layers::{Linear, Rotary};
 use super::moe::{Expert, MoeSettings, SparseMoe};
 use super::norm::RmsNorm;
 use super::qkv::{Heads, QkvProj, attention_with_sinks};
-use super::weights::Weights;
+use super::weights::{Part, Weights};
 use super::{CausalLm, ModelError};
-use crate::parallel::TpRank;
+use crate::parallel::{Parallel, TpRank, head_rows};
 
 /// gpt-oss's settings beyond the Llama-like ones.
 #[derive(Clone, Debug, PartialEq)]
@@ -69,15 +69,23 @@ pub(super) fn settings(text: &str, layers: usize) -> Result<GptOssSettings, Mode
 /// Layer `layer`'s experts (`model.layers.N.mlp.experts`): gate/up `[experts, hidden, 2 * inter]`
 /// (gate and up interleaved by column) and down `[experts, inter, hidden]`, each with a bias
 /// `[experts, out]`; or the same as MXFP4 blocks, stored `[out, in]`. Each expert becomes a
-/// gate-then-up projection and a down projection, as the other mixtures' experts.
+/// gate-then-up projection and a down projection, as the other mixtures' experts; under tensor
+/// parallelism, `tp`'s slice of each ([`shard`]).
 pub(super) fn experts(
     w: &Weights,
     layer: usize,
     hidden: usize,
     s: &MoeSettings,
+    tp: TpRank,
 ) -> Result<Vec<Expert>, ModelError> {
     let (n, i) = (s.num_experts, s.expert_intermediate);
     if let Weights::Gguf { .. } = w {
+        if !tp.is_single() {
+            return Err(ModelError::Unsupported(
+                "tensor parallelism reads safetensors or dummy weights; GGUF files are not sharded"
+                    .into(),
+            ));
+        }
         return gguf_experts(w, layer, hidden, s);
     }
     let p = format!("model.layers.{layer}.mlp.experts");
@@ -107,12 +115,37 @@ pub(super) fn experts(
         .enumerate()
         .map(|(e, (gu, d))| {
             let gu_bias = split(&gate_up_bias.get(e)?)?.flatten_all()?;
-            Ok(Expert {
-                gate_up: Linear::dense(split(&gu)?, Some(gu_bias)),
-                down: Linear::dense(d, Some(down_bias.get(e)?)),
-            })
+            shard((split(&gu)?, gu_bias), (d, down_bias.get(e)?), s, tp)
         })
         .collect()
+}
+
+/// `tp`'s part of one expert, given whole: gate/up (`[2 * inter, hidden]`, the gate rows first)
+/// and down (`[hidden, inter]`), each with its bias. A rank keeps rows `part` of each half and
+/// down's columns `part` (the intermediate slice, as a dense MLP is split); only the leading rank
+/// keeps down's bias, which is then added once before the ranks' parts are summed.
+fn shard(
+    (gate_up, gate_up_bias): (Tensor, Tensor),
+    (down, down_bias): (Tensor, Tensor),
+    s: &MoeSettings,
+    tp: TpRank,
+) -> Result<Expert, ModelError> {
+    if tp.is_single() {
+        return Ok(Expert {
+            gate_up: Linear::dense(gate_up, Some(gate_up_bias)),
+            down: Linear::dense(down, Some(down_bias)),
+        });
+    }
+    let (i, part) = (s.expert_intermediate, tp.expert_intermediate(s));
+    let halves = |t: &Tensor| {
+        let half = |start| t.narrow(0, start, part.len());
+        Tensor::cat(&[half(part.start)?, half(i + part.start)?], 0)
+    };
+    let down = down.narrow(1, part.start, part.len())?.contiguous()?;
+    Ok(Expert {
+        gate_up: Linear::dense(halves(&gate_up)?, Some(halves(&gate_up_bias)?)),
+        down: Linear::dense(down, tp.leads().then_some(down_bias)),
+    })
 }
 
 /// A layer's experts as MXFP4 stacks, the gate rows before the up rows, with their biases
@@ -122,13 +155,15 @@ pub(super) struct Mxfp4Experts {
     pub gate_up: super::mxfp4::Mxfp4Host,
     pub down: super::mxfp4::Mxfp4Host,
     pub gate_up_bias: Tensor,
-    pub down_bias: Tensor,
+    /// `None` on a tensor-parallel rank that does not lead.
+    pub down_bias: Option<Tensor>,
 }
 
 /// Layer `layer`'s experts kept in MXFP4, when the model runs on a GPU in f16/bf16 (where the
 /// expert kernels read MXFP4 as it is), the experts fit those kernels, and the weights hold them
 /// so: safetensors with `_blocks` and `_scales`, llama.cpp's GGUF, or dummy weights (which stand
-/// for gpt-oss's checkpoints, MXFP4 all). `None` otherwise: the experts are then dequantized at
+/// for gpt-oss's checkpoints, MXFP4 all). Under tensor parallelism, `tp`'s slice (as [`shard`]
+/// cuts it), when it is whole runs of 32. `None` otherwise: the experts are then dequantized at
 /// load ([`experts`]).
 #[cfg(feature = "cuda")]
 pub(super) fn mxfp4_experts(
@@ -136,17 +171,20 @@ pub(super) fn mxfp4_experts(
     layer: usize,
     hidden: usize,
     s: &MoeSettings,
+    tp: TpRank,
 ) -> Result<Option<Mxfp4Experts>, ModelError> {
     use super::mxfp4::Mxfp4Host;
     use candle_core::DType;
     let (n, i) = (s.num_experts, s.expert_intermediate);
+    let part = tp.expert_intermediate(s);
     let dtype = w.dtype();
     if !w.device().is_cuda()
         || !matches!(dtype, DType::F16 | DType::BF16)
         || !hidden.is_multiple_of(32)
-        || !i.is_multiple_of(32)
+        || !part.start.is_multiple_of(32)
+        || !part.len().is_multiple_of(32)
         || n > pagewise_kernels::moe_max_experts()
-        || !pagewise_kernels::moe_fits(s.top_k, i, dtype)
+        || !pagewise_kernels::moe_fits(s.top_k, part.len(), dtype)
     {
         return Ok(None);
     }
@@ -154,17 +192,15 @@ pub(super) fn mxfp4_experts(
     let (gate_up, down, gate_up_bias, down_bias) = match w {
         Weights::Gguf { .. } => {
             let name = |kind: &str| format!("blk.{layer}.ffn_{kind}_exps");
-            let (Some(gate), Some(up), Some(down)) = (
-                w.gguf_mxfp4(&format!("{}.weight", name("gate"))),
-                w.gguf_mxfp4(&format!("{}.weight", name("up"))),
-                w.gguf_mxfp4(&format!("{}.weight", name("down"))),
-            ) else {
+            let host = |kind: &str| w.gguf_mxfp4(&format!("{}.weight", name(kind)));
+            let (Some(gate), Some(up), Some(down)) = (host("gate")?, host("up")?, host("down")?)
+            else {
                 return Ok(None);
             };
             let bias = |kind: &str, width| w.tensor(&format!("{}.bias", name(kind)), (n, width));
             let gate_up_bias = Tensor::cat(&[bias("gate", i)?, bias("up", i)?], 1)?;
-            let gate_up = Mxfp4Host::stack_rows(gate, up);
-            (gate_up, down.clone(), gate_up_bias, bias("down", hidden)?)
+            let gate_up = Mxfp4Host::stack_rows(&gate, &up);
+            (gate_up, down, gate_up_bias, bias("down", hidden)?)
         }
         Weights::Safetensors { .. } => {
             let host = |name: &str, dims| super::mxfp4::safetensors_host(w, name, n, dims);
@@ -199,16 +235,25 @@ pub(super) fn mxfp4_experts(
             gate_up.dims, down.dims
         )));
     }
+    if tp.is_single() {
+        return Ok(Some(Mxfp4Experts {
+            gate_up,
+            down,
+            gate_up_bias: gate_up_bias.contiguous()?,
+            down_bias: Some(down_bias.contiguous()?),
+        }));
+    }
+    let bias_half = |start| gate_up_bias.narrow(1, start, part.len());
     Ok(Some(Mxfp4Experts {
-        gate_up,
-        down,
-        gate_up_bias: gate_up_bias.contiguous()?,
-        down_bias: down_bias.contiguous()?,
+        gate_up: gate_up.halves_part(&part),
+        down: down.cols_part(&part),
+        gate_up_bias: Tensor::cat(&[bias_half(part.start)?, bias_half(i + part.start)?], 1)?,
+        down_bias: tp.leads().then_some(down_bias.contiguous()?),
     }))
 }
 
 /// A layer's experts from llama.cpp's GGUF layout: `blk.N.ffn_{gate,up,down}_exps` stacked
-/// `[experts, out, in]` (MXFP4 in its files, dequantized at load), each with a bias `[experts,
+/// `[experts, out, in]` (MXFP4 in its files, dequantized here), each with a bias `[experts,
 /// out]`.
 fn gguf_experts(
     w: &Weights,
@@ -219,16 +264,7 @@ fn gguf_experts(
     let (n, i) = (s.num_experts, s.expert_intermediate);
     let stack = |kind: &str, rows: usize, cols: usize| -> Result<(Tensor, Tensor), ModelError> {
         let name = format!("blk.{layer}.ffn_{kind}_exps");
-        let weight = match w.gguf_mxfp4(&format!("{name}.weight")) {
-            // Kept as it is for the GPU's kernels, which these experts do not fit.
-            Some(h) => {
-                let values = (0..n).flat_map(|e| h.dequantize_expert(e)).collect();
-                Tensor::from_vec(values, (n, rows, cols), &candle_core::Device::Cpu)?
-                    .to_dtype(w.dtype())?
-                    .to_device(w.device())?
-            }
-            None => w.tensor(&format!("{name}.weight"), (n, rows, cols))?,
-        };
+        let weight = w.tensor(&format!("{name}.weight"), (n, rows, cols))?;
         Ok((weight, w.tensor(&format!("{name}.bias"), (n, rows))?))
     };
     let (gate, gate_bias) = stack("gate", i, hidden)?;
@@ -257,7 +293,9 @@ struct Layer {
     sliding: bool,
 }
 
-/// A gpt-oss model (one device; tensor parallelism is refused).
+/// A gpt-oss model, or one tensor-parallel rank's shard of it: attention heads (and their sinks)
+/// and each expert's intermediate slice split as Llama's heads and MLP are, the router whole on
+/// every rank, the LM head split by vocabulary rows when they divide.
 pub struct GptOss {
     cfg: ModelConfig,
     settings: GptOssSettings,
@@ -265,22 +303,41 @@ pub struct GptOss {
     layers: Vec<Layer>,
     norm: RmsNorm,
     lm_head: Linear,
+    vocab_parallel: bool,
     rotary: Rotary,
+    par: Parallel,
 }
 
 impl GptOss {
-    /// Loads the model; rotary tables cover positions below `max_len`.
-    pub fn load(cfg: &ModelConfig, w: &Weights, max_len: usize) -> Result<Self, ModelError> {
+    /// Loads the model (`par`'s shard of it); rotary tables cover positions below `max_len`.
+    pub fn load(
+        cfg: &ModelConfig,
+        w: &Weights,
+        max_len: usize,
+        par: &Parallel,
+    ) -> Result<Self, ModelError> {
         let (Some(settings), Some(moe)) = (cfg.gpt_oss.clone(), cfg.moe.as_ref()) else {
             return Err(ModelError::Config("gpt-oss without its settings".into()));
         };
         let (h, d, nq) = (cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads);
         let eps = cfg.norm_eps;
+        let tp = par.rank;
         let embed_w = w.tensor("model.embed_tokens.weight", (cfg.vocab_size, h))?;
-        let lm_head = match cfg.tie_word_embeddings {
-            true => Linear::dense(embed_w.clone(), None),
-            false => w.linear("lm_head", h, cfg.vocab_size, false)?,
+        let vocab = tp.vocab(cfg);
+        let lm_head = match (cfg.tie_word_embeddings, &vocab) {
+            (true, None) => Linear::dense(embed_w.clone(), None),
+            (true, Some(r)) => {
+                Linear::dense(embed_w.narrow(0, r.start, r.len())?.contiguous()?, None)
+            }
+            (false, _) => w.linear_part(
+                "lm_head",
+                (h, cfg.vocab_size),
+                false,
+                vocab.clone().map_or(Part::Whole, Part::Rows),
+            )?,
         };
+        let q_heads = tp.q_heads(cfg);
+        let o_part = Part::Cols(head_rows(&q_heads, d));
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
                 let p = format!("model.layers.{i}");
@@ -297,14 +354,22 @@ impl GptOss {
                         format!("{p}.post_attention_layernorm.weight"),
                     ),
                 };
-                let sinks = w.tensor(&sinks, nq)?.to_dtype(candle_core::DType::F32)?;
+                let sinks = w
+                    .tensor(&sinks, nq)?
+                    .narrow(0, q_heads.start, q_heads.len())?
+                    .to_dtype(candle_core::DType::F32)?;
                 Ok(Layer {
                     input_norm: RmsNorm::load(w, &format!("{p}.input_layernorm.weight"), h, eps)?,
-                    qkv: QkvProj::load(w, &attn, cfg, TpRank::SINGLE)?,
-                    o: w.linear(&format!("{attn}.o_proj"), nq * d, h, cfg.o_bias)?,
+                    qkv: QkvProj::load(w, &attn, cfg, tp)?,
+                    o: w.linear_part(
+                        &format!("{attn}.o_proj"),
+                        (nq * d, h),
+                        cfg.o_bias && tp.leads(),
+                        o_part.clone(),
+                    )?,
                     sinks,
                     post_norm: RmsNorm::load(w, &post_norm, h, eps)?,
-                    moe: SparseMoe::load(w, i, h, moe, TpRank::SINGLE)?,
+                    moe: SparseMoe::load(w, i, h, moe, tp)?,
                     sliding: settings.sliding[i],
                 })
             })
@@ -316,7 +381,9 @@ impl GptOss {
             layers,
             norm: RmsNorm::load(w, "model.norm.weight", h, eps)?,
             lm_head,
+            vocab_parallel: vocab.is_some(),
             rotary: Rotary::new(cfg, max_len, w.dtype(), w.device())?,
+            par: par.clone(),
         })
     }
 }
@@ -326,15 +393,20 @@ impl CausalLm for GptOss {
         &self.cfg
     }
 
+    fn tp_rank(&self) -> TpRank {
+        self.par.rank
+    }
+
     fn graph_batch_limit(&self) -> Option<usize> {
         self.layers.iter().map(|l| l.moe.device_tokens()).min()
     }
 
     fn forward(&self, batch: &ForwardBatch<'_>, kv: &mut KvCache) -> Result<Tensor, ModelError> {
         let cfg = &self.cfg;
+        let tp = self.par.rank;
         let heads = |sliding: bool| Heads {
-            q: cfg.num_attention_heads,
-            kv: cfg.num_key_value_heads,
+            q: tp.q_heads(cfg).len(),
+            kv: tp.kv_heads(cfg).len(),
             dim: cfg.head_dim,
             scale: 1.0 / (cfg.head_dim as f32).sqrt(),
             window: sliding.then_some(self.settings.sliding_window),
@@ -356,11 +428,16 @@ impl CausalLm for GptOss {
                 heads(layer.sliding),
                 Some(&layer.sinks),
             )?;
-            let (x_mid, h_mid) = layer.post_norm.add_forward(&x, &layer.o.forward(&attn)?)?;
+            let o = self.par.all_reduce(layer.o.forward(&attn)?)?;
+            let (x_mid, h_mid) = layer.post_norm.add_forward(&x, &o)?;
             let next_norm = self.layers.get(i + 1).map_or(&self.norm, |l| &l.input_norm);
-            (x, h) = next_norm.add_forward(&x_mid, &layer.moe.forward(&h_mid)?)?;
+            let moe = self.par.all_reduce(layer.moe.forward(&h_mid)?)?;
+            (x, h) = next_norm.add_forward(&x_mid, &moe)?;
         }
-        let logits = self.lm_head.forward(&batch.sampled(&h)?)?;
+        let mut logits = self.lm_head.forward(&batch.sampled(&h)?)?;
+        if self.vocab_parallel {
+            logits = self.par.gather_columns(&logits)?;
+        }
         Ok(logits.to_dtype(candle_core::DType::F32)?)
     }
 }

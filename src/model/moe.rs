@@ -89,7 +89,7 @@ impl SparseMoe {
             // On a GPU in f16/bf16 the experts stay MXFP4 (no per-expert layers: every step
             // takes the device path).
             #[cfg(feature = "cuda")]
-            if let Some(e) = super::gpt_oss::mxfp4_experts(w, layer, hidden, s)? {
+            if let Some(e) = super::gpt_oss::mxfp4_experts(w, layer, hidden, s, tp)? {
                 let stacked =
                     super::moe_device::Stacked::mxfp4(e, w.device(), w.dtype(), s.activation)?;
                 return Ok(SparseMoe {
@@ -100,7 +100,7 @@ impl SparseMoe {
                 });
             }
             #[allow(unused_mut)]
-            let mut experts = super::gpt_oss::experts(w, layer, hidden, s)?;
+            let mut experts = super::gpt_oss::experts(w, layer, hidden, s, tp)?;
             return Ok(SparseMoe {
                 router,
                 #[cfg(feature = "cuda")]

@@ -111,7 +111,7 @@ impl Stacked {
             down: Stack::Mxfp4(down),
             scratch: Some(scratch(device, elements, dtype)?),
             gate_up_bias: Some(e.gate_up_bias.to_dtype(dtype)?),
-            down_bias: Some(e.down_bias.to_dtype(dtype)?),
+            down_bias: e.down_bias.map(|b| b.to_dtype(dtype)).transpose()?,
             activation,
             grouped: grouped_handle(device)?,
         })

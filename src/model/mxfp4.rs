@@ -6,7 +6,12 @@
 //! f16/bf16, pagewise keeps them as they are ([`Mxfp4Host`], uploaded as the expert kernels'
 //! `Mxfp4Stack`: 4.25 bits a weight); elsewhere it dequantizes them at load to the model dtype.
 
-use candle_core::{Device, Tensor};
+use std::collections::HashMap;
+use std::io::{Read, Seek, SeekFrom};
+use std::ops::Range;
+use std::path::PathBuf;
+
+use candle_core::{DType, Device, Tensor};
 
 use super::ModelError;
 use super::weights::Weights;
@@ -99,6 +104,108 @@ pub fn experts(
         .map(Some)
 }
 
+/// A GGUF tensor's ggml blocks, read from the file, and its shape.
+type Blocks<'a> = (Vec<u8>, &'a [usize]);
+
+/// The MXFP4 tensors of a GGUF file (ggml's blocks), each read from the file when the model asks
+/// for it: loading then holds one layer's experts on the host at a time, not all of them
+/// (gpt-oss-120b's are 61 GB).
+#[derive(Debug, Default)]
+pub struct GgufMxfp4 {
+    path: PathBuf,
+    /// By GGUF name: the shape (outermost first) and the absolute offset of the blocks.
+    tensors: HashMap<String, (Vec<usize>, u64)>,
+}
+
+impl GgufMxfp4 {
+    /// The tensors `tensors` (shape, offset from `data_offset`) of the GGUF file at `path`.
+    pub fn new(
+        path: PathBuf,
+        data_offset: u64,
+        tensors: &HashMap<String, (Vec<usize>, u64)>,
+    ) -> Self {
+        let tensors = tensors
+            .iter()
+            .map(|(name, (dims, offset))| (name.clone(), (dims.clone(), data_offset + offset)))
+            .collect();
+        GgufMxfp4 { path, tensors }
+    }
+
+    /// Whether `name` (a GGUF name) is one of the file's MXFP4 tensors.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// The values of all the tensors.
+    pub fn num_params(&self) -> usize {
+        self.tensors
+            .values()
+            .map(|(d, _)| d.iter().product::<usize>())
+            .sum()
+    }
+
+    /// Tensor `name`'s blocks and shape, read from the file; `None` when it is not MXFP4.
+    fn blocks(&self, name: &str) -> Result<Option<Blocks<'_>>, ModelError> {
+        let Some((dims, offset)) = self.tensors.get(name) else {
+            return Ok(None);
+        };
+        if dims.last().is_none_or(|d| d % 32 != 0) {
+            return Err(ModelError::Config(format!(
+                "MXFP4 tensor {name} {dims:?}: rows of whole 32-value blocks"
+            )));
+        }
+        let values: usize = dims.iter().product();
+        let mut bytes = vec![0u8; values / 32 * GGML_BLOCK_BYTES];
+        std::fs::File::open(&self.path)
+            .and_then(|mut f| {
+                f.seek(SeekFrom::Start(*offset))?;
+                f.read_exact(&mut bytes)
+            })
+            .map_err(|e| {
+                ModelError::Config(format!(
+                    "MXFP4 tensor {name} of {}: {e}",
+                    self.path.display()
+                ))
+            })?;
+        Ok(Some((bytes, dims)))
+    }
+
+    /// Tensor `name`, a stack of matrices (`[experts, rows, cols]`; a 2-D tensor is one
+    /// matrix), as it is; `None` when it is not MXFP4.
+    pub fn host(&self, name: &str) -> Result<Option<Mxfp4Host>, ModelError> {
+        let Some((bytes, dims)) = self.blocks(name)? else {
+            return Ok(None);
+        };
+        let stack = match *dims {
+            [n, rows, cols] => (n, rows, cols),
+            [rows, cols] => (1, rows, cols),
+            _ => {
+                return Err(ModelError::Config(format!(
+                    "MXFP4 tensor {name} {dims:?}: not a stack of matrices"
+                )));
+            }
+        };
+        Ok(Some(Mxfp4Host::from_ggml(&bytes, stack)))
+    }
+
+    /// Tensor `name` dequantized to `dtype` on `device`; `None` when it is not MXFP4.
+    pub fn dequantized(
+        &self,
+        name: &str,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Option<Tensor>, ModelError> {
+        let Some((bytes, dims)) = self.blocks(name)? else {
+            return Ok(None);
+        };
+        let mut values = Vec::with_capacity(dims.iter().product());
+        dequantize_ggml(&bytes, &mut values);
+        drop(bytes);
+        let t = Tensor::from_vec(values, dims, &Device::Cpu)?;
+        Ok(Some(t.to_dtype(dtype)?.to_device(device)?))
+    }
+}
+
 /// Stacked MXFP4 matrices on the host, in the layout the GPU kernels read: `codes`
 /// `[experts, rows, cols / 2]` (a row's values 2i and 2i + 1 in byte i's low and high nibble, as
 /// safetensors checkpoints pair them) and `scales` `[experts, rows, cols / 32]`.
@@ -156,18 +263,18 @@ impl Mxfp4Host {
         }
     }
 
-    /// Each matrix's rows reordered so that row `r` is old row `from(r)`.
-    fn rows_from(&self, from: impl Fn(usize) -> usize) -> Mxfp4Host {
-        let (n, rows, cols) = self.dims;
+    /// Each matrix's `rows` rows, row `r` being old row `from(r)`.
+    fn rows_from(&self, rows: usize, from: impl Fn(usize) -> usize) -> Mxfp4Host {
+        let (n, old_rows, cols) = self.dims;
         let (cb, sb) = (cols / 2, cols / 32);
         let mut out = Mxfp4Host {
-            codes: Vec::with_capacity(self.codes.len()),
-            scales: Vec::with_capacity(self.scales.len()),
-            dims: self.dims,
+            codes: Vec::with_capacity(n * rows * cb),
+            scales: Vec::with_capacity(n * rows * sb),
+            dims: (n, rows, cols),
         };
         for e in 0..n {
             for r in 0..rows {
-                let src = e * rows + from(r);
+                let src = e * old_rows + from(r);
                 out.codes
                     .extend_from_slice(&self.codes[src * cb..(src + 1) * cb]);
                 out.scales
@@ -181,10 +288,39 @@ impl Mxfp4Host {
     /// rows.
     pub fn halves_from_interleaved(&self) -> Mxfp4Host {
         let half = self.dims.1 / 2;
-        self.rows_from(|r| match r < half {
+        self.rows_from(2 * half, |r| match r < half {
             true => 2 * r,
             false => 2 * (r - half) + 1,
         })
+    }
+
+    /// A tensor-parallel rank's part of a gate/up stack (gate rows, then as many up rows): the
+    /// rows `part` of each half.
+    pub fn halves_part(&self, part: &Range<usize>) -> Mxfp4Host {
+        let (half, len) = (self.dims.1 / 2, part.len());
+        self.rows_from(2 * len, |r| match r < len {
+            true => part.start + r,
+            false => half + part.start + r - len,
+        })
+    }
+
+    /// Columns `part` of each matrix (whole runs: `part` starts and ends at multiples of 32).
+    pub fn cols_part(&self, part: &Range<usize>) -> Mxfp4Host {
+        let (n, rows, cols) = self.dims;
+        assert!(part.start.is_multiple_of(32) && part.len().is_multiple_of(32) && part.end <= cols);
+        let (cb, sb) = (cols / 2, cols / 32);
+        let mut out = Mxfp4Host {
+            codes: Vec::with_capacity(n * rows * part.len() / 2),
+            scales: Vec::with_capacity(n * rows * part.len() / 32),
+            dims: (n, rows, part.len()),
+        };
+        for r in 0..n * rows {
+            out.codes
+                .extend_from_slice(&self.codes[r * cb + part.start / 2..r * cb + part.end / 2]);
+            out.scales
+                .extend_from_slice(&self.scales[r * sb + part.start / 32..r * sb + part.end / 32]);
+        }
+        out
     }
 
     /// Each matrix of `a` with the same matrix of `b` below it (the same experts and columns).
@@ -286,6 +422,65 @@ mod tests {
                 100, 101, 102, 103, 100, 102, 101, 103, 104, 105, 106, 107, 104, 106, 105, 107
             ]
         );
+    }
+
+    #[test]
+    fn a_rank_takes_its_rows_of_each_half_and_its_runs_of_columns() {
+        // 1 expert, 4 rows (2 gate, 2 up) of 64 columns: every value tells its row and run.
+        let mut host = Mxfp4Host::random((1, 4, 64), 3);
+        host.scales = (0..8).map(|i| 100 + i).collect();
+        let full: Vec<Vec<f32>> = host
+            .dequantize_expert(0)
+            .chunks(64)
+            .map(<[f32]>::to_vec)
+            .collect();
+        // Gate row 1 and up row 1 (old rows 1 and 3).
+        let part = host.halves_part(&(1..2));
+        assert_eq!(part.dims, (1, 2, 64));
+        assert_eq!(part.dequantize_expert(0), [&full[1][..], &full[3]].concat());
+        // The second run of each row.
+        let cols = host.cols_part(&(32..64));
+        assert_eq!(cols.dims, (1, 4, 32));
+        assert_eq!(cols.scales, [101, 103, 105, 107]);
+        let want: Vec<f32> = full.iter().flat_map(|r| r[32..].to_vec()).collect();
+        assert_eq!(cols.dequantize_expert(0), want);
+    }
+
+    #[test]
+    fn gguf_tensors_are_read_from_the_file_when_asked_for() {
+        // A 2 x 64 tensor (four ggml blocks) after 5 bytes of something else.
+        let blocks: Vec<u8> = (0..4 * GGML_BLOCK_BYTES as u32)
+            .map(|i| match i as usize % GGML_BLOCK_BYTES {
+                0 => 120 + (i / 17) as u8,
+                _ => (i * 29 % 251) as u8,
+            })
+            .collect();
+        let path = std::env::temp_dir().join(format!("pagewise-mxfp4-{}.bin", std::process::id()));
+        std::fs::write(&path, [&[7u8; 5][..], &blocks].concat()).unwrap();
+        let shapes = HashMap::from([
+            ("blk.0.ffn_down_exps.weight".to_string(), (vec![2, 64], 2)),
+            ("blk.1.ffn_down_exps.weight".to_string(), (vec![4, 64], 2)),
+        ]);
+        let file = GgufMxfp4::new(path.clone(), 3, &shapes);
+        assert_eq!(file.num_params(), 128 + 256);
+        let host = file.host("blk.0.ffn_down_exps.weight").unwrap().unwrap();
+        assert_eq!(host, Mxfp4Host::from_ggml(&blocks, (1, 2, 64)));
+        let dense = file
+            .dequantized("blk.0.ffn_down_exps.weight", DType::F32, &Device::Cpu)
+            .unwrap()
+            .unwrap();
+        let mut want = Vec::new();
+        dequantize_ggml(&blocks, &mut want);
+        assert_eq!(dense.dims(), [2, 64]);
+        assert_eq!(dense.flatten_all().unwrap().to_vec1::<f32>().unwrap(), want);
+        assert!(file.host("blk.0.ffn_up_exps.weight").unwrap().is_none());
+        // Past the end of the file: an error naming the tensor.
+        let e = file
+            .host("blk.1.ffn_down_exps.weight")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("blk.1.ffn_down_exps.weight"), "{e}");
+        std::fs::remove_file(path).unwrap();
     }
 
     #[test]

@@ -17,6 +17,7 @@ use candle_nn::VarBuilder;
 
 use super::ModelError;
 use super::layers::Linear;
+use super::mxfp4::{GgufMxfp4, Mxfp4Host};
 use crate::sampler::SeededRng;
 
 /// A model's weights, addressed by Hugging Face tensor names.
@@ -42,9 +43,10 @@ pub enum Weights {
         device: Device,
         /// Which matmul weights are dequantized at load.
         dequantize: Dequantize,
-        /// MXFP4 tensors (gpt-oss's experts) kept as they are, by GGUF name: on a GPU in f16/bf16,
-        /// where the expert kernels read them so; elsewhere they are dequantized into `tensors`.
-        mxfp4: HashMap<String, crate::model::mxfp4::Mxfp4Host>,
+        /// MXFP4 tensors (gpt-oss's experts), read from the file when asked for: as they are
+        /// ([`Weights::gguf_mxfp4`], for the GPU's expert kernels) or dequantized (as any other
+        /// dense tensor).
+        mxfp4: GgufMxfp4,
     },
 }
 
@@ -117,11 +119,38 @@ impl Weights {
         }
     }
 
-    /// The MXFP4 tensor of GGUF name `name` kept as it is (on a GPU in f16/bf16), if any.
-    pub fn gguf_mxfp4(&self, name: &str) -> Option<&crate::model::mxfp4::Mxfp4Host> {
+    /// The MXFP4 tensor of GGUF name `name` as it is, read from the file now; `None` when the
+    /// weights have no such MXFP4 tensor.
+    pub fn gguf_mxfp4(&self, name: &str) -> Result<Option<Mxfp4Host>, ModelError> {
         match self {
-            Weights::Gguf { mxfp4, .. } => mxfp4.get(name),
-            _ => None,
+            Weights::Gguf { mxfp4, .. } => mxfp4.host(name),
+            _ => Ok(None),
+        }
+    }
+
+    /// Whether the weights are GGUF holding tensor `name` (a Hugging Face name) in MXFP4.
+    fn is_gguf_mxfp4(&self, name: &str) -> bool {
+        match self {
+            Weights::Gguf { mxfp4, .. } => gguf_name(name).is_some_and(|n| mxfp4.contains(&n)),
+            _ => false,
+        }
+    }
+
+    /// GGUF tensor `name` (a Hugging Face name), when the file holds it in MXFP4: dequantized
+    /// to the model dtype.
+    fn gguf_mxfp4_dense(&self, name: &str) -> Result<Option<Tensor>, ModelError> {
+        let Weights::Gguf {
+            mxfp4,
+            dtype,
+            device,
+            ..
+        } = self
+        else {
+            return Ok(None);
+        };
+        match gguf_name(name) {
+            Some(gguf) => mxfp4.dequantized(&gguf, *dtype, device),
+            None => Ok(None),
         }
     }
 
@@ -130,8 +159,8 @@ impl Weights {
         match self {
             Weights::Dense(vb) => vb.contains_tensor(name),
             Weights::Safetensors { files, .. } => files.get(name).is_ok(),
-            Weights::Gguf { tensors, .. } => {
-                gguf_name(name).is_some_and(|n| tensors.contains_key(&n))
+            Weights::Gguf { tensors, mxfp4, .. } => {
+                gguf_name(name).is_some_and(|n| tensors.contains_key(&n) || mxfp4.contains(&n))
             }
         }
     }
@@ -164,7 +193,10 @@ impl Weights {
                     .map_err(ModelError::from)
             }
             Weights::Gguf { device, dtype, .. } => {
-                let t = self.qtensor(name)?.dequantize(device)?;
+                let t = match self.gguf_mxfp4_dense(name)? {
+                    Some(t) => t,
+                    None => self.qtensor(name)?.dequantize(device)?,
+                };
                 if t.shape() != &shape {
                     return Err(ModelError::Config(format!(
                         "tensor {name} has shape {:?}, expected {shape:?}",
@@ -218,6 +250,10 @@ impl Weights {
             } => {
                 if part != Part::Whole {
                     return Err(gguf_unsharded());
+                }
+                if self.is_gguf_mxfp4(&weight_name) {
+                    let w = self.tensor(&weight_name, (out_dim, in_dim))?;
+                    return Ok(Linear::dense(w, bias));
                 }
                 let q = self.qtensor(&weight_name)?;
                 if q.shape().dims() != [out_dim, in_dim] {
