@@ -34,9 +34,6 @@ pub struct KvSizing<'a> {
     pub max_num_batched_tokens: usize,
     /// The cache's dtype.
     pub dtype: DType,
-    /// Whether the ranks of a tensor-parallel group share the step plan (which carries no window
-    /// group: such a model's sliding layers then keep the whole context).
-    pub tensor_parallel: bool,
 }
 
 /// How the cache's blocks are laid out over the layers.
@@ -59,15 +56,17 @@ impl KvSizing<'_> {
     }
 
     /// The window and the sliding layers, when a window group pays: some layers slide, some do
-    /// not, the window is shorter than the context and the ranks do not share a plan.
+    /// not, and the window is shorter than the context.
     fn sliding(&self) -> Option<(usize, &[bool])> {
         let (window, sliding) = self.cfg.sliding_layers()?;
         let mixed = sliding.contains(&true) && sliding.contains(&false);
-        (mixed && window < self.max_model_len && !self.tensor_parallel).then_some((window, sliding))
+        (mixed && window < self.max_model_len).then_some((window, sliding))
     }
 
-    /// The layout of `budget` bytes.
-    fn plan_for(&self, budget: u64, what: &str) -> Result<KvPlan, EngineError> {
+    /// The layout of `budget` bytes (`what` names the setting it came from, for errors). It
+    /// depends on nothing else, so the ranks of a tensor-parallel group, given the same budget,
+    /// lay their caches out alike, window group included.
+    pub fn plan_for(&self, budget: u64, what: &str) -> Result<KvPlan, EngineError> {
         let per_block = self.bytes_per_layer_block();
         let layers = self.cfg.num_hidden_layers;
         let bs = self.args.block_size;
@@ -145,18 +144,23 @@ impl KvSizing<'_> {
         Ok(plan)
     }
 
-    /// Blocks for a host cache.
-    pub fn cpu_blocks(&self) -> Result<KvPlan, EngineError> {
+    /// The bytes of a host cache, and the setting they come from.
+    pub fn cpu_budget(&self) -> (u64, &'static str) {
         let budget = self.args.kv_cache_memory.unwrap_or(DEFAULT_KV_CACHE_MEMORY);
-        self.plan_for(budget, "kv_cache_memory")
+        (budget, "kv_cache_memory")
     }
 
-    /// Blocks for a cache on `device`, after profiling `model` there.
+    /// The bytes of a cache on `device`, after profiling `model` there, and the setting they
+    /// come from.
     #[cfg(feature = "cuda")]
-    pub fn gpu_blocks(&self, model: &dyn CausalLm, device: &Device) -> Result<KvPlan, EngineError> {
+    pub fn gpu_budget(
+        &self,
+        model: &dyn CausalLm,
+        device: &Device,
+    ) -> Result<(u64, &'static str), EngineError> {
         use super::device::{gpu_memory, reset_peak};
         if let Some(bytes) = self.args.kv_cache_memory {
-            return self.plan_for(bytes, "kv_cache_memory");
+            return Ok((bytes, "kv_cache_memory"));
         }
         let util = self.args.gpu_memory_utilization;
         if !(util > 0.0 && util <= 1.0) {
@@ -191,7 +195,7 @@ impl KvSizing<'_> {
                     gib(mem.total)
                 ))
             })?;
-        self.plan_for(budget, "gpu_memory_utilization")
+        Ok((budget, "gpu_memory_utilization"))
     }
 
     /// One forward pass of the largest step: `max_num_batched_tokens` tokens spread over up to
@@ -267,6 +271,60 @@ pub fn profile_step(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A gpt-oss-like model: 4 layers, sliding and full in turn, an 8-position window, 2 KV heads
+    /// of 16.
+    fn gpt_oss_like() -> ModelConfig {
+        ModelConfig::from_hf_json(
+            r#"{"architectures":["GptOssForCausalLM"],"vocab_size":10,"hidden_size":64,
+            "intermediate_size":32,"num_hidden_layers":4,"num_attention_heads":4,
+            "num_key_value_heads":2,"head_dim":16,"num_local_experts":4,"num_experts_per_tok":2,
+            "max_position_embeddings":4096,"sliding_window":8,"rope_theta":150000}"#,
+        )
+        .unwrap()
+    }
+
+    /// A budget alone decides the layout, window group included: the ranks of a tensor-parallel
+    /// group, given the least of their budgets, lay their caches out alike.
+    #[test]
+    fn a_budget_decides_the_layout_and_its_window_group() {
+        let cfg = gpt_oss_like();
+        let args = EngineArgs {
+            max_num_seqs: 4,
+            block_size: 16,
+            ..EngineArgs::default()
+        };
+        let sizing = KvSizing {
+            args: &args,
+            cfg: &cfg,
+            kv_heads: 2,
+            max_model_len: 4096,
+            max_num_batched_tokens: 256,
+            dtype: DType::F32,
+        };
+        // A block of one layer: 2 (K and V) x 2 heads x 16 x 4 bytes x 16 positions = 4 KiB.
+        let plan = sizing.plan_for(4 << 20, "kv_cache_memory").unwrap();
+        // 4 windows of (7 / 16 rounded up + 2) blocks, 256 / 16 for a step, the null block.
+        let window = plan.window.unwrap();
+        assert_eq!((window.window, window.num_blocks), (8, 4 * 3 + 16 + 1));
+        // The rest of 1024 layer blocks: (1024 - 2 x 29) / 2 full blocks.
+        assert_eq!(plan.num_blocks, (1024 - 2 * 29) / 2);
+        assert_eq!(plan.layer_blocks, [29, 483, 29, 483]);
+        assert_eq!(sizing.plan_for(4 << 20, "kv_cache_memory").unwrap(), plan);
+        // 64 layer blocks hold no 4096-token sequence: refused, naming the length.
+        let small = sizing.plan_for(256 << 10, "kv_cache_memory");
+        let e = small.unwrap_err().to_string();
+        assert!(e.contains("max seq len (4096)"), "{e}");
+        // For 256-token sequences a group would leave the full layers 3 blocks: none, every
+        // layer alike.
+        let short = KvSizing {
+            max_model_len: 256,
+            ..sizing
+        };
+        let plan = short.plan_for(256 << 10, "kv_cache_memory").unwrap();
+        assert_eq!(plan.window, None);
+        assert_eq!(plan.layer_blocks, [17; 4]);
+    }
 
     #[test]
     fn the_profile_step_spreads_tokens_over_sequences_on_distinct_blocks() {

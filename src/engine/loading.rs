@@ -9,7 +9,7 @@ use candle_core::Device;
 use tokenizers::Tokenizer;
 
 use super::args::{DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineArgs, EngineError};
-use super::kv_sizing::{KvPlan, KvSizing};
+use super::kv_sizing::KvSizing;
 use crate::guided::Grammars;
 use crate::kv::BLOCK_SIZES;
 use crate::loader::{self, LoadOptions};
@@ -138,20 +138,20 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
         max_model_len,
         max_num_batched_tokens,
         dtype,
-        tensor_parallel: member.is_some(),
     };
-    let mut plan = if device.is_cpu() {
-        sizing.cpu_blocks()?
+    let (budget, what) = if device.is_cpu() {
+        sizing.cpu_budget()
     } else {
-        gpu_blocks(&sizing, model.as_ref(), &device)?
+        gpu_budget(&sizing, model.as_ref(), &device)?
     };
     let mut member = member;
-    if let Some(m) = member.as_mut() {
-        // No window group under tensor parallelism (`KvSizing::tensor_parallel`).
-        let agreed = m.agree_blocks(plan.num_blocks)?;
-        plan.layer_blocks.fill(agreed);
-        plan.num_blocks = agreed;
-    }
+    // The ranks of a tensor-parallel group lay out the least of their budgets, so their caches
+    // (window group included) are alike.
+    let budget = match member.as_mut() {
+        Some(m) => m.agree_kv_bytes(budget)?,
+        None => budget,
+    };
+    let plan = sizing.plan_for(budget, what)?;
     let num_blocks = plan.num_blocks;
     let bs = args.block_size;
     let layout = KvLayout {
@@ -205,20 +205,20 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
 }
 
 #[cfg(feature = "cuda")]
-fn gpu_blocks(
+fn gpu_budget(
     sizing: &KvSizing<'_>,
     model: &dyn model::CausalLm,
     device: &Device,
-) -> Result<KvPlan, EngineError> {
-    sizing.gpu_blocks(model, device)
+) -> Result<(u64, &'static str), EngineError> {
+    sizing.gpu_budget(model, device)
 }
 
 #[cfg(not(feature = "cuda"))]
-fn gpu_blocks(
+fn gpu_budget(
     _: &KvSizing<'_>,
     _: &dyn model::CausalLm,
     device: &Device,
-) -> Result<KvPlan, EngineError> {
+) -> Result<(u64, &'static str), EngineError> {
     Err(EngineError::Config(format!(
         "{device:?} needs a build with `--features cuda`"
     )))

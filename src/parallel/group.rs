@@ -220,13 +220,14 @@ fn no_nccl() -> EngineError {
 }
 
 impl Member {
-    /// The KV-cache size every rank can hold: the smallest of the ranks' own counts.
-    pub fn agree_blocks(&mut self, mine: usize) -> Result<usize, EngineError> {
-        let least = self.agree_min(mine as u64)? as usize;
+    /// The KV-cache bytes every rank can hold: the least of the ranks' own budgets.
+    pub fn agree_kv_bytes(&mut self, mine: u64) -> Result<u64, EngineError> {
+        let least = self.agree_min(mine)?;
         if matches!(self, Member::Leader(_)) {
             tracing::info!(
-                num_blocks = least - 1,
-                "KV cache sized by the smallest rank"
+                bytes = least,
+                mine,
+                "KV cache sized by the smallest rank's memory"
             );
         }
         Ok(least)

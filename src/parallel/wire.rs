@@ -1,7 +1,7 @@
 //! The messages between rank 0 and the other ranks, over one TCP connection each: length-prefixed
 //! frames (`u32` little-endian length of kind + payload, a kind byte, the payload). A step plan
 //! is the scheduler's [`SchedulerOutput`] as flat little-endian `u32` arrays: plain data, so
-//! every rank builds the same batch from it.
+//! every rank builds the same batch from it, the window group's slots and tables included.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -20,7 +20,7 @@ pub enum Kind {
     /// Rank 0 turns a rank away: why (UTF-8).
     Refuse = 3,
     /// A number every rank must agree on (`u64`): a rank's own, then rank 0's agreed one (the
-    /// KV-cache blocks every rank can hold; whether every rank opened the one-shot regions).
+    /// KV-cache bytes every rank can hold; whether every rank opened the one-shot regions).
     Agree = 4,
     /// A step to compute (an encoded [`SchedulerOutput`]).
     Step = 5,
@@ -115,15 +115,19 @@ fn put_all(buf: &mut Vec<u8>, vs: &[u32]) {
 /// samples.
 const SEQ_WORDS: usize = 9;
 
-/// Encodes a step plan into `buf` (cleared first). Preemptions are the scheduler's business and
-/// are not sent.
+/// Encodes a step plan into `buf` (cleared first): a header (sequences, tokens, table entries,
+/// whether a window group's slots and tables follow), the sequences, then the arrays. Preemptions
+/// are the scheduler's business and are not sent.
 pub fn encode_step(out: &SchedulerOutput, buf: &mut Vec<u8>) {
     buf.clear();
     let n = out.token_ids.len();
-    buf.reserve(4 * (3 + SEQ_WORDS * out.seqs.len() + 3 * n + out.block_tables.len()));
+    let window = out.has_window();
+    let arrays = (3 + usize::from(window)) * n + (1 + usize::from(window)) * out.block_tables.len();
+    buf.reserve(4 * (4 + SEQ_WORDS * out.seqs.len() + arrays));
     put(buf, out.seqs.len() as u32);
     put(buf, n as u32);
     put(buf, out.block_tables.len() as u32);
+    put(buf, u32::from(window));
     for s in &out.seqs {
         put(buf, s.seq_id.0 as u32);
         put(buf, (s.seq_id.0 >> 32) as u32);
@@ -139,6 +143,10 @@ pub fn encode_step(out: &SchedulerOutput, buf: &mut Vec<u8>) {
     put_all(buf, &out.positions);
     put_all(buf, &out.slot_mapping);
     put_all(buf, &out.block_tables);
+    if window {
+        put_all(buf, &out.window_slot_mapping);
+        put_all(buf, &out.window_block_tables);
+    }
 }
 
 /// Decodes a step plan into `out` (its buffers reused), checking every range against the arrays
@@ -151,11 +159,17 @@ pub fn decode_step(bytes: &[u8], out: &mut SchedulerOutput) -> io::Result<()> {
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
-    let [num_seqs, n, tables, ref rest @ ..] = words[..] else {
+    let [num_seqs, n, tables, window, ref rest @ ..] = words[..] else {
         return Err(bad("a step plan without its header".into()));
     };
     let (num_seqs, n, tables) = (num_seqs as usize, n as usize, tables as usize);
-    if rest.len() != SEQ_WORDS * num_seqs + 3 * n + tables {
+    let window = match window {
+        0 => false,
+        1 => true,
+        w => return Err(bad(format!("a step plan's window flag is {w}"))),
+    };
+    let arrays = (3 + usize::from(window)) * n + (1 + usize::from(window)) * tables;
+    if rest.len() != SEQ_WORDS * num_seqs + arrays {
         return Err(bad("a step plan of the wrong length".into()));
     }
     let (seq_words, arrays) = rest.split_at(SEQ_WORDS * num_seqs);
@@ -183,12 +197,17 @@ pub fn decode_step(bytes: &[u8], out: &mut SchedulerOutput) -> io::Result<()> {
     }
     let (ids, rest) = arrays.split_at(n);
     let (positions, rest) = rest.split_at(n);
-    let (slots, tables) = rest.split_at(n);
+    let (slots, rest) = rest.split_at(n);
+    let (block_tables, rest) = rest.split_at(tables);
+    // Without a window group the window arrays are empty (`SchedulerOutput::has_window`).
+    let (window_slots, window_tables) = rest.split_at(rest.len().min(n));
     for (v, src) in [
         (&mut out.token_ids, ids),
         (&mut out.positions, positions),
         (&mut out.slot_mapping, slots),
-        (&mut out.block_tables, tables),
+        (&mut out.block_tables, block_tables),
+        (&mut out.window_slot_mapping, window_slots),
+        (&mut out.window_block_tables, window_tables),
     ] {
         v.clear();
         v.extend_from_slice(src);
@@ -253,10 +272,42 @@ mod tests {
         assert_eq!(out.slot_mapping, want.slot_mapping);
         assert_eq!(out.block_tables, want.block_tables);
         assert!(out.preempted.is_empty());
+        assert!(!out.has_window());
         assert_eq!(link.recv().unwrap().0, Kind::Stop);
         sender.join().unwrap();
         // The sender is gone: the next read fails instead of blocking.
         assert!(link.recv().is_err());
+    }
+
+    #[test]
+    fn a_window_groups_slots_and_tables_round_trip() {
+        let mut with = plan();
+        with.window_slot_mapping = vec![14, 16, 17, 18];
+        with.window_block_tables = vec![0, 2, 3];
+        let mut buf = Vec::new();
+        encode_step(&with, &mut buf);
+        // A plan decoded into buffers that held another step's window fields.
+        let mut out = SchedulerOutput {
+            window_slot_mapping: vec![9; 7],
+            ..SchedulerOutput::default()
+        };
+        decode_step(&buf, &mut out).unwrap();
+        assert_eq!(out.seqs, with.seqs);
+        assert_eq!(out.slot_mapping, with.slot_mapping);
+        assert_eq!(out.block_tables, with.block_tables);
+        assert_eq!(out.window_slot_mapping, with.window_slot_mapping);
+        assert_eq!(out.window_block_tables, with.window_block_tables);
+        // The next plan has no window group: its fields are cleared.
+        encode_step(&plan(), &mut buf);
+        decode_step(&buf, &mut out).unwrap();
+        assert!(!out.has_window() && out.window_slot_mapping.is_empty());
+        // A window flag that is neither 0 nor 1, and window arrays cut short, are refused.
+        encode_step(&with, &mut buf);
+        let mut bad_flag = buf.clone();
+        bad_flag[12] = 2;
+        assert!(decode_step(&bad_flag, &mut out).is_err());
+        buf.truncate(buf.len() - 4);
+        assert!(decode_step(&buf, &mut out).is_err());
     }
 
     #[test]
