@@ -11,12 +11,15 @@ With the tiny GPU model (tiny-d64: 4 heads, 2 KV heads) and the random Llama-3.2
   - TP=2 preemption: a cache too small for 16 long requests at once (preemptions counted);
   - TP=2 prefix caching: a repeated prompt (cache hits counted) gives the same tokens;
   - failures: a rank that never joins is an error within the join timeout; a worker killed
-    mid-stream makes /health 503 and the server exit non-zero.
+    mid-stream makes /health 503 and the server exit non-zero;
+  - gpt-oss (gptoss-d64-mxfp4): TP=2 against TP=1 past its sliding window (window group and
+    MXFP4 expert slices under TP).
 Prints one line per check and writes tp_check.json. Exit status 1 if any check failed.
 """
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -211,6 +214,28 @@ for m in ["tiny-d64", "llama-1b"]:
                f"node 0 exit {code} after {took:.1f} s, node 1 still running after 30 s more")
         n1.proc.kill()
     n1.log.close()
+
+# gpt-oss with MXFP4 experts (gptoss-d64-mxfp4, made by tp.sh): TP=2 against TP=1 on prompts
+# past its 48-token window, where every step sends the worker the window group's slots and
+# tables and each rank keeps its slice of the MXFP4 experts.
+m = "gptoss-d64-mxfp4"
+model = os.path.join(MODELS, m)
+if os.path.isdir(model):
+    ps = prompts(6, length=100)
+    s1 = Server(f"{m}-tp1", model, "--max-model-len", "512")
+    want = [complete(s1, p, 64) for p in ps]
+    s1.stop()
+    s2 = Server(f"{m}-tp2", model, "--max-model-len", "512", "--tensor-parallel-size", "2")
+    got = [complete(s2, p, 64) for p in ps]
+    compare(f"{m}: TP=2 greedy tokens equal TP=1 past the window", want, got)
+    s2.stop()
+    # The cache's layout is logged once ("KV cache allocated ... window_blocks=N" with a group).
+    plain = [re.sub(r"\x1b\[[0-9;]*m", "", l) for l in open(s2.log.name)]  # no ANSI colours
+    allocated = [l for l in plain if "KV cache allocated" in l]
+    record(f"{m}: TP=2 has its window group", any("window_blocks=" in l for l in allocated),
+           allocated[0].strip()[-160:] if allocated else "no 'KV cache allocated' line")
+else:
+    record(f"{m}: model present", False, f"{model} is missing (tp.sh makes it from gptoss-d64)")
 
 # A rank that never joins: node 0 of two, alone, with a 10 s join timeout.
 model = os.path.join(MODELS, "tiny-d64")
