@@ -4,8 +4,8 @@
 //! communicator, as the CPU tests (tests/tensor_parallel.rs) do with a thread group: TP=N logits
 //! of the random
 //! Llama-3.2-1B shape (scripts/gpu/make_gpu_models.py) must match TP=1's and transformers',
-//! for a prefill and for a one-token decode step (the fused decode path); gpt-oss's TP=N logits
-//! must match its TP=1 ones, with bf16 and with MXFP4 experts. The multi-process
+//! for a prefill and for a one-token decode step (the fused decode path); gpt-oss's (bf16 and
+//! MXFP4 experts) and Gemma 3's TP=N logits must match their TP=1 ones. The multi-process
 //! engine (plans over TCP, graphs, server) is checked end to end by scripts/gpu/tp_check.py.
 #![cfg(feature = "nccl")]
 
@@ -148,14 +148,15 @@ fn tp1_and_ranks(
 }
 
 /// gpt-oss (gptoss-d64: 8 experts of 128, so a rank of 2 keeps 64 intermediate columns of each,
-/// whole MXFP4 runs) with bf16 experts and with MXFP4 experts read as they are: TP=N's logits
-/// within bf16's noise of TP=1's (which the single-GPU tests hold to the CPU), top-1 nearly
-/// always the same.
+/// whole MXFP4 runs) with bf16 experts and with MXFP4 experts read as they are, and Gemma 3
+/// (gemma3-d256: head dim 256, norms after o and the MLP on the summed outputs; its decode step
+/// takes the fused path): TP=N's logits within bf16's noise of TP=1's (which the single-GPU
+/// tests hold to the CPU), top-1 nearly always the same.
 #[test]
-fn tp_gpt_oss_matches_tp1() {
+fn tp_gpt_oss_and_gemma3_match_tp1() {
     let size = group_size();
     let prompt: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 300).collect();
-    for name in ["gptoss-d64", "gptoss-d64-mxfp4"] {
+    for name in ["gptoss-d64", "gptoss-d64-mxfp4", "gemma3-d256"] {
         let (tp1, ranks) = tp1_and_ranks(name, size, &prompt, 42);
         let err = rel_err(&ranks[0], &tp1);
         let agree = tp1

@@ -132,6 +132,14 @@ fn sharded_mixtures_of_experts_match_the_whole_model() {
     check(&format!("{FIXTURES}/qwen3-moe"), LoadFormat::Auto, &[2, 4]);
 }
 
+/// Gemma 3 (4 query heads, 2 KV heads; GeGLU; norms after o and after the MLP, which take the
+/// ranks' summed outputs; q/k norms; sliding and global layers with their own rotary bases; tied
+/// embeddings, a vocabulary-parallel head), from safetensors.
+#[test]
+fn sharded_gemma3_matches_the_whole_model() {
+    check(&format!("{FIXTURES}/gemma3"), LoadFormat::Auto, &[2, 4]);
+}
+
 /// gpt-oss (4 experts of 32, top 2; biases on attention and experts, whose down bias only the
 /// leading rank adds; a sink per query head, split with the heads; sliding and full layers), from
 /// its MXFP4 checkpoint and from the dequantized one. Its GGUF is refused by name.

@@ -16,7 +16,7 @@ use super::norm::RmsNorm;
 use super::qkv::{Heads, QkvProj, attention};
 use super::weights::{Part, Weights};
 use super::{CausalLm, ModelError};
-use crate::parallel::TpRank;
+use crate::parallel::{Parallel, TpRank, head_rows};
 
 /// Gemma 3's settings beyond the Llama-like ones.
 #[derive(Clone, Debug, PartialEq)]
@@ -168,7 +168,9 @@ struct Layer {
     sliding: bool,
 }
 
-/// A Gemma 3 text model (one device; tensor parallelism is refused).
+/// A Gemma 3 text model, or one tensor-parallel rank's shard of it: heads and the MLP's
+/// intermediate features split as Llama's are, the norms (after o and after the MLP, on the
+/// summed outputs) replicated, the LM head split by vocabulary rows when they divide.
 pub struct Gemma3 {
     cfg: ModelConfig,
     gemma: GemmaSettings,
@@ -176,13 +178,20 @@ pub struct Gemma3 {
     layers: Vec<Layer>,
     norm: RmsNorm,
     lm_head: Linear,
+    vocab_parallel: bool,
     global: Rotary,
     local: Rotary,
+    par: Parallel,
 }
 
 impl Gemma3 {
-    /// Loads the model; rotary tables cover positions below `max_len`.
-    pub fn load(cfg: &ModelConfig, w: &Weights, max_len: usize) -> Result<Self, ModelError> {
+    /// Loads the model (`par`'s shard of it); rotary tables cover positions below `max_len`.
+    pub fn load(
+        cfg: &ModelConfig,
+        w: &Weights,
+        max_len: usize,
+        par: &Parallel,
+    ) -> Result<Self, ModelError> {
         let Some(gemma) = cfg.gemma.clone() else {
             return Err(ModelError::Config("Gemma 3 without its settings".into()));
         };
@@ -199,27 +208,41 @@ impl Gemma3 {
             true => "post_attention_norm",
             false => "post_attention_layernorm",
         };
+        let tp = par.rank;
         let embed_w = w.tensor("model.embed_tokens.weight", (cfg.vocab_size, h))?;
+        let vocab = tp.vocab(cfg);
         let lm_head = if cfg.tie_word_embeddings || !w.contains("lm_head.weight") {
-            match w {
-                Weights::Gguf { .. } => w.linear("model.embed_tokens", h, cfg.vocab_size, false)?,
-                _ => Linear::dense(embed_w.clone(), None),
+            match (w, &vocab) {
+                (Weights::Gguf { .. }, _) => {
+                    w.linear("model.embed_tokens", h, cfg.vocab_size, false)?
+                }
+                (_, None) => Linear::dense(embed_w.clone(), None),
+                (_, Some(r)) => {
+                    Linear::dense(embed_w.narrow(0, r.start, r.len())?.contiguous()?, None)
+                }
             }
         } else {
-            w.linear_part("lm_head", (h, cfg.vocab_size), false, Part::Whole)?
+            let part = vocab.clone().map_or(Part::Whole, Part::Rows);
+            w.linear_part("lm_head", (h, cfg.vocab_size), false, part)?
         };
+        let o_part = Part::Cols(head_rows(&tp.q_heads(cfg), d));
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
                 let p = format!("model.layers.{i}");
                 let attn = format!("{p}.self_attn");
                 Ok(Layer {
                     input_norm: norm(&format!("{p}.input_layernorm.weight"))?,
-                    qkv: QkvProj::load(w, &attn, cfg, TpRank::SINGLE)?,
-                    o: w.linear(&format!("{attn}.o_proj"), nq * d, h, cfg.o_bias)?,
+                    qkv: QkvProj::load(w, &attn, cfg, tp)?,
+                    o: w.linear_part(
+                        &format!("{attn}.o_proj"),
+                        (nq * d, h),
+                        cfg.o_bias && tp.leads(),
+                        o_part.clone(),
+                    )?,
                     post_attention_norm: norm(&format!("{p}.{post_attention}.weight"))?,
                     pre_feedforward_norm: norm(&format!("{p}.pre_feedforward_layernorm.weight"))?,
                     post_feedforward_norm: norm(&format!("{p}.post_feedforward_layernorm.weight"))?,
-                    mlp: GatedMlp::load(w, &format!("{p}.mlp"), cfg, TpRank::SINGLE)?,
+                    mlp: GatedMlp::load(w, &format!("{p}.mlp"), cfg, tp)?,
                     sliding: gemma.sliding[i],
                 })
             })
@@ -241,8 +264,10 @@ impl Gemma3 {
             layers,
             norm: norm("model.norm.weight")?,
             lm_head,
+            vocab_parallel: vocab.is_some(),
             global,
             local,
+            par: par.clone(),
         })
     }
 }
@@ -250,6 +275,10 @@ impl Gemma3 {
 impl CausalLm for Gemma3 {
     fn config(&self) -> &ModelConfig {
         &self.cfg
+    }
+
+    fn tp_rank(&self) -> TpRank {
+        self.par.rank
     }
 
     fn forward(&self, batch: &ForwardBatch<'_>, kv: &mut KvCache) -> Result<Tensor, ModelError> {
@@ -265,9 +294,10 @@ impl CausalLm for Gemma3 {
     ) -> Result<Tensor, ModelError> {
         let cfg = &self.cfg;
         let g = &self.gemma;
+        let tp = self.par.rank;
         let heads = |sliding: bool| Heads {
-            q: cfg.num_attention_heads,
-            kv: cfg.num_key_value_heads,
+            q: tp.q_heads(cfg).len(),
+            kv: tp.kv_heads(cfg).len(),
             dim: cfg.head_dim,
             scale: g.query_pre_attn_scalar.powf(-0.5) as f32,
             window: sliding.then_some(g.sliding_window),
@@ -295,7 +325,7 @@ impl CausalLm for Gemma3 {
                     kv,
                     heads(layer.sliding),
                 )?;
-                x = layer.finish_fused(&x, &attn, f)?;
+                x = layer.finish_fused(&x, &attn, f, &self.par)?;
             }
             return self.logits(&self.norm.forward(&x)?, batch);
         }
@@ -307,12 +337,13 @@ impl CausalLm for Gemma3 {
             let rotary = if layer.sliding { &local } else { &global };
             let h = layer.input_norm.forward(&x)?;
             let attn = attention(&layer.qkv, i, &h, rotary, batch, kv, heads(layer.sliding))?;
-            let x_mid = layer
-                .post_attention_norm
-                .add_normed(&x, &layer.o.forward(&attn)?)?;
+            // The norms after o and after the MLP take the ranks' summed outputs.
+            let o = self.par.all_reduce(layer.o.forward(&attn)?)?;
+            let x_mid = layer.post_attention_norm.add_normed(&x, &o)?;
             let mlp = layer
                 .mlp
                 .forward(&layer.pre_feedforward_norm.forward(&x_mid)?)?;
+            let mlp = self.par.all_reduce(mlp)?;
             x = layer.post_feedforward_norm.add_normed(&x_mid, &mlp)?;
         }
         self.logits(&self.norm.forward(&x)?, batch)
@@ -323,7 +354,10 @@ impl Gemma3 {
     /// The logits of the rows of the normalized stream `h` that sample, softcapped where the
     /// model says.
     fn logits(&self, h: &Tensor, batch: &ForwardBatch<'_>) -> Result<Tensor, ModelError> {
-        let logits = self.lm_head.forward(&batch.sampled(h)?)?;
+        let mut logits = self.lm_head.forward(&batch.sampled(h)?)?;
+        if self.vocab_parallel {
+            logits = self.par.gather_columns(&logits)?;
+        }
         Ok(match self.gemma.final_logit_softcapping {
             Some(c) => ((logits / c)?.tanh()? * c)?,
             None => logits,
@@ -385,19 +419,21 @@ impl Layer {
     /// The residual stream after the layer on the fused decode path, from the stream `x` entering
     /// it and its attention output `attn`: o, the normalized output's residual add (one kernel),
     /// gate/up with the pre-MLP norm folded in, down with GeGLU folded in, and the normalized
-    /// MLP output's residual add: five kernels.
+    /// MLP output's residual add: five kernels. Under tensor parallelism o's and down's outputs
+    /// are summed over the ranks before their norms.
     fn finish_fused(
         &self,
         x: &Tensor,
         attn: &Tensor,
         f: &FusedGemmaLayer<'_>,
+        par: &Parallel,
     ) -> candle_core::Result<Tensor> {
         use pagewise_kernels::{GemvInput, gemv, gemv_fused};
-        let o = gemv(attn, f.o)?;
+        let o = par.all_reduce(gemv(attn, f.o)?)?;
         let x_mid = self.post_attention_norm.add_normed(x, &o)?;
         let input = super::decode_fused::norm_input(&self.pre_feedforward_norm);
         let gate_up = gemv_fused(&x_mid, f.gate_up, input, None)?;
-        let mlp = gemv_fused(&gate_up, f.down, GemvInput::GeluTanhMul, None)?;
+        let mlp = par.all_reduce(gemv_fused(&gate_up, f.down, GemvInput::GeluTanhMul, None)?)?;
         self.post_feedforward_norm.add_normed(&x_mid, &mlp)
     }
 }

@@ -105,11 +105,6 @@ pub fn build_sharded(
 ) -> Result<Box<dyn CausalLm>, ModelError> {
     if !par.rank.is_single() {
         TpRank::check(par.rank.size, cfg).map_err(ModelError::Unsupported)?;
-        if cfg.gemma.is_some() {
-            return Err(ModelError::Unsupported(
-                "tensor parallelism for Gemma 3".into(),
-            ));
-        }
     }
     Ok(match cfg.architecture {
         Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Phi3 => {
@@ -118,7 +113,7 @@ pub fn build_sharded(
         Architecture::Opt => Box::new(opt::Opt::load(cfg, weights)?),
         Architecture::Gpt2 => Box::new(gpt2::Gpt2::load(cfg, weights)?),
         Architecture::GptNeox => Box::new(gpt_neox::GptNeox::load(cfg, weights, max_len)?),
-        Architecture::Gemma3 => Box::new(gemma3::Gemma3::load(cfg, weights, max_len)?),
+        Architecture::Gemma3 => Box::new(gemma3::Gemma3::load(cfg, weights, max_len, par)?),
         Architecture::GptOss => Box::new(gpt_oss::GptOss::load(cfg, weights, max_len, par)?),
     })
 }
