@@ -12,8 +12,8 @@ With the tiny GPU model (tiny-d64: 4 heads, 2 KV heads) and the random Llama-3.2
   - TP=2 prefix caching: a repeated prompt (cache hits counted) gives the same tokens;
   - failures: a rank that never joins is an error within the join timeout; a worker killed
     mid-stream makes /health 503 and the server exit non-zero;
-  - gpt-oss (gptoss-d64-mxfp4): TP=2 against TP=1 past its sliding window (window group and
-    MXFP4 expert slices under TP).
+  - gpt-oss (gptoss-d64-mxfp4) and Gemma 3 (gemma3-d256): TP=2 against TP=1 past their sliding
+    windows (the window group and gpt-oss's MXFP4 expert slices under TP).
 Prints one line per check and writes tp_check.json. Exit status 1 if any check failed.
 """
 
@@ -215,12 +215,15 @@ for m in ["tiny-d64", "llama-1b"]:
         n1.proc.kill()
     n1.log.close()
 
-# gpt-oss with MXFP4 experts (gptoss-d64-mxfp4, made by tp.sh): TP=2 against TP=1 on prompts
-# past its 48-token window, where every step sends the worker the window group's slots and
-# tables and each rank keeps its slice of the MXFP4 experts.
-m = "gptoss-d64-mxfp4"
-model = os.path.join(MODELS, m)
-if os.path.isdir(model):
+# The models with sliding windows: gpt-oss with MXFP4 experts (gptoss-d64-mxfp4, made by tp.sh)
+# and Gemma 3 (gemma3-d256, head dim 256). TP=2 against TP=1 on prompts past their 48-token
+# windows, where every step sends the worker the window group's slots and tables (and gpt-oss's
+# ranks keep their slices of the MXFP4 experts); and the window group present at TP=2.
+for m in ["gptoss-d64-mxfp4", "gemma3-d256"]:
+    model = os.path.join(MODELS, m)
+    if not os.path.isdir(model):
+        record(f"{m}: model present", False, f"{model} is missing (tp.sh makes it)")
+        continue
     ps = prompts(6, length=100)
     s1 = Server(f"{m}-tp1", model, "--max-model-len", "512")
     want = [complete(s1, p, 64) for p in ps]
@@ -234,8 +237,6 @@ if os.path.isdir(model):
     allocated = [l for l in plain if "KV cache allocated" in l]
     record(f"{m}: TP=2 has its window group", any("window_blocks=" in l for l in allocated),
            allocated[0].strip()[-160:] if allocated else "no 'KV cache allocated' line")
-else:
-    record(f"{m}: model present", False, f"{model} is missing (tp.sh makes it from gptoss-d64)")
 
 # A rank that never joins: node 0 of two, alone, with a 10 s join timeout.
 model = os.path.join(MODELS, "tiny-d64")
