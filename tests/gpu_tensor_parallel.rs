@@ -12,7 +12,7 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::{argmax, rel_err};
+use common::{rel_err, same_argmax};
 use pagewise::engine::sequence::SeqId;
 use pagewise::loader::{self, GgufMatmul, LoadFormat, LoadOptions};
 use pagewise::model::{self, ForwardBatch, KvCache, KvLayout};
@@ -159,11 +159,7 @@ fn tp_gpt_oss_and_gemma3_match_tp1() {
     for name in ["gptoss-d64", "gptoss-d64-mxfp4", "gemma3-d256"] {
         let (tp1, ranks) = tp1_and_ranks(name, size, &prompt, 42);
         let err = rel_err(&ranks[0], &tp1);
-        let agree = tp1
-            .iter()
-            .zip(&ranks[0])
-            .filter(|(a, b)| argmax(a) == argmax(b))
-            .count();
+        let agree = same_argmax(&tp1, &ranks[0]);
         eprintln!(
             "{name}: TP={size} vs TP=1 rel. err {err:.2e}, top-1 {agree}/{}",
             tp1.len()
@@ -192,11 +188,7 @@ fn tp_logits_match_tp1_and_transformers() {
     let (e1, e2) = (rel_err(&tp1, want), rel_err(&ranks[0], want));
     let e12 = rel_err(&ranks[0], &tp1);
     let decode_e = rel_err(&ranks[0][prompt.len()..], &tp1[prompt.len()..]);
-    let agree = tp1
-        .iter()
-        .zip(&ranks[0])
-        .filter(|(a, b)| argmax(a) == argmax(b))
-        .count();
+    let agree = same_argmax(&tp1, &ranks[0]);
     eprintln!(
         "TP={size} vs TP=1 rel. err {e12:.2e} (decode step {decode_e:.2e}); against \
          transformers TP=1 {e1:.2e}, TP={size} {e2:.2e}; top-1 agreement {agree}/{}",

@@ -12,11 +12,12 @@ use super::attention::KvCache;
 use super::batch::ForwardBatch;
 use super::config::ModelConfig;
 use super::layers::{GatedMlp, Linear, Rotary};
+use super::lm_head::LmHead;
 use super::norm::RmsNorm;
-use super::qkv::{Heads, QkvProj, attention};
-use super::weights::{Part, Weights};
+use super::qkv::{Heads, QkvProj, attention, o_proj};
+use super::weights::Weights;
 use super::{CausalLm, ModelError};
-use crate::parallel::{Parallel, TpRank, head_rows};
+use crate::parallel::{Parallel, TpRank};
 
 /// Gemma 3's settings beyond the Llama-like ones.
 #[derive(Clone, Debug, PartialEq)]
@@ -177,8 +178,7 @@ pub struct Gemma3 {
     embed: Embedding,
     layers: Vec<Layer>,
     norm: RmsNorm,
-    lm_head: Linear,
-    vocab_parallel: bool,
+    lm_head: LmHead,
     global: Rotary,
     local: Rotary,
     par: Parallel,
@@ -195,7 +195,7 @@ impl Gemma3 {
         let Some(gemma) = cfg.gemma.clone() else {
             return Err(ModelError::Config("Gemma 3 without its settings".into()));
         };
-        let (h, d, nq) = (cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads);
+        let h = cfg.hidden_size;
         let eps = cfg.norm_eps;
         // llama.cpp's converter stores Gemma's norm weights as the 1 + w they multiply by, and
         // names the norm after attention its own way (its `ffn_norm` is the one before the MLP).
@@ -210,22 +210,8 @@ impl Gemma3 {
         };
         let tp = par.rank;
         let embed_w = w.tensor("model.embed_tokens.weight", (cfg.vocab_size, h))?;
-        let vocab = tp.vocab(cfg);
-        let lm_head = if cfg.tie_word_embeddings || !w.contains("lm_head.weight") {
-            match (w, &vocab) {
-                (Weights::Gguf { .. }, _) => {
-                    w.linear("model.embed_tokens", h, cfg.vocab_size, false)?
-                }
-                (_, None) => Linear::dense(embed_w.clone(), None),
-                (_, Some(r)) => {
-                    Linear::dense(embed_w.narrow(0, r.start, r.len())?.contiguous()?, None)
-                }
-            }
-        } else {
-            let part = vocab.clone().map_or(Part::Whole, Part::Rows);
-            w.linear_part("lm_head", (h, cfg.vocab_size), false, part)?
-        };
-        let o_part = Part::Cols(head_rows(&tp.q_heads(cfg), d));
+        let tied = cfg.tie_word_embeddings || !w.contains("lm_head.weight");
+        let lm_head = LmHead::load(w, cfg, &embed_w, tied, tp)?;
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
                 let p = format!("model.layers.{i}");
@@ -233,12 +219,7 @@ impl Gemma3 {
                 Ok(Layer {
                     input_norm: norm(&format!("{p}.input_layernorm.weight"))?,
                     qkv: QkvProj::load(w, &attn, cfg, tp)?,
-                    o: w.linear_part(
-                        &format!("{attn}.o_proj"),
-                        (nq * d, h),
-                        cfg.o_bias && tp.leads(),
-                        o_part.clone(),
-                    )?,
+                    o: o_proj(w, &attn, cfg, tp)?,
                     post_attention_norm: norm(&format!("{p}.{post_attention}.weight"))?,
                     pre_feedforward_norm: norm(&format!("{p}.pre_feedforward_layernorm.weight"))?,
                     post_feedforward_norm: norm(&format!("{p}.post_feedforward_layernorm.weight"))?,
@@ -264,7 +245,6 @@ impl Gemma3 {
             layers,
             norm: norm("model.norm.weight")?,
             lm_head,
-            vocab_parallel: vocab.is_some(),
             global,
             local,
             par: par.clone(),
@@ -354,10 +334,7 @@ impl Gemma3 {
     /// The logits of the rows of the normalized stream `h` that sample, softcapped where the
     /// model says.
     fn logits(&self, h: &Tensor, batch: &ForwardBatch<'_>) -> Result<Tensor, ModelError> {
-        let mut logits = self.lm_head.forward(&batch.sampled(h)?)?;
-        if self.vocab_parallel {
-            logits = self.par.gather_columns(&logits)?;
-        }
+        let logits = self.lm_head.forward(&batch.sampled(h)?, &self.par)?;
         Ok(match self.gemma.final_logit_softcapping {
             Some(c) => ((logits / c)?.tanh()? * c)?,
             None => logits,

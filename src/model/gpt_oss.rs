@@ -14,12 +14,13 @@ use super::attention::KvCache;
 use super::batch::ForwardBatch;
 use super::config::ModelConfig;
 use super::layers::{Linear, Rotary};
+use super::lm_head::LmHead;
 use super::moe::{Expert, MoeSettings, SparseMoe};
 use super::norm::RmsNorm;
-use super::qkv::{Heads, QkvProj, attention_with_sinks};
-use super::weights::{Part, Weights};
+use super::qkv::{Heads, QkvProj, attention_with_sinks, o_proj};
+use super::weights::Weights;
 use super::{CausalLm, ModelError};
-use crate::parallel::{Parallel, TpRank, head_rows};
+use crate::parallel::{Parallel, TpRank};
 
 /// gpt-oss's settings beyond the Llama-like ones.
 #[derive(Clone, Debug, PartialEq)]
@@ -302,8 +303,7 @@ pub struct GptOss {
     embed: Embedding,
     layers: Vec<Layer>,
     norm: RmsNorm,
-    lm_head: Linear,
-    vocab_parallel: bool,
+    lm_head: LmHead,
     rotary: Rotary,
     par: Parallel,
 }
@@ -319,25 +319,12 @@ impl GptOss {
         let (Some(settings), Some(moe)) = (cfg.gpt_oss.clone(), cfg.moe.as_ref()) else {
             return Err(ModelError::Config("gpt-oss without its settings".into()));
         };
-        let (h, d, nq) = (cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads);
+        let (h, nq) = (cfg.hidden_size, cfg.num_attention_heads);
         let eps = cfg.norm_eps;
         let tp = par.rank;
         let embed_w = w.tensor("model.embed_tokens.weight", (cfg.vocab_size, h))?;
-        let vocab = tp.vocab(cfg);
-        let lm_head = match (cfg.tie_word_embeddings, &vocab) {
-            (true, None) => Linear::dense(embed_w.clone(), None),
-            (true, Some(r)) => {
-                Linear::dense(embed_w.narrow(0, r.start, r.len())?.contiguous()?, None)
-            }
-            (false, _) => w.linear_part(
-                "lm_head",
-                (h, cfg.vocab_size),
-                false,
-                vocab.clone().map_or(Part::Whole, Part::Rows),
-            )?,
-        };
+        let lm_head = LmHead::load(w, cfg, &embed_w, cfg.tie_word_embeddings, tp)?;
         let q_heads = tp.q_heads(cfg);
-        let o_part = Part::Cols(head_rows(&q_heads, d));
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
                 let p = format!("model.layers.{i}");
@@ -361,12 +348,7 @@ impl GptOss {
                 Ok(Layer {
                     input_norm: RmsNorm::load(w, &format!("{p}.input_layernorm.weight"), h, eps)?,
                     qkv: QkvProj::load(w, &attn, cfg, tp)?,
-                    o: w.linear_part(
-                        &format!("{attn}.o_proj"),
-                        (nq * d, h),
-                        cfg.o_bias && tp.leads(),
-                        o_part.clone(),
-                    )?,
+                    o: o_proj(w, &attn, cfg, tp)?,
                     sinks,
                     post_norm: RmsNorm::load(w, &post_norm, h, eps)?,
                     moe: SparseMoe::load(w, i, h, moe, tp)?,
@@ -381,7 +363,6 @@ impl GptOss {
             layers,
             norm: RmsNorm::load(w, "model.norm.weight", h, eps)?,
             lm_head,
-            vocab_parallel: vocab.is_some(),
             rotary: Rotary::new(cfg, max_len, w.dtype(), w.device())?,
             par: par.clone(),
         })
@@ -434,10 +415,7 @@ impl CausalLm for GptOss {
             let moe = self.par.all_reduce(layer.moe.forward(&h_mid)?)?;
             (x, h) = next_norm.add_forward(&x_mid, &moe)?;
         }
-        let mut logits = self.lm_head.forward(&batch.sampled(&h)?)?;
-        if self.vocab_parallel {
-            logits = self.par.gather_columns(&logits)?;
-        }
+        let logits = self.lm_head.forward(&batch.sampled(&h)?, &self.par)?;
         Ok(logits.to_dtype(candle_core::DType::F32)?)
     }
 }

@@ -10,12 +10,13 @@ use super::config::ModelConfig;
 #[cfg(feature = "cuda")]
 use super::decode_fused;
 use super::layers::{GatedMlp, Linear, Rotary};
+use super::lm_head::LmHead;
 use super::moe::SparseMoe;
 use super::norm::RmsNorm;
-use super::qkv::{Heads, QkvProj, attention};
-use super::weights::{Part, Weights};
+use super::qkv::{Heads, QkvProj, attention, o_proj};
+use super::weights::Weights;
 use super::{CausalLm, ModelError};
-use crate::parallel::{Parallel, TpRank, head_rows};
+use crate::parallel::{Parallel, TpRank};
 
 struct DecoderLayer {
     input_norm: RmsNorm,
@@ -48,10 +49,7 @@ pub struct Llama {
     embed: Embedding,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
-    lm_head: Linear,
-    /// Whether each rank holds only its vocabulary rows of the LM head (then the logits are
-    /// gathered).
-    vocab_parallel: bool,
+    lm_head: LmHead,
     rotary: Rotary,
     par: Parallel,
 }
@@ -64,25 +62,11 @@ impl Llama {
         max_len: usize,
         par: &Parallel,
     ) -> Result<Self, ModelError> {
-        let (h, d, nq) = (cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads);
+        let h = cfg.hidden_size;
         let tp = par.rank;
         let embed_w = w.tensor("model.embed_tokens.weight", (cfg.vocab_size, h))?;
-        let vocab = tp.vocab(cfg);
-        let head_part = vocab.clone().map_or(Part::Whole, Part::Rows);
-        let lm_head = if cfg.tie_word_embeddings || !w.contains("lm_head.weight") {
-            match (w, &vocab) {
-                (Weights::Gguf { .. }, _) => {
-                    w.linear("model.embed_tokens", h, cfg.vocab_size, false)?
-                }
-                (_, None) => Linear::dense(embed_w.clone(), None),
-                (_, Some(r)) => {
-                    Linear::dense(embed_w.narrow(0, r.start, r.len())?.contiguous()?, None)
-                }
-            }
-        } else {
-            w.linear_part("lm_head", (h, cfg.vocab_size), false, head_part)?
-        };
-        let o_part = Part::Cols(head_rows(&tp.q_heads(cfg), d));
+        let tied = cfg.tie_word_embeddings || !w.contains("lm_head.weight");
+        let lm_head = LmHead::load(w, cfg, &embed_w, tied, tp)?;
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
                 let p = format!("model.layers.{i}");
@@ -95,12 +79,7 @@ impl Llama {
                         cfg.norm_eps,
                     )?,
                     qkv: QkvProj::load(w, &attn, cfg, tp)?,
-                    o: w.linear_part(
-                        &format!("{attn}.o_proj"),
-                        (nq * d, h),
-                        cfg.o_bias && tp.leads(),
-                        o_part.clone(),
-                    )?,
+                    o: o_proj(w, &attn, cfg, tp)?,
                     post_norm: RmsNorm::load(
                         w,
                         &format!("{p}.post_attention_layernorm.weight"),
@@ -122,7 +101,6 @@ impl Llama {
             layers,
             norm: RmsNorm::load(w, "model.norm.weight", h, cfg.norm_eps)?,
             lm_head,
-            vocab_parallel: vocab.is_some(),
             rotary: Rotary::new(cfg, max_len, w.dtype(), w.device())?,
             par: par.clone(),
         })
@@ -204,11 +182,7 @@ impl Llama {
     /// row samples (a decode step), the rows are already in order and need no gather. A
     /// vocabulary-parallel head's parts are gathered from the ranks.
     fn logits(&self, h: &Tensor, batch: &ForwardBatch<'_>) -> Result<Tensor, ModelError> {
-        let logits = self.lm_head.forward(&batch.sampled(h)?)?;
-        if self.vocab_parallel {
-            return Ok(self.par.gather_columns(&logits)?);
-        }
-        Ok(logits)
+        self.lm_head.forward(&batch.sampled(h)?, &self.par)
     }
 
     /// The layers' weights for the fused decode path, when it takes this step

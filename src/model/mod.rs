@@ -16,6 +16,7 @@ pub mod gpt_oss;
 mod hf_config;
 pub mod layers;
 pub mod llama;
+mod lm_head;
 pub mod moe;
 #[cfg(feature = "cuda")]
 mod moe_device;

@@ -101,6 +101,25 @@ impl QkvProj {
     }
 }
 
+/// `prefix.o_proj` (`[hidden, heads * head_dim]`), row-parallel: the columns of `tp`'s query
+/// heads, and the bias (if the model has one) on the leading rank only, so the all-reduce that
+/// follows counts it once.
+pub fn o_proj(
+    w: &Weights,
+    prefix: &str,
+    cfg: &ModelConfig,
+    tp: TpRank,
+) -> Result<Linear, ModelError> {
+    let (h, d, nq) = (cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads);
+    let cols = Part::Cols(head_rows(&tp.q_heads(cfg), d));
+    w.linear_part(
+        &format!("{prefix}.o_proj"),
+        (nq * d, h),
+        cfg.o_bias && tp.leads(),
+        cols,
+    )
+}
+
 /// A fused projection's output `qkv` (`[tokens, (q + 2 * kv) * dim]`: every q head, then every k,
 /// then every v) as q `[tokens, q, dim]`, k and v `[tokens, kv, dim]`, each contiguous.
 pub fn split_qkv(qkv: &Tensor, heads: Heads) -> candle_core::Result<(Tensor, Tensor, Tensor)> {

@@ -128,32 +128,6 @@ impl Weights {
         }
     }
 
-    /// Whether the weights are GGUF holding tensor `name` (a Hugging Face name) in MXFP4.
-    fn is_gguf_mxfp4(&self, name: &str) -> bool {
-        match self {
-            Weights::Gguf { mxfp4, .. } => gguf_name(name).is_some_and(|n| mxfp4.contains(&n)),
-            _ => false,
-        }
-    }
-
-    /// GGUF tensor `name` (a Hugging Face name), when the file holds it in MXFP4: dequantized
-    /// to the model dtype.
-    fn gguf_mxfp4_dense(&self, name: &str) -> Result<Option<Tensor>, ModelError> {
-        let Weights::Gguf {
-            mxfp4,
-            dtype,
-            device,
-            ..
-        } = self
-        else {
-            return Ok(None);
-        };
-        match gguf_name(name) {
-            Some(gguf) => mxfp4.dequantized(&gguf, *dtype, device),
-            None => Ok(None),
-        }
-    }
-
     /// Whether a tensor exists.
     pub fn contains(&self, name: &str) -> bool {
         match self {
@@ -192,8 +166,15 @@ impl Weights {
                     .reshape(shape)
                     .map_err(ModelError::from)
             }
-            Weights::Gguf { device, dtype, .. } => {
-                let t = match self.gguf_mxfp4_dense(name)? {
+            Weights::Gguf {
+                device,
+                dtype,
+                mxfp4,
+                ..
+            } => {
+                // An MXFP4 tensor is read from the file now, dequantized to the model dtype.
+                let read = gguf_name(name).map(|n| mxfp4.dequantized(&n, *dtype, device));
+                let t = match read.transpose()?.flatten() {
                     Some(t) => t,
                     None => self.qtensor(name)?.dequantize(device)?,
                 };
@@ -246,12 +227,13 @@ impl Weights {
                 dequantize,
                 device,
                 dtype,
+                mxfp4,
                 ..
             } => {
                 if part != Part::Whole {
                     return Err(gguf_unsharded());
                 }
-                if self.is_gguf_mxfp4(&weight_name) {
+                if gguf_name(&weight_name).is_some_and(|n| mxfp4.contains(&n)) {
                     let w = self.tensor(&weight_name, (out_dim, in_dim))?;
                     return Ok(Linear::dense(w, bias));
                 }

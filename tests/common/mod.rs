@@ -242,6 +242,15 @@ pub fn argmax(row: &[f32]) -> usize {
     (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best })
 }
 
+/// Rows of `a` and `b` whose largest entries are at the same index.
+#[allow(dead_code)]
+pub fn same_argmax(a: &[Vec<f32>], b: &[Vec<f32>]) -> usize {
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| argmax(x) == argmax(y))
+        .count()
+}
+
 /// Greedy sampling of `max_tokens` tokens, past any end-of-sequence token.
 #[allow(dead_code)]
 pub fn greedy(max_tokens: usize) -> pagewise::SamplingParams {

@@ -1,0 +1,59 @@
+//! The LM head of the Llama family, Gemma 3 and gpt-oss, whole or, under tensor parallelism, a
+//! rank's rows of the vocabulary when the ranks split it evenly (each rank then reads its share
+//! of the largest single matrix, and the logits are gathered from the ranks).
+
+use candle_core::Tensor;
+
+use super::ModelError;
+use super::config::ModelConfig;
+use super::layers::Linear;
+use super::weights::{Part, Weights};
+use crate::parallel::{Parallel, TpRank};
+
+/// An LM head: `[vocab (or a rank's rows of it), hidden]`.
+pub struct LmHead {
+    linear: Linear,
+    /// Whether the head holds one rank's rows (its logits are gathered).
+    vocab_parallel: bool,
+}
+
+impl LmHead {
+    /// `tp`'s head: the embedding table `embed` (`[vocab, hidden]`) when `tied` (from a GGUF
+    /// file, its `token_embd` as it is stored), else `lm_head.weight`.
+    pub fn load(
+        w: &Weights,
+        cfg: &ModelConfig,
+        embed: &Tensor,
+        tied: bool,
+        tp: TpRank,
+    ) -> Result<Self, ModelError> {
+        let (h, vocab_size) = (cfg.hidden_size, cfg.vocab_size);
+        let vocab = tp.vocab(cfg);
+        let linear = match (tied, w, &vocab) {
+            (true, Weights::Gguf { .. }, _) => {
+                w.linear("model.embed_tokens", h, vocab_size, false)?
+            }
+            (true, _, None) => Linear::dense(embed.clone(), None),
+            (true, _, Some(r)) => {
+                Linear::dense(embed.narrow(0, r.start, r.len())?.contiguous()?, None)
+            }
+            (false, ..) => {
+                let part = vocab.clone().map_or(Part::Whole, Part::Rows);
+                w.linear_part("lm_head", (h, vocab_size), false, part)?
+            }
+        };
+        Ok(LmHead {
+            linear,
+            vocab_parallel: vocab.is_some(),
+        })
+    }
+
+    /// The logits (model dtype) of the rows `h`, every rank's vocabulary rows gathered.
+    pub fn forward(&self, h: &Tensor, par: &Parallel) -> Result<Tensor, ModelError> {
+        let logits = self.linear.forward(h)?;
+        if self.vocab_parallel {
+            return Ok(par.gather_columns(&logits)?);
+        }
+        Ok(logits)
+    }
+}
