@@ -112,7 +112,7 @@ struct TileCopier {
   const int32_t* table;
   int begin, end, block_size, col, row0;
   int64_t row_stride, head_off;
-  int64_t offs[kPer];
+  int32_t slots[kPer];  // cache slots (block x block_size + offset) of this thread's rows
 
   __device__ TileCopier(const T* k, const T* v, const int32_t* tbl, int b, int e, int bs,
                         int num_kv_heads, int kv_head)
@@ -121,14 +121,13 @@ struct TileCopier {
         row_stride((int64_t)num_kv_heads * D),
         head_off((int64_t)kv_head * D + (threadIdx.x % kChunks) * (16 / (int)sizeof(T))) {}
 
-  // Cache offsets of this thread's rows of `tile` (-1 past the split's end).
+  // Cache slots of this thread's rows of `tile` (-1 past the split's end). Kept as 32-bit slots,
+  // not 64-bit offsets: at head dim 256 a thread copies 16 rows a tile.
   __device__ __forceinline__ void fetch(int tile) {
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int p = begin + tile * kRows + row0 + i * kRowsPerPass;
-      offs[i] = p < end ? ((int64_t)table[p / block_size] * block_size + p % block_size) *
-                                  row_stride + head_off
-                        : -1;
+      slots[i] = p < end ? table[p / block_size] * block_size + p % block_size : -1;
     }
   }
 
@@ -165,8 +164,8 @@ struct TileCopier {
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int r = row0 + i * kRowsPerPass;
-      const bool ok = offs[i] >= 0;
-      const int64_t off = ok ? offs[i] : 0;
+      const bool ok = slots[i] >= 0;
+      const int64_t off = ok ? (int64_t)slots[i] * row_stride + head_off : 0;
       const int sw = (col ^ (r & 7)) * kVec;
       T* k_dst = stage + r * D + sw;
       T* v_dst = stage + (kRows + r) * D + (kSwizzleV ? sw : col * kVec);

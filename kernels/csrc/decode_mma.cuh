@@ -1,7 +1,8 @@
-// pagewise: paged decode attention on tensor cores (mma.sync m16n8k16, bf16 and f16, head dims 64
-// and 128). The query heads sharing a KV head are the rows of the matrix product (up to 8 of its
-// 16 rows), so the scores and the weighted sum of V rows each take a few tensor-core
-// instructions per 16 positions instead of one FMA per element. Included by paged_decode.cu.
+// pagewise: paged decode attention on tensor cores (mma.sync m16n8k16, bf16 and f16, head dims 64,
+// 128 and 256). The query heads sharing a KV head are the rows of the scores' matrix product (up
+// to 8 of its 16 rows) and the columns of the transposed weighted sum of V rows, so each takes a
+// few tensor-core instructions per 16 positions instead of one FMA per element. Included by
+// paged_decode.cu.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -15,14 +16,18 @@
 
 namespace {
 
-// Positions per pipeline stage: 16 for each warp.
-constexpr int kMmaRows = 16 * kWarps;
-
 template <typename T, int D>
 struct MmaShape {
-  using Copier = TileCopier<T, D, kMmaRows, true, true>;
+  // Warps a tile's 16 positions are split among by dims: 2 at d256 (each warp takes 128 dims of
+  // the scores and of the output, and the pair adds its partial scores through shared memory),
+  // so a lane keeps d128's registers and a stage d128's bytes.
+  static constexpr int kHalves = D > 128 ? 2 : 1;
+  static constexpr int kDims = D / kHalves;  // dims a warp takes
+  // Positions per pipeline stage: 16 for each warp (each pair at d256).
+  static constexpr int kRows = 16 * kWarps / kHalves;
+  using Copier = TileCopier<T, D, kRows, true, true>;
   static constexpr int kStageBytes = Copier::kStageElems * (int)sizeof(T);
-  // 2 stages of 32 KB at d128 (3 blocks per SM), 3 of 16 KB at d64 (4 per SM).
+  // 2 stages of 32 KB at d128 and d256 (3 blocks per SM), 3 of 16 KB at d64 (4 per SM).
   static constexpr int kStages = kStageBytes <= 16384 ? 3 : 2;
   static constexpr int kSmemBytes = kStages * kStageBytes;
   // The end-of-block merge of the warps reuses the stages: (max, sum) and D sums per head, then
@@ -78,13 +83,16 @@ __device__ __forceinline__ int cluster_blocks() {
 }
 
 // One block per (query row, KV head, context split), as the CUDA-core kernel. The split streams
-// through shared memory in tiles of 64 positions (cp.async, kStages - 1 tiles ahead); warp w takes
-// positions [16w, 16w + 16) of every tile and keeps its own online softmax, so the warps never wait
+// through shared memory in tiles of 64 positions (32 at d256: MmaShape; cp.async, kStages - 1
+// tiles ahead); warp w takes positions [16w, 16w + 16) of every tile (at d256 warps 2p and 2p + 1
+// take positions [16p, 16p + 16), one half of the dims each) and keeps its own online softmax, so the warps never wait
 // on each other inside the loop (one barrier per tile, for the stage ring). Per tile and warp:
 // scores S = Q K^T as 2 n8-blocks over D / 16 k-steps, with Q (the group's heads as rows, rows
 // past the group zero) held in registers for the whole split; lane l holds head l / 4's scores
-// at 4 positions; then O += P V with P taken straight from the score registers (FlashAttention-2
-// style) and V read transposed by ldmatrix. At the end the 4 warps merge through shared memory.
+// at 4 positions; then O^T += V^T P^T with P^T taken straight from the score registers
+// (FlashAttention-2 style) and V read transposed by ldmatrix as the A operand, so the output uses
+// every tensor-core row (D / 16 accumulators of 4 a lane, not D / 8). At the end the 4 warps
+// merge through shared memory.
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads)
     paged_decode_mma_kernel(T* __restrict__ out, float* __restrict__ part_ml,
@@ -108,7 +116,8 @@ __global__ void __launch_bounds__(kThreads)
   int begin, end;
   const int ctx = context_lens[seq];
   window_split_range(ctx, window, split, num_splits, chunk, &begin, &end);
-  const int tiles = (end - begin + kMmaRows - 1) / kMmaRows;
+  constexpr int kRows = S::kRows, kDims = S::kDims;
+  const int tiles = (end - begin + kRows - 1) / kRows;
   const int32_t* table = block_tables + (int64_t)(row_seq ? row_seq[seq] : seq) * max_blocks;
 
   // Block tables and lengths are inputs, not earlier kernels' outputs: read them at once. So are
@@ -118,41 +127,62 @@ __global__ void __launch_bounds__(kThreads)
   Copier copier(k_cache, v_cache, table, begin, end, block_size, num_kv_heads, kv_head);
   copier.fetch(0);
   const bool early = fresh_tail >= 0 && tiles > 0 &&
-                     min(begin + (S::kStages - 1) * kMmaRows, end) <= ctx - fresh_tail;
+                     min(begin + (S::kStages - 1) * kRows, end) <= ctx - fresh_tail;
   if (early) copier.template start<S::kStages>(stages, tiles);
   wait_for_previous_grid();  // the query (and the cache's fresh positions) are written by it
   let_next_grid_launch();    // the merge may be scheduled now; it waits for this grid's end
   if (!early) copier.template start<S::kStages>(stages, tiles);
 
-  // Q as the A operand: row r = head r of the group, columns 2c, 2c + 1 (+ 8) of each k-step;
-  // rows 8-15 are zero.
-  uint32_t qa[D / 16][4];
+  // This warp's 16 positions of each tile (pos_group) and its dims (dim0 .. dim0 + kDims).
+  const int pos_group = warp / S::kHalves, dim0 = (warp % S::kHalves) * kDims;
+  // Q as the A operand: row r = head r of the group, columns 2c, 2c + 1 (+ 8) of each k-step of
+  // the warp's dims; rows 8-15 are zero.
+  uint32_t qa[kDims / 16][4];
   {
-    const T* qr = q + ((int64_t)seq * num_heads + (int64_t)kv_head * group + r) * D + 2 * c;
+    const T* qr =
+        q + ((int64_t)seq * num_heads + (int64_t)kv_head * group + r) * D + dim0 + 2 * c;
 #pragma unroll
-    for (int k = 0; k < D / 16; ++k) {
+    for (int k = 0; k < kDims / 16; ++k) {
       qa[k][0] = r < group ? *reinterpret_cast<const uint32_t*>(qr + k * 16) : 0u;
       qa[k][2] = r < group ? *reinterpret_cast<const uint32_t*>(qr + k * 16 + 8) : 0u;
       qa[k][1] = qa[k][3] = 0u;
     }
   }
 
-  // o[n][0..1]: head r, dims 8n + 2c, + 1 (o[n][2..3] are the zero rows 8-15).
-  float o[D / 8][4];
+  // O transposed (mma_values16_t): o[m] holds dims 16m + r (+ 8) of heads 2c and 2c + 1.
+  float o[kDims / 16][4];
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float m = -INFINITY, l = 0.f;  // l: this lane's share of the row sum
-  const int prow = warp * 16;    // the warp's first row of each tile
+  for (int m = 0; m < kDims / 16; ++m) o[m][0] = o[m][1] = o[m][2] = o[m][3] = 0.f;
+  float m = -INFINITY, l = 0.f;    // l: this lane's share of the row sum
+  const int prow = pos_group * 16;  // the warp's first row of each tile
+  // The pairs' partial scores at d256 (rows 0-7 only: rows 8-15 are zero).
+  static_assert(S::kHalves == 1 || kWarps / S::kHalves == 2, "two pairs: barriers 1 and 2");
+  __shared__ float4 partial_scores[S::kHalves > 1 ? kWarps : 1][32];
 
   for (int t = 0; t < tiles; ++t) {
     const T* kt = copier.template next<S::kStages>(stages, t, tiles);
-    const T* vt = kt + kMmaRows * D;
+    const T* vt = kt + kRows * D;
 
     // Scores: sc[b] covers the warp's positions 8b .. 8b + 7 (lane: 8b + 2c, + 1).
     float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-    mma_scores16<T, D>(sc[0], sc[1], qa, kt, prow);
+    mma_scores16<T, D, kDims>(sc[0], sc[1], qa, kt, prow, dim0);
+    if constexpr (S::kHalves > 1) {
+      // Each warp of the pair adds the other's half (x + y == y + x: both get the same scores,
+      // so both keep the same softmax). The other overwrites its half only after next()'s
+      // barrier, which this warp reaches after reading it.
+      partial_scores[warp][lane] = make_float4(sc[0][0], sc[0][1], sc[1][0], sc[1][1]);
+      if (pos_group == 0)  // (named barriers 1 and 2, one per pair; constant ids)
+        asm volatile("bar.sync 1, 64;\n" ::: "memory");
+      else
+        asm volatile("bar.sync 2, 64;\n" ::: "memory");
+      const float4 other = partial_scores[warp ^ 1][lane];
+      sc[0][0] += other.x;
+      sc[0][1] += other.y;
+      sc[1][0] += other.z;
+      sc[1][1] += other.w;
+    }
     // Online softmax of row r over the warp's 16 positions (the quad of lanes 4r .. 4r + 3).
-    const int first = begin + t * kMmaRows + prow;
+    const int first = begin + t * kRows + prow;
     float mx = -INFINITY;
 #pragma unroll
     for (int b = 0; b < 2; ++b)
@@ -175,36 +205,48 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < 2; ++j) p[b][j] = __expf(sc[b][j] - base);
     l = l * correction + p[0][0] + p[0][1] + p[1][0] + p[1][1];
+    // This lane's output columns are heads 2c and 2c + 1: their corrections live in the quads
+    // of lanes 8c and 8c + 4.
+    const float corr0 = __shfl_sync(0xffffffff, correction, 8 * c);
+    const float corr1 = __shfl_sync(0xffffffff, correction, 8 * c + 4);
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      o[n][0] *= correction;
-      o[n][1] *= correction;
+    for (int n = 0; n < kDims / 16; ++n) {
+      o[n][0] *= corr0;
+      o[n][1] *= corr1;
+      o[n][2] *= corr0;
+      o[n][3] *= corr1;
     }
-    // O += P V: P's row r at k = 2c (+1) and 8 + 2c (+1) are the score registers.
-    const uint32_t pa[4] = {pack2<T>(p[0][0], p[0][1]), 0u, pack2<T>(p[1][0], p[1][1]), 0u};
-    mma_values16<T, D>(o, pa, vt, prow);
+    // O^T += V^T P^T: P's row r at positions 2c (+1) and 8 + 2c (+1) are the score registers.
+    const uint32_t pb[2] = {pack2<T>(p[0][0], p[0][1]), pack2<T>(p[1][0], p[1][1])};
+    mma_values16_t<T, D, kDims>(o, pb, vt, prow, dim0);
   }
 
-  // Merge the warps: per head, (max, sum) and the D unnormalized sums of each warp.
+  // Merge the position groups: per head, (max, sum) and the D unnormalized sums of each.
   l += __shfl_xor_sync(0xffffffff, l, 1);
   l += __shfl_xor_sync(0xffffffff, l, 2);
   cp_async_wait<0>();
   __syncthreads();
-  float* sm_ml = reinterpret_cast<float*>(smem);  // [kWarps][8][2]
-  float* sm_o = sm_ml + kWarps * 8 * 2;           // [kWarps][8][D]
+  constexpr int kGroups = kWarps / S::kHalves;
+  float* sm_ml = reinterpret_cast<float*>(smem);  // [kGroups][8][2]
+  float* sm_o = sm_ml + kWarps * 8 * 2;           // [kGroups][8][D]
   float* res_ml = sm_o + kWarps * 8 * D;          // [8][2]: the block's, for a cluster merge
   float* res_o = res_ml + 8 * 2;                  // [8][D]
   // Launched in clusters of the splits (launch_split): the splits merge through shared memory.
   const bool clustered = num_splits > 1 && cluster_blocks() == num_splits;
-  if (r < group) {
-    if (c == 0) {
-      sm_ml[(warp * 8 + r) * 2] = m;
-      sm_ml[(warp * 8 + r) * 2 + 1] = l;
-    }
+  if (r < group && c == 0 && dim0 == 0) {
+    sm_ml[(pos_group * 8 + r) * 2] = m;
+    sm_ml[(pos_group * 8 + r) * 2 + 1] = l;
+  }
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      sm_o[(warp * 8 + r) * D + 8 * n + 2 * c] = o[n][0];
-      sm_o[(warp * 8 + r) * D + 8 * n + 2 * c + 1] = o[n][1];
+  for (int j = 0; j < 2; ++j) {
+    const int h = 2 * c + j;
+    if (h < group) {
+      float* row = sm_o + (pos_group * 8 + h) * D + dim0 + r;
+#pragma unroll
+      for (int n = 0; n < kDims / 16; ++n) {
+        row[16 * n] = o[n][j];
+        row[16 * n + 8] = o[n][2 + j];
+      }
     }
   }
   __syncthreads();
@@ -212,11 +254,11 @@ __global__ void __launch_bounds__(kThreads)
     const int g = i / D, d = i % D;
     float M = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w)
+    for (int w = 0; w < kGroups; ++w)
       if (sm_ml[(w * 8 + g) * 2 + 1] > 0.f) M = fmaxf(M, sm_ml[(w * 8 + g) * 2]);
     float L = 0.f, acc = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
+    for (int w = 0; w < kGroups; ++w) {
       const float lw = sm_ml[(w * 8 + g) * 2 + 1];
       if (lw == 0.f) continue;
       const float f = __expf(sm_ml[(w * 8 + g) * 2] - M);

@@ -62,18 +62,43 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
 // at chunk c ^ (r % 8)). s0 and s1 get the scores of positions r0 .. r0 + 7 and r0 + 8 ..
 // r0 + 15 (the lane's columns 2c, 2c + 1): S += Q K^T, with qa[k] the A fragment of the
 // queries' k-step k. Matrix sub of each ldmatrix: positions 8 (sub / 2) + row8, dims 8 (sub % 2)
-// of the k-step.
-template <typename T, int D>
+// of the k-step. kDims < D: the product over dims dim0 .. dim0 + kDims only (qa holds those).
+template <typename T, int D, int kDims = D>
 __device__ __forceinline__ void mma_scores16(float s0[4], float s1[4], const uint32_t (*qa)[4],
-                                             const T* k_tile, int r0) {
+                                             const T* k_tile, int r0, int dim0 = 0) {
   const int lane = threadIdx.x % 32, sub = lane / 8, row8 = lane % 8;
   const int row = r0 + (sub >> 1) * 8 + row8;
 #pragma unroll
-  for (int k = 0; k < D / 16; ++k) {
+  for (int k = 0; k < kDims / 16; ++k) {
     uint32_t b[4];
-    ldmatrix_x4(b, k_tile + row * D + (((2 * k + (sub & 1)) ^ (row & 7)) * 8));
+    const int chunk = 2 * (dim0 / 16 + k) + (sub & 1);
+    ldmatrix_x4(b, k_tile + row * D + ((chunk ^ (row & 7)) * 8));
     mma_16816<T>(s0, qa[k], b[0], b[1]);
     mma_16816<T>(s1, qa[k], b[2], b[3]);
+  }
+}
+
+// mma_scores16 for 16 query rows whose A fragments are read from shared memory at each k-step
+// (rows q0 .. q0 + 15 of a tile stored as TileCopier stores K) instead of held in registers: at
+// head dim 256 the registers go to the output. s[2j], s[2j + 1]: the scores of key blocks
+// 16j .. 16j + 7 and 16j + 8 .. 16j + 15 of `keys` positions (a multiple of 16).
+template <typename T, int D, int kKeys>
+__device__ __forceinline__ void mma_scores_qs(float (*s)[4], const T* q_tile, int q0,
+                                              const T* k_tile) {
+  const int lane = threadIdx.x % 32, sub = lane / 8, row8 = lane % 8;
+  const int qrow = q0 + (sub & 1) * 8 + row8;
+#pragma unroll
+  for (int k = 0; k < D / 16; ++k) {
+    uint32_t qa[4];
+    ldmatrix_x4(qa, q_tile + qrow * D + (((2 * k + (sub >> 1)) ^ (qrow & 7)) * 8));
+#pragma unroll
+    for (int j = 0; j < kKeys / 16; ++j) {
+      const int row = j * 16 + (sub >> 1) * 8 + row8;
+      uint32_t b[4];
+      ldmatrix_x4(b, k_tile + row * D + (((2 * k + (sub & 1)) ^ (row & 7)) * 8));
+      mma_16816<T>(s[2 * j], qa, b[0], b[1]);
+      mma_16816<T>(s[2 * j + 1], qa, b[2], b[3]);
+    }
   }
 }
 
@@ -91,6 +116,29 @@ __device__ __forceinline__ void mma_values16(float (*o)[4], const uint32_t pa[4]
     ldmatrix_x4_trans(b, v_tile + row * D + (((2 * nd + (sub >> 1)) ^ (row & 7)) * 8));
     mma_16816<T>(o[2 * nd], pa, b[0], b[1]);
     mma_16816<T>(o[2 * nd + 1], pa, b[2], b[3]);
+  }
+}
+
+// O^T += V^T P^T over the same 16 positions of a V tile, the output transposed so that no
+// tensor-core row is wasted on the zero rows of P (decode: a KV head's group has at most 8 query heads): o[m] holds dims
+// 16m + r and 16m + r + 8 (r = lane / 4) of heads 2c and 2c + 1 (c = lane % 4), as
+// {(r, 2c), (r, 2c + 1), (r + 8, 2c), (r + 8, 2c + 1)}; pb is P^T's B fragment (P's row r at
+// positions 2c, 2c + 1 and 8 + 2c, 8 + 2c + 1: the score registers). V is read transposed as the
+// A operand; matrix sub: positions 8 (sub % 2) + row8, dims 16 m + 8 (sub / 2). Half the
+// instructions and accumulators of O = P V with P's 16 rows. kDims < D: dims dim0 .. dim0 +
+// kDims only (o[m] then holds dims dim0 + 16m + r, + 8).
+template <typename T, int D, int kDims = D>
+__device__ __forceinline__ void mma_values16_t(float (*o)[4], const uint32_t pb[2],
+                                               const T* v_tile, int r0, int dim0 = 0) {
+  const int lane = threadIdx.x % 32, sub = lane / 8, row8 = lane % 8;
+  const int row = r0 + (sub & 1) * 8 + row8;
+#pragma unroll
+  for (int m = 0; m < kDims / 16; ++m) {
+    uint32_t v[4];
+    const int chunk = 2 * (dim0 / 16 + m) + (sub >> 1);
+    ldmatrix_x4_trans(v, v_tile + row * D + ((chunk ^ (row & 7)) * 8));
+    const uint32_t a[4] = {v[0], v[2], v[1], v[3]};
+    mma_16816<T>(o[m], a, pb[0], pb[1]);
   }
 }
 

@@ -1,8 +1,7 @@
 // pagewise CUDA kernels: paged decode attention over the NHD paged KV cache
 // ([num_blocks, block_size, num_kv_heads, head_dim] per layer; slot s = block s / bs, row s % bs),
-// split-KV with a log-sum-exp merge. The CUDA-core kernel here serves f32 and head dim 256; bf16
-// and f16 at head dims 64 and 128 run on tensor cores (decode_mma.cuh). Needs sm_80+ (cp.async,
-// mma.sync).
+// split-KV with a log-sum-exp merge. The CUDA-core kernel here serves f32; bf16 and f16 (head dims
+// 64, 128 and 256) run on tensor cores (decode_mma.cuh). Needs sm_80+ (cp.async, mma.sync).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -363,12 +362,12 @@ cudaError_t launch_split(K kernel, int smem, const DecodeArgs* a, bool can_clust
 }
 
 // The kernel for (T, D, group bound G) over `a`, then the merge when the context is split: tensor
-// cores for bf16 and f16 at head dims 64 and 128, the CUDA-core kernel and the merge kernel otherwise. With
-// `a` null, writes how many of its blocks fit on one SM instead.
+// cores for bf16 and f16, the CUDA-core kernel for f32. With `a` null, writes how many of its
+// blocks fit on one SM instead.
 template <typename T, int D, int G>
 int decode_g(const DecodeArgs* a, int* blocks) {
   if (a != nullptr && a->num_splits > kMaxSplits) return 1;
-  if constexpr (!std::is_same<T, float>::value && D <= 128) {
+  if constexpr (!std::is_same<T, float>::value) {
     static bool configured[64] = {};
     constexpr int smem = MmaShape<T, D>::kSmemBytes;
     const auto kernel = paged_decode_mma_kernel<T, D>;

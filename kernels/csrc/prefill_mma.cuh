@@ -1,13 +1,15 @@
 // pagewise: varlen prefill attention over the paged KV cache, FlashAttention-2 style on tensor
-// cores (mma.sync m16n8k16, bf16 and f16, head dims 64 and 128). Same contract as the WMMA
-// kernel in paged_prefill.cu, which it replaces where it applies (opt-in while it is new: see
-// pagewise_paged_prefill). Included by paged_prefill.cu.
+// cores (mma.sync m16n8k16, bf16 and f16, head dims 64, 128 and 256). Same contract as the WMMA
+// kernel in paged_prefill.cu, which it replaces (the default: see pagewise_paged_prefill).
+// Included by paged_prefill.cu.
 //
 // One block per (64-query tile, query head, sequence), the longest tiles (the sequence's last)
 // launched first; 4 warps, 16 query rows each. The K/V tiles of 64 positions stream through
 // shared memory with cp.async (TileCopier, the decode kernels' paged gather: 16-byte chunks
 // XOR-swizzled by row), kStages - 1 tiles ahead of the math. Per tile and warp, everything stays
-// in registers: the warp's queries as A fragments (loaded once), S = Q K^T (8 n8-blocks of
+// in registers: the warp's queries as A fragments (loaded once; at head dim 256 they sit in
+// shared memory instead and are read a k-step at a time, so that the output's 128 registers a
+// lane fit), S = Q K^T (8 n8-blocks of
 // scores), the causal mask and online softmax (a quad of lanes per row), then O += P V with P
 // taken straight from the score registers and V read transposed by ldmatrix.
 #pragma once
@@ -26,10 +28,26 @@ template <typename T, int D>
 struct PrefillShape {
   using Copier = TileCopier<T, D, kPrefillRows, true, false>;
   static constexpr int kStageBytes = Copier::kStageElems * (int)sizeof(T);
-  // 2 stages of 32 KB at d128, 3 of 16 KB at d64.
+  // 2 stages of 32 KB at d128, 3 of 16 KB at d64, 2 of 64 KB at d256.
   static constexpr int kStages = kStageBytes <= 16384 ? 3 : 2;
-  static constexpr int kSmemBytes = kStages * kStageBytes;
+  // Queries in shared memory (after the stages), stored as K tiles are.
+  static constexpr bool kQueryInSmem = D > 128;
+  static constexpr int kQueryElems = kQueryInSmem ? kPrefillRows * D : 0;
+  static constexpr int kSmemBytes = kStages * kStageBytes + kQueryElems * (int)sizeof(T);
 };
+
+// The block's kPrefillRows query rows of `head` (q row i at q + i * row_stride; rows past `rows`
+// zero) into `tile`, 16-byte chunks XOR-swizzled by row as TileCopier stores K.
+template <typename T, int D>
+__device__ __forceinline__ void stage_query(T* tile, const T* q, int64_t row_stride, int rows) {
+  constexpr int kChunks = D * (int)sizeof(T) / 16;
+  for (int i = threadIdx.x; i < kPrefillRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, ch = i % kChunks;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (r < rows) v = *reinterpret_cast<const uint4*>(q + r * row_stride + ch * (16 / (int)sizeof(T)));
+    *reinterpret_cast<uint4*>(tile + r * D + ((ch ^ (r & 7)) * (16 / (int)sizeof(T)))) = v;
+  }
+}
 
 // Row `row` of the warp's A fragments: lanes hold rows g and g + 8 (g = lane / 4), columns 2c,
 // 2c + 1 and 2c + 8, 2c + 9 of each 16-wide k-step (c = lane % 4); rows past the chunk are zero.
@@ -83,9 +101,14 @@ __global__ void __launch_bounds__(kThreads)
   const int pos_a = first_pos + row_a, pos_b = first_pos + row_b;
   const int warp_first = first_pos + tile0 + warp * 16;  // the warp's smallest position
   const bool idle = tile0 + warp * 16 >= qlen;
-  uint32_t qa[D / 16][4];
-  load_query<T, D>(qa, q + (int64_t)head * D, (int64_t)(qs + row_a) * num_heads,
-                   (int64_t)(qs + row_b) * num_heads, row_a < qlen, row_b < qlen, c);
+  uint32_t qa[S::kQueryInSmem ? 1 : D / 16][4];
+  T* q_tile = stages + S::kStages * Copier::kStageElems;
+  if constexpr (S::kQueryInSmem)
+    stage_query<T, D>(q_tile, q + ((int64_t)(qs + tile0) * num_heads + head) * D,
+                      (int64_t)num_heads * D, qlen - tile0);  // (read after next()'s barrier)
+  else
+    load_query<T, D>(qa, q + (int64_t)head * D, (int64_t)(qs + row_a) * num_heads,
+                     (int64_t)(qs + row_b) * num_heads, row_a < qlen, row_b < qlen, c);
 
   // o[n]: dims 8n + 2c, + 1 of row a (o[n][0..1]) and row b (o[n][2..3]).
   float o[D / 8][4];
@@ -105,9 +128,13 @@ __global__ void __launch_bounds__(kThreads)
     float sc[kPrefillRows / 8][4];
 #pragma unroll
     for (int j = 0; j < kPrefillRows / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+    if constexpr (S::kQueryInSmem) {
+      mma_scores_qs<T, D, kPrefillRows>(sc, q_tile, warp * 16, kt);
+    } else {
 #pragma unroll
-    for (int kb = 0; kb < kPrefillRows / 16; ++kb)
-      mma_scores16<T, D>(sc[2 * kb], sc[2 * kb + 1], qa, kt, kb * 16);
+      for (int kb = 0; kb < kPrefillRows / 16; ++kb)
+        mma_scores16<T, D>(sc[2 * kb], sc[2 * kb + 1], qa, kt, kb * 16);
+    }
 
     // Scale, mask (causal: key position <= the row's; no mask when every key of the tile is at
     // or before the warp's first row), and the rows' maxima over the quad.

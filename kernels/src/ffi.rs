@@ -78,7 +78,6 @@ unsafe extern "C" {
     ) -> c_int;
 
     pub fn pagewise_paged_prefill(
-        kernel: c_int,
         dtype: c_int,
         out: *mut c_void,
         q: *const c_void,

@@ -39,9 +39,7 @@ pub use moe::{
 };
 pub use mxfp4::{MXFP4_MAX_SCALE, Mxfp4Stack};
 pub use pinned::PinnedIds;
-pub use prefill::{
-    PrefillKernel, PrefillSeqs, paged_prefill_attention, paged_prefill_attention_with,
-};
+pub use prefill::{PrefillSeqs, paged_prefill_attention};
 pub use rope::{HeadNorms, MAX_NORM_HEADS, QkvRope, rope_qkv_cache};
 pub use sampling::{SampleOutputs, sample, sample_into, sample_masked, sample_workspace_len};
 pub use split::{MIN_CHUNK, decode_slots, graph_split_plan, split_plan};

@@ -22,22 +22,11 @@ pub struct PrefillSeqs<'a> {
     pub max_q_len: usize,
 }
 
-/// Which prefill attention kernel runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PrefillKernel {
-    /// WMMA tiles with the output accumulated in shared memory (every head dim).
-    Wmma,
-    /// FlashAttention-2 style: scores, probabilities and output in registers, mma.sync, K/V
-    /// streamed with cp.async (head dims 64 and 128; the WMMA kernel serves 256).
-    Mma,
-}
-
 /// Prefill attention on tensor cores (f16/bf16): each sequence's query rows attend causally within
 /// the chunk and fully over its cached prefix, reading K/V (already written by
 /// [`reshape_and_cache`](crate::reshape_and_cache)) through `block_tables`. Writes those rows of `out` (`q`'s shape,
-/// `[tokens, heads, head_dim]`) in place and leaves the other rows alone. Runs
-/// [`PrefillKernel::Mma`] (4.2x faster than the WMMA kernel on the 8B shape;
-/// benches/history/2026-11-sessions.md), which hands head dim 256 to the WMMA kernel.
+/// `[tokens, heads, head_dim]`) in place and leaves the other rows alone. FlashAttention-2 style
+/// (kernels/csrc/prefill_mma.cuh), head dims 64, 128 and 256.
 ///
 /// # Safety
 /// The kernel trusts the device-side indices it is given; their values are not checked (that
@@ -46,39 +35,6 @@ pub enum PrefillKernel {
 /// the caches' `num_blocks`, that every context length is at most `max_blocks * block_size` of
 /// the block tables, and that every row-to-sequence index is below the block tables' rows.
 pub unsafe fn paged_prefill_attention(
-    out: &Tensor,
-    q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    block_tables: &Tensor,
-    seqs: &PrefillSeqs<'_>,
-    scale: f32,
-) -> Result<()> {
-    unsafe {
-        paged_prefill_attention_with(
-            PrefillKernel::Mma,
-            out,
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            seqs,
-            scale,
-        )
-    }
-}
-
-/// [`paged_prefill_attention`] with the kernel named (the kernel tests compare the two).
-///
-/// # Safety
-/// The kernel trusts the device-side indices it is given; their values are not checked (that
-/// would cost a copy to the host each call). The caller guarantees that every block id a row
-/// reads (the first `ceil(context_len / block_size)` entries of its block-table row) is below
-/// the caches' `num_blocks`, that every context length is at most `max_blocks * block_size` of
-/// the block tables, and that every row-to-sequence index is below the block tables' rows.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn paged_prefill_attention_with(
-    kernel: PrefillKernel,
     out: &Tensor,
     q: &Tensor,
     k_cache: &Tensor,
@@ -126,7 +82,6 @@ pub unsafe fn paged_prefill_attention_with(
     // address rows of `q`/`out` and blocks inside the caches (the caller's contract).
     let code = unsafe {
         ffi::pagewise_paged_prefill(
-            i32::from(kernel == PrefillKernel::Mma),
             dtype,
             o as *mut c_void,
             qp as *const c_void,

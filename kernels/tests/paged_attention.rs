@@ -164,7 +164,7 @@ fn decode_attention_matches_the_reference() {
     let mut seed = 1;
     for dtype in [DType::F32, DType::BF16, DType::F16] {
         let tol = if dtype == DType::F32 { 1e-4 } else { 2e-2 };
-        for head_dim in [64, 128] {
+        for head_dim in [64, 128, 256] {
             for (heads, kv_heads) in [(8, 8), (8, 2), (32, 4)] {
                 for lens in [
                     vec![1],

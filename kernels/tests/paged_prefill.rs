@@ -1,14 +1,11 @@
-//! The tensor-core prefill kernels (WMMA and FlashAttention-2 style) against a naive f32
+//! The tensor-core prefill kernel (FlashAttention-2 style) against a naive f32
 //! reference: several sequences per launch, each a chunk after a cached prefix of its own length
 //! (0 to 1000), shuffled blocks, poisoned (NaN) unused cache slots and output rows the kernel must
 //! not touch, GQA 1/4/8, head dims 64/128/256, f16 and bf16. Needs a CUDA GPU.
 
 use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
 use candle_core::{DType, Device, Tensor};
-use pagewise_kernels::{
-    PrefillKernel, PrefillSeqs, paged_prefill_attention, paged_prefill_attention_with,
-    reshape_and_cache,
-};
+use pagewise_kernels::{PrefillSeqs, paged_prefill_attention, reshape_and_cache};
 
 mod common;
 
@@ -16,7 +13,6 @@ use common::{Lcg, host_f32};
 
 /// `seqs`: (cached prefix, chunk length) per sequence. Returns the relative L2 error.
 fn case(
-    kernel: PrefillKernel,
     dtype: DType,
     d: usize,
     heads: usize,
@@ -112,7 +108,7 @@ fn case(
         table_row: &tr,
         max_q_len: seqs.iter().map(|s| s.1).max().unwrap(),
     };
-    unsafe { paged_prefill_attention_with(kernel, &out, &q, &kc, &vc, &bt, &meta, scale) }.unwrap();
+    unsafe { paged_prefill_attention(&out, &q, &kc, &vc, &bt, &meta, scale) }.unwrap();
     let got = host_f32(&out);
     assert!(
         got[..lead * heads * d].iter().all(|x| x.is_nan()),
@@ -157,13 +153,17 @@ fn case(
 #[test]
 fn prefill_matches_the_reference() {
     let seqs = [(0, 1), (0, 100), (37, 64), (200, 130), (5, 3), (1000, 257)];
-    for kernel in [PrefillKernel::Wmma, PrefillKernel::Mma] {
-        for (dtype, tol) in [(DType::BF16, 2e-2), (DType::F16, 4e-3)] {
-            for (d, heads, kvh) in [(128, 32, 8), (64, 8, 8), (128, 8, 2), (256, 4, 4)] {
-                let err = case(kernel, dtype, d, heads, kvh, &seqs, d as u64 + heads as u64);
-                eprintln!("{kernel:?} {dtype:?} d{d} {heads}/{kvh}: rel. err. {err:.2e}");
-                assert!(err < tol, "{kernel:?} {dtype:?} d{d} {heads}/{kvh}: {err}");
-            }
+    for (dtype, tol) in [(DType::BF16, 2e-2), (DType::F16, 4e-3)] {
+        for (d, heads, kvh) in [
+            (128, 32, 8),
+            (64, 8, 8),
+            (128, 8, 2),
+            (256, 4, 4),
+            (256, 8, 2),
+        ] {
+            let err = case(dtype, d, heads, kvh, &seqs, d as u64 + heads as u64);
+            eprintln!("{dtype:?} d{d} {heads}/{kvh}: rel. err. {err:.2e}");
+            assert!(err < tol, "{dtype:?} d{d} {heads}/{kvh}: {err}");
         }
     }
 }
@@ -187,9 +187,9 @@ fn a_float32_prefill_is_refused_clearly() {
     assert!(err.to_string().contains("f16 or bf16"), "{err}");
 }
 
-/// Prefill attention's speed on the 8B shape (32 query heads, 8 KV heads, d128, bf16): 8
-/// sequences of 1024 new tokens with no prefix (the engine's 8192-token prefill step), each
-/// kernel timed with CUDA events over 20 launches, as TFLOP/s of the causal product (4 x d
+/// Prefill attention's speed on the 8B shape (32 query heads, 8 KV heads, d128, bf16; or
+/// `PAGEWISE_BW_SHAPE`): 8
+/// sequences of 1024 new tokens with no prefix (the engine's 8192-token prefill step), timed with CUDA events over 20 launches, as TFLOP/s of the causal product (4 x d
 /// FLOPs per visible query-key pair per head). Run on the GPU machine:
 /// `prefill-tests --ignored --nocapture prefill_speed`.
 #[test]
@@ -197,7 +197,14 @@ fn a_float32_prefill_is_refused_clearly() {
 fn prefill_speed() {
     let dev = Device::new_cuda(0).unwrap();
     let stream = dev.as_cuda_device().unwrap().cuda_stream();
-    let (seqs, len, heads, kvh, d, bs) = (8usize, 1024usize, 32usize, 8usize, 128usize, 16usize);
+    // PAGEWISE_BW_SHAPE="16x8x256" (query heads x KV heads x head dim): another geometry, as
+    // decode_bandwidth takes it (Gemma-3-12B's).
+    let shape = std::env::var("PAGEWISE_BW_SHAPE").unwrap_or_else(|_| "32x8x128".into());
+    let dims: Vec<usize> = shape.split('x').map(|v| v.parse().unwrap()).collect();
+    let [heads, kvh, d] = dims[..] else {
+        panic!("PAGEWISE_BW_SHAPE: HEADSxKV_HEADSxHEAD_DIM, not {shape}")
+    };
+    let (seqs, len, bs) = (8usize, 1024usize, 16usize);
     let tokens = seqs * len;
     let blocks = tokens / bs;
     let cache = Tensor::ones((blocks + 1, bs, kvh, d), DType::BF16, &dev).unwrap();
@@ -224,25 +231,20 @@ fn prefill_speed() {
     };
     let flops = (4 * d * heads * seqs * len * (len + 1) / 2) as f64;
     let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
-    for kernel in [PrefillKernel::Wmma, PrefillKernel::Mma] {
-        let run = || {
-            unsafe { paged_prefill_attention_with(kernel, &out, &q, &kc, &vc, &bt, &meta, 0.088) }
-                .unwrap()
-        };
-        for _ in 0..3 {
-            run();
-        }
-        let iters = 20;
-        let start = stream.record_event(timing).unwrap();
-        for _ in 0..iters {
-            run();
-        }
-        let end = stream.record_event(timing).unwrap();
-        let secs = f64::from(start.elapsed_ms(&end).unwrap()) / 1e3 / iters as f64;
-        println!(
-            "{kernel:?}: {:.1} µs per 8 x 1024-token prefill, {:.0} TFLOP/s",
-            secs * 1e6,
-            flops / secs / 1e12
-        );
+    let run = || unsafe { paged_prefill_attention(&out, &q, &kc, &vc, &bt, &meta, 0.088) }.unwrap();
+    for _ in 0..3 {
+        run();
     }
+    let iters = 20;
+    let start = stream.record_event(timing).unwrap();
+    for _ in 0..iters {
+        run();
+    }
+    let end = stream.record_event(timing).unwrap();
+    let secs = f64::from(start.elapsed_ms(&end).unwrap()) / 1e3 / iters as f64;
+    println!(
+        "{shape}: {:.1} µs per 8 x 1024-token prefill, {:.0} TFLOP/s",
+        secs * 1e6,
+        flops / secs / 1e12
+    );
 }

@@ -81,9 +81,19 @@ def block(out, q, kc, vc, table, qs, qlen, ctx, head, kv_head, tile0, nheads, bs
         pos_a, pos_b = first_pos + row_a, first_pos + row_b
         warp_first = first_pos + tile0 + warp * 16
         idle = tile0 + warp * 16 >= qlen
-        # load_query
+        # load_query (head dims up to 128), or stage_query + ldmatrix a k-step at a time (256)
         qa = np.zeros((D // 16, 32, 4, 2), np.float16)
-        for lane in range(32):
+        lanes = np.arange(32)
+        sub, row8 = lanes // 8, lanes % 8
+        if D > 128:
+            q_tile = np.zeros(ROWS * D, np.float16)
+            for r in range(min(ROWS, qlen - tile0)):
+                for d in range(D):
+                    q_tile[swz_index(r, d, D)] = q[qs + tile0 + r, head, d]
+            qrow = warp * 16 + (sub & 1) * 8 + row8
+            for k in range(D // 16):
+                qa[k] = ldmatrix_x4(q_tile, qrow * D + (((2 * k + (sub >> 1)) ^ (qrow & 7)) * 8), False)
+        for lane in range(32 if D <= 128 else 0):
             c = lane % 4
             for k in range(D // 16):
                 for (reg, row, off) in [(0, row_a[lane], 0), (1, row_b[lane], 0), (2, row_a[lane], 8), (3, row_b[lane], 8)]:
@@ -93,8 +103,6 @@ def block(out, q, kc, vc, table, qs, qlen, ctx, head, kv_head, tile0, nheads, bs
         o = np.zeros((D // 8, 32, 4), np.float32)
         m_a = np.full(32, -np.inf, np.float32); m_b = np.full(32, -np.inf, np.float32)
         l_a = np.zeros(32, np.float32); l_b = np.zeros(32, np.float32)
-        lanes = np.arange(32)
-        sub, row8 = lanes // 8, lanes % 8
         cc = lanes % 4
         for t in range(tiles):
             kt, vt = stages[t]
@@ -209,5 +217,5 @@ def run(D, heads, kvh, seqs, bs=16, seed=0):
 
 if __name__ == "__main__":
     for D, heads, kvh, seqs in [(64, 4, 2, [(0, 1), (0, 70), (37, 20)]), (128, 2, 1, [(5, 3), (130, 90)]),
-                                (64, 2, 2, [(0, 130)])]:
+                                (64, 2, 2, [(0, 130)]), (256, 2, 1, [(5, 3), (20, 70)])]:
         print(D, heads, kvh, seqs, "rel err", run(D, heads, kvh, seqs))
