@@ -57,6 +57,26 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// Element offset of 16-byte chunk `chunk` of row `row` in a tile of D-wide rows stored as
+// TileCopier stores them (chunk c of row r at chunk c ^ (r % 8)).
+template <int D>
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  return row * D + ((chunk ^ (row & 7)) * 8);
+}
+
+// One k-step (dims 16 k .. 16 k + 15) of mma_scores16: the lane's ldmatrix of K rows r0 ..
+// r0 + 15 and the two products with the queries' A fragment qa.
+template <typename T, int D>
+__device__ __forceinline__ void mma_scores_step(float s0[4], float s1[4], const uint32_t qa[4],
+                                                const T* k_tile, int r0, int k) {
+  const int lane = threadIdx.x % 32, sub = lane / 8, row8 = lane % 8;
+  const int row = r0 + (sub >> 1) * 8 + row8;
+  uint32_t b[4];
+  ldmatrix_x4(b, k_tile + swizzled<D>(row, 2 * k + (sub & 1)));
+  mma_16816<T>(s0, qa, b[0], b[1]);
+  mma_16816<T>(s1, qa, b[2], b[3]);
+}
+
 // The two products of an attention tile on 16 of its positions (rows r0 .. r0 + 15), over a
 // shared-memory tile of D-wide rows stored as TileCopier stores them (16-byte chunk c of row r
 // at chunk c ^ (r % 8)). s0 and s1 get the scores of positions r0 .. r0 + 7 and r0 + 8 ..
@@ -66,16 +86,9 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
 template <typename T, int D, int kDims = D>
 __device__ __forceinline__ void mma_scores16(float s0[4], float s1[4], const uint32_t (*qa)[4],
                                              const T* k_tile, int r0, int dim0 = 0) {
-  const int lane = threadIdx.x % 32, sub = lane / 8, row8 = lane % 8;
-  const int row = r0 + (sub >> 1) * 8 + row8;
 #pragma unroll
-  for (int k = 0; k < kDims / 16; ++k) {
-    uint32_t b[4];
-    const int chunk = 2 * (dim0 / 16 + k) + (sub & 1);
-    ldmatrix_x4(b, k_tile + row * D + ((chunk ^ (row & 7)) * 8));
-    mma_16816<T>(s0, qa[k], b[0], b[1]);
-    mma_16816<T>(s1, qa[k], b[2], b[3]);
-  }
+  for (int k = 0; k < kDims / 16; ++k)
+    mma_scores_step<T, D>(s0, s1, qa[k], k_tile, r0, dim0 / 16 + k);
 }
 
 // mma_scores16 for 16 query rows whose A fragments are read from shared memory at each k-step
@@ -90,15 +103,10 @@ __device__ __forceinline__ void mma_scores_qs(float (*s)[4], const T* q_tile, in
 #pragma unroll
   for (int k = 0; k < D / 16; ++k) {
     uint32_t qa[4];
-    ldmatrix_x4(qa, q_tile + qrow * D + (((2 * k + (sub >> 1)) ^ (qrow & 7)) * 8));
+    ldmatrix_x4(qa, q_tile + swizzled<D>(qrow, 2 * k + (sub >> 1)));
 #pragma unroll
-    for (int j = 0; j < kKeys / 16; ++j) {
-      const int row = j * 16 + (sub >> 1) * 8 + row8;
-      uint32_t b[4];
-      ldmatrix_x4(b, k_tile + row * D + (((2 * k + (sub & 1)) ^ (row & 7)) * 8));
-      mma_16816<T>(s[2 * j], qa, b[0], b[1]);
-      mma_16816<T>(s[2 * j + 1], qa, b[2], b[3]);
-    }
+    for (int j = 0; j < kKeys / 16; ++j)
+      mma_scores_step<T, D>(s[2 * j], s[2 * j + 1], qa, k_tile, j * 16, k);
   }
 }
 
@@ -113,15 +121,15 @@ __device__ __forceinline__ void mma_values16(float (*o)[4], const uint32_t pa[4]
 #pragma unroll
   for (int nd = 0; nd < D / 16; ++nd) {
     uint32_t b[4];
-    ldmatrix_x4_trans(b, v_tile + row * D + (((2 * nd + (sub >> 1)) ^ (row & 7)) * 8));
+    ldmatrix_x4_trans(b, v_tile + swizzled<D>(row, 2 * nd + (sub >> 1)));
     mma_16816<T>(o[2 * nd], pa, b[0], b[1]);
     mma_16816<T>(o[2 * nd + 1], pa, b[2], b[3]);
   }
 }
 
 // O^T += V^T P^T over the same 16 positions of a V tile, the output transposed so that no
-// tensor-core row is wasted on the zero rows of P (decode: a KV head's group has at most 8 query heads): o[m] holds dims
-// 16m + r and 16m + r + 8 (r = lane / 4) of heads 2c and 2c + 1 (c = lane % 4), as
+// tensor-core row is wasted on the zero rows of P (decode: a KV head's group has at most 8
+// query heads): o[m] holds dims 16m + r and 16m + r + 8 (r = lane / 4) of heads 2c and 2c + 1 (c = lane % 4), as
 // {(r, 2c), (r, 2c + 1), (r + 8, 2c), (r + 8, 2c + 1)}; pb is P^T's B fragment (P's row r at
 // positions 2c, 2c + 1 and 8 + 2c, 8 + 2c + 1: the score registers). V is read transposed as the
 // A operand; matrix sub: positions 8 (sub % 2) + row8, dims 16 m + 8 (sub / 2). Half the
@@ -135,8 +143,7 @@ __device__ __forceinline__ void mma_values16_t(float (*o)[4], const uint32_t pb[
 #pragma unroll
   for (int m = 0; m < kDims / 16; ++m) {
     uint32_t v[4];
-    const int chunk = 2 * (dim0 / 16 + m) + (sub >> 1);
-    ldmatrix_x4_trans(v, v_tile + row * D + ((chunk ^ (row & 7)) * 8));
+    ldmatrix_x4_trans(v, v_tile + swizzled<D>(row, 2 * (dim0 / 16 + m) + (sub >> 1)));
     const uint32_t a[4] = {v[0], v[2], v[1], v[3]};
     mma_16816<T>(o[m], a, pb[0], pb[1]);
   }

@@ -24,8 +24,9 @@ struct Shape {
   static constexpr int kChunks = D / kVec;                 // chunks per K or V row (8..64)
   static constexpr int kStageElems = 2 * kTile * D;        // the K tile, then the V tile
   static constexpr int kStageBytes = kStageElems * (int)sizeof(T);
-  // Tiles in flight: about 48 KB of stages per block, so 4 blocks fit an SM at bf16 d128.
-  static constexpr int kStages = kStageBytes <= 12288 ? 4 : (kStageBytes <= 16384 ? 3 : 2);
+  // Tiles in flight (f32, the only type this kernel serves): 3 stages of 16 KB at d64, 2 of 32
+  // or 64 KB at d128 and d256.
+  static constexpr int kStages = kStageBytes <= 16384 ? 3 : 2;
   static constexpr int kPart = D / 32;                     // output dims per lane
 };
 

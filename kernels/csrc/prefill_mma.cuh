@@ -1,7 +1,6 @@
 // pagewise: varlen prefill attention over the paged KV cache, FlashAttention-2 style on tensor
-// cores (mma.sync m16n8k16, bf16 and f16, head dims 64, 128 and 256). Same contract as the WMMA
-// kernel in paged_prefill.cu, which it replaces (the default: see pagewise_paged_prefill).
-// Included by paged_prefill.cu.
+// cores (mma.sync m16n8k16, bf16 and f16, head dims 64, 128 and 256); the contract is
+// pagewise_paged_prefill's (paged_prefill.cu, which includes this file).
 //
 // One block per (64-query tile, query head, sequence), the longest tiles (the sequence's last)
 // launched first; 4 warps, 16 query rows each. The K/V tiles of 64 positions stream through
@@ -37,15 +36,15 @@ struct PrefillShape {
 };
 
 // The block's kPrefillRows query rows of `head` (q row i at q + i * row_stride; rows past `rows`
-// zero) into `tile`, 16-byte chunks XOR-swizzled by row as TileCopier stores K.
+// zero) into `tile`, 16-byte chunks XOR-swizzled by row as TileCopier stores K (16-bit T).
 template <typename T, int D>
 __device__ __forceinline__ void stage_query(T* tile, const T* q, int64_t row_stride, int rows) {
-  constexpr int kChunks = D * (int)sizeof(T) / 16;
+  constexpr int kChunks = D / 8;  // 16-byte chunks of a row
   for (int i = threadIdx.x; i < kPrefillRows * kChunks; i += kThreads) {
     const int r = i / kChunks, ch = i % kChunks;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (r < rows) v = *reinterpret_cast<const uint4*>(q + r * row_stride + ch * (16 / (int)sizeof(T)));
-    *reinterpret_cast<uint4*>(tile + r * D + ((ch ^ (r & 7)) * (16 / (int)sizeof(T)))) = v;
+    if (r < rows) v = *reinterpret_cast<const uint4*>(q + r * row_stride + ch * 8);
+    *reinterpret_cast<uint4*>(tile + swizzled<D>(r, ch)) = v;
   }
 }
 
@@ -76,7 +75,7 @@ __global__ void __launch_bounds__(kThreads)
                              int num_kv_heads, int block_size, float scale) {
   using S = PrefillShape<T, D>;
   using Copier = typename S::Copier;
-  extern __shared__ __align__(128) unsigned char smem[];  // (as the WMMA kernel declares it)
+  extern __shared__ __align__(128) unsigned char smem[];
   T* stages = reinterpret_cast<T*>(smem);
 
   const int seq = blockIdx.z, head = blockIdx.y;
