@@ -151,14 +151,19 @@ fn sharded_gpt_oss_matches_the_whole_model() {
         LoadFormat::Auto,
         &[2],
     );
-    let path = format!("{FIXTURES}/gpt-oss/model-MXFP4.gguf");
-    let loaded = loader::load(&path, &options(LoadFormat::Auto)).unwrap();
-    let group = LocalGroup::new(2);
-    let par = Parallel::new(TpRank { rank: 0, size: 2 }, group.member(0));
-    let e = model::build_sharded(&loaded.config, &loaded.weights, 16, &par)
+    let e = sharding_error(&format!("{FIXTURES}/gpt-oss/model-MXFP4.gguf"), 2);
+    assert!(e.contains("GGUF files are not sharded"), "{e}");
+}
+
+/// Why rank 0 of `size` ranks cannot build the model at `path` (panics if it can).
+fn sharding_error(path: &str, size: usize) -> String {
+    let loaded = loader::load(path, &options(LoadFormat::Auto)).unwrap();
+    let group = LocalGroup::new(size);
+    let par = Parallel::new(TpRank { rank: 0, size }, group.member(0));
+    model::build_sharded(&loaded.config, &loaded.weights, 16, &par)
         .err()
-        .unwrap();
-    assert!(e.to_string().contains("GGUF files are not sharded"), "{e}");
+        .unwrap()
+        .to_string()
 }
 
 #[test]
@@ -232,16 +237,9 @@ fn a_rank_reads_only_its_part_of_a_safetensors_tensor() {
 
 #[test]
 fn a_model_that_does_not_split_is_refused_with_the_reason() {
-    let path = format!("{FIXTURES}/qwen2-bias");
-    let loaded = loader::load(&path, &options(LoadFormat::Auto)).unwrap();
-    let group = LocalGroup::new(8);
-    let par = Parallel::new(TpRank { rank: 0, size: 8 }, group.member(0));
-    let e = model::build_sharded(&loaded.config, &loaded.weights, 16, &par)
-        .err()
-        .unwrap();
+    let e = sharding_error(&format!("{FIXTURES}/qwen2-bias"), 8);
     assert!(
-        e.to_string()
-            .contains("must divide the number of attention heads (4)"),
+        e.contains("must divide the number of attention heads (4)"),
         "{e}"
     );
 }
