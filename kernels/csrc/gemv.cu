@@ -90,17 +90,23 @@ __device__ __forceinline__ bool merge_split(float (&acc)[N][R], int warp, int la
 // kernels without the norm are held to 32 registers, 4 blocks an SM: more loads in flight
 // (Mistral-7B's down with SiLU-and-mul 39.7 -> 31.5 µs, its o 12.7 -> 10.6 on the H200); the
 // RMSNorm-staging ones lost by it (Mistral-7B's qkv 15.4 -> 17.5 µs); gemv_rope gained nothing.
+// kAddNormed stages as stage_add_normed says (x is its delta), block 0 storing the stream.
 template <typename T, int R, int kIn, bool kAdd, int S>
-__global__ void __launch_bounds__(kGemvThreads, R == 1 && kIn != kRmsNorm ? 4 : 1)
+__global__ void __launch_bounds__(kGemvThreads,
+                                  R == 1 && kIn != kRmsNorm && kIn != kAddNormed ? 4 : 1)
     gemv_kernel(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ norm_w,
                 const T* __restrict__ w, const T* __restrict__ residual, int out_dim, int k_dim,
-                float eps) {
+                float eps, const T* __restrict__ stream_in, const T* __restrict__ delta_w,
+                T* __restrict__ stream_out) {
   extern __shared__ __align__(16) unsigned char smem[];
   T* xs = reinterpret_cast<T*>(smem);
   // Launched early (see launch_early): x and y belong to the kernels around this one.
   wait_for_previous_grid();
   let_next_grid_launch();
-  stage_input<T, R, kIn>(xs, x, norm_w, k_dim, eps);
+  if constexpr (kIn == kAddNormed)
+    stage_add_normed<T, R>(xs, x, stream_in, delta_w, norm_w, stream_out, k_dim, eps);
+  else
+    stage_input<T, R, kIn>(xs, x, norm_w, k_dim, eps);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   constexpr int kPerBlock = kGemvWarps / S;
   for (int base = blockIdx.x * kPerBlock; base < out_dim; base += gridDim.x * kPerBlock) {
@@ -208,7 +214,9 @@ int launch_rs(const GemvArgs& a) {
     return e;
   const cudaError_t err = launch_early(kernel, blocks, kGemvThreads, smem, a.stream, (T*)a.y,
                                        (const T*)a.x, (const T*)a.norm_w, (const T*)a.w,
-                                       (const T*)a.residual, a.out_dim, a.k_dim, a.eps);
+                                       (const T*)a.residual, a.out_dim, a.k_dim, a.eps,
+                                       (const T*)a.stream_in, (const T*)a.delta_w,
+                                       (T*)a.stream_out);
   return (int)(err != cudaSuccess ? err : cudaGetLastError());
 }
 
@@ -284,8 +292,28 @@ extern "C" int pagewise_gemv(int dtype, int input, void* y, const void* x, const
                              int k_dim, float eps, void* stream) {
   if (rows == 0 || out_dim == 0) return 0;
   if (k_dim % 8 != 0) return 1;
-  const GemvArgs a = {y, x, norm_w, w, residual, out_dim, k_dim, eps, (cudaStream_t)stream};
+  if (input == kAddNormed) return 1;  // (pagewise_gemv_add_normed)
+  const GemvArgs a = {y,     x,   norm_w, w,       residual, out_dim,
+                      k_dim, eps, (cudaStream_t)stream, nullptr, nullptr, nullptr};
   return dispatch_gemv<CudaCoreGemv>(dtype, input, rows, a);
+}
+
+// y ([rows, out_dim]) = RMSNorm(s) * norm_w times w^T ([out_dim, k_dim]) for s = stream_in +
+// RMSNorm(delta) * delta_w (delta's norm rounded to the dtype before the add, s rounded as
+// stored; delta and stream_in [rows, k_dim], both weights [k_dim], one eps), also storing s to
+// stream_out ([rows, k_dim], apart from stream_in): Gemma's normalized residual add folded into
+// the next projection's staging. Rows 1..8, dtype 1 = f16, 2 = bf16, k_dim a multiple of 8,
+// every pointer 16-byte aligned. Returns 0, a CUDA error code, or 1 when the arguments are
+// unsupported.
+extern "C" int pagewise_gemv_add_normed(int dtype, void* y, void* stream_out, const void* delta,
+                                        const void* stream_in, const void* delta_w,
+                                        const void* norm_w, const void* w, int rows, int out_dim,
+                                        int k_dim, float eps, void* stream) {
+  if (rows == 0 || out_dim == 0) return 0;
+  if (k_dim % 8 != 0) return 1;
+  const GemvArgs a = {y,     delta, norm_w, w,        nullptr,  out_dim,
+                      k_dim, eps,   (cudaStream_t)stream, stream_in, delta_w, stream_out};
+  return dispatch_gemv<CudaCoreGemv>(dtype, kAddNormed, rows, a);
 }
 
 // The qkv projection of RMSNorm(x) * norm_w (x [rows, k_dim], w [(heads + 2 kv_heads) d, k_dim],

@@ -16,8 +16,35 @@ constexpr int kGemvWarps = kGemvThreads / 32;
 // Shared memory a block may stage x in (rows x k elements); callers check gemv_fits first.
 constexpr int kMaxStageBytes = 96 * 1024;
 
-// What the block computes from x before the matmul.
-enum Input { kPlain = 0, kRmsNorm = 1, kSiluMul = 2, kGeluMul = 3 };
+// What the block computes from x before the matmul (kAddNormed: see stage_add_normed).
+enum Input { kPlain = 0, kRmsNorm = 1, kSiluMul = 2, kGeluMul = 3, kAddNormed = 4 };
+
+// 1 / rms of each of the R rows (in shared memory, for every thread of the block), from each
+// thread's sums of squares `sq` over its own items of k_dim elements a row. Two barriers; a block
+// may call it again once every thread has read the rows' values it returned.
+template <int R>
+__device__ __forceinline__ const float* block_inv_rms_rows(const float (&sq)[R], int k_dim,
+                                                           float eps) {
+  __shared__ float partial[kGemvWarps][R];
+  __shared__ float inv[R];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float v = sq[r];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+    if (lane == 0) partial[warp][r] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < R) {
+    float t = 0.f;
+#pragma unroll
+    for (int w = 0; w < kGemvWarps; ++w) t += partial[w][threadIdx.x];
+    inv[threadIdx.x] = rsqrtf(t / k_dim + eps);
+  }
+  __syncthreads();
+  return inv;
+}
 
 // Stages the R rows of the matmul's input in `xs` ([R, k_dim], T): x itself, RMSNorm(x) * norm_w,
 // or silu(gate) * up (gelu_tanh(gate) * up for kGeluMul) from x = [R, 2 k_dim] (gate columns
@@ -55,24 +82,7 @@ __device__ void stage_input(T* xs, const T* __restrict__ x, const T* __restrict_
       }
     }
     if constexpr (kIn == kRmsNorm) {
-      __shared__ float partial[kGemvWarps][R];
-      __shared__ float inv[R];
-      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float v = sq[r];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-        if (lane == 0) partial[warp][r] = v;
-      }
-      __syncthreads();
-      if (threadIdx.x < R) {
-        float t = 0.f;
-#pragma unroll
-        for (int w = 0; w < kGemvWarps; ++w) t += partial[w][threadIdx.x];
-        inv[threadIdx.x] = rsqrtf(t / k_dim + eps);
-      }
-      __syncthreads();
+      const float* inv = block_inv_rms_rows<R>(sq, k_dim, eps);
       // Each thread rescales the vectors it staged itself.
       for (int i = threadIdx.x; i < R * vecs; i += kGemvThreads) {
         const int r = i / vecs, k = (i % vecs) * kVec;
@@ -85,6 +95,70 @@ __device__ void stage_input(T* xs, const T* __restrict__ x, const T* __restrict_
         *reinterpret_cast<uint4*>(xs + r * k_dim + k) = a;
       }
     }
+  }
+  __syncthreads();
+}
+
+// Stages RMSNorm(s) * norm_w for the R rows of s = stream_in + round(RMSNorm(delta) * delta_w)
+// (Gemma's residual add of a normalized output, then the next norm: what add_rms_normed and
+// stage_input's kRmsNorm compute, with the same roundings). Block 0 also stores s to stream_out
+// ([R, k_dim]), the residual stream the layer goes on with; no other block reads it.
+template <typename T, int R>
+__device__ void stage_add_normed(T* xs, const T* __restrict__ delta,
+                                 const T* __restrict__ stream_in, const T* __restrict__ delta_w,
+                                 const T* __restrict__ norm_w, T* __restrict__ stream_out,
+                                 int k_dim, float eps) {
+  constexpr int kVec = 8;  // 16 bytes of T (f16 / bf16)
+  const int vecs = k_dim / kVec;
+  // Adds a thread's squares of v (8 values of row r) to sq[r].
+  const auto add_squares = [](float (&sq)[R], int r, const T* v) {
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) s += to_float(v[j]) * to_float(v[j]);
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr)
+      if (rr == r) sq[rr] += s;
+  };
+  float sq[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) sq[r] = 0.f;
+  for (int i = threadIdx.x; i < R * vecs; i += kGemvThreads) {
+    const int r = i / vecs, k = (i % vecs) * kVec;
+    const uint4 a = *reinterpret_cast<const uint4*>(delta + (int64_t)r * k_dim + k);
+    *reinterpret_cast<uint4*>(xs + r * k_dim + k) = a;
+    add_squares(sq, r, reinterpret_cast<const T*>(&a));
+  }
+  const float* inv = block_inv_rms_rows<R>(sq, k_dim, eps);
+  // Each thread goes on with the vectors it staged itself.
+#pragma unroll
+  for (int r = 0; r < R; ++r) sq[r] = 0.f;
+  for (int i = threadIdx.x; i < R * vecs; i += kGemvThreads) {
+    const int r = i / vecs, k = (i % vecs) * kVec;
+    uint4 a = *reinterpret_cast<const uint4*>(xs + r * k_dim + k);
+    const uint4 ra = *reinterpret_cast<const uint4*>(stream_in + (int64_t)r * k_dim + k);
+    const uint4 wa = *reinterpret_cast<const uint4*>(delta_w + k);
+    T* v = reinterpret_cast<T*>(&a);
+    const T* res = reinterpret_cast<const T*>(&ra);
+    const T* g = reinterpret_cast<const T*>(&wa);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const T n = from_float<T>(to_float(v[j]) * inv[r] * to_float(g[j]));
+      v[j] = from_float<T>(to_float(res[j]) + to_float(n));
+    }
+    *reinterpret_cast<uint4*>(xs + r * k_dim + k) = a;
+    if (blockIdx.x == 0) *reinterpret_cast<uint4*>(stream_out + (int64_t)r * k_dim + k) = a;
+    add_squares(sq, r, v);
+  }
+  inv = block_inv_rms_rows<R>(sq, k_dim, eps);
+  for (int i = threadIdx.x; i < R * vecs; i += kGemvThreads) {
+    const int r = i / vecs, k = (i % vecs) * kVec;
+    uint4 a = *reinterpret_cast<const uint4*>(xs + r * k_dim + k);
+    const uint4 wa = *reinterpret_cast<const uint4*>(norm_w + k);
+    T* v = reinterpret_cast<T*>(&a);
+    const T* g = reinterpret_cast<const T*>(&wa);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) v[j] = from_float<T>(to_float(v[j]) * inv[r] * to_float(g[j]));
+    *reinterpret_cast<uint4*>(xs + r * k_dim + k) = a;
   }
   __syncthreads();
 }
@@ -139,6 +213,9 @@ struct GemvArgs {
   int out_dim, k_dim;
   float eps;
   cudaStream_t stream;
+  // kAddNormed only: the residual stream in and out, and delta's norm weight (x is delta).
+  const void *stream_in, *delta_w;
+  void* stream_out;
 };
 
 // Launcher::run<T, R, kIn, kAdd>(a) for the call's dtype (1 = f16, 2 = bf16), input (an Input),
@@ -174,6 +251,7 @@ int by_input(int input, int rows, const GemvArgs& a) {
                  : by_rows<Launcher, T, kSiluMul, false>(rows, a);
     // (Gemma adds the residual after a norm of the MLP's output: never folded into the store.)
     case kGeluMul: return add ? 1 : by_rows<Launcher, T, kGeluMul, false>(rows, a);
+    case kAddNormed: return add ? 1 : by_rows<Launcher, T, kAddNormed, false>(rows, a);
     default: return 1;
   }
 }

@@ -164,6 +164,22 @@ unsafe extern "C" {
         stream: *mut c_void,
     ) -> c_int;
 
+    pub fn pagewise_gemv_add_normed(
+        dtype: c_int,
+        y: *mut c_void,
+        stream_out: *mut c_void,
+        delta: *const c_void,
+        stream_in: *const c_void,
+        delta_w: *const c_void,
+        norm_w: *const c_void,
+        w: *const c_void,
+        rows: c_int,
+        out_dim: c_int,
+        k_dim: c_int,
+        eps: f32,
+        stream: *mut c_void,
+    ) -> c_int;
+
     pub fn pagewise_gemv_max_stage_bytes() -> c_int;
 
     pub fn pagewise_gemv_rope(

@@ -172,3 +172,91 @@ pub fn gemv_fused(
     check_launch(code, "gemv")?;
     Ok(y)
 }
+
+/// Gemma's normalized residual add folded into the next projection: with
+/// `s = stream + rms_norm(delta) * delta_norm` (the normalized delta rounded to the dtype before
+/// the add, as [`crate::add_rms_normed`] computes it), returns `(rms_norm(s) * norm w^T, s)`:
+/// the projection of the next norm's output, and the residual stream the layer goes on with.
+/// `delta` and `stream` are `[rows, k]`, both norm weights `[k]` (one `eps`), `w` `[out, k]`; all
+/// f16 or bf16, contiguous, on one GPU, and [`gemv_fits`]. One kernel instead of two.
+pub fn gemv_add_normed(
+    delta: &Tensor,
+    stream: &Tensor,
+    delta_norm: &Tensor,
+    norm: &Tensor,
+    eps: f32,
+    w: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let (rows, k) = delta.dims2()?;
+    let (out_dim, wk) = w.dims2()?;
+    let dt = delta.dtype();
+    if wk != k || stream.dims() != [rows, k] {
+        bail!(
+            "gemv_add_normed: delta {:?} and stream {:?} do not fit w {:?}",
+            delta.dims(),
+            stream.dims(),
+            w.dims()
+        );
+    }
+    for (name, t) in [
+        ("stream", stream),
+        ("w", w),
+        ("delta_norm", delta_norm),
+        ("norm", norm),
+    ] {
+        if t.dtype() != dt {
+            bail!("gemv_add_normed: {name} is {:?}, delta {dt:?}", t.dtype());
+        }
+    }
+    if delta_norm.dims() != [k] || norm.dims() != [k] {
+        bail!(
+            "gemv_add_normed: the norm weights must be [{k}], got {:?} and {:?}",
+            delta_norm.dims(),
+            norm.dims()
+        );
+    }
+    if !matches!(dt, DType::BF16 | DType::F16) || !gemv_fits(rows, k, dt) {
+        bail!(
+            "gemv_add_normed: {rows} rows of {k} {dt:?} do not fit the GEMV (f16 or bf16, k a multiple of 8, at most {GEMV_MAX_ROWS} rows within its staging space)"
+        );
+    }
+    if out_dim == 0 {
+        // (No block would run to store the stream: an empty projection is not a layer's.)
+        bail!("gemv_add_normed: w has no rows");
+    }
+    let dtype = dtype_code(dt, "gemv_add_normed")?;
+    let y = empty((rows, out_dim), dt, delta.device())?;
+    let sum = empty((rows, k), dt, delta.device())?;
+    let (yp, cuda_stream) = device_ptr(&y, "y")?;
+    let (sp, _) = device_ptr(&sum, "stream out")?;
+    let (dp, _) = device_ptr(delta, "delta")?;
+    let (ip, _) = device_ptr(stream, "stream")?;
+    let (dwp, _) = device_ptr(delta_norm, "delta norm")?;
+    let (np, _) = device_ptr(norm, "norm")?;
+    let (wp, _) = device_ptr(w, "w")?;
+    if [dp, ip, dwp, np, wp].iter().any(|p| p % 16 != 0) {
+        bail!("gemv_add_normed: its inputs must start on 16-byte boundaries");
+    }
+    // SAFETY: contiguous tensors of the checked shapes and dtype on the stream's device; the
+    // kernel reads rows x k of delta and stream, k of each norm weight and out x k of w, and
+    // writes rows x out of y and rows x k of sum (a fresh tensor, apart from every input).
+    let code = unsafe {
+        ffi::pagewise_gemv_add_normed(
+            dtype,
+            yp as *mut c_void,
+            sp as *mut c_void,
+            dp as *const c_void,
+            ip as *const c_void,
+            dwp as *const c_void,
+            np as *const c_void,
+            wp as *const c_void,
+            rows as i32,
+            out_dim as i32,
+            k as i32,
+            eps,
+            cuda_stream,
+        )
+    };
+    check_launch(code, "gemv_add_normed")?;
+    Ok((y, sum))
+}

@@ -30,7 +30,7 @@ pub use decode::{
     paged_attention_planned_into, paged_attention_rows, paged_decode_attention, plan_for,
 };
 pub use fused::{add_rms_norm, add_rms_normed, silu_mul};
-pub use gemv::{GEMV_MAX_ROWS, GemvInput, gemv, gemv_fits, gemv_fused};
+pub use gemv::{GEMV_MAX_ROWS, GemvInput, gemv, gemv_add_normed, gemv_fits, gemv_fused};
 pub use gemv_rope::{RopeCacheTarget, gemv_rope_cache};
 pub use grouped::GroupedGemm;
 pub use moe::{

@@ -272,6 +272,63 @@ fn fused_gemv_matches_the_separate_kernels() {
     assert!(err.contains("no residual"), "{err}");
 }
 
+/// Gemma's normalized residual add folded into the next projection's staging, against the two
+/// kernels it replaces (add_rms_normed, then the GEMV with the norm folded in): the same stream
+/// and the same product, up to the 1/rms values (reduced in another order) and what their
+/// rounding moves.
+#[test]
+fn gemv_add_normed_matches_add_normed_then_the_norm_gemv() {
+    use pagewise_kernels::{GemvInput, add_rms_normed, gemv_add_normed, gemv_fused};
+    let dev = Device::new_cuda(0).unwrap();
+    let mut rng = Lcg(23);
+    for dtype in [DType::F16, DType::BF16] {
+        for (rows, out, k) in [
+            (1, 8192, 3840),
+            (2, 1000, 3840),
+            (8, 96, 1152),
+            (3, 4104, 2048),
+        ] {
+            let stream = random(&mut rng, (rows, k), 4.0, dtype, &dev);
+            let delta = random(&mut rng, (rows, k), 1.0, dtype, &dev);
+            let vector = |rng: &mut Lcg| random(rng, (1, k), 1.0, dtype, &dev).squeeze(0).unwrap();
+            let (dw, nw) = (vector(&mut rng), vector(&mut rng));
+            let w = random(&mut rng, (out, k), 0.05, dtype, &dev);
+            let case = format!("{dtype:?} {rows}x{out}x{k}");
+            let want_sum = add_rms_normed(&stream, &delta, &dw, 1e-6).unwrap();
+            let input = GemvInput::RmsNorm {
+                weight: &nw,
+                eps: 1e-6,
+            };
+            let want = gemv_fused(&want_sum, &w, input, None).unwrap();
+            let (got, got_sum) = gemv_add_normed(&delta, &stream, &dw, &nw, 1e-6, &w).unwrap();
+            assert_eq!(got_sum.dims(), [rows, k]);
+            let err = max_rel_diff(&host_f32(&got_sum), &host_f32(&want_sum));
+            assert!(err < 1e-2, "{case} stream: off by {err}");
+            let err = max_rel_diff(&host_f32(&got), &host_f32(&want));
+            assert!(err < 2e-2, "{case} product: off by {err}");
+        }
+    }
+    // Inputs that do not fit are refused by name.
+    let z = |shape: (usize, usize)| Tensor::zeros(shape, DType::BF16, &dev).unwrap();
+    let (x, w) = (z((1, 64)), z((4, 64)));
+    let (n64, n32) = (
+        z((1, 64)).squeeze(0).unwrap(),
+        z((1, 32)).squeeze(0).unwrap(),
+    );
+    let err = gemv_add_normed(&x, &x, &n64, &n32, 1e-6, &w)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("norm weights"), "{err}");
+    let err = gemv_add_normed(&x, &z((2, 64)), &n64, &n64, 1e-6, &w)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("do not fit"), "{err}");
+    let err = gemv_add_normed(&x, &x, &n64, &n64, 1e-6, &z((0, 64)))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no rows"), "{err}");
+}
+
 /// GEMV bandwidth at the Llama-3.2-1B and Llama-3.1-8B decode shapes (bf16, batch 1 by default):
 /// weight bytes read per second by `gemv_fused` with the input each projection takes in the fused
 /// layer, against cuBLAS on the same plain product. 64 launches are replayed from a CUDA graph

@@ -139,33 +139,64 @@ pub(super) fn attention(
     kv: &KvCache,
     heads: Heads,
 ) -> candle_core::Result<Tensor> {
+    if l.head_norms.is_some() {
+        // A head's norm needs the whole head, which the projection's warps do not hold: the
+        // projection (its input norm folded in), then one kernel that normalizes each head,
+        // rotates and writes the cache.
+        let qkv = gemv_fused(x, l.qkv, norm_input(l.input_norm), None)?;
+        return attend_projected(&qkv, l, layer, rotary, batch, kv, heads);
+    }
+    let (caches, slots) = step_caches(layer, batch, kv, heads)?;
+    let q = rotary.project_qkv_and_cache(
+        x,
+        l.qkv,
+        l.input_norm,
+        (heads.q, heads.kv),
+        caches,
+        (&batch.positions, slots),
+    )?;
+    kv.attend_written(layer, &q, &batch.attention, heads.scale, heads.window)
+}
+
+/// Layer `layer`'s attention output from its qkv projection `qkv`, projected by the caller
+/// (`[rows, (heads + 2 kv_heads) head_dim]`), for a layer with per-head q/k norms: one kernel
+/// normalizes each head, rotates and writes the cache, then paged attention.
+pub(super) fn attend_projected(
+    qkv: &Tensor,
+    l: &FusedAttention<'_>,
+    layer: usize,
+    rotary: &Rotary,
+    batch: &ForwardBatch<'_>,
+    kv: &KvCache,
+    heads: Heads,
+) -> candle_core::Result<Tensor> {
+    let Some(norms) = l.head_norms else {
+        candle_core::bail!("attend_projected takes a layer with per-head q/k norms");
+    };
+    let (caches, slots) = step_caches(layer, batch, kv, heads)?;
+    let q = rotary.apply_qkv_and_cache(
+        qkv,
+        (heads.q, heads.kv),
+        Some(norms),
+        caches,
+        (&batch.positions, slots),
+    )?;
+    kv.attend_written(layer, &q, &batch.attention, heads.scale, heads.window)
+}
+
+/// Layer `layer`'s device caches and the step's cache slots for its kind of attention.
+fn step_caches<'k>(
+    layer: usize,
+    batch: &'k ForwardBatch<'_>,
+    kv: &'k KvCache,
+    heads: Heads,
+) -> candle_core::Result<((&'k Tensor, &'k Tensor), &'k Tensor)> {
     let (Some(caches), Some(dm)) = (kv.device_layer(layer), &batch.attention.device) else {
         candle_core::bail!(
             "the fused decode path needs the cache and the step's metadata on the GPU"
         );
     };
-    let slots = dm.tables(heads.window.is_some()).0;
-    let q = match l.head_norms {
-        // A head's norm needs the whole head, which the projection's warps do not hold: the
-        // projection (its input norm folded in), then one kernel that normalizes each head,
-        // rotates and writes the cache.
-        Some(norms) => rotary.apply_qkv_and_cache(
-            &gemv_fused(x, l.qkv, norm_input(l.input_norm), None)?,
-            (heads.q, heads.kv),
-            Some(norms),
-            caches,
-            (&batch.positions, slots),
-        )?,
-        None => rotary.project_qkv_and_cache(
-            x,
-            l.qkv,
-            l.input_norm,
-            (heads.q, heads.kv),
-            caches,
-            (&batch.positions, slots),
-        )?,
-    };
-    kv.attend_written(layer, &q, &batch.attention, heads.scale, heads.window)
+    Ok((caches, dm.tables(heads.window.is_some()).0))
 }
 
 /// The residual stream after the layer, from the stream `x` entering it and the attention

@@ -19,6 +19,9 @@ use super::weights::Weights;
 use super::{CausalLm, ModelError};
 use crate::parallel::{Parallel, TpRank};
 
+#[cfg(feature = "cuda")]
+mod fused;
+
 /// Gemma 3's settings beyond the Llama-like ones.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GemmaSettings {
@@ -289,24 +292,7 @@ impl CausalLm for Gemma3 {
         let mut x = embedded.broadcast_mul(&scale)?;
         #[cfg(feature = "cuda")]
         if let Some(layers) = self.fused_layers(&x, batch, kv) {
-            super::decode_fused::count_step();
-            for (i, (layer, f)) in self.layers.iter().zip(&layers).enumerate() {
-                let rotary = if layer.sliding {
-                    &self.local
-                } else {
-                    &self.global
-                };
-                let attn = super::decode_fused::attention(
-                    &x,
-                    &f.attn,
-                    i,
-                    rotary,
-                    batch,
-                    kv,
-                    heads(layer.sliding),
-                )?;
-                x = layer.finish_fused(&x, &attn, f, &self.par)?;
-            }
+            let x = self.forward_fused(x, &layers, batch, kv, heads)?;
             return self.logits(&self.norm.forward(&x)?, batch);
         }
         let (global, local) = (
@@ -339,79 +325,6 @@ impl Gemma3 {
             Some(c) => ((logits / c)?.tanh()? * c)?,
             None => logits,
         })
-    }
-
-    /// The layers' weights for the fused decode path (src/model/decode_fused.rs), when it takes
-    /// this step: a GPU step of at most `decode_fused::MAX_ROWS` rows in f16 or bf16, dense
-    /// weights the GEMV can stage.
-    #[cfg(feature = "cuda")]
-    fn fused_layers(
-        &self,
-        x: &Tensor,
-        batch: &ForwardBatch<'_>,
-        kv: &KvCache,
-    ) -> Option<Vec<FusedGemmaLayer<'_>>> {
-        use super::decode_fused::{gemv_takes, step_fits};
-        batch.attention.device.as_ref()?;
-        let (rows, dtype) = step_fits(x)?;
-        if self.cfg.rotary_dim() < self.cfg.head_dim {
-            return None;
-        }
-        self.layers
-            .iter()
-            .enumerate()
-            .map(|(i, l)| {
-                kv.device_layer(i)?;
-                let (gate_up, down) = l.mlp.dense_geglu_weights()?;
-                let f = FusedGemmaLayer {
-                    attn: super::decode_fused::FusedAttention {
-                        input_norm: &l.input_norm,
-                        qkv: l.qkv.dense_weight()?,
-                        head_norms: l.qkv.head_norms(),
-                    },
-                    o: l.o.dense_weight()?,
-                    gate_up,
-                    down,
-                };
-                gemv_takes(rows, dtype, &[f.attn.qkv, f.o, gate_up, down]).then_some(f)
-            })
-            .collect()
-    }
-}
-
-/// A Gemma layer's weights as the fused decode path takes them.
-#[cfg(feature = "cuda")]
-struct FusedGemmaLayer<'a> {
-    attn: super::decode_fused::FusedAttention<'a>,
-    /// `[hidden, heads * head_dim]`.
-    o: &'a Tensor,
-    /// `[2 * intermediate, hidden]`, gate rows first.
-    gate_up: &'a Tensor,
-    /// `[hidden, intermediate]`.
-    down: &'a Tensor,
-}
-
-#[cfg(feature = "cuda")]
-impl Layer {
-    /// The residual stream after the layer on the fused decode path, from the stream `x` entering
-    /// it and its attention output `attn`: o, the normalized output's residual add (one kernel),
-    /// gate/up with the pre-MLP norm folded in, down with GeGLU folded in, and the normalized
-    /// MLP output's residual add: five kernels. Under tensor parallelism o's and down's outputs
-    /// are summed over the ranks before their norms.
-    fn finish_fused(
-        &self,
-        x: &Tensor,
-        attn: &Tensor,
-        f: &FusedGemmaLayer<'_>,
-        par: &Parallel,
-    ) -> candle_core::Result<Tensor> {
-        use pagewise_kernels::{GemvInput, gemv, gemv_fused};
-        let o = par.all_reduce(gemv(attn, f.o)?)?;
-        let x_mid = self.post_attention_norm.add_normed(x, &o)?;
-        let input = super::decode_fused::norm_input(&self.pre_feedforward_norm);
-        let gate_up = gemv_fused(&x_mid, f.gate_up, input, None)?;
-        let mlp = par.all_reduce(gemv_fused(&gate_up, f.down, GemvInput::GeluTanhMul, None)?)?;
-        self.post_feedforward_norm.add_normed(&x_mid, &mlp)
     }
 }
 
