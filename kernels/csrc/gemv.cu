@@ -87,13 +87,14 @@ __device__ __forceinline__ bool merge_split(float (&acc)[N][R], int warp, int la
 // y[r, o] = sum_k xs[r, k] * w[o, k] (+ residual[r, o], added to the product rounded to T as the
 // unfused add would see it). A block stages its input once, then its warps take outputs in
 // rounds of warps / S (S warps an output, see dot_rows), stepping by the grid's. One-row
-// kernels without the norm are held to 32 registers, 4 blocks an SM: more loads in flight
-// (Mistral-7B's down with SiLU-and-mul 39.7 -> 31.5 µs, its o 12.7 -> 10.6 on the H200); the
-// RMSNorm-staging ones lost by it (Mistral-7B's qkv 15.4 -> 17.5 µs); gemv_rope gained nothing.
+// kernels are held to 32 registers, 4 blocks an SM: more loads in flight (Mistral-7B's down with
+// SiLU-and-mul 39.7 -> 31.5 µs, its o 12.7 -> 10.6 on the H200; Gemma-3-12B's qkv and gate/up
+// after a normalized add, kAddNormed, took its decode from 138.3 to 143.2 tok/s), except the
+// RMSNorm-staging ones, which lost by it (Mistral-7B's qkv 15.4 -> 17.5 µs); gemv_rope gained
+// nothing.
 // kAddNormed stages as stage_add_normed says (x is its delta), block 0 storing the stream.
 template <typename T, int R, int kIn, bool kAdd, int S>
-__global__ void __launch_bounds__(kGemvThreads,
-                                  R == 1 && kIn != kRmsNorm && kIn != kAddNormed ? 4 : 1)
+__global__ void __launch_bounds__(kGemvThreads, R == 1 && kIn != kRmsNorm ? 4 : 1)
     gemv_kernel(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ norm_w,
                 const T* __restrict__ w, const T* __restrict__ residual, int out_dim, int k_dim,
                 float eps, const T* __restrict__ stream_in, const T* __restrict__ delta_w,
