@@ -1,7 +1,8 @@
 //! The weight-streaming matmul of small decode batches (up to [`GEMV_MAX_ROWS`] rows, f16/bf16),
-//! optionally with the step before it (RMSNorm, SiLU-and-multiply or GeGLU's GELU-and-multiply) folded into its reading of
-//! `x` and the residual add after it folded into its stores: one kernel where the unfused layer
-//! runs two or three, which is what a batch-1 decode step is made of.
+//! optionally with the step before it (RMSNorm, SiLU-and-multiply or GeGLU's GELU-and-multiply;
+//! or, [`gemv_add_normed`], Gemma's normalized residual add and then the next norm) folded into
+//! its reading of `x` and the residual add after it folded into its stores: one kernel where the
+//! unfused layer runs two or three, which is what a batch-1 decode step is made of.
 
 use std::ffi::c_void;
 
