@@ -46,6 +46,37 @@ __device__ __forceinline__ const float* block_inv_rms_rows(const float (&sq)[R],
   return inv;
 }
 
+// Adds the squares of v (8 values of row r) to sq[r]. (r is the same for all of a thread's
+// items only when R == 1: added by row.)
+template <typename T, int R>
+__device__ __forceinline__ void add_row_squares(float (&sq)[R], int r, const T* v) {
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) s += to_float(v[j]) * to_float(v[j]);
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr)
+    if (rr == r) sq[rr] += s;
+}
+
+// xs[r, k] = round(xs[r, k] * inv[r] * norm_w[k]) over the R staged rows, each thread taking the
+// 16-byte vectors it staged itself (the staging loops' order), so no barrier is needed before.
+template <typename T, int R>
+__device__ __forceinline__ void rescale_staged(T* xs, const T* __restrict__ norm_w,
+                                               const float* inv, int k_dim) {
+  constexpr int kVec = 8;
+  const int vecs = k_dim / kVec;
+  for (int i = threadIdx.x; i < R * vecs; i += kGemvThreads) {
+    const int r = i / vecs, k = (i % vecs) * kVec;
+    uint4 a = *reinterpret_cast<const uint4*>(xs + r * k_dim + k);
+    const uint4 wa = *reinterpret_cast<const uint4*>(norm_w + k);
+    T* v = reinterpret_cast<T*>(&a);
+    const T* g = reinterpret_cast<const T*>(&wa);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) v[j] = from_float<T>(to_float(v[j]) * inv[r] * to_float(g[j]));
+    *reinterpret_cast<uint4*>(xs + r * k_dim + k) = a;
+  }
+}
+
 // Stages the R rows of the matmul's input in `xs` ([R, k_dim], T): x itself, RMSNorm(x) * norm_w,
 // or silu(gate) * up (gelu_tanh(gate) * up for kGeluMul) from x = [R, 2 k_dim] (gate columns
 // first).
@@ -70,31 +101,10 @@ __device__ void stage_input(T* xs, const T* __restrict__ x, const T* __restrict_
       const int r = i / vecs, k = (i % vecs) * kVec;
       const uint4 a = *reinterpret_cast<const uint4*>(x + (int64_t)r * k_dim + k);
       *reinterpret_cast<uint4*>(xs + r * k_dim + k) = a;
-      if constexpr (kIn == kRmsNorm) {
-        const T* v = reinterpret_cast<const T*>(&a);
-        float s = 0.f;
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) s += to_float(v[j]) * to_float(v[j]);
-        // (r is the same for all of a thread's items only when R == 1; add by row.)
-#pragma unroll
-        for (int rr = 0; rr < R; ++rr)
-          if (rr == r) sq[rr] += s;
-      }
+      if constexpr (kIn == kRmsNorm) add_row_squares<T, R>(sq, r, reinterpret_cast<const T*>(&a));
     }
-    if constexpr (kIn == kRmsNorm) {
-      const float* inv = block_inv_rms_rows<R>(sq, k_dim, eps);
-      // Each thread rescales the vectors it staged itself.
-      for (int i = threadIdx.x; i < R * vecs; i += kGemvThreads) {
-        const int r = i / vecs, k = (i % vecs) * kVec;
-        uint4 a = *reinterpret_cast<const uint4*>(xs + r * k_dim + k);
-        const uint4 wa = *reinterpret_cast<const uint4*>(norm_w + k);
-        T* v = reinterpret_cast<T*>(&a);
-        const T* g = reinterpret_cast<const T*>(&wa);
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) v[j] = from_float<T>(to_float(v[j]) * inv[r] * to_float(g[j]));
-        *reinterpret_cast<uint4*>(xs + r * k_dim + k) = a;
-      }
-    }
+    if constexpr (kIn == kRmsNorm)
+      rescale_staged<T, R>(xs, norm_w, block_inv_rms_rows<R>(sq, k_dim, eps), k_dim);
   }
   __syncthreads();
 }
@@ -110,15 +120,6 @@ __device__ void stage_add_normed(T* xs, const T* __restrict__ delta,
                                  int k_dim, float eps) {
   constexpr int kVec = 8;  // 16 bytes of T (f16 / bf16)
   const int vecs = k_dim / kVec;
-  // Adds a thread's squares of v (8 values of row r) to sq[r].
-  const auto add_squares = [](float (&sq)[R], int r, const T* v) {
-    float s = 0.f;
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) s += to_float(v[j]) * to_float(v[j]);
-#pragma unroll
-    for (int rr = 0; rr < R; ++rr)
-      if (rr == r) sq[rr] += s;
-  };
   float sq[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) sq[r] = 0.f;
@@ -126,7 +127,7 @@ __device__ void stage_add_normed(T* xs, const T* __restrict__ delta,
     const int r = i / vecs, k = (i % vecs) * kVec;
     const uint4 a = *reinterpret_cast<const uint4*>(delta + (int64_t)r * k_dim + k);
     *reinterpret_cast<uint4*>(xs + r * k_dim + k) = a;
-    add_squares(sq, r, reinterpret_cast<const T*>(&a));
+    add_row_squares<T, R>(sq, r, reinterpret_cast<const T*>(&a));
   }
   const float* inv = block_inv_rms_rows<R>(sq, k_dim, eps);
   // Each thread goes on with the vectors it staged itself.
@@ -147,19 +148,9 @@ __device__ void stage_add_normed(T* xs, const T* __restrict__ delta,
     }
     *reinterpret_cast<uint4*>(xs + r * k_dim + k) = a;
     if (blockIdx.x == 0) *reinterpret_cast<uint4*>(stream_out + (int64_t)r * k_dim + k) = a;
-    add_squares(sq, r, v);
+    add_row_squares<T, R>(sq, r, v);
   }
-  inv = block_inv_rms_rows<R>(sq, k_dim, eps);
-  for (int i = threadIdx.x; i < R * vecs; i += kGemvThreads) {
-    const int r = i / vecs, k = (i % vecs) * kVec;
-    uint4 a = *reinterpret_cast<const uint4*>(xs + r * k_dim + k);
-    const uint4 wa = *reinterpret_cast<const uint4*>(norm_w + k);
-    T* v = reinterpret_cast<T*>(&a);
-    const T* g = reinterpret_cast<const T*>(&wa);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) v[j] = from_float<T>(to_float(v[j]) * inv[r] * to_float(g[j]));
-    *reinterpret_cast<uint4*>(xs + r * k_dim + k) = a;
-  }
+  rescale_staged<T, R>(xs, norm_w, block_inv_rms_rows<R>(sq, k_dim, eps), k_dim);
   __syncthreads();
 }
 
