@@ -57,10 +57,10 @@ __device__ __forceinline__ void dot_rows(float (&acc)[N][R], const T* const (&ro
 // Adds the parts of the S warps that share an output (consecutive warps of the block, in part
 // order) into the first one's acc (every lane of it); true for that warp, which stores. Every
 // warp of the block must call it the same number of times (it synchronizes the block).
-template <int R, int N, int S>
+template <int R, int N, int S, int kT = kGemvThreads>
 __device__ __forceinline__ bool merge_split(float (&acc)[N][R], int warp, int lane) {
   if constexpr (S == 1) return true;
-  __shared__ float parts[kGemvWarps][N][R];
+  __shared__ float parts[kT / 32][N][R];
   if (lane == 0) {
 #pragma unroll
     for (int n = 0; n < N; ++n)
@@ -84,17 +84,26 @@ __device__ __forceinline__ bool merge_split(float (&acc)[N][R], int warp, int la
   return first;
 }
 
+// Threads a block of gemv_kernel<T, R, kIn, ..> has: 1024 for one row of a gated input, whose
+// staging (both halves read, the activation computed) every block repeats, so half as many
+// blocks halve it (Gemma-3-12B's down with GeGLU 33.1 -> 31.7 µs, Llama-3.1-8B's with
+// SiLU-and-mul 32.5 -> 31.2 on the H200; the other one-row GEMVs lost or held: Gemma's gate/up
+// 58.6 -> 60.2, its head-sized 262144 x 3840 490 -> 520); else 512.
+constexpr int gemv_threads(int rows, int input) {
+  return rows == 1 && (input == kSiluMul || input == kGeluMul) ? 1024 : kGemvThreads;
+}
+
 // y[r, o] = sum_k xs[r, k] * w[o, k] (+ residual[r, o], added to the product rounded to T as the
 // unfused add would see it). A block stages its input once, then its warps take outputs in
 // rounds of warps / S (S warps an output, see dot_rows), stepping by the grid's. One-row
-// kernels are held to 32 registers, 4 blocks an SM: more loads in flight (Mistral-7B's down with
-// SiLU-and-mul 39.7 -> 31.5 µs, its o 12.7 -> 10.6 on the H200; Gemma-3-12B's qkv and gate/up
-// after a normalized add, kAddNormed, took its decode from 138.3 to 143.2 tok/s), except the
-// RMSNorm-staging ones, which lost by it (Mistral-7B's qkv 15.4 -> 17.5 µs); gemv_rope gained
+// kernels are held to 32 registers, 2048 threads an SM: more loads in flight (Mistral-7B's down
+// with SiLU-and-mul 39.7 -> 31.5 µs, its o 12.7 -> 10.6 on the H200; Gemma-3-12B's qkv and
+// gate/up after a normalized add, kAddNormed, took its decode from 138.3 to 143.2 tok/s), except
+// the RMSNorm-staging ones, which lost by it (Mistral-7B's qkv 15.4 -> 17.5 µs); gemv_rope gained
 // nothing.
 // kAddNormed stages as stage_add_normed says (x is its delta), block 0 storing the stream.
-template <typename T, int R, int kIn, bool kAdd, int S>
-__global__ void __launch_bounds__(kGemvThreads, R == 1 && kIn != kRmsNorm ? 4 : 1)
+template <typename T, int R, int kIn, bool kAdd, int S, int kT = gemv_threads(R, kIn)>
+__global__ void __launch_bounds__(kT, R == 1 && kIn != kRmsNorm ? 2048 / kT : 1)
     gemv_kernel(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ norm_w,
                 const T* __restrict__ w, const T* __restrict__ residual, int out_dim, int k_dim,
                 float eps, const T* __restrict__ stream_in, const T* __restrict__ delta_w,
@@ -105,11 +114,11 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 && kIn != kRmsNorm ? 4 : 
   wait_for_previous_grid();
   let_next_grid_launch();
   if constexpr (kIn == kAddNormed)
-    stage_add_normed<T, R>(xs, x, stream_in, delta_w, norm_w, stream_out, k_dim, eps);
+    stage_add_normed<T, R, kT>(xs, x, stream_in, delta_w, norm_w, stream_out, k_dim, eps);
   else
-    stage_input<T, R, kIn>(xs, x, norm_w, k_dim, eps);
+    stage_input<T, R, kIn, kT>(xs, x, norm_w, k_dim, eps);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  constexpr int kPerBlock = kGemvWarps / S;
+  constexpr int kPerBlock = kT / 32 / S;
   for (int base = blockIdx.x * kPerBlock; base < out_dim; base += gridDim.x * kPerBlock) {
     const int o = base + warp / S;
     float acc[1][R] = {};
@@ -117,7 +126,7 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 && kIn != kRmsNorm ? 4 : 
       const T* const rows[1] = {w + (int64_t)o * k_dim};
       dot_rows<T, R, 1, S>(acc, rows, xs, k_dim, lane, warp % S);
     }
-    if (!merge_split<R, 1, S>(acc, warp, lane) || o >= out_dim || lane != 0) continue;
+    if (!merge_split<R, 1, S, kT>(acc, warp, lane) || o >= out_dim || lane != 0) continue;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int64_t at = (int64_t)r * out_dim + o;
@@ -207,13 +216,15 @@ int split_for(int k_dim) {
 template <typename T, int R, int kIn, bool kAdd, int S>
 int launch_rs(const GemvArgs& a) {
   const auto kernel = gemv_kernel<T, R, kIn, kAdd, S>;
+  constexpr int threads = gemv_threads(R, kIn);
   const int smem = R * a.k_dim * (int)sizeof(T);
   if (smem > kMaxStageBytes) return 1;
   static int resident_by[64][kStageSteps + 1] = {};
   int blocks = 0;
-  if (const int e = grid_for(kernel, smem, a.out_dim, kGemvWarps / S, resident_by, &blocks))
+  if (const int e =
+          grid_for(kernel, smem, a.out_dim, threads / 32 / S, resident_by, &blocks, threads))
     return e;
-  const cudaError_t err = launch_early(kernel, blocks, kGemvThreads, smem, a.stream, (T*)a.y,
+  const cudaError_t err = launch_early(kernel, blocks, threads, smem, a.stream, (T*)a.y,
                                        (const T*)a.x, (const T*)a.norm_w, (const T*)a.w,
                                        (const T*)a.residual, a.out_dim, a.k_dim, a.eps,
                                        (const T*)a.stream_in, (const T*)a.delta_w,

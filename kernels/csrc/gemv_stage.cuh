@@ -22,10 +22,10 @@ enum Input { kPlain = 0, kRmsNorm = 1, kSiluMul = 2, kGeluMul = 3, kAddNormed = 
 // 1 / rms of each of the R rows (in shared memory, for every thread of the block), from each
 // thread's sums of squares `sq` over its own items of k_dim elements a row. Two barriers; a block
 // may call it again once every thread has read the rows' values it returned.
-template <int R>
+template <int R, int kT = kGemvThreads>
 __device__ __forceinline__ const float* block_inv_rms_rows(const float (&sq)[R], int k_dim,
                                                            float eps) {
-  __shared__ float partial[kGemvWarps][R];
+  __shared__ float partial[kT / 32][R];
   __shared__ float inv[R];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
@@ -39,7 +39,7 @@ __device__ __forceinline__ const float* block_inv_rms_rows(const float (&sq)[R],
   if (threadIdx.x < R) {
     float t = 0.f;
 #pragma unroll
-    for (int w = 0; w < kGemvWarps; ++w) t += partial[w][threadIdx.x];
+    for (int w = 0; w < kT / 32; ++w) t += partial[w][threadIdx.x];
     inv[threadIdx.x] = rsqrtf(t / k_dim + eps);
   }
   __syncthreads();
@@ -60,12 +60,12 @@ __device__ __forceinline__ void add_row_squares(float (&sq)[R], int r, const T* 
 
 // xs[r, k] = round(xs[r, k] * inv[r] * norm_w[k]) over the R staged rows, each thread taking the
 // 16-byte vectors it staged itself (the staging loops' order), so no barrier is needed before.
-template <typename T, int R>
+template <typename T, int R, int kT = kGemvThreads>
 __device__ __forceinline__ void rescale_staged(T* xs, const T* __restrict__ norm_w,
                                                const float* inv, int k_dim) {
   constexpr int kVec = 8;
   const int vecs = k_dim / kVec;
-  for (int i = threadIdx.x; i < R * vecs; i += kGemvThreads) {
+  for (int i = threadIdx.x; i < R * vecs; i += kT) {
     const int r = i / vecs, k = (i % vecs) * kVec;
     uint4 a = *reinterpret_cast<const uint4*>(xs + r * k_dim + k);
     const uint4 wa = *reinterpret_cast<const uint4*>(norm_w + k);
@@ -79,14 +79,14 @@ __device__ __forceinline__ void rescale_staged(T* xs, const T* __restrict__ norm
 
 // Stages the R rows of the matmul's input in `xs` ([R, k_dim], T): x itself, RMSNorm(x) * norm_w,
 // or silu(gate) * up (gelu_tanh(gate) * up for kGeluMul) from x = [R, 2 k_dim] (gate columns
-// first).
-template <typename T, int R, int kIn>
+// first). kT, here and in the helpers: the block's threads.
+template <typename T, int R, int kIn, int kT = kGemvThreads>
 __device__ void stage_input(T* xs, const T* __restrict__ x, const T* __restrict__ norm_w,
                             int k_dim, float eps) {
   constexpr int kVec = 8;  // 16 bytes of T (f16 / bf16)
   const int vecs = k_dim / kVec;
   if constexpr (kIn == kSiluMul || kIn == kGeluMul) {
-    for (int i = threadIdx.x; i < R * vecs; i += kGemvThreads) {
+    for (int i = threadIdx.x; i < R * vecs; i += kT) {
       const int r = i / vecs, k = (i % vecs) * kVec;
       const uint4 ga = *reinterpret_cast<const uint4*>(x + (int64_t)r * 2 * k_dim + k);
       const uint4 ua = *reinterpret_cast<const uint4*>(x + (int64_t)r * 2 * k_dim + k_dim + k);
@@ -97,14 +97,14 @@ __device__ void stage_input(T* xs, const T* __restrict__ x, const T* __restrict_
     float sq[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) sq[r] = 0.f;
-    for (int i = threadIdx.x; i < R * vecs; i += kGemvThreads) {
+    for (int i = threadIdx.x; i < R * vecs; i += kT) {
       const int r = i / vecs, k = (i % vecs) * kVec;
       const uint4 a = *reinterpret_cast<const uint4*>(x + (int64_t)r * k_dim + k);
       *reinterpret_cast<uint4*>(xs + r * k_dim + k) = a;
       if constexpr (kIn == kRmsNorm) add_row_squares<T, R>(sq, r, reinterpret_cast<const T*>(&a));
     }
     if constexpr (kIn == kRmsNorm)
-      rescale_staged<T, R>(xs, norm_w, block_inv_rms_rows<R>(sq, k_dim, eps), k_dim);
+      rescale_staged<T, R, kT>(xs, norm_w, block_inv_rms_rows<R, kT>(sq, k_dim, eps), k_dim);
   }
   __syncthreads();
 }
@@ -113,7 +113,7 @@ __device__ void stage_input(T* xs, const T* __restrict__ x, const T* __restrict_
 // (Gemma's residual add of a normalized output, then the next norm: what add_rms_normed and
 // stage_input's kRmsNorm compute, with the same roundings). Block 0 also stores s to stream_out
 // ([R, k_dim]), the residual stream the layer goes on with; no other block reads it.
-template <typename T, int R>
+template <typename T, int R, int kT = kGemvThreads>
 __device__ void stage_add_normed(T* xs, const T* __restrict__ delta,
                                  const T* __restrict__ stream_in, const T* __restrict__ delta_w,
                                  const T* __restrict__ norm_w, T* __restrict__ stream_out,
@@ -123,17 +123,17 @@ __device__ void stage_add_normed(T* xs, const T* __restrict__ delta,
   float sq[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) sq[r] = 0.f;
-  for (int i = threadIdx.x; i < R * vecs; i += kGemvThreads) {
+  for (int i = threadIdx.x; i < R * vecs; i += kT) {
     const int r = i / vecs, k = (i % vecs) * kVec;
     const uint4 a = *reinterpret_cast<const uint4*>(delta + (int64_t)r * k_dim + k);
     *reinterpret_cast<uint4*>(xs + r * k_dim + k) = a;
     add_row_squares<T, R>(sq, r, reinterpret_cast<const T*>(&a));
   }
-  const float* inv = block_inv_rms_rows<R>(sq, k_dim, eps);
+  const float* inv = block_inv_rms_rows<R, kT>(sq, k_dim, eps);
   // Each thread goes on with the vectors it staged itself.
 #pragma unroll
   for (int r = 0; r < R; ++r) sq[r] = 0.f;
-  for (int i = threadIdx.x; i < R * vecs; i += kGemvThreads) {
+  for (int i = threadIdx.x; i < R * vecs; i += kT) {
     const int r = i / vecs, k = (i % vecs) * kVec;
     uint4 a = *reinterpret_cast<const uint4*>(xs + r * k_dim + k);
     const uint4 ra = *reinterpret_cast<const uint4*>(stream_in + (int64_t)r * k_dim + k);
@@ -150,7 +150,7 @@ __device__ void stage_add_normed(T* xs, const T* __restrict__ delta,
     if (blockIdx.x == 0) *reinterpret_cast<uint4*>(stream_out + (int64_t)r * k_dim + k) = a;
     add_row_squares<T, R>(sq, r, v);
   }
-  rescale_staged<T, R>(xs, norm_w, block_inv_rms_rows<R>(sq, k_dim, eps), k_dim);
+  rescale_staged<T, R, kT>(xs, norm_w, block_inv_rms_rows<R, kT>(sq, k_dim, eps), k_dim);
   __syncthreads();
 }
 
@@ -166,15 +166,15 @@ inline int sm_count() {
 }
 
 // Blocks for a GEMV-style launch of `units` outputs, `per_block` of them a block a round: as many
-// blocks as run at once (each stages x once), fewer when the outputs run out, spread evenly so
-// every warp takes the same number of rounds. `resident_by` caches blocks-at-once per device and
-// staging size (in steps of 8 KB), with the shared-memory opt-in done on first use. Returns 0 or
-// a CUDA error code.
+// blocks (of `threads`) as run at once (each stages x once), fewer when the outputs run out,
+// spread evenly so every warp takes the same number of rounds. `resident_by` caches
+// blocks-at-once per device and staging size (in steps of 8 KB), with the shared-memory opt-in
+// done on first use. Returns 0 or a CUDA error code.
 constexpr int kStageStep = 8 * 1024;
 constexpr int kStageSteps = kMaxStageBytes / kStageStep;
 template <typename Kernel>
 int grid_for(Kernel kernel, int smem, int units, int per_block,
-             int (&resident_by)[64][kStageSteps + 1], int* blocks) {
+             int (&resident_by)[64][kStageSteps + 1], int* blocks, int threads = kGemvThreads) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return (int)err;
@@ -185,7 +185,7 @@ int grid_for(Kernel kernel, int smem, int units, int per_block,
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                kMaxStageBytes);
     if (err == cudaSuccess)
-      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvThreads,
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads,
                                                           step * kStageStep);
     if (err != cudaSuccess) return (int)err;
     const int sms = sm_count();

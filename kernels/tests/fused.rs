@@ -329,9 +329,10 @@ fn gemv_add_normed_matches_add_normed_then_the_norm_gemv() {
     assert!(err.contains("no rows"), "{err}");
 }
 
-/// GEMV bandwidth at the Llama-3.2-1B and Llama-3.1-8B decode shapes (bf16, batch 1 by default):
-/// weight bytes read per second by `gemv_fused` with the input each projection takes in the fused
-/// layer, against cuBLAS on the same plain product. 64 launches are replayed from a CUDA graph
+/// GEMV bandwidth at the Llama-3.2-1B, Llama-3.1-8B and Gemma-3-12B decode shapes (bf16, batch 1
+/// by default; Gemma's LM head too, its final norm staged): weight bytes read per second by
+/// `gemv_fused` (`gemv_add_normed` for Gemma's qkv and gate/up) with the input each projection
+/// takes in the fused layer, against cuBLAS on the same plain product. 64 launches are replayed from a CUDA graph
 /// (as the engine's decode steps run), rotating over copies of the weight totalling at least
 /// 128 MB so that none is served from the 50 MB L2. Run on the GPU machine:
 /// `fused-tests --ignored --nocapture gemv_bandwidth` (`PAGEWISE_GEMV_BW_ROWS=8`: that many rows;
@@ -363,6 +364,11 @@ fn gemv_bandwidth() {
         ("8B", "o", 4096, 4096),
         ("8B", "gate/up", 28672, 4096),
         ("8B", "down", 4096, 14336),
+        ("Gemma-3-12B", "qkv", 8192, 3840),
+        ("Gemma-3-12B", "o", 3840, 4096),
+        ("Gemma-3-12B", "gate/up", 30720, 3840),
+        ("Gemma-3-12B", "down", 3840, 15360),
+        ("Gemma-3-12B", "head", 262144, 3840),
     ];
     let rows: usize = std::env::var("PAGEWISE_GEMV_BW_ROWS")
         .ok()
@@ -383,10 +389,18 @@ fn gemv_bandwidth() {
         let x = random(&mut rng, (rows, k), 1.0, DType::BF16, &dev);
         let gu = random(&mut rng, (rows, 2 * k), 1.0, DType::BF16, &dev);
         let res = random(&mut rng, (rows, out), 1.0, DType::BF16, &dev);
+        let gemma = model.starts_with("Gemma");
         let fused = |i: usize| {
             let w = &ws[i % copies];
             let y = match name {
-                "qkv" | "gate/up" => gemv_fused(
+                // Gemma: the normalized residual add staged before qkv and gate/up, GeGLU before
+                // down, no residual after o or down.
+                "qkv" | "gate/up" if gemma => {
+                    pagewise_kernels::gemv_add_normed(&x, &x, &g, &g, 1e-6, w).map(|(y, _)| y)
+                }
+                "o" if gemma => gemv_fused(&x, w, GemvInput::Plain, None),
+                "down" if gemma => gemv_fused(&gu, w, GemvInput::GeluTanhMul, None),
+                "qkv" | "gate/up" | "head" => gemv_fused(
                     &x,
                     w,
                     GemvInput::RmsNorm {
