@@ -292,8 +292,8 @@ impl CausalLm for Gemma3 {
         let mut x = embedded.broadcast_mul(&scale)?;
         #[cfg(feature = "cuda")]
         if let Some(layers) = self.fused_layers(&x, batch, kv) {
-            let x = self.forward_fused(x, &layers, batch, kv, heads)?;
-            return self.logits(&self.norm.forward(&x)?, batch);
+            let (stream, last) = self.forward_fused(x, &layers, batch, kv, heads)?;
+            return self.logits_after_add(stream, last, batch);
         }
         let (global, local) = (
             self.global.at(&batch.positions)?,
@@ -320,7 +320,11 @@ impl Gemma3 {
     /// The logits of the rows of the normalized stream `h` that sample, softcapped where the
     /// model says.
     fn logits(&self, h: &Tensor, batch: &ForwardBatch<'_>) -> Result<Tensor, ModelError> {
-        let logits = self.lm_head.forward(&batch.sampled(h)?, &self.par)?;
+        self.softcapped(self.lm_head.forward(&batch.sampled(h)?, &self.par)?)
+    }
+
+    /// `logits`, softcapped where the model says.
+    fn softcapped(&self, logits: Tensor) -> Result<Tensor, ModelError> {
         Ok(match self.gemma.final_logit_softcapping {
             Some(c) => ((logits / c)?.tanh()? * c)?,
             None => logits,

@@ -48,6 +48,16 @@ impl LmHead {
         })
     }
 
+    /// The whole head's weight `[vocab, hidden]` when it is one dense matrix on this rank (not a
+    /// share of the vocabulary, not quantized): what a fused kernel may read in its place.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub fn whole_dense(&self) -> Option<&Tensor> {
+        if self.vocab_parallel {
+            return None;
+        }
+        self.linear.dense_weight()
+    }
+
     /// The logits (model dtype) of the rows `h`, every rank's vocabulary rows gathered.
     pub fn forward(&self, h: &Tensor, par: &Parallel) -> Result<Tensor, ModelError> {
         let logits = self.linear.forward(h)?;
