@@ -88,7 +88,7 @@ __device__ __forceinline__ bool merge_split(float (&acc)[N][R], int warp, int la
 // staging (both halves read, the activation computed) every block repeats, so half as many
 // blocks halve it (Gemma-3-12B's down with GeGLU 33.1 -> 31.7 µs, Llama-3.1-8B's with
 // SiLU-and-mul 32.5 -> 31.2 on the H200; the other one-row GEMVs lost or held: Gemma's gate/up
-// 58.6 -> 60.2, its head-sized 262144 x 3840 490 -> 520); else 512.
+// 59.4 -> 60.2, its head-sized 262144 x 3840 496 -> 521); else 512.
 constexpr int gemv_threads(int rows, int input) {
   return rows == 1 && (input == kSiluMul || input == kGeluMul) ? 1024 : kGemvThreads;
 }
