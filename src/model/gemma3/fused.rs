@@ -53,7 +53,7 @@ impl Gemma3 {
             .collect()
     }
 
-    /// The residual stream after every layer, from the embedded step `x`, on the fused path
+    /// Runs every layer on the embedded step `x`, on the fused path
     /// (`layers` from [`Gemma3::fused_layers`]; `heads` gives a layer's heads by whether it
     /// slides). Under tensor parallelism o's and down's outputs are summed over the ranks before
     /// their norms. Returns the residual stream before the last layer's normalized add and that
@@ -118,9 +118,9 @@ impl Gemma3 {
 
     /// The logits after the fused layers (`stream` and the last add's `delta` and norm, from
     /// [`Gemma3::forward_fused`]): with a whole dense LM head and every row sampling, the add,
-    /// the final norm and the head are one GEMV (`gemv_add_normed`, four blocks an SM: Gemma-3-12B's
-    /// 262208 x 3840 head at about 4.5 TB/s, where cuBLAS reads 4.3-4.5); else the add, the norm,
-    /// then [`Gemma3::logits`].
+    /// the final norm and the head are one GEMV (`gemv_add_normed`, four blocks an SM: it reads
+    /// Gemma-3-12B's 262208 x 3840 head at about 4.5 TB/s, as cuBLAS does, and saves two
+    /// kernels); else the add, the norm, then [`Gemma3::logits`].
     pub(super) fn logits_after_add(
         &self,
         stream: Tensor,
