@@ -5,15 +5,10 @@
 // (cp.async.bulk, the copy engine) into a per-warp shared-memory ring instead. Each shape runs 40
 // launches back to back over weights rotated past the L2 and is checked against the first
 // variant's output.
-#include <cuda_bf16.h>
-#include <cstdio>
-#include <cstdint>
-#include <vector>
-#include <cstdlib>
 #include <cmath>
 #include <string>
-typedef __nv_bfloat16 T;
-__device__ __forceinline__ float f(T v) { return __bfloat162float(v); }
+#include <vector>
+#include "probe_common.cuh"
 
 // ---- replica of gemv_kernel<R=1, kPlain, S=2, 512 threads>; ROT: each warp starts its runs at
 // a rotation by its output (spreading a round's loads over the row).
@@ -36,18 +31,11 @@ __global__ void __launch_bounds__(512, MINB) ldg_gemv(float* y, const T* x, cons
       for (int jj = 0; jj < J; ++jj) {
         const int kk = (part + 2 * j) * 256 + lane * 8;
         if (++j == J) j = 0;
-        uint4 wr = __ldg((const uint4*)(row + kk));
-        uint4 xr = *(const uint4*)(xs + kk);
-        const T* wv = (const T*)&wr; const T* xv = (const T*)&xr;
-#pragma unroll
-        for (int q = 0; q < 8; ++q) acc += f(wv[q]) * f(xv[q]);
+        acc = dot16(acc, row + kk, xs + kk);
       }
     }
-    for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, s);
-    if (lane == 0) parts[warp] = acc;
-    __syncthreads();
-    if (part == 0 && lane == 0 && o < out) y[o] = parts[warp] + parts[warp + 1];
-    __syncthreads();
+    float sum;
+    if (pair_sum(acc, parts, warp, lane, &sum) && o < out) y[o] = sum;
   }
 }
 
@@ -126,7 +114,6 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) bulk_gemv(float* y, const T*
   }
 }
 
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
 
 template <typename K>
 float timeit(K launch, int iters) {
@@ -182,12 +169,6 @@ void run_ldg(const char* name, float* y, const T* x, const std::vector<T*>& ws, 
   printf("  ldg %-12s %d/SM %4d blocks: %8.2f us  %.2f TB/s  (max diff %.1e)\n", name, per_sm, blocks, us, bytes / us / 1e6, md);
 }
 
-__global__ void fill(T* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    uint32_t h = (uint32_t)i * 2654435761u ^ seed; h ^= h >> 13; h *= 0x5bd1e995; h ^= h >> 15;
-    p[i] = __float2bfloat16(((h & 0xffff) / 65536.f - 0.5f) * 0.1f);
-  }
-}
 
 int main(int argc, char** argv) {
   const bool bulk_mode = argc > 1 && std::string(argv[1]) == "bulk";
@@ -202,8 +183,8 @@ int main(int argc, char** argv) {
     const double bytes = n * 2.0;
     const int copies = (int)ceil(256e6 / bytes);
     std::vector<T*> ws(copies);
-    for (int c = 0; c < copies; ++c) { CK(cudaMalloc(&ws[c], n * 2)); fill<<<1024, 256>>>(ws[c], n, c * 77 + 1); }
-    T* x; CK(cudaMalloc(&x, s.k * 2)); fill<<<64, 256>>>(x, s.k, 999);
+    for (int c = 0; c < copies; ++c) { CK(cudaMalloc(&ws[c], n * 2)); fill<<<1024, 256>>>(ws[c], n, c * 77 + 1, 0.1f); }
+    T* x; CK(cudaMalloc(&x, s.k * 2)); fill<<<64, 256>>>(x, s.k, 999, 0.1f);
     float *y, *ref; CK(cudaMalloc(&y, s.out * 4)); CK(cudaMalloc(&ref, s.out * 4));
     CK(cudaDeviceSynchronize());
     printf("%s (%d x %d, %.1f MB)\n", s.n, s.out, s.k, bytes / 1e6);

@@ -3,15 +3,8 @@
 // layer chained by programmatic dependent launch, against one persistent kernel for all layers
 // whose phases meet at grid barriers (optionally prefetching each warp's first weights of the next
 // phase into L2 before it waits).
-#include <cuda_bf16.h>
-#include <cooperative_groups.h>
-#include <cstdio>
-#include <cstdint>
 #include <vector>
-#include <cstdlib>
-typedef __nv_bfloat16 T;
-__device__ __forceinline__ float f(T v) { return __bfloat162float(v); }
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
+#include "probe_common.cuh"
 
 struct Phase { const T* w; const T* x; T* y; int out, k, blocks; };
 constexpr int kPhases = 4;
@@ -29,19 +22,11 @@ __device__ __forceinline__ void gemv_phase(const Phase& ph, T* xs, float* parts,
     if (o < ph.out) {
       const T* row = ph.w + (int64_t)o * ph.k;
 #pragma unroll 4
-      for (int kk = (part * 32 + lane) * 8; kk < ph.k; kk += 2 * 32 * 8) {
-        uint4 wr = __ldg((const uint4*)(row + kk));
-        uint4 xr = *(const uint4*)(xs + kk);
-        const T* wv = (const T*)&wr; const T* xv = (const T*)&xr;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc += f(wv[j]) * f(xv[j]);
-      }
+      for (int kk = (part * 32 + lane) * 8; kk < ph.k; kk += 2 * 32 * 8)
+        acc = dot16(acc, row + kk, xs + kk);
     }
-    for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, s);
-    if (lane == 0) parts[warp] = acc;
-    __syncthreads();
-    if (part == 0 && lane == 0 && o < ph.out) ph.y[o] = __float2bfloat16(parts[warp] + parts[warp + 1]);
-    __syncthreads();
+    float sum;
+    if (pair_sum(acc, parts, warp, lane, &sum) && o < ph.out) ph.y[o] = __float2bfloat16(sum);
   }
 }
 
@@ -109,12 +94,6 @@ __global__ void __launch_bounds__(512, 4) persistent(const Layer* layers, int nl
   }
 }
 
-__global__ void fill(T* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    uint32_t h = (uint32_t)i * 2654435761u ^ seed; h ^= h >> 13; h *= 0x5bd1e995; h ^= h >> 15;
-    p[i] = __float2bfloat16(((h & 0xffff) / 65536.f - 0.5f) * 0.02f);
-  }
-}
 
 int main() {
   int sms; cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
@@ -130,7 +109,7 @@ int main() {
   printf("%d SMs, %d blocks an SM (%d resident)\n", sms, per_sm, resident);
   T *h, *q, *o, *gu;
   CK(cudaMalloc(&h, 3840 * 2)); CK(cudaMalloc(&q, 8192 * 2)); CK(cudaMalloc(&o, 3840 * 2)); CK(cudaMalloc(&gu, 30720 * 2));
-  fill<<<16, 256>>>(h, 3840, 7);
+  fill<<<16, 256>>>(h, 3840, 7, 0.02f);
   std::vector<Layer> layers(nl);
   double bytes = 0;
   for (int l = 0; l < nl; ++l) {
@@ -138,7 +117,7 @@ int main() {
     T* ys[kPhases] = {q, o, gu, h};
     for (int p = 0; p < kPhases; ++p) {
       const int out = shapes[p][0], k = shapes[p][1];
-      T* w; CK(cudaMalloc(&w, (size_t)out * k * 2)); fill<<<1024, 256>>>(w, (size_t)out * k, l * 10 + p);
+      T* w; CK(cudaMalloc(&w, (size_t)out * k * 2)); fill<<<1024, 256>>>(w, (size_t)out * k, l * 10 + p, 0.02f);
       const int wanted = (out + 7) / 8, rounds = (wanted + resident - 1) / resident;
       layers[l].p[p] = Phase{w, xs[p], ys[p], out, k, (wanted + rounds - 1) / rounds};
       if (l == 0) bytes += (double)out * k * 2;
