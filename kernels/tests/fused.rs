@@ -332,9 +332,9 @@ fn gemv_add_normed_matches_add_normed_then_the_norm_gemv() {
 /// GEMV bandwidth at the Llama-3.2-1B, Llama-3.1-8B and Gemma-3-12B decode shapes (bf16, batch 1
 /// by default; Gemma's LM head too, its final norm staged): weight bytes read per second by
 /// `gemv_fused` (`gemv_add_normed` for Gemma's qkv and gate/up) with the input each projection
-/// takes in the fused layer, against cuBLAS on the same plain product. 64 launches are replayed from a CUDA graph
-/// (as the engine's decode steps run), rotating over copies of the weight totalling at least
-/// 128 MB so that none is served from the 50 MB L2. Run on the GPU machine:
+/// takes in the fused layer, against cuBLAS on the same plain product. 64 launches are replayed
+/// from a CUDA graph (as the engine's decode steps run), rotating over copies of the weight
+/// totalling at least 128 MB so that none is served from the 50 MB L2. Run on the GPU machine:
 /// `fused-tests --ignored --nocapture gemv_bandwidth` (`PAGEWISE_GEMV_BW_ROWS=8`: that many rows;
 /// shapes whose rows do not fit the staging space are left out).
 #[test]
