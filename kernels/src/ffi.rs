@@ -287,6 +287,41 @@ unsafe extern "C" {
         stream: *mut c_void,
     ) -> c_int;
 
+    pub fn pagewise_moe_fp4_mma_scratch(
+        tokens: c_int,
+        top_k: c_int,
+        experts: c_int,
+        sorted_len: *mut c_int,
+        tiles: *mut c_int,
+    );
+
+    pub fn pagewise_moe_fp4_mma(
+        dtype: c_int,
+        y: *mut c_void,
+        act: *mut c_void,
+        ys: *mut f32,
+        sorted: *mut i32,
+        tile_expert: *mut i32,
+        x: *const c_void,
+        gu_codes: *const u8,
+        gu_scales: *const u8,
+        gu_bias: *const c_void,
+        d_codes: *const u8,
+        d_scales: *const u8,
+        d_bias: *const c_void,
+        residual: *const c_void,
+        ids: *const u32,
+        weights: *const f32,
+        tokens: c_int,
+        top_k: c_int,
+        experts: c_int,
+        inner: c_int,
+        hidden: c_int,
+        alpha: f32,
+        limit: f32,
+        stream: *mut c_void,
+    ) -> c_int;
+
     pub fn pagewise_moe_max_stage_bytes() -> c_int;
 
     pub fn pagewise_moe_max_experts() -> c_int;

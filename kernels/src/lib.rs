@@ -17,6 +17,7 @@ mod gemv;
 mod gemv_rope;
 mod grouped;
 mod moe;
+mod moe_mma;
 mod mxfp4;
 mod pinned;
 mod prefill;
@@ -37,6 +38,7 @@ pub use moe::{
     ExpertExtras, ExpertWeights, MOE_MAX_TOP_K, MoeRoutes, moe_experts, moe_experts_with, moe_fits,
     moe_max_experts, moe_route, moe_router,
 };
+pub use moe_mma::moe_experts_fp4_mma;
 pub use mxfp4::{MXFP4_MAX_SCALE, Mxfp4Stack};
 pub use pinned::PinnedIds;
 pub use prefill::{PrefillSeqs, paged_prefill_attention};

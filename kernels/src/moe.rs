@@ -258,85 +258,21 @@ pub fn moe_experts_with<'a>(
     extras: ExpertExtras<'_>,
 ) -> Result<Tensor> {
     let (gate_up, down) = (gate_up.into(), down.into());
-    let (tokens, hidden) = x.dims2()?;
-    let (experts, width, gk) = gate_up.dims3()?;
-    let (de, dh, inter) = down.dims3()?;
-    let (rt, top_k) = routes.ids.dims2()?;
-    if experts != routes.experts || de != experts || rt != tokens {
-        bail!(
-            "moe_experts: {experts} and {de} experts in the weights and {} routed, {rt} routed \
-             tokens for {tokens}",
-            routes.experts
-        );
+    let c = check_experts(x, gate_up, down, routes, &extras)?;
+    let (tokens, hidden, inter, top_k) = (c.tokens, c.hidden, c.inter, c.top_k);
+    if !moe_fits(top_k, inter, x.dtype()) {
+        bail!("moe_experts: {top_k} x {inter} must fit the staging space");
     }
-    if gk != hidden || dh != hidden || width != 2 * inter {
-        bail!(
-            "moe_experts: x {:?}, gate_up {:?} and down {:?} do not fit",
-            x.dims(),
-            (experts, width, gk),
-            (de, dh, inter)
-        );
-    }
-    if !hidden.is_multiple_of(8) || !moe_fits(top_k, inter, x.dtype()) {
-        bail!(
-            "moe_experts: hidden {hidden} and inner width {inter} must be multiples of 8, and \
-             {top_k} x {inter} must fit the staging space"
-        );
-    }
-    if tokens > 65535 {
-        bail!("moe_experts: {tokens} tokens (at most 65535)");
-    }
-    let dtype = dtype_code(x.dtype(), "moe_experts")?;
-    if dtype == 0 {
-        bail!("moe_experts: f16 or bf16 only");
-    }
-    let bias_ptr = |b: Option<&Tensor>, width: usize, what: &str| -> Result<u64> {
-        let Some(b) = b else { return Ok(0) };
-        if b.dims() != [experts, width] || b.dtype() != x.dtype() || !b.is_contiguous() {
-            bail!(
-                "moe_experts: the {what} bias must be contiguous {:?} [{experts}, {width}], got {:?} {:?}",
-                x.dtype(),
-                b.dtype(),
-                b.dims()
-            );
-        }
-        Ok(device_ptr(b, what)?.0)
-    };
-    let gbp = bias_ptr(extras.gate_up_bias, width, "gate/up")?;
-    let dbp = bias_ptr(extras.down_bias, hidden, "down")?;
-    let (np, eps) = match extras.input_norm {
-        Some((w, eps)) => {
-            if w.dims() != [hidden] || w.dtype() != x.dtype() || !w.is_contiguous() {
-                bail!(
-                    "moe_experts: the input norm's weight must be contiguous {:?} [{hidden}], got {:?} {:?}",
-                    x.dtype(),
-                    w.dtype(),
-                    w.dims()
-                );
-            }
-            (device_ptr(w, "input norm")?.0, eps)
-        }
-        None => (0, 0.0),
-    };
-    let rp = match extras.residual {
-        Some(r) => {
-            if r.dims() != [tokens, hidden] || r.dtype() != x.dtype() || !r.is_contiguous() {
-                bail!(
-                    "moe_experts: the residual must be contiguous {:?} [{tokens}, {hidden}], got {:?} {:?}",
-                    x.dtype(),
-                    r.dtype(),
-                    r.dims()
-                );
-            }
-            device_ptr(r, "residual")?.0
-        }
-        None => 0,
-    };
-    let (alpha, limit) = match extras.clamped_swiglu {
-        Some((a, l)) if a > 0.0 => (a, l),
-        Some((a, _)) => bail!("moe_experts: a clamped SwiGLU needs alpha > 0, got {a}"),
-        None => (0.0, 0.0),
-    };
+    let (dtype, gbp, dbp, np, eps, rp, alpha, limit) = (
+        c.dtype,
+        c.gate_up_bias,
+        c.down_bias,
+        c.norm,
+        c.eps,
+        c.residual,
+        c.alpha,
+        c.limit,
+    );
     let mid = empty((tokens * top_k, inter), x.dtype(), x.device())?;
     let y = empty((tokens, hidden), x.dtype(), x.device())?;
     let (mp, stream) = device_ptr(&mid, "gate_up output")?;
@@ -396,4 +332,124 @@ pub fn moe_experts_with<'a>(
     };
     check_launch(code, "moe_experts (down)")?;
     Ok(y)
+}
+
+/// What the expert kernels' callers checked: the shapes, and the extras' device addresses (0 for
+/// none).
+pub(crate) struct CheckedExperts {
+    pub tokens: usize,
+    pub hidden: usize,
+    pub inter: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    pub dtype: i32,
+    pub gate_up_bias: u64,
+    pub down_bias: u64,
+    pub norm: u64,
+    pub eps: f32,
+    pub residual: u64,
+    pub alpha: f32,
+    pub limit: f32,
+}
+
+/// Checks `x`, the stacks, the routes and the extras against one another, as the expert kernels
+/// take them.
+pub(crate) fn check_experts(
+    x: &Tensor,
+    gate_up: ExpertWeights<'_>,
+    down: ExpertWeights<'_>,
+    routes: &MoeRoutes,
+    extras: &ExpertExtras<'_>,
+) -> Result<CheckedExperts> {
+    let (tokens, hidden) = x.dims2()?;
+    let (experts, width, gk) = gate_up.dims3()?;
+    let (de, dh, inter) = down.dims3()?;
+    let (rt, top_k) = routes.ids.dims2()?;
+    if experts != routes.experts || de != experts || rt != tokens {
+        bail!(
+            "moe_experts: {experts} and {de} experts in the weights and {} routed, {rt} routed \
+             tokens for {tokens}",
+            routes.experts
+        );
+    }
+    if gk != hidden || dh != hidden || width != 2 * inter {
+        bail!(
+            "moe_experts: x {:?}, gate_up {:?} and down {:?} do not fit",
+            x.dims(),
+            (experts, width, gk),
+            (de, dh, inter)
+        );
+    }
+    if !hidden.is_multiple_of(8) || !inter.is_multiple_of(8) {
+        bail!("moe_experts: hidden {hidden} and inner width {inter} must be multiples of 8");
+    }
+    if tokens > 65535 {
+        bail!("moe_experts: {tokens} tokens (at most 65535)");
+    }
+    let dtype = dtype_code(x.dtype(), "moe_experts")?;
+    if dtype == 0 {
+        bail!("moe_experts: f16 or bf16 only");
+    }
+    let bias_ptr = |b: Option<&Tensor>, width: usize, what: &str| -> Result<u64> {
+        let Some(b) = b else { return Ok(0) };
+        if b.dims() != [experts, width] || b.dtype() != x.dtype() || !b.is_contiguous() {
+            bail!(
+                "moe_experts: the {what} bias must be contiguous {:?} [{experts}, {width}], got {:?} {:?}",
+                x.dtype(),
+                b.dtype(),
+                b.dims()
+            );
+        }
+        Ok(device_ptr(b, what)?.0)
+    };
+    let gbp = bias_ptr(extras.gate_up_bias, width, "gate/up")?;
+    let dbp = bias_ptr(extras.down_bias, hidden, "down")?;
+    let (np, eps) = match extras.input_norm {
+        Some((w, eps)) => {
+            if w.dims() != [hidden] || w.dtype() != x.dtype() || !w.is_contiguous() {
+                bail!(
+                    "moe_experts: the input norm's weight must be contiguous {:?} [{hidden}], got {:?} {:?}",
+                    x.dtype(),
+                    w.dtype(),
+                    w.dims()
+                );
+            }
+            (device_ptr(w, "input norm")?.0, eps)
+        }
+        None => (0, 0.0),
+    };
+    let rp = match extras.residual {
+        Some(r) => {
+            if r.dims() != [tokens, hidden] || r.dtype() != x.dtype() || !r.is_contiguous() {
+                bail!(
+                    "moe_experts: the residual must be contiguous {:?} [{tokens}, {hidden}], got {:?} {:?}",
+                    x.dtype(),
+                    r.dtype(),
+                    r.dims()
+                );
+            }
+            device_ptr(r, "residual")?.0
+        }
+        None => 0,
+    };
+    let (alpha, limit) = match extras.clamped_swiglu {
+        Some((a, l)) if a > 0.0 => (a, l),
+        Some((a, _)) => bail!("moe_experts: a clamped SwiGLU needs alpha > 0, got {a}"),
+        None => (0.0, 0.0),
+    };
+    Ok(CheckedExperts {
+        tokens,
+        hidden,
+        inter,
+        experts,
+        top_k,
+        dtype,
+        gate_up_bias: gbp,
+        down_bias: dbp,
+        norm: np,
+        eps,
+        residual: rp,
+        alpha,
+        limit,
+    })
 }

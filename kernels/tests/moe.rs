@@ -4,7 +4,7 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::{Lcg, host_f32, max_rel_diff, random};
+use common::{Lcg, host_f32, max_rel_diff, random, random_mxfp4};
 use pagewise_kernels::{
     ExpertExtras, GroupedGemm, Mxfp4Stack, moe_experts, moe_experts_with, moe_route, moe_router,
 };
@@ -274,35 +274,6 @@ fn experts_match_each_tokens_experts_on_the_host() {
     let down = Tensor::zeros((4, 64, 32), DType::BF16, &dev).unwrap();
     let routes = moe_route(&Tensor::zeros((2, 8), DType::F32, &dev).unwrap(), 2, true).unwrap();
     assert!(moe_experts(&x, &gu, &down, &routes).is_err());
-}
-
-/// Random MXFP4 matrices (scales 2^-12 to 2^-3) and their values on the host.
-fn random_mxfp4(
-    rng: &mut Lcg,
-    dims: (usize, usize, usize),
-    dev: &Device,
-) -> (Mxfp4Stack, Vec<f32>) {
-    const FP4: [f32; 16] = [
-        0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
-    ];
-    let (n, rows, cols) = dims;
-    let byte = |rng: &mut Lcg| ((rng.next() + 1.0) * 128.0) as u8;
-    let codes: Vec<u8> = (0..n * rows * cols / 2).map(|_| byte(rng)).collect();
-    let scales: Vec<u8> = (0..n * rows * cols / 32)
-        .map(|_| 115 + byte(rng) % 10)
-        .collect();
-    let values = codes
-        .iter()
-        .enumerate()
-        .flat_map(|(i, &c)| {
-            let s = 2f32.powi(i32::from(scales[i / 16]) - 127);
-            [FP4[usize::from(c & 15)] * s, FP4[usize::from(c >> 4)] * s]
-        })
-        .collect();
-    (
-        Mxfp4Stack::from_host(&codes, &scales, dims, dev).unwrap(),
-        values,
-    )
 }
 
 /// MXFP4 experts (gpt-oss's, as they ship) read as they are: the dense kernels' outputs on their

@@ -20,11 +20,15 @@ use crate::parallel::TpRank;
 /// batches up to this size.
 pub const DEVICE_TOKENS: usize = 8;
 
-/// The most tokens a step of MXFP4 experts (gpt-oss) may have on the device path. Their grouped
-/// GEMMs first dequantize each routed expert (about four times the bytes the device path reads
-/// for one token's use of it), so the device path stays cheaper up to about four uses an expert:
-/// `4 * experts / top_k` tokens (gpt-oss-20b 32, gpt-oss-120b 128), at most this many.
-pub const MXFP4_DEVICE_TOKENS: usize = 128;
+/// The most tokens a step of MXFP4 experts (gpt-oss) may have on the device path. Past
+/// [`MXFP4_TOKEN_KERNEL_TOKENS`] it sorts the step's (token, expert) slots by expert on the device
+/// and multiplies each expert's tiles of slots on tensor cores, reading the codes as they are;
+/// past this many, the grouped GEMMs' dense copy of each routed expert pays for itself.
+pub const MXFP4_DEVICE_TOKENS: usize = 256;
+
+/// The most tokens a step of MXFP4 experts takes the token-by-token expert kernels for (each
+/// token streaming its own experts' codes); larger steps go to the tensor cores.
+pub const MXFP4_TOKEN_KERNEL_TOKENS: usize = 4;
 
 /// Each token's experts and their weights: the softmax over all experts' router logits, the
 /// `top_k` largest (on a tie the lower expert first), renormalized when `renormalize`.
@@ -196,8 +200,7 @@ impl SparseMoe {
     pub fn device_tokens(&self) -> usize {
         #[cfg(feature = "cuda")]
         {
-            let top_k = self.settings.top_k;
-            self.stacked.as_ref().map_or(0, |s| s.device_tokens(top_k))
+            self.stacked.as_ref().map_or(0, |s| s.device_tokens())
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -246,7 +249,7 @@ impl SparseMoe {
         let logits = self.router_logits(x)?;
         #[cfg(feature = "cuda")]
         if let Some(stacked) = &self.stacked {
-            return match x.dim(0)? <= stacked.device_tokens(s.top_k) {
+            return match x.dim(0)? <= stacked.device_tokens() {
                 true => stacked.forward(x, &logits, s),
                 false => stacked.forward_grouped(x, &logits, s),
             };

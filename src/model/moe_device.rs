@@ -4,8 +4,10 @@
 //! the step runs inside a CUDA graph; each token streams its own experts' weights, which is what a
 //! few tokens need. Larger steps (prefill) route on the device too, read the chosen ids back to
 //! sort the rows by expert, and run two grouped GEMMs, which read each chosen expert once.
-//! gpt-oss's experts stay MXFP4 (4.25 bits a weight): the decode kernels read them as they are;
-//! a larger step dequantizes the experts it routes to into a scratch stack for the grouped GEMMs.
+//! gpt-oss's experts stay MXFP4 (4.25 bits a weight): steps of a few tokens stream them token by
+//! token, steps of up to `MXFP4_DEVICE_TOKENS` sort their slots by expert on the device and read
+//! the codes as they are on tensor cores (`moe_experts_fp4_mma`), still inside CUDA graphs; a
+//! larger step dequantizes the experts it routes to into a scratch stack for the grouped GEMMs.
 
 use std::sync::{Arc, Mutex, Weak};
 
@@ -14,7 +16,10 @@ use pagewise_kernels::{ExpertWeights, GroupedGemm, Mxfp4Stack};
 
 use super::gpt_oss::Mxfp4Experts;
 use super::layers::Linear;
-use super::moe::{DEVICE_TOKENS, Expert, ExpertActivation, MXFP4_DEVICE_TOKENS, MoeSettings};
+use super::moe::{
+    DEVICE_TOKENS, Expert, ExpertActivation, MXFP4_DEVICE_TOKENS, MXFP4_TOKEN_KERNEL_TOKENS,
+    MoeSettings,
+};
 
 /// One projection's stacked experts: dense, or MXFP4.
 enum Stack {
@@ -118,13 +123,11 @@ impl Stacked {
     }
 
     /// The most tokens a step may have to take [`Stacked::forward`] rather than the grouped
-    /// GEMMs, with `top_k` experts a token (see [`MXFP4_DEVICE_TOKENS`]).
-    pub fn device_tokens(&self, top_k: usize) -> usize {
+    /// GEMMs: [`DEVICE_TOKENS`] for dense experts, [`MXFP4_DEVICE_TOKENS`] for MXFP4 ones.
+    pub fn device_tokens(&self) -> usize {
         match self.gate_up {
             Stack::Dense(_) => DEVICE_TOKENS,
-            Stack::Mxfp4(_) => {
-                (4 * self.experts / top_k.max(1)).clamp(DEVICE_TOKENS, MXFP4_DEVICE_TOKENS)
-            }
+            Stack::Mxfp4(_) => MXFP4_DEVICE_TOKENS,
         }
     }
 
@@ -276,8 +279,20 @@ impl Stacked {
         s: &MoeSettings,
     ) -> candle_core::Result<Tensor> {
         let routes = pagewise_kernels::moe_route(&logits.contiguous()?, s.top_k, s.renormalize)?;
+        let x = x.contiguous()?;
+        if let (Stack::Mxfp4(gate_up), Stack::Mxfp4(down)) = (&self.gate_up, &self.down)
+            && x.dim(0)? > MXFP4_TOKEN_KERNEL_TOKENS
+        {
+            return pagewise_kernels::moe_experts_fp4_mma(
+                &x,
+                gate_up,
+                down,
+                &routes,
+                self.extras(),
+            );
+        }
         pagewise_kernels::moe_experts_with(
-            &x.contiguous()?,
+            &x,
             self.gate_up.weights(),
             self.down.weights(),
             &routes,

@@ -24,13 +24,18 @@ fn moe_decode_steps_in_cuda_graphs_equal_eager_steps() {
 /// load on the CPU): in llama.cpp's layout (gptoss-d64's experts quantized by
 /// tests/fixtures/make_gptoss_gguf.py) and as gpt-oss's safetensors ship them (`_blocks` and
 /// `_scales`, by tests/fixtures/make_gptoss_mxfp4.py), within bf16's error of the same files on
-/// the CPU in f32 (prefill: the experts a step routes to dequantized for the grouped GEMMs); and
-/// their decode steps in CUDA graphs equal eager ones, up to `4 * experts / top_k` = 16
-/// sequences a step (`moe::MXFP4_DEVICE_TOKENS`), where dense experts stop at 8.
+/// the CPU in f32 (a 100-token prefill on tensor cores, `moe_experts_fp4_mma`, its slots sorted by
+/// expert on the device; a 300-token one with the experts it routes to dequantized for the
+/// grouped GEMMs); and their decode steps in CUDA graphs equal eager ones, up to
+/// `moe::MXFP4_DEVICE_TOKENS` sequences a step (past `moe::MXFP4_TOKEN_KERNEL_TOKENS` = 4 on
+/// tensor cores), where dense experts stop at 8.
 #[test]
 fn gpt_oss_mxfp4_on_the_gpu_matches_the_cpu() {
     for name in ["gptoss-d64/model-MXFP4.gguf", "gptoss-d64-mxfp4"] {
-        gpt_oss_matches_the_cpu(&model(name), 100);
+        // 100 tokens on tensor cores, 300 past MXFP4_DEVICE_TOKENS in the grouped GEMMs.
+        for len in [100, 300] {
+            gpt_oss_matches_the_cpu(&model(name), len);
+        }
         moe_graphs_equal_eager(name, true);
     }
 }
@@ -54,8 +59,8 @@ fn gpt_oss_matches_the_cpu(path: &str, len: usize) {
     assert!(agree as f64 >= 0.95 * decisive as f64, "{agree}/{decisive}");
 }
 
-/// `mxfp4`: the model's experts are MXFP4 (8 of them, top 2), whose device path takes steps of
-/// up to 16 tokens.
+/// `mxfp4`: the model's experts are MXFP4 (8 of them, top 2), whose device path takes every
+/// step of these runs' 16 sequences.
 fn moe_graphs_equal_eager(name: &str, mxfp4: bool) {
     let args = |enforce_eager| EngineArgs {
         model: model(name),

@@ -83,3 +83,33 @@ pub fn max_rel_diff(got: &[f32], want: &[f32]) -> f32 {
         .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
         / scale
 }
+
+/// Random MXFP4 matrices (scales 2^-12 to 2^-3) and their values on the host.
+#[allow(dead_code)] // (only the expert tests use MXFP4)
+pub fn random_mxfp4(
+    rng: &mut Lcg,
+    dims: (usize, usize, usize),
+    dev: &Device,
+) -> (pagewise_kernels::Mxfp4Stack, Vec<f32>) {
+    const FP4: [f32; 16] = [
+        0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+    ];
+    let (n, rows, cols) = dims;
+    let byte = |rng: &mut Lcg| ((rng.next() + 1.0) * 128.0) as u8;
+    let codes: Vec<u8> = (0..n * rows * cols / 2).map(|_| byte(rng)).collect();
+    let scales: Vec<u8> = (0..n * rows * cols / 32)
+        .map(|_| 115 + byte(rng) % 10)
+        .collect();
+    let values = codes
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &c)| {
+            let s = 2f32.powi(i32::from(scales[i / 16]) - 127);
+            [FP4[usize::from(c & 15)] * s, FP4[usize::from(c >> 4)] * s]
+        })
+        .collect();
+    (
+        pagewise_kernels::Mxfp4Stack::from_host(&codes, &scales, dims, dev).unwrap(),
+        values,
+    )
+}
