@@ -99,7 +99,8 @@ fn mma_experts_refuse_what_they_cannot_run() {
 
 /// gpt-oss-20b's and gpt-oss-120b's expert layers (MXFP4) for steps of 1 to 256 tokens, routed
 /// at random: microseconds a layer, token by token (`moe_experts_with`) against tensor cores
-/// (`moe-mma-tests --ignored --nocapture mma_bandwidth`).
+/// (`moe-mma-tests --ignored --nocapture mma_bandwidth`; `PAGEWISE_MMA_TOKENS="64"` and
+/// `PAGEWISE_MMA_SHAPE=gpt-oss-20b` narrow it, for a profiler).
 #[test]
 #[ignore]
 fn mma_bandwidth() {
@@ -110,13 +111,24 @@ fn mma_bandwidth() {
         "| shape | tokens | token by token (µs) | tensor cores (µs) | experts' codes read a step (MB) | TB/s (tensor cores) |"
     );
     println!("|---|---|---|---|---|---|");
+    let token_counts: Vec<usize> = std::env::var("PAGEWISE_MMA_TOKENS")
+        .map(|v| {
+            v.split_whitespace()
+                .filter_map(|t| t.parse().ok())
+                .collect()
+        })
+        .unwrap_or_else(|_| vec![1, 4, 8, 16, 32, 64, 128, 256]);
+    let only = std::env::var("PAGEWISE_MMA_SHAPE").ok();
     for (name, experts, top_k, hidden, inter) in [
         ("gpt-oss-20b", 32, 4, 2880, 2880),
         ("gpt-oss-120b", 128, 4, 2880, 2880),
     ] {
+        if only.as_deref().is_some_and(|o| o != name) {
+            continue;
+        }
         let (gu, _) = random_mxfp4(&mut rng, (experts, 2 * inter, hidden), &dev);
         let (down, _) = random_mxfp4(&mut rng, (experts, hidden, inter), &dev);
-        for tokens in [1, 4, 8, 16, 32, 64, 128, 256] {
+        for &tokens in &token_counts {
             let x = random(&mut rng, (tokens, hidden), 1.0, DType::BF16, &dev);
             let routes: Vec<_> = (0..8)
                 .map(|_| {
