@@ -30,10 +30,11 @@ prefill_tests=$(executables paged_prefill <<< "$kernel_json")
 fused_tests=$(executables fused <<< "$kernel_json")
 rope_tests=$(executables rope <<< "$kernel_json")
 moe_tests=$(executables moe <<< "$kernel_json")
+moe_mma_tests=$(executables moe_mma <<< "$kernel_json")
 engine_tests=$(cargo test --release --features nccl --test gpu_engine --no-run --message-format=json | executables gpu_engine)
 
 rm -rf .gpu && mkdir -p .gpu/scripts/gpu .gpu/tests/fixtures/llama-gqa-tied
-for pair in "$CARGO_TARGET_DIR/release/pagewise:pagewise" "$kernel_tests:kernel-tests" "$sampling_tests:sampling-tests" "$prefill_tests:prefill-tests" "$fused_tests:fused-tests" "$rope_tests:rope-tests" "$moe_tests:moe-tests" "$engine_tests:gpu-engine-tests"; do
+for pair in "$CARGO_TARGET_DIR/release/pagewise:pagewise" "$kernel_tests:kernel-tests" "$sampling_tests:sampling-tests" "$prefill_tests:prefill-tests" "$fused_tests:fused-tests" "$rope_tests:rope-tests" "$moe_tests:moe-tests" "$moe_mma_tests:moe-mma-tests" "$engine_tests:gpu-engine-tests"; do
   src=${pair%%:*} name=${pair##*:}
   cp "$src" ".gpu/$name"
   strip ".gpu/$name"

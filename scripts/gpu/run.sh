@@ -33,7 +33,7 @@ nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 export NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 
-for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests rope-tests moe-tests gpu-engine-tests; do
+for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests rope-tests moe-tests moe-mma-tests gpu-engine-tests; do
   [ -f "$here/$f.xz" ] || continue
   [ -x "$work/bin/$f" ] || python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$here/$f.xz" "$work/bin/$f"
   chmod +x "$work/bin/$f"
@@ -64,6 +64,7 @@ if [ "$what" = tests ] || [ "$what" = kernels ] || [ "$what" = all ] || [ "$what
   "$work/bin/fused-tests" --test-threads=1 > "$out/fused-tests.log" 2>&1 || status=1
   "$work/bin/rope-tests" --test-threads=1 >> "$out/fused-tests.log" 2>&1 || status=1
   "$work/bin/moe-tests" --test-threads=1 >> "$out/fused-tests.log" 2>&1 || status=1
+  "$work/bin/moe-mma-tests" --test-threads=1 >> "$out/fused-tests.log" 2>&1 || status=1
   # (the quantized-GGUF test needs its model staged apart: `gguf` mode)
   [ "$what" = kernels ] || "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture --skip quantized_gguf > "$out/gpu-engine-tests.log" 2>&1 || status=1
   grep -hE "^test |test result|rel\. err|top-1|preemptions|KV blocks|panicked|^  |^(BF16|F16)" \
@@ -93,6 +94,7 @@ if [ "$what" = bench ] || [ "$what" = kernels ] || [ "$what" = all ]; then
   "$work/bin/fused-tests" --ignored --nocapture --test-threads=1 gemv_bandwidth 2>&1 | grep -E "^\|" || status=1
   # The experts of one decode token at the Mixtral and Qwen3-MoE shapes.
   "$work/bin/moe-tests" --ignored --nocapture --test-threads=1 moe_bandwidth 2>&1 | grep -E "^\||panicked" || status=1
+  "$work/bin/moe-mma-tests" --ignored --nocapture --test-threads=1 mma_bandwidth 2>&1 | grep -E "^\||panicked" || status=1
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   pw() { "$work/bin/pagewise" "$@" 2>> "$out/bench-stderr.log"; }
@@ -109,7 +111,7 @@ if [ "$what" = quick ]; then
   # batch-1 latency on the 1B shape.
   (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS" tiny) > "$out/make-models.log" 2>&1 || status=1
   "$work/bin/kernel-tests" --test-threads=1 2>&1 | grep -E "^test |test result" || status=1
-  for t in fused-tests rope-tests moe-tests; do
+  for t in fused-tests rope-tests moe-tests moe-mma-tests; do
     "$work/bin/$t" --test-threads=1 2>&1 | grep -E "^test |test result|panicked" || status=1
   done
   # (the KV-sizing test needs the 1B model and the GGUF test its staged file: `tests` / `gguf`)
