@@ -263,16 +263,6 @@ pub fn moe_experts_with<'a>(
     if !moe_fits(top_k, inter, x.dtype()) {
         bail!("moe_experts: {top_k} x {inter} must fit the staging space");
     }
-    let (dtype, gbp, dbp, np, eps, rp, alpha, limit) = (
-        c.dtype,
-        c.gate_up_bias,
-        c.down_bias,
-        c.norm,
-        c.eps,
-        c.residual,
-        c.alpha,
-        c.limit,
-    );
     let mid = empty((tokens * top_k, inter), x.dtype(), x.device())?;
     let y = empty((tokens, hidden), x.dtype(), x.device())?;
     let (mp, stream) = device_ptr(&mid, "gate_up output")?;
@@ -283,7 +273,7 @@ pub fn moe_experts_with<'a>(
     let (ip, _) = device_ptr(&routes.ids, "ids")?;
     let (wp, _) = device_ptr(&routes.weights, "weights")?;
     // 16-byte loads: rows start 16-byte aligned when the tensors do (widths are multiples of 8).
-    if [xp, gp, dp, mp, np].iter().any(|p| p % 16 != 0) {
+    if [xp, gp, dp, mp, c.norm].iter().any(|p| p % 16 != 0) {
         bail!("moe_experts: x and the weights must start on 16-byte boundaries");
     }
     // SAFETY: contiguous tensors of the checked shapes and dtype on the stream's device (an MXFP4
@@ -292,21 +282,21 @@ pub fn moe_experts_with<'a>(
     // expert's rows lie inside gate_up and down.
     let code = unsafe {
         ffi::pagewise_moe_gate_up(
-            dtype,
+            c.dtype,
             mp as *mut c_void,
             xp as *const c_void,
-            np as *const c_void,
-            eps,
+            c.norm as *const c_void,
+            c.eps,
             gp as *const c_void,
             gsp as *const u8,
-            gbp as *const c_void,
+            c.gate_up_bias as *const c_void,
             ip as *const u32,
             tokens as i32,
             top_k as i32,
             inter as i32,
             hidden as i32,
-            alpha,
-            limit,
+            c.alpha,
+            c.limit,
             stream,
         )
     };
@@ -314,13 +304,13 @@ pub fn moe_experts_with<'a>(
     // SAFETY: as above; `mid` holds tokens x top_k rows of inter activations.
     let code = unsafe {
         ffi::pagewise_moe_down(
-            dtype,
+            c.dtype,
             yp as *mut c_void,
             mp as *const c_void,
             dp as *const c_void,
             dsp as *const u8,
-            dbp as *const c_void,
-            rp as *const c_void,
+            c.down_bias as *const c_void,
+            c.residual as *const c_void,
             ip as *const u32,
             wp as *const f32,
             tokens as i32,
