@@ -287,6 +287,37 @@ unsafe extern "C" {
         stream: *mut c_void,
     ) -> c_int;
 
+    pub fn pagewise_moe_slice_columns(
+        tokens: c_int,
+        top_k: c_int,
+        inner: c_int,
+        hidden: c_int,
+    ) -> c_int;
+
+    pub fn pagewise_moe_slices(
+        dtype: c_int,
+        cols: c_int,
+        y: *mut c_void,
+        partial: *mut f32,
+        x: *const c_void,
+        norm_w: *const c_void,
+        eps: f32,
+        gu: *const c_void,
+        gu_bias: *const c_void,
+        down: *const c_void,
+        down_bias: *const c_void,
+        residual: *const c_void,
+        ids: *const u32,
+        weights: *const f32,
+        tokens: c_int,
+        top_k: c_int,
+        inner: c_int,
+        hidden: c_int,
+        alpha: f32,
+        limit: f32,
+        stream: *mut c_void,
+    ) -> c_int;
+
     pub fn pagewise_moe_fp4_mma_scratch(
         tokens: c_int,
         top_k: c_int,

@@ -18,6 +18,7 @@ mod gemv_rope;
 mod grouped;
 mod moe;
 mod moe_mma;
+mod moe_slices;
 mod mxfp4;
 mod pinned;
 mod prefill;
@@ -35,8 +36,8 @@ pub use gemv::{GEMV_MAX_ROWS, GemvInput, gemv, gemv_add_normed, gemv_fits, gemv_
 pub use gemv_rope::{RopeCacheTarget, gemv_rope_cache};
 pub use grouped::GroupedGemm;
 pub use moe::{
-    ExpertExtras, ExpertWeights, MOE_MAX_TOP_K, MoeRoutes, moe_experts, moe_experts_with, moe_fits,
-    moe_max_experts, moe_route, moe_router,
+    ExpertExtras, ExpertPlan, ExpertWeights, MOE_MAX_TOP_K, MoeRoutes, moe_experts, moe_experts_by,
+    moe_experts_with, moe_fits, moe_max_experts, moe_route, moe_router,
 };
 pub use moe_mma::moe_experts_fp4_mma;
 pub use mxfp4::{MXFP4_MAX_SCALE, Mxfp4Stack};

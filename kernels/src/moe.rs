@@ -9,6 +9,7 @@ use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
+use crate::moe_slices::{moe_slices, slice_columns};
 use crate::mxfp4::Mxfp4Stack;
 use crate::{check_launch, device_ptr, dtype_code, empty, ffi};
 
@@ -198,6 +199,19 @@ pub fn moe_experts(
     moe_experts_with(x, gate_up, down, routes, ExpertExtras::default())
 }
 
+/// Which kernels [`moe_experts_by`] runs dense experts with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertPlan {
+    /// What [`moe_experts_with`] picks: slices for one or two tokens (of 16, 32 or 64 columns,
+    /// the narrowest that fill the GPU about three blocks an SM), rows for more.
+    Auto,
+    /// Two grids of rows: gate/up with the activation, then down with the weighted sum.
+    Rows,
+    /// Slices of this many inner columns (8, 16, 32 or 64, dividing the inner width) of one
+    /// chosen expert a block: gate/up then down in one grid, and a grid that sums the slices.
+    Slices(usize),
+}
+
 /// A stack of experts' weights as the expert kernels read it: dense in the activations' dtype,
 /// or MXFP4.
 #[derive(Clone, Copy, Debug)]
@@ -257,9 +271,39 @@ pub fn moe_experts_with<'a>(
     routes: &MoeRoutes,
     extras: ExpertExtras<'_>,
 ) -> Result<Tensor> {
+    moe_experts_by(x, gate_up, down, routes, extras, ExpertPlan::Auto)
+}
+
+/// [`moe_experts_with`] by the kernels `plan` names ([`ExpertPlan::Auto`]: as
+/// [`moe_experts_with`] picks them). The plans compute the same products; the slices sum each
+/// output's in another order.
+pub fn moe_experts_by<'a>(
+    x: &Tensor,
+    gate_up: impl Into<ExpertWeights<'a>>,
+    down: impl Into<ExpertWeights<'a>>,
+    routes: &MoeRoutes,
+    extras: ExpertExtras<'_>,
+    plan: ExpertPlan,
+) -> Result<Tensor> {
     let (gate_up, down) = (gate_up.into(), down.into());
     let c = check_experts(x, gate_up, down, routes, &extras)?;
     let (tokens, hidden, inter, top_k) = (c.tokens, c.hidden, c.inter, c.top_k);
+    let dense = match (gate_up, down) {
+        (ExpertWeights::Dense(g), ExpertWeights::Dense(d)) => Some((g, d)),
+        _ => None,
+    };
+    let cols = match plan {
+        ExpertPlan::Rows => 0,
+        ExpertPlan::Slices(n) => n,
+        ExpertPlan::Auto if dense.is_some() => slice_columns(tokens, top_k, inter, hidden),
+        ExpertPlan::Auto => 0,
+    };
+    if cols > 0 {
+        let Some((g, d)) = dense else {
+            bail!("moe_experts: slices take dense experts, not MXFP4");
+        };
+        return moe_slices(x, g, d, routes, &c, cols);
+    }
     if !moe_fits(top_k, inter, x.dtype()) {
         bail!("moe_experts: {top_k} x {inter} must fit the staging space");
     }
