@@ -1,13 +1,17 @@
 //! The mixture-of-experts kernels (routing, then each token's experts) against the same math on
-//! the host (run on the GPU machine: scripts/gpu/run.sh).
+//! the host (run on the GPU machine: scripts/gpu/run.sh); the slices against the row grids and
+//! the benchmark of every plan in the two modules below.
 
+#[path = "moe/bandwidth.rs"]
+mod bandwidth;
 mod common;
+#[path = "moe/slices.rs"]
+mod slices;
 
 use candle_core::{DType, Device, Tensor};
 use common::{Lcg, host_f32, max_rel_diff, random, random_mxfp4};
 use pagewise_kernels::{
-    ExpertExtras, ExpertPlan, GroupedGemm, Mxfp4Stack, moe_experts, moe_experts_by,
-    moe_experts_with, moe_route, moe_router,
+    ExpertExtras, GroupedGemm, Mxfp4Stack, moe_experts, moe_experts_with, moe_route, moe_router,
 };
 
 /// The host routing: softmax, the `top_k` largest (ties to the lower expert), renormalized or not.
@@ -277,83 +281,6 @@ fn experts_match_each_tokens_experts_on_the_host() {
     assert!(moe_experts(&x, &gu, &down, &routes).is_err());
 }
 
-/// The experts in slices of 8 to 64 inner columns against the two row grids (which the test
-/// above holds to the host): plain SwiGLU, gpt-oss's extras and the fused path's norm and
-/// residual; one and two tokens, Qwen3-30B-A3B's shape among small ones; hidden widths that are
-/// not whole blocks of the sum. Slice widths that do not divide the experts, and MXFP4 stacks,
-/// are refused.
-#[test]
-fn slices_equal_the_rows() {
-    let dev = Device::new_cuda(0).unwrap();
-    let mut rng = Lcg(21);
-    for (dtype, tokens, hidden, inter, experts, top_k) in [
-        (DType::BF16, 1, 2048, 768, 128, 8),
-        (DType::F16, 2, 264, 128, 8, 2),
-        (DType::BF16, 2, 1024, 192, 16, 4),
-        (DType::BF16, 3, 512, 64, 4, 1),
-    ] {
-        let x = random(&mut rng, (tokens, hidden), 1.0, dtype, &dev);
-        let gu = random(&mut rng, (experts * 2 * inter, hidden), 0.05, dtype, &dev)
-            .reshape((experts, 2 * inter, hidden))
-            .unwrap();
-        let down = random(&mut rng, (experts * hidden, inter), 0.05, dtype, &dev)
-            .reshape((experts, hidden, inter))
-            .unwrap();
-        let logits = random(&mut rng, (tokens, experts), 3.0, DType::F32, &dev);
-        let routes = moe_route(&logits, top_k, true).unwrap();
-        let gu_bias = random(&mut rng, (experts, 2 * inter), 0.5, dtype, &dev);
-        let down_bias = random(&mut rng, (experts, hidden), 0.5, dtype, &dev);
-        let norm_w = random(&mut rng, (1, hidden), 1.0, dtype, &dev)
-            .flatten_all()
-            .unwrap();
-        let residual = random(&mut rng, (tokens, hidden), 1.0, dtype, &dev);
-        let gpt_oss = ExpertExtras {
-            gate_up_bias: Some(&gu_bias),
-            down_bias: Some(&down_bias),
-            clamped_swiglu: Some((1.702, 1.0)),
-            ..Default::default()
-        };
-        let fused = ExpertExtras {
-            input_norm: Some((&norm_w, 1e-6)),
-            residual: Some(&residual),
-            ..Default::default()
-        };
-        for extras in [ExpertExtras::default(), gpt_oss, fused] {
-            let by = |plan| moe_experts_by(&x, &gu, &down, &routes, extras, plan);
-            let rows = host_f32(&by(ExpertPlan::Rows).unwrap());
-            for cols in [8, 16, 32, 64].into_iter().filter(|c| inter % c == 0) {
-                let got = host_f32(&by(ExpertPlan::Slices(cols)).unwrap());
-                let err = max_rel_diff(&got, &rows);
-                assert!(
-                    err < 1e-2,
-                    "{dtype:?} {tokens} tokens, {experts} experts of {hidden}x{inter}, top \
-                     {top_k}, slices of {cols}: off by {err}"
-                );
-                // The same again: the slices' sums do not depend on the blocks' order.
-                assert_eq!(host_f32(&by(ExpertPlan::Slices(cols)).unwrap()), got);
-            }
-        }
-        assert!(
-            moe_experts_by(
-                &x,
-                &gu,
-                &down,
-                &routes,
-                ExpertExtras::default(),
-                ExpertPlan::Slices(24)
-            )
-            .is_err()
-        );
-    }
-    let x = random(&mut rng, (1, 64), 1.0, DType::BF16, &dev);
-    let routes = moe_route(&random(&mut rng, (1, 4), 1.0, DType::F32, &dev), 2, true).unwrap();
-    let (gu4, _) = random_mxfp4(&mut rng, (4, 64, 64), &dev);
-    let (down4, _) = random_mxfp4(&mut rng, (4, 64, 32), &dev);
-    let extras = ExpertExtras::default();
-    assert!(moe_experts_by(&x, &gu4, &down4, &routes, extras, ExpertPlan::Slices(16)).is_err());
-    assert!(moe_experts_by(&x, &gu4, &down4, &routes, extras, ExpertPlan::Auto).is_ok());
-}
-
 /// MXFP4 experts (gpt-oss's, as they ship) read as they are: the dense kernels' outputs on their
 /// dequantized weights (which equal the host's values exactly), but for the order of the sums
 /// and the rounding it moves. Plain SwiGLU and gpt-oss's extras, with the input norm and residual
@@ -448,114 +375,5 @@ fn grouped_matmul_equals_a_matmul_per_group() {
         // Groups that do not cover the rows, or name no expert, are refused.
         assert!(gemm.matmul(&x, &w, &[(0, rows - 1)]).is_err());
         assert!(gemm.matmul(&x, &w, &[(6, rows)]).is_err());
-    }
-}
-
-/// The experts of one and two decode tokens at Mixtral-8x7B's, Qwen3-30B-A3B's and
-/// gpt-oss-20b's shapes, by every plan: microseconds a layer and the bandwidth of the chosen
-/// experts' weights (`moe-tests --ignored --nocapture moe_bandwidth`;
-/// `PAGEWISE_MOE_SHAPE=Qwen3-30B-A3B` and `PAGEWISE_MOE_TOKENS=1` narrow it, for a profiler).
-#[test]
-#[ignore]
-fn moe_bandwidth() {
-    let dev = Device::new_cuda(0).unwrap();
-    let stream = dev.as_cuda_device().unwrap().cuda_stream();
-    let mut rng = Lcg(5);
-    let only = std::env::var("PAGEWISE_MOE_SHAPE").ok();
-    let token_counts: Vec<usize> = std::env::var("PAGEWISE_MOE_TOKENS")
-        .map(|v| {
-            v.split_whitespace()
-                .filter_map(|t| t.parse().ok())
-                .collect()
-        })
-        .unwrap_or_else(|_| vec![1, 2]);
-    println!(
-        "| shape, plan | tokens | experts (top-k) | hidden x inter | µs a layer | TB/s of the chosen experts |"
-    );
-    println!("|---|---|---|---|---|---|");
-    for (name, experts, top_k, hidden, inter) in [
-        ("Mixtral-8x7B", 8, 2, 4096, 14336),
-        ("Qwen3-30B-A3B", 128, 8, 2048, 768),
-        ("gpt-oss-20b", 32, 4, 2880, 2880),
-    ] {
-        if only.as_deref().is_some_and(|o| o != name) {
-            continue;
-        }
-        let gu = random(
-            &mut rng,
-            (experts * 2 * inter, hidden),
-            0.05,
-            DType::BF16,
-            &dev,
-        )
-        .reshape((experts, 2 * inter, hidden))
-        .unwrap();
-        let down = random(&mut rng, (experts * hidden, inter), 0.05, DType::BF16, &dev)
-            .reshape((experts, hidden, inter))
-            .unwrap();
-        // gpt-oss's experts in MXFP4 too, as it ships them.
-        let fp4 = (name == "gpt-oss-20b").then(|| {
-            let (gu4, _) = random_mxfp4(&mut rng, (experts, 2 * inter, hidden), &dev);
-            let (down4, _) = random_mxfp4(&mut rng, (experts, hidden, inter), &dev);
-            (gu4, down4)
-        });
-        for &tokens in &token_counts {
-            let x = random(&mut rng, (tokens, hidden), 1.0, DType::BF16, &dev);
-            // Different experts each call (call i favours experts i.. i + top_k for the first
-            // token, i + top_k.. for the second).
-            let logits: Vec<Tensor> = (0..64)
-                .map(|i| {
-                    let v: Vec<f32> = (0..tokens * experts)
-                        .map(|n| {
-                            let (t, e) = (n / experts, n % experts);
-                            let first = (i + t * top_k) % experts;
-                            if (e + experts - first) % experts < top_k {
-                                5.0
-                            } else {
-                                0.0
-                            }
-                        })
-                        .collect();
-                    Tensor::from_vec(v, (tokens, experts), &dev).unwrap()
-                })
-                .collect();
-            let slices = [8, 16, 32, 64].into_iter().filter(|c| inter % c == 0);
-            let plans = [ExpertPlan::Auto, ExpertPlan::Rows]
-                .into_iter()
-                .chain(slices.map(ExpertPlan::Slices));
-            for plan in plans {
-                let run = |i: usize| {
-                    let routes = moe_route(&logits[i % 64], top_k, true).unwrap();
-                    moe_experts_by(&x, &gu, &down, &routes, ExpertExtras::default(), plan).unwrap();
-                };
-                for i in 0..4 {
-                    run(i);
-                }
-                let s = common::graph_replay_seconds(&stream, 64, &run);
-                let bytes = (tokens * top_k * 3 * hidden * inter * 2) as f64;
-                println!(
-                    "| {name}, {plan:?} | {tokens} | {experts} (top-{top_k}) | {hidden} x {inter} | {:.1} | {:.2} |",
-                    s * 1e6,
-                    bytes / s / 1e12
-                );
-            }
-            if let Some((gu4, down4)) = &fp4 {
-                // 17 bytes a run of 32.
-                let run = |i: usize| {
-                    let routes = moe_route(&logits[i % 64], top_k, true).unwrap();
-                    moe_experts_with(&x, gu4, down4, &routes, ExpertExtras::default()).unwrap();
-                };
-                for i in 0..4 {
-                    run(i);
-                }
-                let s = common::graph_replay_seconds(&stream, 64, &run);
-                let bytes = (tokens * top_k * 3 * hidden * inter) as f64 * 17.0 / 32.0;
-                println!(
-                    "| {name}, MXFP4 | {tokens} | {experts} (top-{top_k}) | {hidden} x {inter} | {:.1} | {:.2} |",
-                    s * 1e6,
-                    bytes / s / 1e12
-                );
-            }
-        }
     }
 }
