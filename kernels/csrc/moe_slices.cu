@@ -261,24 +261,21 @@ int run_slices(int cols, void* y, float* partial, const void* x, const void* nor
 }  // namespace
 
 // The inner columns a slice of pagewise_moe_slices takes for `tokens` tokens of `top_k` experts
-// of hidden x inner, or 0 where the two kernels of moe.cu take them (more than two tokens, or a
-// hidden width past 8192): the narrowest of 16, 32 and 64 (dividing inner) whose slices fill the
-// GPU about three blocks an SM at most, else the widest that divides (8 only where 16 does not).
-// On the H200, one token: Qwen3-30B-A3B's layer (8 x 768) in slices of 16 28.1 µs against 31.1
-// by rows, Mixtral-8x7B's (2 x 14336) in 64 175.0 against 179.5; two tokens, in 32 48.3 against
-// 51.7 and in 64 343.9 against 349.4.
+// of hidden x inner, or 0 where the two kernels of moe.cu take them: the narrowest of 16, 32 and
+// 64 (dividing inner) whose slices fill the GPU about three blocks an SM at most (8 where 16 does
+// not divide inner); rows for more than two tokens, a hidden width past 8192, or where even 64
+// columns make more slices than that (Mixtral-8x7B's two tokens: 362 µs in slices against 350
+// by rows). On the H200, one token: Qwen3-30B-A3B's layer (8 x 768) in slices of 16 28.1 µs
+// against 31.1 by rows, Mixtral-8x7B's (2 x 14336) in 64 175.6 against 182.7, gpt-oss-20b's in
+// bf16 (4 x 2880) in 32 59.9 against 72.7; two tokens, Qwen3 in 32 48.3 against 51.7.
 extern "C" int pagewise_moe_slice_columns(int tokens, int top_k, int inner, int hidden) {
   if (tokens < 1 || tokens > 2 || top_k < 1 || hidden > 8192 || hidden % 8 != 0) return 0;
   if (inner % 16 != 0) return inner % 8 == 0 ? 8 : 0;
   const int sms = sm_count() > 0 ? sm_count() : 132;
   const int64_t columns = (int64_t)tokens * top_k * inner;
-  int widest = 0;
-  for (int cols = 16; cols <= 64; cols *= 2) {
-    if (inner % cols != 0) break;
-    widest = cols;
+  for (int cols = 16; cols <= 64 && inner % cols == 0; cols *= 2)
     if (columns / cols <= sms * 7 / 2) return cols;
-  }
-  return widest;
+  return 0;
 }
 
 // y ([tokens, hidden]) = what pagewise_moe_gate_up then pagewise_moe_down compute (same

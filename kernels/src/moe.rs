@@ -203,7 +203,8 @@ pub fn moe_experts(
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExpertPlan {
     /// What [`moe_experts_with`] picks: slices for one or two tokens (of 16, 32 or 64 columns,
-    /// the narrowest that fill the GPU about three blocks an SM), rows for more.
+    /// the narrowest that fill the GPU about three blocks an SM), rows for more tokens or where
+    /// even 64 columns make more slices than that.
     Auto,
     /// Two grids of rows: gate/up with the activation, then down with the weighted sum.
     Rows,

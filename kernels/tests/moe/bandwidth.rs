@@ -6,9 +6,11 @@ use pagewise_kernels::{ExpertExtras, ExpertPlan, moe_experts_by, moe_experts_wit
 use crate::common::{self, Lcg, random, random_mxfp4};
 
 /// The experts of one and two decode tokens at Mixtral-8x7B's, Qwen3-30B-A3B's and
-/// gpt-oss-20b's shapes, by every plan: microseconds a layer and the bandwidth of the chosen
-/// experts' weights (`moe-tests --ignored --nocapture moe_bandwidth`;
-/// `PAGEWISE_MOE_SHAPE=Qwen3-30B-A3B` and `PAGEWISE_MOE_TOKENS=1` narrow it, for a profiler).
+/// gpt-oss-20b's shapes (and a rank's share of the first two under two-way tensor parallelism),
+/// by every plan: microseconds a layer and the bandwidth of the chosen experts' weights
+/// (`moe-tests --ignored --nocapture moe_bandwidth`; `PAGEWISE_MOE_SHAPE=Qwen3-30B-A3B` and
+/// `PAGEWISE_MOE_TOKENS=1` narrow it, for a profiler). Each shape's first plan (Auto) pays a
+/// warm-up of about 1.5 µs: compare the plans after it.
 #[test]
 #[ignore]
 fn moe_bandwidth() {
@@ -31,6 +33,9 @@ fn moe_bandwidth() {
         ("Mixtral-8x7B", 8, 2, 4096, 14336),
         ("Qwen3-30B-A3B", 128, 8, 2048, 768),
         ("gpt-oss-20b", 32, 4, 2880, 2880),
+        // A rank's share under two-way tensor parallelism (experts split by inner columns).
+        ("Mixtral-8x7B, TP=2 rank", 8, 2, 4096, 7168),
+        ("Qwen3-30B-A3B, TP=2 rank", 128, 8, 2048, 384),
     ] {
         if only.as_deref().is_some_and(|o| o != name) {
             continue;
