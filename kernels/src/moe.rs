@@ -245,7 +245,7 @@ impl ExpertWeights<'_> {
 
     /// The weights' (or codes') address and the scales' (0 for dense weights), checked against
     /// the activations' dtype `dtype`.
-    fn ptrs(&self, dtype: DType, what: &str) -> Result<(u64, u64)> {
+    pub(crate) fn ptrs(&self, dtype: DType, what: &str) -> Result<(u64, u64)> {
         match self {
             ExpertWeights::Dense(t) if t.dtype() == dtype => Ok((device_ptr(t, what)?.0, 0)),
             ExpertWeights::Dense(t) => bail!(
@@ -263,8 +263,8 @@ impl ExpertWeights<'_> {
 /// [`moe_experts`] with `extras`: biases after either projection (the down bias inside the
 /// weighting), the clamped SwiGLU in place of SiLU-and-mul, an input RMSNorm and a residual.
 /// Either stack may be MXFP4 ([`Mxfp4Stack`]): the kernels read its codes as they are, and sum
-/// the same products in the same order as over the dequantized stack, so the results are the
-/// same bit for bit.
+/// the same products in the same order as the row kernels over the dequantized stack
+/// ([`ExpertPlan::Rows`]), so those results are the same bit for bit.
 pub fn moe_experts_with<'a>(
     x: &Tensor,
     gate_up: impl Into<ExpertWeights<'a>>,

@@ -10,7 +10,7 @@ use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
-use crate::moe::{CheckedExperts, MoeRoutes};
+use crate::moe::{CheckedExperts, ExpertWeights, MoeRoutes};
 use crate::{check_launch, device_ptr, empty, ffi};
 
 /// The inner columns a slice takes where [`crate::ExpertPlan::Auto`] picks slices, else 0.
@@ -42,22 +42,14 @@ pub(crate) fn moe_slices(
     if hidden > 8192 {
         bail!("moe_experts: slices take a hidden width of at most 8192, got {hidden}");
     }
-    if gate_up.dtype() != x.dtype() || down.dtype() != x.dtype() {
-        bail!(
-            "moe_experts: weights {:?} / {:?} for activations {:?}",
-            gate_up.dtype(),
-            down.dtype(),
-            x.dtype()
-        );
-    }
+    let (gp, _) = ExpertWeights::Dense(gate_up).ptrs(x.dtype(), "gate_up")?;
+    let (dp, _) = ExpertWeights::Dense(down).ptrs(x.dtype(), "down")?;
     let slices = top_k * inter / cols;
     let partial = empty((tokens, slices, hidden), DType::F32, x.device())?;
     let y = empty((tokens, hidden), x.dtype(), x.device())?;
     let (pp, stream) = device_ptr(&partial, "slice scratch")?;
     let (yp, _) = device_ptr(&y, "y")?;
     let (xp, _) = device_ptr(x, "x")?;
-    let (gp, _) = device_ptr(gate_up, "gate_up")?;
-    let (dp, _) = device_ptr(down, "down")?;
     let (ip, _) = device_ptr(routes.ids(), "ids")?;
     let (wp, _) = device_ptr(routes.weights(), "weights")?;
     if [xp, gp, dp, pp, c.norm].iter().any(|p| p % 16 != 0) {
