@@ -11,7 +11,8 @@ mod slices;
 use candle_core::{DType, Device, Tensor};
 use common::{Lcg, host_f32, max_rel_diff, random, random_mxfp4};
 use pagewise_kernels::{
-    ExpertExtras, GroupedGemm, Mxfp4Stack, moe_experts, moe_experts_with, moe_route, moe_router,
+    ExpertExtras, GroupedGemm, MoeRoutes, Mxfp4Stack, moe_experts, moe_experts_with, moe_route,
+    moe_router,
 };
 
 /// The host routing: softmax, the `top_k` largest (ties to the lower expert), renormalized or not.
@@ -148,6 +149,57 @@ fn round(v: Vec<f32>, dtype: DType, dev: &Device) -> Vec<f32> {
     )
 }
 
+/// A random dense expert layer and what it takes, drawn in this order: x `[tokens, hidden]`, the
+/// gate/up and down stacks, the routes (from logits at scale 3, renormalized), both biases, an
+/// input norm's weight and a residual.
+struct DenseLayer {
+    x: Tensor,
+    gu: Tensor,
+    down: Tensor,
+    routes: MoeRoutes,
+    gu_bias: Tensor,
+    down_bias: Tensor,
+    norm_w: Tensor,
+    residual: Tensor,
+}
+
+impl DenseLayer {
+    /// `dims`: (tokens, hidden, inter, experts, top_k).
+    fn random(
+        rng: &mut Lcg,
+        dtype: DType,
+        dims: (usize, usize, usize, usize, usize),
+        dev: &Device,
+    ) -> DenseLayer {
+        let (tokens, hidden, inter, experts, top_k) = dims;
+        let x = random(rng, (tokens, hidden), 1.0, dtype, dev);
+        let gu = random(rng, (experts * 2 * inter, hidden), 0.05, dtype, dev)
+            .reshape((experts, 2 * inter, hidden))
+            .unwrap();
+        let down = random(rng, (experts * hidden, inter), 0.05, dtype, dev)
+            .reshape((experts, hidden, inter))
+            .unwrap();
+        let logits = random(rng, (tokens, experts), 3.0, DType::F32, dev);
+        let routes = moe_route(&logits, top_k, true).unwrap();
+        let gu_bias = random(rng, (experts, 2 * inter), 0.5, dtype, dev);
+        let down_bias = random(rng, (experts, hidden), 0.5, dtype, dev);
+        let norm_w = random(rng, (1, hidden), 1.0, dtype, dev)
+            .flatten_all()
+            .unwrap();
+        let residual = random(rng, (tokens, hidden), 1.0, dtype, dev);
+        DenseLayer {
+            x,
+            gu,
+            down,
+            routes,
+            gu_bias,
+            down_bias,
+            norm_w,
+            residual,
+        }
+    }
+}
+
 /// Plain SwiGLU experts; gpt-oss's (biases, the clamped SwiGLU with a limit low enough to
 /// bite); and the fused decode path's (an input RMSNorm and a residual). The shapes cut the down
 /// projection's work into 1 to 8 slices an output, and one (gpt-oss's 2880) into slices that are
@@ -170,21 +222,21 @@ fn experts_match_each_tokens_experts_on_the_host() {
             (5, 2048, 96, 16, 4),
             (2, 2880, 2880, 32, 4),
         ] {
-            let x = random(&mut rng, (tokens, hidden), 1.0, dtype, &dev);
-            let gu = random(&mut rng, (experts * 2 * inter, hidden), 0.05, dtype, &dev)
-                .reshape((experts, 2 * inter, hidden))
-                .unwrap();
-            let down = random(&mut rng, (experts * hidden, inter), 0.05, dtype, &dev)
-                .reshape((experts, hidden, inter))
-                .unwrap();
-            let logits = random(&mut rng, (tokens, experts), 3.0, DType::F32, &dev);
-            let routes = moe_route(&logits, top_k, true).unwrap();
-            let gu_bias = random(&mut rng, (experts, 2 * inter), 0.5, dtype, &dev);
-            let down_bias = random(&mut rng, (experts, hidden), 0.5, dtype, &dev);
-            let norm_w = random(&mut rng, (1, hidden), 1.0, dtype, &dev)
-                .flatten_all()
-                .unwrap();
-            let residual = random(&mut rng, (tokens, hidden), 1.0, dtype, &dev);
+            let DenseLayer {
+                x,
+                gu,
+                down,
+                routes,
+                gu_bias,
+                down_bias,
+                norm_w,
+                residual,
+            } = DenseLayer::random(
+                &mut rng,
+                dtype,
+                (tokens, hidden, inter, experts, top_k),
+                &dev,
+            );
             let (alpha, limit, eps) = (1.702f32, 1.0f32, 1e-6f32);
             let got = match (gpt_oss, fused) {
                 (false, false) => moe_experts(&x, &gu, &down, &routes),

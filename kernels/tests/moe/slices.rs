@@ -3,6 +3,7 @@
 use candle_core::{DType, Device};
 use pagewise_kernels::{ExpertExtras, ExpertPlan, moe_experts_by, moe_route};
 
+use crate::DenseLayer;
 use crate::common::{Lcg, host_f32, max_rel_diff, random, random_mxfp4};
 
 /// The experts in slices of 8 to 64 inner columns against the two row grids (which the test
@@ -20,21 +21,21 @@ fn slices_equal_the_rows() {
         (DType::BF16, 2, 1024, 192, 16, 4),
         (DType::BF16, 3, 512, 64, 4, 1),
     ] {
-        let x = random(&mut rng, (tokens, hidden), 1.0, dtype, &dev);
-        let gu = random(&mut rng, (experts * 2 * inter, hidden), 0.05, dtype, &dev)
-            .reshape((experts, 2 * inter, hidden))
-            .unwrap();
-        let down = random(&mut rng, (experts * hidden, inter), 0.05, dtype, &dev)
-            .reshape((experts, hidden, inter))
-            .unwrap();
-        let logits = random(&mut rng, (tokens, experts), 3.0, DType::F32, &dev);
-        let routes = moe_route(&logits, top_k, true).unwrap();
-        let gu_bias = random(&mut rng, (experts, 2 * inter), 0.5, dtype, &dev);
-        let down_bias = random(&mut rng, (experts, hidden), 0.5, dtype, &dev);
-        let norm_w = random(&mut rng, (1, hidden), 1.0, dtype, &dev)
-            .flatten_all()
-            .unwrap();
-        let residual = random(&mut rng, (tokens, hidden), 1.0, dtype, &dev);
+        let DenseLayer {
+            x,
+            gu,
+            down,
+            routes,
+            gu_bias,
+            down_bias,
+            norm_w,
+            residual,
+        } = DenseLayer::random(
+            &mut rng,
+            dtype,
+            (tokens, hidden, inter, experts, top_k),
+            &dev,
+        );
         let gpt_oss = ExpertExtras {
             gate_up_bias: Some(&gu_bias),
             down_bias: Some(&down_bias),
