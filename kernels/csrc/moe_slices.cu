@@ -271,7 +271,8 @@ int run_slices(int cols, void* y, float* partial, const void* x, const void* nor
 extern "C" int pagewise_moe_slice_columns(int tokens, int top_k, int inner, int hidden) {
   if (tokens < 1 || tokens > 2 || top_k < 1 || hidden > 8192 || hidden % 8 != 0) return 0;
   if (inner % 16 != 0) return inner % 8 == 0 ? 8 : 0;
-  const int sms = sm_count() > 0 ? sm_count() : 132;
+  const int known = sm_count();
+  const int sms = known > 0 ? known : 132;
   const int64_t columns = (int64_t)tokens * top_k * inner;
   for (int cols = 16; cols <= 64 && inner % cols == 0; cols *= 2)
     if (columns / cols <= sms * 7 / 2) return cols;
