@@ -40,6 +40,26 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// A decode step's new tokens as the fused projection left them (rows: [heads | kv_heads |
+// kv_heads] x D each), for the tensor-core kernel to normalize (per head, optionally), rotate and
+// write into the caches itself instead of a kernel before it doing so (decode_fresh.cuh). Row r
+// of the step is its sequence's newest token: position context_lens[r] - 1, cache slot slots[r]
+// (-1: not written). qkv null: the query is given rotated and the caches hold the step's K/V.
+struct FreshQkv {
+  const void* qkv;
+  void* k_cache;  // the caches again, to write (the kernel's own pointers are read-only)
+  void* v_cache;
+  const void* cos;  // [table_rows, D / 2], read at each row's position (clamped to the last row)
+  const void* sin;
+  const uint32_t* positions;
+  int table_rows;
+  const int64_t* slots;
+  const void* q_norm;  // [D] each, or both null: no per-head RMSNorm
+  const void* k_norm;
+  float eps;
+  int interleaved;  // pairs (2i, 2i + 1) instead of (i, i + D / 2)
+};
+
 struct DecodeArgs {
   void* out;
   float* part_ml;
@@ -62,6 +82,7 @@ struct DecodeArgs {
   // Each query head's attention sink (f32 [num_heads]): a learned logit that joins the softmax
   // and attends to nothing (gpt-oss); null: none.
   const float* sinks;
+  FreshQkv fresh;
   cudaStream_t stream;
 };
 

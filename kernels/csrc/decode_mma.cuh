@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdint.h>
 #include "decode_common.cuh"
+#include "decode_fresh.cuh"
 #include "dtype.cuh"
 #include "mma.cuh"
 
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(kThreads)
                             const int32_t* __restrict__ context_lens, int max_blocks,
                             int num_heads, int num_kv_heads, int block_size, int chunk,
                             int fresh_tail, int window, float scale,
-                            const float* __restrict__ sinks) {
+                            const float* __restrict__ sinks, const FreshQkv fresh) {
   using S = MmaShape<T, D>;
   using Copier = typename S::Copier;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -119,19 +120,34 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kRows = S::kRows, kDims = S::kDims;
   const int tiles = (end - begin + kRows - 1) / kRows;
   const int32_t* table = block_tables + (int64_t)(row_seq ? row_seq[seq] : seq) * max_blocks;
+  // With the step's new tokens unrotated (FreshQkv), the block whose split holds the newest
+  // position writes its K and V, and patches them into that tile's stage (decode_fresh.cuh); a
+  // row without a slot (-1) writes nothing, and reads the cache as it is, as after rope_qkv_cache.
+  const bool from_qkv = fresh.qkv != nullptr;
+  const int newest = ctx - 1;
+  const bool owns_newest = from_qkv && begin <= newest && newest < end && fresh.slots[seq] >= 0;
 
   // Block tables and lengths are inputs, not earlier kernels' outputs: read them at once. So are
   // the cache's positions before the last fresh_tail of the context: when the ring's first tiles
   // lie wholly before them, they are copied before the wait too (the memory system is busy
-  // while the kernel before ends).
+  // while the kernel before ends). Taking the new tokens from the projection, no kernel before
+  // writes the caches: the ring is always started early.
   Copier copier(k_cache, v_cache, table, begin, end, block_size, num_kv_heads, kv_head);
   copier.fetch(0);
-  const bool early = fresh_tail >= 0 && tiles > 0 &&
-                     min(begin + (S::kStages - 1) * kRows, end) <= ctx - fresh_tail;
+  const bool early =
+      tiles > 0 && (from_qkv || (fresh_tail >= 0 &&
+                                 min(begin + (S::kStages - 1) * kRows, end) <= ctx - fresh_tail));
   if (early) copier.template start<S::kStages>(stages, tiles);
   wait_for_previous_grid();  // the query (and the cache's fresh positions) are written by it
   let_next_grid_launch();    // the merge may be scheduled now; it waits for this grid's end
   if (!early) copier.template start<S::kStages>(stages, tiles);
+  // The group's query heads, then the newest K and V, from the projection.
+  __shared__ __align__(16) T fresh_rows[(kMaxGroup + 2) * D];
+  if (from_qkv) {
+    fresh_heads<T, D>(fresh_rows, fresh, seq, kv_head, group, num_heads, num_kv_heads,
+                      owns_newest);
+    __syncthreads();
+  }
 
   // This warp's 16 positions of each tile (pos_group) and its dims (dim0 .. dim0 + kDims).
   const int pos_group = warp / S::kHalves, dim0 = (warp % S::kHalves) * kDims;
@@ -139,8 +155,9 @@ __global__ void __launch_bounds__(kThreads)
   // the warp's dims; rows 8-15 are zero.
   uint32_t qa[kDims / 16][4];
   {
-    const T* qr =
-        q + ((int64_t)seq * num_heads + (int64_t)kv_head * group + r) * D + dim0 + 2 * c;
+    const T* qr = (from_qkv ? fresh_rows + r * D
+                            : q + ((int64_t)seq * num_heads + (int64_t)kv_head * group + r) * D) +
+                  dim0 + 2 * c;
 #pragma unroll
     for (int k = 0; k < kDims / 16; ++k) {
       qa[k][0] = r < group ? *reinterpret_cast<const uint32_t*>(qr + k * 16) : 0u;
@@ -162,6 +179,11 @@ __global__ void __launch_bounds__(kThreads)
   for (int t = 0; t < tiles; ++t) {
     const T* kt = copier.template next<S::kStages>(stages, t, tiles);
     const T* vt = kt + kRows * D;
+    if (owns_newest && t == (newest - begin) / kRows) {  // (the same for the whole block)
+      patch_stage_row<T, D, kRows>(const_cast<T*>(kt), fresh_rows + group * D,
+                                   fresh_rows + (group + 1) * D, (newest - begin) % kRows);
+      __syncthreads();
+    }
 
     // Scores: sc[b] covers the warp's positions 8b .. 8b + 7 (lane: 8b + 2c, + 1).
     float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};

@@ -70,7 +70,8 @@ __global__ void __launch_bounds__(kThreads)
                         const int32_t* __restrict__ row_seq,
                         const int32_t* __restrict__ context_lens, int max_blocks, int num_heads,
                         int num_kv_heads, int block_size, int chunk, int /*fresh_tail*/,
-                        int window, float scale, const float* __restrict__ sinks) {
+                        int window, float scale, const float* __restrict__ sinks,
+                        const FreshQkv /*fresh: the tensor-core kernel's only*/) {
   using S = Shape<T, D>;
   constexpr int kHeadsPerWarp = (G + kWarps - 1) / kWarps;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -357,7 +358,7 @@ cudaError_t launch_split(K kernel, int smem, const DecodeArgs* a, bool can_clust
       kernel, grid, kThreads, smem, a->stream, in_clusters ? a->num_splits : 1, a->out,
       a->part_ml, a->part_acc, a->q, a->k_cache, a->v_cache, a->block_tables, a->row_seq,
       a->context_lens, a->max_blocks, a->num_heads, a->num_kv_heads, a->block_size, a->chunk,
-      a->fresh_tail, a->window, a->scale, a->sinks);
+      a->fresh_tail, a->window, a->scale, a->sinks, a->fresh);
   if (err == cudaSuccess && !in_clusters) err = launch_merge<T, D>(a);
   return err;
 }
@@ -377,6 +378,7 @@ int decode_g(const DecodeArgs* a, int* blocks) {
       return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, smem);
     return (int)launch_split<T, D>(kernel, smem, a, true);
   }
+  if (a != nullptr && a->fresh.qkv != nullptr) return 1;  // (the tensor-core kernel's only)
   static bool configured[64] = {};
   constexpr int smem = decode_smem_bytes<T, D, G>();
   if (const cudaError_t err = configure(paged_decode_kernel<T, D, G>, smem, configured))
@@ -427,7 +429,10 @@ int decode_any(int dtype, int head_dim, int group, const DecodeArgs* a, int* blo
 // decode step's new tokens); -1 means anywhere, and no K/V is read before it ends. window > 0:
 // each row attends over the last `window` positions of its context only (sliding-window layers).
 // sinks: null, or f32 [num_heads], each head's attention sink (a logit in the softmax that attends
-// to nothing; gpt-oss).
+// to nothing; gpt-oss). fresh: null, or (bf16 and f16 only) the step's new tokens straight from
+// the qkv projection (FreshQkv, decode_common.cuh): q is then not read, each row must be its
+// sequence's newest token, and the kernel writes their K and V into the caches itself (so the
+// kernel before must not write the caches at all; fresh_tail is not used).
 extern "C" int pagewise_paged_decode(int dtype, void* out, float* part_ml, float* part_acc,
                                      const void* q, const void* k_cache, const void* v_cache,
                                      const int32_t* block_tables, const int32_t* row_seq,
@@ -435,11 +440,12 @@ extern "C" int pagewise_paged_decode(int dtype, void* out, float* part_ml, float
                                      int num_heads, int num_kv_heads, int head_dim,
                                      int block_size, int num_splits, int chunk, int fresh_tail,
                                      int window, float scale, const float* sinks,
-                                     cudaStream_t stream) {
+                                     const FreshQkv* fresh, cudaStream_t stream) {
   const DecodeArgs a{out,          part_ml,  part_acc,     q,          k_cache,    v_cache,
                      block_tables, row_seq,  context_lens, num_seqs,   max_blocks, num_heads,
                      num_kv_heads, head_dim, block_size,   num_splits, chunk,      fresh_tail,
-                     window,       scale,    sinks,        stream};
+                     window,       scale,    sinks,        fresh != nullptr ? *fresh : FreshQkv{},
+                     stream};
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return 1;
   return decode_any(dtype, head_dim, num_heads / num_kv_heads, &a, nullptr);
 }

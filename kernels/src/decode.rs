@@ -218,6 +218,7 @@ unsafe fn decode_new(
             window,
             sinks,
             scale,
+            None,
         )
     }?;
     Ok(out)
@@ -262,6 +263,7 @@ pub unsafe fn paged_attention_planned_into(
             0,
             None,
             scale,
+            None,
         )
     }
 }
@@ -319,8 +321,10 @@ pub unsafe fn paged_attention_rows(
     }
 }
 
+/// The decode kernel over `q`'s rows (or, with `fresh`, rows of `q`'s shape read from the
+/// projection) into `out`.
 #[allow(clippy::too_many_arguments)]
-unsafe fn decode_into(
+pub(crate) unsafe fn decode_into(
     out: &Tensor,
     ws: &DecodeWorkspace,
     q: &Tensor,
@@ -334,6 +338,7 @@ unsafe fn decode_into(
     window: usize,
     sinks: Option<&Tensor>,
     scale: f32,
+    fresh: Option<&ffi::FreshQkv>,
 ) -> Result<()> {
     let (seqs, heads, head_dim) = q.dims3()?;
     if splits == 0 || chunk == 0 || splits > crate::split::MAX_SPLITS {
@@ -373,7 +378,11 @@ unsafe fn decode_into(
     let (ml, _) = device_ptr(&ws.part_ml, "workspace")?;
     let (pa, _) = device_ptr(&ws.part_acc, "workspace")?;
     let (o, stream) = device_ptr(out, "out")?;
-    let (qp, _) = device_ptr(q, "q")?;
+    // (With `fresh` the kernel reads the query from the projection; `q` only gave its shape.)
+    let qp = match fresh {
+        Some(_) => 0,
+        None => device_ptr(q, "q")?.0,
+    };
     let (kc, _) = device_ptr(k_cache, "k_cache")?;
     let (vc, _) = device_ptr(v_cache, "v_cache")?;
     let (bt, _) = device_ptr(block_tables, "block_tables")?;
@@ -412,6 +421,7 @@ unsafe fn decode_into(
             window.min(i32::MAX as usize) as i32,
             scale,
             sk as *const f32,
+            fresh.map_or(std::ptr::null(), |f| f as *const ffi::FreshQkv),
             stream,
         )
     };

@@ -3,6 +3,24 @@
 
 use std::ffi::{c_int, c_void};
 
+/// A decode step's new tokens as the fused projection left them, for the decode kernel to
+/// normalize, rotate and write into the caches itself (`FreshQkv` in decode_common.cuh).
+#[repr(C)]
+pub struct FreshQkv {
+    pub qkv: *const c_void,
+    pub k_cache: *mut c_void,
+    pub v_cache: *mut c_void,
+    pub cos: *const c_void,
+    pub sin: *const c_void,
+    pub positions: *const u32,
+    pub table_rows: c_int,
+    pub slots: *const i64,
+    pub q_norm: *const c_void,
+    pub k_norm: *const c_void,
+    pub eps: f32,
+    pub interleaved: c_int,
+}
+
 unsafe extern "C" {
     pub fn pagewise_reshape_and_cache(
         dtype: c_int,
@@ -47,6 +65,7 @@ unsafe extern "C" {
         window: c_int,
         scale: f32,
         sinks: *const f32,
+        fresh: *const FreshQkv,
         stream: *mut c_void,
     ) -> c_int;
 

@@ -11,6 +11,7 @@
 
 pub mod allreduce;
 mod decode;
+mod decode_fresh;
 mod ffi;
 mod fused;
 mod gemv;
@@ -31,6 +32,7 @@ pub use decode::{
     CacheWrites, DecodeWorkspace, paged_attention, paged_attention_planned,
     paged_attention_planned_into, paged_attention_rows, paged_decode_attention, plan_for,
 };
+pub use decode_fresh::paged_attention_fresh;
 pub use fused::{add_rms_norm, add_rms_normed, silu_mul};
 pub use gemv::{GEMV_MAX_ROWS, GemvInput, gemv, gemv_add_normed, gemv_fits, gemv_fused};
 pub use gemv_rope::{RopeCacheTarget, gemv_rope_cache};

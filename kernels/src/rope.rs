@@ -61,56 +61,7 @@ pub unsafe fn rope_qkv_cache(
     v_cache: &Tensor,
     slot_mapping: &Tensor,
 ) -> Result<Tensor> {
-    let (tokens, width) = x.qkv.dims2()?;
-    let (_, _, kv_heads, d) = k_cache.dims4()?;
-    if kv_heads != x.kv_heads || width != (x.heads + 2 * kv_heads) * d || d % 2 != 0 {
-        bail!(
-            "rope_qkv_cache: qkv {:?} does not hold {} + 2 x {} heads of the caches' {:?}",
-            x.qkv.dims(),
-            x.heads,
-            x.kv_heads,
-            k_cache.dims()
-        );
-    }
-    check_rope_inputs(
-        "rope_qkv_cache",
-        tokens,
-        (x.cos, x.sin, x.positions),
-        (k_cache, v_cache),
-        slot_mapping,
-    )?;
-    let mut same_dtype = vec![
-        (x.cos, "cos"),
-        (x.sin, "sin"),
-        (k_cache, "k_cache"),
-        (v_cache, "v_cache"),
-    ];
-    if let Some(n) = &x.head_norms {
-        for (w, what) in [(n.q, "q norm"), (n.k, "k norm")] {
-            if w.dims() != [d] || !w.is_contiguous() {
-                bail!(
-                    "rope_qkv_cache: the {what} weight must be contiguous [{d}], got {:?}",
-                    w.dims()
-                );
-            }
-            same_dtype.push((w, what));
-        }
-        if x.heads + kv_heads > MAX_NORM_HEADS {
-            bail!(
-                "rope_qkv_cache: {} + {kv_heads} normalized heads are past the kernel's {MAX_NORM_HEADS}",
-                x.heads
-            );
-        }
-    }
-    for (t, what) in same_dtype {
-        if t.dtype() != x.qkv.dtype() {
-            bail!(
-                "rope_qkv_cache: {what} is {:?} but qkv is {:?}",
-                t.dtype(),
-                x.qkv.dtype()
-            );
-        }
-    }
+    let (tokens, d) = check_qkv_rope("rope_qkv_cache", x, k_cache, v_cache, slot_mapping)?;
     let dtype = dtype_code(x.qkv.dtype(), "rope_qkv_cache")?;
     let q = empty((tokens, x.heads, d), x.qkv.dtype(), x.qkv.device())?;
     let (qo, stream) = device_ptr(&q, "q")?;
@@ -153,7 +104,7 @@ pub unsafe fn rope_qkv_cache(
             eps,
             tokens as i32,
             x.heads as i32,
-            kv_heads as i32,
+            x.kv_heads as i32,
             d as i32,
             i32::from(x.interleaved),
             stream,
@@ -161,6 +112,69 @@ pub unsafe fn rope_qkv_cache(
     };
     crate::check_launch(code, "rope_qkv_cache")?;
     Ok(q)
+}
+
+/// The checks of a step's fused projection `x` against the caches and its slot mapping that
+/// every kernel rotating it into the caches makes (`op`, named in the messages); returns the
+/// step's tokens and the head dim.
+pub(crate) fn check_qkv_rope(
+    op: &str,
+    x: &QkvRope<'_>,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot_mapping: &Tensor,
+) -> Result<(usize, usize)> {
+    let (tokens, width) = x.qkv.dims2()?;
+    let (_, _, kv_heads, d) = k_cache.dims4()?;
+    if kv_heads != x.kv_heads || width != (x.heads + 2 * kv_heads) * d || d % 2 != 0 {
+        bail!(
+            "{op}: qkv {:?} does not hold {} + 2 x {} heads of the caches' {:?}",
+            x.qkv.dims(),
+            x.heads,
+            x.kv_heads,
+            k_cache.dims()
+        );
+    }
+    check_rope_inputs(
+        op,
+        tokens,
+        (x.cos, x.sin, x.positions),
+        (k_cache, v_cache),
+        slot_mapping,
+    )?;
+    let mut same_dtype = vec![
+        (x.cos, "cos"),
+        (x.sin, "sin"),
+        (k_cache, "k_cache"),
+        (v_cache, "v_cache"),
+    ];
+    if let Some(n) = &x.head_norms {
+        for (w, what) in [(n.q, "q norm"), (n.k, "k norm")] {
+            if w.dims() != [d] || !w.is_contiguous() {
+                bail!(
+                    "{op}: the {what} weight must be contiguous [{d}], got {:?}",
+                    w.dims()
+                );
+            }
+            same_dtype.push((w, what));
+        }
+        if x.heads + kv_heads > MAX_NORM_HEADS {
+            bail!(
+                "{op}: {} + {kv_heads} normalized heads are past the kernel's {MAX_NORM_HEADS}",
+                x.heads
+            );
+        }
+    }
+    for (t, what) in same_dtype {
+        if t.dtype() != x.qkv.dtype() {
+            bail!(
+                "{op}: {what} is {:?} but qkv is {:?}",
+                t.dtype(),
+                x.qkv.dtype()
+            );
+        }
+    }
+    Ok((tokens, d))
 }
 
 /// The checks both kernels that rotate and write the cache (`op`, named in the messages) make

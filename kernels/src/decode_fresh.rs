@@ -1,0 +1,104 @@
+//! Decode attention that takes a step's new tokens straight from the fused q/k/v projection: the
+//! tensor-core decode kernel normalizes (per head, Qwen3 and Gemma 3) and rotates the query heads
+//! it attends with, and writes each new token's K and V into the caches, as [`rope_qkv_cache`]
+//! would before it (the same roundings: the results are bit for bit those of the two kernels).
+//! A decode layer is then one launch shorter, and every tile of the context may be copied
+//! before the kernel waits for the projection.
+//!
+//! [`rope_qkv_cache`]: crate::rope_qkv_cache
+
+use candle_core::{DType, Result, Tensor, bail};
+
+use crate::decode::{CacheWrites, DecodeWorkspace, decode_into};
+use crate::rope::{QkvRope, check_qkv_rope};
+use crate::{device_ptr, ffi};
+
+/// Decode attention of a step whose row `r` is its sequence's newest token (position
+/// `context_lens[r] - 1`, cache slot `slot_mapping[r]`, -1 = not written), read unrotated from
+/// `x.qkv` (`[rows, (heads + 2 kv_heads) head_dim]`): attends over `block_tables` (row `r`
+/// through `row_seq[r]`, or table `r`) with the `(splits, chunk)` plan, over the last `window`
+/// positions of each context when given. Writes the rows' K and V into the caches
+/// (`[blocks, block_size, kv_heads, head_dim]`) and returns the attention output
+/// `[rows, heads, head_dim]`. bf16 and f16 only (the tensor-core kernel); `x.positions` must be
+/// given (whole rotary tables read at each row's position).
+///
+/// On sm_90 the kernel starts before the kernel before it ends and copies the cache right away:
+/// that kernel must not write the caches (the projection does not).
+///
+/// # Safety
+/// As [`paged_attention_planned_into`](crate::paged_attention_planned_into), and every slot in
+/// the slot mapping is -1 or below `num_blocks * block_size` of the caches, distinct within the
+/// step, and the slot of its row's newest position in the row's block table.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn paged_attention_fresh(
+    x: &QkvRope<'_>,
+    (k_cache, v_cache): (&Tensor, &Tensor),
+    slot_mapping: &Tensor,
+    block_tables: &Tensor,
+    row_seq: Option<&Tensor>,
+    context_lens: &Tensor,
+    plan: (usize, usize),
+    window: Option<usize>,
+    scale: f32,
+) -> Result<Tensor> {
+    const OP: &str = "paged_attention_fresh";
+    let Some(positions) = x.positions else {
+        bail!("{OP}: the rotary tables must be read at the rows' positions");
+    };
+    let (rows, d) = check_qkv_rope(OP, x, k_cache, v_cache, slot_mapping)?;
+    if !matches!(x.qkv.dtype(), DType::BF16 | DType::F16) {
+        bail!("{OP}: bf16 or f16 only, got {:?}", x.qkv.dtype());
+    }
+    if window == Some(0) {
+        bail!("{OP}: a sliding window of no positions");
+    }
+    let qkv = x.qkv.contiguous()?;
+    let (src, _) = device_ptr(&qkv, "qkv")?;
+    let (kc, _) = device_ptr(k_cache, "k_cache")?;
+    let (vc, _) = device_ptr(v_cache, "v_cache")?;
+    let (norm_q, norm_k, eps) = match &x.head_norms {
+        Some(n) => (
+            device_ptr(n.q, "q norm")?.0,
+            device_ptr(n.k, "k norm")?.0,
+            n.eps,
+        ),
+        None => (0, 0, 0.0),
+    };
+    let fresh = ffi::FreshQkv {
+        qkv: src as *const _,
+        k_cache: kc as *mut _,
+        v_cache: vc as *mut _,
+        cos: device_ptr(x.cos, "cos")?.0 as *const _,
+        sin: device_ptr(x.sin, "sin")?.0 as *const _,
+        positions: device_ptr(positions, "positions")?.0 as *const u32,
+        table_rows: i32::try_from(x.cos.dim(0)?).unwrap_or(i32::MAX),
+        slots: device_ptr(slot_mapping, "slot_mapping")?.0 as *const i64,
+        q_norm: norm_q as *const _,
+        k_norm: norm_k as *const _,
+        eps,
+        interleaved: i32::from(x.interleaved),
+    };
+    let out = crate::empty((rows, x.heads, d), x.qkv.dtype(), x.qkv.device())?;
+    let ws = DecodeWorkspace::new(rows, x.heads, plan.0, d, x.qkv.device())?;
+    // SAFETY: the caller's contract; shapes and dtypes checked above and in `decode_into` (`out`
+    // gives the query's shape; the kernel reads the query from `fresh`).
+    unsafe {
+        decode_into(
+            &out,
+            &ws,
+            &out,
+            k_cache,
+            v_cache,
+            block_tables,
+            row_seq,
+            context_lens,
+            plan,
+            CacheWrites::Anywhere,
+            window.unwrap_or(0),
+            None,
+            scale,
+            Some(&fresh),
+        )
+    }?;
+    Ok(out)
+}
