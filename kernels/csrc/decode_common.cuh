@@ -49,8 +49,8 @@ struct FreshQkv {
   const void* qkv;
   void* k_cache;  // the caches again, to write (the kernel's own pointers are read-only)
   void* v_cache;
-  const void* cos;  // [table_rows, D / 2], read at each row's position (clamped to the last row)
-  const void* sin;
+  const void* cos;  // [table_rows, D / 2] read at each row's position (clamped to the last row),
+  const void* sin;  // or without positions a row for each row of the step
   const uint32_t* positions;
   int table_rows;
   const int64_t* slots;

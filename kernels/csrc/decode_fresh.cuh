@@ -26,7 +26,7 @@ __device__ __forceinline__ void fresh_heads(T* fs, const FreshQkv& f, int seq, i
   constexpr int kPer = D / 32, kHalf = kPer / 2;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const T* row = static_cast<const T*>(f.qkv) + (int64_t)seq * (num_heads + 2 * num_kv_heads) * D;
-  const int pos = min((int)f.positions[seq], f.table_rows - 1);
+  const int pos = f.positions != nullptr ? min((int)f.positions[seq], f.table_rows - 1) : seq;
   const T* cs = static_cast<const T*>(f.cos) + (int64_t)pos * (D / 2);
   const T* sn = static_cast<const T*>(f.sin) + (int64_t)pos * (D / 2);
   const int64_t slot = f.slots[seq];

@@ -19,8 +19,7 @@ use crate::{device_ptr, ffi};
 /// through `row_seq[r]`, or table `r`) with the `(splits, chunk)` plan, over the last `window`
 /// positions of each context when given. Writes the rows' K and V into the caches
 /// (`[blocks, block_size, kv_heads, head_dim]`) and returns the attention output
-/// `[rows, heads, head_dim]`. bf16 and f16 only (the tensor-core kernel); `x.positions` must be
-/// given (whole rotary tables read at each row's position).
+/// `[rows, heads, head_dim]`. bf16 and f16 only (the tensor-core kernel).
 ///
 /// On sm_90 the kernel starts before the kernel before it ends and copies the cache right away:
 /// that kernel must not write the caches (the projection does not).
@@ -42,9 +41,6 @@ pub unsafe fn paged_attention_fresh(
     scale: f32,
 ) -> Result<Tensor> {
     const OP: &str = "paged_attention_fresh";
-    let Some(positions) = x.positions else {
-        bail!("{OP}: the rotary tables must be read at the rows' positions");
-    };
     let (rows, d) = check_qkv_rope(OP, x, k_cache, v_cache, slot_mapping)?;
     if !matches!(x.qkv.dtype(), DType::BF16 | DType::F16) {
         bail!("{OP}: bf16 or f16 only, got {:?}", x.qkv.dtype());
@@ -70,7 +66,10 @@ pub unsafe fn paged_attention_fresh(
         v_cache: vc as *mut _,
         cos: device_ptr(x.cos, "cos")?.0 as *const _,
         sin: device_ptr(x.sin, "sin")?.0 as *const _,
-        positions: device_ptr(positions, "positions")?.0 as *const u32,
+        positions: match x.positions {
+            Some(p) => device_ptr(p, "positions")?.0 as *const u32,
+            None => std::ptr::null(),
+        },
         table_rows: i32::try_from(x.cos.dim(0)?).unwrap_or(i32::MAX),
         slots: device_ptr(slot_mapping, "slot_mapping")?.0 as *const i64,
         q_norm: norm_q as *const _,

@@ -43,7 +43,9 @@ fn tables(rng: &mut Lcg, ctx: &[usize], bs: usize, dev: &Device) -> (Tensor, Vec
     (t, newest, blocks)
 }
 
-fn check(case: &Case, dtype: DType, ctx: &[usize], seed: u64) {
+/// The fused kernel against the two it replaces for rows of contexts `ctx`; with `gathered`, the
+/// rotary tables as rows gathered at the step's positions instead of whole tables read there.
+fn check(case: &Case, dtype: DType, ctx: &[usize], gathered: bool, seed: u64) {
     let dev = Device::new_cuda(0).unwrap();
     let mut rng = Lcg(seed);
     let (heads, kv_heads, d, bs) = (case.heads, case.kv_heads, case.d, 16);
@@ -93,6 +95,14 @@ fn check(case: &Case, dtype: DType, ctx: &[usize], seed: u64) {
     let (cos, sin) = (rotary(f32::cos), rotary(f32::sin));
     let positions: Vec<u32> = ctx.iter().map(|&c| c as u32 - 1).collect();
     let positions = Tensor::new(positions.as_slice(), &dev).unwrap();
+    let (cos, sin, positions) = match gathered {
+        true => (
+            cos.index_select(&positions, 0).unwrap(),
+            sin.index_select(&positions, 0).unwrap(),
+            None,
+        ),
+        false => (cos, sin, Some(positions)),
+    };
     let lens: Vec<i32> = ctx.iter().map(|&c| c as i32).collect();
     let lens = Tensor::new(lens.as_slice(), &dev).unwrap();
     let slots = Tensor::new(newest.as_slice(), &dev).unwrap();
@@ -110,7 +120,7 @@ fn check(case: &Case, dtype: DType, ctx: &[usize], seed: u64) {
         kv_heads,
         cos: &cos,
         sin: &sin,
-        positions: Some(&positions),
+        positions: positions.as_ref(),
         interleaved: case.interleaved,
         head_norms: case.norms.then_some(HeadNorms {
             q: &qn,
@@ -170,7 +180,8 @@ fn check(case: &Case, dtype: DType, ctx: &[usize], seed: u64) {
     }
     .unwrap();
     let what = format!(
-        "{dtype:?} {}x{}x{} interleaved {} norms {} window {:?} plan {:?} contexts {ctx:?}",
+        "{dtype:?} {}x{}x{} interleaved {} norms {} window {:?} plan {:?} contexts {ctx:?} \
+         gathered {gathered}",
         heads, kv_heads, d, case.interleaved, case.norms, case.window, case.plan
     );
     let (g, w) = (host_f32(&got), host_f32(&want));
@@ -221,8 +232,12 @@ fn fresh_rows_equal_rope_then_attention() {
         for dtype in [DType::BF16, DType::F16] {
             // The newest position first, last and inside a tile of 64 (32 at d256), a single
             // position, and a context past the window.
-            for ctx in [&[1usize, 65][..], &[64, 129], &[200, 37]] {
-                check(&case, dtype, ctx, seed);
+            for (ctx, gathered) in [
+                (&[1usize, 65][..], false),
+                (&[64, 129], true),
+                (&[200, 37], false),
+            ] {
+                check(&case, dtype, ctx, gathered, seed);
                 seed += 1;
             }
         }
@@ -272,7 +287,7 @@ fn fresh_rows_refuse_what_the_kernel_cannot_take() {
     };
     let err = run(&x).unwrap_err().to_string();
     assert!(err.contains("bf16 or f16"), "{err}");
-    x.positions = None;
+    x.qkv = &cos;
     let err = run(&x).unwrap_err().to_string();
-    assert!(err.contains("positions"), "{err}");
+    assert!(err.contains("does not hold"), "{err}");
 }

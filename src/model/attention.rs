@@ -165,6 +165,27 @@ impl KvCache {
         }
     }
 
+    /// Attends a decode step's new tokens straight from their fused projection `x` over layer
+    /// `layer` of a GPU cache (`pagewise_kernels::paged_attention_fresh`: the attention kernel
+    /// normalizes and rotates q and k and writes K/V itself, one launch instead of two), over the
+    /// last `window` positions of each row's context in a sliding-window layer. Returns
+    /// `[tokens, heads * head_dim]`, or `None` where the step does not fit that kernel (prefill
+    /// rows, f32, a cache or metadata off the GPU): the caller then rotates and writes first.
+    #[cfg(feature = "cuda")]
+    pub fn attend_fresh(
+        &self,
+        layer: usize,
+        x: &pagewise_kernels::QkvRope<'_>,
+        meta: &AttentionMeta<'_>,
+        scale: f32,
+        window: Option<usize>,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let (Some(caches), Some(dm)) = (self.device_layer(layer), &meta.device) else {
+            return Ok(None);
+        };
+        super::attention_cuda::attend_fresh(caches, x, dm, scale, window)
+    }
+
     /// Writes `k`, `v` (`[tokens, kv_heads, head_dim]`) of layer `layer` at the slot mapping, then
     /// attends `q` (`[tokens, heads, head_dim]`) over the cache. Returns `[tokens, heads * head_dim]`.
     pub fn attend(

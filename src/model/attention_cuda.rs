@@ -76,6 +76,49 @@ pub(super) fn attend_rows(
     out.reshape((tokens, heads * head_dim))
 }
 
+/// A decode step's attention straight from its fused projection `x`, which the kernel rotates and
+/// writes into the caches itself; `None` for a step with prefill rows (each row must be its
+/// sequence's newest token) or in f32 (the tensor-core kernel's only).
+pub(super) fn attend_fresh(
+    (k_cache, v_cache): (&Tensor, &Tensor),
+    x: &pagewise_kernels::QkvRope<'_>,
+    meta: &DeviceAttentionMeta,
+    scale: f32,
+    window: Option<usize>,
+) -> candle_core::Result<Option<Tensor>> {
+    if meta.prefill.is_some() || !matches!(x.qkv.dtype(), DType::BF16 | DType::F16) {
+        return Ok(None);
+    }
+    let (tokens, head_dim) = (x.qkv.dim(0)?, k_cache.dim(3)?);
+    let longest = window.map_or(meta.max_context_len, |w| meta.max_context_len.min(w));
+    let plan = match meta.split {
+        Some(plan) => plan,
+        None => {
+            let group = x.heads / x.kv_heads.max(1);
+            let slots = pagewise_kernels::decode_slots(x.qkv.dtype(), head_dim, group)?;
+            pagewise_kernels::split_plan(tokens, x.kv_heads, longest, slots)
+        }
+    };
+    let (slot_mapping, block_tables) = meta.tables(window.is_some());
+    // SAFETY: the indices come from the scheduler's plan (ForwardBatch): block ids below the
+    // cache's num_blocks, distinct slots within a step, each the slot of its row's newest
+    // position, contexts within each block-table row.
+    let out = unsafe {
+        pagewise_kernels::paged_attention_fresh(
+            x,
+            (k_cache, v_cache),
+            slot_mapping,
+            block_tables,
+            Some(&meta.row_seq),
+            &meta.context_lens,
+            plan,
+            window,
+            scale,
+        )
+    }?;
+    Ok(Some(out.reshape((tokens, x.heads * head_dim))?))
+}
+
 /// Attends `q` over caches that already hold this step's K/V; returns `[tokens, heads * head_dim]`.
 pub(super) fn attend_cached(
     k_cache: &Tensor,

@@ -159,8 +159,9 @@ pub(super) fn attention(
 }
 
 /// Layer `layer`'s attention output from its qkv projection `qkv`, projected by the caller
-/// (`[rows, (heads + 2 kv_heads) head_dim]`), for a layer with per-head q/k norms: one kernel
-/// normalizes each head, rotates and writes the cache, then paged attention.
+/// (`[rows, (heads + 2 kv_heads) head_dim]`), for a layer with per-head q/k norms: in a decode
+/// step the attention kernel normalizes each head, rotates and writes the cache itself
+/// (`KvCache::attend_fresh`); otherwise one kernel does that first, then paged attention.
 pub(super) fn attend_projected(
     qkv: &Tensor,
     l: &FusedAttention<'_>,
@@ -173,14 +174,14 @@ pub(super) fn attend_projected(
     let Some(norms) = l.head_norms else {
         candle_core::bail!("attend_projected takes a layer with per-head q/k norms");
     };
+    let x = rotary.qkv_rope(qkv, (heads.q, heads.kv), Some(norms), &batch.positions);
+    if let Some(out) = kv.attend_fresh(layer, &x, &batch.attention, heads.scale, heads.window)? {
+        return Ok(out);
+    }
     let (caches, slots) = step_caches(layer, batch, kv, heads)?;
-    let q = rotary.apply_qkv_and_cache(
-        qkv,
-        (heads.q, heads.kv),
-        Some(norms),
-        caches,
-        (&batch.positions, slots),
-    )?;
+    // SAFETY: the indices come from the scheduler's plan (ForwardBatch): distinct slots within a
+    // step, inside the caches; positions past the tables read their last row.
+    let q = unsafe { pagewise_kernels::rope_qkv_cache(&x, caches.0, caches.1, slots) }?;
     kv.attend_written(layer, &q, &batch.attention, heads.scale, heads.window)
 }
 

@@ -378,19 +378,19 @@ impl Rotary {
         }
     }
 
-    /// [`RotaryRows::apply_qkv_and_cache`] reading the whole tables at `positions` (u32
-    /// `[tokens]`, no gather): for the fused decode path of models with per-head q/k norms, whose
-    /// projection cannot rotate as it stores (a head's norm needs the whole head).
+    /// The fused q/k/v projection `qkv` as the kernels that rotate it take it: the whole tables
+    /// read at `positions` (u32 `[tokens]`, no gather), after the per-head norms, if any. For the
+    /// fused decode path of models with per-head q/k norms, whose projection cannot rotate as it
+    /// stores (a head's norm needs the whole head).
     #[cfg(feature = "cuda")]
-    pub fn apply_qkv_and_cache(
-        &self,
-        qkv: &Tensor,
+    pub fn qkv_rope<'a>(
+        &'a self,
+        qkv: &'a Tensor,
         (heads, kv_heads): (usize, usize),
-        head_norms: Option<pagewise_kernels::HeadNorms<'_>>,
-        (k_cache, v_cache): (&Tensor, &Tensor),
-        (positions, slot_mapping): (&Tensor, &Tensor),
-    ) -> candle_core::Result<Tensor> {
-        let x = pagewise_kernels::QkvRope {
+        head_norms: Option<pagewise_kernels::HeadNorms<'a>>,
+        positions: &'a Tensor,
+    ) -> pagewise_kernels::QkvRope<'a> {
+        pagewise_kernels::QkvRope {
             qkv,
             heads,
             kv_heads,
@@ -399,9 +399,7 @@ impl Rotary {
             positions: Some(positions),
             interleaved: self.interleaved,
             head_norms,
-        };
-        // SAFETY: as for `project_qkv_and_cache`; positions past the tables read their last row.
-        unsafe { pagewise_kernels::rope_qkv_cache(&x, k_cache, v_cache, slot_mapping) }
+        }
     }
 }
 
@@ -413,19 +411,16 @@ pub struct RotaryRows {
 }
 
 impl RotaryRows {
-    /// The fused q/k/v projection `qkv` rotated on the GPU in one kernel (after the per-head
-    /// norms, if the model has them) that also writes this step's K/V into the caches at
-    /// `slot_mapping`; returns q, `[tokens, heads, head_dim]`.
+    /// The fused q/k/v projection `qkv` as the kernels that rotate it take it (these rows'
+    /// tables; after the per-head norms, if the model has them).
     #[cfg(feature = "cuda")]
-    pub fn apply_qkv_and_cache(
-        &self,
-        qkv: &Tensor,
+    pub fn qkv_rope<'a>(
+        &'a self,
+        qkv: &'a Tensor,
         (heads, kv_heads): (usize, usize),
-        head_norms: Option<pagewise_kernels::HeadNorms<'_>>,
-        (k_cache, v_cache): (&Tensor, &Tensor),
-        slot_mapping: &Tensor,
-    ) -> candle_core::Result<Tensor> {
-        let x = pagewise_kernels::QkvRope {
+        head_norms: Option<pagewise_kernels::HeadNorms<'a>>,
+    ) -> pagewise_kernels::QkvRope<'a> {
+        pagewise_kernels::QkvRope {
             qkv,
             heads,
             kv_heads,
@@ -434,10 +429,7 @@ impl RotaryRows {
             positions: None,
             interleaved: self.interleaved,
             head_norms,
-        };
-        // SAFETY: the indices come from the scheduler's plan (ForwardBatch): block ids below the
-        // cache's num_blocks, distinct slots within a step, contexts within each block-table row.
-        unsafe { pagewise_kernels::rope_qkv_cache(&x, k_cache, v_cache, slot_mapping) }
+        }
     }
 
     /// Dimensions of each head these tables turn.

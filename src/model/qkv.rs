@@ -229,9 +229,10 @@ pub fn attention_with_sinks(
 }
 
 /// On a GPU, the rest of [`attention`] from the fused projection's output `qkv`
-/// (`[tokens, (heads + 2 * kv_heads) * head_dim]`): one kernel normalizes each q and k head (where
-/// the model has per-head norms), rotates q and k and writes k and v into the cache, then paged
-/// attention (over the window in a sliding-window layer). `None` when the layer's cache or the step's device
+/// (`[tokens, (heads + 2 * kv_heads) * head_dim]`): q and k normalized per head (where the model
+/// has per-head norms) and rotated, k and v written into the cache, and paged attention (over the
+/// window in a sliding-window layer) — in a decode step all in the attention kernel
+/// (`KvCache::attend_fresh`), otherwise one kernel for the first three, then attention. `None` when the layer's cache or the step's device
 /// metadata is not on a GPU, or rotary turns only part of each head.
 #[cfg(feature = "cuda")]
 pub fn attend_projected(
@@ -250,13 +251,16 @@ pub fn attend_projected(
         // The kernel turns whole heads; partial rotary goes through `RotaryRows::apply`.
         return None;
     }
-    let q = match rotary.apply_qkv_and_cache(
-        qkv,
-        (heads.q, heads.kv),
-        proj.head_norms(),
-        caches,
-        dm.tables(heads.window.is_some()).0,
-    ) {
+    let x = rotary.qkv_rope(qkv, (heads.q, heads.kv), proj.head_norms());
+    match kv.attend_fresh(layer, &x, &batch.attention, heads.scale, heads.window) {
+        Ok(Some(out)) => return Some(Ok(out)),
+        Ok(None) => {}
+        Err(e) => return Some(Err(e)),
+    }
+    let slots = dm.tables(heads.window.is_some()).0;
+    // SAFETY: the indices come from the scheduler's plan (ForwardBatch): block ids below the
+    // cache's num_blocks, distinct slots within a step, contexts within each block-table row.
+    let q = match unsafe { pagewise_kernels::rope_qkv_cache(&x, caches.0, caches.1, slots) } {
         Ok(q) => q,
         Err(e) => return Some(Err(e)),
     };
