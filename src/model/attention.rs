@@ -143,8 +143,9 @@ impl KvCache {
     }
 
     /// Attends `q` (`[tokens, heads, head_dim]`) over layer `layer` of a GPU cache that already
-    /// holds this step's K/V (written by `pagewise_kernels::rope_qkv_cache`), over the last `window`
-    /// positions of each row's context in a sliding-window layer. Returns `[tokens, heads * head_dim]`.
+    /// holds this step's K/V (written by `pagewise_kernels::rope_qkv_cache` or the projection's
+    /// GEMV), over the last `window` positions of each row's context in a sliding-window layer.
+    /// Returns `[tokens, heads * head_dim]`.
     #[cfg(feature = "cuda")]
     pub fn attend_written(
         &self,

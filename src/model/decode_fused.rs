@@ -5,8 +5,9 @@
 //! o and down projections add the residual as they store, and the down projection applies
 //! SiLU-and-multiply as it stages its input. A layer is then five kernels (qkv + rope + cache
 //! write, attention (+ its merge), o, gate/up, down) instead of ten or more, which is what bounds
-//! a batch-1 step. Models with per-head q/k norms (Qwen3) take one kernel more: the qkv GEMV
-//! stores plainly and `pagewise_kernels::rope_qkv_cache` normalizes, rotates and writes the cache.
+//! a batch-1 step. Models with per-head q/k norms (Qwen3, Gemma 3) as many: the qkv GEMV stores
+//! plainly and the attention kernel normalizes, rotates and writes the cache itself
+//! (`KvCache::attend_fresh`; a step with prefill rows runs `rope_qkv_cache` first).
 //! A mixture-of-experts layer (Mixtral, Qwen3-MoE) ends in three kernels after o: the router
 //! (norm folded in), the routing, and the chosen experts (norm folded into gate/up, the residual
 //! into down); see `SparseMoe::forward_fused`.

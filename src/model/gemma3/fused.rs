@@ -1,7 +1,8 @@
-//! Gemma 3's decode steps on the fused path (src/model/decode_fused.rs): a layer is six kernels,
+//! Gemma 3's decode steps on the fused path (src/model/decode_fused.rs): a layer is five kernels,
 //! its two normalized residual adds folded into the staging of the projection after each
-//! (`pagewise_kernels::gemv_add_normed`): qkv (after the last MLP's add, with the input norm), q/k
-//! norm + rope + cache, attention, o, gate/up (after o's add, with the pre-MLP norm), and down
+//! (`pagewise_kernels::gemv_add_normed`): qkv (after the last MLP's add, with the input norm),
+//! attention (with the q/k norms, rope and cache write), o, gate/up (after o's add, with the
+//! pre-MLP norm), and down
 //! (GeGLU folded in). The last layer's add rides in the LM head's staging with the final norm
 //! when the head is one dense matrix (`logits_after_add`); else it runs alone, before the norm.
 
