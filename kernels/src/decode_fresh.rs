@@ -10,8 +10,7 @@
 use candle_core::{DType, Result, Tensor, bail};
 
 use crate::decode::{CacheWrites, DecodeWorkspace, decode_into};
-use crate::rope::{QkvRope, check_qkv_rope};
-use crate::{device_ptr, ffi};
+use crate::rope::{QkvRope, qkv_rope_args};
 
 /// Decode attention of a step whose row `r` is its sequence's newest token (position
 /// `context_lens[r] - 1`, cache slot `slot_mapping[r]`, -1 = not written), read unrotated from
@@ -41,42 +40,13 @@ pub unsafe fn paged_attention_fresh(
     scale: f32,
 ) -> Result<Tensor> {
     const OP: &str = "paged_attention_fresh";
-    let (rows, d) = check_qkv_rope(OP, x, k_cache, v_cache, slot_mapping)?;
+    let (fresh, rows, d) = qkv_rope_args(OP, x, k_cache, v_cache, slot_mapping)?;
     if !matches!(x.qkv.dtype(), DType::BF16 | DType::F16) {
         bail!("{OP}: bf16 or f16 only, got {:?}", x.qkv.dtype());
     }
     if window == Some(0) {
         bail!("{OP}: a sliding window of no positions");
     }
-    let qkv = x.qkv.contiguous()?;
-    let (src, _) = device_ptr(&qkv, "qkv")?;
-    let (kc, _) = device_ptr(k_cache, "k_cache")?;
-    let (vc, _) = device_ptr(v_cache, "v_cache")?;
-    let (norm_q, norm_k, eps) = match &x.head_norms {
-        Some(n) => (
-            device_ptr(n.q, "q norm")?.0,
-            device_ptr(n.k, "k norm")?.0,
-            n.eps,
-        ),
-        None => (0, 0, 0.0),
-    };
-    let fresh = ffi::FreshQkv {
-        qkv: src as *const _,
-        k_cache: kc as *mut _,
-        v_cache: vc as *mut _,
-        cos: device_ptr(x.cos, "cos")?.0 as *const _,
-        sin: device_ptr(x.sin, "sin")?.0 as *const _,
-        positions: match x.positions {
-            Some(p) => device_ptr(p, "positions")?.0 as *const u32,
-            None => std::ptr::null(),
-        },
-        table_rows: i32::try_from(x.cos.dim(0)?).unwrap_or(i32::MAX),
-        slots: device_ptr(slot_mapping, "slot_mapping")?.0 as *const i64,
-        q_norm: norm_q as *const _,
-        k_norm: norm_k as *const _,
-        eps,
-        interleaved: i32::from(x.interleaved),
-    };
     let out = crate::empty((rows, x.heads, d), x.qkv.dtype(), x.qkv.device())?;
     let ws = DecodeWorkspace::new(rows, x.heads, plan.0, d, x.qkv.device())?;
     // SAFETY: the caller's contract; shapes and dtypes checked above and in `decode_into` (`out`

@@ -3,8 +3,9 @@
 
 use std::ffi::{c_int, c_void};
 
-/// A decode step's new tokens as the fused projection left them, for the decode kernel to
-/// normalize, rotate and write into the caches itself (`FreshQkv` in decode_common.cuh).
+/// A step's new tokens as the fused projection left them, with the caches and where to rotate
+/// them from: what the decode kernel takes to normalize, rotate and write them itself (`FreshQkv`
+/// in decode_common.cuh), and the arguments `pagewise_rope_qkv_cache` takes one by one.
 #[repr(C)]
 pub struct FreshQkv {
     pub qkv: *const c_void,

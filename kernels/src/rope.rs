@@ -61,29 +61,10 @@ pub unsafe fn rope_qkv_cache(
     v_cache: &Tensor,
     slot_mapping: &Tensor,
 ) -> Result<Tensor> {
-    let (tokens, d) = check_qkv_rope("rope_qkv_cache", x, k_cache, v_cache, slot_mapping)?;
+    let (a, tokens, d) = qkv_rope_args("rope_qkv_cache", x, k_cache, v_cache, slot_mapping)?;
     let dtype = dtype_code(x.qkv.dtype(), "rope_qkv_cache")?;
     let q = empty((tokens, x.heads, d), x.qkv.dtype(), x.qkv.device())?;
     let (qo, stream) = device_ptr(&q, "q")?;
-    let (kc, _) = device_ptr(k_cache, "k_cache")?;
-    let (vc, _) = device_ptr(v_cache, "v_cache")?;
-    let (src, _) = device_ptr(x.qkv, "qkv")?;
-    let (c, _) = device_ptr(x.cos, "cos")?;
-    let (s, _) = device_ptr(x.sin, "sin")?;
-    let (slots, _) = device_ptr(slot_mapping, "slot_mapping")?;
-    let positions = match x.positions {
-        Some(p) => device_ptr(p, "positions")?.0 as *const u32,
-        None => std::ptr::null(),
-    };
-    let table_rows = i32::try_from(x.cos.dim(0)?).unwrap_or(i32::MAX);
-    let (q_norm, k_norm, eps) = match &x.head_norms {
-        Some(n) => (
-            device_ptr(n.q, "q norm")?.0 as *const c_void,
-            device_ptr(n.k, "k norm")?.0 as *const c_void,
-            n.eps,
-        ),
-        None => (std::ptr::null(), std::ptr::null(), 0.0),
-    };
     // SAFETY: shapes and dtypes checked above; slots address rows inside the caches by the
     // caller's contract (the block manager's slot mapping), as for `reshape_and_cache`; a
     // position past the tables reads their last row (clamped in the kernel).
@@ -91,22 +72,22 @@ pub unsafe fn rope_qkv_cache(
         ffi::pagewise_rope_qkv_cache(
             dtype,
             qo as *mut c_void,
-            kc as *mut c_void,
-            vc as *mut c_void,
-            src as *const c_void,
-            c as *const c_void,
-            s as *const c_void,
-            positions,
-            table_rows,
-            slots as *const i64,
-            q_norm,
-            k_norm,
-            eps,
+            a.k_cache,
+            a.v_cache,
+            a.qkv,
+            a.cos,
+            a.sin,
+            a.positions,
+            a.table_rows,
+            a.slots,
+            a.q_norm,
+            a.k_norm,
+            a.eps,
             tokens as i32,
             x.heads as i32,
             x.kv_heads as i32,
             d as i32,
-            i32::from(x.interleaved),
+            a.interleaved,
             stream,
         )
     };
@@ -114,16 +95,16 @@ pub unsafe fn rope_qkv_cache(
     Ok(q)
 }
 
-/// The checks of a step's fused projection `x` against the caches and its slot mapping that
-/// every kernel rotating it into the caches makes (`op`, named in the messages); returns the
-/// step's tokens and the head dim.
-pub(crate) fn check_qkv_rope(
+/// A step's fused projection `x`, the caches and its slot mapping as every kernel that rotates
+/// it into the caches takes them (`ffi::FreshQkv`), with the step's tokens and the head dim,
+/// after the checks those kernels share (`op`, named in the messages).
+pub(crate) fn qkv_rope_args(
     op: &str,
     x: &QkvRope<'_>,
     k_cache: &Tensor,
     v_cache: &Tensor,
     slot_mapping: &Tensor,
-) -> Result<(usize, usize)> {
+) -> Result<(ffi::FreshQkv, usize, usize)> {
     let (tokens, width) = x.qkv.dims2()?;
     let (_, _, kv_heads, d) = k_cache.dims4()?;
     if kv_heads != x.kv_heads || width != (x.heads + 2 * kv_heads) * d || d % 2 != 0 {
@@ -174,7 +155,32 @@ pub(crate) fn check_qkv_rope(
             );
         }
     }
-    Ok((tokens, d))
+    let (q_norm, k_norm, eps) = match &x.head_norms {
+        Some(n) => (
+            device_ptr(n.q, "q norm")?.0 as *const c_void,
+            device_ptr(n.k, "k norm")?.0 as *const c_void,
+            n.eps,
+        ),
+        None => (std::ptr::null(), std::ptr::null(), 0.0),
+    };
+    let args = ffi::FreshQkv {
+        qkv: device_ptr(x.qkv, "qkv")?.0 as *const c_void,
+        k_cache: device_ptr(k_cache, "k_cache")?.0 as *mut c_void,
+        v_cache: device_ptr(v_cache, "v_cache")?.0 as *mut c_void,
+        cos: device_ptr(x.cos, "cos")?.0 as *const c_void,
+        sin: device_ptr(x.sin, "sin")?.0 as *const c_void,
+        positions: match x.positions {
+            Some(p) => device_ptr(p, "positions")?.0 as *const u32,
+            None => std::ptr::null(),
+        },
+        table_rows: i32::try_from(x.cos.dim(0)?).unwrap_or(i32::MAX),
+        slots: device_ptr(slot_mapping, "slot_mapping")?.0 as *const i64,
+        q_norm,
+        k_norm,
+        eps,
+        interleaved: i32::from(x.interleaved),
+    };
+    Ok((args, tokens, d))
 }
 
 /// The checks both kernels that rotate and write the cache (`op`, named in the messages) make
