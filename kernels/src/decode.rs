@@ -93,12 +93,18 @@ impl DecodeWorkspace {
 /// The split plan for `q` (`[rows, heads, head_dim]`) over `k_cache`'s KV heads on this GPU.
 pub fn plan_for(q: &Tensor, k_cache: &Tensor, max_context_len: usize) -> Result<(usize, usize)> {
     let (_, _, kv_heads, _) = k_cache.dims4()?;
-    plan(q, kv_heads, max_context_len)
+    plan_for_rows(q.dtype(), q.dims3()?, kv_heads, max_context_len)
 }
 
-fn plan(q: &Tensor, kv_heads: usize, max_context_len: usize) -> Result<(usize, usize)> {
-    let (rows, heads, head_dim) = q.dims3()?;
-    let slots = decode_slots(q.dtype(), head_dim, heads / kv_heads.max(1))?;
+/// [`plan_for`] for query rows of `dtype` and shape `(rows, heads, head_dim)` not in a tensor (the
+/// query of [`paged_attention_fresh`](crate::paged_attention_fresh) is still in its projection).
+pub fn plan_for_rows(
+    dtype: DType,
+    (rows, heads, head_dim): (usize, usize, usize),
+    kv_heads: usize,
+    max_context_len: usize,
+) -> Result<(usize, usize)> {
+    let slots = decode_slots(dtype, head_dim, heads / kv_heads.max(1))?;
     Ok(split_plan(rows, kv_heads, max_context_len, slots))
 }
 

@@ -31,6 +31,7 @@ mod staging;
 pub use decode::{
     CacheWrites, DecodeWorkspace, paged_attention, paged_attention_planned,
     paged_attention_planned_into, paged_attention_rows, paged_decode_attention, plan_for,
+    plan_for_rows,
 };
 pub use decode_fresh::paged_attention_fresh;
 pub use fused::{add_rms_norm, add_rms_normed, silu_mul};

@@ -93,11 +93,12 @@ pub(super) fn attend_fresh(
     let longest = window.map_or(meta.max_context_len, |w| meta.max_context_len.min(w));
     let plan = match meta.split {
         Some(plan) => plan,
-        None => {
-            let group = x.heads / x.kv_heads.max(1);
-            let slots = pagewise_kernels::decode_slots(x.qkv.dtype(), head_dim, group)?;
-            pagewise_kernels::split_plan(tokens, x.kv_heads, longest, slots)
-        }
+        None => pagewise_kernels::plan_for_rows(
+            x.qkv.dtype(),
+            (tokens, x.heads, head_dim),
+            x.kv_heads,
+            longest,
+        )?,
     };
     let (slot_mapping, block_tables) = meta.tables(window.is_some());
     // SAFETY: the indices come from the scheduler's plan (ForwardBatch): block ids below the
