@@ -358,7 +358,8 @@ impl DecodeGraphs {
             .flat_map(|b| contexts.iter().map(move |c| (b, c)))
             .rev()
         {
-            let split = pagewise_kernels::graph_split_plan(b, kv_heads, context, slots);
+            let split =
+                pagewise_kernels::graph_split_plan(b, kv_heads, context, slots, cfg.head_dim);
             let batch = buffers.batch(b, split, context)?;
             let logits_dtype = model.forward_native(&batch, kv)?.dtype();
             if logits_dtype != buffers.logits.dtype() {

@@ -48,7 +48,7 @@ pub use pinned::PinnedIds;
 pub use prefill::{PrefillSeqs, paged_prefill_attention};
 pub use rope::{HeadNorms, MAX_NORM_HEADS, QkvRope, rope_qkv_cache};
 pub use sampling::{SampleOutputs, sample, sample_into, sample_masked, sample_workspace_len};
-pub use split::{MIN_CHUNK, decode_slots, graph_split_plan, split_plan};
+pub use split::{MIN_CHUNK, decode_slots, decode_tile_rows, graph_split_plan, split_plan};
 pub use staging::{MAX_STAGED_FIELDS, StagedField, Staging};
 
 use std::ffi::c_void;

@@ -40,19 +40,31 @@ pub fn split_plan(
 }
 
 /// The split plan of a CUDA graph, captured once and replayed over contexts up to
-/// `max_context_len`: the split count for the longest context, and `MIN_CHUNK` as the floor of
-/// each row's chunk, so a row spreads its own context over the splits (the kernel takes
-/// `max(chunk, ceil(context / splits))`) and the splits past it return at once.
+/// `max_context_len`: the split count for the longest context, and one tensor-core tile of
+/// `head_dim` ([`decode_tile_rows`]) as the floor of each row's chunk, so a row spreads its own
+/// context over the splits (the kernel takes `max(chunk, ceil(context / splits))`) and the splits
+/// past it return at once. A floor of one tile rather than `MIN_CHUNK`: a short context's blocks
+/// take one or two tiles each instead of up to `MIN_CHUNK`'s worth in a row, since a batch-1 step
+/// pays for the tile loop's latency, not for the splits' merge in a cluster (H200, 2026-12-04,
+/// 128 in / 512 out: Gemma-3-12B 144.4 -> 147.6 tok/s, Qwen3-30B-A3B 321.3 -> 326.0, Qwen3-8B
+/// 228.5 -> 230.7, Mistral-7B 243.5 -> 245.5).
 pub fn graph_split_plan(
     seqs: usize,
     kv_heads: usize,
     max_context_len: usize,
     slots: usize,
+    head_dim: usize,
 ) -> (usize, usize) {
     (
         choose_splits(seqs * kv_heads, max_context_len, slots),
-        MIN_CHUNK,
+        decode_tile_rows(head_dim),
     )
+}
+
+/// Context positions in one tile of the tensor-core decode kernel at `head_dim`: 16 a warp, and
+/// at d256 two warps share each 16 (decode_mma.cuh's `MmaShape::kRows`).
+pub fn decode_tile_rows(head_dim: usize) -> usize {
+    if head_dim > 128 { 32 } else { 64 }
 }
 
 fn choose_splits(pairs: usize, context: usize, slots: usize) -> usize {
@@ -130,7 +142,8 @@ mod tests {
         assert_eq!(split_plan(1, 8, 100, 396), (1, 100));
         assert_eq!(split_plan(1, 1, 300, 396).0, 3);
         // A graph's plan keeps the floor chunk.
-        assert_eq!(graph_split_plan(1, 8, 8192, 396), (43, MIN_CHUNK));
+        assert_eq!(graph_split_plan(1, 8, 8192, 396, 128), (43, 64));
+        assert_eq!(graph_split_plan(1, 8, 1024, 396, 256), (8, 32));
     }
 
     #[test]
@@ -143,8 +156,8 @@ mod tests {
                         assert!((1..=MAX_SPLITS).contains(&splits), "{splits} splits");
                         assert!(splits * chunk >= ctx, "{splits} x {chunk} < {ctx}");
                         assert!(ctx > MIN_CHUNK || splits == 1, "{ctx} split {splits} ways");
-                        let (g, floor) = graph_split_plan(seqs, kv_heads, ctx, slots);
-                        assert_eq!((g, floor), (splits, MIN_CHUNK));
+                        let (g, floor) = graph_split_plan(seqs, kv_heads, ctx, slots, 256);
+                        assert_eq!((g, floor), (splits, decode_tile_rows(256)));
                     }
                 }
             }
