@@ -36,6 +36,9 @@ struct MmaShape {
   static_assert(((kWarps + 1) * 8 * (D + 2)) * 4 <= kSmemBytes, "merge space");
 };
 
+// Most splits merged inside a thread-block cluster (the portable cluster size).
+constexpr int kMaxClusterSplits = 8;
+
 // Merges the splits of a (row, KV head) held by the blocks of one thread-block cluster (one block
 // per split; `ml` [8][2] and `o` [8][D] in each block's shared memory, published by the caller's
 // cluster barrier): block `rank` of `ranks` writes its share of the group's group x D outputs,
@@ -51,19 +54,31 @@ __device__ __forceinline__ void merge_cluster_splits(T* out_heads, const float* 
   cluster.sync();
   for (int i = rank * kThreads + (int)threadIdx.x; i < group * D; i += ranks * kThreads) {
     const int g = i / D, d = i % D;
-    float M = -INFINITY;
-    for (int s = 0; s < ranks; ++s) {
-      const float* r_ml = cluster.map_shared_rank(ml, s);
-      if (r_ml[g * 2 + 1] > 0.f) M = fmaxf(M, r_ml[g * 2]);
+    // Every split's (max, sum) and sum for this output, all requested at once: one trip through
+    // distributed shared memory instead of one a split.
+    float ms[kMaxClusterSplits], ls[kMaxClusterSplits], os[kMaxClusterSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      ms[s] = -INFINITY;
+      ls[s] = os[s] = 0.f;
+      if (s < ranks) {
+        const float2 v = *reinterpret_cast<const float2*>(cluster.map_shared_rank(ml, s) + g * 2);
+        ms[s] = v.x;
+        ls[s] = v.y;
+        os[s] = cluster.map_shared_rank(o, s)[g * D + d];
+      }
     }
+    float M = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s)
+      if (ls[s] > 0.f) M = fmaxf(M, ms[s]);
     float L = 0.f, acc = 0.f;
-    for (int s = 0; s < ranks; ++s) {
-      const float* r_ml = cluster.map_shared_rank(ml, s);
-      const float ls = r_ml[g * 2 + 1];
-      if (ls == 0.f) continue;
-      const float f = __expf(r_ml[g * 2] - M);
-      L += ls * f;
-      acc += cluster.map_shared_rank(o, s)[g * D + d] * f;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      if (ls[s] == 0.f) continue;
+      const float f = __expf(ms[s] - M);
+      L += ls[s] * f;
+      acc += os[s] * f;
     }
     L = with_sink(L, M, sinks, g);
     out_heads[g * D + d] = from_float<T>(L > 0.f ? acc / L : 0.f);

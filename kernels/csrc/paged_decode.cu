@@ -303,9 +303,6 @@ cudaError_t configure(K kernel, int smem, bool (&configured)[64]) {
   return err;
 }
 
-// Most splits merged inside a thread-block cluster (the portable cluster size).
-constexpr int kMaxClusterSplits = 8;
-
 // Clusters of `splits` blocks of `kernel` that fit on the current device at once (0 when unknown):
 // a cluster's blocks must share a GPC, so fewer blocks run at once than in plain launches.
 template <typename K>
