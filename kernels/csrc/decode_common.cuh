@@ -91,12 +91,18 @@ __device__ __forceinline__ float with_sink(float L, float M, const float* sinks,
   return (sinks != nullptr && L > 0.f) ? L + __expf(sinks[head] - M) : L;
 }
 
+// Contexts of at most this many positions are never split (split.rs's MIN_CHUNK): the first
+// split takes them whole whatever the plan, so a short sequence's attention sums in one order in
+// every step, eager or graph-replayed, alone or batched.
+constexpr int kWholeContext = 128;
+
 // The positions [begin, end) of a row's context that split `split` of `num_splits` covers.
 // `chunk` is a floor: a row splits its own context evenly when that gives longer chunks (a CUDA
 // graph fixes the split count while the contexts vary from replay to replay).
 __device__ __forceinline__ void split_range(int ctx, int split, int num_splits, int chunk,
                                             int* begin, int* end) {
-  const int row_chunk = max(chunk, (ctx + num_splits - 1) / num_splits);
+  const int row_chunk =
+      ctx <= kWholeContext ? ctx : max(chunk, (ctx + num_splits - 1) / num_splits);
   *begin = (int)min((int64_t)ctx, (int64_t)split * row_chunk);
   *end = min(ctx, *begin + row_chunk);
 }

@@ -10,7 +10,9 @@ use candle_core::{DType, Result};
 
 use crate::{check_launch, dtype_code, ffi};
 
-/// Fewest context positions worth a split of their own.
+/// Fewest context positions worth a split of their own. The kernels never split a context this
+/// short, whatever the plan (decode_common.cuh's `kWholeContext`): a short sequence's attention
+/// sums in one order in every step, eager or graph-replayed, alone or batched.
 pub const MIN_CHUNK: usize = 128;
 /// Most splits of one context (bounds the partials' workspace; the merge kernel takes up to this).
 pub(crate) const MAX_SPLITS: usize = 512;
@@ -43,11 +45,12 @@ pub fn split_plan(
 /// `max_context_len`: the split count for the longest context, and one tensor-core tile of
 /// `head_dim` ([`decode_tile_rows`]) as the floor of each row's chunk, so a row spreads its own
 /// context over the splits (the kernel takes `max(chunk, ceil(context / splits))`) and the splits
-/// past it return at once. A floor of one tile rather than `MIN_CHUNK`: a short context's blocks
-/// take one or two tiles each instead of up to `MIN_CHUNK`'s worth in a row, since a batch-1 step
-/// pays for the tile loop's latency, not for the splits' merge in a cluster (H200, 2026-12-04,
-/// 128 in / 512 out: Gemma-3-12B 144.4 -> 147.6 tok/s, Qwen3-30B-A3B 321.3 -> 326.0, Qwen3-8B
-/// 228.5 -> 230.7, Mistral-7B 243.5 -> 245.5).
+/// past it return at once. A floor of one tile rather than `MIN_CHUNK`: a context past
+/// `MIN_CHUNK` (shorter ones stay whole) spreads over the splits in one or two tiles a block
+/// instead of up to `MIN_CHUNK`'s worth in a row, since a batch-1 step pays for the tile loop's
+/// latency, not for the splits' merge in a cluster (H200, 2026-12-04, 128 in / 512 out:
+/// Gemma-3-12B 144.4 -> 147.6 tok/s, Qwen3-30B-A3B 321.3 -> 326.0, Qwen3-8B 228.5 -> 230.7,
+/// Mistral-7B 243.5 -> 245.5).
 pub fn graph_split_plan(
     seqs: usize,
     kv_heads: usize,

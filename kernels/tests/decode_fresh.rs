@@ -200,7 +200,7 @@ fn fresh_rows_equal_rope_then_attention() {
         (32, 8, 128, false, false, None, (3, 32)),
         (8, 8, 128, true, true, None, (2, 64)),
         (16, 2, 64, false, true, None, (5, 16)),
-        (16, 8, 256, false, true, Some(48), (2, 16)),
+        (16, 8, 256, false, true, Some(160), (2, 16)),
         (16, 8, 256, false, true, None, (9, 16)),
     ];
     let mut seed = 1;
