@@ -36,7 +36,9 @@ struct MmaShape {
   static_assert(((kWarps + 1) * 8 * (D + 2)) * 4 <= kSmemBytes, "merge space");
 };
 
-// Most splits merged inside a thread-block cluster (the portable cluster size).
+// Most splits merged inside a thread-block cluster (the portable cluster size). The launch
+// (paged_decode.cu's `clustered`) forms no larger clusters: merge_cluster_splits reads this many
+// ranks at most.
 constexpr int kMaxClusterSplits = 8;
 
 // Merges the splits of a (row, KV head) held by the blocks of one thread-block cluster (one block
