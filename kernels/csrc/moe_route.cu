@@ -19,10 +19,28 @@ namespace {
 constexpr int kPerLane = 8;
 constexpr int kMaxExperts = 32 * kPerLane;
 
+// The warp's largest and smallest of its lanes' v (one instruction each from sm_80).
+__device__ __forceinline__ unsigned warp_max(unsigned v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __reduce_max_sync(0xffffffffu, v);
+#else
+  for (int s = 16; s > 0; s >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, s));
+  return v;
+#endif
+}
+__device__ __forceinline__ unsigned warp_min(unsigned v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __reduce_min_sync(0xffffffffu, v);
+#else
+  for (int s = 16; s > 0; s >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, s));
+  return v;
+#endif
+}
+
 // Routing of token blockIdx.x (one warp): softmax over the `experts` f32 router logits, the top_k
 // largest probabilities (on a tie the lower expert), divided by their own sum
 // when `renormalize` else by the softmax's. ids and weights: [tokens, top_k]. Lane l holds the
-// probabilities of experts l, l + 32, ...; a chosen one is struck out (-1) by its lane.
+// probabilities of experts l, l + 32, ...
 __global__ void moe_route_kernel(const float* __restrict__ logits, int experts, int top_k,
                                  int renormalize, uint32_t* __restrict__ ids,
                                  float* __restrict__ weights) {
@@ -49,38 +67,40 @@ __global__ void moe_route_kernel(const float* __restrict__ logits, int experts, 
   }
 #pragma unroll
   for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, s);
-  float picked = 0.f;
+  // Each candidate as an unsigned key that orders as its probability: a probability's bits plus
+  // one (non-negative floats order as their bits), 0 once struck out. A pick is the warp's
+  // largest key, then the lowest expert that holds it: two warp reductions.
+  unsigned key[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) key[i] = p[i] >= 0.f ? __float_as_uint(p[i]) + 1u : 0u;
+  float picked = 0.f, my_weight = 0.f;
+  int my_id = 0;
   for (int j = 0; j < top_k; ++j) {
-    float best = -1.f;
-    int best_e = experts;
+    unsigned mine = 0u;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) mine = max(mine, key[i]);
+    const unsigned top = warp_max(mine);
+    unsigned lowest = 0xffffffffu;
+#pragma unroll
+    for (int i = kPerLane - 1; i >= 0; --i)
+      if (top > 0u && key[i] == top) lowest = lane + 32 * i;
+    const unsigned pick = warp_min(lowest);
+    const int best_e = top > 0u ? (int)pick : experts;
+    const float best = top > 0u ? __uint_as_float(top - 1u) : -1.f;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i)
-      if (p[i] > best) {  // (ascending experts: the first of equals stays)
-        best = p[i];
-        best_e = lane + 32 * i;
-      }
-#pragma unroll
-    for (int s = 16; s > 0; s >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffff, best, s);
-      const int oe = __shfl_xor_sync(0xffffffff, best_e, s);
-      if (ob > best || (ob == best && oe < best_e)) {
-        best = ob;
-        best_e = oe;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i)
-      if (best_e == lane + 32 * i) p[i] = -1.f;
-    if (lane == 0) {
-      ids[(int64_t)t * top_k + j] = (uint32_t)best_e;
-      weights[(int64_t)t * top_k + j] = best;
+      if (best_e == lane + 32 * i) key[i] = 0u;
+    if (lane == j) {
+      my_id = best_e;
+      my_weight = best;
     }
     picked += best;
   }
-  __syncwarp();
-  if (lane == 0) {
-    const float norm = renormalize ? picked : sum;
-    for (int j = 0; j < top_k; ++j) weights[(int64_t)t * top_k + j] /= norm;
+  // Lane j stores the j-th pick.
+  static_assert(kMaxTopK <= 32, "a lane a pick");
+  if (lane < top_k) {
+    ids[(int64_t)t * top_k + lane] = (uint32_t)my_id;
+    weights[(int64_t)t * top_k + lane] = my_weight / (renormalize ? picked : sum);
   }
 }
 

@@ -76,11 +76,13 @@ __global__ void __launch_bounds__(kSliceThreads, 4)
   const int t = blockIdx.y, slice = blockIdx.x;
   const int per_expert = inner / kCols;
   const int j = slice / per_expert, c0 = (slice % per_expert) * kCols;
-  wait_for_previous_grid();  // (ids are the routing's output)
+  // x is staged while the routing may still run: only the ids and weights are its output (x was
+  // written before the router, which the routing waited for; see pagewise_moe_slices).
+  stage_input<T, 1, kIn, kSliceThreads>(xs, x + (int64_t)t * hidden, norm_w, hidden, eps);
+  wait_for_previous_grid();
   let_next_grid_launch();
   const int64_t e = ids[(int64_t)t * top_k + j];
   const float wj = weights[(int64_t)t * top_k + j];
-  stage_input<T, 1, kIn, kSliceThreads>(xs, x + (int64_t)t * hidden, norm_w, hidden, eps);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   // Gate/up: a warp takes kCols / kSliceWarps columns (or one, while the warps outnumber them),
@@ -284,8 +286,9 @@ extern "C" int pagewise_moe_slice_columns(int tokens, int top_k, int inner, int 
 // down_bias, residual, ids, weights; dense f16 (dtype 1) or bf16 (2) weights), in slices of `cols`
 // inner columns (8, 16, 32 or 64, dividing inner; hidden a multiple of 8, at most 8192): the
 // down sums taken in another order. `partial`: f32 scratch of tokens x (top_k x inner / cols) x
-// hidden elements, 16-byte aligned. Returns 0, a CUDA error code, or 1 when the arguments are
-// unsupported.
+// hidden elements, 16-byte aligned. x and norm_w must be written before the kernel just before
+// this call (the routing, which writes ids and weights): the slices stage x while it may still
+// run. Returns 0, a CUDA error code, or 1 when the arguments are unsupported.
 extern "C" int pagewise_moe_slices(int dtype, int cols, void* y, float* partial, const void* x,
                                    const void* norm_w, float eps, const void* gu,
                                    const void* gu_bias, const void* down, const void* down_bias,

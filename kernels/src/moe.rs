@@ -189,7 +189,8 @@ pub struct ExpertExtras<'a> {
 /// [`moe_fits`]. Two kernels: gate/up with the activation (a warp takes a column's gate and up
 /// rows), then down with the weighted sum. The gate/up outputs and the SiLU-and-mul are rounded
 /// to the dtype as separate kernels store them; each token's weighted sum is taken in f32.
-/// Returns `[tokens, hidden]`.
+/// Returns `[tokens, hidden]`. `x` (and the extras) must be written before the `routes` are
+/// ([`moe_route`]): the slices ([`ExpertPlan::Slices`]) stage `x` while the routing may still run.
 pub fn moe_experts(
     x: &Tensor,
     gate_up: &Tensor,

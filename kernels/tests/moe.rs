@@ -77,6 +77,8 @@ fn routing_takes_the_top_k_as_the_host_does() {
     // Ties go to the lower expert: all equal, and two equal maxima.
     check_routes(&[0.0; 8], 8, 3, true, &dev);
     check_routes(&[1.0, 3.0, 2.0, 3.0], 4, 2, false, &dev);
+    // Probabilities that underflow to zero are still chosen, the lower expert first.
+    check_routes(&[0.0, -200.0, -300.0, -200.0, 5.0], 5, 4, false, &dev);
     // Every token on one expert (k = 1, weight one once renormalized).
     let one: Vec<f32> = (0..6 * 5)
         .map(|i| if i % 5 == 3 { 9.0 } else { 0.0 })

@@ -278,8 +278,9 @@ impl Stacked {
         logits: &Tensor,
         s: &MoeSettings,
     ) -> candle_core::Result<Tensor> {
-        let routes = pagewise_kernels::moe_route(&logits.contiguous()?, s.top_k, s.renormalize)?;
+        // x before the routing: the expert kernels may read it while the routing still runs.
         let x = x.contiguous()?;
+        let routes = pagewise_kernels::moe_route(&logits.contiguous()?, s.top_k, s.renormalize)?;
         if let (Stack::Mxfp4(gate_up), Stack::Mxfp4(down)) = (&self.gate_up, &self.down)
             && x.dim(0)? > MXFP4_TOKEN_KERNEL_TOKENS
         {
