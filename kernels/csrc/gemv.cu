@@ -122,6 +122,14 @@ __global__ void __launch_bounds__(kT, R == 1 && kIn != kRmsNorm ? 2048 / kT : 1)
   for (int base = blockIdx.x * kPerBlock; base < out_dim; base += gridDim.x * kPerBlock) {
     const int o = base + warp / S;
     float acc[1][R] = {};
+    // The residual the storing lane adds, loaded before the dot products so its latency hides
+    // behind them.
+    T res[R];
+    if constexpr (kAdd)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        res[r] = lane == 0 && warp % S == 0 && o < out_dim ? residual[(int64_t)r * out_dim + o]
+                                                           : from_float<T>(0.f);
     if (o < out_dim) {
       const T* const rows[1] = {w + (int64_t)o * k_dim};
       dot_rows<T, R, 1, S>(acc, rows, xs, k_dim, lane, warp % S);
@@ -131,7 +139,7 @@ __global__ void __launch_bounds__(kT, R == 1 && kIn != kRmsNorm ? 2048 / kT : 1)
     for (int r = 0; r < R; ++r) {
       const int64_t at = (int64_t)r * out_dim + o;
       float v = acc[0][r];
-      if constexpr (kAdd) v = to_float(from_float<T>(v)) + to_float(residual[at]);
+      if constexpr (kAdd) v = to_float(from_float<T>(v)) + to_float(res[r]);
       y[at] = from_float<T>(v);
     }
   }

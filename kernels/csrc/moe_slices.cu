@@ -167,6 +167,10 @@ __global__ void __launch_bounds__(kSliceThreads)
   const int t = blockIdx.y;
   const int quad = threadIdx.x % (kOuts / 4), group = threadIdx.x / (kOuts / 4);
   const int o = blockIdx.x * kOuts + quad * 4;
+  // The residual was written before the routing: loaded while the slices may still run.
+  const int oo = blockIdx.x * kOuts + threadIdx.x;
+  const bool stores = threadIdx.x < kOuts && oo < hidden;
+  float sum = stores && residual != nullptr ? to_float(residual[(int64_t)t * hidden + oo]) : 0.f;
   wait_for_previous_grid();  // (partial is the slices' output)
   let_next_grid_launch();
   // (Eight loads a thread issued before their sums made this kernel slower on the H200: 5.6
@@ -192,10 +196,7 @@ __global__ void __launch_bounds__(kSliceThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane < kOuts / 4) sums[warp][lane] = s;
   __syncthreads();
-  if (threadIdx.x >= kOuts) return;
-  const int oo = blockIdx.x * kOuts + threadIdx.x;
-  if (oo >= hidden) return;
-  float sum = residual != nullptr ? to_float(residual[(int64_t)t * hidden + oo]) : 0.f;
+  if (!stores) return;
   if (bias != nullptr)
     for (int j = 0; j < top_k; ++j)
       sum += weights[(int64_t)t * top_k + j] *
@@ -286,9 +287,9 @@ extern "C" int pagewise_moe_slice_columns(int tokens, int top_k, int inner, int 
 // down_bias, residual, ids, weights; dense f16 (dtype 1) or bf16 (2) weights), in slices of `cols`
 // inner columns (8, 16, 32 or 64, dividing inner; hidden a multiple of 8, at most 8192): the
 // down sums taken in another order. `partial`: f32 scratch of tokens x (top_k x inner / cols) x
-// hidden elements, 16-byte aligned. x and norm_w must be written before the kernel just before
-// this call (the routing, which writes ids and weights): the slices stage x while it may still
-// run. Returns 0, a CUDA error code, or 1 when the arguments are unsupported.
+// hidden elements, 16-byte aligned. x, norm_w and residual must be written before the kernel
+// just before this call (the routing, which writes ids and weights): the slices stage x, and the
+// sum loads the residual, while it may still run. Returns 0, a CUDA error code, or 1 when the arguments are unsupported.
 extern "C" int pagewise_moe_slices(int dtype, int cols, void* y, float* partial, const void* x,
                                    const void* norm_w, float eps, const void* gu,
                                    const void* gu_bias, const void* down, const void* down_bias,
