@@ -289,7 +289,8 @@ extern "C" int pagewise_moe_slice_columns(int tokens, int top_k, int inner, int 
 // down sums taken in another order. `partial`: f32 scratch of tokens x (top_k x inner / cols) x
 // hidden elements, 16-byte aligned. x, norm_w and residual must be written before the kernel
 // just before this call (the routing, which writes ids and weights): the slices stage x, and the
-// sum loads the residual, while it may still run. Returns 0, a CUDA error code, or 1 when the arguments are unsupported.
+// sum loads the residual, while it may still run. Returns 0, a CUDA error code, or 1 when the
+// arguments are unsupported.
 extern "C" int pagewise_moe_slices(int dtype, int cols, void* y, float* partial, const void* x,
                                    const void* norm_w, float eps, const void* gu,
                                    const void* gu_bias, const void* down, const void* down_bias,
