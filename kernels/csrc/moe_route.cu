@@ -19,24 +19,6 @@ namespace {
 constexpr int kPerLane = 8;
 constexpr int kMaxExperts = 32 * kPerLane;
 
-// The warp's largest and smallest of its lanes' v (one instruction each from sm_80).
-__device__ __forceinline__ unsigned warp_max(unsigned v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return __reduce_max_sync(0xffffffffu, v);
-#else
-  for (int s = 16; s > 0; s >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, s));
-  return v;
-#endif
-}
-__device__ __forceinline__ unsigned warp_min(unsigned v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return __reduce_min_sync(0xffffffffu, v);
-#else
-  for (int s = 16; s > 0; s >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, s));
-  return v;
-#endif
-}
-
 // Routing of token blockIdx.x (one warp): softmax over the `experts` f32 router logits, the top_k
 // largest probabilities (on a tie the lower expert), divided by their own sum
 // when `renormalize` else by the softmax's. ids and weights: [tokens, top_k]. Lane l holds the
@@ -69,7 +51,8 @@ __global__ void moe_route_kernel(const float* __restrict__ logits, int experts, 
   for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, s);
   // Each candidate as an unsigned key that orders as its probability: a probability's bits plus
   // one (non-negative floats order as their bits), 0 once struck out. A pick is the warp's
-  // largest key, then the lowest expert that holds it: two warp reductions.
+  // largest key, then the lowest expert that holds it: two warp reductions (sm_80 and up, as
+  // the whole library: the decode kernels' cp.async and mma.sync need it too).
   unsigned key[kPerLane];
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) key[i] = p[i] >= 0.f ? __float_as_uint(p[i]) + 1u : 0u;
@@ -79,12 +62,12 @@ __global__ void moe_route_kernel(const float* __restrict__ logits, int experts, 
     unsigned mine = 0u;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) mine = max(mine, key[i]);
-    const unsigned top = warp_max(mine);
+    const unsigned top = __reduce_max_sync(0xffffffffu, mine);
     unsigned lowest = 0xffffffffu;
 #pragma unroll
     for (int i = kPerLane - 1; i >= 0; --i)
       if (top > 0u && key[i] == top) lowest = lane + 32 * i;
-    const unsigned pick = warp_min(lowest);
+    const unsigned pick = __reduce_min_sync(0xffffffffu, lowest);
     const int best_e = top > 0u ? (int)pick : experts;
     const float best = top > 0u ? __uint_as_float(top - 1u) : -1.f;
 #pragma unroll
