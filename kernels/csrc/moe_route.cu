@@ -11,79 +11,23 @@
 #include "gemv_stage.cuh"
 #include "moe.cuh"
 #include "pdl.cuh"
+#include "route.cuh"
 
 namespace {
 
-// Most experts the router may have: each lane keeps its share of a token's probabilities in
-// registers (kPerLane each).
-constexpr int kPerLane = 8;
-constexpr int kMaxExperts = 32 * kPerLane;
-
-// Routing of token blockIdx.x (one warp): softmax over the `experts` f32 router logits, the top_k
-// largest probabilities (on a tie the lower expert), divided by their own sum
-// when `renormalize` else by the softmax's. ids and weights: [tokens, top_k]. Lane l holds the
-// probabilities of experts l, l + 32, ...
+// Routing of token blockIdx.x (one warp, route.cuh); ids and weights: [tokens, top_k].
 __global__ void moe_route_kernel(const float* __restrict__ logits, int experts, int top_k,
                                  int renormalize, uint32_t* __restrict__ ids,
                                  float* __restrict__ weights) {
   wait_for_previous_grid();  // (the logits are the router's)
   let_next_grid_launch();
   const int t = blockIdx.x, lane = threadIdx.x;
-  const float* row = logits + (int64_t)t * experts;
-  float p[kPerLane];
-  float mx = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int e = lane + 32 * i;
-    p[i] = e < experts ? row[e] : -INFINITY;
-    mx = fmaxf(mx, p[i]);
-  }
-#pragma unroll
-  for (int s = 16; s > 0; s >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, s));
-  float sum = 0.f;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    // (Past `experts`: exp(-inf) = 0, then struck out so it is never chosen.)
-    p[i] = lane + 32 * i < experts ? expf(p[i] - mx) : -1.f;
-    sum += fmaxf(p[i], 0.f);
-  }
-#pragma unroll
-  for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, s);
-  // Each candidate as an unsigned key that orders as its probability: a probability's bits plus
-  // one (non-negative floats order as their bits), 0 once struck out. A pick is the warp's
-  // largest key, then the lowest expert that holds it: two warp reductions (sm_80 and up, as
-  // the whole library: the decode kernels' cp.async and mma.sync need it too).
-  unsigned key[kPerLane];
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) key[i] = p[i] >= 0.f ? __float_as_uint(p[i]) + 1u : 0u;
-  float picked = 0.f, my_weight = 0.f;
-  int my_id = 0;
-  for (int j = 0; j < top_k; ++j) {
-    unsigned mine = 0u;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) mine = max(mine, key[i]);
-    const unsigned top = __reduce_max_sync(0xffffffffu, mine);
-    unsigned lowest = 0xffffffffu;
-#pragma unroll
-    for (int i = kPerLane - 1; i >= 0; --i)
-      if (top > 0u && key[i] == top) lowest = lane + 32 * i;
-    const unsigned pick = __reduce_min_sync(0xffffffffu, lowest);
-    const int best_e = top > 0u ? (int)pick : experts;
-    const float best = top > 0u ? __uint_as_float(top - 1u) : -1.f;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i)
-      if (best_e == lane + 32 * i) key[i] = 0u;
-    if (lane == j) {
-      my_id = best_e;
-      my_weight = best;
-    }
-    picked += best;
-  }
-  // Lane j stores the j-th pick.
-  static_assert(kMaxTopK <= 32, "a lane a pick");
+  int id;
+  float weight;
+  route_token(logits + (int64_t)t * experts, experts, top_k, renormalize, lane, id, weight);
   if (lane < top_k) {
-    ids[(int64_t)t * top_k + lane] = (uint32_t)my_id;
-    weights[(int64_t)t * top_k + lane] = my_weight / (renormalize ? picked : sum);
+    ids[(int64_t)t * top_k + lane] = (uint32_t)id;
+    weights[(int64_t)t * top_k + lane] = weight;
   }
 }
 

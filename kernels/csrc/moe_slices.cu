@@ -6,9 +6,11 @@
 // gate and up rows (bias, activation, rounded to T as the separate kernels store them), then the
 // same columns of every down row, so its share of each output is a dot product of kCols terms;
 // it stores that share, times the expert's routing weight, as f32 in `partial`. No block waits
-// for another. moe_slice_sum_kernel then sums a token's shares in a fixed order (the result does
-// not depend on which block ran first), adds the weighted down biases and the residual, and
-// rounds. Both kernels launch early (pdl.cuh), so the layer stays inside a CUDA graph.
+// for another. Given the router's logits, each block also routes its token itself (route.cuh,
+// the routing kernel's own code), so no routing kernel runs between the router and the slices.
+// moe_slice_sum_kernel then sums a token's shares in a fixed order (the result does not depend
+// on which block ran first), adds the weighted down biases and the residual, and rounds. Both
+// kernels launch early (pdl.cuh), so the layer stays inside a CUDA graph.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -17,6 +19,7 @@
 #include "gemv_stage.cuh"
 #include "moe.cuh"
 #include "pdl.cuh"
+#include "route.cuh"
 #include "silu.cuh"
 
 namespace {
@@ -59,31 +62,58 @@ __device__ __forceinline__ void warp_dots(float (&acc)[R], const T* const (&w)[R
 // partial[t, i, o] = weights[t, j] * sum over the slice's columns c of
 // down[e, o, c] * act(x[t] . gu[e, c] (+ bias), x[t] . gu[e, inner + c] (+ bias)) for token
 // t = blockIdx.y and slice i = blockIdx.x = j * (inner / kCols) + (first column / kCols), where
-// e = ids[t, j]. gu: [experts, 2 inner, hidden] (gate rows first), down: [experts, hidden,
-// inner]; x staged once (kIn = kRmsNorm: RMSNorm(x) * norm_w, rounded to T, in its place). The
-// activation is SiLU-and-mul (alpha <= 0) or the clamped SwiGLU, with g, u and the activation
-// rounded to T as moe.cu's kernels round them.
+// e = ids[t, j]. With `logits` (f32 [tokens, experts]) the block routes its token itself
+// (route.cuh, as moe_route_kernel does) instead of reading ids and weights, and slice 0 stores
+// the token's picks there for the sum. gu: [experts, 2 inner, hidden] (gate rows first), down:
+// [experts, hidden, inner]; x staged once (kIn = kRmsNorm: RMSNorm(x) * norm_w, rounded to T, in
+// its place). The activation is SiLU-and-mul (alpha <= 0) or the clamped SwiGLU, with g, u and
+// the activation rounded to T as moe.cu's kernels round them.
 template <typename T, int kIn, int kCols>
 __global__ void __launch_bounds__(kSliceThreads, 4)
     moe_slice_kernel(float* __restrict__ partial, const T* __restrict__ x,
                      const T* __restrict__ norm_w, float eps, const T* __restrict__ gu,
                      const T* __restrict__ gu_bias, const T* __restrict__ down,
-                     const uint32_t* __restrict__ ids, const float* __restrict__ weights,
-                     int top_k, int inner, int hidden, float alpha, float limit) {
+                     uint32_t* __restrict__ ids, float* __restrict__ weights,
+                     const float* __restrict__ logits, int experts, int renormalize, int top_k,
+                     int inner, int hidden, float alpha, float limit) {
   extern __shared__ __align__(16) unsigned char smem[];
   T* xs = reinterpret_cast<T*>(smem);
   __shared__ float act[kCols];
+  __shared__ int routed_id[kMaxTopK];
+  __shared__ float routed_weight[kMaxTopK];
   const int t = blockIdx.y, slice = blockIdx.x;
   const int per_expert = inner / kCols;
   const int j = slice / per_expert, c0 = (slice % per_expert) * kCols;
-  // x is staged while the routing may still run: only the ids and weights are its output (x was
-  // written before the router, which the routing waited for; see pagewise_moe_slices).
+  // x is staged while the kernel before may still run: only the routing (its ids and weights,
+  // or the router's logits) is that kernel's output (x was written before the router; see
+  // pagewise_moe_slices).
   stage_input<T, 1, kIn, kSliceThreads>(xs, x + (int64_t)t * hidden, norm_w, hidden, eps);
   wait_for_previous_grid();
   let_next_grid_launch();
-  const int64_t e = ids[(int64_t)t * top_k + j];
-  const float wj = weights[(int64_t)t * top_k + j];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int64_t e;
+  float wj;
+  if (logits != nullptr) {
+    if (warp == 0) {
+      int id;
+      float weight;
+      route_token(logits + (int64_t)t * experts, experts, top_k, renormalize, lane, id, weight);
+      if (lane < top_k) {
+        routed_id[lane] = id;
+        routed_weight[lane] = weight;
+        if (slice == 0) {
+          ids[(int64_t)t * top_k + lane] = (uint32_t)id;
+          weights[(int64_t)t * top_k + lane] = weight;
+        }
+      }
+    }
+    __syncthreads();
+    e = routed_id[j];
+    wj = routed_weight[j];
+  } else {
+    e = ids[(int64_t)t * top_k + j];
+    wj = weights[(int64_t)t * top_k + j];
+  }
 
   // Gate/up: a warp takes kCols / kSliceWarps columns (or one, while the warps outnumber them),
   // two at a time: their gate and up rows, four streams.
@@ -206,28 +236,35 @@ __global__ void __launch_bounds__(kSliceThreads)
   y[(int64_t)t * hidden + oo] = from_float<T>(sum);
 }
 
+// Where the routing comes from: ids and weights to read, or the router's logits to route from
+// (ids and weights then written); see moe_slice_kernel.
+struct Routing {
+  uint32_t* ids;
+  float* weights;
+  const float* logits;
+  int experts, renormalize;
+};
+
 template <typename T, int kIn, int kCols>
 cudaError_t launch_slices(float* partial, const void* x, const void* norm_w, float eps,
-                          const void* gu, const void* gu_bias, const void* down,
-                          const uint32_t* ids, const float* weights, int tokens, int top_k,
-                          int inner, int hidden, float alpha, float limit,
+                          const void* gu, const void* gu_bias, const void* down, Routing r,
+                          int tokens, int top_k, int inner, int hidden, float alpha, float limit,
                           cudaStream_t stream) {
   const int slices = top_k * inner / kCols;
   return launch_early(moe_slice_kernel<T, kIn, kCols>, dim3(slices, tokens), dim3(kSliceThreads),
                       hidden * (int)sizeof(T), stream, partial, (const T*)x, (const T*)norm_w,
-                      eps, (const T*)gu, (const T*)gu_bias, (const T*)down, ids, weights, top_k,
-                      inner, hidden, alpha, limit);
+                      eps, (const T*)gu, (const T*)gu_bias, (const T*)down, r.ids, r.weights,
+                      r.logits, r.experts, r.renormalize, top_k, inner, hidden, alpha, limit);
 }
 
 template <typename T, int kIn>
 cudaError_t slices_by_cols(int cols, float* partial, const void* x, const void* norm_w,
                            float eps, const void* gu, const void* gu_bias, const void* down,
-                           const uint32_t* ids, const float* weights, int tokens, int top_k,
-                           int inner, int hidden, float alpha, float limit,
-                           cudaStream_t stream) {
-#define PAGEWISE_SLICES(C)                                                                     \
-  launch_slices<T, kIn, C>(partial, x, norm_w, eps, gu, gu_bias, down, ids, weights, tokens, \
-                           top_k, inner, hidden, alpha, limit, stream)
+                           Routing r, int tokens, int top_k, int inner, int hidden, float alpha,
+                           float limit, cudaStream_t stream) {
+#define PAGEWISE_SLICES(C)                                                                    \
+  launch_slices<T, kIn, C>(partial, x, norm_w, eps, gu, gu_bias, down, r, tokens, top_k, inner, \
+                           hidden, alpha, limit, stream)
   switch (cols) {
     case 8: return PAGEWISE_SLICES(8);
     case 16: return PAGEWISE_SLICES(16);
@@ -241,23 +278,21 @@ cudaError_t slices_by_cols(int cols, float* partial, const void* x, const void* 
 template <typename T>
 int run_slices(int cols, void* y, float* partial, const void* x, const void* norm_w, float eps,
                const void* gu, const void* gu_bias, const void* down, const void* down_bias,
-               const void* residual, const uint32_t* ids, const float* weights, int tokens,
-               int top_k, int inner, int hidden, float alpha, float limit,
-               cudaStream_t stream) {
+               const void* residual, Routing r, int tokens, int top_k, int inner, int hidden,
+               float alpha, float limit, cudaStream_t stream) {
   cudaError_t err =
       norm_w != nullptr
-          ? slices_by_cols<T, kRmsNorm>(cols, partial, x, norm_w, eps, gu, gu_bias, down, ids,
-                                        weights, tokens, top_k, inner, hidden, alpha, limit,
-                                        stream)
-          : slices_by_cols<T, kPlain>(cols, partial, x, norm_w, eps, gu, gu_bias, down, ids,
-                                      weights, tokens, top_k, inner, hidden, alpha, limit,
-                                      stream);
+          ? slices_by_cols<T, kRmsNorm>(cols, partial, x, norm_w, eps, gu, gu_bias, down, r,
+                                        tokens, top_k, inner, hidden, alpha, limit, stream)
+          : slices_by_cols<T, kPlain>(cols, partial, x, norm_w, eps, gu, gu_bias, down, r,
+                                      tokens, top_k, inner, hidden, alpha, limit, stream);
   if (err == cudaSuccess) err = cudaGetLastError();
   if (err != cudaSuccess) return (int)err;
   const int slices = top_k * inner / cols;
   err = launch_early(moe_slice_sum_kernel<T>, dim3((hidden + 15) / 16, tokens),
                      dim3(kSliceThreads), 0, stream, (T*)y, (const float*)partial, slices,
-                     (const T*)down_bias, (const T*)residual, ids, weights, top_k, hidden);
+                     (const T*)down_bias, (const T*)residual, (const uint32_t*)r.ids,
+                     (const float*)r.weights, top_k, hidden);
   return (int)(err != cudaSuccess ? err : cudaGetLastError());
 }
 
@@ -286,31 +321,35 @@ extern "C" int pagewise_moe_slice_columns(int tokens, int top_k, int inner, int 
 // arguments: x, norm_w, eps, gu with gu_bias, the activation (alpha, limit), down with
 // down_bias, residual, ids, weights; dense f16 (dtype 1) or bf16 (2) weights), in slices of `cols`
 // inner columns (8, 16, 32 or 64, dividing inner; hidden a multiple of 8, at most 8192): the
-// down sums taken in another order. `partial`: f32 scratch of tokens x (top_k x inner / cols) x
-// hidden elements, 16-byte aligned. x, norm_w and residual must be written before the kernel
-// just before this call (the routing, which writes ids and weights): the slices stage x, and the
-// sum loads the residual, while it may still run. Returns 0, a CUDA error code, or 1 when the
-// arguments are unsupported.
+// down sums taken in another order. With `logits` (f32 [tokens, experts], experts at most
+// pagewise_moe_max_experts) the slices route each token as pagewise_moe_route would (renormalize
+// as there) and write its picks to ids and weights instead of reading them: no routing kernel.
+// `partial`: f32 scratch of tokens x (top_k x inner / cols) x hidden elements, 16-byte aligned.
+// x, norm_w and residual must be written before the kernel just before this call (the routing,
+// or the router with `logits`): the slices stage x, and the sum loads the residual, while it may
+// still run. Returns 0, a CUDA error code, or 1 when the arguments are unsupported.
 extern "C" int pagewise_moe_slices(int dtype, int cols, void* y, float* partial, const void* x,
                                    const void* norm_w, float eps, const void* gu,
                                    const void* gu_bias, const void* down, const void* down_bias,
-                                   const void* residual, const uint32_t* ids,
-                                   const float* weights, int tokens, int top_k, int inner,
-                                   int hidden, float alpha, float limit, void* stream) {
+                                   const void* residual, uint32_t* ids, float* weights,
+                                   const float* logits, int experts, int renormalize, int tokens,
+                                   int top_k, int inner, int hidden, float alpha, float limit,
+                                   void* stream) {
   if (tokens == 0 || hidden == 0) return 0;
   if ((cols != 8 && cols != 16 && cols != 32 && cols != 64) || inner % cols != 0 ||
       hidden % 8 != 0 || hidden > 8192 || top_k < 1 || top_k > kMaxTopK || tokens > 65535)
     return 1;
+  if (logits != nullptr && (experts < top_k || experts > kMaxExperts)) return 1;
+  const Routing r = {ids, weights, logits, experts, renormalize};
   cudaStream_t s = (cudaStream_t)stream;
   switch (dtype) {
     case 1:
       return run_slices<__half>(cols, y, partial, x, norm_w, eps, gu, gu_bias, down, down_bias,
-                                residual, ids, weights, tokens, top_k, inner, hidden, alpha,
-                                limit, s);
+                                residual, r, tokens, top_k, inner, hidden, alpha, limit, s);
     case 2:
       return run_slices<__nv_bfloat16>(cols, y, partial, x, norm_w, eps, gu, gu_bias, down,
-                                       down_bias, residual, ids, weights, tokens, top_k, inner,
-                                       hidden, alpha, limit, s);
+                                       down_bias, residual, r, tokens, top_k, inner, hidden,
+                                       alpha, limit, s);
     default: return 1;
   }
 }

@@ -40,7 +40,7 @@ pub use gemv_rope::{RopeCacheTarget, gemv_rope_cache};
 pub use grouped::GroupedGemm;
 pub use moe::{
     ExpertExtras, ExpertPlan, ExpertWeights, MOE_MAX_TOP_K, MoeRoutes, moe_experts, moe_experts_by,
-    moe_experts_with, moe_fits, moe_max_experts, moe_route, moe_router,
+    moe_experts_with, moe_fits, moe_max_experts, moe_route, moe_route_experts, moe_router,
 };
 pub use moe_mma::moe_experts_fp4_mma;
 pub use mxfp4::{MXFP4_MAX_SCALE, Mxfp4Stack};

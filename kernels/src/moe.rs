@@ -109,11 +109,8 @@ pub fn moe_router(x: &Tensor, w: &Tensor, norm: Option<(&Tensor, f32)>) -> Resul
     Ok(logits)
 }
 
-/// Routes each row of `logits` (f32 `[tokens, experts]`, a router's output) to its `top_k` most
-/// probable experts under the softmax (ties to the lower expert), with the softmax probabilities
-/// as weights, renormalized to sum to one over the chosen experts when `renormalize`. At most
-/// [`moe_max_experts`] experts.
-pub fn moe_route(logits: &Tensor, top_k: usize, renormalize: bool) -> Result<MoeRoutes> {
+/// `(tokens, experts)` of router `logits` that [`moe_route`] takes for `top_k`.
+fn check_logits(logits: &Tensor, top_k: usize) -> Result<(usize, usize)> {
     let (tokens, experts) = logits.dims2()?;
     if logits.dtype() != DType::F32 {
         bail!("moe_route: logits must be f32, got {:?}", logits.dtype());
@@ -127,6 +124,15 @@ pub fn moe_route(logits: &Tensor, top_k: usize, renormalize: bool) -> Result<Moe
     if !(1..=MOE_MAX_TOP_K.min(experts)).contains(&top_k) {
         bail!("moe_route: top_k {top_k} must be 1..={MOE_MAX_TOP_K} and at most {experts} experts");
     }
+    Ok((tokens, experts))
+}
+
+/// Routes each row of `logits` (f32 `[tokens, experts]`, a router's output) to its `top_k` most
+/// probable experts under the softmax (ties to the lower expert), with the softmax probabilities
+/// as weights, renormalized to sum to one over the chosen experts when `renormalize`. At most
+/// [`moe_max_experts`] experts.
+pub fn moe_route(logits: &Tensor, top_k: usize, renormalize: bool) -> Result<MoeRoutes> {
+    let (tokens, experts) = check_logits(logits, top_k)?;
     let ids = empty((tokens, top_k), DType::U32, logits.device())?;
     let weights = empty((tokens, top_k), DType::F32, logits.device())?;
     let (lp, stream) = device_ptr(logits, "logits")?;
@@ -276,6 +282,38 @@ pub fn moe_experts_with<'a>(
     moe_experts_by(x, gate_up, down, routes, extras, ExpertPlan::Auto)
 }
 
+/// [`moe_route`] then [`moe_experts_with`] for `x` and the router's f32 `logits`, the same
+/// results bit for bit; where the slices take the step ([`ExpertPlan::Auto`]: dense experts, one
+/// or two tokens), their blocks route each token themselves, so no routing kernel runs between
+/// the router and the experts. `logits` must be contiguous; `x` and the extras written before
+/// them (see [`moe_experts`]).
+pub fn moe_route_experts<'a>(
+    x: &Tensor,
+    gate_up: impl Into<ExpertWeights<'a>>,
+    down: impl Into<ExpertWeights<'a>>,
+    logits: &Tensor,
+    (top_k, renormalize): (usize, bool),
+    extras: ExpertExtras<'_>,
+) -> Result<Tensor> {
+    let (gate_up, down) = (gate_up.into(), down.into());
+    let (tokens, experts) = check_logits(logits, top_k)?;
+    if let (ExpertWeights::Dense(g), ExpertWeights::Dense(d)) = (gate_up, down) {
+        let (_, hidden, inter) = d.dims3()?;
+        let cols = slice_columns(tokens, top_k, inter, hidden);
+        if cols > 0 && logits.is_contiguous() {
+            let routes = MoeRoutes {
+                ids: empty((tokens, top_k), DType::U32, logits.device())?,
+                weights: empty((tokens, top_k), DType::F32, logits.device())?,
+                experts,
+            };
+            let c = check_experts(x, gate_up, down, &routes, &extras)?;
+            return moe_slices(x, g, d, &routes, &c, cols, Some((logits, renormalize)));
+        }
+    }
+    let routes = moe_route(logits, top_k, renormalize)?;
+    moe_experts_with(x, gate_up, down, &routes, extras)
+}
+
 /// [`moe_experts_with`] by the kernels `plan` names ([`ExpertPlan::Auto`]: as
 /// [`moe_experts_with`] picks them). The plans compute the same products; the slices sum each
 /// output's in another order.
@@ -304,7 +342,7 @@ pub fn moe_experts_by<'a>(
         let Some((g, d)) = dense else {
             bail!("moe_experts: slices take dense experts, not MXFP4");
         };
-        return moe_slices(x, g, d, routes, &c, cols);
+        return moe_slices(x, g, d, routes, &c, cols, None);
     }
     if !moe_fits(top_k, inter, x.dtype()) {
         bail!("moe_experts: {top_k} x {inter} must fit the staging space");

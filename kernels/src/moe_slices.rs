@@ -27,6 +27,9 @@ pub(crate) fn slice_columns(tokens: usize, top_k: usize, inter: usize, hidden: u
 }
 
 /// The experts of `x` in slices of `cols` inner columns, for the shapes and extras `c` checked.
+/// With `route_from` = `(logits, renormalize)` (f32 `[tokens, experts]`, checked), the slices
+/// route each token themselves, as [`crate::moe_route`] does, and write the picks into `routes`'
+/// buffers; otherwise they read `routes`.
 pub(crate) fn moe_slices(
     x: &Tensor,
     gate_up: &Tensor,
@@ -34,6 +37,7 @@ pub(crate) fn moe_slices(
     routes: &MoeRoutes,
     c: &CheckedExperts,
     cols: usize,
+    route_from: Option<(&Tensor, bool)>,
 ) -> Result<Tensor> {
     let (tokens, hidden, inter, top_k) = (c.tokens, c.hidden, c.inter, c.top_k);
     if ![8, 16, 32, 64].contains(&cols) || !inter.is_multiple_of(cols) {
@@ -52,12 +56,21 @@ pub(crate) fn moe_slices(
     let (xp, _) = device_ptr(x, "x")?;
     let (ip, _) = device_ptr(routes.ids(), "ids")?;
     let (wp, _) = device_ptr(routes.weights(), "weights")?;
+    let (lp, experts, renormalize) = match route_from {
+        Some((logits, renormalize)) => (
+            device_ptr(logits, "logits")?.0,
+            logits.dims2()?.1,
+            renormalize,
+        ),
+        None => (0, 0, false),
+    };
     if [xp, gp, dp, pp, c.norm].iter().any(|p| p % 16 != 0) {
         bail!("moe_experts: x and the weights must start on 16-byte boundaries");
     }
     // SAFETY: contiguous tensors of the shapes check_experts checked, in its dtype, on the
-    // stream's device; every id is below `experts` (MoeRoutes comes only from moe_route), so each
-    // expert's rows lie inside gate_up and down; `partial` holds tokens x slices x hidden f32.
+    // stream's device; every id is below `experts` (MoeRoutes comes only from moe_route, or the
+    // kernel routes from the checked logits itself), so each expert's rows lie inside gate_up and
+    // down; `partial` holds tokens x slices x hidden f32.
     let code = unsafe {
         ffi::pagewise_moe_slices(
             c.dtype,
@@ -72,8 +85,11 @@ pub(crate) fn moe_slices(
             dp as *const c_void,
             c.down_bias as *const c_void,
             c.residual as *const c_void,
-            ip as *const u32,
-            wp as *const f32,
+            ip as *mut u32,
+            wp as *mut f32,
+            lp as *const f32,
+            experts as i32,
+            renormalize as i32,
             tokens as i32,
             top_k as i32,
             inter as i32,

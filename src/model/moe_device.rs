@@ -303,9 +303,10 @@ impl Stacked {
 
     /// The fused decode path's layer: `x + experts(norm(x))` for the residual stream `x`
     /// (`[tokens, hidden]`, at most [`Stacked::device_tokens`]), the router's f32 `router`
-    /// weight (`[experts, hidden]`) and the layer's RMSNorm `(weight, eps)`, in three kernels:
-    /// the router (the norm folded into its staging), the routing, and the experts (the norm
-    /// folded into the gate/up staging, the residual into the down projection's store).
+    /// weight (`[experts, hidden]`) and the layer's RMSNorm `(weight, eps)`: the router (the
+    /// norm folded into its staging), then `moe_route_experts` — for one or two tokens the
+    /// expert slices, which route each token in their blocks and fold the norm into their
+    /// staging, and their sum with the residual; otherwise the routing and the expert kernels.
     pub fn forward_fused(
         &self,
         x: &Tensor,
@@ -314,14 +315,14 @@ impl Stacked {
         s: &MoeSettings,
     ) -> candle_core::Result<Tensor> {
         let logits = pagewise_kernels::moe_router(x, router, Some(norm))?;
-        let routes = pagewise_kernels::moe_route(&logits, s.top_k, s.renormalize)?;
         let extras = pagewise_kernels::ExpertExtras {
             input_norm: Some(norm),
             residual: Some(x),
             ..self.extras()
         };
         let (gate_up, down) = (self.gate_up.weights(), self.down.weights());
-        pagewise_kernels::moe_experts_with(x, gate_up, down, &routes, extras)
+        let routing = (s.top_k, s.renormalize);
+        pagewise_kernels::moe_route_experts(x, gate_up, down, &logits, routing, extras)
     }
 
     /// The biases and activation of this layer's experts.

@@ -1,7 +1,9 @@
 //! The dense experts in slices of inner columns (`ExpertPlan::Slices`) against the row grids.
 
-use candle_core::{DType, Device};
-use pagewise_kernels::{ExpertExtras, ExpertPlan, moe_experts_by, moe_route};
+use candle_core::{DType, Device, Tensor};
+use pagewise_kernels::{
+    ExpertExtras, ExpertPlan, moe_experts_by, moe_experts_with, moe_route, moe_route_experts,
+};
 
 use crate::DenseLayer;
 use crate::common::{Lcg, host_f32, max_rel_diff, random, random_mxfp4};
@@ -81,4 +83,48 @@ fn slices_equal_the_rows() {
     let extras = ExpertExtras::default();
     assert!(moe_experts_by(&x, &gu4, &down4, &routes, extras, ExpertPlan::Slices(16)).is_err());
     assert!(moe_experts_by(&x, &gu4, &down4, &routes, extras, ExpertPlan::Auto).is_ok());
+}
+
+/// The slices that route their own tokens (`moe_route_experts`) against `moe_route` then
+/// `moe_experts_with`: the same outputs bit for bit, with the fused path's norm and residual —
+/// Qwen3-30B-A3B's shape for one token, a small one for two, random and all-tied logits,
+/// renormalized or not — and the kernels' fallback (routing kernel, then rows) for three tokens.
+#[test]
+fn slices_that_route_equal_the_routing_kernel() {
+    let dev = Device::new_cuda(0).unwrap();
+    let mut rng = Lcg(33);
+    for (tokens, hidden, inter, experts, top_k) in [
+        (1, 2048, 768, 128, 8),
+        (2, 256, 128, 16, 4),
+        (3, 256, 64, 8, 2),
+    ] {
+        let layer = DenseLayer::random(
+            &mut rng,
+            DType::BF16,
+            (tokens, hidden, inter, experts, top_k),
+            &dev,
+        );
+        let extras = ExpertExtras {
+            input_norm: Some((&layer.norm_w, 1e-6)),
+            residual: Some(&layer.residual),
+            ..Default::default()
+        };
+        let spread = random(&mut rng, (tokens, experts), 2.0, DType::F32, &dev);
+        let tied = Tensor::zeros((tokens, experts), DType::F32, &dev).unwrap();
+        for (name, logits) in [("random", &spread), ("tied", &tied)] {
+            for renormalize in [true, false] {
+                let routes = moe_route(logits, top_k, renormalize).unwrap();
+                let (x, gu, down) = (&layer.x, &layer.gu, &layer.down);
+                let want = host_f32(&moe_experts_with(x, gu, down, &routes, extras).unwrap());
+                let routing = (top_k, renormalize);
+                let got = moe_route_experts(x, gu, down, logits, routing, extras).unwrap();
+                assert_eq!(
+                    host_f32(&got),
+                    want,
+                    "{tokens} tokens, {experts} experts of {hidden}x{inter}, top {top_k}, \
+                     {name} logits, renormalize {renormalize}"
+                );
+            }
+        }
+    }
 }
