@@ -10,79 +10,11 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include "dtype.cuh"
+#include "gemv_rows.cuh"
 #include "gemv_stage.cuh"
 #include "pdl.cuh"
 
 namespace {
-
-// A warp's share of the dot products of N weight rows with the R staged rows, summed over the
-// warp (every lane gets the sums): acc[n][r] = sum over the warp's k of xs[r, k] * rows[n][k].
-// With S warps on one output, warp `part` takes every S-th run of 256 elements (merge_split
-// adds the parts); each row's sum in the same order whatever N and R.
-template <typename T, int R, int N, int S>
-__device__ __forceinline__ void dot_rows(float (&acc)[N][R], const T* const (&rows)[N],
-                                         const T* xs, int k_dim, int lane, int part) {
-#pragma unroll
-  for (int n = 0; n < N; ++n)
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[n][r] = 0.f;
-#pragma unroll 4
-  for (int k = (part * 32 + lane) * 8; k < k_dim; k += S * 32 * 8) {
-    float wf[N][8];
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-      const uint4 wraw = __ldg(reinterpret_cast<const uint4*>(rows[n] + k));
-      const T* wv = reinterpret_cast<const T*>(&wraw);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) wf[n][j] = to_float(wv[j]);
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const uint4 xraw = *reinterpret_cast<const uint4*>(xs + r * k_dim + k);
-      const T* xv = reinterpret_cast<const T*>(&xraw);
-#pragma unroll
-      for (int n = 0; n < N; ++n)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[n][r] += wf[n][j] * to_float(xv[j]);
-    }
-  }
-#pragma unroll
-  for (int n = 0; n < N; ++n)
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int s = 16; s > 0; s >>= 1) acc[n][r] += __shfl_xor_sync(0xffffffff, acc[n][r], s);
-}
-
-// Adds the parts of the S warps that share an output (consecutive warps of the block, in part
-// order) into the first one's acc (every lane of it); true for that warp, which stores. Every
-// warp of the block must call it the same number of times (it synchronizes the block).
-template <int R, int N, int S, int kT = kGemvThreads>
-__device__ __forceinline__ bool merge_split(float (&acc)[N][R], int warp, int lane) {
-  if constexpr (S == 1) return true;
-  __shared__ float parts[kT / 32][N][R];
-  if (lane == 0) {
-#pragma unroll
-    for (int n = 0; n < N; ++n)
-#pragma unroll
-      for (int r = 0; r < R; ++r) parts[warp][n][r] = acc[n][r];
-  }
-  __syncthreads();
-  const bool first = warp % S == 0;
-  if (first) {
-#pragma unroll
-    for (int n = 0; n < N; ++n)
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float t = 0.f;
-#pragma unroll
-        for (int p = 0; p < S; ++p) t += parts[warp + p][n][r];
-        acc[n][r] = t;
-      }
-  }
-  __syncthreads();
-  return first;
-}
 
 // Threads a block of gemv_kernel<T, R, kIn, ..> has: 1024 for one row of a gated input, whose
 // staging (both halves read, the activation computed) every block repeats, so half as many
@@ -117,32 +49,7 @@ __global__ void __launch_bounds__(kT, R == 1 && kIn != kRmsNorm ? 2048 / kT : 1)
     stage_add_normed<T, R, kT>(xs, x, stream_in, delta_w, norm_w, stream_out, k_dim, eps);
   else
     stage_input<T, R, kIn, kT>(xs, x, norm_w, k_dim, eps);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  constexpr int kPerBlock = kT / 32 / S;
-  for (int base = blockIdx.x * kPerBlock; base < out_dim; base += gridDim.x * kPerBlock) {
-    const int o = base + warp / S;
-    float acc[1][R] = {};
-    // The residual the storing lane adds, loaded before the dot products so its latency hides
-    // behind them.
-    T res[R];
-    if constexpr (kAdd)
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-        res[r] = lane == 0 && warp % S == 0 && o < out_dim ? residual[(int64_t)r * out_dim + o]
-                                                           : from_float<T>(0.f);
-    if (o < out_dim) {
-      const T* const rows[1] = {w + (int64_t)o * k_dim};
-      dot_rows<T, R, 1, S>(acc, rows, xs, k_dim, lane, warp % S);
-    }
-    if (!merge_split<R, 1, S, kT>(acc, warp, lane) || o >= out_dim || lane != 0) continue;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t at = (int64_t)r * out_dim + o;
-      float v = acc[0][r];
-      if constexpr (kAdd) v = to_float(from_float<T>(v)) + to_float(res[r]);
-      y[at] = from_float<T>(v);
-    }
-  }
+  gemv_outputs<T, R, kAdd, S, kT>(y, xs, w, residual, out_dim, k_dim, blockIdx.x, gridDim.x);
 }
 
 // The qkv projection of RMSNorm(x) with rotary and the KV-cache write folded into its store
@@ -210,15 +117,6 @@ __global__ void __launch_bounds__(kGemvThreads)
         if (lane == r && slots[r] >= 0) v_cache[slots[r] * kv_heads * d + j] = from_float<T>(acc[0][r]);
     }
   }
-}
-
-// Warps an output takes (see dot_rows): 2 when each warp keeps at least four 256-element runs
-// of k, else 1. Two warps a row streamed the Llama-3.2-1B and -3.1-8B projections faster than one
-// (1B down 12.9 -> 11.5 µs, 8B gate/up 64.5 -> 58.7) and four slower (benches/history/2026-11-sessions.md). A
-// function of the weight's shape, never of the rows, so an output's sum has the same order at
-// every batch size.
-int split_for(int k_dim) {
-  return k_dim >= 2 * 4 * 256 ? 2 : 1;
 }
 
 template <typename T, int R, int kIn, bool kAdd, int S>

@@ -79,10 +79,11 @@ __device__ __forceinline__ void rescale_staged(T* xs, const T* __restrict__ norm
 
 // Stages the R rows of the matmul's input in `xs` ([R, k_dim], T): x itself, RMSNorm(x) * norm_w,
 // or silu(gate) * up (gelu_tanh(gate) * up for kGeluMul) from x = [R, 2 k_dim] (gate columns
-// first). kT, here and in the helpers: the block's threads.
+// first). kT, here and in the helpers: the block's threads. With kRmsNorm, `inv_out` (shared
+// memory, R floats, when not null) gets each row's 1 / rms.
 template <typename T, int R, int kIn, int kT = kGemvThreads>
 __device__ void stage_input(T* xs, const T* __restrict__ x, const T* __restrict__ norm_w,
-                            int k_dim, float eps) {
+                            int k_dim, float eps, float* inv_out = nullptr) {
   constexpr int kVec = 8;  // 16 bytes of T (f16 / bf16)
   const int vecs = k_dim / kVec;
   if constexpr (kIn == kSiluMul || kIn == kGeluMul) {
@@ -103,8 +104,11 @@ __device__ void stage_input(T* xs, const T* __restrict__ x, const T* __restrict_
       *reinterpret_cast<uint4*>(xs + r * k_dim + k) = a;
       if constexpr (kIn == kRmsNorm) add_row_squares<T, R>(sq, r, reinterpret_cast<const T*>(&a));
     }
-    if constexpr (kIn == kRmsNorm)
-      rescale_staged<T, R, kT>(xs, norm_w, block_inv_rms_rows<R, kT>(sq, k_dim, eps), k_dim);
+    if constexpr (kIn == kRmsNorm) {
+      const float* inv = block_inv_rms_rows<R, kT>(sq, k_dim, eps);
+      rescale_staged<T, R, kT>(xs, norm_w, inv, k_dim);
+      if (inv_out != nullptr && threadIdx.x < R) inv_out[threadIdx.x] = inv[threadIdx.x];
+    }
   }
   __syncthreads();
 }

@@ -24,7 +24,7 @@ __global__ void moe_route_kernel(const float* __restrict__ logits, int experts, 
   const int t = blockIdx.x, lane = threadIdx.x;
   int id;
   float weight;
-  route_token(logits + (int64_t)t * experts, experts, top_k, renormalize, lane, id, weight);
+  route_token(logits + (int64_t)t * experts, 1.f, experts, top_k, renormalize, lane, id, weight);
   if (lane < top_k) {
     ids[(int64_t)t * top_k + lane] = (uint32_t)id;
     weights[(int64_t)t * top_k + lane] = weight;

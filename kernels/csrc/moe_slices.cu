@@ -64,7 +64,8 @@ __device__ __forceinline__ void warp_dots(float (&acc)[R], const T* const (&w)[R
 // t = blockIdx.y and slice i = blockIdx.x = j * (inner / kCols) + (first column / kCols), where
 // e = ids[t, j]. With `logits` (f32 [tokens, experts]) the block routes its token itself
 // (route.cuh, as moe_route_kernel does) instead of reading ids and weights, and slice 0 stores
-// the token's picks there for the sum. gu: [experts, 2 inner, hidden] (gate rows first), down:
+// the token's picks there for the sum; with `norm_scales` too (kIn = kRmsNorm), the logits are
+// o_router.cu's, of x before its norm's 1 / rms, which the block scales them by as it routes. gu: [experts, 2 inner, hidden] (gate rows first), down:
 // [experts, hidden, inner]; x staged once (kIn = kRmsNorm: RMSNorm(x) * norm_w, rounded to T, in
 // its place). The activation is SiLU-and-mul (alpha <= 0) or the clamped SwiGLU, with g, u and
 // the activation rounded to T as moe.cu's kernels round them.
@@ -74,22 +75,27 @@ __global__ void __launch_bounds__(kSliceThreads, 4)
                      const T* __restrict__ norm_w, float eps, const T* __restrict__ gu,
                      const T* __restrict__ gu_bias, const T* __restrict__ down,
                      uint32_t* __restrict__ ids, float* __restrict__ weights,
-                     const float* __restrict__ logits, int experts, int renormalize, int top_k,
-                     int inner, int hidden, float alpha, float limit) {
+                     const float* __restrict__ logits, int norm_scales, int experts,
+                     int renormalize, int top_k, int inner, int hidden, float alpha, float limit) {
   extern __shared__ __align__(16) unsigned char smem[];
   T* xs = reinterpret_cast<T*>(smem);
   __shared__ float act[kCols];
   __shared__ int routed_id[kMaxTopK];
   __shared__ float routed_weight[kMaxTopK];
+  __shared__ float inv_rms[1];
   const int t = blockIdx.y, slice = blockIdx.x;
   const int per_expert = inner / kCols;
   const int j = slice / per_expert, c0 = (slice % per_expert) * kCols;
-  // x is staged while the kernel before may still run: only the routing (its ids and weights,
-  // or the router's logits) is that kernel's output (x was written before the router; see
-  // pagewise_moe_slices).
-  stage_input<T, 1, kIn, kSliceThreads>(xs, x + (int64_t)t * hidden, norm_w, hidden, eps);
+  // x is staged while the kernel before may still run where only the routing (its ids and
+  // weights, or the router's logits) is that kernel's output (x was written before the router;
+  // see pagewise_moe_slices); o_router's logits come with x.
+  if (!norm_scales)
+    stage_input<T, 1, kIn, kSliceThreads>(xs, x + (int64_t)t * hidden, norm_w, hidden, eps);
   wait_for_previous_grid();
   let_next_grid_launch();
+  if (norm_scales)
+    stage_input<T, 1, kIn, kSliceThreads>(xs, x + (int64_t)t * hidden, norm_w, hidden, eps,
+                                          inv_rms);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int64_t e;
   float wj;
@@ -97,7 +103,9 @@ __global__ void __launch_bounds__(kSliceThreads, 4)
     if (warp == 0) {
       int id;
       float weight;
-      route_token(logits + (int64_t)t * experts, experts, top_k, renormalize, lane, id, weight);
+      const float scale = norm_scales ? inv_rms[0] : 1.f;
+      route_token(logits + (int64_t)t * experts, scale, experts, top_k, renormalize, lane, id,
+                  weight);
       if (lane < top_k) {
         routed_id[lane] = id;
         routed_weight[lane] = weight;
@@ -242,7 +250,7 @@ struct Routing {
   uint32_t* ids;
   float* weights;
   const float* logits;
-  int experts, renormalize;
+  int norm_scales, experts, renormalize;
 };
 
 template <typename T, int kIn, int kCols>
@@ -254,7 +262,8 @@ cudaError_t launch_slices(float* partial, const void* x, const void* norm_w, flo
   return launch_early(moe_slice_kernel<T, kIn, kCols>, dim3(slices, tokens), dim3(kSliceThreads),
                       hidden * (int)sizeof(T), stream, partial, (const T*)x, (const T*)norm_w,
                       eps, (const T*)gu, (const T*)gu_bias, (const T*)down, r.ids, r.weights,
-                      r.logits, r.experts, r.renormalize, top_k, inner, hidden, alpha, limit);
+                      r.logits, r.norm_scales, r.experts, r.renormalize, top_k, inner, hidden, alpha,
+                      limit);
 }
 
 template <typename T, int kIn>
@@ -324,15 +333,18 @@ extern "C" int pagewise_moe_slice_columns(int tokens, int top_k, int inner, int 
 // down sums taken in another order. With `logits` (f32 [tokens, experts], experts at most
 // pagewise_moe_max_experts) the slices route each token as pagewise_moe_route would (renormalize
 // as there) and write its picks to ids and weights instead of reading them: no routing kernel.
+// With `norm_scales` (and norm_w) the logits are pagewise_o_router's, of x before its norm's
+// 1 / rms: each token's are scaled by that as the slices route.
 // `partial`: f32 scratch of tokens x (top_k x inner / cols) x hidden elements, 16-byte aligned.
 // x, norm_w and residual must be written before the kernel just before this call (the routing,
-// or the router with `logits`): the slices stage x, and the sum loads the residual, while it may
-// still run. Returns 0, a CUDA error code, or 1 when the arguments are unsupported.
+// or the router with `logits`; with `norm_scales`, x may be that kernel's, o_router's): the
+// slices stage x (unless norm_scales), and the sum loads the residual, while it may still run. Returns 0, a CUDA error code, or 1 when the arguments are unsupported.
 extern "C" int pagewise_moe_slices(int dtype, int cols, void* y, float* partial, const void* x,
                                    const void* norm_w, float eps, const void* gu,
                                    const void* gu_bias, const void* down, const void* down_bias,
                                    const void* residual, uint32_t* ids, float* weights,
-                                   const float* logits, int experts, int renormalize, int tokens,
+                                   const float* logits, int norm_scales, int experts,
+                                   int renormalize, int tokens,
                                    int top_k, int inner, int hidden, float alpha, float limit,
                                    void* stream) {
   if (tokens == 0 || hidden == 0) return 0;
@@ -340,7 +352,8 @@ extern "C" int pagewise_moe_slices(int dtype, int cols, void* y, float* partial,
       hidden % 8 != 0 || hidden > 8192 || top_k < 1 || top_k > kMaxTopK || tokens > 65535)
     return 1;
   if (logits != nullptr && (experts < top_k || experts > kMaxExperts)) return 1;
-  const Routing r = {ids, weights, logits, experts, renormalize};
+  if (norm_scales && (logits == nullptr || norm_w == nullptr)) return 1;
+  const Routing r = {ids, weights, logits, norm_scales, experts, renormalize};
   cudaStream_t s = (cudaStream_t)stream;
   switch (dtype) {
     case 1:

@@ -330,6 +330,7 @@ unsafe extern "C" {
         ids: *mut u32,
         weights: *mut f32,
         logits: *const f32,
+        norm_scales: c_int,
         experts: c_int,
         renormalize: c_int,
         tokens: c_int,
@@ -338,6 +339,21 @@ unsafe extern "C" {
         hidden: c_int,
         alpha: f32,
         limit: f32,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn pagewise_o_router(
+        dtype: c_int,
+        y: *mut c_void,
+        logits: *mut f32,
+        a: *const c_void,
+        w: *const c_void,
+        residual: *const c_void,
+        router: *const f32,
+        rows: c_int,
+        experts: c_int,
+        out_dim: c_int,
+        k_dim: c_int,
         stream: *mut c_void,
     ) -> c_int;
 

@@ -21,6 +21,7 @@ mod moe;
 mod moe_mma;
 mod moe_slices;
 mod mxfp4;
+mod o_router;
 mod pinned;
 mod prefill;
 mod rope;
@@ -43,7 +44,9 @@ pub use moe::{
     moe_experts_with, moe_fits, moe_max_experts, moe_route, moe_route_experts, moe_router,
 };
 pub use moe_mma::moe_experts_fp4_mma;
+pub use moe_slices::moe_slice_columns;
 pub use mxfp4::{MXFP4_MAX_SCALE, Mxfp4Stack};
+pub use o_router::{RouterLogits, fold_router, o_router};
 pub use pinned::PinnedIds;
 pub use prefill::{PrefillSeqs, paged_prefill_attention};
 pub use rope::{HeadNorms, MAX_NORM_HEADS, QkvRope, rope_qkv_cache};

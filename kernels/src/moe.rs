@@ -9,8 +9,9 @@ use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
-use crate::moe_slices::{moe_slices, slice_columns};
+use crate::moe_slices::{moe_slice_columns, moe_slices};
 use crate::mxfp4::Mxfp4Stack;
+use crate::o_router::RouterLogits;
 use crate::{check_launch, device_ptr, dtype_code, empty, ffi};
 
 /// Most experts a token may take.
@@ -286,20 +287,22 @@ pub fn moe_experts_with<'a>(
 /// results bit for bit; where the slices take the step ([`ExpertPlan::Auto`]: dense experts, one
 /// or two tokens), their blocks route each token themselves, so no routing kernel runs between
 /// the router and the experts. `logits` must be contiguous; `x` and the extras written before
-/// them (see [`moe_experts`]).
+/// them (see [`moe_experts`]), except with [`RouterLogits::BeforeNorm`], which only the slices
+/// take ([`crate::moe_slice_columns`] not 0), with `extras.input_norm`.
 pub fn moe_route_experts<'a>(
     x: &Tensor,
     gate_up: impl Into<ExpertWeights<'a>>,
     down: impl Into<ExpertWeights<'a>>,
-    logits: &Tensor,
+    router_logits: RouterLogits<'_>,
     (top_k, renormalize): (usize, bool),
     extras: ExpertExtras<'_>,
 ) -> Result<Tensor> {
     let (gate_up, down) = (gate_up.into(), down.into());
+    let logits = router_logits.tensor();
     let (tokens, experts) = check_logits(logits, top_k)?;
     if let (ExpertWeights::Dense(g), ExpertWeights::Dense(d)) = (gate_up, down) {
         let (_, hidden, inter) = d.dims3()?;
-        let cols = slice_columns(tokens, top_k, inter, hidden);
+        let cols = moe_slice_columns(tokens, top_k, inter, hidden);
         if cols > 0 && logits.is_contiguous() {
             let routes = MoeRoutes {
                 ids: empty((tokens, top_k), DType::U32, logits.device())?,
@@ -307,8 +310,21 @@ pub fn moe_route_experts<'a>(
                 experts,
             };
             let c = check_experts(x, gate_up, down, &routes, &extras)?;
-            return moe_slices(x, g, d, &routes, &c, cols, Some((logits, renormalize)));
+            return moe_slices(
+                x,
+                g,
+                d,
+                &routes,
+                &c,
+                cols,
+                Some((router_logits, renormalize)),
+            );
         }
+    }
+    if let RouterLogits::BeforeNorm(_) = router_logits {
+        bail!(
+            "moe_route_experts: logits before the norm need the slices (dense experts, contiguous logits, moe_slice_columns not 0)"
+        );
     }
     let routes = moe_route(logits, top_k, renormalize)?;
     moe_experts_with(x, gate_up, down, &routes, extras)
@@ -335,7 +351,7 @@ pub fn moe_experts_by<'a>(
     let cols = match plan {
         ExpertPlan::Rows => 0,
         ExpertPlan::Slices(n) => n,
-        ExpertPlan::Auto if dense.is_some() => slice_columns(tokens, top_k, inter, hidden),
+        ExpertPlan::Auto if dense.is_some() => moe_slice_columns(tokens, top_k, inter, hidden),
         ExpertPlan::Auto => 0,
     };
     if cols > 0 {

@@ -11,10 +11,13 @@ use std::ffi::c_void;
 use candle_core::{DType, Result, Tensor, bail};
 
 use crate::moe::{CheckedExperts, ExpertWeights, MoeRoutes};
+use crate::o_router::RouterLogits;
 use crate::{check_launch, device_ptr, empty, ffi};
 
-/// The inner columns a slice takes where [`crate::ExpertPlan::Auto`] picks slices, else 0.
-pub(crate) fn slice_columns(tokens: usize, top_k: usize, inter: usize, hidden: usize) -> usize {
+/// The inner columns a slice takes where [`crate::ExpertPlan::Auto`] picks slices, else 0: for
+/// `tokens` tokens of `top_k` experts of `hidden` x `inter`. Where it is 0,
+/// [`crate::moe_route_experts`] does not take [`RouterLogits::BeforeNorm`].
+pub fn moe_slice_columns(tokens: usize, top_k: usize, inter: usize, hidden: usize) -> usize {
     let fits = |n: usize| i32::try_from(n).is_ok();
     if ![tokens, top_k, inter, hidden].into_iter().all(fits) {
         return 0;
@@ -28,8 +31,9 @@ pub(crate) fn slice_columns(tokens: usize, top_k: usize, inter: usize, hidden: u
 
 /// The experts of `x` in slices of `cols` inner columns, for the shapes and extras `c` checked.
 /// With `route_from` = `(logits, renormalize)` (f32 `[tokens, experts]`, checked), the slices
-/// route each token themselves, as [`crate::moe_route`] does, and write the picks into `routes`'
-/// buffers; otherwise they read `routes`.
+/// route each token themselves, as [`crate::moe_route`] does (logits before the norm scaled by
+/// its 1 / rms first, see [`RouterLogits`]), and write the picks into `routes`' buffers;
+/// otherwise they read `routes`.
 pub(crate) fn moe_slices(
     x: &Tensor,
     gate_up: &Tensor,
@@ -37,7 +41,7 @@ pub(crate) fn moe_slices(
     routes: &MoeRoutes,
     c: &CheckedExperts,
     cols: usize,
-    route_from: Option<(&Tensor, bool)>,
+    route_from: Option<(RouterLogits<'_>, bool)>,
 ) -> Result<Tensor> {
     let (tokens, hidden, inter, top_k) = (c.tokens, c.hidden, c.inter, c.top_k);
     if ![8, 16, 32, 64].contains(&cols) || !inter.is_multiple_of(cols) {
@@ -56,13 +60,22 @@ pub(crate) fn moe_slices(
     let (xp, _) = device_ptr(x, "x")?;
     let (ip, _) = device_ptr(routes.ids(), "ids")?;
     let (wp, _) = device_ptr(routes.weights(), "weights")?;
-    let (lp, experts, renormalize) = match route_from {
-        Some((logits, renormalize)) => (
-            device_ptr(logits, "logits")?.0,
-            logits.dims2()?.1,
-            renormalize,
-        ),
-        None => (0, 0, false),
+    let (lp, experts, renormalize, norm_scales) = match route_from {
+        Some((logits, renormalize)) => {
+            let before_norm = matches!(logits, RouterLogits::BeforeNorm(_));
+            if before_norm && c.norm == 0 {
+                bail!("moe_experts: logits before the norm need the norm (extras.input_norm)");
+            }
+            let l = logits.tensor();
+            let experts = l.dims2()?.1;
+            (
+                device_ptr(l, "logits")?.0,
+                experts,
+                renormalize,
+                before_norm,
+            )
+        }
+        None => (0, 0, false, false),
     };
     if [xp, gp, dp, pp, c.norm].iter().any(|p| p % 16 != 0) {
         bail!("moe_experts: x and the weights must start on 16-byte boundaries");
@@ -88,6 +101,7 @@ pub(crate) fn moe_slices(
             ip as *mut u32,
             wp as *mut f32,
             lp as *const f32,
+            norm_scales as i32,
             experts as i32,
             renormalize as i32,
             tokens as i32,

@@ -5,6 +5,8 @@
 #[path = "moe/bandwidth.rs"]
 mod bandwidth;
 mod common;
+#[path = "moe/o_router.rs"]
+mod o_router;
 #[path = "moe/slices.rs"]
 mod slices;
 

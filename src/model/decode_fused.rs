@@ -212,11 +212,18 @@ pub(super) fn finish_layer(
     l: &FusedLayer<'_>,
     par: &Parallel,
 ) -> candle_core::Result<Tensor> {
+    if let FusedMlp::Sparse(moe) = l.mlp
+        && let Some(folded) = moe.router_fold(x.dim(0)?)
+    {
+        // The router scored in the o projection's grid (`SparseMoe::fold_router`).
+        let (x_mid, logits) = pagewise_kernels::o_router(attn, l.o, x, folded)?;
+        return moe.forward_fused(&x_mid, l.post_norm, Some(&logits));
+    }
     let residual = |r| par.rank.leads().then_some(r);
     let x_mid = par.all_reduce(gemv_fused(attn, l.o, GemvInput::Plain, residual(x))?)?;
     let (gate_up_w, down_w) = match l.mlp {
         FusedMlp::Dense { gate_up, down } => (gate_up, down),
-        FusedMlp::Sparse(moe) => return moe.forward_fused(&x_mid, l.post_norm),
+        FusedMlp::Sparse(moe) => return moe.forward_fused(&x_mid, l.post_norm, None),
     };
     let gate_up = gemv_fused(&x_mid, gate_up_w, norm_input(l.post_norm), None)?;
     let (rows, inter) = (x.dim(0)?, down_w.dim(1)?);

@@ -71,7 +71,8 @@ impl Llama {
             .map(|i| {
                 let p = format!("model.layers.{i}");
                 let attn = format!("{p}.self_attn");
-                Ok(DecoderLayer {
+                #[allow(unused_mut)]
+                let mut layer = DecoderLayer {
                     input_norm: RmsNorm::load(
                         w,
                         &format!("{p}.input_layernorm.weight"),
@@ -92,7 +93,15 @@ impl Llama {
                         }
                         _ => Mlp::Dense(GatedMlp::load(w, &format!("{p}.mlp"), cfg, tp)?),
                     },
-                })
+                };
+                // (Experts take the fused decode path on one rank only: `fused_layers`.)
+                #[cfg(feature = "cuda")]
+                if let (Mlp::Sparse(moe), Some(o), 1) =
+                    (&mut layer.mlp, layer.o.dense_weight(), tp.size)
+                {
+                    moe.fold_router(o, &layer.post_norm)?;
+                }
+                Ok(layer)
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
         Ok(Llama {

@@ -72,6 +72,10 @@ pub struct SparseMoe {
     /// small steps (`moe_device.rs`); each expert's layers are views of them.
     #[cfg(feature = "cuda")]
     stacked: Option<super::moe_device::Stacked>,
+    /// For the fused decode path: the router folded through the layer's o projection and the
+    /// norm between them (`SparseMoe::fold_router`).
+    #[cfg(feature = "cuda")]
+    router_fold: Option<Tensor>,
 }
 
 impl SparseMoe {
@@ -99,6 +103,7 @@ impl SparseMoe {
                 return Ok(SparseMoe {
                     router,
                     stacked: Some(stacked),
+                    router_fold: None,
                     experts: Vec::new(),
                     settings: s.clone(),
                 });
@@ -109,6 +114,8 @@ impl SparseMoe {
                 router,
                 #[cfg(feature = "cuda")]
                 stacked: super::moe_device::Stacked::take(&mut experts, s.top_k, s.activation)?,
+                #[cfg(feature = "cuda")]
+                router_fold: None,
                 experts,
                 settings: s.clone(),
             });
@@ -170,6 +177,8 @@ impl SparseMoe {
             settings: s.clone(),
             #[cfg(feature = "cuda")]
             stacked,
+            #[cfg(feature = "cuda")]
+            router_fold: None,
         })
     }
 }
@@ -219,19 +228,51 @@ impl SparseMoe {
         }
     }
 
+    /// Folds the router through the layer's o projection `o` (`[hidden, k]`) and the norm
+    /// between them (`pagewise_kernels::fold_router`), where the fused decode path takes this
+    /// layer and `o` is a 16-bit weight on the GPU: that path then scores the router in the o
+    /// projection's own grid (`pagewise_kernels::o_router`) wherever the expert slices take
+    /// the step ([`SparseMoe::router_fold`]).
+    #[cfg(feature = "cuda")]
+    pub(super) fn fold_router(
+        &mut self,
+        o: &Tensor,
+        norm: &super::norm::RmsNorm,
+    ) -> candle_core::Result<()> {
+        if !o.device().is_cuda() || !matches!(o.dtype(), DType::BF16 | DType::F16) {
+            return Ok(());
+        }
+        if let Some(router) = self.fused_router() {
+            self.router_fold = Some(pagewise_kernels::fold_router(router, norm.weight(), o)?);
+        }
+        Ok(())
+    }
+
+    /// The folded router ([`SparseMoe::fold_router`]) when the expert slices take a step of
+    /// `rows` tokens, so the o projection may score it.
+    #[cfg(feature = "cuda")]
+    pub(super) fn router_fold(&self, rows: usize) -> Option<&Tensor> {
+        let stacked = self.stacked.as_ref()?;
+        stacked
+            .routes_in_slices(rows, self.settings.top_k)
+            .then_some(self.router_fold.as_ref())?
+    }
+
     /// The fused decode path's layer (`decode_fused.rs`): `x + self(norm(x))` for the residual
-    /// stream `x`, with the norm folded into the router's and the experts' kernels.
+    /// stream `x`, with the norm folded into the router's and the experts' kernels; with
+    /// `before_norm`, the logits `pagewise_kernels::o_router` scored (no router kernel).
     #[cfg(feature = "cuda")]
     pub(super) fn forward_fused(
         &self,
         x: &Tensor,
         norm: &super::norm::RmsNorm,
+        before_norm: Option<&Tensor>,
     ) -> candle_core::Result<Tensor> {
         let (Some(stacked), Some(router)) = (&self.stacked, self.fused_router()) else {
             candle_core::bail!("this expert layer does not take the fused decode path");
         };
         let norm = (norm.weight(), norm.eps() as f32);
-        stacked.forward_fused(&x.contiguous()?, router, norm, &self.settings)
+        stacked.forward_fused(&x.contiguous()?, router, before_norm, norm, &self.settings)
     }
 
     /// The router's f32 logits for `x`, `[tokens, experts]`.

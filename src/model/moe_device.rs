@@ -12,7 +12,7 @@
 use std::sync::{Arc, Mutex, Weak};
 
 use candle_core::{DType, Device, Tensor};
-use pagewise_kernels::{ExpertWeights, GroupedGemm, Mxfp4Stack};
+use pagewise_kernels::{ExpertWeights, GroupedGemm, Mxfp4Stack, RouterLogits};
 
 use super::gpt_oss::Mxfp4Experts;
 use super::layers::Linear;
@@ -304,17 +304,26 @@ impl Stacked {
     /// The fused decode path's layer: `x + experts(norm(x))` for the residual stream `x`
     /// (`[tokens, hidden]`, at most [`Stacked::device_tokens`]), the router's f32 `router`
     /// weight (`[experts, hidden]`) and the layer's RMSNorm `(weight, eps)`: the router (the
-    /// norm folded into its staging), then `moe_route_experts` — for one or two tokens the
+    /// norm folded into its staging; or `before_norm`, the logits `o_router` scored for the
+    /// slices to scale), then `moe_route_experts` — for one or two tokens the
     /// expert slices, which route each token in their blocks and fold the norm into their
     /// staging, and their sum with the residual; otherwise the routing and the expert kernels.
     pub fn forward_fused(
         &self,
         x: &Tensor,
         router: &Tensor,
+        before_norm: Option<&Tensor>,
         norm: (&Tensor, f32),
         s: &MoeSettings,
     ) -> candle_core::Result<Tensor> {
-        let logits = pagewise_kernels::moe_router(x, router, Some(norm))?;
+        let normed;
+        let logits = match before_norm {
+            Some(l) => RouterLogits::BeforeNorm(l),
+            None => {
+                normed = pagewise_kernels::moe_router(x, router, Some(norm))?;
+                RouterLogits::Normed(&normed)
+            }
+        };
         let extras = pagewise_kernels::ExpertExtras {
             input_norm: Some(norm),
             residual: Some(x),
@@ -322,7 +331,19 @@ impl Stacked {
         };
         let (gate_up, down) = (self.gate_up.weights(), self.down.weights());
         let routing = (s.top_k, s.renormalize);
-        pagewise_kernels::moe_route_experts(x, gate_up, down, &logits, routing, extras)
+        pagewise_kernels::moe_route_experts(x, gate_up, down, logits, routing, extras)
+    }
+
+    /// Whether the expert slices route a step of `rows` tokens themselves, so they take logits
+    /// before the norm (`RouterLogits::BeforeNorm`).
+    pub fn routes_in_slices(&self, rows: usize, top_k: usize) -> bool {
+        let Stack::Dense(down) = &self.down else {
+            return false;
+        };
+        let Ok((_, hidden, inter)) = down.dims3() else {
+            return false;
+        };
+        pagewise_kernels::moe_slice_columns(rows, top_k, inter, hidden) > 0
     }
 
     /// The biases and activation of this layer's experts.

@@ -2,7 +2,8 @@
 
 use candle_core::{DType, Device, Tensor};
 use pagewise_kernels::{
-    ExpertExtras, ExpertPlan, moe_experts_by, moe_experts_with, moe_route, moe_route_experts,
+    ExpertExtras, ExpertPlan, RouterLogits, moe_experts_by, moe_experts_with, moe_route,
+    moe_route_experts,
 };
 
 use crate::DenseLayer;
@@ -117,6 +118,7 @@ fn slices_that_route_equal_the_routing_kernel() {
                 let (x, gu, down) = (&layer.x, &layer.gu, &layer.down);
                 let want = host_f32(&moe_experts_with(x, gu, down, &routes, extras).unwrap());
                 let routing = (top_k, renormalize);
+                let logits = RouterLogits::Normed(logits);
                 let got = moe_route_experts(x, gu, down, logits, routing, extras).unwrap();
                 assert_eq!(
                     host_f32(&got),
