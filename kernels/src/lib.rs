@@ -19,6 +19,7 @@ mod gemv_rope;
 mod grouped;
 mod moe;
 mod moe_mma;
+mod moe_route;
 mod moe_slices;
 mod mxfp4;
 mod o_router;
@@ -40,10 +41,11 @@ pub use gemv::{GEMV_MAX_ROWS, GemvInput, gemv, gemv_add_normed, gemv_fits, gemv_
 pub use gemv_rope::{RopeCacheTarget, gemv_rope_cache};
 pub use grouped::GroupedGemm;
 pub use moe::{
-    ExpertExtras, ExpertPlan, ExpertWeights, MOE_MAX_TOP_K, MoeRoutes, moe_experts, moe_experts_by,
-    moe_experts_with, moe_fits, moe_max_experts, moe_route, moe_route_experts, moe_router,
+    ExpertExtras, ExpertPlan, ExpertWeights, MOE_MAX_TOP_K, moe_experts, moe_experts_by,
+    moe_experts_with, moe_fits,
 };
 pub use moe_mma::moe_experts_fp4_mma;
+pub use moe_route::{MoeRoutes, moe_max_experts, moe_route, moe_route_experts, moe_router};
 pub use moe_slices::moe_slice_columns;
 pub use mxfp4::{MXFP4_MAX_SCALE, Mxfp4Stack};
 pub use o_router::{RouterLogits, fold_router, o_router};

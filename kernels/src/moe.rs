@@ -1,4 +1,5 @@
-//! A mixture-of-experts layer for decode batches, on the device end to end: [`moe_route`] picks
+//! A mixture-of-experts layer for decode batches, on the device end to end: `moe_route`
+//! (`moe_route.rs`) picks
 //! each token's experts and weights from the router's logits, [`moe_experts`] streams just those
 //! experts' weights (GEMVs over the stacked expert tensors, the expert index read on the device)
 //! and sums their outputs. Nothing is read back to the host, so a decode step with experts can be
@@ -9,157 +10,13 @@ use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
+use crate::moe_route::MoeRoutes;
 use crate::moe_slices::{moe_slice_columns, moe_slices};
 use crate::mxfp4::Mxfp4Stack;
-use crate::o_router::RouterLogits;
 use crate::{check_launch, device_ptr, dtype_code, empty, ffi};
 
 /// Most experts a token may take.
 pub const MOE_MAX_TOP_K: usize = 16;
-
-/// Each token's chosen experts (`ids`, u32 `[tokens, top_k]`) and their weights (f32, same
-/// shape), as [`moe_route`] makes them: every id is below `experts`, which is what lets
-/// [`moe_experts`] index the stacked weights with them safely.
-#[derive(Clone, Debug)]
-pub struct MoeRoutes {
-    ids: Tensor,
-    weights: Tensor,
-    experts: usize,
-}
-
-impl MoeRoutes {
-    /// The chosen experts, u32 `[tokens, top_k]`, the most probable first.
-    pub fn ids(&self) -> &Tensor {
-        &self.ids
-    }
-
-    /// Their weights, f32 `[tokens, top_k]`.
-    pub fn weights(&self) -> &Tensor {
-        &self.weights
-    }
-}
-
-/// The most experts [`moe_route`] takes.
-pub fn moe_max_experts() -> usize {
-    // SAFETY: a pure function of no arguments.
-    unsafe { ffi::pagewise_moe_max_experts() as usize }
-}
-
-/// A router's f32 logits `[tokens, experts]` for `x` (`[tokens, hidden]`, f16 or bf16; taken
-/// through the RMSNorm `norm` = `(weight [hidden], eps)` first, rounded to its dtype, when given)
-/// and the router's f32 weight `w` (`[experts, hidden]`): one kernel, where a separate norm, a
-/// cast and an f32 matmul take four. `hidden` a multiple of 8.
-pub fn moe_router(x: &Tensor, w: &Tensor, norm: Option<(&Tensor, f32)>) -> Result<Tensor> {
-    let (tokens, hidden) = x.dims2()?;
-    let (experts, wk) = w.dims2()?;
-    let dtype = dtype_code(x.dtype(), "moe_router")?;
-    if dtype == 0 || w.dtype() != DType::F32 {
-        bail!(
-            "moe_router: x must be f16 or bf16 and the weight f32, got {:?} and {:?}",
-            x.dtype(),
-            w.dtype()
-        );
-    }
-    // SAFETY: a pure function of no arguments.
-    let most = unsafe { ffi::pagewise_moe_max_stage_bytes() } as usize;
-    if wk != hidden || !hidden.is_multiple_of(8) || hidden * 2 > most {
-        bail!(
-            "moe_router: x {:?} and weight {:?} do not fit (hidden a multiple of 8, at most {})",
-            x.dims(),
-            w.dims(),
-            most / 2
-        );
-    }
-    let (np, eps) = match norm {
-        Some((n, eps)) if n.dims() == [hidden] && n.dtype() == x.dtype() => {
-            (device_ptr(n, "norm weight")?.0, eps)
-        }
-        Some((n, _)) => bail!(
-            "moe_router: the norm weight must be {:?} [{hidden}], got {:?} {:?}",
-            x.dtype(),
-            n.dtype(),
-            n.dims()
-        ),
-        None => (0, 0.0),
-    };
-    let logits = empty((tokens, experts), DType::F32, x.device())?;
-    let (lp, stream) = device_ptr(&logits, "logits")?;
-    let (xp, _) = device_ptr(x, "x")?;
-    let (wp, _) = device_ptr(w, "router weight")?;
-    if [xp, wp, np].iter().any(|p| p % 16 != 0) {
-        bail!("moe_router: x, the norm and the weight must start on 16-byte boundaries");
-    }
-    // SAFETY: contiguous tensors of the checked shapes and dtypes on the stream's device: the
-    // kernel reads tokens x hidden of x, hidden of the norm and experts x hidden f32 weights, and
-    // writes tokens x experts logits.
-    let code = unsafe {
-        ffi::pagewise_moe_router(
-            dtype,
-            lp as *mut f32,
-            xp as *const c_void,
-            np as *const c_void,
-            eps,
-            wp as *const f32,
-            tokens as i32,
-            experts as i32,
-            hidden as i32,
-            stream,
-        )
-    };
-    check_launch(code, "moe_router")?;
-    Ok(logits)
-}
-
-/// `(tokens, experts)` of router `logits` that [`moe_route`] takes for `top_k`.
-fn check_logits(logits: &Tensor, top_k: usize) -> Result<(usize, usize)> {
-    let (tokens, experts) = logits.dims2()?;
-    if logits.dtype() != DType::F32 {
-        bail!("moe_route: logits must be f32, got {:?}", logits.dtype());
-    }
-    if experts > moe_max_experts() {
-        bail!(
-            "moe_route: {experts} experts (at most {})",
-            moe_max_experts()
-        );
-    }
-    if !(1..=MOE_MAX_TOP_K.min(experts)).contains(&top_k) {
-        bail!("moe_route: top_k {top_k} must be 1..={MOE_MAX_TOP_K} and at most {experts} experts");
-    }
-    Ok((tokens, experts))
-}
-
-/// Routes each row of `logits` (f32 `[tokens, experts]`, a router's output) to its `top_k` most
-/// probable experts under the softmax (ties to the lower expert), with the softmax probabilities
-/// as weights, renormalized to sum to one over the chosen experts when `renormalize`. At most
-/// [`moe_max_experts`] experts.
-pub fn moe_route(logits: &Tensor, top_k: usize, renormalize: bool) -> Result<MoeRoutes> {
-    let (tokens, experts) = check_logits(logits, top_k)?;
-    let ids = empty((tokens, top_k), DType::U32, logits.device())?;
-    let weights = empty((tokens, top_k), DType::F32, logits.device())?;
-    let (lp, stream) = device_ptr(logits, "logits")?;
-    let (ip, _) = device_ptr(&ids, "ids")?;
-    let (wp, _) = device_ptr(&weights, "weights")?;
-    // SAFETY: contiguous tensors of the checked shapes on the stream's device: the kernel reads
-    // tokens x experts logits and writes tokens x top_k ids and weights.
-    let code = unsafe {
-        ffi::pagewise_moe_route(
-            lp as *const f32,
-            ip as *mut u32,
-            wp as *mut f32,
-            tokens as i32,
-            experts as i32,
-            top_k as i32,
-            renormalize as i32,
-            stream,
-        )
-    };
-    check_launch(code, "moe_route")?;
-    Ok(MoeRoutes {
-        ids,
-        weights,
-        experts,
-    })
-}
 
 /// Whether [`moe_experts`] takes `top_k` experts of inner width `inter` in `dtype`: the down
 /// projection stages a token's `top_k` activations in shared memory (8 x 1536 and 2 x 14336 bf16
@@ -197,7 +54,7 @@ pub struct ExpertExtras<'a> {
 /// rows), then down with the weighted sum. The gate/up outputs and the SiLU-and-mul are rounded
 /// to the dtype as separate kernels store them; each token's weighted sum is taken in f32.
 /// Returns `[tokens, hidden]`. `x` (and the extras) must be written before the `routes` are
-/// ([`moe_route`]): the slices ([`ExpertPlan::Slices`]) stage `x` while the routing may still run.
+/// ([`crate::moe_route`]): the slices ([`ExpertPlan::Slices`]) stage `x` while the routing may still run.
 pub fn moe_experts(
     x: &Tensor,
     gate_up: &Tensor,
@@ -281,53 +138,6 @@ pub fn moe_experts_with<'a>(
     extras: ExpertExtras<'_>,
 ) -> Result<Tensor> {
     moe_experts_by(x, gate_up, down, routes, extras, ExpertPlan::Auto)
-}
-
-/// [`moe_route`] then [`moe_experts_with`] for `x` and the router's f32 `logits`, the same
-/// results bit for bit; where the slices take the step ([`ExpertPlan::Auto`]: dense experts, one
-/// or two tokens), their blocks route each token themselves, so no routing kernel runs between
-/// the router and the experts. `logits` must be contiguous; `x` and the extras written before
-/// them (see [`moe_experts`]), except with [`RouterLogits::BeforeNorm`], which only the slices
-/// take ([`crate::moe_slice_columns`] not 0), with `extras.input_norm`.
-pub fn moe_route_experts<'a>(
-    x: &Tensor,
-    gate_up: impl Into<ExpertWeights<'a>>,
-    down: impl Into<ExpertWeights<'a>>,
-    router_logits: RouterLogits<'_>,
-    (top_k, renormalize): (usize, bool),
-    extras: ExpertExtras<'_>,
-) -> Result<Tensor> {
-    let (gate_up, down) = (gate_up.into(), down.into());
-    let logits = router_logits.tensor();
-    let (tokens, experts) = check_logits(logits, top_k)?;
-    if let (ExpertWeights::Dense(g), ExpertWeights::Dense(d)) = (gate_up, down) {
-        let (_, hidden, inter) = d.dims3()?;
-        let cols = moe_slice_columns(tokens, top_k, inter, hidden);
-        if cols > 0 && logits.is_contiguous() {
-            let routes = MoeRoutes {
-                ids: empty((tokens, top_k), DType::U32, logits.device())?,
-                weights: empty((tokens, top_k), DType::F32, logits.device())?,
-                experts,
-            };
-            let c = check_experts(x, gate_up, down, &routes, &extras)?;
-            return moe_slices(
-                x,
-                g,
-                d,
-                &routes,
-                &c,
-                cols,
-                Some((router_logits, renormalize)),
-            );
-        }
-    }
-    if let RouterLogits::BeforeNorm(_) = router_logits {
-        bail!(
-            "moe_route_experts: logits before the norm need the slices (dense experts, contiguous logits, moe_slice_columns not 0)"
-        );
-    }
-    let routes = moe_route(logits, top_k, renormalize)?;
-    moe_experts_with(x, gate_up, down, &routes, extras)
 }
 
 /// [`moe_experts_with`] by the kernels `plan` names ([`ExpertPlan::Auto`]: as
