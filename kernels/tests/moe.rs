@@ -168,6 +168,15 @@ struct DenseLayer {
 }
 
 impl DenseLayer {
+    /// The fused decode path's extras: the input RMSNorm (`eps`) and the residual.
+    fn norm_and_residual(&self, eps: f32) -> ExpertExtras<'_> {
+        ExpertExtras {
+            input_norm: Some((&self.norm_w, eps)),
+            residual: Some(&self.residual),
+            ..Default::default()
+        }
+    }
+
     /// `dims`: (tokens, hidden, inter, experts, top_k).
     fn random(
         rng: &mut Lcg,

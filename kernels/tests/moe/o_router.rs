@@ -88,11 +88,7 @@ fn slices_scale_logits_before_the_norm() {
             (tokens, hidden, inter, experts, top_k),
             &dev,
         );
-        let extras = ExpertExtras {
-            input_norm: Some((&layer.norm_w, eps)),
-            residual: Some(&layer.residual),
-            ..Default::default()
-        };
+        let extras = layer.norm_and_residual(eps);
         let (x, gu, down) = (&layer.x, &layer.gu, &layer.down);
         let before = random(&mut rng, (tokens, experts), 20.0, DType::F32, &dev);
         let inv = Tensor::from_vec(inv_rms(x, eps), (tokens, 1), &dev).unwrap();

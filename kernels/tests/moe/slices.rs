@@ -105,11 +105,7 @@ fn slices_that_route_equal_the_routing_kernel() {
             (tokens, hidden, inter, experts, top_k),
             &dev,
         );
-        let extras = ExpertExtras {
-            input_norm: Some((&layer.norm_w, 1e-6)),
-            residual: Some(&layer.residual),
-            ..Default::default()
-        };
+        let extras = layer.norm_and_residual(1e-6);
         let spread = random(&mut rng, (tokens, experts), 2.0, DType::F32, &dev);
         let tied = Tensor::zeros((tokens, experts), DType::F32, &dev).unwrap();
         for (name, logits) in [("random", &spread), ("tied", &tied)] {
