@@ -19,7 +19,7 @@ mod gemv_rope;
 mod grouped;
 mod moe;
 mod moe_mma;
-mod moe_route;
+mod moe_routing;
 mod moe_slices;
 mod mxfp4;
 mod o_router;
@@ -45,7 +45,7 @@ pub use moe::{
     moe_experts_with, moe_fits,
 };
 pub use moe_mma::moe_experts_fp4_mma;
-pub use moe_route::{MoeRoutes, moe_max_experts, moe_route, moe_route_experts, moe_router};
+pub use moe_routing::{MoeRoutes, moe_max_experts, moe_route, moe_route_experts, moe_router};
 pub use moe_slices::moe_slice_columns;
 pub use mxfp4::{MXFP4_MAX_SCALE, Mxfp4Stack};
 pub use o_router::{RouterLogits, fold_router, o_router};

@@ -1,5 +1,5 @@
 //! A mixture-of-experts layer for decode batches, on the device end to end: `moe_route`
-//! (`moe_route.rs`) picks
+//! (`moe_routing.rs`) picks
 //! each token's experts and weights from the router's logits, [`moe_experts`] streams just those
 //! experts' weights (GEMVs over the stacked expert tensors, the expert index read on the device)
 //! and sums their outputs. Nothing is read back to the host, so a decode step with experts can be
@@ -10,7 +10,7 @@ use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
-use crate::moe_route::MoeRoutes;
+use crate::moe_routing::MoeRoutes;
 use crate::moe_slices::{moe_slice_columns, moe_slices};
 use crate::mxfp4::Mxfp4Stack;
 use crate::{check_launch, device_ptr, dtype_code, empty, ffi};

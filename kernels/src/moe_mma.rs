@@ -11,7 +11,7 @@ use std::ffi::c_void;
 use candle_core::{DType, Result, Tensor, bail};
 
 use crate::moe::{ExpertExtras, ExpertWeights, check_experts};
-use crate::moe_route::MoeRoutes;
+use crate::moe_routing::MoeRoutes;
 use crate::mxfp4::Mxfp4Stack;
 use crate::{check_launch, device_ptr, empty, ffi};
 

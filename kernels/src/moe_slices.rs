@@ -11,7 +11,7 @@ use std::ffi::c_void;
 use candle_core::{DType, Result, Tensor, bail};
 
 use crate::moe::{CheckedExperts, ExpertWeights};
-use crate::moe_route::MoeRoutes;
+use crate::moe_routing::MoeRoutes;
 use crate::o_router::RouterLogits;
 use crate::{check_launch, device_ptr, empty, ffi};
 
