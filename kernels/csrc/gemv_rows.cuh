@@ -92,7 +92,8 @@ inline int split_for(int k_dim) {
 // rounds of warps / S (S warps an output, see dot_rows), block `block` of `blocks` stepping by
 // the grid's.
 template <typename T, int R, bool kAdd, int S, int kT>
-__device__ __forceinline__ void gemv_outputs(T* __restrict__ y, const T* xs, const T* __restrict__ w,
+__device__ __forceinline__ void gemv_outputs(T* __restrict__ y, const T* xs,
+                                             const T* __restrict__ w,
                                              const T* __restrict__ residual, int out_dim,
                                              int k_dim, int block, int blocks) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -65,10 +65,11 @@ __device__ __forceinline__ void warp_dots(float (&acc)[R], const T* const (&w)[R
 // e = ids[t, j]. With `logits` (f32 [tokens, experts]) the block routes its token itself
 // (route.cuh, as moe_route_kernel does) instead of reading ids and weights, and slice 0 stores
 // the token's picks there for the sum; with `norm_scales` too (kIn = kRmsNorm), the logits are
-// o_router.cu's, of x before its norm's 1 / rms, which the block scales them by as it routes. gu: [experts, 2 inner, hidden] (gate rows first), down:
-// [experts, hidden, inner]; x staged once (kIn = kRmsNorm: RMSNorm(x) * norm_w, rounded to T, in
-// its place). The activation is SiLU-and-mul (alpha <= 0) or the clamped SwiGLU, with g, u and
-// the activation rounded to T as moe.cu's kernels round them.
+// o_router.cu's, of x before its norm's 1 / rms, which the block scales them by as it routes.
+// gu: [experts, 2 inner, hidden] (gate rows first), down: [experts, hidden, inner]; x staged
+// once (kIn = kRmsNorm: RMSNorm(x) * norm_w, rounded to T, in its place). The activation is
+// SiLU-and-mul (alpha <= 0) or the clamped SwiGLU, with g, u and the activation rounded to T as
+// moe.cu's kernels round them.
 template <typename T, int kIn, int kCols>
 __global__ void __launch_bounds__(kSliceThreads, 4)
     moe_slice_kernel(float* __restrict__ partial, const T* __restrict__ x,
@@ -262,8 +263,8 @@ cudaError_t launch_slices(float* partial, const void* x, const void* norm_w, flo
   return launch_early(moe_slice_kernel<T, kIn, kCols>, dim3(slices, tokens), dim3(kSliceThreads),
                       hidden * (int)sizeof(T), stream, partial, (const T*)x, (const T*)norm_w,
                       eps, (const T*)gu, (const T*)gu_bias, (const T*)down, r.ids, r.weights,
-                      r.logits, r.norm_scales, r.experts, r.renormalize, top_k, inner, hidden, alpha,
-                      limit);
+                      r.logits, r.norm_scales, r.experts, r.renormalize, top_k, inner, hidden,
+                      alpha, limit);
 }
 
 template <typename T, int kIn>
@@ -338,15 +339,15 @@ extern "C" int pagewise_moe_slice_columns(int tokens, int top_k, int inner, int 
 // `partial`: f32 scratch of tokens x (top_k x inner / cols) x hidden elements, 16-byte aligned.
 // x, norm_w and residual must be written before the kernel just before this call (the routing,
 // or the router with `logits`; with `norm_scales`, x may be that kernel's, o_router's): the
-// slices stage x (unless norm_scales), and the sum loads the residual, while it may still run. Returns 0, a CUDA error code, or 1 when the arguments are unsupported.
+// slices stage x (unless norm_scales), and the sum loads the residual, while it may still run.
+// Returns 0, a CUDA error code, or 1 when the arguments are unsupported.
 extern "C" int pagewise_moe_slices(int dtype, int cols, void* y, float* partial, const void* x,
                                    const void* norm_w, float eps, const void* gu,
                                    const void* gu_bias, const void* down, const void* down_bias,
                                    const void* residual, uint32_t* ids, float* weights,
                                    const float* logits, int norm_scales, int experts,
-                                   int renormalize, int tokens,
-                                   int top_k, int inner, int hidden, float alpha, float limit,
-                                   void* stream) {
+                                   int renormalize, int tokens, int top_k, int inner,
+                                   int hidden, float alpha, float limit, void* stream) {
   if (tokens == 0 || hidden == 0) return 0;
   if ((cols != 8 && cols != 16 && cols != 32 && cols != 64) || inner % cols != 0 ||
       hidden % 8 != 0 || hidden > 8192 || top_k < 1 || top_k > kMaxTopK || tokens > 65535)

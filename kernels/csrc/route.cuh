@@ -14,8 +14,9 @@ constexpr int kPerLane = 8;
 constexpr int kMaxExperts = 32 * kPerLane;
 
 // One token's routing by a whole warp: softmax over the `experts` (at most kMaxExperts) f32
-// logits of `row` times `scale` (1, or the norm's 1 / rms for logits from o_router.cu), the top_k (at most 32) largest probabilities (on a tie the lower expert),
-// divided by their own sum when `renormalize` else by the softmax's. Lane j gets the j-th pick in
+// logits of `row` times `scale` (1, or the norm's 1 / rms for logits from o_router.cu), the
+// top_k (at most 32) largest probabilities (on a tie the lower expert), divided by their own sum
+// when `renormalize` else by the softmax's. Lane j gets the j-th pick in
 // `id` and `weight` (lanes past top_k: expert 0, weight 0). Lane l holds the probabilities of
 // experts l, l + 32, ...
 __device__ __forceinline__ void route_token(const float* row, float scale, int experts, int top_k,

@@ -36,7 +36,7 @@ impl<'a> RouterLogits<'a> {
 /// projection `o` (`[hidden, k]`): what [`o_router`] scores `[a | residual]` against. Made in f32
 /// on `o`'s device.
 pub fn fold_router(router: &Tensor, g: &Tensor, o: &Tensor) -> Result<Tensor> {
-    let (experts, hidden) = router.dims2()?;
+    let (_, hidden) = router.dims2()?;
     let (o_out, _) = o.dims2()?;
     if router.dtype() != DType::F32 || g.dims() != [hidden] || o_out != hidden {
         bail!(
@@ -51,9 +51,7 @@ pub fn fold_router(router: &Tensor, g: &Tensor, o: &Tensor) -> Result<Tensor> {
         .to_device(o.device())?
         .broadcast_mul(&g.to_dtype(DType::F32)?.reshape((1, hidden))?)?;
     let a = b.matmul(&o.to_dtype(DType::F32)?)?;
-    let folded = Tensor::cat(&[&a, &b], D::Minus1)?.contiguous()?;
-    debug_assert_eq!(folded.dim(0)?, experts);
-    Ok(folded)
+    Tensor::cat(&[&a, &b], D::Minus1)?.contiguous()
 }
 
 /// `(residual + a o^T, logits)` for the attention output `a` (`[rows, k]`, 1 or 2 rows), the o

@@ -253,9 +253,10 @@ impl SparseMoe {
     #[cfg(feature = "cuda")]
     pub(super) fn router_fold(&self, rows: usize) -> Option<&Tensor> {
         let stacked = self.stacked.as_ref()?;
-        stacked
-            .routes_in_slices(rows, self.settings.top_k)
-            .then_some(self.router_fold.as_ref())?
+        let top_k = self.settings.top_k;
+        self.router_fold
+            .as_ref()
+            .filter(|_| stacked.routes_in_slices(rows, top_k))
     }
 
     /// The fused decode path's layer (`decode_fused.rs`): `x + self(norm(x))` for the residual
