@@ -172,6 +172,14 @@ pub struct EngineFlags {
     /// Chat template replacing the model's: a file path, or the template text.
     #[arg(long, env = "PAGEWISE_CHAT_TEMPLATE")]
     pub chat_template: Option<String>,
+    /// Structured outputs: an object in a JSON schema that names its properties but does not
+    /// set `additionalProperties` also accepts properties it does not name (JSON Schema's
+    /// reading, as vLLM's guidance backend without `disable_additional_properties`). By
+    /// default such objects hold only their named properties, as OpenAI and vLLM's default
+    /// backend generate them. Schemas sent with `strict: true` hold only their named
+    /// properties either way.
+    #[arg(long, env = "PAGEWISE_STRUCTURED_OUTPUTS_ALLOW_ADDITIONAL_PROPERTIES")]
+    pub structured_outputs_allow_additional_properties: bool,
     /// GPU: run every step eagerly; by default decode steps of up to min(max-num-seqs, 512)
     /// sequences replay CUDA graphs captured at startup.
     #[arg(long, env = "PAGEWISE_ENFORCE_EAGER")]
@@ -256,6 +264,8 @@ impl EngineFlags {
             seed: self.seed,
             gguf_matmul: self.gguf_matmul,
             chat_template: self.chat_template.clone(),
+            structured_outputs_allow_additional_properties: self
+                .structured_outputs_allow_additional_properties,
             enforce_eager: self.enforce_eager,
             max_seq_len_to_capture: self.max_seq_len_to_capture,
             parallel: self.parallel.to_config(),

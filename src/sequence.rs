@@ -317,7 +317,7 @@ mod tests {
         use crate::guided::{Grammars, StructuredOutputs};
         let tokenizer = Arc::new(crate::testing::byte_level_tokenizer(&[]));
         let eos = tokenizer.token_to_id("<eos>").unwrap();
-        let grammars = Grammars::new(tokenizer, 300, &[eos]);
+        let grammars = Grammars::new(tokenizer, 300, &[eos], false);
         let choice = StructuredOutputs::Choice(vec!["ok".into()]);
         let guided = |min_tokens| {
             let mut s = Sequence::new(

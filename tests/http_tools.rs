@@ -1,8 +1,9 @@
 //! Tool calling through HTTP on the tiny random Qwen2 fixture. `required` and named functions
 //! constrain the output, so even random weights give calls whose arguments fit the schema;
 //! `auto` parses calls out of the text (forced here into Hermes' format by a regex, so the parser
-//! has a call to find). Streamed calls put back together equal the non-streamed ones, and tool
-//! results go back into the chat template.
+//! has a call to find). Streamed calls put back together equal the non-streamed ones (a chunk
+//! holding at most one entry a call), forced calls cut short by `max_tokens` are still calls, and
+//! tool results go back into the chat template.
 
 mod common;
 
@@ -66,6 +67,16 @@ async fn streamed(base: &str, mut body: Value) -> (String, Vec<Value>, String) {
         let v: Value = serde_json::from_str(&data).unwrap();
         let choice = &v["choices"][0];
         content.push_str(choice["delta"]["content"].as_str().unwrap_or(""));
+        // At most one entry a call in a chunk, as OpenAI and vLLM send them.
+        let mut indices: Vec<u64> = choice["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|d| d["index"].as_u64().unwrap())
+            .collect();
+        let entries = indices.len();
+        indices.dedup();
+        assert_eq!(indices.len(), entries, "{data}");
         for d in choice["delta"]["tool_calls"]
             .as_array()
             .into_iter()
@@ -125,6 +136,36 @@ async fn named_and_required_choices_give_valid_calls_streamed_or_not() {
         assert_eq!(finish, "tool_calls");
         let names = |c: &[Value]| c.iter().map(|c| c["function"].clone()).collect::<Vec<_>>();
         assert_eq!(names(&s_calls), names(calls));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_calls_cut_short_by_max_tokens_are_still_calls() {
+    let (base, _) = start(vec![]).await;
+    let named = json!({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}});
+    for choice in [named, json!({"tool_choice": "required"})] {
+        // The whole answer's length (the fixture's tokens are bytes), then cut inside the arguments.
+        let (_, whole) = post(&base, "/v1/chat/completions", request(choice.clone())).await;
+        let used = whole["usage"]["completion_tokens"].as_u64().unwrap();
+        let whole_call = &whole["choices"][0]["message"]["tool_calls"][0]["function"];
+        let mut cut = choice.clone();
+        cut["max_tokens"] = json!(used - 4);
+        let (status, body) = post(&base, "/v1/chat/completions", request(cut.clone())).await;
+        assert_eq!(status, 200, "{body}");
+        let c = &body["choices"][0];
+        assert_eq!(c["finish_reason"], "length", "{body}");
+        assert!(c["message"]["content"].is_null(), "{body}");
+        let call = &c["message"]["tool_calls"][0];
+        assert!(call["id"].as_str().unwrap().starts_with("call_"), "{call}");
+        assert_eq!(call["function"]["name"], whole_call["name"], "{body}");
+        let args = call["function"]["arguments"].as_str().unwrap();
+        assert!(
+            args.starts_with('{') && serde_json::from_str::<Value>(args).is_err(),
+            "{body}"
+        );
+        let (content, calls, finish) = streamed(&base, request(cut)).await;
+        assert_eq!((content.as_str(), finish.as_str()), ("", "length"));
+        assert_eq!(calls[0]["function"], call["function"]);
     }
 }
 

@@ -67,6 +67,10 @@ pub struct EngineArgs {
     pub seed: u64,
     /// A chat template (a file path, or the template text) replacing the model's own.
     pub chat_template: Option<String>,
+    /// Structured outputs: objects of JSON schemas that do not set `additionalProperties`
+    /// accept properties they do not name (JSON Schema's reading). Default false: they hold
+    /// only their named properties, as OpenAI and vLLM's default backend generate.
+    pub structured_outputs_allow_additional_properties: bool,
     /// GGUF: quantized or dequantized matmuls.
     pub gguf_matmul: GgufMatmul,
     /// GPU: run every step eagerly instead of replaying captured CUDA graphs for decode steps.
@@ -97,6 +101,7 @@ impl Default for EngineArgs {
             enable_prefix_caching: true,
             seed: 0,
             chat_template: None,
+            structured_outputs_allow_additional_properties: false,
             gguf_matmul: GgufMatmul::Auto,
             enforce_eager: false,
             max_seq_len_to_capture: DEFAULT_MAX_SEQ_LEN_TO_CAPTURE,

@@ -106,7 +106,12 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
     )?;
     let cfg = loaded.config;
     let tokenizer = Arc::new(loaded.tokenizer);
-    let grammars = Grammars::new(tokenizer.clone(), cfg.vocab_size, &cfg.eos_token_ids);
+    let grammars = Grammars::new(
+        tokenizer.clone(),
+        cfg.vocab_size,
+        &cfg.eos_token_ids,
+        args.structured_outputs_allow_additional_properties,
+    );
     if member.is_none() {
         grammars.warm_up();
     }

@@ -14,6 +14,7 @@
 //! guide that fails ends its request with the error.
 
 pub mod gbnf;
+pub mod schema;
 pub mod spec;
 pub mod vocab;
 
@@ -34,6 +35,9 @@ struct GrammarsInner {
     tokenizer: Arc<Tokenizer>,
     vocab_size: usize,
     eos_ids: Vec<u32>,
+    /// JSON schemas' objects take properties they do not name unless they say otherwise (JSON
+    /// Schema's reading); false: only named ones ([`schema::close_objects`]).
+    allow_additional_properties: bool,
     factory: OnceLock<Result<ParserFactory, String>>,
     /// Recently compiled constraints, by their JSON form: requests repeat their schemas.
     cache: Mutex<HashMap<String, Guide>>,
@@ -53,12 +57,20 @@ impl std::fmt::Debug for Grammars {
 
 impl Grammars {
     /// Grammars over `tokenizer`'s tokens, for a model of `vocab_size` ids whose end-of-sequence
-    /// ids are `eos_ids`.
-    pub fn new(tokenizer: Arc<Tokenizer>, vocab_size: usize, eos_ids: &[u32]) -> Self {
+    /// ids are `eos_ids`. JSON schemas' objects hold only the properties they name unless
+    /// `allow_additional_properties` (then an object schema without `additionalProperties`
+    /// accepts others, as JSON Schema reads it).
+    pub fn new(
+        tokenizer: Arc<Tokenizer>,
+        vocab_size: usize,
+        eos_ids: &[u32],
+        allow_additional_properties: bool,
+    ) -> Self {
         Grammars(Arc::new(GrammarsInner {
             tokenizer,
             vocab_size,
             eos_ids: eos_ids.to_vec(),
+            allow_additional_properties,
             factory: OnceLock::new(),
             cache: Mutex::new(HashMap::new()),
         }))
@@ -120,7 +132,7 @@ impl Grammars {
 
     fn compile_new(&self, constraint: &StructuredOutputs) -> Result<Guide, String> {
         let factory = self.factory()?;
-        let grammar = constraint.to_grammar()?;
+        let grammar = constraint.to_grammar(!self.0.allow_additional_properties)?;
         let parser = factory.create_parser(grammar).map_err(|e| e.to_string())?;
         let mut guide = Guide {
             matcher: Box::new(Matcher::new(Ok(parser))),

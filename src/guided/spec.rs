@@ -49,8 +49,13 @@ impl StructuredOutputs {
     /// The llguidance grammar. JSON is written compactly as Python's `json.dumps` writes it
     /// (`", "` and `": "`, no other whitespace) unless the schema sets its own `x-guidance`
     /// options: free whitespace lets a small model pad forever instead of closing the object.
-    pub fn to_grammar(&self) -> Result<TopLevelGrammar, String> {
+    /// With `close_objects`, its objects hold only the properties they name unless they say
+    /// otherwise ([`super::schema::close_objects`]).
+    pub fn to_grammar(&self, close_objects: bool) -> Result<TopLevelGrammar, String> {
         Ok(match self {
+            StructuredOutputs::Json(schema) if close_objects => {
+                TopLevelGrammar::from_json_schema(compact(&super::schema::close_objects(schema)))
+            }
             StructuredOutputs::Json(schema) => TopLevelGrammar::from_json_schema(compact(schema)),
             StructuredOutputs::JsonObject => {
                 TopLevelGrammar::from_json_schema(compact(&serde_json::json!({"type": "object"})))

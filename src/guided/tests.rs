@@ -12,7 +12,7 @@ fn grammars() -> (Grammars, Arc<Tokenizer>, u32) {
     ]));
     let eos = tokenizer.token_to_id("<eos>").unwrap();
     (
-        Grammars::new(tokenizer.clone(), 300, &[eos]),
+        Grammars::new(tokenizer.clone(), 300, &[eos], false),
         tokenizer,
         eos,
     )

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::AppState;
 use super::error::ApiError;
-use crate::guided::{Guide, StructuredOutputs};
+use crate::guided::{Guide, StructuredOutputs, schema};
 
 /// Limits on what a request may ask to constrain its output to.
 #[derive(Clone, Copy, Debug)]
@@ -108,10 +108,21 @@ fn response_format(format: &Value) -> Result<Option<StructuredOutputs>, ApiError
             let schema = spec
                 .get("schema")
                 .ok_or_else(|| bad("response_format.json_schema needs a `schema`."))?;
-            Ok(Some(StructuredOutputs::Json(schema_value(
-                "response_format",
-                schema,
-            )?)))
+            let schema = schema_value("response_format", schema)?;
+            // OpenAI's contract: a strict schema's objects hold only the properties they name,
+            // whatever the server's `--structured-outputs-allow-additional-properties`.
+            let schema = match spec.get("strict") {
+                Some(Value::Bool(true)) => {
+                    schema::check_strict(&schema)
+                        .map_err(|e| bad(&format!("response_format: {e}")))?;
+                    schema::close_objects(&schema)
+                }
+                None | Some(Value::Bool(false)) | Some(Value::Null) => schema,
+                Some(_) => {
+                    return Err(bad("response_format.json_schema.strict must be a boolean."));
+                }
+            };
+            Ok(Some(StructuredOutputs::Json(schema)))
         }
         Some(other) => Err(bad(&format!(
             "response_format type {other:?} is not supported: use \"text\", \"json_object\" or \
@@ -127,6 +138,18 @@ fn structured_outputs(so: &Value) -> Result<StructuredOutputs, ApiError> {
     let obj = so
         .as_object()
         .ok_or_else(|| ApiError::invalid(field, "structured_outputs must be an object."))?;
+    // vLLM's option: objects hold only their named properties (the default here already,
+    // unless the server allows others; then this request asks to close them).
+    let close = match obj.get("disable_additional_properties") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+        Some(Value::Bool(true)) => true,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                field,
+                "structured_outputs.disable_additional_properties must be a boolean.",
+            ));
+        }
+    };
     let mut kinds = Vec::new();
     for (key, value) in obj {
         if value.is_null() || value == &Value::Bool(false) {
@@ -138,6 +161,9 @@ fn structured_outputs(so: &Value) -> Result<StructuredOutputs, ApiError> {
             })
         };
         kinds.push(match key.as_str() {
+            "json" if close => {
+                StructuredOutputs::Json(schema::close_objects(&schema_value(field, value)?))
+            }
             "json" => StructuredOutputs::Json(schema_value(field, value)?),
             "json_object" => StructuredOutputs::JsonObject,
             "regex" => StructuredOutputs::Regex(text()?),
@@ -150,7 +176,7 @@ fn structured_outputs(so: &Value) -> Result<StructuredOutputs, ApiError> {
                     )
                 })?)
             }
-            // vLLM's options that change nothing here.
+            // vLLM's options that change nothing here, and the one read above.
             "disable_any_whitespace"
             | "disable_fallback"
             | "disable_additional_properties"

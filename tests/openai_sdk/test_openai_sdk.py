@@ -298,3 +298,27 @@ def test_named_and_streamed_tool_calls(smollm2):
     assert required.choices[0].finish_reason == "tool_calls"
     for c in required.choices[0].message.tool_calls:
         GetWeather.model_validate_json(c.function.arguments)
+
+
+def test_strict_schemas_and_tools_name_every_key(smollm2):
+    """The report of issue 57: a strict schema without `additionalProperties` (as hand-written
+    schemas and some client libraries send them) got invented keys; a strict tool too."""
+    import json
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "country": {"type": "string", "maxLength": 20}},
+              "required": ["name", "country"]}
+    out = smollm2.chat.completions.create(
+        model="smollm2", temperature=0.8, seed=3, n=4, max_tokens=80, messages=ask("Describe Paris as JSON."),
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema, "strict": True}})
+    for c in out.choices:
+        assert c.finish_reason == "stop", c
+        assert set(json.loads(c.message.content)) == {"name", "country"}, c
+    tool = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                         "unit": {"enum": ["celsius", "fahrenheit"]}}}}}
+    out = smollm2.chat.completions.create(model="smollm2", temperature=0.8, seed=3, n=4, max_tokens=80,
+                                          messages=ask("Weather in Paris?"), tools=[tool], tool_choice="required")
+    for c in out.choices:
+        for call in c.message.tool_calls:
+            assert set(json.loads(call.function.arguments)) <= {"city", "unit"}, call

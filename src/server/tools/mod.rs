@@ -11,8 +11,9 @@
 //!   becomes its arguments.
 //!
 //! So `required` and named choices always give arguments valid against the schema, whatever the
-//! model; `strict` asks nothing more of them. Under `auto`, a tool with `strict: true` constrains
-//! the answer to the parser's format (`strict.rs`): text, or calls valid against the schemas.
+//! model. A tool with `strict: true` holds its arguments to the properties its schema names even
+//! where the server allows others (`crate::guided::schema`), and under `auto` constrains the
+//! answer to the parser's format (`strict.rs`): text, or calls valid against the schemas.
 
 pub mod parsers;
 pub mod stream;
@@ -21,7 +22,7 @@ mod strict;
 use serde_json::{Value, json};
 
 use super::error::ApiError;
-use crate::guided::StructuredOutputs;
+use crate::guided::{StructuredOutputs, schema};
 pub use parsers::{ParsedCall, ToolParser};
 
 /// The server's tool-calling settings.
@@ -169,10 +170,21 @@ fn functions(tools: &Value) -> Result<Vec<Function>, ApiError> {
                     )));
                 }
             };
+            let strict = t.pointer("/function/strict") == Some(&Value::Bool(true));
+            // A strict tool's arguments hold only the properties its schema names, whatever
+            // the server's `--structured-outputs-allow-additional-properties`.
+            let parameters = match strict {
+                true => {
+                    schema::check_strict(&parameters)
+                        .map_err(|e| bad(format!("tools[{i}].function.parameters: {e}")))?;
+                    schema::close_objects(&parameters)
+                }
+                false => parameters,
+            };
             Ok(Function {
                 name: name.to_string(),
                 parameters,
-                strict: t.pointer("/function/strict") == Some(&Value::Bool(true)),
+                strict,
             })
         })
         .collect()
@@ -200,21 +212,20 @@ fn required_schema(functions: &[Function], parallel: bool) -> StructuredOutputs 
 }
 
 impl ToolCalling {
-    /// The content and calls of a whole answer. A text the mode cannot read as calls (an answer
-    /// cut short by `max_tokens`, say) comes back as content.
+    /// The content and calls of a whole answer. A forced choice's answer is calls even when
+    /// `max_tokens` cut it short (as vLLM returns them, with `finish_reason: "length"`): a named
+    /// function's arguments as far as they got, and a `required` list's calls whose names are
+    /// whole. Text that `auto`'s parser cannot read as calls comes back as content.
     pub fn extract(&self, text: &str) -> parsers::Parsed {
         let mut parsed = match &self.mode {
             ToolMode::Auto(parser) => parser.parse(text),
             ToolMode::Required => required_calls(text),
-            ToolMode::Named(name) => match serde_json::from_str::<Value>(text) {
-                Ok(Value::Object(_)) => parsers::Parsed {
-                    content: None,
-                    calls: vec![ParsedCall {
-                        name: name.clone(),
-                        arguments: text.trim().to_string(),
-                    }],
-                },
-                _ => as_content(text),
+            ToolMode::Named(name) => parsers::Parsed {
+                content: None,
+                calls: vec![ParsedCall {
+                    name: name.clone(),
+                    arguments: text.trim().to_string(),
+                }],
             },
         };
         if !self.parallel {
@@ -251,21 +262,13 @@ fn as_content(text: &str) -> parsers::Parsed {
     }
 }
 
-/// `required` output: `[{"name": ..., "parameters": {...}}, ...]`.
+/// `required` output: `[{"name": ..., "parameters": {...}}, ...]`, whole or cut short.
 fn required_calls(text: &str) -> parsers::Parsed {
-    let calls: Option<Vec<ParsedCall>> =
-        serde_json::from_str::<Vec<Value>>(text)
-            .ok()
-            .and_then(|list| {
-                list.iter()
-                    .map(|c| {
-                        Some(ParsedCall {
-                            name: c.get("name")?.as_str()?.to_string(),
-                            arguments: c.get("parameters")?.to_string(),
-                        })
-                    })
-                    .collect()
-            });
+    let calls: Option<Vec<ParsedCall>> = match serde_json::from_str::<Vec<Value>>(text) {
+        Ok(list) => list.iter().map(whole_call).collect(),
+        Err(e) if e.is_eof() => cut_calls(text),
+        Err(_) => None,
+    };
     match calls {
         Some(calls) if !calls.is_empty() => parsers::Parsed {
             content: None,
@@ -273,6 +276,76 @@ fn required_calls(text: &str) -> parsers::Parsed {
         },
         _ => as_content(text),
     }
+}
+
+/// One item of a `required` list.
+fn whole_call(item: &Value) -> Option<ParsedCall> {
+    Some(ParsedCall {
+        name: item.get("name")?.as_str()?.to_string(),
+        arguments: item.get("parameters")?.to_string(),
+    })
+}
+
+/// The calls of a `required` list that ends early: its whole items, then the open one if its
+/// name is whole, with the text of its parameters so far. The constraint wrote the list, so its
+/// items are `{"name": ..., "parameters": ...}` in that order.
+fn cut_calls(text: &str) -> Option<Vec<ParsedCall>> {
+    let body = text.trim_start().strip_prefix('[')?;
+    let mut calls = Vec::new();
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    let mut start = None;
+    for (i, c) in body.char_indices() {
+        if in_string {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => in_string = true,
+            '{' | '[' => {
+                if depth == 0 {
+                    start = Some(i);
+                }
+                depth += 1;
+            }
+            '}' | ']' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    let item = serde_json::from_str(&body[start.take()?..=i]).ok()?;
+                    calls.push(whole_call(&item)?);
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Some(start) = start {
+        calls.extend(cut_call(&body[start..]));
+    }
+    Some(calls)
+}
+
+/// The open item of a cut `required` list: `{"name": "f", "parameters": ...` as far as it got.
+fn cut_call(item: &str) -> Option<ParsedCall> {
+    let after_key = |text: &str, key: &str| -> Option<usize> {
+        let rest = text.trim_start().strip_prefix(key)?.trim_start();
+        let rest = rest.strip_prefix(':')?.trim_start();
+        Some(text.len() - rest.len())
+    };
+    let rest = item.strip_prefix('{')?;
+    let rest = &rest[after_key(rest, "\"name\"")?..];
+    let mut names = serde_json::Deserializer::from_str(rest).into_iter::<String>();
+    let name = names.next()?.ok()?;
+    let arguments = rest[names.byte_offset()..]
+        .trim_start()
+        .strip_prefix(',')
+        .and_then(|rest| Some(rest[after_key(rest, "\"parameters\"")?..].trim_end()))
+        .unwrap_or_default()
+        .to_string();
+    Some(ParsedCall { name, arguments })
 }
 
 #[cfg(test)]

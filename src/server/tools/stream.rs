@@ -3,8 +3,9 @@
 //! Content before a call streams as it comes; the tail that may still begin a call waits.
 //!
 //! A named function streams its arguments as the model writes them. Parsed formats (`auto`) and
-//! `required` lists are read whole: a call goes out when the answer ends, in two deltas (name,
-//! then arguments), and text that turns out not to be a call goes out as content.
+//! `required` lists are read whole: a call goes out when the answer ends, as one entry with its
+//! name and arguments (a chunk holds at most one entry a call, as OpenAI and vLLM send them), and
+//! text that turns out not to be a call goes out as content.
 
 use serde_json::{Value, json};
 
@@ -114,11 +115,9 @@ impl ToolStream {
             for call in parsed.calls {
                 let index = self.sent;
                 self.sent += 1;
-                calls.push(
-                    json!({"index": index, "id": super::super::generate::random_id("call_"),
-                    "type": "function", "function": {"name": call.name, "arguments": ""}}),
-                );
-                calls.push(json!({"index": index, "function": {"arguments": call.arguments}}));
+                calls.push(json!({"index": index,
+                    "id": super::super::generate::random_id("call_"), "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments}}));
             }
             delta["tool_calls"] = json!(calls);
         }
@@ -192,6 +191,35 @@ mod tests {
         // A broken call is content in the end.
         let (content, calls) = run(ToolMode::Auto(ToolParser::Hermes), &["<tool_call>{\"oops"]);
         assert_eq!((content.as_str(), calls.len()), ("<tool_call>{\"oops", 0));
+    }
+
+    #[test]
+    fn a_chunk_holds_one_entry_a_call_and_cut_lists_still_call() {
+        let mut s = ToolStream::new(ToolCalling {
+            mode: ToolMode::Required,
+            parallel: true,
+        });
+        assert!(
+            s.step("[{\"name\": \"a\", \"parameters\": {}}, ", false)
+                .is_none()
+        );
+        let d = s.step("{\"name\": \"b\", \"parameters\": {\"x\": 2}}]", true);
+        let entries = d.unwrap()["tool_calls"].as_array().unwrap().clone();
+        let indices: Vec<u64> = entries
+            .iter()
+            .map(|e| e["index"].as_u64().unwrap())
+            .collect();
+        assert_eq!(indices, vec![0, 1]);
+        assert_eq!(entries[1]["function"]["name"], "b");
+        assert_eq!(entries[1]["function"]["arguments"], r#"{"x":2}"#);
+
+        // Cut short by max_tokens: the calls whose names are whole.
+        let (content, calls) = run(
+            ToolMode::Required,
+            &["[{\"name\": \"a\", \"param", "eters\": {\"x\": [1"],
+        );
+        assert_eq!(content, "");
+        assert_eq!(assemble(&calls), vec![("a".into(), r#"{"x": [1"#.into())]);
     }
 
     #[test]

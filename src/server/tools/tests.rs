@@ -101,7 +101,12 @@ fn answers_become_calls_or_stay_content() {
     };
     let p = named.extract("{\"city\": \"Paris\"}");
     assert_eq!(p.calls[0].arguments, "{\"city\": \"Paris\"}");
-    assert_eq!(named.extract("{\"city\": \"Pa").calls.len(), 0);
+    // Cut short by max_tokens: still the call, with its arguments as far as they got.
+    let p = named.extract("{\"city\": \"Pa");
+    assert_eq!(
+        (p.calls[0].arguments.as_str(), p.content),
+        ("{\"city\": \"Pa", None)
+    );
     assert_eq!(named.finish_reason(true, Some("stop")), Some("stop"));
 
     let required = ToolCalling {
@@ -117,18 +122,64 @@ fn answers_become_calls_or_stay_content() {
     );
     assert_eq!(required.finish_reason(true, Some("length")), Some("length"));
     assert_eq!(required.finish_reason(false, Some("stop")), Some("stop"));
+    // Cut before any name is whole: nothing reads as a call.
     assert_eq!(
-        required.extract("[{\"name\": ").content.as_deref(),
-        Some("[{\"name\": ")
+        required.extract("[{\"name\": \"get_w").content.as_deref(),
+        Some("[{\"name\": \"get_w")
     );
+}
+
+#[test]
+fn required_lists_cut_short_keep_their_calls() {
+    let required = ToolCalling {
+        mode: ToolMode::Required,
+        parallel: true,
+    };
+    let calls = |text: &str| {
+        let p = required.extract(text);
+        assert!(p.content.is_none(), "{text}: {:?}", p.content);
+        p.calls
+            .into_iter()
+            .map(|c| (c.name, c.arguments))
+            .collect::<Vec<_>>()
+    };
+    let first = r#"[{"name": "a", "parameters": {"s": "}]\"{"}}, "#;
+    assert_eq!(calls(first), vec![("a".into(), r#"{"s":"}]\"{"}"#.into())]);
+    assert_eq!(
+        calls(&format!(
+            r#"{first}{{"name": "b", "parameters": {{"x": [1, 2"#
+        )),
+        vec![
+            ("a".into(), r#"{"s":"}]\"{"}"#.into()),
+            ("b".into(), r#"{"x": [1, 2"#.into())
+        ]
+    );
+    assert_eq!(calls(r#"[{"name": "b""#), vec![("b".into(), String::new())]);
+    assert_eq!(
+        calls(r#"[{"name": "b", "param"#),
+        vec![("b".into(), String::new())]
+    );
+    assert_eq!(
+        calls(r#"[{"name": "b", "parameters": "#),
+        vec![("b".into(), String::new())]
+    );
+    // Not a list the constraint wrote: content.
+    let odd = required.extract(r#"{"name": "b", "parameters": {"#);
+    assert_eq!(odd.calls.len(), 0);
 }
 
 /// Drives a strict-auto grammar byte by byte (the test vocabulary has one token per byte):
 /// whether the guide takes all of `text`.
 fn takes(grammar: &StructuredOutputs, text: &str) -> bool {
+    takes_with(grammar, text, false)
+}
+
+/// [`takes`] on a server that allows additional properties or not.
+fn takes_with(grammar: &StructuredOutputs, text: &str, allow_additional_properties: bool) -> bool {
     let tokenizer = std::sync::Arc::new(crate::testing::byte_level_tokenizer(&[]));
     let eos = tokenizer.token_to_id("<eos>").unwrap();
-    let grammars = crate::guided::Grammars::new(tokenizer, 300, &[eos]);
+    let grammars =
+        crate::guided::Grammars::new(tokenizer, 300, &[eos], allow_additional_properties);
     let mut guide = grammars.compile(grammar).unwrap();
     text.bytes().all(|b| {
         guide.mask().is_some_and(|m| m.is_allowed(u32::from(b)))
@@ -172,6 +223,11 @@ fn strict_tools_under_auto_hold_calls_to_their_schemas() {
         !takes(&hermes, "<tool_call>\n{\"name\": \"launch\""),
         "unknown function"
     );
+    // A strict tool's arguments hold only the properties it names.
+    assert!(!takes(
+        &hermes,
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \""
+    ));
 
     let llama = grammar(ToolParser::Llama3Json);
     assert!(takes(&llama, "Sure thing."));
@@ -199,4 +255,37 @@ fn strict_tools_under_auto_hold_calls_to_their_schemas() {
         .unwrap()
         .unwrap();
     assert!(g.is_none());
+}
+
+#[test]
+fn forced_calls_hold_only_named_properties_unless_the_server_allows_more() {
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    let off = ToolOptions::default();
+    let (_, g) = resolve(Some(&tools()), Some(&named), None, &off)
+        .unwrap()
+        .unwrap();
+    let g = g.unwrap();
+    let extra = "{\"city\": \"Paris\", \"unit\": 1}";
+    assert!(takes(&g, "{\"city\": \"Paris\"}"));
+    assert!(!takes(&g, extra), "closed by default");
+    assert!(
+        takes_with(&g, extra, true),
+        "JSON Schema's reading when allowed"
+    );
+
+    // strict closes them whatever the server allows, and refuses schemas that open them.
+    let mut t = tools();
+    t[0]["function"]["strict"] = json!(true);
+    let (_, g) = resolve(Some(&t), Some(&named), None, &off)
+        .unwrap()
+        .unwrap();
+    assert!(!takes_with(&g.unwrap(), extra, true));
+    t[0]["function"]["parameters"]["additionalProperties"] = json!(true);
+    let e = resolve(Some(&t), Some(&named), None, &off).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("tools"));
+    assert!(
+        e.message.contains("tools[0].function.parameters"),
+        "{}",
+        e.message
+    );
 }
