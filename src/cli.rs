@@ -109,6 +109,15 @@ pub struct ServeCmd {
     /// or no thinking) or openai_gptoss (gpt-oss's harmony channels: `analysis` is reasoning).
     #[arg(long, env = "PAGEWISE_REASONING_PARSER", value_enum)]
     pub reasoning_parser: Option<crate::server::reasoning::ReasoningParser>,
+    /// Responses of /v1/responses kept in memory (with `store`, the default) for
+    /// `previous_response_id` and `GET /v1/responses/{id}`; the least recently used go first.
+    /// 0: keep none.
+    #[arg(
+        long,
+        env = "PAGEWISE_RESPONSES_STORE_SIZE",
+        default_value_t = crate::server::responses_api::DEFAULT_STORE_SIZE
+    )]
+    pub responses_store_size: usize,
     /// This node serves no HTTP: it only runs its ranks of a multi-node tensor-parallel group
     /// (`--node-rank` 1 or more, which implies it).
     #[arg(long, env = "PAGEWISE_HEADLESS")]

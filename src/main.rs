@@ -123,6 +123,7 @@ fn serve(cmd: ServeCmd) -> Result<()> {
             parser: cmd.tool_call_parser,
         },
         reasoning_parser: reasoning_parser(&cmd)?,
+        responses_store_size: Some(cmd.responses_store_size),
     };
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {

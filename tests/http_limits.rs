@@ -161,6 +161,7 @@ async fn the_openapi_document_describes_the_routes_and_the_limits() {
     for path in [
         "/v1/completions",
         "/v1/chat/completions",
+        "/v1/responses",
         "/v1/models",
         "/tokenize",
         "/detokenize",
@@ -188,4 +189,10 @@ async fn the_openapi_document_describes_the_routes_and_the_limits() {
     assert!(roles.to_string().contains("developer"), "{roles}");
     assert!(schemas["ChatCompletionResponse"]["properties"]["usage"].is_object());
     assert!(schemas["ErrorDetail"]["properties"]["type"].is_object());
+    let stored = &doc["paths"]["/v1/responses/{id}"];
+    assert!(stored["get"]["responses"]["404"].is_object(), "{stored}");
+    assert!(stored["delete"]["responses"]["200"].is_object(), "{stored}");
+    let responses = &schemas["ResponsesRequest"]["properties"];
+    assert_eq!(responses["max_output_tokens"]["maximum"], 256);
+    assert!(schemas["OutputItem"].to_string().contains("function_call"));
 }

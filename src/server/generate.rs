@@ -13,15 +13,15 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::AppState;
+use super::chat_stream::ChatChoiceStream;
 use super::error::ApiError;
 use super::logprobs::{chat_logprob, completion_logprobs};
 use super::metrics::RequestTimer;
-use super::reasoning::{ReasoningParser, ReasoningStream};
+use super::reasoning::ReasoningParser;
 use super::responses::{
     ChatChoice, ChatCompletionResponse, ChatLogprobs, ChatMessageOut, CompletionChoice,
     CompletionResponse, FunctionCallOut, ToolCallOut, Usage,
 };
-use super::tools::stream::ToolStream;
 use crate::engine::handle::{GenerateRequest, StreamEvent};
 use crate::engine::request::SamplingParams;
 use crate::sampler::Logprobs;
@@ -68,16 +68,17 @@ pub struct Job {
 }
 
 /// A tagged event: which choice (`prompt * n + index`) and what happened.
-type Tagged = (usize, StreamEvent);
+pub type Tagged = (usize, StreamEvent);
 
 impl Job {
     /// Whether the reasoning split keeps harmony's calls for the `openai` tool parser.
-    fn harmony_calls(&self) -> bool {
+    pub fn harmony_calls(&self) -> bool {
         self.tools.as_ref().is_some_and(|t| t.reads_harmony())
     }
 }
 
-fn now_secs() -> u64 {
+/// Seconds since the Unix epoch.
+pub fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -94,7 +95,10 @@ pub fn random_id(prefix: &str) -> String {
     )
 }
 
-async fn submit_all(state: &AppState, job: &Job) -> Result<BoxStream<'static, Tagged>, ApiError> {
+pub async fn submit_all(
+    state: &AppState,
+    job: &Job,
+) -> Result<BoxStream<'static, Tagged>, ApiError> {
     let n = job.params.n;
     let mut streams = Vec::with_capacity(job.prompts.len());
     for (i, prompt) in job.prompts.iter().enumerate() {
@@ -127,20 +131,23 @@ async fn submit_all(state: &AppState, job: &Job) -> Result<BoxStream<'static, Ta
     Ok(stream::select_all(streams).boxed())
 }
 
-/// Accumulates one choice's completion for the non-streaming response.
+/// One choice's whole completion.
 #[derive(Default)]
-struct Choice {
-    text: String,
-    tokens: Vec<u32>,
-    logprobs: Vec<Logprobs>,
-    finish: Option<&'static str>,
+pub struct Choice {
+    /// The text.
+    pub text: String,
+    /// Its tokens.
+    pub tokens: Vec<u32>,
+    /// Their logprobs, when asked for.
+    pub logprobs: Vec<Logprobs>,
+    /// Why it ended.
+    pub finish: Option<&'static str>,
 }
 
-/// Runs the job to completion and answers with one JSON body.
-pub async fn respond_json(state: &AppState, job: Job) -> Result<Response, ApiError> {
-    let mut events = submit_all(state, &job).await?;
-    let n = job.params.n;
-    let mut choices: Vec<Choice> = (0..job.prompts.len() * n)
+/// Runs `job` to completion: every choice, in order (`prompt * n + index`).
+pub async fn collect(state: &AppState, job: &Job) -> Result<Vec<Choice>, ApiError> {
+    let mut events = submit_all(state, job).await?;
+    let mut choices: Vec<Choice> = (0..job.prompts.len() * job.params.n)
         .map(|_| Choice::default())
         .collect();
     let mut timer = RequestTimer::new(job.arrived, choices.len());
@@ -167,6 +174,13 @@ pub async fn respond_json(state: &AppState, job: Job) -> Result<Response, ApiErr
         }
     }
     timer.done(&state.metrics);
+    Ok(choices)
+}
+
+/// Runs the job to completion and answers with one JSON body.
+pub async fn respond_json(state: &AppState, job: Job) -> Result<Response, ApiError> {
+    let choices = collect(state, &job).await?;
+    let n = job.params.n;
     let prompt_tokens: usize = job.prompts.iter().map(|p| p.ids.len()).sum();
     let completion_tokens: usize = choices.iter().map(|c| c.tokens.len()).sum();
     let usage = Usage::new(prompt_tokens, completion_tokens);
@@ -246,7 +260,7 @@ pub async fn respond_json(state: &AppState, job: Job) -> Result<Response, ApiErr
 
 /// A chat answer's content, tool calls and finish reason: the text as it is, or, for a request
 /// calling tools, the calls read out of it (`super::tools`).
-fn chat_answer(
+pub fn chat_answer(
     job: &Job,
     text: String,
     finish: Option<&'static str>,
@@ -309,14 +323,8 @@ async fn pump(
     let num_choices = job.prompts.len() * n;
     let mut started = vec![false; num_choices];
     let mut finished = vec![false; num_choices];
-    let mut tool_streams: Vec<Option<ToolStream>> = (0..num_choices)
-        .map(|_| job.tools.clone().map(ToolStream::new))
-        .collect();
-    let mut reasoning_streams: Vec<Option<ReasoningStream>> = (0..num_choices)
-        .map(|_| {
-            job.reasoning
-                .map(|p| ReasoningStream::keeping_calls(p, job.harmony_calls()))
-        })
+    let mut chat_streams: Vec<ChatChoiceStream> = (0..num_choices)
+        .map(|_| ChatChoiceStream::new(&job))
         .collect();
     let mut timer = RequestTimer::new(job.arrived, num_choices);
     let mut completion_tokens = 0usize;
@@ -357,31 +365,17 @@ async fn pump(
                 let finish = finish.map(|f| f.as_str());
                 match job.flavor {
                     Flavor::Chat => {
-                        // The reasoning parser takes the text first; its content goes on.
-                        let (reasoning, text) = match &mut reasoning_streams[index] {
-                            Some(r) => {
-                                let split = r.step(&text, finish.is_some());
-                                (
-                                    split.reasoning,
-                                    Some(split.content).filter(|c| !c.is_empty()),
-                                )
-                            }
-                            None => (String::new(), Some(text)),
-                        };
-                        let (mut delta, finish) = match &mut tool_streams[index] {
-                            None => (text.map_or(json!({}), |t| json!({"content": t})), finish),
-                            Some(tools) => {
-                                let delta = tools.step(&text.unwrap_or_default(), finish.is_some());
-                                let calls = tools.num_calls() > 0;
-                                let finish = job
-                                    .tools
-                                    .as_ref()
-                                    .and_then(|t| t.finish_reason(calls, finish));
-                                (delta.unwrap_or_else(|| json!({})), finish)
-                            }
-                        };
-                        if !reasoning.is_empty() {
-                            delta["reasoning_content"] = json!(reasoning);
+                        let step = chat_streams[index].step(&text, finish);
+                        let finish = step.finish;
+                        let mut delta = json!({});
+                        if let Some(content) = step.content {
+                            delta["content"] = json!(content);
+                        }
+                        if !step.tool_calls.is_empty() {
+                            delta["tool_calls"] = json!(step.tool_calls);
+                        }
+                        if !step.reasoning.is_empty() {
+                            delta["reasoning_content"] = json!(step.reasoning);
                         }
                         // Held back: nothing to say unless the choice starts or ends.
                         if delta == json!({})
@@ -437,7 +431,7 @@ async fn pump(
 
 /// Counts the choices a client left unfinished as aborted (their sequences are aborted when the
 /// stream's event receiver drops).
-fn count_aborted(state: &AppState, finished: &[bool]) {
+pub fn count_aborted(state: &AppState, finished: &[bool]) {
     for _ in finished.iter().filter(|f| !**f) {
         state
             .metrics

@@ -1,6 +1,7 @@
 //! The OpenAI-compatible HTTP front end: router, shared state, middleware (request ids, API keys,
 //! CORS, body limit, panics as JSON), and serving with graceful shutdown.
 
+pub mod chat_stream;
 pub mod dashboard;
 pub mod error;
 pub mod generate;
@@ -11,6 +12,7 @@ pub mod openapi;
 pub mod protocol;
 pub mod reasoning;
 pub mod responses;
+pub mod responses_api;
 pub mod routes;
 pub mod structured;
 pub mod tools;
@@ -58,6 +60,9 @@ pub struct ServerOptions {
     pub tools: tools::ToolOptions,
     /// How chat answers' reasoning is split from their content, if it is.
     pub reasoning_parser: Option<reasoning::ReasoningParser>,
+    /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}` (None:
+    /// [`responses_api::DEFAULT_STORE_SIZE`]; 0: none).
+    pub responses_store_size: Option<usize>,
 }
 
 /// What every handler shares.
@@ -84,6 +89,8 @@ pub struct AppState {
     pub tool_options: tools::ToolOptions,
     /// The reasoning parser, if any.
     pub reasoning_parser: Option<reasoning::ReasoningParser>,
+    /// Stored responses of /v1/responses.
+    pub responses: responses_api::store::ResponseStore,
 }
 
 impl AppState {
@@ -103,6 +110,10 @@ impl AppState {
             structured_limits: opts.structured_limits,
             tool_options: opts.tools,
             reasoning_parser: opts.reasoning_parser,
+            responses: responses_api::store::ResponseStore::new(
+                opts.responses_store_size
+                    .unwrap_or(responses_api::DEFAULT_STORE_SIZE),
+            ),
             started_at: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -234,6 +245,11 @@ pub fn router(state: AppState, opts: &ServerOptions) -> Router {
     let guarded = Router::new()
         .route("/v1/completions", post(routes::completions))
         .route("/v1/chat/completions", post(routes::chat_completions))
+        .route("/v1/responses", post(responses_api::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses_api::retrieve).delete(responses_api::delete),
+        )
         .route("/v1/models", get(routes::models))
         .route("/tokenize", post(routes::tokenize))
         .route("/detokenize", post(routes::detokenize))

@@ -13,6 +13,8 @@ use super::responses::{
     ChatCompletionResponse, CompletionResponse, DetokenizeRequest, DetokenizeResponse,
     ErrorResponse, ModelList, TokenizeRequest, TokenizeResponse, VersionResponse,
 };
+use super::responses_api::output::{ResponseDeleted, ResponseObject};
+use super::responses_api::request::ResponsesRequest;
 use super::routes::MAX_MESSAGES;
 use crate::engine::handle::ModelInfo;
 use crate::engine::request::{MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS};
@@ -97,6 +99,22 @@ impl Doc {
         self.route(path, "post", op);
     }
 
+    /// A `method` route on a stored object (`path` ends in `{id}`) answering `Resp`, or 401 and
+    /// 404.
+    fn by_id<Resp: JsonSchema>(&mut self, path: &str, method: &str, summary: &str) {
+        let mut responses = self.errors(&[401, 404], false);
+        let ok = self.json_content::<Resp>();
+        responses.insert("200".into(), json!({"description": "OK", "content": ok}));
+        let op = json!({
+            "summary": summary,
+            "operationId": format!("{method}_{}", path.trim_start_matches('/').replace(['/', '.', '{', '}'], "_")),
+            "parameters": [{"name": "id", "in": "path", "required": true,
+                            "schema": {"type": "string"}}],
+            "responses": responses,
+        });
+        self.route(path, method, op);
+    }
+
     /// A GET route answering `ok` (a response object) or the errors of `statuses`.
     fn get(&mut self, path: &str, summary: &str, ok: Value, statuses: &[u16]) {
         let mut responses = self.errors(statuses, false);
@@ -148,6 +166,12 @@ fn add_limits(schemas: &mut Value, info: &ModelInfo) {
     limit(
         schemas,
         "/ChatRequest/properties/max_completion_tokens",
+        "maximum",
+        context.clone(),
+    );
+    limit(
+        schemas,
+        "/ResponsesRequest/properties/max_output_tokens",
         "maximum",
         context,
     );
@@ -218,6 +242,14 @@ pub fn document(info: &ModelInfo) -> Value {
         true,
         true,
     );
+    doc.post::<ResponsesRequest, ResponseObject>(
+        "/v1/responses",
+        "Create a response (OpenAI Responses API)",
+        true,
+        true,
+    );
+    doc.by_id::<ResponseObject>("/v1/responses/{id}", "get", "A stored response");
+    doc.by_id::<ResponseDeleted>("/v1/responses/{id}", "delete", "Forget a stored response");
     doc.post::<TokenizeRequest, TokenizeResponse>("/tokenize", "Tokenize", false, false);
     doc.post::<DetokenizeRequest, DetokenizeResponse>("/detokenize", "Detokenize", false, false);
     let models = doc.json_content::<ModelList>();

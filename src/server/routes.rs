@@ -152,7 +152,20 @@ pub async fn chat_completions(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<ChatRequest>,
 ) -> Result<Response, ApiError> {
-    let arrived = std::time::Instant::now();
+    let stream = req.sampling.is_stream();
+    let job = chat_job(&state, &req, std::time::Instant::now()).await?;
+    respond(state, job, stream).await
+}
+
+/// A chat request, resolved into a job: checked, rendered through the chat template,
+/// tokenized, its tools and output constraint resolved and compiled (`super::responses_api`
+/// resolves its requests through this too).
+pub async fn chat_job(
+    state: &AppState,
+    req: &ChatRequest,
+    arrived: std::time::Instant,
+) -> Result<Job, ApiError> {
+    let state = state.clone();
     let model = state.check_model(req.model.as_deref())?;
     unsupported::refuse_unhonoured(&req.unknown)?;
     let tool_calling = tools::resolve(
@@ -236,7 +249,7 @@ pub async fn chat_completions(
         tools: tool_calling,
         reasoning: state.reasoning_parser,
     };
-    respond(state, job, req.sampling.is_stream()).await
+    Ok(job)
 }
 
 /// `n` (and `best_of`) against what the engine runs at once: a request's sequences, `n` for each
