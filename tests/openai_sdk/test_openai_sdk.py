@@ -322,3 +322,69 @@ def test_strict_schemas_and_tools_name_every_key(smollm2):
     for c in out.choices:
         for call in c.message.tool_calls:
             assert set(json.loads(call.function.arguments)) <= {"city", "unit"}, call
+
+
+# The Responses API through the SDK's own calls: create, stream, parse, retrieve, delete, and a
+# conversation continued with previous_response_id.
+
+def test_responses_create_retrieve_and_continue(client):
+    first = client.responses.create(model="tiny", input="Hello", instructions="Be brief.", max_output_tokens=8,
+                                    temperature=0)
+    assert first.status == "incomplete" and first.incomplete_details.reason == "max_output_tokens"
+    assert first.output_text and first.usage.output_tokens == 8
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+    second = client.responses.create(model="tiny", previous_response_id=first.id, max_output_tokens=8,
+                                     input=[{"role": "user", "content": [{"type": "input_text", "text": "More"}]}])
+    assert second.previous_response_id == first.id
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens - 8
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model="tiny", input="x", previous_response_id=first.id)
+
+
+def test_responses_stream_events(client):
+    import json
+
+    # Cut by max_output_tokens: the stream ends with response.incomplete, as OpenAI's does.
+    with client.responses.stream(model="tiny", input="Hello", max_output_tokens=8, temperature=0) as stream:
+        events = list(stream)
+    kinds = [event.type for event in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.incomplete"
+    whole = client.responses.create(model="tiny", input="Hello", max_output_tokens=8, temperature=0)
+    assert events[-1].response.output_text == whole.output_text
+    # A constrained answer completes: the SDK's final response.
+    fmt = {"format": {"type": "json_schema", "name": "pick", "strict": True,
+                      "schema": {"type": "object", "properties": {"pick": {"enum": ["a", "b"]}},
+                                 "required": ["pick"]}}}
+    with client.responses.stream(model="tiny", input="Pick", text=fmt, max_output_tokens=30) as stream:
+        final = stream.get_final_response()
+    assert final.status == "completed" and json.loads(final.output_text)["pick"] in ("a", "b")
+
+
+def test_responses_parse_and_function_tools(smollm2):
+    import json
+
+    import pydantic
+
+    class City(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=20)
+        country: str = pydantic.Field(max_length=20)
+
+    out = smollm2.responses.parse(model="smollm2", input="Describe Paris as JSON.", text_format=City,
+                                  temperature=0, max_output_tokens=80)
+    assert isinstance(out.output_parsed, City), out
+    tools = [{"type": "function", "name": "get_weather", "description": "Weather in a city",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                             "required": ["city"], "additionalProperties": False}}]
+    out = smollm2.responses.create(model="smollm2", input="Weather in Paris?", tools=tools, tool_choice="required",
+                                   parallel_tool_calls=False, temperature=0, max_output_tokens=60)
+    calls = [item for item in out.output if item.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather", out
+    assert set(json.loads(calls[0].arguments)) == {"city"}
+    follow = smollm2.responses.create(model="smollm2", previous_response_id=out.id, max_output_tokens=30,
+                                      input=[{"type": "function_call_output", "call_id": calls[0].call_id,
+                                              "output": "Sunny, 21 C"}])
+    assert follow.status in ("completed", "incomplete") and follow.output_text
