@@ -162,6 +162,8 @@ async fn the_openapi_document_describes_the_routes_and_the_limits() {
         "/v1/completions",
         "/v1/chat/completions",
         "/v1/responses",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
         "/v1/models",
         "/tokenize",
         "/detokenize",
@@ -195,4 +197,7 @@ async fn the_openapi_document_describes_the_routes_and_the_limits() {
     let responses = &schemas["ResponsesRequest"]["properties"];
     assert_eq!(responses["max_output_tokens"]["maximum"], 256);
     assert!(schemas["OutputItem"].to_string().contains("function_call"));
+    // Anthropic's routes document Anthropic's error shape.
+    let messages = doc["paths"]["/v1/messages"]["post"]["responses"]["400"].to_string();
+    assert!(messages.contains("AnthropicErrorBody"), "{messages}");
 }

@@ -36,6 +36,8 @@ pub struct SeqEvent {
     pub logprobs: Option<Logprobs>,
     /// Set on the sequence's last event.
     pub finish: Option<FinishReason>,
+    /// The stop string that ended the sequence, if one did (vLLM's `stop_reason`).
+    pub stopped_on: Option<String>,
     /// This sequence failed (its last event; finish is `Abort`). Other sequences go on.
     pub error: Option<String>,
 }

@@ -132,6 +132,7 @@ impl EngineThread {
                         text: e.text,
                         logprobs: e.logprobs,
                         finish: e.finish,
+                        stopped_on: e.stopped_on,
                     },
                 };
                 let _ = route.events.send(event);

@@ -54,6 +54,8 @@ pub enum StreamEvent {
         logprobs: Option<Logprobs>,
         /// Set on the completion's last token.
         finish: Option<FinishReason>,
+        /// The stop string that ended the completion, if one did.
+        stopped_on: Option<String>,
     },
     /// The request failed; no more events follow.
     Error(EngineFailure),

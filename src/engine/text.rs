@@ -42,8 +42,8 @@ pub(super) struct TextJob {
     pub logprobs: Option<Logprobs>,
     /// Text made final by this token.
     pub text: String,
-    /// A stop string matched.
-    pub stopped: bool,
+    /// The stop string that matched, if one did.
+    pub stopped_on: Option<String>,
     /// This sequence failed (its text phase, or its constraint before it): it ends with this
     /// error, the others go on.
     pub error: Option<String>,
@@ -65,7 +65,7 @@ impl TextJob {
             finish,
             logprobs,
             text: String::new(),
-            stopped: false,
+            stopped_on: None,
             error: None,
         }
     }
@@ -88,8 +88,8 @@ impl TextJob {
         let delta = self.state.detokenizer.step(tokenizer, self.token)?;
         let pushed = self.state.stop.push(&delta);
         self.text = pushed.text;
-        self.stopped = pushed.stopped_on.is_some();
-        if !self.stopped && self.finish.is_some() {
+        self.stopped_on = pushed.stopped_on;
+        if self.stopped_on.is_none() && self.finish.is_some() {
             // The last token: release what the detokenizer and the stop matcher held back.
             let tail = self.state.detokenizer.flush(tokenizer)?;
             self.text.push_str(&self.state.stop.push(&tail).text);
@@ -134,12 +134,13 @@ pub(super) fn finish_jobs(
                 text: String::new(),
                 logprobs: None,
                 finish: Some(FinishReason::Abort),
+                stopped_on: None,
                 error: Some(e),
             });
             continue;
         }
         let mut finish = job.finish;
-        if job.stopped {
+        if job.stopped_on.is_some() {
             if finish.is_none() {
                 ended.push((job.seq_id, FinishReason::Stop));
             }
@@ -154,6 +155,7 @@ pub(super) fn finish_jobs(
             text: job.text,
             logprobs: job.logprobs,
             finish,
+            stopped_on: job.stopped_on,
             error: None,
         });
     }

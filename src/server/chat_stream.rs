@@ -1,10 +1,12 @@
-//! One streamed chat answer, token by token: the reasoning split first (`super::reasoning`),
-//! then tool calls out of what it passes on (`super::tools::stream`). /v1/chat/completions turns
-//! each step into a chunk's `delta`; /v1/responses into typed events.
+//! One chat answer read as the chat endpoint reads it: the reasoning split first
+//! (`super::reasoning`), then tool calls out of what it passes on (`super::tools`). Whole
+//! ([`read_answer`]) or streamed token by token ([`ChatChoiceStream`]); /v1/chat/completions
+//! turns each step into a chunk's `delta`, /v1/responses and /v1/messages into their typed
+//! events.
 
 use serde_json::Value;
 
-use super::generate::Job;
+use super::generate::{Job, chat_answer};
 use super::reasoning::ReasoningStream;
 use super::tools::ToolCalling;
 use super::tools::stream::ToolStream;
@@ -72,5 +74,36 @@ impl ChatChoiceStream {
             tool_calls: delta["tool_calls"].as_array().cloned().unwrap_or_default(),
             finish: calling.finish_reason(tools.num_calls() > 0, finish),
         }
+    }
+}
+
+/// A whole chat answer: reasoning, content and calls (name, arguments).
+#[derive(Debug, Default)]
+pub struct Answer {
+    /// Reasoning text (empty: none).
+    pub reasoning: String,
+    /// Content, if any (never empty).
+    pub content: Option<String>,
+    /// Calls: name and arguments.
+    pub calls: Vec<(String, String)>,
+}
+
+/// Reads a whole answer `text` of `job` that ended with `finish`.
+pub fn read_answer(job: &Job, text: String, finish: Option<&'static str>) -> Answer {
+    let (reasoning, text) = match job.reasoning {
+        Some(parser) => {
+            let split = parser.split_keeping_calls(&text, job.harmony_calls());
+            (split.reasoning, split.content)
+        }
+        None => (String::new(), text),
+    };
+    let (content, calls, _) = chat_answer(job, text, finish);
+    Answer {
+        reasoning,
+        content: content.filter(|c| !c.is_empty()),
+        calls: calls
+            .into_iter()
+            .map(|c| (c.function.name, c.function.arguments))
+            .collect(),
     }
 }

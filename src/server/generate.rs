@@ -142,6 +142,8 @@ pub struct Choice {
     pub logprobs: Vec<Logprobs>,
     /// Why it ended.
     pub finish: Option<&'static str>,
+    /// The stop string that ended it, if one did.
+    pub stopped_on: Option<String>,
 }
 
 /// Runs `job` to completion: every choice, in order (`prompt * n + index`).
@@ -158,6 +160,7 @@ pub async fn collect(state: &AppState, job: &Job) -> Result<Vec<Choice>, ApiErro
                 token_id,
                 logprobs,
                 finish,
+                stopped_on,
                 ..
             } => {
                 timer.token(&state.metrics, index);
@@ -165,6 +168,7 @@ pub async fn collect(state: &AppState, job: &Job) -> Result<Vec<Choice>, ApiErro
                     state.metrics.finished(f);
                 }
                 let c = &mut choices[index];
+                c.stopped_on = stopped_on;
                 c.text.push_str(&text);
                 c.tokens.push(token_id);
                 c.logprobs.extend(logprobs);

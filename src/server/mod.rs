@@ -1,6 +1,7 @@
 //! The OpenAI-compatible HTTP front end: router, shared state, middleware (request ids, API keys,
 //! CORS, body limit, panics as JSON), and serving with graceful shutdown.
 
+pub mod anthropic;
 pub mod chat_stream;
 pub mod dashboard;
 pub mod error;
@@ -204,12 +205,13 @@ impl AppState {
     }
 }
 
-/// The key of an `Authorization: Bearer KEY` header, if any.
+/// The API key a request presents: `Authorization: Bearer KEY`, or Anthropic's `x-api-key: KEY`.
 pub fn bearer_key(headers: &axum::http::HeaderMap) -> Option<&str> {
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
 }
 
 async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
@@ -219,7 +221,11 @@ async fn require_api_key(State(state): State<AppState>, req: Request, next: Next
     if state.accepts_key(bearer_key(req.headers())) {
         next.run(req).await
     } else {
-        ApiError::new(StatusCode::UNAUTHORIZED, "Invalid or missing API key.").into_response()
+        let e = ApiError::new(StatusCode::UNAUTHORIZED, "Invalid or missing API key.");
+        match req.uri().path().starts_with("/v1/messages") {
+            true => anthropic::error::AnthropicError(e).into_response(),
+            false => e.into_response(),
+        }
     }
 }
 
@@ -250,6 +256,8 @@ pub fn router(state: AppState, opts: &ServerOptions) -> Router {
             "/v1/responses/{id}",
             get(responses_api::retrieve).delete(responses_api::delete),
         )
+        .route("/v1/messages", post(anthropic::create))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(routes::models))
         .route("/tokenize", post(routes::tokenize))
         .route("/detokenize", post(routes::detokenize))

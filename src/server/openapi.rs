@@ -8,6 +8,9 @@ use schemars::generate::SchemaSettings;
 use schemars::{JsonSchema, SchemaGenerator};
 use serde_json::{Map, Value, json};
 
+use super::anthropic::error::AnthropicErrorBody;
+use super::anthropic::output::{MessageResponse, TokenCount};
+use super::anthropic::request::MessagesRequest;
 use super::protocol::{ChatRequest, CompletionRequest};
 use super::responses::{
     ChatCompletionResponse, CompletionResponse, DetokenizeRequest, DetokenizeResponse,
@@ -46,16 +49,21 @@ impl Doc {
 
     /// Error responses for `statuses` (and 429 where `overload`).
     fn errors(&mut self, statuses: &[u16], overload: bool) -> Map<String, Value> {
+        self.errors_as::<ErrorResponse>(statuses, overload)
+    }
+
+    /// [`Doc::errors`] with bodies of type `E`.
+    fn errors_as<E: JsonSchema>(&mut self, statuses: &[u16], overload: bool) -> Map<String, Value> {
         let mut out = Map::new();
         for (status, why) in ERRORS.iter().filter(|(s, _)| statuses.contains(s)) {
-            let content = self.json_content::<ErrorResponse>();
+            let content = self.json_content::<E>();
             out.insert(
                 status.to_string(),
                 json!({"description": why, "content": content}),
             );
         }
         if overload {
-            let content = self.json_content::<ErrorResponse>();
+            let content = self.json_content::<E>();
             out.insert(
                 "429".into(),
                 json!({"description": "Too many requests wait (Retry-After)", "content": content}),
@@ -77,6 +85,17 @@ impl Doc {
         streams: bool,
         overload: bool,
     ) {
+        self.post_as::<Req, Resp, ErrorResponse>(path, summary, streams, overload);
+    }
+
+    /// [`Doc::post`] with error bodies of type `E`.
+    fn post_as<Req: JsonSchema, Resp: JsonSchema, E: JsonSchema>(
+        &mut self,
+        path: &str,
+        summary: &str,
+        streams: bool,
+        overload: bool,
+    ) {
         let body = self.json_content::<Req>();
         let mut ok = self.json_content::<Resp>();
         if streams {
@@ -88,7 +107,7 @@ impl Doc {
                 "required": ["data"],
             }});
         }
-        let mut responses = self.errors(&[400, 401, 404, 413, 415, 500, 503], overload);
+        let mut responses = self.errors_as::<E>(&[400, 401, 404, 413, 415, 500, 503], overload);
         responses.insert("200".into(), json!({"description": "OK", "content": ok}));
         let op = json!({
             "summary": summary,
@@ -173,7 +192,25 @@ fn add_limits(schemas: &mut Value, info: &ModelInfo) {
         schemas,
         "/ResponsesRequest/properties/max_output_tokens",
         "maximum",
+        context.clone(),
+    );
+    limit(
+        schemas,
+        "/MessagesRequest/properties/max_tokens",
+        "maximum",
         context,
+    );
+    limit(
+        schemas,
+        "/MessagesRequest/properties/messages",
+        "minItems",
+        json!(1),
+    );
+    limit(
+        schemas,
+        "/MessagesRequest/properties/messages",
+        "maxItems",
+        json!(MAX_MESSAGES),
     );
     limit(
         schemas,
@@ -250,6 +287,18 @@ pub fn document(info: &ModelInfo) -> Value {
     );
     doc.by_id::<ResponseObject>("/v1/responses/{id}", "get", "A stored response");
     doc.by_id::<ResponseDeleted>("/v1/responses/{id}", "delete", "Forget a stored response");
+    doc.post_as::<MessagesRequest, MessageResponse, AnthropicErrorBody>(
+        "/v1/messages",
+        "Create a message (Anthropic Messages API)",
+        true,
+        true,
+    );
+    doc.post_as::<MessagesRequest, TokenCount, AnthropicErrorBody>(
+        "/v1/messages/count_tokens",
+        "Count a message's prompt tokens (Anthropic Messages API)",
+        false,
+        true,
+    );
     doc.post::<TokenizeRequest, TokenizeResponse>("/tokenize", "Tokenize", false, false);
     doc.post::<DetokenizeRequest, DetokenizeResponse>("/detokenize", "Detokenize", false, false);
     let models = doc.json_content::<ModelList>();

@@ -24,14 +24,14 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::AppState;
-use super::chat_stream::ChatChoiceStream;
+use super::chat_stream::{ChatChoiceStream, read_answer};
 use super::error::ApiError;
 use super::generate::{self, Job, Tagged};
 use super::metrics::RequestTimer;
 use super::routes::{self, ApiJson};
 use crate::engine::handle::StreamEvent;
 use events::EventWriter;
-use output::{Answer, ResponseObject, ResponseUsage};
+use output::{ResponseObject, ResponseUsage};
 use request::ResponsesRequest;
 use store::Stored;
 
@@ -80,7 +80,7 @@ pub async fn create(
         .into_iter()
         .next()
         .unwrap_or_default();
-    let answer = answer(&job, choice.text, choice.finish);
+    let answer = read_answer(&job, choice.text, choice.finish);
     let cut = choice.finish == Some("length");
     let mut response = draft;
     let usage = ResponseUsage::new(prompt_len(&job), choice.tokens.len());
@@ -128,26 +128,6 @@ fn not_found(id: &str) -> ApiError {
 
 fn prompt_len(job: &Job) -> usize {
     job.prompts.iter().map(|p| p.ids.len()).sum()
-}
-
-/// A whole answer read as the chat endpoint reads it: reasoning split off, then calls.
-fn answer(job: &Job, text: String, finish: Option<&'static str>) -> Answer {
-    let (reasoning, text) = match job.reasoning {
-        Some(parser) => {
-            let split = parser.split_keeping_calls(&text, job.harmony_calls());
-            (split.reasoning, split.content)
-        }
-        None => (String::new(), text),
-    };
-    let (content, calls, _) = generate::chat_answer(job, text, finish);
-    Answer {
-        reasoning,
-        content: content.filter(|c| !c.is_empty()),
-        calls: calls
-            .into_iter()
-            .map(|c| (c.function.name, c.function.arguments))
-            .collect(),
-    }
 }
 
 fn keep_response(keep: Keep, response: &ResponseObject) {

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::request::ResponsesRequest;
+use crate::server::chat_stream::Answer;
 use crate::server::generate::{now_secs, random_id};
 
 /// A response (`object: "response"`).
@@ -198,17 +199,6 @@ impl ResponseUsage {
             total_tokens: input + output,
         }
     }
-}
-
-/// What the model answered, read as a chat answer is.
-#[derive(Debug, Default)]
-pub struct Answer {
-    /// Reasoning text (empty: none).
-    pub reasoning: String,
-    /// Content, if any.
-    pub content: Option<String>,
-    /// Calls: name and arguments.
-    pub calls: Vec<(String, String)>,
 }
 
 impl ResponseObject {
