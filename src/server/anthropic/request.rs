@@ -48,6 +48,10 @@ pub struct MessagesRequest {
     /// `{"type": "enabled" | "disabled", "budget_tokens"}`: reaches the chat template as
     /// `enable_thinking`; with `--reasoning-parser` the reasoning comes back as `thinking` blocks.
     pub thinking: Option<Map<String, Value>>,
+    /// `{"format": {"type": "json_schema", "schema"}}` (structured outputs: the answer is JSON
+    /// holding only the schema's properties) and `effort` (reaches the chat template as
+    /// `reasoning_effort`).
+    pub output_config: Option<Map<String, Value>>,
     /// Fields pagewise does not know (logged once, ignored).
     #[serde(flatten)]
     pub unknown: BTreeMap<String, Value>,
@@ -100,14 +104,17 @@ pub fn to_chat(req: &MessagesRequest) -> Result<ChatRequest, ApiError> {
         .and_then(Value::as_str)
     {
         None => {}
-        Some("enabled") => body["chat_template_kwargs"] = json!({"enable_thinking": true}),
-        Some("disabled") => body["chat_template_kwargs"] = json!({"enable_thinking": false}),
+        Some("enabled") => body["chat_template_kwargs"]["enable_thinking"] = json!(true),
+        Some("disabled") => body["chat_template_kwargs"]["enable_thinking"] = json!(false),
         Some(other) => {
             return Err(ApiError::invalid(
                 "thinking",
                 format!("thinking type {other:?} is not one of \"enabled\", \"disabled\"."),
             ));
         }
+    }
+    if let Some(config) = &req.output_config {
+        output_config(config, &mut body)?;
     }
     let sampling = [
         ("max_tokens", json!(req.max_tokens)),
@@ -129,6 +136,7 @@ pub fn rename_param(mut e: ApiError) -> ApiError {
     let renamed = match e.param.as_deref() {
         Some("stop") => "stop_sequences",
         Some("max_completion_tokens") => "max_tokens",
+        Some("response_format") => "output_config",
         _ => return e,
     };
     e.param = Some(renamed.to_string());
@@ -277,4 +285,29 @@ fn tool_choice(choice: &Map<String, Value>) -> Result<(Value, Option<bool>), Api
         }
     };
     Ok((chat, parallel))
+}
+
+/// `output_config`: a JSON-schema format (strict, as Anthropic's structured outputs are) and an
+/// effort.
+fn output_config(config: &Map<String, Value>, body: &mut Value) -> Result<(), ApiError> {
+    if let Some(effort) = config.get("effort").filter(|e| !e.is_null()) {
+        body["chat_template_kwargs"]["reasoning_effort"] = effort.clone();
+    }
+    let Some(format) = config.get("format").filter(|f| !f.is_null()) else {
+        return Ok(());
+    };
+    match (
+        format.get("type").and_then(Value::as_str),
+        format.get("schema"),
+    ) {
+        (Some("json_schema"), Some(schema)) => {
+            body["response_format"] = json!({"type": "json_schema", "json_schema": {
+                "name": "output", "schema": schema, "strict": true}});
+            Ok(())
+        }
+        _ => Err(ApiError::invalid(
+            "output_config",
+            "output_config.format must be {\"type\": \"json_schema\", \"schema\": {...}}.",
+        )),
+    }
 }
