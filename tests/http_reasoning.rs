@@ -1,7 +1,8 @@
 //! Reasoning outputs through HTTP (`--reasoning-parser`) on the tiny random Qwen2 fixture, its
 //! answers forced by a regex into each format: the reasoning comes back as `reasoning_content`,
 //! the rest as `content`, whole or streamed (the streamed parts put back together equal the
-//! whole), and no marker reaches the client. Without a parser the text is left as it is.
+//! whole), and no marker reaches the client; /v1/responses returns it as a reasoning item and
+//! /v1/messages as a thinking block. Without a parser the text is left as it is.
 
 mod common;
 
@@ -202,4 +203,87 @@ async fn harmony_reasoning_then_a_tool_call() {
     assert_eq!(r, reasoning);
     assert_eq!(content, "Ok.");
     assert_eq!(streamed_args, call["arguments"].as_str().unwrap());
+}
+
+/// The events of a streamed response of `path`: their data.
+async fn typed_events(base: &str, path: &str, body: Value) -> Vec<Value> {
+    let text = send_json(base, path, &body).await.text().await.unwrap();
+    text.split("\n\n")
+        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_and_messages_return_reasoning_as_their_own_items() {
+    let base = server(Some(ReasoningParser::Qwen3)).await;
+    let regex = "<think>\nWe add [a-z ]{5,20}\n</think>\n\nIt is [0-9]\\.";
+    let forced = json!({"regex": regex});
+
+    // Responses: a reasoning item, then the message.
+    let req = json!({"model": "tiny", "input": "2+2?", "max_output_tokens": 120, "temperature": 0,
+                     "reasoning": {"effort": "low"}, "structured_outputs": forced});
+    let (status, r) = post(&base, "/v1/responses", req.clone()).await;
+    assert_eq!(status, 200, "{r}");
+    let output = r["output"].as_array().unwrap();
+    assert_eq!(
+        (output[0]["type"].as_str(), output[1]["type"].as_str()),
+        (Some("reasoning"), Some("message"))
+    );
+    let reasoning = output[0]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(reasoning.trim_start().starts_with("We add"), "{r}");
+    let text = output[1]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        text.starts_with("\n\nIt is ") && !text.contains("think"),
+        "{r}"
+    );
+    let mut streamed = req;
+    streamed["stream"] = json!(true);
+    let evs = typed_events(&base, "/v1/responses", streamed).await;
+    let joined = |kind: &str| -> String {
+        evs.iter()
+            .filter(|e| e["type"] == kind)
+            .map(|e| e["delta"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(joined("response.reasoning_text.delta"), reasoning);
+    assert_eq!(joined("response.output_text.delta"), text);
+    let done = evs
+        .iter()
+        .find(|e| e["type"] == "response.completed")
+        .unwrap();
+    assert_eq!(
+        done["response"]["output"][0]["content"][0]["text"],
+        reasoning.as_str()
+    );
+
+    // Messages: a thinking block, then the text.
+    let req = json!({"model": "tiny", "max_tokens": 120, "temperature": 0,
+                     "messages": [{"role": "user", "content": "2+2?"}],
+                     "thinking": {"type": "enabled", "budget_tokens": 1024},
+                     "structured_outputs": forced});
+    let (status, m) = post(&base, "/v1/messages", req.clone()).await;
+    assert_eq!(status, 200, "{m}");
+    assert_eq!(m["content"][0]["type"], "thinking", "{m}");
+    assert_eq!(m["content"][0]["thinking"], reasoning.as_str());
+    assert_eq!(m["content"][1]["text"], text.as_str());
+    assert_eq!(m["stop_reason"], "end_turn");
+    let mut streamed = req;
+    streamed["stream"] = json!(true);
+    let evs = typed_events(&base, "/v1/messages", streamed).await;
+    let thinking: String = evs
+        .iter()
+        .filter_map(|e| e["delta"]["thinking"].as_str())
+        .collect();
+    let streamed_text: String = evs
+        .iter()
+        .filter_map(|e| e["delta"]["text"].as_str())
+        .collect();
+    assert_eq!((thinking, streamed_text), (reasoning, text));
 }

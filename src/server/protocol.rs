@@ -100,6 +100,22 @@ pub struct SamplingFields {
     pub constraint: super::structured::ConstraintFields,
 }
 
+/// vLLM's sampling fields beyond OpenAI's: the Responses and Messages APIs take them too, as
+/// extra fields passed on to the chat request they become (where their own fields do not say).
+pub const SAMPLING_EXTENSIONS: &[&str] = &[
+    "top_k",
+    "min_p",
+    "seed",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "min_tokens",
+    "structured_outputs",
+];
+
 /// POST /v1/completions.
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
 pub struct CompletionRequest {

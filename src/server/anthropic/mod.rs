@@ -26,6 +26,7 @@ use super::chat_stream::{ChatChoiceStream, read_answer};
 use super::error::ApiError;
 use super::generate::{self, Job, Tagged};
 use super::metrics::RequestTimer;
+use super::protocol::SAMPLING_EXTENSIONS;
 use super::routes::{self, ApiJson};
 use crate::engine::handle::StreamEvent;
 use error::AnthropicError;
@@ -40,7 +41,11 @@ async fn job(
 ) -> Result<(MessagesRequest, Job), AnthropicError> {
     let arrived = std::time::Instant::now();
     let ApiJson(req) = body?;
-    state.note_unknown_fields(req.unknown.keys());
+    state.note_unknown_fields(
+        req.unknown
+            .keys()
+            .filter(|k| !SAMPLING_EXTENSIONS.contains(&k.as_str())),
+    );
     let chat = request::to_chat(&req)?;
     let job = routes::chat_job(state, &chat, arrived)
         .await

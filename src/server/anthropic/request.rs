@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::server::error::ApiError;
-use crate::server::protocol::ChatRequest;
+use crate::server::protocol::{ChatRequest, SAMPLING_EXTENSIONS};
 
 /// POST /v1/messages (and, without `max_tokens`, /v1/messages/count_tokens).
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
@@ -126,6 +126,13 @@ pub fn to_chat(req: &MessagesRequest) -> Result<ChatRequest, ApiError> {
     for (key, value) in sampling {
         if !value.is_null() {
             body[key] = value;
+        }
+    }
+    for key in SAMPLING_EXTENSIONS {
+        if let Some(v) = req.unknown.get(*key)
+            && body.get(*key).is_none()
+        {
+            body[*key] = v.clone();
         }
     }
     serde_json::from_value(body).map_err(|e| ApiError::invalid("messages", e.to_string()))

@@ -28,6 +28,7 @@ use super::chat_stream::{ChatChoiceStream, read_answer};
 use super::error::ApiError;
 use super::generate::{self, Job, Tagged};
 use super::metrics::RequestTimer;
+use super::protocol::SAMPLING_EXTENSIONS;
 use super::routes::{self, ApiJson};
 use crate::engine::handle::StreamEvent;
 use events::EventWriter;
@@ -47,7 +48,11 @@ pub async fn create(
     ApiJson(req): ApiJson<ResponsesRequest>,
 ) -> Result<Response, ApiError> {
     let arrived = std::time::Instant::now();
-    state.note_unknown_fields(req.unknown.keys());
+    state.note_unknown_fields(
+        req.unknown
+            .keys()
+            .filter(|k| !SAMPLING_EXTENSIONS.contains(&k.as_str())),
+    );
     let previous = match &req.previous_response_id {
         None => None,
         Some(id) => Some(state.responses.get(id).ok_or_else(|| {

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::server::error::ApiError;
-use crate::server::protocol::ChatRequest;
+use crate::server::protocol::{ChatRequest, SAMPLING_EXTENSIONS};
 
 /// POST /v1/responses.
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
@@ -149,6 +149,13 @@ pub fn to_chat(
     for (key, value) in sampling {
         if !value.is_null() {
             body[key] = value;
+        }
+    }
+    for key in SAMPLING_EXTENSIONS {
+        if let Some(v) = req.unknown.get(*key)
+            && body.get(*key).is_none()
+        {
+            body[*key] = v.clone();
         }
     }
     let chat =
