@@ -95,6 +95,7 @@ pub fn random_id(prefix: &str) -> String {
     )
 }
 
+/// Submits every prompt of `job` to the engine: one stream of all its choices' events.
 pub async fn submit_all(
     state: &AppState,
     job: &Job,
