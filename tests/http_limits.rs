@@ -200,4 +200,6 @@ async fn the_openapi_document_describes_the_routes_and_the_limits() {
     // Anthropic's routes document Anthropic's error shape.
     let messages = doc["paths"]["/v1/messages"]["post"]["responses"]["400"].to_string();
     assert!(messages.contains("AnthropicErrorBody"), "{messages}");
+    let model = &schemas["MessagesRequest"]["properties"]["model"];
+    assert_eq!(model["enum"], serde_json::json!(["tiny"]), "{model}");
 }

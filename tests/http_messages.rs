@@ -292,4 +292,15 @@ async fn errors_are_anthropic_shaped_and_x_api_key_is_accepted() {
     .await;
     assert_eq!(status, 400);
     assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
+    let big = "x".repeat(33 << 20);
+    let (status, e) = send(
+        client
+            .post(&url)
+            .header("x-api-key", "sk-ant")
+            .header("content-type", "application/json")
+            .body(big),
+    )
+    .await;
+    assert_eq!(status, 413);
+    assert_anthropic_error(&e, "request_too_large", "too large");
 }

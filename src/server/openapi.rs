@@ -257,8 +257,8 @@ fn add_limits(schemas: &mut Value, info: &ModelInfo) {
     );
 }
 
-/// The whole document, with the limits of the model `info` describes.
-pub fn document(info: &ModelInfo) -> Value {
+/// The whole document, with the limits of the model `info` describes, served as `served`.
+pub fn document(info: &ModelInfo, served: &[String]) -> Value {
     let settings = SchemaSettings::draft2020_12().with(|s| {
         s.definitions_path = "/components/schemas".into();
         s.meta_schema = None;
@@ -293,6 +293,10 @@ pub fn document(info: &ModelInfo) -> Value {
         true,
         true,
     );
+    // (/v1/messages requires `max_tokens`; count_tokens shares the type without it.)
+    let create = &mut doc.paths["/v1/messages"]["post"]["requestBody"]["content"];
+    let shared = create["application/json"]["schema"].take();
+    create["application/json"]["schema"] = json!({"allOf": [shared, {"required": ["max_tokens"]}]});
     doc.post_as::<MessagesRequest, TokenCount, AnthropicErrorBody>(
         "/v1/messages/count_tokens",
         "Count a message's prompt tokens (Anthropic Messages API)",
@@ -331,6 +335,13 @@ pub fn document(info: &ModelInfo) -> Value {
     doc.get("/openapi.json", "The OpenAPI document", openapi, &[]);
     let mut schemas = Value::Object(doc.generator.take_definitions(true));
     add_limits(&mut schemas, info);
+    // Anthropic's `model` is required: name the models served.
+    limit(
+        &mut schemas,
+        "/MessagesRequest/properties/model",
+        "enum",
+        json!(served),
+    );
     json!({
         "openapi": "3.1.0",
         "info": {

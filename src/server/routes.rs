@@ -422,7 +422,11 @@ pub async fn version() -> Response {
 
 /// GET /openapi.json
 pub async fn openapi(State(state): State<AppState>) -> Response {
-    axum::Json(super::openapi::document(&state.info)).into_response()
+    axum::Json(super::openapi::document(
+        &state.info,
+        &state.served_model_names,
+    ))
+    .into_response()
 }
 
 /// POST /tokenize: `{"prompt": "..."}` or `{"messages": [...]}`.

@@ -61,9 +61,21 @@ pub struct MessagesRequest {
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
 pub struct InputMessage {
     /// `user` or `assistant`.
+    #[schemars(extend("enum" = ["user", "assistant"]))]
     pub role: String,
     /// Text, or content blocks.
+    #[schemars(with = "ContentSchema")]
     pub content: Value,
+}
+
+/// What a turn's `content` looks like (the schema; the handler reads it as JSON).
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum ContentSchema {
+    /// Text.
+    Text(String),
+    /// Blocks, each with a `type`.
+    Blocks(Vec<Map<String, Value>>),
 }
 
 /// The request as a chat request.
