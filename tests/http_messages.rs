@@ -33,24 +33,6 @@ fn assert_anthropic_error(body: &Value, kind: &str, needle: &str) {
     assert!(message.contains(needle), "{body}");
 }
 
-/// The events of a streamed message: (event name, data).
-async fn events(base: &str, body: Value) -> Vec<(String, Value)> {
-    let r = send_json(base, "/v1/messages", &body).await;
-    assert_eq!(r.status(), 200);
-    let text = r.text().await.unwrap();
-    text.split("\n\n")
-        .filter(|e| e.contains("data: "))
-        .map(|e| {
-            let name = e
-                .lines()
-                .find_map(|l| l.strip_prefix("event: "))
-                .unwrap_or("");
-            let data = e.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
-            (name.to_string(), serde_json::from_str(data).unwrap())
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_answer_as_chat_does_with_anthropics_stop_reasons() {
     let (base, _) = start(vec![]).await;
@@ -90,7 +72,7 @@ async fn messages_answer_as_chat_does_with_anthropics_stop_reasons() {
 
     // Streamed: Anthropic's events in order, the same text and stop.
     req["stream"] = json!(true);
-    let evs = events(&base, body(req)).await;
+    let evs = typed_sse(&base, "/v1/messages", &body(req)).await;
     let kinds: Vec<&str> = evs
         .iter()
         .map(|(_, d)| d["type"].as_str().unwrap())
@@ -158,7 +140,7 @@ async fn tools_come_back_as_tool_use_blocks_streamed_or_not() {
 
     let mut streamed = req.clone();
     streamed["stream"] = json!(true);
-    let evs = events(&base, body(streamed)).await;
+    let evs = typed_sse(&base, "/v1/messages", &body(streamed)).await;
     let start = evs
         .iter()
         .find(|(_, d)| d["type"] == "content_block_start")

@@ -205,15 +205,6 @@ async fn harmony_reasoning_then_a_tool_call() {
     assert_eq!(streamed_args, call["arguments"].as_str().unwrap());
 }
 
-/// The events of a streamed response of `path`: their data.
-async fn typed_events(base: &str, path: &str, body: Value) -> Vec<Value> {
-    let text = send_json(base, path, &body).await.text().await.unwrap();
-    text.split("\n\n")
-        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn responses_and_messages_return_reasoning_as_their_own_items() {
     let base = server(Some(ReasoningParser::Qwen3)).await;
@@ -245,7 +236,11 @@ async fn responses_and_messages_return_reasoning_as_their_own_items() {
     );
     let mut streamed = req;
     streamed["stream"] = json!(true);
-    let evs = typed_events(&base, "/v1/responses", streamed).await;
+    let evs: Vec<Value> = typed_sse(&base, "/v1/responses", &streamed)
+        .await
+        .into_iter()
+        .map(|(_, d)| d)
+        .collect();
     let joined = |kind: &str| -> String {
         evs.iter()
             .filter(|e| e["type"] == kind)
@@ -276,7 +271,11 @@ async fn responses_and_messages_return_reasoning_as_their_own_items() {
     assert_eq!(m["stop_reason"], "end_turn");
     let mut streamed = req;
     streamed["stream"] = json!(true);
-    let evs = typed_events(&base, "/v1/messages", streamed).await;
+    let evs: Vec<Value> = typed_sse(&base, "/v1/messages", &streamed)
+        .await
+        .into_iter()
+        .map(|(_, d)| d)
+        .collect();
     let thinking: String = evs
         .iter()
         .filter_map(|e| e["delta"]["thinking"].as_str())

@@ -179,30 +179,12 @@ async fn items_formats_and_function_tools() {
     }
 }
 
-/// The events of a streamed response: (event name, data).
-async fn events(base: &str, body: Value) -> Vec<(String, Value)> {
-    let r = send_json(base, "/v1/responses", &body).await;
-    assert_eq!(r.status(), 200);
-    let text = r.text().await.unwrap();
-    text.split("\n\n")
-        .filter(|e| e.contains("data: "))
-        .map(|e| {
-            let name = e
-                .lines()
-                .find_map(|l| l.strip_prefix("event: "))
-                .unwrap_or("");
-            let data = e.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
-            (name.to_string(), serde_json::from_str(data).unwrap())
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamed_events_come_in_the_sdks_order() {
     let (base, _) = start(vec![]).await;
     let (_, whole) = post(&base, "/v1/responses", body(json!({}))).await;
     let mut stream = body(json!({"stream": true}));
-    let evs = events(&base, stream.clone()).await;
+    let evs = typed_sse(&base, "/v1/responses", &stream).await;
     let kinds: Vec<&str> = evs
         .iter()
         .map(|(_, d)| d["type"].as_str().unwrap())
@@ -247,7 +229,7 @@ async fn streamed_events_come_in_the_sdks_order() {
     stream["tools"] = weather_tool();
     stream["tool_choice"] = json!({"type": "function", "name": "get_weather"});
     stream["max_output_tokens"] = json!(60);
-    let evs = events(&base, stream).await;
+    let evs = typed_sse(&base, "/v1/responses", &stream).await;
     let find = |kind: &str| {
         evs.iter()
             .find(|(_, d)| d["type"] == kind)

@@ -293,15 +293,37 @@ pub fn chat_answer(
 /// Streams the job as server-sent events: one chunk per token, then usage (if asked), then `[DONE]`.
 pub async fn respond_sse(state: AppState, job: Job) -> Result<Response, ApiError> {
     let events = submit_all(&state, &job).await?;
+    let (tx, rx) = mpsc::channel::<Event>(64);
+    let response = sse_response(&state, rx);
+    tokio::spawn(pump(state, job, events, tx));
+    Ok(response)
+}
+
+/// A server-sent-events response of what `rx` receives, with keep-alive comments.
+pub fn sse_response(state: &AppState, rx: mpsc::Receiver<Event>) -> Response {
     let keepalive = KeepAlive::new()
         .interval(state.sse_keepalive)
         .text("keep-alive");
-    let (tx, rx) = mpsc::channel::<Event>(64);
-    tokio::spawn(pump(state, job, events, tx));
     let body = stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
     });
-    Ok(Sse::new(body).keep_alive(keepalive).into_response())
+    Sse::new(body).keep_alive(keepalive).into_response()
+}
+
+/// Sends `batch` as typed events (each event named by its body's `type`, as the Responses and
+/// Messages APIs stream them); false once the client is gone.
+pub async fn send_typed(tx: &mpsc::Sender<Event>, batch: Vec<Value>) -> bool {
+    for body in batch {
+        let kind = body["type"].as_str().unwrap_or("").to_string();
+        if tx
+            .send(Event::default().event(kind).data(body.to_string()))
+            .await
+            .is_err()
+        {
+            return false;
+        }
+    }
+    true
 }
 
 /// Formats engine events into SSE chunks until done or until the client goes away (then dropping

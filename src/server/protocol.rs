@@ -116,6 +116,28 @@ pub const SAMPLING_EXTENSIONS: &[&str] = &[
     "structured_outputs",
 ];
 
+/// Sets on a chat request `body` the sampling fields another API's request gives (`fields`:
+/// chat name and value; null ones left out), then the [`SAMPLING_EXTENSIONS`] among its extra
+/// fields (`unknown`) that those did not set.
+pub fn set_sampling(
+    body: &mut serde_json::Value,
+    fields: &[(&str, serde_json::Value)],
+    unknown: &BTreeMap<String, serde_json::Value>,
+) {
+    for (key, value) in fields {
+        if !value.is_null() {
+            body[*key] = value.clone();
+        }
+    }
+    for key in SAMPLING_EXTENSIONS {
+        if let Some(v) = unknown.get(*key)
+            && body.get(*key).is_none()
+        {
+            body[*key] = v.clone();
+        }
+    }
+}
+
 /// POST /v1/completions.
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
 pub struct CompletionRequest {

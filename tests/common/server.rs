@@ -131,3 +131,21 @@ pub fn assert_error(body: &Value, kind: &str, needle: &str) {
         "{body}"
     );
 }
+
+/// The typed events of an SSE body (the Responses and Messages APIs): each event's name and data.
+pub async fn typed_sse(base: &str, path: &str, body: &Value) -> Vec<(String, Value)> {
+    let r = send_json(base, path, body).await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    text.split("\n\n")
+        .filter(|e| e.contains("data: "))
+        .map(|e| {
+            let name = e
+                .lines()
+                .find_map(|l| l.strip_prefix("event: "))
+                .unwrap_or("");
+            let data = e.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
+            (name.to_string(), serde_json::from_str(data).unwrap())
+        })
+        .collect()
+}

@@ -11,13 +11,11 @@ pub mod events;
 pub mod output;
 pub mod request;
 
-use std::convert::Infallible;
-
 use axum::extract::State;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
-use futures_util::stream::{self, BoxStream};
+use futures_util::stream::BoxStream;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -68,15 +66,10 @@ pub async fn create(
     if req.stream == Some(true) {
         let events = generate::submit_all(&state, &job).await?;
         let writer = EventWriter::new(job.model.clone(), input_tokens);
-        let keepalive = KeepAlive::new()
-            .interval(state.sse_keepalive)
-            .text("keep-alive");
         let (tx, rx) = mpsc::channel::<Event>(64);
+        let response = generate::sse_response(&state, rx);
         tokio::spawn(pump(state, job, events, writer, tx));
-        let body = stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
-        });
-        return Ok(Sse::new(body).keep_alive(keepalive).into_response());
+        return Ok(response);
     }
     let choice = generate::collect(&state, &job)
         .await?
@@ -123,19 +116,7 @@ async fn pump(
     mut writer: EventWriter,
     tx: mpsc::Sender<Event>,
 ) {
-    let send = |batch: Vec<Value>| {
-        let tx = tx.clone();
-        async move {
-            for body in batch {
-                let kind = body["type"].as_str().unwrap_or("").to_string();
-                let event = Event::default().event(kind).data(body.to_string());
-                if tx.send(event).await.is_err() {
-                    return false;
-                }
-            }
-            true
-        }
-    };
+    let send = |batch: Vec<Value>| generate::send_typed(&tx, batch);
     if !send(writer.start()).await {
         return;
     }

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::server::error::ApiError;
-use crate::server::protocol::{ChatRequest, SAMPLING_EXTENSIONS};
+use crate::server::protocol::{ChatRequest, set_sampling};
 
 /// POST /v1/messages (and, without `max_tokens`, /v1/messages/count_tokens).
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
@@ -135,18 +135,7 @@ pub fn to_chat(req: &MessagesRequest) -> Result<ChatRequest, ApiError> {
         ("top_k", json!(req.top_k)),
         ("stop", json!(req.stop_sequences)),
     ];
-    for (key, value) in sampling {
-        if !value.is_null() {
-            body[key] = value;
-        }
-    }
-    for key in SAMPLING_EXTENSIONS {
-        if let Some(v) = req.unknown.get(*key)
-            && body.get(*key).is_none()
-        {
-            body[*key] = v.clone();
-        }
-    }
+    set_sampling(&mut body, &sampling, &req.unknown);
     serde_json::from_value(body).map_err(|e| ApiError::invalid("messages", e.to_string()))
 }
 

@@ -12,14 +12,12 @@ pub mod output;
 pub mod request;
 pub mod store;
 
-use std::convert::Infallible;
-
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
-use futures_util::stream::{self, BoxStream};
+use futures_util::stream::BoxStream;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -152,15 +150,10 @@ async fn respond_sse(
     keep: Keep,
 ) -> Result<Response, ApiError> {
     let events = generate::submit_all(&state, &job).await?;
-    let keepalive = KeepAlive::new()
-        .interval(state.sse_keepalive)
-        .text("keep-alive");
     let (tx, rx) = mpsc::channel::<Event>(64);
+    let response = generate::sse_response(&state, rx);
     tokio::spawn(pump(state, job, events, EventWriter::new(draft), keep, tx));
-    let body = stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
-    });
-    Ok(Sse::new(body).keep_alive(keepalive).into_response())
+    Ok(response)
 }
 
 /// Sends each event of the answer as it comes, until it ends or the client goes away (then
@@ -173,19 +166,7 @@ async fn pump(
     keep: Keep,
     tx: mpsc::Sender<Event>,
 ) {
-    let send = |batch: Vec<Value>| {
-        let tx = tx.clone();
-        async move {
-            for body in batch {
-                let kind = body["type"].as_str().unwrap_or("").to_string();
-                let event = Event::default().event(kind).data(body.to_string());
-                if tx.send(event).await.is_err() {
-                    return false;
-                }
-            }
-            true
-        }
-    };
+    let send = |batch: Vec<Value>| generate::send_typed(&tx, batch);
     if !send(writer.start()).await {
         return;
     }

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::server::error::ApiError;
-use crate::server::protocol::{ChatRequest, SAMPLING_EXTENSIONS};
+use crate::server::protocol::{ChatRequest, set_sampling};
 
 /// POST /v1/responses.
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
@@ -146,18 +146,7 @@ pub fn to_chat(
         ("parallel_tool_calls", json!(req.parallel_tool_calls)),
         ("user", json!(req.user)),
     ];
-    for (key, value) in sampling {
-        if !value.is_null() {
-            body[key] = value;
-        }
-    }
-    for key in SAMPLING_EXTENSIONS {
-        if let Some(v) = req.unknown.get(*key)
-            && body.get(*key).is_none()
-        {
-            body[*key] = v.clone();
-        }
-    }
+    set_sampling(&mut body, &sampling, &req.unknown);
     let chat =
         serde_json::from_value(body).map_err(|e| ApiError::invalid("input", e.to_string()))?;
     Ok((chat, added))
