@@ -4,8 +4,8 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::engine::args::{DtypeArg, EngineArgs};
 use crate::engine::device::DeviceArg;
-use crate::engine::request::SamplingParams;
 use crate::loader::{GgufMatmul, LoadFormat};
+use crate::request::SamplingParams;
 
 /// pagewise: an OpenAI-compatible LLM inference server with a paged KV cache and continuous batching.
 #[derive(Parser, Debug)]

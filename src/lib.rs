@@ -30,9 +30,9 @@ pub mod sequence;
 pub mod server;
 
 pub use engine::args::{DtypeArg, EngineArgs, EngineError};
-pub use engine::request::{FinishReason, SamplingParams};
-pub use engine::sequence::{SeqId, Sequence};
 pub use llm::{CompletionOutput, Llm, RequestOutput};
+pub use request::{FinishReason, SamplingParams};
 pub use scheduler::{Scheduler, SchedulerConfig, SchedulerOutput};
+pub use sequence::{SeqId, Sequence};
 #[doc(hidden)]
 pub mod testing;

@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use crate::chat::ChatMessage;
 use crate::engine::args::{EngineArgs, EngineError};
 use crate::engine::core::EngineCore;
-use crate::engine::request::{FinishReason, SamplingParams};
-use crate::engine::sequence::SeqId;
+use crate::request::{FinishReason, SamplingParams};
 use crate::sampler::Logprobs;
+use crate::sequence::SeqId;
 
 /// One completion of a prompt.
 #[derive(Clone, Debug, PartialEq)]

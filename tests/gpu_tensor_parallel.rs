@@ -13,12 +13,12 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use common::{rel_err, same_argmax};
-use pagewise::engine::sequence::SeqId;
 use pagewise::loader::{self, GgufMatmul, LoadFormat, LoadOptions};
 use pagewise::model::{self, ForwardBatch, KvCache, KvLayout};
 use pagewise::parallel::nccl::{NcclComm, unique_id};
 use pagewise::parallel::{Parallel, TpRank};
 use pagewise::scheduler::{ScheduledSeq, SchedulerOutput};
+use pagewise::sequence::SeqId;
 
 fn model_dir(name: &str) -> String {
     let dir = std::env::var("PAGEWISE_GPU_MODELS")

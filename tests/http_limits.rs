@@ -5,7 +5,7 @@
 mod common;
 
 use common::server::*;
-use pagewise::engine::request::{MAX_LOGIT_BIAS, MAX_STOP_STRINGS};
+use pagewise::request::{MAX_LOGIT_BIAS, MAX_STOP_STRINGS};
 use serde_json::{Value, json};
 
 /// A 400 naming `param`, with `needle` in its message.

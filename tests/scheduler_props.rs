@@ -11,8 +11,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use common::fake_model::{self, EOS, FakeModel, VOCAB};
-use pagewise::engine::sequence::SeqStatus;
 use pagewise::kv::{BlockId, BlockState, WindowConfig};
+use pagewise::sequence::SeqStatus;
 use pagewise::{SamplingParams, Scheduler, SchedulerConfig, SeqId, Sequence};
 use proptest::prelude::*;
 

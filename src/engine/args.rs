@@ -3,9 +3,9 @@
 use candle_core::{DType, Device};
 
 use super::detokenizer::DetokenizeError;
-use super::request::InvalidParam;
 use crate::loader::{GgufMatmul, LoadError, LoadFormat};
 use crate::model::ModelError;
+use crate::request::InvalidParam;
 use crate::scheduler::ScheduleError;
 
 /// Weight and activation dtype (vLLM's `--dtype`).

@@ -12,16 +12,16 @@ use crate::chat::{ChatError, ChatTemplate};
 
 use super::args::{EngineArgs, EngineError};
 use super::detokenizer::IncrementalDetokenizer;
-use super::request::{FinishReason, InvalidParam, SamplingParams};
-use super::sequence::{SeqId, SeqMap, Sequence};
 use super::step_times::{Phase, StepTimes};
 use super::stop::StopMatcher;
 use super::text::{self as text_phase, TextJob, TextState};
 use crate::guided::{Grammars, Guide};
 use crate::model::ModelConfig;
+use crate::request::{FinishReason, InvalidParam, SamplingParams};
 use crate::runner::ModelRunner;
 use crate::sampler::Logprobs;
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerOutput, SeqUpdate};
+use crate::sequence::{SeqId, SeqMap, Sequence};
 
 /// What one step produced for one sequence.
 #[derive(Clone, Debug, PartialEq)]
@@ -191,7 +191,7 @@ impl EngineCore {
             )?),
             (None, None) => None,
         };
-        super::request::check_num_seqs(params.n, self.scheduler.config().max_num_seqs)?;
+        crate::request::check_num_seqs(params.n, self.scheduler.config().max_num_seqs)?;
         if let Some(&t) = prompt
             .iter()
             .find(|&&t| t as usize >= self.config.vocab_size)

@@ -10,9 +10,9 @@ use tokio::sync::{mpsc, watch};
 use super::args::EngineError;
 use super::core::EngineCore;
 use super::handle::{EngineFailure, EngineStats, StreamEvent, Submission};
-use super::sequence::{SeqId, SeqMap};
 use super::snapshot::Publisher;
 use super::step_times::Phase;
+use crate::sequence::{SeqId, SeqMap};
 
 /// Where a sequence's events go.
 struct Route {

@@ -2,7 +2,7 @@
 //! only the test build turns on; a release build has none of this). Each fault fires for the
 //! sequences whose prompt holds its token id, so a test chooses which request meets it.
 
-use super::sequence::SeqId;
+use crate::sequence::SeqId;
 
 /// Which faults are armed (all off by default).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

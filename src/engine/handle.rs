@@ -19,10 +19,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::args::{EngineArgs, EngineError};
 use super::core::EngineCore;
 use super::engine_thread::EngineThread;
-use super::request::{FinishReason, SamplingParams};
 use super::snapshot::{PoolWatch, Publisher};
 use crate::chat::ChatTemplate;
 use crate::metrics::Histogram;
+use crate::request::{FinishReason, SamplingParams};
 use crate::sampler::Logprobs;
 
 /// A fully resolved request: prompt tokens and sampling parameters.

@@ -231,8 +231,8 @@ pub fn profile_step(
     max_len: usize,
     block_size: usize,
 ) -> crate::scheduler::SchedulerOutput {
-    use crate::engine::sequence::SeqId;
     use crate::scheduler::ScheduledSeq;
+    use crate::sequence::SeqId;
     let seqs = max_seqs.min(tokens).max(1);
     let tokens = tokens.min(seqs * max_len).max(1);
     let mut out = crate::scheduler::SchedulerOutput::default();

@@ -1,4 +1,6 @@
-//! The engine: requests, sequences, and turning sampled tokens into text.
+//! The engine: loading a model, the engine thread and its handle, the step loop around the
+//! scheduler and the runner, and turning sampled tokens into text. (The request and sequence
+//! types it moves, `crate::request` and `crate::sequence`, live below it.)
 
 pub mod args;
 pub mod core;
@@ -11,9 +13,6 @@ pub mod handle;
 pub mod kv_sizing;
 pub mod loading;
 pub mod snapshot;
-// The plain request and sequence types live below the engine and the scheduler, which both use
-// them; they are re-exported here under their old paths.
-pub use crate::{request, sequence};
 pub mod step_times;
 pub mod stop;
 mod text;

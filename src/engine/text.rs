@@ -12,10 +12,10 @@ use tokenizers::Tokenizer;
 
 use super::core::SeqEvent;
 use super::detokenizer::{DetokenizeError, IncrementalDetokenizer};
-use super::request::FinishReason;
-use super::sequence::{SeqId, SeqMap};
 use super::stop::StopMatcher;
+use crate::request::FinishReason;
 use crate::sampler::Logprobs;
+use crate::sequence::{SeqId, SeqMap};
 
 /// Below this many sequences a step's text work stays on the engine thread (handing it to the
 /// pool costs more than it saves).

@@ -6,8 +6,8 @@
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 
-use crate::engine::sequence::SeqId;
 use crate::scheduler::{ScheduledSeq, SchedulerOutput};
+use crate::sequence::SeqId;
 
 /// What a frame carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,12 +8,12 @@ use std::time::Instant;
 
 use candle_core::Device;
 
-use crate::engine::sequence::Sequence;
 use crate::engine::step_times::{Phase, StepTimes};
 use crate::model::{CausalLm, ForwardBatch, KvCache, ModelError};
 use crate::parallel::group::Leader;
 use crate::sampler::{SampledToken, Sampler};
 use crate::scheduler::SchedulerOutput;
+use crate::sequence::Sequence;
 
 /// Runs steps of one model.
 pub struct ModelRunner {
@@ -233,7 +233,7 @@ impl ModelRunner {
         }
         #[cfg(feature = "cuda")]
         if !self.device.is_cpu() {
-            let params = crate::engine::request::SamplingParams {
+            let params = crate::request::SamplingParams {
                 temperature: 0.0,
                 ..Default::default()
             };

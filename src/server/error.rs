@@ -8,7 +8,7 @@ use serde_json::json;
 use super::responses::{ErrorDetail, ErrorResponse};
 use crate::engine::args::EngineError;
 use crate::engine::handle::{EngineFailure, SubmitError};
-use crate::engine::request::InvalidParam;
+use crate::request::InvalidParam;
 
 /// An error on its way to the client.
 #[derive(Debug, Clone)]

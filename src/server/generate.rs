@@ -23,7 +23,7 @@ use super::responses::{
     CompletionResponse, FunctionCallOut, ToolCallOut, Usage,
 };
 use crate::engine::handle::{GenerateRequest, StreamEvent};
-use crate::engine::request::SamplingParams;
+use crate::request::SamplingParams;
 use crate::sampler::Logprobs;
 
 /// Which endpoint's JSON shapes to produce.
@@ -460,8 +460,6 @@ async fn pump(
 /// stream's event receiver drops).
 pub fn count_aborted(state: &AppState, finished: &[bool]) {
     for _ in finished.iter().filter(|f| !**f) {
-        state
-            .metrics
-            .finished(crate::engine::request::FinishReason::Abort);
+        state.metrics.finished(crate::request::FinishReason::Abort);
     }
 }

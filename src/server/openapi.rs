@@ -20,7 +20,7 @@ use super::responses_api::output::{ResponseDeleted, ResponseObject};
 use super::responses_api::request::ResponsesRequest;
 use super::routes::MAX_MESSAGES;
 use crate::engine::handle::ModelInfo;
-use crate::engine::request::{MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS};
+use crate::request::{MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS};
 
 /// Statuses every guarded route may answer with an error body.
 const ERRORS: [(u16, &str); 7] = [

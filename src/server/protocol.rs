@@ -7,7 +7,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::error::ApiError;
-use crate::engine::request::SamplingParams;
+use crate::request::SamplingParams;
 
 /// `stop`: one string or several.
 #[derive(Clone, Debug, Deserialize, JsonSchema)]

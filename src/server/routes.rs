@@ -16,7 +16,7 @@ use super::responses::{
     VersionResponse,
 };
 use super::{structured, tools, unsupported};
-use crate::engine::request::{MAX_LOGPROBS, check_num_seqs};
+use crate::request::{MAX_LOGPROBS, check_num_seqs};
 
 /// `Json<T>` whose rejections are OpenAI-shaped errors (400 bad JSON or field, 413, 415).
 pub struct ApiJson<T>(pub T);

@@ -2,10 +2,10 @@ pub mod fake_model;
 pub mod server;
 
 use candle_core::{DType, Device, Tensor};
-use pagewise::engine::sequence::SeqId;
 use pagewise::loader::{self, GgufMatmul, LoadOptions};
 use pagewise::model::{self, ForwardBatch, KvCache, KvLayout};
 use pagewise::scheduler::{ScheduledSeq, SchedulerOutput};
+use pagewise::sequence::SeqId;
 
 /// f32 logits at every position of `tokens`, as one prefill through the paged cache with the
 /// blocks in reverse order (a non-trivial block table), on the CPU in f32.
