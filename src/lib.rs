@@ -1,8 +1,9 @@
 //! pagewise: an OpenAI-compatible LLM inference server with a paged KV cache and continuous batching.
 //!
 //! The engine core is plain data on the CPU: [`kv`] (the page table manager), [`scheduler`] (continuous
-//! batching with chunked prefill, prefix caching and preemption by recompute), [`sampler`], and
-//! [`engine`] (requests, sequences, incremental detokenization and stop strings).
+//! batching with chunked prefill, prefix caching and preemption by recompute), [`sampler`], the
+//! [`request`] and [`sequence`] types, and [`engine`] (the engine thread, incremental
+//! detokenization and stop strings).
 
 pub mod bench;
 /// The CPU kernels for GGUF-quantized weights (the `pagewise-cpu` crate).
@@ -10,11 +11,8 @@ pub use pagewise_cpu as cpu;
 pub mod chat;
 pub mod cli;
 pub mod config_file;
-#[cfg(feature = "cuda")]
-pub mod cuda_graphs;
 pub mod default_model;
 pub mod engine;
-pub mod graph_buckets;
 pub mod guided;
 pub mod kv;
 pub mod llm;

@@ -3,6 +3,9 @@
 //! samples each row with its sequence's own parameters and random stream.
 
 pub mod batch;
+#[cfg(feature = "cuda")]
+pub mod cuda_graphs;
+pub mod graph_buckets;
 
 use std::time::Instant;
 
@@ -27,7 +30,7 @@ pub struct ModelRunner {
     sampler: Sampler,
     /// Captured decode graphs (GPU, unless eager).
     #[cfg(feature = "cuda")]
-    graphs: Option<crate::cuda_graphs::DecodeGraphs>,
+    graphs: Option<cuda_graphs::DecodeGraphs>,
 }
 
 impl ModelRunner {
@@ -73,13 +76,13 @@ impl ModelRunner {
         #[cfg(feature = "cuda")]
         if !self.device.is_cpu() {
             let start = Instant::now();
-            let spec = crate::cuda_graphs::CaptureSpec {
+            let spec = cuda_graphs::CaptureSpec {
                 max_num_seqs,
                 max_seq_len,
                 block_size,
                 window,
             };
-            match crate::cuda_graphs::DecodeGraphs::capture(
+            match cuda_graphs::DecodeGraphs::capture(
                 self.model.as_ref(),
                 &mut self.kv,
                 &self.device,

@@ -5,7 +5,7 @@
 //! of the batch.
 //!
 //! [`DeviceRows`] splits a step's rows before its forward pass, so a CUDA graph can sample inside
-//! the replay (src/cuda_graphs.rs); eager steps run the kernel after the forward pass.
+//! the replay (src/runner/cuda_graphs.rs); eager steps run the kernel after the forward pass.
 //!
 //! Constrained rows (`crate::guided`) that the GPU could sample are masked rows: their masks are
 //! computed on the CPU while the forward pass runs ([`DeviceRows::compute_masks`]), then one more

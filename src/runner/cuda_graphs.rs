@@ -1,6 +1,6 @@
 //! CUDA graphs for decode steps. A decode step of a small batch is launch-bound: hundreds of small
 //! kernels, each costing more on the CPU than on the GPU. At startup the runner captures one
-//! forward pass per batch-size bucket and context-length bucket (src/graph_buckets.rs) into a CUDA
+//! forward pass per batch-size bucket and context-length bucket (`graph_buckets.rs`) into a CUDA
 //! graph; a decode step then
 //! stages its inputs (one mapped host buffer, copied into fixed tensors by the graph's first
 //! kernel) and replays the graph of the smallest bucket that holds it, one launch for the whole
@@ -17,11 +17,11 @@
 use candle_core::cuda_backend::cudarc::driver::{CudaGraph, sys};
 use candle_core::{DType, Device, Tensor};
 
-use crate::graph_buckets::{CONTEXT_BOUNDS, batch_buckets, context_buckets, smallest_holding};
+use super::batch::block_table_width;
+use super::graph_buckets::{CONTEXT_BOUNDS, batch_buckets, context_buckets, smallest_holding};
 use crate::model::attention::KvCache;
 use crate::model::batch::{AttentionMeta, DeviceAttentionMeta};
 use crate::model::{CausalLm, ForwardBatch, ModelError};
-use crate::runner::batch::block_table_width;
 use crate::sampler::device::DeviceRows;
 use crate::scheduler::SchedulerOutput;
 

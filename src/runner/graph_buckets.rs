@@ -1,4 +1,4 @@
-//! Which decode steps share a CUDA graph (src/cuda_graphs.rs captures and replays them): batch-size
+//! Which decode steps share a CUDA graph (`cuda_graphs.rs` captures and replays them): batch-size
 //! buckets, and optional context-length buckets. Plain functions, so they are tested everywhere.
 
 /// Batch sizes captured (those up to `max_num_seqs`, plus `max_num_seqs` itself when it lies in
