@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 
-use super::generate::{Job, chat_answer};
+use super::generate::{ResolvedRequest, chat_answer};
 use super::reasoning::ReasoningStream;
 use super::tools::ToolCalling;
 use super::tools::stream::ToolStream;
@@ -33,7 +33,7 @@ pub struct ChatChoiceStream {
 
 impl ChatChoiceStream {
     /// The stream of one choice of `job`.
-    pub fn new(job: &Job) -> Self {
+    pub fn new(job: &ResolvedRequest) -> Self {
         let harmony_calls = job.harmony_calls();
         ChatChoiceStream {
             reasoning: job
@@ -89,7 +89,7 @@ pub struct Answer {
 }
 
 /// Reads a whole answer `text` of `job` that ended with `finish`.
-pub fn read_answer(job: &Job, text: String, finish: Option<&'static str>) -> Answer {
+pub fn read_answer(job: &ResolvedRequest, text: String, finish: Option<&'static str>) -> Answer {
     let (reasoning, text) = match job.reasoning {
         Some(parser) => {
             let split = parser.split_keeping_calls(&text, job.harmony_calls());

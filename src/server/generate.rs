@@ -28,7 +28,7 @@ use crate::sampler::Logprobs;
 
 /// Which endpoint's JSON shapes to produce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Flavor {
+pub enum Endpoint {
     /// /v1/completions
     Completion,
     /// /v1/chat/completions
@@ -44,9 +44,9 @@ pub struct Prompt {
 }
 
 /// A whole request, resolved.
-pub struct Job {
+pub struct ResolvedRequest {
     /// Response shapes.
-    pub flavor: Flavor,
+    pub flavor: Endpoint,
     /// Model name to report.
     pub model: String,
     /// Prompts (completions may send several; chat one).
@@ -68,9 +68,9 @@ pub struct Job {
 }
 
 /// A tagged event: which choice (`prompt * n + index`) and what happened.
-pub type Tagged = (usize, StreamEvent);
+pub type ChoiceEvent = (usize, StreamEvent);
 
-impl Job {
+impl ResolvedRequest {
     /// Whether the reasoning split keeps harmony's calls for the `openai` tool parser.
     pub fn harmony_calls(&self) -> bool {
         self.tools.as_ref().is_some_and(|t| t.reads_harmony())
@@ -98,8 +98,8 @@ pub fn random_id(prefix: &str) -> String {
 /// Submits every prompt of `job` to the engine: one stream of all its choices' events.
 pub async fn submit_all(
     state: &AppState,
-    job: &Job,
-) -> Result<BoxStream<'static, Tagged>, ApiError> {
+    job: &ResolvedRequest,
+) -> Result<BoxStream<'static, ChoiceEvent>, ApiError> {
     let n = job.params.n;
     let mut streams = Vec::with_capacity(job.prompts.len());
     for (i, prompt) in job.prompts.iter().enumerate() {
@@ -148,7 +148,7 @@ pub struct Choice {
 }
 
 /// Runs `job` to completion: every choice, in order (`prompt * n + index`).
-pub async fn collect(state: &AppState, job: &Job) -> Result<Vec<Choice>, ApiError> {
+pub async fn collect(state: &AppState, job: &ResolvedRequest) -> Result<Vec<Choice>, ApiError> {
     let mut events = submit_all(state, job).await?;
     let mut choices: Vec<Choice> = (0..job.prompts.len() * job.params.n)
         .map(|_| Choice::default())
@@ -183,7 +183,7 @@ pub async fn collect(state: &AppState, job: &Job) -> Result<Vec<Choice>, ApiErro
 }
 
 /// Runs the job to completion and answers with one JSON body.
-pub async fn respond_json(state: &AppState, job: Job) -> Result<Response, ApiError> {
+pub async fn respond_json(state: &AppState, job: ResolvedRequest) -> Result<Response, ApiError> {
     let choices = collect(state, &job).await?;
     let n = job.params.n;
     let prompt_tokens: usize = job.prompts.iter().map(|p| p.ids.len()).sum();
@@ -191,7 +191,7 @@ pub async fn respond_json(state: &AppState, job: Job) -> Result<Response, ApiErr
     let usage = Usage::new(prompt_tokens, completion_tokens);
     let want_logprobs = job.params.logprobs.is_some();
     let body = match job.flavor {
-        Flavor::Chat => {
+        Endpoint::Chat => {
             let choices = choices
                 .into_iter()
                 .enumerate()
@@ -233,7 +233,7 @@ pub async fn respond_json(state: &AppState, job: Job) -> Result<Response, ApiErr
                 usage,
             })
         }
-        Flavor::Completion => {
+        Endpoint::Completion => {
             let choices = choices
                 .into_iter()
                 .enumerate()
@@ -266,7 +266,7 @@ pub async fn respond_json(state: &AppState, job: Job) -> Result<Response, ApiErr
 /// A chat answer's content, tool calls and finish reason: the text as it is, or, for a request
 /// calling tools, the calls read out of it (`super::tools`).
 pub fn chat_answer(
-    job: &Job,
+    job: &ResolvedRequest,
     text: String,
     finish: Option<&'static str>,
 ) -> (Option<String>, Vec<ToolCallOut>, Option<&'static str>) {
@@ -291,11 +291,11 @@ pub fn chat_answer(
 }
 
 /// Streams the job as server-sent events: one chunk per token, then usage (if asked), then `[DONE]`.
-pub async fn respond_sse(state: AppState, job: Job) -> Result<Response, ApiError> {
+pub async fn respond_sse(state: AppState, job: ResolvedRequest) -> Result<Response, ApiError> {
     let events = submit_all(&state, &job).await?;
     let (tx, rx) = mpsc::channel::<Event>(64);
     let response = sse_response(&state, rx);
-    tokio::spawn(pump(state, job, events, tx));
+    tokio::spawn(send_chunks(state, job, events, tx));
     Ok(response)
 }
 
@@ -328,19 +328,19 @@ pub async fn send_typed(tx: &mpsc::Sender<Event>, batch: Vec<Value>) -> bool {
 
 /// Formats engine events into SSE chunks until done or until the client goes away (then dropping
 /// `events` aborts the sequences).
-async fn pump(
+async fn send_chunks(
     state: AppState,
-    job: Job,
-    mut events: BoxStream<'static, Tagged>,
+    job: ResolvedRequest,
+    mut events: BoxStream<'static, ChoiceEvent>,
     tx: mpsc::Sender<Event>,
 ) {
-    let id = random_id(if job.flavor == Flavor::Chat {
+    let id = random_id(if job.flavor == Endpoint::Chat {
         "chatcmpl-"
     } else {
         "cmpl-"
     });
     let created = now_secs();
-    let object = if job.flavor == Flavor::Chat {
+    let object = if job.flavor == Endpoint::Chat {
         "chat.completion.chunk"
     } else {
         "text_completion"
@@ -391,7 +391,7 @@ async fn pump(
                 completion_tokens += 1;
                 let finish = finish.map(|f| f.as_str());
                 match job.flavor {
-                    Flavor::Chat => {
+                    Endpoint::Chat => {
                         let step = chat_streams[index].step(&text, finish);
                         let finish = step.finish;
                         let mut delta = json!({});
@@ -422,7 +422,7 @@ async fn pump(
                             json!([{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}]),
                         )
                     }
-                    Flavor::Completion => {
+                    Endpoint::Completion => {
                         let mut text = text;
                         if let (false, Some(echo)) = (started[index], &job.prompts[index / n].echo)
                         {

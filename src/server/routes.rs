@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::AppState;
 use super::error::ApiError;
-use super::generate::{Flavor, Job, Prompt, respond_json, respond_sse};
+use super::generate::{Endpoint, Prompt, ResolvedRequest, respond_json, respond_sse};
 use super::protocol::{ChatRequest, CompletionRequest, PromptInput, Role, SamplingFields};
 use super::responses::{
     DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
@@ -132,8 +132,8 @@ pub async fn completions(
         Some(c) => Some(structured::compile(&state, c).await?),
         None => None,
     };
-    let job = Job {
-        flavor: Flavor::Completion,
+    let job = ResolvedRequest {
+        flavor: Endpoint::Completion,
         model,
         prompts: resolved,
         params,
@@ -164,7 +164,7 @@ pub async fn chat_job(
     state: &AppState,
     req: &ChatRequest,
     arrived: std::time::Instant,
-) -> Result<Job, ApiError> {
+) -> Result<ResolvedRequest, ApiError> {
     let state = state.clone();
     let model = state.check_model(req.model.as_deref())?;
     unsupported::refuse_unhonoured(&req.unknown)?;
@@ -237,8 +237,8 @@ pub async fn chat_job(
         Some(c) => Some(structured::compile(&state, c).await?),
         None => None,
     };
-    let job = Job {
-        flavor: Flavor::Chat,
+    let job = ResolvedRequest {
+        flavor: Endpoint::Chat,
         model,
         prompts: vec![Prompt { echo: None, ids }],
         params,
@@ -337,7 +337,11 @@ fn check_messages(messages: &[Value]) -> Result<(), ApiError> {
     Ok(())
 }
 
-async fn respond(state: AppState, job: Job, stream: bool) -> Result<Response, ApiError> {
+async fn respond(
+    state: AppState,
+    job: ResolvedRequest,
+    stream: bool,
+) -> Result<Response, ApiError> {
     if stream {
         respond_sse(state, job).await
     } else {

@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use super::AppState;
 use super::chat_stream::{ChatChoiceStream, read_answer};
 use super::error::ApiError;
-use super::generate::{self, Job, Tagged};
+use super::generate::{self, ChoiceEvent, ResolvedRequest};
 use super::metrics::RequestTimer;
 use super::protocol::SAMPLING_EXTENSIONS;
 use super::routes::{self, ApiJson};
@@ -36,7 +36,7 @@ use request::MessagesRequest;
 async fn job(
     state: &AppState,
     body: Result<ApiJson<MessagesRequest>, ApiError>,
-) -> Result<(MessagesRequest, Job), AnthropicError> {
+) -> Result<(MessagesRequest, ResolvedRequest), AnthropicError> {
     let arrived = std::time::Instant::now();
     let ApiJson(req) = body?;
     state.note_unknown_fields(
@@ -68,7 +68,7 @@ pub async fn create(
         let writer = EventWriter::new(job.model.clone(), input_tokens);
         let (tx, rx) = mpsc::channel::<Event>(64);
         let response = generate::sse_response(&state, rx);
-        tokio::spawn(pump(state, job, events, writer, tx));
+        tokio::spawn(send_events(state, job, events, writer, tx));
         return Ok(response);
     }
     let choice = generate::collect(&state, &job)
@@ -109,10 +109,10 @@ pub async fn count_tokens(
 
 /// Sends each event of the answer as it comes, until it ends or the client goes away (then
 /// dropping `events` aborts the sequence).
-async fn pump(
+async fn send_events(
     state: AppState,
-    job: Job,
-    mut events: BoxStream<'static, Tagged>,
+    job: ResolvedRequest,
+    mut events: BoxStream<'static, ChoiceEvent>,
     mut writer: EventWriter,
     tx: mpsc::Sender<Event>,
 ) {

@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use super::AppState;
 use super::chat_stream::{ChatChoiceStream, read_answer};
 use super::error::ApiError;
-use super::generate::{self, Job, Tagged};
+use super::generate::{self, ChoiceEvent, ResolvedRequest};
 use super::metrics::RequestTimer;
 use super::protocol::SAMPLING_EXTENSIONS;
 use super::routes::{self, ApiJson};
@@ -129,7 +129,7 @@ fn not_found(id: &str) -> ApiError {
     }
 }
 
-fn prompt_len(job: &Job) -> usize {
+fn prompt_len(job: &ResolvedRequest) -> usize {
     job.prompts.iter().map(|p| p.ids.len()).sum()
 }
 
@@ -145,23 +145,30 @@ fn keep_response(keep: Keep, response: &ResponseObject) {
 
 async fn respond_sse(
     state: AppState,
-    job: Job,
+    job: ResolvedRequest,
     draft: ResponseObject,
     keep: Keep,
 ) -> Result<Response, ApiError> {
     let events = generate::submit_all(&state, &job).await?;
     let (tx, rx) = mpsc::channel::<Event>(64);
     let response = generate::sse_response(&state, rx);
-    tokio::spawn(pump(state, job, events, EventWriter::new(draft), keep, tx));
+    tokio::spawn(send_events(
+        state,
+        job,
+        events,
+        EventWriter::new(draft),
+        keep,
+        tx,
+    ));
     Ok(response)
 }
 
 /// Sends each event of the answer as it comes, until it ends or the client goes away (then
 /// dropping `events` aborts the sequence).
-async fn pump(
+async fn send_events(
     state: AppState,
-    job: Job,
-    mut events: BoxStream<'static, Tagged>,
+    job: ResolvedRequest,
+    mut events: BoxStream<'static, ChoiceEvent>,
     mut writer: EventWriter,
     keep: Keep,
     tx: mpsc::Sender<Event>,
