@@ -1,60 +1,41 @@
 //! One model description for every supported architecture, read from a Hugging Face `config.json`
-//! (`hf_config.rs`) or from GGUF metadata (`loader::gguf`).
+//! (`hf_config.rs`) or from GGUF metadata (`gguf_config.rs`): the shared fields, then what the
+//! architecture's own file reads ([`super::registry`]).
 
-pub use super::gemma3::GemmaSettings;
-pub use super::gpt_oss::GptOssSettings;
+pub use super::gemma3::config::GemmaSettings;
+pub use super::gpt_neox::NeoxSettings;
 pub use super::moe::{ExpertActivation, ExpertNames, MoeSettings};
+pub use super::opt::OptSettings;
+pub use super::registry::Arch;
 pub use super::rope_scaling::{Llama3RopeScaling, LongRope, Yarn};
 
-/// Supported architectures.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Architecture {
-    /// Llama 2/3/3.1/3.2, SmolLM/SmolLM2, Mistral (same graph; a sliding window caps the context
-    /// at the window, where full attention and windowed attention agree).
-    Llama,
-    /// Qwen2 / Qwen2.5: Llama with biases on the q/k/v projections.
-    Qwen2,
-    /// Qwen3 (dense): Llama with an RMSNorm on each query and key head before rotary.
-    Qwen3,
-    /// Phi-3 / Phi-4: Llama with q/k/v in one `qkv_proj` and gate/up in one `gate_up_proj`.
-    Phi3,
-    /// Meta's OPT (`facebook/opt-*`).
-    Opt,
-    /// OpenAI's GPT-2: learned positions, LayerNorm, GELU (tanh), Conv1D (`[in, out]`) weights.
-    Gpt2,
-    /// EleutherAI's GPT-NeoX (Pythia, GPT-NeoX-20B): parallel residual, partial rotary.
-    GptNeox,
-    /// Google's Gemma 3 (text): see [`super::gemma3`].
-    Gemma3,
-    /// OpenAI's gpt-oss: see [`super::gpt_oss`].
-    GptOss,
+/// The settings only one architecture has, in that architecture's own type.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ArchSettings {
+    /// Nothing beyond the shared fields.
+    None,
+    /// OPT's.
+    Opt(OptSettings),
+    /// GPT-NeoX's.
+    Neox(NeoxSettings),
+    /// Gemma 3's.
+    Gemma3(GemmaSettings),
 }
 
-/// OPT-only settings.
+/// Layers that attend over a sliding window, between full-attention ones (Gemma 3, gpt-oss).
 #[derive(Clone, Debug, PartialEq)]
-pub struct OptSettings {
-    /// Embedding width; `project_in`/`project_out` map it to and from `hidden_size` when different.
-    pub word_embed_proj_dim: usize,
-    /// Pre-norm (true for all OPT sizes but 350m).
-    pub do_layer_norm_before: bool,
-    /// Whether the final layer norm exists.
-    pub has_final_layer_norm: bool,
-}
-
-/// GPT-NeoX settings.
-#[derive(Clone, Debug, PartialEq)]
-pub struct NeoxSettings {
-    /// `x + attn(ln1(x)) + mlp(ln2(x))` instead of one after the other.
-    pub parallel_residual: bool,
-    /// GELU by its tanh approximation (`gelu_new`) instead of the exact one (`gelu`).
-    pub gelu_tanh: bool,
+pub struct SlidingWindows {
+    /// Positions a sliding layer's query sees, itself included.
+    pub window: usize,
+    /// Which layers slide.
+    pub sliding: Vec<bool>,
 }
 
 /// Everything the model code needs, whatever the source format.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
-    /// Which graph to build.
-    pub architecture: Architecture,
+    /// The architecture: which graph to build, and what it supports.
+    pub arch: &'static Arch,
     /// Vocabulary size (rows of the embedding and the LM head).
     pub vocab_size: usize,
     /// Residual stream width.
@@ -97,14 +78,17 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// End-of-sequence tokens.
     pub eos_token_ids: Vec<u32>,
-    /// OPT-only settings.
-    pub opt: Option<OptSettings>,
-    /// GPT-NeoX-only settings.
-    pub neox: Option<NeoxSettings>,
-    /// Gemma 3-only settings.
-    pub gemma: Option<GemmaSettings>,
-    /// gpt-oss-only settings.
-    pub gpt_oss: Option<GptOssSettings>,
+    /// Q/k/v stored stacked in one `qkv_proj`, and gate/up in one `gate_up_proj` (Phi-3).
+    pub stacked_projections: bool,
+    /// RMSNorm weights stored as `w` that scale by `1 + w` (Gemma's checkpoints; llama.cpp's
+    /// GGUF files store `1 + w`).
+    pub norms_plus_one: bool,
+    /// The gated MLP takes GELU (tanh) of the gate instead of SiLU (Gemma's GeGLU).
+    pub gelu_mlp: bool,
+    /// Sliding-window layers, where the architecture implements them.
+    pub sliding: Option<SlidingWindows>,
+    /// The architecture's own settings.
+    pub settings: ArchSettings,
     /// The experts of a mixture-of-experts model (Mixtral, Qwen3-MoE, gpt-oss).
     pub moe: Option<MoeSettings>,
     /// Leading dimensions of each head that rotary turns: `head_dim`, or
@@ -121,11 +105,8 @@ impl ModelConfig {
     /// The layers that attend over a sliding window, and the window, for models that mix them
     /// with full-attention layers (Gemma 3, gpt-oss): `(window, sliding[layer])`.
     pub fn sliding_layers(&self) -> Option<(usize, &[bool])> {
-        match (&self.gemma, &self.gpt_oss) {
-            (Some(g), _) => Some((g.sliding_window, &g.sliding)),
-            (_, Some(g)) => Some((g.sliding_window, &g.sliding)),
-            _ => None,
-        }
+        let s = self.sliding.as_ref()?;
+        Some((s.window, &s.sliding))
     }
 
     /// Bytes of KV cache one token takes in all layers for `kv_heads` of the KV heads (all of

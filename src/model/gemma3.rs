@@ -6,11 +6,10 @@
 
 use candle_core::{Module, Tensor};
 use candle_nn::Embedding;
-use serde::Deserialize;
 
 use super::attention::KvCache;
 use super::batch::ForwardBatch;
-use super::config::ModelConfig;
+use super::config::{ArchSettings, ModelConfig};
 use super::layers::{GatedMlp, Linear, Rotary};
 use super::lm_head::LmHead;
 use super::norm::RmsNorm;
@@ -19,147 +18,11 @@ use super::weights::Weights;
 use super::{CausalLm, ModelError};
 use crate::parallel::{Parallel, TpRank};
 
+pub mod config;
 #[cfg(feature = "cuda")]
 mod fused;
 
-/// Gemma 3's settings beyond the Llama-like ones.
-#[derive(Clone, Debug, PartialEq)]
-pub struct GemmaSettings {
-    /// Scores are scaled by `query_pre_attn_scalar^-½` (not `head_dim^-½`).
-    pub query_pre_attn_scalar: f64,
-    /// Positions a local layer's query sees, itself included.
-    pub sliding_window: usize,
-    /// Which layers are local (sliding-window) ones.
-    pub sliding: Vec<bool>,
-    /// The local layers' rotary base (the global ones use `ModelConfig::rope_theta`).
-    pub local_rope_theta: f64,
-    /// The global layers' linear rope scaling factor (1 without scaling).
-    pub global_rope_factor: f64,
-    /// `logits = c · tanh(logits / c)` when set.
-    pub final_logit_softcapping: Option<f64>,
-}
-
-/// The `config.json` fields only Gemma 3 has.
-#[derive(Deserialize)]
-struct GemmaFields {
-    query_pre_attn_scalar: Option<f64>,
-    sliding_window: Option<usize>,
-    layer_types: Option<Vec<String>>,
-    #[serde(alias = "_sliding_window_pattern")]
-    sliding_window_pattern: Option<usize>,
-    rope_local_base_freq: Option<f64>,
-    rope_theta: Option<f64>,
-    rope_scaling: Option<serde_json::Value>,
-    rope_parameters: Option<serde_json::Value>,
-    final_logit_softcapping: Option<f64>,
-    attn_logit_softcapping: Option<f64>,
-    hidden_activation: Option<String>,
-    use_bidirectional_attention: Option<bool>,
-}
-
-fn unsupported(what: String) -> ModelError {
-    ModelError::Unsupported(format!("Gemma 3 with {what}"))
-}
-
-/// A rotary setting's base and linear factor (`rope_type` default or linear).
-fn rope_base(v: &serde_json::Value, default_theta: f64) -> Result<(f64, f64), ModelError> {
-    let theta = v
-        .get("rope_theta")
-        .and_then(|t| t.as_f64())
-        .unwrap_or(default_theta);
-    let kind = v
-        .get("rope_type")
-        .or_else(|| v.get("type"))
-        .and_then(|t| t.as_str());
-    match kind {
-        None | Some("default") => Ok((theta, 1.0)),
-        Some("linear") => {
-            let factor = v.get("factor").and_then(|f| f.as_f64()).unwrap_or(1.0);
-            Ok((theta, factor))
-        }
-        Some(other) => Err(unsupported(format!("rope type {other:?}"))),
-    }
-}
-
-/// Reads Gemma 3's settings from `config.json` text (`layers` decoder layers); also returns the
-/// global layers' rotary base. transformers 5 writes the two rotary settings under
-/// `rope_parameters.{full,sliding}_attention`; older configs `rope_theta`, `rope_scaling` (global)
-/// and `rope_local_base_freq`.
-pub(super) fn settings(text: &str, layers: usize) -> Result<(GemmaSettings, f64), ModelError> {
-    let f: GemmaFields =
-        serde_json::from_str(text).map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
-    if f.attn_logit_softcapping.is_some() {
-        return Err(unsupported("attention logit softcapping".into()));
-    }
-    if f.use_bidirectional_attention == Some(true) {
-        return Err(unsupported("bidirectional attention".into()));
-    }
-    let act = f
-        .hidden_activation
-        .as_deref()
-        .unwrap_or("gelu_pytorch_tanh");
-    if !matches!(act, "gelu_pytorch_tanh" | "gelu_new") {
-        return Err(unsupported(format!("activation {act:?}")));
-    }
-    let sliding = match (f.layer_types, f.sliding_window_pattern) {
-        (Some(types), _) => {
-            if types.len() != layers {
-                return Err(ModelError::Config(format!(
-                    "{} layer_types for {layers} layers",
-                    types.len()
-                )));
-            }
-            types
-                .iter()
-                .map(|t| match t.as_str() {
-                    "sliding_attention" => Ok(true),
-                    "full_attention" => Ok(false),
-                    other => Err(unsupported(format!("layer type {other:?}"))),
-                })
-                .collect::<Result<Vec<_>, _>>()?
-        }
-        (None, pattern) => {
-            let pattern = pattern.unwrap_or(6).max(1);
-            (0..layers).map(|i| (i + 1) % pattern != 0).collect()
-        }
-    };
-    let params = f
-        .rope_parameters
-        .as_ref()
-        .filter(|p| p.get("full_attention").is_some());
-    let ((global_theta, global_factor), (local_theta, local_factor)) = match params {
-        Some(p) => (
-            rope_base(&p["full_attention"], 1_000_000.0)?,
-            rope_base(
-                p.get("sliding_attention").unwrap_or(&p["full_attention"]),
-                10_000.0,
-            )?,
-        ),
-        None => {
-            let theta = f
-                .rope_theta
-                .or_else(|| f.rope_parameters.as_ref()?.get("rope_theta")?.as_f64())
-                .unwrap_or(1_000_000.0);
-            let global = match f.rope_scaling.as_ref().filter(|v| !v.is_null()) {
-                Some(v) => rope_base(v, theta)?,
-                None => (theta, 1.0),
-            };
-            (global, (f.rope_local_base_freq.unwrap_or(10_000.0), 1.0))
-        }
-    };
-    if local_factor != 1.0 {
-        return Err(unsupported("rope scaling on the local layers".into()));
-    }
-    let settings = GemmaSettings {
-        query_pre_attn_scalar: f.query_pre_attn_scalar.unwrap_or(256.0),
-        sliding_window: f.sliding_window.unwrap_or(4096).max(1),
-        sliding,
-        local_rope_theta: local_theta,
-        global_rope_factor: global_factor,
-        final_logit_softcapping: f.final_logit_softcapping,
-    };
-    Ok((settings, global_theta))
-}
+pub use config::GemmaSettings;
 
 struct Layer {
     input_norm: RmsNorm,
@@ -178,6 +41,8 @@ struct Layer {
 pub struct Gemma3 {
     cfg: ModelConfig,
     gemma: GemmaSettings,
+    /// Positions a local layer's query sees.
+    window: usize,
     embed: Embedding,
     layers: Vec<Layer>,
     norm: RmsNorm,
@@ -195,18 +60,19 @@ impl Gemma3 {
         max_len: usize,
         par: &Parallel,
     ) -> Result<Self, ModelError> {
-        let Some(gemma) = cfg.gemma.clone() else {
+        let (ArchSettings::Gemma3(gemma), Some(sliding)) = (&cfg.settings, &cfg.sliding) else {
             return Err(ModelError::Config("Gemma 3 without its settings".into()));
         };
+        let (gemma, window) = (gemma.clone(), sliding.window);
         let h = cfg.hidden_size;
         let eps = cfg.norm_eps;
-        // llama.cpp's converter stores Gemma's norm weights as the 1 + w they multiply by, and
-        // names the norm after attention its own way (its `ffn_norm` is the one before the MLP).
-        let gguf = matches!(w, Weights::Gguf { .. });
-        let norm = |name: &str| match gguf {
-            true => RmsNorm::load(w, name, h, eps),
-            false => RmsNorm::load_plus_one(w, name, h, eps),
+        let norm = |name: &str| match cfg.norms_plus_one {
+            true => RmsNorm::load_plus_one(w, name, h, eps),
+            false => RmsNorm::load(w, name, h, eps),
         };
+        // llama.cpp's converter names the norm after attention its own way (its `ffn_norm` is the
+        // one before the MLP).
+        let gguf = matches!(w, Weights::Gguf { .. });
         let post_attention = match gguf {
             true => "post_attention_norm",
             false => "post_attention_layernorm",
@@ -227,7 +93,7 @@ impl Gemma3 {
                     pre_feedforward_norm: norm(&format!("{p}.pre_feedforward_layernorm.weight"))?,
                     post_feedforward_norm: norm(&format!("{p}.post_feedforward_layernorm.weight"))?,
                     mlp: GatedMlp::load(w, &format!("{p}.mlp"), cfg, tp)?,
-                    sliding: gemma.sliding[i],
+                    sliding: sliding.sliding[i],
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
@@ -244,6 +110,7 @@ impl Gemma3 {
         Ok(Gemma3 {
             cfg: cfg.clone(),
             gemma,
+            window,
             embed: Embedding::new(embed_w, h),
             layers,
             norm: norm("model.norm.weight")?,
@@ -283,7 +150,7 @@ impl CausalLm for Gemma3 {
             kv: tp.kv_heads(cfg).len(),
             dim: cfg.head_dim,
             scale: g.query_pre_attn_scalar.powf(-0.5) as f32,
-            window: sliding.then_some(g.sliding_window),
+            window: sliding.then_some(self.window),
         };
         let embedded = self.embed.forward(&batch.input_ids)?;
         // transformers rounds √hidden to the model's dtype before the product.
@@ -355,8 +222,12 @@ mod tests {
             "rope_scaling":{"rope_type":"linear","factor":8.0},"rope_local_base_freq":10000.0"#,
         )
         .unwrap();
-        let g = c.gemma.clone().unwrap();
-        let globals: Vec<usize> = (0..12).filter(|&i| !g.sliding[i]).collect();
+        let ArchSettings::Gemma3(g) = &c.settings else {
+            panic!("{:?}", c.settings)
+        };
+        let globals: Vec<usize> = (0..12)
+            .filter(|&i| !c.sliding.as_ref().unwrap().sliding[i])
+            .collect();
         assert_eq!(globals, [5, 11]);
         assert_eq!((c.rope_theta, g.global_rope_factor), (1e6, 8.0));
         assert_eq!((g.local_rope_theta, g.query_pre_attn_scalar), (1e4, 256.0));

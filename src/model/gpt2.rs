@@ -8,11 +8,70 @@ use candle_nn::{Embedding, LayerNorm};
 
 use super::attention::KvCache;
 use super::batch::ForwardBatch;
+use serde::Deserialize;
+
 use super::config::ModelConfig;
+use super::hf_config::HfConfig;
 use super::layers::{Linear, layer_norm};
 use super::qkv::{Heads, split_qkv};
+use super::registry::{Arch, Rope, Supports};
 use super::weights::Weights;
 use super::{CausalLm, ModelError};
+
+/// OpenAI's GPT-2.
+pub static GPT2: Arch = Arch {
+    name: "GPT-2",
+    hf_names: &["GPT2LMHeadModel", "gpt2"],
+    gguf_names: &["gpt2"],
+    supports: Supports {
+        tensor_parallel: false,
+        sliding_window: false,
+        rope: Rope::Full,
+        quantization: &[],
+    },
+    from_hf,
+    from_gguf: |cfg, meta| {
+        cfg.gguf_partial_rotary(meta);
+        legacy_biases(cfg);
+        // (Its head is its embedding, whatever the file holds.)
+        cfg.tie_word_embeddings = true;
+        Ok(())
+    },
+    build: |cfg, w, _, _| -> Result<Box<dyn CausalLm>, ModelError> {
+        Ok(Box::new(Gpt2::load(cfg, w)?))
+    },
+};
+
+/// GPT-2 and GPT-NeoX: LayerNorm and biases everywhere.
+pub(super) fn legacy_biases(cfg: &mut ModelConfig) {
+    (cfg.qkv_bias, cfg.o_bias, cfg.mlp_bias) = (true, true, true);
+}
+
+#[derive(Deserialize)]
+struct Gpt2Fields {
+    activation_function: Option<String>,
+}
+
+/// GPT-2 from `config.json`: its own field names (read as the shared ones), `n_inner: null` for
+/// four times the width, 1024 positions unless it says otherwise, the head tied.
+fn from_hf(cfg: &mut ModelConfig, c: &HfConfig) -> Result<(), ModelError> {
+    let f: Gpt2Fields = c.fields()?;
+    if f.activation_function
+        .as_deref()
+        .is_some_and(|a| !matches!(a, "gelu_new" | "gelu_pytorch_tanh"))
+    {
+        return Err(ModelError::Unsupported(format!(
+            "GPT-2 activation {:?} (supported: gelu_new)",
+            f.activation_function
+        )));
+    }
+    cfg.intermediate_size = c.intermediate_size.unwrap_or(4 * c.hidden_size);
+    cfg.max_position_embeddings = c.max_position_embeddings.unwrap_or(1024);
+    cfg.norm_eps = c.rms_norm_eps.unwrap_or(1e-5);
+    cfg.tie_word_embeddings = true;
+    legacy_biases(cfg);
+    Ok(())
+}
 
 struct Block {
     ln_1: LayerNorm,

@@ -9,11 +9,80 @@ use candle_nn::{Embedding, LayerNorm};
 
 use super::attention::KvCache;
 use super::batch::ForwardBatch;
-use super::config::{ModelConfig, NeoxSettings};
+use serde::Deserialize;
+
+use super::config::{ArchSettings, ModelConfig};
+use super::gguf_config::GgufMeta;
+use super::hf_config::HfConfig;
 use super::layers::{Linear, Rotary, layer_norm};
 use super::qkv::{Heads, split_qkv};
+use super::registry::{Arch, Rope, Supports};
 use super::weights::Weights;
 use super::{CausalLm, ModelError};
+
+/// EleutherAI's GPT-NeoX.
+pub static GPT_NEOX: Arch = Arch {
+    name: "GPT-NeoX",
+    hf_names: &["GPTNeoXForCausalLM", "gpt_neox"],
+    gguf_names: &["gptneox"],
+    supports: Supports {
+        tensor_parallel: false,
+        sliding_window: false,
+        rope: Rope::Partial,
+        quantization: &[],
+    },
+    from_hf,
+    from_gguf,
+    build: |cfg, w, max_len, _| -> Result<Box<dyn CausalLm>, ModelError> {
+        Ok(Box::new(GptNeox::load(cfg, w, max_len)?))
+    },
+};
+
+/// GPT-NeoX settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NeoxSettings {
+    /// `x + attn(ln1(x)) + mlp(ln2(x))` instead of one after the other.
+    pub parallel_residual: bool,
+    /// GELU by its tanh approximation (`gelu_new`) instead of the exact one (`gelu`).
+    pub gelu_tanh: bool,
+}
+
+#[derive(Deserialize)]
+struct NeoxFields {
+    use_parallel_residual: Option<bool>,
+    hidden_act: Option<String>,
+}
+
+fn from_hf(cfg: &mut ModelConfig, c: &HfConfig) -> Result<(), ModelError> {
+    let f: NeoxFields = c.fields()?;
+    let gelu_tanh = match f.hidden_act.as_deref().unwrap_or("gelu") {
+        "gelu" => false,
+        "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => true,
+        other => {
+            return Err(ModelError::Unsupported(format!(
+                "GPT-NeoX activation {other:?}"
+            )));
+        }
+    };
+    cfg.norm_eps = c.rms_norm_eps.unwrap_or(1e-5);
+    super::gpt2::legacy_biases(cfg);
+    cfg.settings = ArchSettings::Neox(NeoxSettings {
+        parallel_residual: f.use_parallel_residual.unwrap_or(true),
+        gelu_tanh,
+    });
+    Ok(())
+}
+
+/// llama.cpp's files do not name NeoX's activation: Pythia's (and GPT-NeoX-20B's) exact GELU.
+fn from_gguf(cfg: &mut ModelConfig, meta: &mut GgufMeta<'_>) -> Result<(), ModelError> {
+    cfg.gguf_partial_rotary(meta);
+    super::gpt2::legacy_biases(cfg);
+    cfg.settings = ArchSettings::Neox(NeoxSettings {
+        parallel_residual: meta.bool("use_parallel_residual").unwrap_or(true),
+        gelu_tanh: false,
+    });
+    Ok(())
+}
 
 struct Layer {
     ln_1: LayerNorm,
@@ -51,10 +120,9 @@ fn regroup(t: &Tensor, heads: usize, d: usize) -> candle_core::Result<Tensor> {
 impl GptNeox {
     /// Loads the model; rotary tables cover positions below `max_len`.
     pub fn load(cfg: &ModelConfig, w: &Weights, max_len: usize) -> Result<Self, ModelError> {
-        let settings = cfg
-            .neox
-            .clone()
-            .ok_or_else(|| ModelError::Config("GPT-NeoX settings missing".into()))?;
+        let ArchSettings::Neox(settings) = cfg.settings.clone() else {
+            return Err(ModelError::Config("GPT-NeoX settings missing".into()));
+        };
         let (h, eps, heads, d) = (
             cfg.hidden_size,
             cfg.norm_eps,

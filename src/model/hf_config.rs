@@ -1,12 +1,13 @@
 //! `ModelConfig` from a Hugging Face `config.json`: the fields every architecture shares, read
-//! into one permissive struct, and each architecture's own settings (Gemma 3's and the mixtures
-//! of experts' in their modules).
+//! here into one permissive struct with generic defaults; then the architecture's own
+//! [`super::registry::Arch::from_hf`] reads what only it has.
 
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 
 use super::ModelError;
-use super::config::{Architecture, ModelConfig, NeoxSettings, OptSettings};
-use super::moe::ExpertNames;
+use super::config::{ArchSettings, ModelConfig};
+use super::registry::{self, Rope};
 
 /// A token id or a list of them (HF writes `eos_token_id` both ways).
 #[derive(Clone, Debug, Deserialize)]
@@ -25,62 +26,86 @@ impl OneOrMany {
     }
 }
 
-/// The subset of HF `config.json` we read; every field optional so one struct covers all models.
+/// The fields of a `config.json` that architectures share, every one optional so one struct
+/// reads them all; [`HfConfig::fields`] reads an architecture's own.
 #[derive(Debug, Deserialize)]
-struct HfConfig {
+pub struct HfConfig {
     #[serde(default)]
     architectures: Vec<String>,
     #[serde(default)]
     model_type: Option<String>,
-    vocab_size: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Residual width.
     #[serde(alias = "n_embd")]
-    hidden_size: usize,
+    pub hidden_size: usize,
+    /// MLP width.
     #[serde(alias = "ffn_dim", alias = "n_inner")]
-    intermediate_size: Option<usize>,
+    pub intermediate_size: Option<usize>,
+    /// Decoder layers.
     #[serde(alias = "n_layer")]
-    num_hidden_layers: usize,
+    pub num_hidden_layers: usize,
+    /// Query heads.
     #[serde(alias = "n_head")]
-    num_attention_heads: usize,
+    pub num_attention_heads: usize,
     num_key_value_heads: Option<usize>,
     head_dim: Option<usize>,
+    /// The norms' epsilon, by any of its names.
     #[serde(alias = "layer_norm_epsilon", alias = "layer_norm_eps")]
-    rms_norm_eps: Option<f64>,
+    pub rms_norm_eps: Option<f64>,
     rope_theta: Option<f64>,
     rope_scaling: Option<serde_json::Value>,
     /// transformers 5 writes `rope_theta` and the scaling together here.
     rope_parameters: Option<serde_json::Value>,
+    /// The context the model was trained for.
     #[serde(alias = "n_positions")]
-    max_position_embeddings: Option<usize>,
+    pub max_position_embeddings: Option<usize>,
     original_max_position_embeddings: Option<usize>,
     sliding_window: Option<usize>,
     use_sliding_window: Option<bool>,
-    tie_word_embeddings: Option<bool>,
-    attention_bias: Option<bool>,
+    /// Whether the LM head is the embedding.
+    pub tie_word_embeddings: Option<bool>,
+    /// Biases on q/k/v and o (Llama's spelling).
+    pub attention_bias: Option<bool>,
     mlp_bias: Option<bool>,
     bos_token_id: Option<OneOrMany>,
     eos_token_id: Option<OneOrMany>,
-    // OPT
-    word_embed_proj_dim: Option<usize>,
-    do_layer_norm_before: Option<bool>,
-    activation_function: Option<String>,
-    enable_bias: Option<bool>,
-    _remove_final_layer_norm: Option<bool>,
-    // GPT-NeoX
     #[serde(alias = "rotary_pct")]
     partial_rotary_factor: Option<f64>,
     rotary_emb_base: Option<f64>,
-    use_parallel_residual: Option<bool>,
-    hidden_act: Option<String>,
+    /// The whole file, for [`HfConfig::fields`].
+    #[serde(skip)]
+    text: String,
 }
 
-fn unsupported(what: String) -> ModelError {
-    ModelError::Unsupported(what)
+impl HfConfig {
+    /// Reads the shared fields of a `config.json`.
+    pub fn parse(text: &str) -> Result<Self, ModelError> {
+        let mut c: HfConfig = serde_json::from_str(text)
+            .map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
+        c.text = text.to_string();
+        Ok(c)
+    }
+
+    /// An architecture's own fields of the file, as its struct `T` declares them.
+    pub fn fields<T: DeserializeOwned>(&self) -> Result<T, ModelError> {
+        serde_json::from_str(&self.text)
+            .map_err(|e| ModelError::Config(format!("config.json: {e}")))
+    }
+
+    /// The name the file gives its architecture.
+    pub fn arch_name(&self) -> &str {
+        self.architectures
+            .first()
+            .or(self.model_type.as_ref())
+            .map_or("", String::as_str)
+    }
 }
 
 /// The longest context served: the model's `max_position_embeddings`, or its attention window
-/// when one applies (Mistral v0.1's `sliding_window`; Qwen's are off unless `use_sliding_window`).
-/// Windowed attention is not implemented, and up to the window it equals full attention, so the
-/// context stops there rather than run past it with the wrong attention.
+/// when one applies (Mistral v0.1's `sliding_window`; Qwen's are off unless `use_sliding_window`)
+/// and the architecture does not implement windows: up to the window it equals full attention, so
+/// the context stops there rather than run past it with the wrong attention.
 fn context_limit(c: &HfConfig) -> usize {
     let max = c.max_position_embeddings.unwrap_or(2048);
     match c.sliding_window {
@@ -96,201 +121,100 @@ fn context_limit(c: &HfConfig) -> usize {
     }
 }
 
+/// How much of each head rotary turns, as `c` says and its architecture allows.
+fn rotary_dim(c: &HfConfig, rope: Rope, head_dim: usize) -> Result<usize, ModelError> {
+    let params = c.rope_parameters.as_ref().or(c.rope_scaling.as_ref());
+    let factor = c
+        .partial_rotary_factor
+        .or_else(|| params?.get("partial_rotary_factor")?.as_f64())
+        .unwrap_or(1.0);
+    if factor < 1.0 && rope != Rope::Partial {
+        return Err(ModelError::Unsupported(format!(
+            "partial rotary (partial_rotary_factor {factor}) in {}",
+            c.arch_name()
+        )));
+    }
+    let dim = (head_dim as f64 * factor) as usize;
+    if factor < 1.0 && (dim == 0 || dim % 2 == 1) || factor > 1.0 {
+        return Err(ModelError::Unsupported(format!(
+            "partial_rotary_factor {factor}: rotary would turn {dim} of {head_dim} head \
+             dimensions (an even number up to the head is needed)"
+        )));
+    }
+    Ok(dim)
+}
+
 impl ModelConfig {
     /// Parses a Hugging Face `config.json`.
     pub fn from_hf_json(text: &str) -> Result<Self, ModelError> {
-        let c: HfConfig = serde_json::from_str(text)
-            .map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
-        let arch_name = c
-            .architectures
-            .first()
-            .cloned()
-            .or(c.model_type.clone())
-            .unwrap_or_default();
-        let architecture = match arch_name.as_str() {
-            "LlamaForCausalLM" | "MistralForCausalLM" | "MixtralForCausalLM" | "llama"
-            | "mistral" | "mixtral" => Architecture::Llama,
-            "Qwen2ForCausalLM" | "qwen2" => Architecture::Qwen2,
-            "Qwen3ForCausalLM" | "Qwen3MoeForCausalLM" | "qwen3" | "qwen3_moe" => {
-                Architecture::Qwen3
-            }
-            "Phi3ForCausalLM" | "phi3" => Architecture::Phi3,
-            "OPTForCausalLM" | "opt" => Architecture::Opt,
-            "GPT2LMHeadModel" | "gpt2" => Architecture::Gpt2,
-            "GPTNeoXForCausalLM" | "gpt_neox" => Architecture::GptNeox,
-            "Gemma3ForCausalLM" | "gemma3_text" => Architecture::Gemma3,
-            "GptOssForCausalLM" | "gpt_oss" => Architecture::GptOss,
-            other => {
-                return Err(unsupported(format!(
-                    "architecture {other:?} (supported: Llama, Mistral, Qwen2, Qwen3, Phi-3, OPT, GPT-2, GPT-NeoX, Gemma 3 text, Mixtral, Qwen3-MoE, gpt-oss)"
-                )));
-            }
-        };
-        let names = match arch_name.as_str() {
-            "MixtralForCausalLM" | "mixtral" => Some(ExpertNames::Mixtral),
-            "Qwen3MoeForCausalLM" | "qwen3_moe" => Some(ExpertNames::Qwen),
-            "GptOssForCausalLM" | "gpt_oss" => Some(ExpertNames::GptOss),
-            _ => None,
-        };
-        let moe = match names {
-            Some(names) => {
-                let dense = c.intermediate_size.unwrap_or(0);
-                Some(super::moe::settings(
-                    text,
-                    names,
-                    c.num_hidden_layers,
-                    dense,
-                )?)
-            }
-            None => None,
-        };
-        let gemma = match architecture {
-            Architecture::Gemma3 => Some(super::gemma3::settings(text, c.num_hidden_layers)?),
-            _ => None,
-        };
-        let gpt_oss = match architecture {
-            Architecture::GptOss => Some(super::gpt_oss::settings(text, c.num_hidden_layers)?),
-            _ => None,
-        };
-        let rope_params = c.rope_parameters.as_ref().or(c.rope_scaling.as_ref());
-        let rope_theta = match &gemma {
-            Some((_, global_theta)) => *global_theta,
-            None => c
-                .rope_theta
-                .or_else(|| rope_params?.get("rope_theta")?.as_f64())
-                .or(c.rotary_emb_base)
-                .unwrap_or(10_000.0),
-        };
-        let scaling = match gemma {
-            // (Gemma 3's rotary settings are its own: `GemmaSettings`.)
-            Some(_) => Default::default(),
-            None => super::rope_scaling::parse(
-                rope_params,
-                c.max_position_embeddings,
-                c.original_max_position_embeddings,
-            )?,
-        };
+        let c = HfConfig::parse(text)?;
+        let arch = registry::by_hf_name(c.arch_name())?;
         let heads = c.num_attention_heads;
-        let is_opt = architecture == Architecture::Opt;
-        if is_opt
-            && c.activation_function
-                .as_deref()
-                .is_some_and(|a| a != "relu")
-        {
-            return Err(unsupported(format!(
-                "OPT activation {:?}",
-                c.activation_function
-            )));
-        }
-        if is_opt && c.enable_bias == Some(false) {
-            return Err(unsupported("OPT without biases".to_string()));
-        }
-        let is_gpt2 = architecture == Architecture::Gpt2;
-        let is_neox = architecture == Architecture::GptNeox;
         let head_dim = c.head_dim.unwrap_or(c.hidden_size / heads);
-        let rotary_factor = c
-            .partial_rotary_factor
-            .or_else(|| rope_params?.get("partial_rotary_factor")?.as_f64())
-            .unwrap_or(1.0);
-        // transformers turns part of each head in GPT-NeoX and Phi-3/4 only.
-        if rotary_factor < 1.0 && !is_neox && architecture != Architecture::Phi3 {
-            return Err(unsupported(format!(
-                "partial rotary (partial_rotary_factor {rotary_factor}) in {arch_name}"
-            )));
-        }
-        let rotary_dim = (head_dim as f64 * rotary_factor) as usize;
-        if rotary_factor < 1.0 && (rotary_dim == 0 || rotary_dim % 2 == 1) || rotary_factor > 1.0 {
-            return Err(unsupported(format!(
-                "partial_rotary_factor {rotary_factor}: rotary would turn {rotary_dim} of \
-                 {head_dim} head dimensions (an even number up to the head is needed)"
-            )));
-        }
-        let neox = if is_neox {
-            let gelu_tanh = match c.hidden_act.as_deref().unwrap_or("gelu") {
-                "gelu" => false,
-                "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => true,
-                other => return Err(unsupported(format!("GPT-NeoX activation {other:?}"))),
-            };
-            Some(NeoxSettings {
-                parallel_residual: c.use_parallel_residual.unwrap_or(true),
-                gelu_tanh,
-            })
-        } else {
-            None
+        let params = c.rope_parameters.as_ref().or(c.rope_scaling.as_ref());
+        let (rope_theta, scaling) = match arch.supports.rope {
+            // (Its file sets them.)
+            Rope::Own => (10_000.0, Default::default()),
+            Rope::Full | Rope::Partial => (
+                c.rope_theta
+                    .or_else(|| params?.get("rope_theta")?.as_f64())
+                    .or(c.rotary_emb_base)
+                    .unwrap_or(10_000.0),
+                super::rope_scaling::parse(
+                    params,
+                    c.max_position_embeddings,
+                    c.original_max_position_embeddings,
+                )?,
+            ),
         };
-        if is_gpt2
-            && c.activation_function
-                .as_deref()
-                .is_some_and(|a| !matches!(a, "gelu_new" | "gelu_pytorch_tanh"))
-        {
-            return Err(unsupported(format!(
-                "GPT-2 activation {:?} (supported: gelu_new)",
-                c.activation_function
-            )));
-        }
-        Ok(ModelConfig {
-            architecture,
+        let mut cfg = ModelConfig {
+            arch,
             vocab_size: c.vocab_size,
             hidden_size: c.hidden_size,
-            // (GPT-2's `n_inner: null` means four times the width.)
-            intermediate_size: match c.intermediate_size {
-                Some(i) => i,
-                None if is_gpt2 => 4 * c.hidden_size,
-                None => {
-                    return Err(ModelError::Config(
-                        "config.json: no intermediate_size".into(),
-                    ));
-                }
-            },
+            intermediate_size: c.intermediate_size.unwrap_or(0),
             num_hidden_layers: c.num_hidden_layers,
             num_attention_heads: heads,
             num_key_value_heads: c.num_key_value_heads.unwrap_or(heads),
             head_dim,
-            norm_eps: c.rms_norm_eps.unwrap_or(if is_opt || is_gpt2 || is_neox {
-                1e-5
-            } else {
-                1e-6
-            }),
+            norm_eps: c.rms_norm_eps.unwrap_or(1e-6),
             rope_theta,
             rope_scaling: scaling.llama3,
             longrope: scaling.longrope,
             yarn: scaling.yarn,
             rope_interleaved: false,
-            max_position_embeddings: match (is_gpt2, gemma.is_some() || gpt_oss.is_some()) {
-                (true, _) => c.max_position_embeddings.unwrap_or(1024),
-                // Gemma 3's and gpt-oss's windows are implemented.
-                (_, true) => c.max_position_embeddings.unwrap_or(131_072),
-                _ => context_limit(&c),
+            max_position_embeddings: match arch.supports.sliding_window {
+                true => c.max_position_embeddings.unwrap_or(2048),
+                false => context_limit(&c),
             },
-            // OPT and GPT-2 always tie their LM head to the embedding; Gemma by default.
-            tie_word_embeddings: is_opt
-                || is_gpt2
-                || c.tie_word_embeddings.unwrap_or(gemma.is_some()),
-            qkv_bias: is_opt
-                || is_gpt2
-                || (architecture == Architecture::GptOss && c.attention_bias.unwrap_or(true))
-                || architecture == Architecture::Qwen2
-                || c.attention_bias.unwrap_or(false),
-            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
-            o_bias: is_opt
-                || is_gpt2
-                || c.attention_bias
-                    .unwrap_or(architecture == Architecture::GptOss),
-            mlp_bias: is_opt || is_gpt2 || c.mlp_bias.unwrap_or(false),
-            bos_token_id: c.bos_token_id.and_then(|b| b.into_vec().first().copied()),
-            eos_token_ids: c.eos_token_id.map(OneOrMany::into_vec).unwrap_or_default(),
-            opt: is_opt.then(|| OptSettings {
-                word_embed_proj_dim: c.word_embed_proj_dim.unwrap_or(c.hidden_size),
-                do_layer_norm_before: c.do_layer_norm_before.unwrap_or(true),
-                has_final_layer_norm: c.do_layer_norm_before.unwrap_or(true)
-                    && !c._remove_final_layer_norm.unwrap_or(false),
-            }),
-            neox,
-            gemma: gemma.map(|(settings, _)| settings),
-            gpt_oss,
-            moe,
-            rotary_dim,
-        })
+            tie_word_embeddings: c.tie_word_embeddings.unwrap_or(false),
+            qkv_bias: c.attention_bias.unwrap_or(false),
+            qk_norm: false,
+            o_bias: c.attention_bias.unwrap_or(false),
+            mlp_bias: c.mlp_bias.unwrap_or(false),
+            stacked_projections: false,
+            norms_plus_one: false,
+            gelu_mlp: false,
+            bos_token_id: c
+                .bos_token_id
+                .clone()
+                .and_then(|b| b.into_vec().first().copied()),
+            eos_token_ids: c
+                .eos_token_id
+                .clone()
+                .map(OneOrMany::into_vec)
+                .unwrap_or_default(),
+            sliding: None,
+            settings: ArchSettings::None,
+            moe: None,
+            rotary_dim: rotary_dim(&c, arch.supports.rope, head_dim)?,
+        };
+        (arch.from_hf)(&mut cfg, &c)?;
+        if cfg.intermediate_size == 0 {
+            return Err(ModelError::Config(
+                "config.json: no intermediate_size".into(),
+            ));
+        }
+        Ok(cfg)
     }
 }
 
@@ -310,7 +234,7 @@ mod tests {
             "bos_token_id":128000,"eos_token_id":[128001,128008,128009]}"#,
         )
         .unwrap();
-        assert_eq!(c.architecture, Architecture::Llama);
+        assert_eq!(c.arch.name, "Llama");
         assert_eq!(c.head_dim, 64);
         assert_eq!(c.rope_scaling.as_ref().unwrap().factor, 32.0);
         assert_eq!(c.eos_token_ids, vec![128001, 128008, 128009]);
@@ -345,7 +269,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(o.intermediate_size, 16);
-        assert_eq!(o.opt.unwrap().word_embed_proj_dim, 4);
+        let ArchSettings::Opt(opt) = &o.settings else {
+            panic!("{:?}", o.settings)
+        };
+        assert_eq!(opt.word_embed_proj_dim, 4);
         let err = ModelConfig::from_hf_json(
             r#"{"architectures":["FalconForCausalLM"],"vocab_size":10,"hidden_size":8,
             "num_hidden_layers":1,"num_attention_heads":2}"#,
@@ -395,7 +322,7 @@ mod tests {
                 "intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2{extra}}}"#
             ))
         };
-        assert_eq!(phi("").unwrap().architecture, Architecture::Phi3);
+        assert_eq!(phi("").unwrap().arch.name, "Phi-3");
         // LongRoPE: the attention factor from the extension (256 / 64) when not given.
         let l = phi(
             r#","max_position_embeddings":256,"original_max_position_embeddings":64,

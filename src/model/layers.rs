@@ -158,8 +158,8 @@ impl GatedMlp {
         tp: TpRank,
     ) -> Result<Self, ModelError> {
         let (h, i, b) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias);
-        let gelu_tanh = cfg.gemma.is_some();
-        if cfg.architecture == super::Architecture::Phi3 {
+        let gelu_tanh = cfg.gelu_mlp;
+        if cfg.stacked_projections {
             // Phi-3 stores gate and up stacked already, gate rows first (not sharded).
             return Ok(GatedMlp {
                 gate_up: GateUp::Fused(w.linear(&format!("{prefix}.gate_up_proj"), h, 2 * i, b)?),

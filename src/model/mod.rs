@@ -1,5 +1,6 @@
 //! Models on the paged KV cache. A model gets the batch and the KV cache as arguments to `forward`;
-//! it never stores either. Adding a model is one file and one match arm in [`build`].
+//! it never stores either. Each architecture's file declares its [`registry::Arch`]; adding one is
+//! that file plus its line in [`registry::ARCHITECTURES`].
 
 pub mod attention;
 #[cfg(feature = "cuda")]
@@ -9,11 +10,12 @@ pub mod config;
 #[cfg(feature = "cuda")]
 pub mod decode_fused;
 pub mod gemma3;
+pub mod gguf_config;
 mod gguf_weights;
 pub mod gpt2;
 pub mod gpt_neox;
 pub mod gpt_oss;
-mod hf_config;
+pub mod hf_config;
 pub mod layers;
 pub mod llama;
 mod lm_head;
@@ -25,6 +27,7 @@ pub(crate) mod mxfp4;
 pub mod norm;
 pub mod opt;
 pub mod qkv;
+pub mod registry;
 pub mod rope_scaling;
 pub mod weights;
 
@@ -32,7 +35,8 @@ use candle_core::Tensor;
 
 pub use attention::{KvCache, KvLayout};
 pub use batch::ForwardBatch;
-pub use config::{Architecture, ModelConfig};
+pub use config::ModelConfig;
+pub use registry::Arch;
 pub use weights::Weights;
 
 use crate::parallel::{Parallel, TpRank};
@@ -107,14 +111,5 @@ pub fn build_sharded(
     if !par.rank.is_single() {
         TpRank::check(par.rank.size, cfg).map_err(ModelError::Unsupported)?;
     }
-    Ok(match cfg.architecture {
-        Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Phi3 => {
-            Box::new(llama::Llama::load(cfg, weights, max_len, par)?)
-        }
-        Architecture::Opt => Box::new(opt::Opt::load(cfg, weights)?),
-        Architecture::Gpt2 => Box::new(gpt2::Gpt2::load(cfg, weights)?),
-        Architecture::GptNeox => Box::new(gpt_neox::GptNeox::load(cfg, weights, max_len)?),
-        Architecture::Gemma3 => Box::new(gemma3::Gemma3::load(cfg, weights, max_len, par)?),
-        Architecture::GptOss => Box::new(gpt_oss::GptOss::load(cfg, weights, max_len, par)?),
-    })
+    (cfg.arch.build)(cfg, weights, max_len, par)
 }

@@ -9,8 +9,8 @@ use candle_core::{DType, Tensor};
 
 use super::ModelError;
 use super::layers::Linear;
-pub(super) use super::moe_settings::settings;
 pub use super::moe_settings::{ExpertActivation, ExpertNames, MoeSettings};
+pub(super) use super::moe_settings::{gguf_settings, settings};
 use super::weights::{Part, Weights};
 use crate::parallel::TpRank;
 
@@ -330,6 +330,7 @@ impl SparseMoe {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::hf_config::HfConfig;
 
     #[test]
     fn routing_takes_the_top_k_with_ties_to_the_lower_expert() {
@@ -383,13 +384,11 @@ mod tests {
             DType::F32,
             &dev,
         ));
-        let s = settings(
-            r#"{"num_local_experts":3,"num_experts_per_tok":1}"#,
-            ExpertNames::Mixtral,
-            1,
-            i,
-        )
-        .unwrap();
+        let text = format!(
+            r#"{{"num_local_experts":3,"num_experts_per_tok":1,"vocab_size":8,"hidden_size":{h},
+            "num_hidden_layers":1,"num_attention_heads":1,"intermediate_size":{i}}}"#
+        );
+        let s = settings(&HfConfig::parse(&text).unwrap(), ExpertNames::Mixtral).unwrap();
         let moe = SparseMoe::load(&w, 0, h, &s, TpRank::SINGLE).unwrap();
         // Positive inputs: every router logit of expert 0 is far above the others (zero).
         let x = Tensor::from_vec(ramp(5 * h, 9.0), (5, h), &dev)

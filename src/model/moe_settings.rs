@@ -6,6 +6,8 @@ use candle_core::Tensor;
 use serde::Deserialize;
 
 use super::ModelError;
+use super::gguf_config::GgufMeta;
+use super::hf_config::HfConfig;
 use super::layers::silu_mul;
 
 /// How a model's experts are laid out and chosen.
@@ -88,17 +90,12 @@ struct MoeFields {
     swiglu_limit: Option<f64>,
 }
 
-/// The MoE settings of a `config.json` (`text`) for Mixtral, Qwen3-MoE or gpt-oss (`names`),
-/// with `layers` decoder layers and a dense MLP width of `intermediate`.
-pub(super) fn settings(
-    text: &str,
-    names: ExpertNames,
-    layers: usize,
-    intermediate: usize,
-) -> Result<MoeSettings, ModelError> {
+/// The MoE settings of a `config.json` for Mixtral, Qwen3-MoE or gpt-oss (`names`): its decoder
+/// layers and dense MLP width from the shared fields, the rest from its own.
+pub(super) fn settings(c: &HfConfig, names: ExpertNames) -> Result<MoeSettings, ModelError> {
+    let (layers, intermediate) = (c.num_hidden_layers, c.intermediate_size.unwrap_or(0));
     let mixtral = names == ExpertNames::Mixtral;
-    let f: MoeFields =
-        serde_json::from_str(text).map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
+    let f: MoeFields = c.fields()?;
     if f.shared_expert_intermediate_size.is_some_and(|s| s > 0) {
         return Err(ModelError::Unsupported("shared experts (Qwen2-MoE)".into()));
     }
@@ -134,13 +131,62 @@ pub(super) fn settings(
     })
 }
 
+/// A mixture of experts' settings from a GGUF file's `<arch>.expert_*` (Mixtral in `llama`
+/// files, `qwen3moe`, `gpt-oss`); `None` without `expert_count`. A layer is sparse where it has a
+/// router (`blk.N.ffn_gate_inp`); llama.cpp renormalizes the chosen experts' weights. (gpt-oss's
+/// clamp is not in llama.cpp's metadata: the released models' 7.)
+pub(super) fn gguf_settings(
+    meta: &GgufMeta<'_>,
+    names: ExpertNames,
+) -> Result<Option<MoeSettings>, ModelError> {
+    let Some(num_experts) = meta.opt_u32("expert_count") else {
+        return Ok(None);
+    };
+    let layers = meta.u32("block_count")? as usize;
+    let dense = meta.opt_u32("feed_forward_length").unwrap_or(0) as usize;
+    Ok(Some(MoeSettings {
+        num_experts: num_experts as usize,
+        top_k: meta.u32("expert_used_count")? as usize,
+        renormalize: true,
+        expert_intermediate: meta
+            .opt_u32("expert_feed_forward_length")
+            .map_or(dense, |v| v as usize),
+        sparse: (0..layers)
+            .map(|i| meta.has_tensor(&format!("blk.{i}.ffn_gate_inp.weight")))
+            .collect(),
+        names,
+        activation: match names {
+            ExpertNames::GptOss => ExpertActivation::ClampedSwiglu {
+                alpha: 1.702,
+                limit: 7.0,
+            },
+            _ => ExpertActivation::SiluMul,
+        },
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// [`settings`] of a config.json with `layers` layers, a dense MLP `dense` wide, and `extra`.
+    fn settings_of(
+        extra: &str,
+        names: ExpertNames,
+        layers: usize,
+        dense: usize,
+    ) -> Result<MoeSettings, ModelError> {
+        let text = format!(
+            r#"{{"vocab_size":8,"hidden_size":8,"num_attention_heads":2,
+            "num_hidden_layers":{layers},"intermediate_size":{dense},{}"#,
+            &extra[1..]
+        );
+        settings(&HfConfig::parse(&text)?, names)
+    }
+
     #[test]
     fn settings_read_the_sparse_layers_and_refuse_shared_experts() {
-        let s = settings(
+        let s = settings_of(
             r#"{"num_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":16,
             "decoder_sparse_step":2,"mlp_only_layers":[3],"norm_topk_prob":false}"#,
             ExpertNames::Qwen,
@@ -150,7 +196,7 @@ mod tests {
         .unwrap();
         assert_eq!(s.sparse, [false, true, false, false, false, true]);
         assert_eq!((s.expert_intermediate, s.renormalize), (16, false));
-        let mixtral = settings(
+        let mixtral = settings_of(
             r#"{"num_local_experts":8,"num_experts_per_tok":2}"#,
             ExpertNames::Mixtral,
             2,
@@ -159,7 +205,7 @@ mod tests {
         .unwrap();
         assert!(mixtral.renormalize && mixtral.expert_intermediate == 64);
         assert_eq!(mixtral.activation, ExpertActivation::SiluMul);
-        let shared = settings(
+        let shared = settings_of(
             r#"{"num_experts":8,"shared_expert_intermediate_size":32}"#,
             ExpertNames::Qwen,
             2,
@@ -167,7 +213,7 @@ mod tests {
         );
         assert!(shared.unwrap_err().to_string().contains("shared experts"));
         assert!(
-            settings(
+            settings_of(
                 r#"{"num_experts":2,"num_experts_per_tok":3}"#,
                 ExpertNames::Qwen,
                 2,

@@ -7,10 +7,80 @@ use candle_nn::{Embedding, LayerNorm};
 
 use super::attention::KvCache;
 use super::batch::ForwardBatch;
-use super::config::ModelConfig;
+use serde::Deserialize;
+
+use super::config::{ArchSettings, ModelConfig};
+use super::hf_config::HfConfig;
 use super::layers::{Linear, layer_norm};
+use super::registry::{Arch, Rope, Supports};
 use super::weights::Weights;
 use super::{CausalLm, ModelError};
+
+/// Meta's OPT.
+pub static OPT: Arch = Arch {
+    name: "OPT",
+    hf_names: &["OPTForCausalLM", "opt"],
+    gguf_names: &[],
+    supports: Supports {
+        tensor_parallel: false,
+        sliding_window: false,
+        rope: Rope::Full,
+        quantization: &[],
+    },
+    from_hf,
+    from_gguf: Arch::no_gguf,
+    build: |cfg, w, _, _| -> Result<Box<dyn CausalLm>, ModelError> {
+        Ok(Box::new(Opt::load(cfg, w)?))
+    },
+};
+
+/// OPT-only settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OptSettings {
+    /// Embedding width; `project_in`/`project_out` map it to and from `hidden_size` when different.
+    pub word_embed_proj_dim: usize,
+    /// Pre-norm (true for all OPT sizes but 350m).
+    pub do_layer_norm_before: bool,
+    /// Whether the final layer norm exists.
+    pub has_final_layer_norm: bool,
+}
+
+/// The `config.json` fields only OPT has.
+#[derive(Deserialize)]
+struct OptFields {
+    word_embed_proj_dim: Option<usize>,
+    do_layer_norm_before: Option<bool>,
+    activation_function: Option<String>,
+    enable_bias: Option<bool>,
+    _remove_final_layer_norm: Option<bool>,
+}
+
+/// OPT from `config.json`: ReLU, biases everywhere, the head tied to the embedding.
+fn from_hf(cfg: &mut ModelConfig, c: &HfConfig) -> Result<(), ModelError> {
+    let f: OptFields = c.fields()?;
+    if f.activation_function
+        .as_deref()
+        .is_some_and(|a| a != "relu")
+    {
+        return Err(ModelError::Unsupported(format!(
+            "OPT activation {:?}",
+            f.activation_function
+        )));
+    }
+    if f.enable_bias == Some(false) {
+        return Err(ModelError::Unsupported("OPT without biases".to_string()));
+    }
+    cfg.norm_eps = c.rms_norm_eps.unwrap_or(1e-5);
+    cfg.tie_word_embeddings = true;
+    (cfg.qkv_bias, cfg.o_bias, cfg.mlp_bias) = (true, true, true);
+    let pre_norm = f.do_layer_norm_before.unwrap_or(true);
+    cfg.settings = ArchSettings::Opt(OptSettings {
+        word_embed_proj_dim: f.word_embed_proj_dim.unwrap_or(c.hidden_size),
+        do_layer_norm_before: pre_norm,
+        has_final_layer_norm: pre_norm && !f._remove_final_layer_norm.unwrap_or(false),
+    });
+    Ok(())
+}
 
 /// OPT's learned position table starts at row 2 (rows 0 and 1 are padding legacy).
 const POSITION_OFFSET: u32 = 2;
@@ -42,10 +112,9 @@ pub struct Opt {
 impl Opt {
     /// Loads the model (tensor names with or without the leading `model.`).
     pub fn load(cfg: &ModelConfig, w: &Weights) -> Result<Self, ModelError> {
-        let opt = cfg
-            .opt
-            .clone()
-            .ok_or_else(|| ModelError::Config("OPT settings missing".into()))?;
+        let ArchSettings::Opt(opt) = &cfg.settings else {
+            return Err(ModelError::Config("OPT settings missing".into()));
+        };
         let root = if w.contains("decoder.embed_tokens.weight")
             && !w.contains("model.decoder.embed_tokens.weight")
         {

@@ -40,7 +40,7 @@ impl QkvProj {
     ) -> Result<Self, ModelError> {
         let (h, d, b) = (cfg.hidden_size, cfg.head_dim, cfg.qkv_bias);
         let (nq, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
-        if cfg.architecture == super::Architecture::Phi3 {
+        if cfg.stacked_projections {
             // Phi-3 stores the three stacked already (not sharded: `TpRank::check` refuses it).
             let fused = w.linear(&format!("{prefix}.qkv_proj"), h, (nq + 2 * nkv) * d, b)?;
             return Ok(QkvProj {
@@ -62,7 +62,7 @@ impl QkvProj {
             let norm = |name: &str| {
                 let name = format!("{prefix}.{name}.weight");
                 // (Gemma's stored w is applied as 1 + w; a GGUF stores 1 + w already.)
-                if cfg.gemma.is_some() && !matches!(w, Weights::Gguf { .. }) {
+                if cfg.norms_plus_one {
                     RmsNorm::load_plus_one(w, &name, d, cfg.norm_eps)
                 } else {
                     RmsNorm::load(w, &name, d, cfg.norm_eps)

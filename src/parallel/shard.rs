@@ -3,8 +3,8 @@
 
 use std::ops::Range;
 
+use crate::model::ModelConfig;
 use crate::model::config::MoeSettings;
-use crate::model::{Architecture, ModelConfig};
 
 /// Tensor-parallel sizes pagewise takes (vLLM's usual ones: a power of two up to one host's GPUs).
 pub const TP_SIZES: [usize; 4] = [1, 2, 4, 8];
@@ -43,15 +43,17 @@ impl TpRank {
         if size == 1 {
             return Ok(());
         }
-        if matches!(
-            cfg.architecture,
-            Architecture::Opt | Architecture::Gpt2 | Architecture::GptNeox | Architecture::Phi3
-        ) {
-            return Err(
-                "tensor parallelism takes Llama, Mistral and Qwen models (OPT, GPT-2, GPT-NeoX \
-                 and Phi-3's fused projections are not sharded)"
-                    .into(),
-            );
+        if !cfg.arch.supports.tensor_parallel {
+            let takes: Vec<&str> = crate::model::registry::ARCHITECTURES
+                .iter()
+                .filter(|a| a.supports.tensor_parallel)
+                .map(|a| a.name)
+                .collect();
+            return Err(format!(
+                "tensor parallelism does not split {} models (it takes {})",
+                cfg.arch.name,
+                takes.join(", ")
+            ));
         }
         let (nq, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
         if !nq.is_multiple_of(size) {

@@ -18,6 +18,8 @@ use super::weights::Weights;
 use super::{CausalLm, ModelError};
 use crate::parallel::{Parallel, TpRank};
 
+pub mod archs;
+
 struct DecoderLayer {
     input_norm: RmsNorm,
     qkv: QkvProj,

@@ -8,7 +8,6 @@
 
 use candle_core::{Module, Tensor};
 use candle_nn::Embedding;
-use serde::Deserialize;
 
 use super::attention::KvCache;
 use super::batch::ForwardBatch;
@@ -22,50 +21,7 @@ use super::weights::Weights;
 use super::{CausalLm, ModelError};
 use crate::parallel::{Parallel, TpRank};
 
-/// gpt-oss's settings beyond the Llama-like ones.
-#[derive(Clone, Debug, PartialEq)]
-pub struct GptOssSettings {
-    /// Positions a sliding-window layer's query sees, itself included.
-    pub sliding_window: usize,
-    /// Which layers are sliding-window ones.
-    pub sliding: Vec<bool>,
-}
-
-#[derive(Deserialize)]
-struct Fields {
-    sliding_window: Option<usize>,
-    layer_types: Option<Vec<String>>,
-}
-
-/// Reads gpt-oss's settings from `config.json` text (`layers` decoder layers): `layer_types`,
-/// or transformers' default of sliding layers first and alternating.
-pub(super) fn settings(text: &str, layers: usize) -> Result<GptOssSettings, ModelError> {
-    let f: Fields =
-        serde_json::from_str(text).map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
-    let sliding = match f.layer_types {
-        Some(types) if types.len() != layers => {
-            return Err(ModelError::Config(format!(
-                "{} layer_types for {layers} layers",
-                types.len()
-            )));
-        }
-        Some(types) => types
-            .iter()
-            .map(|t| match t.as_str() {
-                "sliding_attention" => Ok(true),
-                "full_attention" => Ok(false),
-                other => Err(ModelError::Unsupported(format!(
-                    "gpt-oss layer type {other:?}"
-                ))),
-            })
-            .collect::<Result<Vec<_>, _>>()?,
-        None => (0..layers).map(|i| i % 2 == 0).collect(),
-    };
-    Ok(GptOssSettings {
-        sliding_window: f.sliding_window.unwrap_or(128).max(1),
-        sliding,
-    })
-}
+pub mod config;
 
 /// Layer `layer`'s experts (`model.layers.N.mlp.experts`): gate/up `[experts, hidden, 2 * inter]`
 /// (gate and up interleaved by column) and down `[experts, inter, hidden]`, each with a bias
@@ -299,7 +255,8 @@ struct Layer {
 /// every rank, the LM head split by vocabulary rows when they divide.
 pub struct GptOss {
     cfg: ModelConfig,
-    settings: GptOssSettings,
+    /// Positions a sliding layer's query sees.
+    window: usize,
     embed: Embedding,
     layers: Vec<Layer>,
     norm: RmsNorm,
@@ -316,7 +273,7 @@ impl GptOss {
         max_len: usize,
         par: &Parallel,
     ) -> Result<Self, ModelError> {
-        let (Some(settings), Some(moe)) = (cfg.gpt_oss.clone(), cfg.moe.as_ref()) else {
+        let (Some(sliding), Some(moe)) = (&cfg.sliding, &cfg.moe) else {
             return Err(ModelError::Config("gpt-oss without its settings".into()));
         };
         let (h, nq) = (cfg.hidden_size, cfg.num_attention_heads);
@@ -352,13 +309,13 @@ impl GptOss {
                     sinks,
                     post_norm: RmsNorm::load(w, &post_norm, h, eps)?,
                     moe: SparseMoe::load(w, i, h, moe, tp)?,
-                    sliding: settings.sliding[i],
+                    sliding: sliding.sliding[i],
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
         Ok(GptOss {
             cfg: cfg.clone(),
-            settings,
+            window: sliding.window,
             embed: Embedding::new(embed_w, h),
             layers,
             norm: RmsNorm::load(w, "model.norm.weight", h, eps)?,
@@ -390,7 +347,7 @@ impl CausalLm for GptOss {
             kv: tp.kv_heads(cfg).len(),
             dim: cfg.head_dim,
             scale: 1.0 / (cfg.head_dim as f32).sqrt(),
-            window: sliding.then_some(self.settings.sliding_window),
+            window: sliding.then_some(self.window),
         };
         let mut x = self.embed.forward(&batch.input_ids)?;
         let rotary = self.rotary.at(&batch.positions)?;
@@ -423,7 +380,6 @@ impl CausalLm for GptOss {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Architecture;
 
     fn config(extra: &str) -> Result<ModelConfig, ModelError> {
         ModelConfig::from_hf_json(&format!(
@@ -439,10 +395,10 @@ mod tests {
     #[test]
     fn config_reads_windows_biases_experts_and_yarn() {
         let c = config("").unwrap();
-        assert_eq!(c.architecture, Architecture::GptOss);
-        let g = c.gpt_oss.as_ref().unwrap();
+        assert_eq!(c.arch.name, "gpt-oss");
+        let g = c.sliding.as_ref().unwrap();
         assert_eq!(
-            (g.sliding_window, &g.sliding[..]),
+            (g.window, &g.sliding[..]),
             (8, &[true, false, true, false][..])
         );
         // Windows are implemented: the context is not capped at the window.
@@ -464,7 +420,7 @@ mod tests {
             r#","layer_types":["full_attention","full_attention","sliding_attention","full_attention"],"swiglu_limit":5.0"#,
         )
         .unwrap();
-        assert_eq!(types.gpt_oss.unwrap().sliding, [false, false, true, false]);
+        assert_eq!(types.sliding.unwrap().sliding, [false, false, true, false]);
         assert!(matches!(
             types.moe.unwrap().activation,
             crate::model::config::ExpertActivation::ClampedSwiglu { limit: 5.0, .. }
