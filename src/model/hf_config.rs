@@ -73,6 +73,10 @@ pub struct HfConfig {
     #[serde(alias = "rotary_pct")]
     partial_rotary_factor: Option<f64>,
     rotary_emb_base: Option<f64>,
+    /// How the checkpoint's weights are quantized (`compression_config`: compressed-tensors'
+    /// older spelling).
+    #[serde(alias = "compression_config")]
+    quantization_config: Option<serde_json::Value>,
     /// The whole file, for [`HfConfig::fields`].
     #[serde(skip)]
     text: String,
@@ -121,6 +125,32 @@ fn context_limit(c: &HfConfig) -> usize {
     }
 }
 
+/// Refuses a quantized checkpoint whose `quant_method` the architecture does not read: its
+/// weights would be taken as plain values and its scales dropped.
+fn check_quantization(c: &HfConfig, arch: &registry::Arch) -> Result<(), ModelError> {
+    let Some(q) = &c.quantization_config else {
+        return Ok(());
+    };
+    let method = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("");
+    if arch.supports.quantization.contains(&method) {
+        return Ok(());
+    }
+    let format = q
+        .get("format")
+        .and_then(|f| f.as_str())
+        .map(|f| format!(", format {f:?}"))
+        .unwrap_or_default();
+    let takes = match arch.supports.quantization {
+        [] => "no quantized checkpoints".to_string(),
+        methods => format!("quant_method {}", methods.join(", ")),
+    };
+    Err(ModelError::Unsupported(format!(
+        "quantization_config with quant_method {method:?}{format}: not implemented for {} \
+         (it takes {takes}); serve the unquantized checkpoint, or a GGUF file",
+        arch.name
+    )))
+}
+
 /// How much of each head rotary turns, as `c` says and its architecture allows.
 fn rotary_dim(c: &HfConfig, rope: Rope, head_dim: usize) -> Result<usize, ModelError> {
     let params = c.rope_parameters.as_ref().or(c.rope_scaling.as_ref());
@@ -149,6 +179,7 @@ impl ModelConfig {
     pub fn from_hf_json(text: &str) -> Result<Self, ModelError> {
         let c = HfConfig::parse(text)?;
         let arch = registry::by_hf_name(c.arch_name())?;
+        check_quantization(&c, arch)?;
         let heads = c.num_attention_heads;
         let head_dim = c.head_dim.unwrap_or(c.hidden_size / heads);
         let params = c.rope_parameters.as_ref().or(c.rope_scaling.as_ref());
@@ -348,5 +379,44 @@ mod tests {
         assert_eq!((partial.rotary_dim(), partial.head_dim), (48, 64));
         let e = phi(r#","partial_rotary_factor":0.75"#).unwrap_err();
         assert!(e.to_string().contains("3 of 4"), "{e}");
+    }
+
+    /// A quantized checkpoint pagewise cannot read is refused by name, never loaded with its
+    /// scales dropped; gpt-oss's MXFP4 is read.
+    #[test]
+    fn quantized_checkpoints_it_does_not_read_are_refused_by_name() {
+        let cfg = |arch: &str, q: &str| {
+            ModelConfig::from_hf_json(&format!(
+                r#"{{"architectures":["{arch}"],"vocab_size":10,"hidden_size":8,
+                "intermediate_size":16,"num_hidden_layers":2,"num_attention_heads":2,
+                "num_local_experts":2,"num_experts_per_tok":1{q}}}"#
+            ))
+        };
+        for (q, named) in [
+            (
+                r#","quantization_config":{"quant_method":"compressed-tensors","format":"float-quantized"}"#,
+                "\"compressed-tensors\", format \"float-quantized\"",
+            ),
+            (
+                r#","quantization_config":{"quant_method":"fp8","weight_block_size":[128,128]}"#,
+                "\"fp8\"",
+            ),
+            (
+                r#","compression_config":{"quant_method":"compressed-tensors"}"#,
+                "\"compressed-tensors\"",
+            ),
+            (
+                r#","quantization_config":{"quant_method":"awq"}"#,
+                "\"awq\"",
+            ),
+            (r#","quantization_config":{"bits":4}"#, "\"\""),
+        ] {
+            let e = cfg("LlamaForCausalLM", q).unwrap_err().to_string();
+            assert!(e.contains(named) && e.contains("Llama"), "{q}: {e}");
+        }
+        let mxfp4 = r#","quantization_config":{"quant_method":"mxfp4"}"#;
+        assert!(cfg("GptOssForCausalLM", mxfp4).is_ok());
+        let e = cfg("Qwen3ForCausalLM", mxfp4).unwrap_err().to_string();
+        assert!(e.contains("\"mxfp4\"") && e.contains("no quantized"), "{e}");
     }
 }
