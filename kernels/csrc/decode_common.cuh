@@ -124,8 +124,8 @@ __device__ __forceinline__ void window_split_range(int ctx, int window, int spli
 // rows hit distinct banks. The cache offsets of a tile are fetched one tile before its copies
 // are issued, so the block-table reads are in flight during a tile's math. kReadOnce: the copies
 // carry L2's evict-first policy (decode reads each K/V row once a step; prefill's tiles are read
-// again by the next query tiles and heads, so it keeps the default). On the H200, 1 x 8k decode
-// attention 14.06 -> 13.88 µs with it (benches/history/2026-11-sessions.md, "Eleventh session").
+// again by the next query tiles and heads, so it keeps the default).
+// benches/history/tried.md, "Evict-first K/V copies in decode attention".
 template <typename T, int D, int kRows, bool kSwizzleV, bool kReadOnce>
 struct TileCopier {
   static constexpr int kChunks = D * (int)sizeof(T) / 16;    // 16-byte chunks per row

@@ -79,8 +79,8 @@ __device__ __forceinline__ bool merge_split(float (&acc)[N][R], int warp, int la
 }
 
 // Warps an output takes (see dot_rows): 2 when each warp keeps at least four 256-element runs
-// of k, else 1. Two warps a row streamed the Llama-3.2-1B and -3.1-8B projections faster than one
-// (1B down 12.9 -> 11.5 µs, 8B gate/up 64.5 -> 58.7) and four slower (benches/history/2026-11-sessions.md). A
+// of k, else 1. Two warps a row stream the projections of real shapes faster than one, and four
+// slower (benches/history/tried.md, "Two warps an output in the decode GEMVs"). A
 // function of the weight's shape, never of the rows, so an output's sum has the same order at
 // every batch size.
 inline int split_for(int k_dim) {

@@ -18,10 +18,9 @@ pub const MIN_CHUNK: usize = 128;
 pub(crate) const MAX_SPLITS: usize = 512;
 /// Context positions a block streams per tile (the tensor-core kernel's; the CUDA-core kernel's 32
 /// divide it). A block's time goes by its tiles, each a trip through its stage ring, more than by
-/// the positions in them: on the H200 at 1 x 8k, 43 splits of 191 positions (3 tiles) took 14.1
-/// µs where 49 of 168 (also 3 tiles, the last of 40 positions) took 15.0
-/// (benches/history/2026-11-sessions.md, "Eleventh session"). (The kernels do not round a row's chunk up to whole tiles: where a
-/// block streams many tiles, its bytes count, and 8 x 8k lost 5% that way.)
+/// the positions in them, so the plan counts tiles. (The kernels do not round a row's chunk up to
+/// whole tiles: where a block streams many tiles, its bytes count.) Figures: benches/history/
+/// tried.md, "Split plans by tiles".
 const TILE: usize = 64;
 /// A block's start-up (block-table reads, the first tile's round trip), in context positions.
 const BLOCK_OVERHEAD: usize = 128;
@@ -48,9 +47,8 @@ pub fn split_plan(
 /// past it return at once. A floor of one tile rather than `MIN_CHUNK`: a context past
 /// `MIN_CHUNK` (shorter ones stay whole) spreads over the splits in one or two tiles a block
 /// instead of up to `MIN_CHUNK`'s worth in a row, since a batch-1 step pays for the tile loop's
-/// latency, not for the splits' merge in a cluster (H200, 2026-12-04, 128 in / 512 out:
-/// Gemma-3-12B 144.4 -> 147.6 tok/s, Qwen3-30B-A3B 321.3 -> 326.0, Qwen3-8B 228.5 -> 230.7,
-/// Mistral-7B 243.5 -> 245.5).
+/// latency, not for the splits' merge in a cluster (benches/history/tried.md, "One tile as the
+/// graph split plan's floor").
 pub fn graph_split_plan(
     seqs: usize,
     kv_heads: usize,

@@ -214,8 +214,8 @@ fn split_plan(
 /// Where the kernel before decode attention may be writing the caches. A step without prefill
 /// rows has one row per sequence, its new token, whose K/V the kernel just before wrote (rope +
 /// cache write): the attention kernel may then copy earlier positions before that kernel ends.
-/// (1 x 8k decode attention: 14.7 µs with early copies, 15.9 without;
-/// benches/history/2026-11-sessions.md.)
+/// (It saves about a microsecond at 1 x 8k: benches/history/tried.md, "Early cache copies in
+/// decode attention".)
 fn cache_writes(meta: &DeviceAttentionMeta) -> pagewise_kernels::CacheWrites {
     if meta.prefill.is_none() {
         pagewise_kernels::CacheWrites::LastPosition

@@ -12,8 +12,9 @@
 //! (norm folded in), the routing, and the chosen experts (norm folded into gate/up, the residual
 //! into down); see `SparseMoe::forward_fused`.
 //!
-//! On the H200 it makes batch-1 decode 6-12% faster at the Llama-3.2-1B and 3.1-8B shapes than
-//! cuBLAS and the separate kernels (benches/history/2026-11-sessions.md).
+//! It makes batch-1 decode faster than cuBLAS and the separate kernels, because one kernel reads
+//! each weight once and does the element-wise steps on the way (benches/history/tried.md, "The
+//! fused decode path against cuBLAS").
 //! It sums the matmuls in another order than cuBLAS, which it replaces for steps of at most
 //! [`MAX_ROWS`] rows, so at real shapes a sequence's bf16 tokens can depend on whether its step
 //! had more rows; so can cuBLAS's own, which picks its kernels by row count. The GPU
@@ -76,10 +77,8 @@ pub(super) fn count_step() {
 
 /// Most rows a step may have to take the fused path. Its GEMV does each row's multiply-adds on
 /// CUDA cores, reading the staged rows from shared memory once per weight load, so past two rows
-/// it stops being bound by the weights' bytes; cuBLAS's tensor-core kernels are then faster. On
-/// the H200 (benches/history/2026-11-sessions.md, "Tenth session"), ms a decode step, fused
-/// against cuBLAS and the separate kernels: 1B 1.068 / 1.117 at 2 rows, 1.313 / 1.130 at 4, 1.784 / 1.136 at 8; 8B
-/// 4.758 / 4.710 at 2, 5.646 / 4.734 at 4, 8.483 / 4.773 at 8.
+/// it stops being bound by the weights' bytes; cuBLAS's tensor-core kernels are then faster
+/// (benches/history/tried.md, "The fused decode path against cuBLAS").
 pub const MAX_ROWS: usize = 2;
 
 /// Whether a step whose embedded tokens are `x` (`[rows, hidden]`) fits the fused kernels with

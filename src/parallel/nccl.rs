@@ -70,9 +70,9 @@ impl NcclComm {
     }
 }
 
-// No Drop: the communicator is left to the process's exit. Seen on the H200 pair (2026-11-30):
-// ncclCommAbort after the decode graphs had run never returned, on either rank, so a server
-// could not stop; a communicator lives as long as its engine, which is the process in practice.
+// No Drop: the communicator is left to the process's exit. On the H200 pair, ncclCommAbort after
+// the decode graphs had run never returned, on either rank, so a server could not stop; a
+// communicator lives as long as its engine, which is the process in practice.
 
 enum Op {
     AllReduce,

@@ -35,8 +35,9 @@ pub fn context_buckets(max_seq_len: usize, bounds: &[usize]) -> Vec<usize> {
     c
 }
 
-/// The context bounds captured below the longest context: at batch 1 they took the 1B shape from
-/// 810 to 829 tok/s (benches/history/2026-11-sessions.md) for three times the graphs.
+/// The context bounds captured below the longest context: a short context then replays a graph
+/// whose split plan fits it, for three times the graphs (benches/history/tried.md, "Graph
+/// context bounds").
 pub const CONTEXT_BOUNDS: [usize; 2] = [1024, 4096];
 
 /// The index of the smallest of `buckets` (ascending) that holds `n`.
