@@ -53,7 +53,7 @@ while get("/ready")[0] != 200:
     time.sleep(0.5)
 assert get("/health")[0] == 200, "/health"
 # With the system message: without it, SmolLM2's greedy answer on the quantized CPU path is a
-# near-tie that goes to French (README, "First commands").
+# near-tie that goes to French (docs/SERVING.md, "Library and models").
 msgs = [{"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": "What is the capital of France?"}]
 with post("/v1/chat/completions", {"model": "smollm2", "messages": msgs, "max_tokens": 12,
