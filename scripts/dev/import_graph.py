@@ -34,7 +34,6 @@ LAYERS = [
 KNOWN = {
     ("parallel", "engine"): "group/worker (rank processes) load the engine: to move above it",
     ("parallel", "runner"): "the runner sends step plans through parallel::group::Leader",
-    ("runner", "engine"): "the runner times its phases with engine::step_times: to move down",
     ("model", "parallel"): "collectives and shard maths sit beside the models they split",
     ("bench", "cli"): "front ends sharing their flags",
 }

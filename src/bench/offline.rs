@@ -7,9 +7,9 @@ use serde::Serialize;
 
 use super::stats::Summary;
 use crate::engine::args::{EngineArgs, EngineError};
-use crate::engine::step_times::StepBreakdown;
 use crate::llm::Llm;
 use crate::request::SamplingParams;
+use crate::runner::step_times::StepBreakdown;
 use crate::sampler::SeededRng;
 
 /// Random prompts of `len` token ids below `vocab` (seeded).

@@ -12,7 +12,7 @@ use tokio::sync::Semaphore;
 
 use super::server_steps;
 use super::stats::Summary;
-use crate::engine::step_times::StepBreakdown;
+use crate::runner::step_times::StepBreakdown;
 use crate::sampler::SeededRng;
 
 /// What to send and how fast.

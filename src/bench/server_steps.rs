@@ -3,7 +3,7 @@
 //! before and after a serving run so the report says where the server's steps spent their time.
 //! Other servers do not publish them; the report then leaves the breakdown out.
 
-use crate::engine::step_times::{Phase, StepBreakdown};
+use crate::runner::step_times::{Phase, StepBreakdown};
 
 /// Counter values at one moment.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

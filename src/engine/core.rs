@@ -12,13 +12,13 @@ use crate::chat::{ChatError, ChatTemplate};
 
 use super::args::{EngineArgs, EngineError};
 use super::detokenizer::IncrementalDetokenizer;
-use super::step_times::{Phase, StepTimes};
 use super::stop::StopMatcher;
 use super::text::{self as text_phase, TextJob, TextState};
 use crate::guided::{Grammars, Guide};
 use crate::model::ModelConfig;
 use crate::request::{FinishReason, InvalidParam, SamplingParams};
 use crate::runner::ModelRunner;
+use crate::runner::step_times::{Phase, StepTimes};
 use crate::sampler::Logprobs;
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerOutput, SeqUpdate};
 use crate::sequence::{SeqId, SeqMap, Sequence};

@@ -11,7 +11,7 @@ use super::args::EngineError;
 use super::core::EngineCore;
 use super::handle::{EngineFailure, EngineStats, StreamEvent, Submission};
 use super::snapshot::Publisher;
-use super::step_times::Phase;
+use crate::runner::step_times::Phase;
 use crate::sequence::{SeqId, SeqMap};
 
 /// Where a sequence's events go.

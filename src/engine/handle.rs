@@ -97,8 +97,8 @@ pub struct EngineStats {
     pub steps: AtomicU64,
     /// Of those, steps that replayed a CUDA graph.
     pub graph_steps: AtomicU64,
-    /// Engine-thread time per step phase, in microseconds ([`Phase::ALL`](crate::engine::step_times::Phase::ALL) order).
-    pub phase_micros: [AtomicU64; crate::engine::step_times::Phase::COUNT],
+    /// Engine-thread time per step phase, in microseconds ([`Phase::ALL`](crate::runner::step_times::Phase::ALL) order).
+    pub phase_micros: [AtomicU64; crate::runner::step_times::Phase::COUNT],
     /// The forward phase of graph-replay steps, in microseconds.
     pub graph_forward_micros: AtomicU64,
 }

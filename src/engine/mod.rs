@@ -13,6 +13,5 @@ pub mod handle;
 pub mod kv_sizing;
 pub mod loading;
 pub mod snapshot;
-pub mod step_times;
 pub mod stop;
 mod text;

@@ -6,14 +6,15 @@ pub mod batch;
 #[cfg(feature = "cuda")]
 pub mod cuda_graphs;
 pub mod graph_buckets;
+pub mod step_times;
 
 use std::time::Instant;
 
 use candle_core::Device;
 
-use crate::engine::step_times::{Phase, StepTimes};
 use crate::model::{CausalLm, ForwardBatch, KvCache, ModelError};
 use crate::parallel::group::Leader;
+use crate::runner::step_times::{Phase, StepTimes};
 use crate::sampler::{SampledToken, Sampler};
 use crate::scheduler::SchedulerOutput;
 use crate::sequence::Sequence;

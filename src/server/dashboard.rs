@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::error::ApiError;
 use crate::engine::snapshot::{PoolSnapshot, PoolWatch};
-use crate::engine::step_times::Phase;
+use crate::runner::step_times::Phase;
 
 /// The page.
 const PAGE: &str = include_str!("dashboard.html");

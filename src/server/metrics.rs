@@ -9,9 +9,9 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
-use crate::engine::step_times::Phase;
 use crate::metrics::{Histogram, render_sample};
 use crate::request::FinishReason;
+use crate::runner::step_times::Phase;
 
 /// What the HTTP layer measures.
 #[derive(Debug, Default)]
