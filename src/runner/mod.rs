@@ -237,25 +237,7 @@ impl ModelRunner {
         }
         #[cfg(feature = "cuda")]
         if !self.device.is_cpu() {
-            let params = crate::request::SamplingParams {
-                temperature: 0.0,
-                ..Default::default()
-            };
-            let mut rngs: Vec<crate::sampler::SeededRng> = out
-                .seqs
-                .iter()
-                .filter(|s| s.samples)
-                .map(|_| crate::sampler::SeededRng::new(0, 0))
-                .collect();
-            let requests = rngs.iter_mut().map(|rng| crate::sampler::SampleRequest {
-                params: &params,
-                prompt_tokens: &[],
-                output_tokens: &[],
-                suppressed: &[],
-                rng,
-                guide: None,
-            });
-            let rows = crate::sampler::device::DeviceRows::new(requests);
+            let rows = crate::sampler::device::DeviceRows::unread(out.num_sampling());
             let mut times = StepTimes::default();
             self.launch_on_gpu(out, &rows, &mut times, Instant::now())?;
             self.device.synchronize()?;

@@ -87,6 +87,19 @@ impl<'a> DeviceRows<'a> {
         rows
     }
 
+    /// `n` rows the GPU samples by argmax and nobody reads: a tensor-parallel worker replays rank
+    /// 0's decode graphs, which sample inside, but only rank 0's ids count.
+    pub fn unread(n: usize) -> Self {
+        DeviceRows {
+            temperatures: vec![0.0; n],
+            min_ps: vec![0.0; n],
+            seeds: vec![0; n],
+            host_rows: Vec::new(),
+            host_requests: Vec::new(),
+            masked: Masked::default(),
+        }
+    }
+
     /// Computes the masks of the constrained rows, meant for while the GPU runs the forward pass.
     pub fn compute_masks(&mut self) {
         super::compute_masks(&mut self.host_requests);
