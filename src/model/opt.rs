@@ -28,7 +28,7 @@ pub static OPT: Arch = Arch {
         quantization: &[],
     },
     from_hf,
-    from_gguf: Arch::no_gguf,
+    from_gguf: Arch::shared_gguf_only,
     build: |cfg, w, _, _| -> Result<Box<dyn CausalLm>, ModelError> {
         Ok(Box::new(Opt::load(cfg, w)?))
     },

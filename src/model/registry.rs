@@ -81,13 +81,14 @@ pub struct Arch {
 }
 
 impl Arch {
-    /// The default of [`Arch::from_gguf`] for architectures without a GGUF mapping.
-    pub fn no_gguf(_: &mut ModelConfig, _: &mut GgufMeta<'_>) -> Result<(), ModelError> {
+    /// [`Arch::from_gguf`] for an architecture whose GGUF files say nothing beyond the shared
+    /// keys (or that has no GGUF names, so it is never called).
+    pub fn shared_gguf_only(_: &mut ModelConfig, _: &mut GgufMeta<'_>) -> Result<(), ModelError> {
         Ok(())
     }
 
-    /// The default of [`Arch::from_hf`] for architectures without fields of their own.
-    pub fn nothing_more(_: &mut ModelConfig, _: &HfConfig) -> Result<(), ModelError> {
+    /// [`Arch::from_hf`] for an architecture with no `config.json` fields of its own.
+    pub fn shared_hf_only(_: &mut ModelConfig, _: &HfConfig) -> Result<(), ModelError> {
         Ok(())
     }
 }

@@ -32,7 +32,7 @@ pub static LLAMA: Arch = Arch {
     hf_names: &["LlamaForCausalLM", "MistralForCausalLM", "llama", "mistral"],
     gguf_names: &["llama"],
     supports: SHARDED,
-    from_hf: Arch::nothing_more,
+    from_hf: Arch::shared_hf_only,
     from_gguf: llama_gguf,
     build,
 };
@@ -55,7 +55,7 @@ pub static MIXTRAL: Arch = Arch {
         cfg.moe = Some(moe::settings(c, ExpertNames::Mixtral)?);
         Ok(())
     },
-    from_gguf: Arch::no_gguf,
+    from_gguf: Arch::shared_gguf_only,
     build,
 };
 
@@ -69,7 +69,7 @@ pub static QWEN2: Arch = Arch {
         cfg.qkv_bias = true;
         Ok(())
     },
-    from_gguf: Arch::no_gguf,
+    from_gguf: Arch::shared_gguf_only,
     build,
 };
 
