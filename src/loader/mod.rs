@@ -264,10 +264,19 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel, LoadError>
             // model directory being rewritten underneath a running server is outside our contract.
             let files = unsafe { MmapedSafetensors::multi(&paths) }
                 .map_err(|e| LoadError::Format(format!("safetensors in {}: {e}", dir.display())))?;
+            if let Some(fp8) = &config.fp8 {
+                tracing::info!(
+                    "{}: weights dequantized to {:?} at load (FP8 kernels are not implemented \
+                     yet; activation scales are not used)",
+                    fp8.describe(),
+                    opts.dtype
+                );
+            }
             Weights::Safetensors {
                 files,
                 dtype: opts.dtype,
                 device: opts.device.clone(),
+                fp8: config.fp8.clone(),
             }
         }
         LoadFormat::Gguf => {

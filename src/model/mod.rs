@@ -9,6 +9,7 @@ pub mod batch;
 pub mod config;
 #[cfg(feature = "cuda")]
 pub mod decode_fused;
+pub mod fp8;
 pub mod gemma3;
 pub mod gguf_config;
 mod gguf_weights;

@@ -16,6 +16,7 @@ use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::VarBuilder;
 
 use super::ModelError;
+use super::fp8::{self, Fp8Checkpoint};
 use super::layers::Linear;
 use super::mxfp4::{GgufMxfp4, Mxfp4Host};
 use crate::sampler::SeededRng;
@@ -32,6 +33,9 @@ pub enum Weights {
         dtype: DType,
         /// Where tensors live.
         device: Device,
+        /// An FP8 checkpoint's layout: its e4m3 tensors are dequantized with their scales as they
+        /// are read.
+        fp8: Option<Fp8Checkpoint>,
     },
     /// GGUF tensors; matmul weights stay quantized unless `dequantize` says otherwise.
     Gguf {
@@ -305,6 +309,7 @@ impl Weights {
             files,
             dtype,
             device,
+            fp8,
         } = self
         else {
             unreachable!("slice_safetensors is only called on safetensors weights")
@@ -318,6 +323,15 @@ impl Weights {
             )));
         }
         let file_dtype = DType::try_from(view.dtype())?;
+        if file_dtype == DType::F8E4M3 {
+            let whole = self.dequantized_fp8(name, fp8.as_ref(), full)?;
+            return Ok(match part {
+                Part::Whole => whole,
+                Part::Rows(r) => whole.narrow(0, r.start, r.len())?.contiguous()?,
+                Part::Cols(c) => whole.narrow(1, c.start, c.len())?.contiguous()?,
+            }
+            .to_dtype(*dtype)?);
+        }
         let data = view.data();
         let (bytes, shape): (std::borrow::Cow<'_, [u8]>, Vec<usize>) = match (part, full) {
             (Part::Whole, _) => (data.into(), full.to_vec()),
@@ -347,6 +361,37 @@ impl Weights {
         };
         let t = Tensor::from_raw_buffer(&bytes, file_dtype, &shape, &Device::Cpu)?;
         Ok(t.to_device(device)?.to_dtype(*dtype)?)
+    }
+
+    /// FP8 (e4m3) safetensors tensor `name` of shape `full`, times its scale, in f32 on the
+    /// weights' device.
+    fn dequantized_fp8(
+        &self,
+        name: &str,
+        fp8: Option<&Fp8Checkpoint>,
+        full: &[usize],
+    ) -> Result<Tensor, ModelError> {
+        let Weights::Safetensors { files, device, .. } = self else {
+            unreachable!("dequantized_fp8 is only called on safetensors weights")
+        };
+        let Some(fp8) = fp8 else {
+            return Err(ModelError::Unsupported(format!(
+                "tensor {name} is stored in FP8 (e4m3) but config.json has no \
+                 quantization_config saying how it is scaled"
+            )));
+        };
+        let read = |n: &str| -> Result<Tensor, ModelError> {
+            let t = files.load(n, &Device::Cpu).map_err(|e| missing_or(n, e))?;
+            Ok(t)
+        };
+        let weight = read(name)?;
+        let weight = match full {
+            [1, n] if weight.dims() == [*n] => weight.reshape((1, *n))?,
+            _ => weight,
+        };
+        let scale_name = fp8.scale_name(name);
+        let scale = read(&scale_name)?;
+        fp8::dequantize(name, &weight, &scale, fp8.scales, device)
     }
 }
 

@@ -1,4 +1,5 @@
 pub mod fake_model;
+pub mod parity;
 pub mod server;
 
 use candle_core::{DType, Device, Tensor};
