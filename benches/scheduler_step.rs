@@ -62,7 +62,7 @@ fn decoding_scheduler() -> Scheduler {
 fn step(s: &mut Scheduler, out: &mut SchedulerOutput, updates: &mut Vec<SeqUpdate>) {
     s.schedule_into(out);
     let sampled = vec![7u32; out.num_sampling()];
-    s.update_into(out, &sampled, updates);
+    s.update_into(out, &sampled, &[], updates);
 }
 
 fn bench(c: &mut Criterion) {

@@ -198,9 +198,24 @@ pub struct EngineFlags {
     /// run eagerly. Larger values upload wider block tables every step.
     #[arg(long, env = "PAGEWISE_MAX_SEQ_LEN_TO_CAPTURE", default_value_t = crate::engine::args::DEFAULT_MAX_SEQ_LEN_TO_CAPTURE)]
     pub max_seq_len_to_capture: usize,
+    /// Speculative decoding, as vLLM's JSON: `{"method": "ngram", "num_speculative_tokens": 4,
+    /// "prompt_lookup_min": 2, "prompt_lookup_max": 5}` guesses each sequence's next tokens
+    /// from its earlier ones (prompt lookup) and verifies them in one step; output is the same
+    /// (greedy) or follows the same distribution (sampling). Optional
+    /// `"disable_by_batch_size": N`: no guesses while more than N sequences run. Draft models and
+    /// EAGLE heads are not implemented yet.
+    #[arg(long, env = "PAGEWISE_SPECULATIVE_CONFIG", value_parser = parse_speculative_config)]
+    pub speculative_config: Option<crate::spec::SpeculativeConfig>,
     /// Tensor parallelism.
     #[command(flatten)]
     pub parallel: ParallelFlags,
+}
+
+/// `--speculative-config`: parsed and checked at startup.
+fn parse_speculative_config(json: &str) -> Result<crate::spec::SpeculativeConfig, String> {
+    let c = crate::spec::SpeculativeConfig::parse(json)?;
+    c.check()?;
+    Ok(c)
 }
 
 /// Tensor parallelism flags (vLLM's names). One process per GPU: the process started on a node
@@ -279,6 +294,7 @@ impl EngineFlags {
             enforce_eager: self.enforce_eager,
             max_seq_len_to_capture: self.max_seq_len_to_capture,
             parallel: self.parallel.to_config(),
+            speculative_config: self.speculative_config.clone(),
             ..Default::default()
         }
     }

@@ -26,6 +26,7 @@ pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
 pub mod server;
+pub mod spec;
 
 pub use engine::args::{DtypeArg, EngineArgs, EngineError};
 pub use llm::{CompletionOutput, Llm, RequestOutput};

@@ -83,6 +83,9 @@ pub struct Sequence {
     pub num_preemptions: u32,
     /// The constraint its tokens follow, if the request has one.
     guide: Option<Guide>,
+    /// Tokens a proposer guessed follow this sequence's tokens (speculative decoding): the next
+    /// step feeds them after the pending token and the target model verifies them.
+    spec_tokens: Vec<u32>,
 }
 
 impl Sequence {
@@ -117,6 +120,7 @@ impl Sequence {
             num_cached_tokens: 0,
             num_preemptions: 0,
             guide: None,
+            spec_tokens: Vec::new(),
         }
     }
 
@@ -182,6 +186,45 @@ impl Sequence {
             &self.stop_ids
         } else {
             &[]
+        }
+    }
+
+    /// Whether a constraint steers this sequence's tokens.
+    pub fn has_guide(&self) -> bool {
+        self.guide.is_some()
+    }
+
+    /// The draft tokens the next step verifies (empty: a plain decode step).
+    pub fn spec_tokens(&self) -> &[u32] {
+        &self.spec_tokens
+    }
+
+    /// Sets the draft tokens the next step verifies (a sequence with a constraint takes none:
+    /// its mask would have to follow every draft).
+    pub fn set_spec_tokens(&mut self, drafts: &[u32]) {
+        self.spec_tokens.clear();
+        if self.guide.is_none() {
+            self.spec_tokens.extend_from_slice(drafts);
+        }
+    }
+
+    /// The request for sampling the position after `outputs` (this sequence's output tokens,
+    /// then the drafts accepted so far in a verify step): penalties and `min_tokens` see them.
+    /// Only for sequences without a constraint.
+    pub fn draft_request<'a>(&'a mut self, outputs: &'a [u32]) -> SampleRequest<'a> {
+        debug_assert!(self.guide.is_none());
+        let suppressed: &[u32] = if outputs.len() < self.params.min_tokens {
+            &self.stop_ids
+        } else {
+            &[]
+        };
+        SampleRequest {
+            params: &self.params,
+            prompt_tokens: &self.token_ids[..self.num_prompt_tokens],
+            output_tokens: outputs,
+            suppressed,
+            rng: &mut self.rng,
+            guide: None,
         }
     }
 

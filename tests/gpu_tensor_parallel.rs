@@ -37,6 +37,7 @@ fn step(tokens: &[u32], start: usize) -> SchedulerOutput {
             seq_id: SeqId(0),
             num_computed_tokens: start,
             num_new_tokens: tokens.len(),
+            num_draft_tokens: 0,
             tokens: 0..tokens.len(),
             block_table: 0..table.len(),
             samples: true,

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use common::fake_model::{self, EOS, FakeModel, VOCAB};
 use pagewise::kv::{BlockId, BlockState, WindowConfig};
+use pagewise::sampler::SeededRng;
 use pagewise::sequence::SeqStatus;
 use pagewise::{SamplingParams, Scheduler, SchedulerConfig, SeqId, Sequence};
 use proptest::prelude::*;
@@ -37,6 +38,8 @@ struct Case {
     window: Option<(usize, usize)>,
     prefixes: Vec<Vec<u32>>,
     reqs: Vec<Req>,
+    /// Speculative decoding: (drafts per step at most, seed of the drafts' accepted lengths).
+    spec: Option<(usize, u64)>,
 }
 
 fn token() -> impl Strategy<Value = u32> {
@@ -74,6 +77,7 @@ fn case() -> impl Strategy<Value = Case> {
         prop::option::weighted(0.5, (1..20usize, 0..12usize)),
         prop::collection::vec(prop::collection::vec(token(), 0..40), 3),
         prop::collection::vec(req(), 1..12),
+        prop::option::weighted(0.5, (1..6usize, any::<u64>())),
     )
         .prop_map(
             |(
@@ -85,6 +89,7 @@ fn case() -> impl Strategy<Value = Case> {
                 window,
                 prefixes,
                 reqs,
+                spec,
             )| Case {
                 block_size,
                 num_blocks,
@@ -94,8 +99,48 @@ fn case() -> impl Strategy<Value = Case> {
                 window,
                 prefixes,
                 reqs,
+                spec,
             },
         )
+}
+
+/// Gives each decoding sequence a draft of random length whose first tokens, a random number
+/// of them, are the fake model's true continuation and the rest wrong, within `max_tokens`.
+fn set_drafts(s: &mut Scheduler, k: usize, rng: &mut SeededRng) {
+    for q in s.running_mut() {
+        let left = q.params.max_tokens - q.num_output_tokens();
+        if q.num_pending_tokens() != 1 || left < 2 {
+            q.set_spec_tokens(&[]);
+            continue;
+        }
+        let len = 1 + (rng.next_u64() as usize) % k.min(left - 1);
+        let right = (rng.next_u64() as usize) % (len + 1);
+        let mut context = q.token_ids().to_vec();
+        let mut draft = Vec::new();
+        for i in 0..len {
+            let t = fake_model::next_token(&context);
+            let t = if i < right { t } else { (t + 1) % VOCAB };
+            context.push(t);
+            draft.push(t);
+        }
+        q.set_spec_tokens(&draft);
+    }
+}
+
+/// After an update: each running table covers its computed tokens and no block past its tokens
+/// (the blocks only rejected drafts reached were given back).
+fn check_rolled_back(s: &Scheduler) {
+    let bs = s.config().block_size;
+    for q in s.running() {
+        let blocks = q.block_table.len();
+        assert!(blocks >= q.num_computed_tokens().div_ceil(bs));
+        assert!(
+            blocks <= q.num_tokens().div_ceil(bs),
+            "{:?} holds {blocks} blocks for {} tokens",
+            q.id,
+            q.num_tokens()
+        );
+    }
 }
 
 fn check_invariants(s: &Scheduler) {
@@ -176,6 +221,8 @@ struct Seen {
     preemptions: u64,
     prefix_hit_tokens: u64,
     chunked_prefills: usize,
+    drafts: usize,
+    accepted: usize,
 }
 
 /// A window group of `extra` blocks more than one sequence's largest step needs (its window
@@ -215,6 +262,7 @@ fn run(case: &Case) -> Seen {
     let last_arrival = case.reqs.iter().map(|r| r.arrival_step).max().unwrap_or(0);
 
     let mut seen = Seen::default();
+    let mut draft_rng = SeededRng::new(case.spec.map_or(0, |(_, seed)| seed), 0);
     let max_steps = 20_000;
     let mut step = 0;
     loop {
@@ -256,18 +304,32 @@ fn run(case: &Case) -> Seen {
             continue;
         }
 
+        if let Some((k, _)) = case.spec {
+            set_drafts(&mut s, k, &mut draft_rng);
+        }
         let out = s.schedule();
+        seen.drafts += out.num_draft_tokens();
         seen.steps += 1;
         seen.chunked_prefills += out.seqs.iter().filter(|q| !q.samples).count();
         assert!(!out.is_empty(), "work remains but nothing was scheduled");
         assert!(out.num_batched_tokens() <= case.budget);
         assert!(out.seqs.len() <= case.max_num_seqs);
         check_invariants(&s);
-        let sampled = model.execute(&out);
-        for u in s.update(&out, &sampled) {
-            outputs.entry(u.seq_id.0).or_default().push(u.token_id);
+        let (sampled, emitted) = model.execute_verify(&out);
+        let mut updates = Vec::new();
+        s.update_into(&out, &sampled, &emitted, &mut updates);
+        let mut tokens = sampled.iter();
+        for (u, &n) in updates.iter().zip(&emitted) {
+            let mine: Vec<u32> = tokens.by_ref().take(n).copied().collect();
+            seen.accepted += u.num_accepted;
+            assert_eq!(mine[u.num_accepted], u.token_id);
+            outputs
+                .entry(u.seq_id.0)
+                .or_default()
+                .extend_from_slice(&mine[..=u.num_accepted]);
         }
         check_invariants(&s);
+        check_rolled_back(&s);
         for q in s.waiting().filter(|q| out.preempted.contains(&q.id)) {
             let produced = outputs.get(&q.id.0).map_or(0, Vec::len);
             assert_eq!(
@@ -335,6 +397,7 @@ fn heavy_contention(window: Option<(usize, usize)>) -> Case {
         window,
         prefixes: vec![prefix.clone(), prefix[..20].to_vec(), vec![]],
         reqs,
+        spec: None,
     }
 }
 
@@ -357,4 +420,21 @@ fn heavy_contention_with_a_window_group_matches_solo_runs() {
     assert!(seen.preemptions > 10, "{seen:?}");
     assert!(seen.prefix_hit_tokens > 100, "{seen:?}");
     assert!(seen.chunked_prefills > 10, "{seen:?}");
+}
+
+/// The same with draft tokens of random lengths, partly right: accepted drafts keep their KV,
+/// rejected ones' blocks are given back, and every request still produces what it produces
+/// alone.
+#[test]
+fn heavy_contention_with_speculation_matches_solo_runs() {
+    for window in [None, Some((12, 2))] {
+        let seen = run(&Case {
+            spec: Some((4, 17)),
+            ..heavy_contention(window)
+        });
+        eprintln!("{seen:?}");
+        assert!(seen.preemptions > 10, "{seen:?}");
+        assert!(seen.drafts > 200 && seen.accepted > 100, "{seen:?}");
+        assert!(seen.accepted < seen.drafts, "{seen:?}");
+    }
 }

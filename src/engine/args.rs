@@ -80,6 +80,8 @@ pub struct EngineArgs {
     pub max_seq_len_to_capture: usize,
     /// Tensor parallelism: how many GPUs, on how many nodes, meeting where.
     pub parallel: crate::parallel::ParallelConfig,
+    /// Speculative decoding (vLLM's `--speculative-config`); `None`: off.
+    pub speculative_config: Option<crate::spec::SpeculativeConfig>,
     /// Deliberate failures for tests (feature `fault-injection` only).
     #[cfg(feature = "fault-injection")]
     pub faults: super::faults::Faults,
@@ -106,6 +108,7 @@ impl Default for EngineArgs {
             enforce_eager: false,
             max_seq_len_to_capture: DEFAULT_MAX_SEQ_LEN_TO_CAPTURE,
             parallel: Default::default(),
+            speculative_config: None,
             #[cfg(feature = "fault-injection")]
             faults: Default::default(),
         }

@@ -22,6 +22,7 @@ use crate::runner::step_times::{Phase, StepTimes};
 use crate::sampler::Logprobs;
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerOutput, SeqUpdate};
 use crate::sequence::{SeqId, SeqMap, Sequence};
+use crate::spec::{MAX_SPECULATIVE_TOKENS, SpecStats, Speculation};
 
 /// What one step produced for one sequence.
 #[derive(Clone, Debug, PartialEq)]
@@ -61,6 +62,9 @@ pub struct EngineCore {
     next_seq_id: u64,
     queue_times: Vec<Duration>,
     step_times: StepTimes,
+    /// Speculative decoding, when configured.
+    spec: Option<Speculation>,
+    spec_stats: SpecStats,
     #[cfg(feature = "fault-injection")]
     faults: super::faults::ArmedFaults,
 }
@@ -94,6 +98,10 @@ impl EngineCore {
             enable_prefix_caching: args.enable_prefix_caching,
             window: loaded.window,
         });
+        let spec = match &args.speculative_config {
+            Some(c) => Some(c.check().map_err(EngineError::Config)?),
+            None => None,
+        };
         let runner = loaded.runner;
         let tokenizer = loaded.tokenizer;
         let grammars = loaded.grammars;
@@ -113,6 +121,8 @@ impl EngineCore {
             next_seq_id: 0,
             queue_times: Vec::new(),
             step_times: StepTimes::default(),
+            spec,
+            spec_stats: SpecStats::default(),
             #[cfg(feature = "fault-injection")]
             faults: super::faults::ArmedFaults::new(args.faults.clone()),
         })
@@ -263,6 +273,16 @@ impl EngineCore {
         &self.step_times
     }
 
+    /// Speculative decoding's settings, when it is on.
+    pub fn speculation(&self) -> Option<&Speculation> {
+        self.spec.as_ref()
+    }
+
+    /// Draft and acceptance counts of speculative decoding since start.
+    pub fn spec_stats(&self) -> &SpecStats {
+        &self.spec_stats
+    }
+
     /// Starts the step-time accounting afresh.
     pub fn reset_step_times(&mut self) {
         self.step_times = StepTimes::default();
@@ -313,21 +333,40 @@ impl EngineCore {
             Instant::now()
         };
         self.ids.clear();
-        self.ids.extend(sampled.iter().map(|s| s.token_id));
+        self.ids.extend(sampled.tokens.iter().map(|s| s.token_id));
         self.scheduler
-            .update_into(&out, &self.ids, &mut self.updates);
+            .update_into(&out, &self.ids, &sampled.emitted, &mut self.updates);
+        if !sampled.emitted.is_empty() {
+            let verified = out.seqs.iter().filter(|s| s.samples);
+            for (s, &n) in verified.zip(&sampled.emitted) {
+                self.spec_stats.record(s.num_draft_tokens, n - 1);
+            }
+        }
         // A stop string or a failure ended these in the last step's text phase; this step ran
         // them once more.
         for (id, reason) in ended {
             self.scheduler.finish(id, reason);
         }
         // Sequences without text state (aborted, or ended by a stop string) produce no event.
-        for (u, s) in self.updates.drain(..).zip(sampled) {
+        let mut tokens = sampled.tokens.into_iter();
+        let mut emitted = sampled.emitted.iter();
+        for u in self.updates.drain(..) {
+            let count = emitted.next().copied().unwrap_or(1);
+            // (Tokens past a finish were sampled but not appended.)
+            let mut appended: Vec<_> = tokens
+                .by_ref()
+                .take(count)
+                .map(|t| (t.token_id, t.logprobs))
+                .collect();
+            appended.truncate(u.num_accepted + 1);
             if let Some(state) = self.text.remove(&u.seq_id) {
-                let mut job = TextJob::new(state, u.seq_id, u.token_id, u.finish, s.logprobs);
+                let mut job = TextJob::new(state, u.seq_id, appended, u.finish);
                 job.error = u.error;
                 self.pending.push(job);
             }
+        }
+        if let Some(spec) = &self.spec {
+            propose(spec, &mut self.scheduler);
         }
         if !out.is_empty() {
             self.step_times.lap(Phase::Update, start);
@@ -335,6 +374,33 @@ impl EngineCore {
         }
         self.out = out;
         Ok(())
+    }
+}
+
+/// Gives each decoding sequence the n-gram proposer's draft for the next step (none while more
+/// sequences run than `disable_by_batch_size`, none for a constrained one), never past its
+/// `max_tokens` or the context.
+fn propose(spec: &Speculation, scheduler: &mut Scheduler) {
+    let max_model_len = scheduler.config().max_model_len;
+    let running = scheduler.running_mut();
+    let off = spec
+        .disable_by_batch_size
+        .is_some_and(|n| running.len() > n);
+    let mut draft = Vec::with_capacity(MAX_SPECULATIVE_TOKENS);
+    for seq in running {
+        if off || seq.num_pending_tokens() != 1 || seq.has_guide() {
+            seq.set_spec_tokens(&[]);
+            continue;
+        }
+        let left = (seq
+            .params
+            .max_tokens
+            .saturating_sub(seq.num_output_tokens()))
+        .min(max_model_len.saturating_sub(seq.num_tokens()));
+        // (The target adds a token of its own after the accepted drafts.)
+        spec.ngram
+            .propose(seq.token_ids(), left.saturating_sub(1), &mut draft);
+        seq.set_spec_tokens(&draft);
     }
 }
 

@@ -101,6 +101,38 @@ pub struct EngineStats {
     pub phase_micros: [AtomicU64; crate::runner::step_times::Phase::COUNT],
     /// The forward phase of graph-replay steps, in microseconds.
     pub graph_forward_micros: AtomicU64,
+    /// Speculative decoding's counters.
+    pub spec: SpecCounters,
+}
+
+/// Speculative decoding's counters (vLLM's `spec_decode_*`), published after every step.
+#[derive(Debug, Default)]
+pub struct SpecCounters {
+    /// Draft tokens a step may verify per sequence (0: speculation is off).
+    pub num_speculative_tokens: AtomicU64,
+    /// Sequence-steps that verified drafts.
+    pub num_drafts: AtomicU64,
+    /// Draft tokens verified.
+    pub num_draft_tokens: AtomicU64,
+    /// Draft tokens accepted.
+    pub num_accepted_tokens: AtomicU64,
+    /// Accepted draft tokens by position in the draft.
+    pub accepted_per_pos: [AtomicU64; crate::spec::MAX_SPECULATIVE_TOKENS],
+}
+
+impl SpecCounters {
+    /// Publishes `stats` (with `k` drafts per step at most).
+    pub fn store(&self, k: usize, stats: &crate::spec::SpecStats) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.num_speculative_tokens.store(k as u64, Relaxed);
+        self.num_drafts.store(stats.num_drafts, Relaxed);
+        self.num_draft_tokens.store(stats.num_draft_tokens, Relaxed);
+        self.num_accepted_tokens
+            .store(stats.num_accepted_tokens, Relaxed);
+        for (a, &n) in self.accepted_per_pos.iter().zip(&stats.accepted_per_pos) {
+            a.store(n, Relaxed);
+        }
+    }
 }
 
 /// Why a submission was refused before it reached the engine.

@@ -260,6 +260,7 @@ pub fn profile_step(
             seq_id: SeqId(i as u64),
             num_computed_tokens: 0,
             num_new_tokens: len,
+            num_draft_tokens: 0,
             tokens: start..start + len,
             block_table: table_start..out.block_tables.len(),
             samples: true,

@@ -33,16 +33,16 @@ pub(super) struct TextState {
 }
 
 /// One sequence's share of the phase: its state (taken out of the engine's map until the phase
-/// runs), the token it appended, whether the scheduler finished it, and the token's logprobs.
+/// runs), the tokens it appended this step (one, or several when drafts were accepted), with
+/// their logprobs, and whether the scheduler finished it.
 pub(super) struct TextJob {
     pub state: TextState,
     pub seq_id: SeqId,
-    pub token: u32,
+    pub tokens: Vec<(u32, Option<Logprobs>)>,
     pub finish: Option<FinishReason>,
-    pub logprobs: Option<Logprobs>,
-    /// Text made final by this token.
-    pub text: String,
-    /// The stop string that matched, if one did.
+    /// Text made final by each token run so far (the tokens after a stop string never run).
+    texts: Vec<String>,
+    /// The stop string that matched (at the last token run), if one did.
     pub stopped_on: Option<String>,
     /// This sequence failed (its text phase, or its constraint before it): it ends with this
     /// error, the others go on.
@@ -50,21 +50,20 @@ pub(super) struct TextJob {
 }
 
 impl TextJob {
-    /// The job of a token that `seq_id` just appended.
+    /// The job of the tokens that `seq_id` just appended (at least one).
     pub fn new(
         state: TextState,
         seq_id: SeqId,
-        token: u32,
+        tokens: Vec<(u32, Option<Logprobs>)>,
         finish: Option<FinishReason>,
-        logprobs: Option<Logprobs>,
     ) -> Self {
+        debug_assert!(!tokens.is_empty());
         TextJob {
             state,
             seq_id,
-            token,
+            tokens,
             finish,
-            logprobs,
-            text: String::new(),
+            texts: Vec::new(),
             stopped_on: None,
             error: None,
         }
@@ -85,17 +84,28 @@ impl TextJob {
         if self.state.fail {
             return Err(DetokenizeError("injected fault".into()));
         }
-        let delta = self.state.detokenizer.step(tokenizer, self.token)?;
-        let pushed = self.state.stop.push(&delta);
-        self.text = pushed.text;
-        self.stopped_on = pushed.stopped_on;
-        if self.stopped_on.is_none() && self.finish.is_some() {
+        for &(token, _) in &self.tokens {
+            let delta = self.state.detokenizer.step(tokenizer, token)?;
+            let pushed = self.state.stop.push(&delta);
+            self.texts.push(pushed.text);
+            if pushed.stopped_on.is_some() {
+                self.stopped_on = pushed.stopped_on;
+                return Ok(());
+            }
+        }
+        if self.finish.is_some() {
             // The last token: release what the detokenizer and the stop matcher held back.
             let tail = self.state.detokenizer.flush(tokenizer)?;
-            self.text.push_str(&self.state.stop.push(&tail).text);
-            self.text.push_str(&self.state.stop.flush());
+            let last = self.texts.last_mut().expect("at least one token");
+            last.push_str(&self.state.stop.push(&tail).text);
+            last.push_str(&self.state.stop.flush());
         }
         Ok(())
+    }
+
+    /// The last token taken.
+    fn last_token(&self) -> u32 {
+        self.tokens.last().expect("at least one token").0
     }
 }
 
@@ -123,14 +133,14 @@ pub(super) fn finish_jobs(
     let mut ended = Vec::new();
     // (Drained, not taken: the vector keeps its capacity for the next step.)
     for job in jobs.drain(..) {
-        if let Some(e) = job.error {
+        if let Some(e) = job.error.clone() {
             tracing::warn!(seq = ?job.seq_id, "ending one sequence: {e}");
             if job.finish.is_none() {
                 ended.push((job.seq_id, FinishReason::Abort));
             }
             sink(SeqEvent {
                 seq_id: job.seq_id,
-                token_id: job.token,
+                token_id: job.last_token(),
                 text: String::new(),
                 logprobs: None,
                 finish: Some(FinishReason::Abort),
@@ -149,15 +159,21 @@ pub(super) fn finish_jobs(
         if finish.is_none() {
             states.insert(job.seq_id, job.state);
         }
-        sink(SeqEvent {
-            seq_id: job.seq_id,
-            token_id: job.token,
-            text: job.text,
-            logprobs: job.logprobs,
-            finish,
-            stopped_on: job.stopped_on,
-            error: None,
-        });
+        // One event per token run; the last carries the finish.
+        let n = job.texts.len();
+        let mut stopped_on = job.stopped_on;
+        for (i, ((token_id, logprobs), text)) in job.tokens.into_iter().zip(job.texts).enumerate() {
+            let last = i + 1 == n;
+            sink(SeqEvent {
+                seq_id: job.seq_id,
+                token_id,
+                text,
+                logprobs,
+                finish: if last { finish } else { None },
+                stopped_on: if last { stopped_on.take() } else { None },
+                error: None,
+            });
+        }
     }
     ended
 }

@@ -188,6 +188,19 @@ impl KvCacheManager {
         released
     }
 
+    /// Releases the window entries of `table` past its first `keep`, tail first.
+    pub(super) fn truncate_window(&mut self, table: &mut BlockTable, keep: usize) {
+        if let Some(group) = &mut self.window {
+            while table.window.len() > keep {
+                let b = table.window.pop().expect("longer than keep");
+                if b.0 != 0 {
+                    group.pool.release(b);
+                }
+            }
+            table.window_released = table.window_released.min(keep);
+        }
+    }
+
     /// Releases every window block of `table`, tail first.
     pub(super) fn free_window(&mut self, table: &mut BlockTable) {
         if let Some(group) = &mut self.window {

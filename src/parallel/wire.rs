@@ -112,8 +112,8 @@ fn put_all(buf: &mut Vec<u8>, vs: &[u32]) {
 }
 
 /// Words of one scheduled sequence: id (2), computed, new, token range (2), table range (2),
-/// samples.
-const SEQ_WORDS: usize = 9;
+/// samples, drafts.
+const SEQ_WORDS: usize = 10;
 
 /// Encodes a step plan into `buf` (cleared first): a header (sequences, tokens, table entries,
 /// whether a window group's slots and tables follow), the sequences, then the arrays. Preemptions
@@ -138,6 +138,7 @@ pub fn encode_step(out: &SchedulerOutput, buf: &mut Vec<u8>) {
         put(buf, s.block_table.start as u32);
         put(buf, s.block_table.end as u32);
         put(buf, u32::from(s.samples));
+        put(buf, s.num_draft_tokens as u32);
     }
     put_all(buf, &out.token_ids);
     put_all(buf, &out.positions);
@@ -182,8 +183,10 @@ pub fn decode_step(bytes: &[u8], out: &mut SchedulerOutput) -> io::Result<()> {
             tokens: w[4] as usize..w[5] as usize,
             block_table: w[6] as usize..w[7] as usize,
             samples: w[8] != 0,
+            num_draft_tokens: w[9] as usize,
         };
         if s.tokens.start > s.tokens.end
+            || s.num_draft_tokens > s.num_new_tokens
             || s.tokens.end > n
             || s.block_table.start > s.block_table.end
             || s.block_table.end > tables
@@ -227,6 +230,7 @@ mod tests {
                     seq_id: SeqId(7 + (1 << 40)),
                     num_computed_tokens: 30,
                     num_new_tokens: 1,
+                    num_draft_tokens: 0,
                     tokens: 0..1,
                     block_table: 0..2,
                     samples: true,
@@ -235,6 +239,7 @@ mod tests {
                     seq_id: SeqId(9),
                     num_computed_tokens: 0,
                     num_new_tokens: 3,
+                    num_draft_tokens: 2,
                     tokens: 1..4,
                     block_table: 2..3,
                     samples: false,

@@ -148,11 +148,12 @@ impl<'a> ForwardBatch<'a> {
                 block_table: s.block_table.clone(),
             })
             .collect();
+        // Each sampling sequence's last row, and the rows of its draft tokens before it.
         let rows: Vec<u32> = out
             .seqs
             .iter()
             .filter(|s| s.samples)
-            .map(|s| (s.tokens.end - 1) as u32)
+            .flat_map(|s| (s.tokens.end - 1 - s.num_draft_tokens..s.tokens.end).map(|r| r as u32))
             .collect();
         // A step where no sequence samples (a long prompt's first chunks, alone) still gathers
         // one row on a GPU, the step's last token, whose logits nobody reads: a device buffer of

@@ -7,6 +7,7 @@ pub mod batch;
 pub mod cuda_graphs;
 pub mod graph_buckets;
 pub mod step_times;
+mod verify;
 
 use std::time::Instant;
 
@@ -18,6 +19,16 @@ use crate::runner::step_times::{Phase, StepTimes};
 use crate::sampler::{SampledToken, Sampler};
 use crate::scheduler::SchedulerOutput;
 use crate::sequence::Sequence;
+
+/// A step's sampled tokens.
+#[derive(Debug, Default)]
+pub struct Sampled {
+    /// Each sampling sequence's tokens, back to back, in `out.seqs` order.
+    pub tokens: Vec<SampledToken>,
+    /// How many tokens each sampling sequence emitted (its accepted drafts, then one of the
+    /// target's own); empty when the step verified no drafts (one each).
+    pub emitted: Vec<usize>,
+}
 
 /// Runs steps of one model.
 pub struct ModelRunner {
@@ -121,15 +132,18 @@ impl ModelRunner {
         seqs: &mut [Sequence],
         times: &mut StepTimes,
         overlap: &mut dyn FnMut(),
-    ) -> Result<Vec<SampledToken>, ModelError> {
+    ) -> Result<Sampled, ModelError> {
         if out.is_empty() {
             overlap();
-            return Ok(Vec::new());
+            return Ok(Sampled::default());
         }
         if let Some(leader) = self.leader.as_mut() {
             leader
                 .broadcast(out)
                 .map_err(|e| ModelError::Unsupported(e.to_string()))?;
+        }
+        if out.num_draft_tokens() > 0 {
+            return self.execute_verify(out, seqs, times, overlap);
         }
         let requests = out
             .seqs
@@ -139,7 +153,11 @@ impl ModelRunner {
             .map(|(_, seq)| seq.sample_request());
         #[cfg(feature = "cuda")]
         if !self.device.is_cpu() {
-            return self.execute_on_gpu(out, requests, times, overlap);
+            let tokens = self.execute_on_gpu(out, requests, times, overlap)?;
+            return Ok(Sampled {
+                tokens,
+                emitted: Vec::new(),
+            });
         }
         let start = Instant::now();
         let batch = ForwardBatch::new(out, &self.device)?;
@@ -157,9 +175,42 @@ impl ModelRunner {
             .to_dtype(candle_core::DType::F32)?
             .flatten_all()?
             .to_vec1::<f32>()?;
-        let sampled = self.sampler.sample_batch(&mut data, vocab, requests);
+        let tokens = self.sampler.sample_batch(&mut data, vocab, requests);
         times.lap(Phase::Sample, start);
-        Ok(sampled)
+        Ok(Sampled {
+            tokens,
+            emitted: Vec::new(),
+        })
+    }
+
+    /// [`ModelRunner::execute`] for a step that verifies draft tokens, on any device: an eager
+    /// forward pass (a verify step's sequences are short prefill chunks to the attention), the
+    /// sampled rows' logits brought to the host, each sequence's rows sampled in order until
+    /// the first rejected draft.
+    fn execute_verify(
+        &mut self,
+        out: &SchedulerOutput,
+        seqs: &mut [Sequence],
+        times: &mut StepTimes,
+        overlap: &mut dyn FnMut(),
+    ) -> Result<Sampled, ModelError> {
+        let start = Instant::now();
+        let batch = ForwardBatch::new(out, &self.device)?;
+        let start = times.lap(Phase::Prepare, start);
+        let logits = self.model.forward_native(&batch, &mut self.kv)?;
+        let mut data = logits
+            .to_dtype(candle_core::DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let start = times.lap(Phase::Forward, start);
+        overlap();
+        let start = times.lap(Phase::Text, start);
+        let (rows, vocab) = logits.dims2()?;
+        debug_assert_eq!(rows, out.num_sample_rows());
+        let (tokens, emitted) =
+            verify::sample_verify(&mut self.sampler, &mut data, vocab, out, seqs);
+        times.lap(Phase::Sample, start);
+        Ok(Sampled { tokens, emitted })
     }
 
     /// [`ModelRunner::execute`] on a GPU: the rows' sampling inputs are set before the launch, so

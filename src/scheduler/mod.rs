@@ -137,6 +137,12 @@ impl Scheduler {
         &self.running
     }
 
+    /// Running sequences, to set their draft tokens ([`Sequence::set_spec_tokens`]) between an
+    /// `update` and the next `schedule`.
+    pub fn running_mut(&mut self) -> &mut [Sequence] {
+        &mut self.running
+    }
+
     /// Waiting sequences, front first.
     pub fn waiting(&self) -> impl Iterator<Item = &Sequence> {
         self.waiting.iter()
@@ -190,7 +196,14 @@ impl Scheduler {
         // Running sequences first, oldest first; preempt from the newest end when blocks run out.
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
-            let n = self.running[i].num_pending_tokens().min(budget);
+            let seq = &self.running[i];
+            let pending = seq.num_pending_tokens();
+            // Draft tokens ride on a decode step (one pending token), as far as the budget goes.
+            let drafts = match pending {
+                1 => seq.spec_tokens().len().min(budget - 1),
+                _ => 0,
+            };
+            let n = (pending + drafts).min(budget);
             let target = self.running[i].num_computed_tokens() + n;
             loop {
                 let seq = &mut self.running[i];
@@ -211,7 +224,7 @@ impl Scheduler {
             if i == self.running.len() {
                 break;
             }
-            self.push_scheduled(out, i, n);
+            self.push_scheduled(out, i, n, drafts);
             budget -= n;
             i += 1;
         }
@@ -244,17 +257,20 @@ impl Scheduler {
             seq.set_num_computed_tokens(cached.num_tokens);
             seq.status = SeqStatus::Running;
             self.running.push(seq);
-            self.push_scheduled(out, self.running.len() - 1, n);
+            self.push_scheduled(out, self.running.len() - 1, n, 0);
             budget -= n;
         }
     }
 
-    fn push_scheduled(&mut self, out: &mut SchedulerOutput, index: usize, n: usize) {
+    /// Adds `n` tokens of running sequence `index` to `out`, its last `drafts` its draft tokens.
+    fn push_scheduled(&mut self, out: &mut SchedulerOutput, index: usize, n: usize, drafts: usize) {
         let seq = &self.running[index];
         let start = seq.num_computed_tokens();
         let tokens = out.token_ids.len()..out.token_ids.len() + n;
         out.token_ids
-            .extend_from_slice(&seq.token_ids()[start..start + n]);
+            .extend_from_slice(&seq.token_ids()[start..start + n - drafts]);
+        out.token_ids
+            .extend_from_slice(&seq.spec_tokens()[..drafts]);
         out.positions.extend((start..start + n).map(|p| p as u32));
         out.slot_mapping
             .extend((start..start + n).map(|p| self.kv.slot(&seq.block_table, p)));
@@ -272,14 +288,16 @@ impl Scheduler {
             seq_id: seq.id,
             num_computed_tokens: start,
             num_new_tokens: n,
+            num_draft_tokens: drafts,
             tokens,
             block_table: table_start..out.block_tables.len(),
-            samples: start + n == seq.num_tokens(),
+            samples: start + n - drafts == seq.num_tokens(),
         });
     }
 
     fn preempt(&mut self, mut seq: Sequence) {
         self.kv.free(&mut seq.block_table);
+        seq.set_spec_tokens(&[]);
         seq.set_num_computed_tokens(0);
         seq.status = SeqStatus::Waiting;
         seq.num_preemptions += 1;
@@ -292,38 +310,72 @@ impl Scheduler {
     /// sequences, freeing their blocks.
     pub fn update(&mut self, out: &SchedulerOutput, sampled: &[u32]) -> Vec<SeqUpdate> {
         let mut updates = Vec::with_capacity(sampled.len());
-        self.update_into(out, sampled, &mut updates);
+        self.update_into(out, sampled, &[], &mut updates);
         updates
     }
 
-    /// [`Self::update`] into a reused buffer.
+    /// [`Self::update`] into a reused buffer, for steps that verify draft tokens too: `sampled`
+    /// holds each sampling sequence's tokens back to back, `emitted[i]` of them for the `i`-th
+    /// (the drafts the target accepted, then one token of its own); an empty `emitted` means one
+    /// each. Accepted drafts keep their KV; the blocks that only rejected drafts' KV reached are
+    /// freed, so a rejected token never reaches the prefix cache.
     pub fn update_into(
         &mut self,
         out: &SchedulerOutput,
         sampled: &[u32],
+        emitted: &[usize],
         updates: &mut Vec<SeqUpdate>,
     ) {
+        let num_sampling = out.num_sampling();
+        assert!(emitted.is_empty() || emitted.len() == num_sampling);
+        let total = match emitted.is_empty() {
+            true => num_sampling,
+            false => emitted.iter().sum(),
+        };
         assert_eq!(
             sampled.len(),
-            out.num_sampling(),
-            "one sampled token per sampling sequence"
+            total,
+            "the tokens of every sampling sequence"
         );
         updates.clear();
         let max_model_len = self.config.max_model_len;
-        let mut sampled = sampled.iter();
+        let (mut next, mut sampling) = (0, 0);
         let mut any_finished = false;
         for (seq, s) in self.running.iter_mut().zip(&out.seqs) {
             assert_eq!(seq.id, s.seq_id, "update must follow its own schedule");
-            let computed = s.num_computed_tokens + s.num_new_tokens;
+            let mut computed = s.num_computed_tokens + s.num_new_tokens - s.num_draft_tokens;
+            let mut last = None;
+            if s.samples {
+                let count = emitted.get(sampling).copied().unwrap_or(1);
+                assert!((1..=1 + s.num_draft_tokens).contains(&count));
+                sampling += 1;
+                let tokens = &sampled[next..next + count];
+                next += count;
+                let mut finish = None;
+                let mut appended = 0;
+                for &token in tokens {
+                    appended += 1;
+                    finish = seq.append(token, max_model_len);
+                    if finish.is_some() {
+                        break;
+                    }
+                }
+                // The accepted drafts' KV is written (those before the target's own token).
+                computed += appended - 1;
+                last = Some((tokens[appended - 1], appended - 1, finish));
+            }
             seq.set_num_computed_tokens(computed);
+            seq.set_spec_tokens(&[]);
             let (table, tokens) = seq.table_and_tokens();
             self.kv.commit_full_blocks(table, tokens, computed);
             self.kv.release_out_of_window(table, computed);
-            if !s.samples {
-                continue;
+            if s.num_draft_tokens > 0 {
+                let num_tokens = seq.num_tokens();
+                self.kv.truncate(&mut seq.block_table, num_tokens);
             }
-            let token_id = *sampled.next().expect("counted above");
-            let finish = seq.append(token_id, max_model_len);
+            let Some((token_id, num_accepted, finish)) = last else {
+                continue;
+            };
             let mut error = None;
             if let Some(reason) = finish {
                 seq.status = SeqStatus::Finished(reason);
@@ -333,6 +385,7 @@ impl Scheduler {
             updates.push(SeqUpdate {
                 seq_id: seq.id,
                 token_id,
+                num_accepted,
                 finish,
                 error,
             });

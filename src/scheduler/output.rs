@@ -12,8 +12,11 @@ pub struct ScheduledSeq {
     pub seq_id: SeqId,
     /// Tokens already in the KV cache before this step (the context this step's tokens attend over).
     pub num_computed_tokens: usize,
-    /// Tokens computed this step: 1 for a decode, more for a prefill chunk.
+    /// Tokens computed this step: 1 for a decode, more for a prefill chunk or a verify step.
     pub num_new_tokens: usize,
+    /// Of those, the last ones are draft tokens to verify (speculative decoding): the sequence
+    /// samples `1 + num_draft_tokens` rows, its last ones.
+    pub num_draft_tokens: usize,
     /// Where this sequence's tokens sit in [`SchedulerOutput::token_ids`], `positions` and
     /// `slot_mapping`.
     pub tokens: Range<usize>,
@@ -56,6 +59,20 @@ impl SchedulerOutput {
         self.seqs.iter().filter(|s| s.samples).count()
     }
 
+    /// Rows whose logits are sampled: one per sampling sequence, plus one per draft token.
+    pub fn num_sample_rows(&self) -> usize {
+        self.seqs
+            .iter()
+            .filter(|s| s.samples)
+            .map(|s| 1 + s.num_draft_tokens)
+            .sum()
+    }
+
+    /// Draft tokens to verify this step.
+    pub fn num_draft_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.num_draft_tokens).sum()
+    }
+
     /// Whether the step carries a window group's slots and tables.
     pub fn has_window(&self) -> bool {
         !self.window_block_tables.is_empty()
@@ -83,8 +100,10 @@ impl SchedulerOutput {
 pub struct SeqUpdate {
     /// Which sequence.
     pub seq_id: SeqId,
-    /// The token appended.
+    /// The last token appended.
     pub token_id: u32,
+    /// Tokens appended before `token_id` this step: draft tokens the target model accepted.
+    pub num_accepted: usize,
     /// Set when this token ended the sequence (its blocks are already freed).
     pub finish: Option<FinishReason>,
     /// Why the sequence failed, when it ended with `Abort` here (its constraint broke).

@@ -195,6 +195,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
             "pagewise:engine_step_phase_seconds_total{{{labels},phase=\"{phase}\"}} {v}\n"
         ));
     }
+    render_spec(&mut out, &e.spec, &labels);
     m.ttft.render(
         &mut out,
         "vllm:time_to_first_token_seconds",
@@ -227,4 +228,43 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         out,
     )
         .into_response()
+}
+
+/// Speculative decoding's counters, with vLLM's names, when it is on.
+fn render_spec(out: &mut String, spec: &crate::engine::handle::SpecCounters, labels: &str) {
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+    let k = spec.num_speculative_tokens.load(Ordering::Relaxed) as usize;
+    if k == 0 {
+        return;
+    }
+    for (name, help, v) in [
+        (
+            "vllm:spec_decode_num_drafts_total",
+            "Sequence-steps that verified draft tokens.",
+            load(&spec.num_drafts),
+        ),
+        (
+            "vllm:spec_decode_num_draft_tokens_total",
+            "Draft tokens verified.",
+            load(&spec.num_draft_tokens),
+        ),
+        (
+            "vllm:spec_decode_num_accepted_tokens_total",
+            "Draft tokens accepted.",
+            load(&spec.num_accepted_tokens),
+        ),
+    ] {
+        render_sample(out, name, "counter", help, labels, v);
+    }
+    out.push_str(
+        "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted draft tokens by \
+         position in the draft.\n\
+         # TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter\n",
+    );
+    for (pos, n) in spec.accepted_per_pos.iter().take(k).enumerate() {
+        let v = load(n);
+        out.push_str(&format!(
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position=\"{pos}\"}} {v}\n"
+        ));
+    }
 }

@@ -87,6 +87,15 @@ impl FakeModel {
 
     /// Runs one step: returns one token per sampling sequence, in order.
     pub fn execute(&mut self, out: &SchedulerOutput) -> Vec<u32> {
+        let (tokens, emitted) = self.execute_verify(out);
+        assert!(emitted.iter().all(|&n| n == 1), "a step without drafts");
+        tokens
+    }
+
+    /// Runs one step that may verify draft tokens: a sequence's rows are read in order, each
+    /// row's next token taken, up to the first that differs from its draft. Returns the tokens
+    /// back to back and how many each sampling sequence emitted.
+    pub fn execute_verify(&mut self, out: &SchedulerOutput) -> (Vec<u32>, Vec<usize>) {
         let bs = self.block_size;
         for i in 0..out.num_batched_tokens() {
             let slot = out.slot_mapping[i] as usize;
@@ -98,7 +107,7 @@ impl FakeModel {
                 slots[slot] = Some((out.token_ids[i], out.positions[i]));
             }
         }
-        let mut sampled = Vec::new();
+        let (mut sampled, mut emitted) = (Vec::new(), Vec::new());
         for s in &out.seqs {
             let table = &out.block_tables[s.block_table.clone()];
             let len = s.num_computed_tokens + s.num_new_tokens;
@@ -118,9 +127,20 @@ impl FakeModel {
                 }
             }
             if s.samples {
-                sampled.push(next_token(&context));
+                let k = s.num_draft_tokens;
+                let drafts = &out.token_ids[s.tokens.end - k..s.tokens.end];
+                let mut n = 0;
+                for i in 0..=k {
+                    let token = next_token(&context[..len - k + i]);
+                    sampled.push(token);
+                    n += 1;
+                    if i == k || token != drafts[i] {
+                        break;
+                    }
+                }
+                emitted.push(n);
             }
         }
-        sampled
+        (sampled, emitted)
     }
 }

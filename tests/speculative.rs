@@ -1,0 +1,252 @@
+//! Speculative decoding with the n-gram proposer, through the library: output with speculation is
+//! the output without it (greedy token for token; seeded sampling too, since each position is
+//! sampled as a plain step would sample it, from the same stream), under batching, chunked
+//! prefill, prefix caching, preemption and sliding windows; sampled outputs follow the same
+//! distribution (chi-square); and the drafts are really verified.
+
+mod common;
+
+use pagewise::sampler::SeededRng;
+use pagewise::spec::SpeculativeConfig;
+use pagewise::{EngineArgs, Llm, SamplingParams};
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+
+fn ngram(k: usize) -> Option<SpeculativeConfig> {
+    Some(
+        SpeculativeConfig::parse(&format!(
+            r#"{{"method":"ngram","num_speculative_tokens":{k},"prompt_lookup_min":1,"prompt_lookup_max":3}}"#
+        ))
+        .unwrap(),
+    )
+}
+
+/// 24 prompts, half sharing a prefix, some repeating a pattern (so the proposer finds drafts
+/// from the start).
+fn prompts() -> Vec<Vec<u32>> {
+    let mut rng = SeededRng::new(7, 0);
+    let mut tok = || (rng.next_u64() % 250) as u32 + 1;
+    let shared: Vec<u32> = (0..24).map(|_| tok()).collect();
+    (0..24)
+        .map(|i| {
+            let tail: Vec<u32> = (0..1 + (i * 5) % 30).map(|_| tok()).collect();
+            let p = match i % 3 {
+                0 => [shared.clone(), tail].concat(),
+                1 => tail,
+                _ => [tail.clone(), tail.clone(), tail].concat(),
+            };
+            p.into_iter().take(60).collect()
+        })
+        .collect()
+}
+
+/// Each prompt's output alone without speculation, then all of them batched with `spec` in a
+/// small cache (chunked prefill, preemption, prefix hits): the same tokens. Returns the batched
+/// engine.
+fn same_with_and_without(model: &str, kv_bytes_per_token: u64, params: &SamplingParams) -> Llm {
+    let prompts = prompts();
+    let mut plain = Llm::new(EngineArgs {
+        model: model.into(),
+        ..Default::default()
+    })
+    .unwrap();
+    let expected: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            plain.generate_tokens(vec![p.clone()], params).unwrap()[0].outputs[0]
+                .token_ids
+                .clone()
+        })
+        .collect();
+    let mut spec = Llm::new(EngineArgs {
+        model: model.into(),
+        block_size: 8,
+        max_num_batched_tokens: Some(24),
+        kv_cache_memory: Some(30 * 8 * kv_bytes_per_token),
+        max_model_len: Some(128),
+        speculative_config: ngram(4),
+        ..Default::default()
+    })
+    .unwrap();
+    let outs = spec.generate_tokens(prompts.clone(), params).unwrap();
+    for (i, (out, want)) in outs.iter().zip(&expected).enumerate() {
+        assert_eq!(&out.outputs[0].token_ids, want, "prompt {i}");
+    }
+    let stats = spec.core().spec_stats();
+    eprintln!(
+        "drafts {}, draft tokens {}, accepted {} ({:.0}%), per position {:?}",
+        stats.num_drafts,
+        stats.num_draft_tokens,
+        stats.num_accepted_tokens,
+        100.0 * stats.acceptance_rate(),
+        stats.accepted_per_pos
+    );
+    assert!(
+        stats.num_accepted_tokens > 0,
+        "some drafts must be accepted"
+    );
+    assert!(
+        stats.num_accepted_tokens < stats.num_draft_tokens,
+        "some drafts must be rejected"
+    );
+    common::assert_preempted_cached_and_freed(&spec, "");
+    spec
+}
+
+fn greedy() -> SamplingParams {
+    SamplingParams {
+        temperature: 0.0,
+        max_tokens: 32,
+        ignore_eos: true,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn greedy_output_with_ngram_speculation_is_the_output_without() {
+    same_with_and_without(&format!("{FIXTURES}/llama-gqa-tied"), 512, &greedy());
+}
+
+#[test]
+fn greedy_output_with_speculation_is_the_same_for_experts() {
+    same_with_and_without(&format!("{FIXTURES}/mixtral"), 512, &greedy());
+}
+
+#[test]
+fn greedy_output_with_speculation_is_the_same_under_sliding_windows() {
+    same_with_and_without(&format!("{FIXTURES}/gemma3"), 1024, &greedy());
+}
+
+/// Seeded sampling at temperature 1 with top-p, top-k, min-p, penalties and `min_tokens`: every
+/// position is sampled from the target's processed distribution with the sequence's next draw,
+/// whether it is verifying a draft or not.
+#[test]
+fn seeded_sampling_with_speculation_is_the_output_without() {
+    let params = SamplingParams {
+        temperature: 0.4,
+        top_p: 0.95,
+        top_k: 50,
+        min_p: 0.01,
+        presence_penalty: 0.1,
+        frequency_penalty: 0.05,
+        min_tokens: 8,
+        max_tokens: 32,
+        seed: Some(11),
+        ..Default::default()
+    };
+    same_with_and_without(&format!("{FIXTURES}/llama-gqa-tied"), 512, &params);
+}
+
+/// Two-sample chi-square statistic over the categories of `a` and `b` (pooling categories
+/// expected fewer than 5 times into one), and its degrees of freedom.
+fn chi_square(a: &[u32], b: &[u32]) -> (f64, usize) {
+    use std::collections::BTreeMap;
+    let mut counts: BTreeMap<u32, (f64, f64)> = BTreeMap::new();
+    for &x in a {
+        counts.entry(x).or_default().0 += 1.0;
+    }
+    for &x in b {
+        counts.entry(x).or_default().1 += 1.0;
+    }
+    let (na, nb) = (a.len() as f64, b.len() as f64);
+    let mut cells: Vec<(f64, f64)> = Vec::new();
+    let mut rest = (0.0, 0.0);
+    for (_, (ca, cb)) in counts {
+        if (ca + cb) * na.min(nb) / (na + nb) >= 5.0 {
+            cells.push((ca, cb));
+        } else {
+            rest = (rest.0 + ca, rest.1 + cb);
+        }
+    }
+    if rest.0 + rest.1 > 0.0 {
+        cells.push(rest);
+    }
+    let mut stat = 0.0;
+    for (ca, cb) in &cells {
+        let p = (ca + cb) / (na + nb);
+        stat += (ca - p * na).powi(2) / (p * na) + (cb - p * nb).powi(2) / (p * nb);
+    }
+    (stat, cells.len() - 1)
+}
+
+/// The chi-square value a statistic with `df` degrees of freedom exceeds with probability 0.001
+/// (Wilson-Hilferty).
+fn chi_square_critical(df: usize) -> f64 {
+    let (df, z) = (df as f64, 3.090);
+    let c = 2.0 / (9.0 * df);
+    df * (1.0 - c + z * c.sqrt()).powi(3)
+}
+
+/// At temperature 1, 800 samples with speculation and 800 without (different seeds, so
+/// independent): the tokens at the verified positions follow the same distribution. The prompt
+/// holds 150 distinct tokens of the 320, so after about half the first tokens the proposer guesses the token
+/// that followed it in the prompt; had the drafts been taken unverified, the second token
+/// would be that guess most of the time.
+#[test]
+fn sampled_outputs_follow_the_same_distribution_with_speculation() {
+    let model = format!("{FIXTURES}/llama-gqa-tied");
+    let mut rng = SeededRng::new(3, 0);
+    let mut prompt: Vec<u32> = (0..256).filter(|&t| t != 0).collect();
+    for i in (1..prompt.len()).rev() {
+        prompt.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    prompt.truncate(150);
+    let next_in_prompt = |t: u32| {
+        prompt
+            .iter()
+            .position(|&p| p == t)
+            .and_then(|i| prompt.get(i + 1).copied())
+    };
+    let run = |spec: Option<SpeculativeConfig>, seed0: u64| {
+        let mut llm = Llm::new(EngineArgs {
+            model: model.clone(),
+            speculative_config: spec,
+            ..Default::default()
+        })
+        .unwrap();
+        let params: Vec<SamplingParams> = (0..800)
+            .map(|i| SamplingParams {
+                temperature: 1.0,
+                max_tokens: 3,
+                ignore_eos: true,
+                seed: Some(seed0 + i),
+                ..Default::default()
+            })
+            .collect();
+        let outs = llm
+            .generate_tokens_each(vec![prompt.clone(); 800], &params)
+            .unwrap();
+        let tokens: Vec<Vec<u32>> = outs
+            .iter()
+            .map(|o| o.outputs[0].token_ids.clone())
+            .collect();
+        (tokens, llm.core().spec_stats().clone())
+    };
+    let (plain, _) = run(None, 0);
+    let (spec, stats) = run(ngram(2), 1_000_000);
+    eprintln!(
+        "drafts {}, draft tokens {}, accepted {}",
+        stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens
+    );
+    assert!(stats.num_drafts > 300, "many sequences must verify a draft");
+    let guessed = |outs: &[Vec<u32>]| -> Vec<u32> {
+        outs.iter()
+            .map(|o| u32::from(next_in_prompt(o[0]) == Some(o[1])))
+            .collect()
+    };
+    let at = |outs: &[Vec<u32>], i: usize| -> Vec<u32> { outs.iter().map(|o| o[i]).collect() };
+    for (what, a, b) in [
+        ("first token", at(&plain, 0), at(&spec, 0)),
+        ("second token", at(&plain, 1), at(&spec, 1)),
+        ("third token", at(&plain, 2), at(&spec, 2)),
+        ("second token is the guess", guessed(&plain), guessed(&spec)),
+    ] {
+        let (stat, df) = chi_square(&a, &b);
+        let critical = chi_square_critical(df);
+        eprintln!("{what}: chi-square {stat:.1}, df {df}, critical (p = 0.001) {critical:.1}");
+        assert!(
+            df > 0 && stat < critical,
+            "{what}: chi-square {stat} >= {critical} (df {df})"
+        );
+    }
+}
