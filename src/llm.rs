@@ -84,6 +84,17 @@ impl Llm {
             .collect()
     }
 
+    /// The token ids [`Self::generate`] feeds for `text`, or with `chat` those [`Self::chat`]
+    /// feeds for `text` as one user message.
+    pub fn prompt_tokens(&self, text: &str, chat: bool) -> Result<Vec<u32>, EngineError> {
+        if !chat {
+            return Ok(self.encode_all(&[text], true)?.remove(0));
+        }
+        let template = self.core.chat_template()?;
+        let rendered = template.render_messages(&[ChatMessage::new("user", text)])?;
+        Ok(self.encode_all(&[rendered], false)?.remove(0))
+    }
+
     /// Generates for each prompt; outputs are in input order.
     pub fn generate<S: AsRef<str>>(
         &mut self,

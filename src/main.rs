@@ -266,14 +266,7 @@ fn bench(cmd: BenchCmd) -> Result<()> {
         BenchKind::Latency(a) => {
             let model = resolve_model(&a.engine)?;
             let args = a.engine.to_engine_args(model);
-            let r = bench::offline::latency(
-                args,
-                a.batch_size,
-                a.input_len,
-                a.output_len,
-                a.num_iters_warmup,
-                a.num_iters,
-            )?;
+            let r = bench::offline::latency(args, &a.workload())?;
             println!("batch {}: {}", r.batch_size, r.latency.row("latency"));
             println!("batch {}: {}", r.batch_size, r.ttft.row("first token"));
             println!(
@@ -282,6 +275,15 @@ fn bench(cmd: BenchCmd) -> Result<()> {
                 r.prefill_tokens_per_s,
                 r.decode_only_tokens_per_s_per_seq
             );
+            if let Some(s) = &r.speculative {
+                println!(
+                    "speculative: {} of {} draft tokens accepted ({:.1}%), {:.2} tokens per step",
+                    s.accepted_tokens,
+                    s.draft_tokens,
+                    100.0 * s.acceptance_rate,
+                    s.tokens_per_step
+                );
+            }
             println!("{}", r.step_breakdown.row());
             write_json(a.output_json.as_ref(), &r)
         }

@@ -151,7 +151,16 @@ fn offline_throughput_and_latency() {
     assert!(b.total_ms() * b.steps as f64 <= t.elapsed_s * 1e3, "{b:?}");
     assert!(b.forward_ms > b.schedule_ms && b.forward_ms > 0.0, "{b:?}");
     assert!(b.row().contains("forward"));
-    let l = offline::latency(args(), 2, 8, 5, 1, 3).unwrap();
+    let workload = offline::LatencyWorkload {
+        batch_size: 2,
+        input_len: 8,
+        output_len: 5,
+        warmup: 1,
+        iters: 3,
+        ..Default::default()
+    };
+    let l = offline::latency(args(), &workload).unwrap();
+    assert!(l.speculative.is_none());
     assert_eq!(l.batch_size, 2);
     assert!(l.latency.mean_ms > 0.0 && l.decode_tokens_per_s_per_seq > 0.0);
     // Three timed iterations of one prefill step and four decode steps each (the fifth token

@@ -250,3 +250,108 @@ fn sampled_outputs_follow_the_same_distribution_with_speculation() {
         );
     }
 }
+
+/// Through the server: streamed completions with speculation (several tokens per step reach the
+/// stream as one chunk each, logprobs with them, a stop string cuts inside a step's tokens)
+/// equal the library's output without it, and `/metrics` counts drafts with vLLM's names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_output_and_metrics_with_speculation() {
+    use common::server::{engine_args, post, serve, sse};
+    use serde_json::{Value, json};
+    let prompt = "abcabcabcabcabcabc";
+    let want = |stop: Vec<String>| {
+        Llm::new(engine_args())
+            .unwrap()
+            .generate(
+                &[prompt],
+                &SamplingParams {
+                    temperature: 0.0,
+                    max_tokens: 40,
+                    ignore_eos: true,
+                    stop,
+                    logprobs: Some(1),
+                    ..Default::default()
+                },
+            )
+            .unwrap()[0]
+            .outputs[0]
+            .clone()
+    };
+    let plain = want(vec![]);
+    let args = EngineArgs {
+        speculative_config: ngram(5),
+        ..engine_args()
+    };
+    let opts = pagewise::server::ServerOptions {
+        served_model_names: vec!["tiny".into()],
+        ..Default::default()
+    };
+    let (base, _) = serve(args, opts).await;
+    let body = json!({"model": "tiny", "prompt": prompt, "max_tokens": 40, "temperature": 0,
+        "ignore_eos": true, "logprobs": 1, "stream": true});
+    let chunks: Vec<Value> = sse(&base, "/v1/completions", body)
+        .await
+        .iter()
+        .filter(|c| *c != "[DONE]")
+        .map(|c| serde_json::from_str(c).unwrap())
+        .collect();
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(text, plain.text);
+    let logprobs: Vec<f64> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["logprobs"]["token_logprobs"].as_array())
+        .flatten()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    let want_logprobs: Vec<f64> = plain
+        .logprobs
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|l| f64::from(l.logprob))
+        .collect();
+    assert_eq!(logprobs.len(), 40);
+    for (a, b) in logprobs.iter().zip(&want_logprobs) {
+        assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+    }
+
+    // A stop string inside the text: the output ends where it does without speculation.
+    let stop = plain.text.chars().skip(7).take(2).collect::<String>();
+    let cut = want(vec![stop.clone()]);
+    let (status, body) = post(
+        &base,
+        "/v1/completions",
+        json!({"model": "tiny", "prompt": prompt,
+        "max_tokens": 40, "temperature": 0, "ignore_eos": true, "stop": [stop]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["text"], cut.text.as_str());
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+
+    let metrics = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && !l.starts_with('#'))
+            .and_then(|l| l.rsplit(' ').next())
+            .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+            .parse()
+            .unwrap()
+    };
+    let drafts = value("vllm:spec_decode_num_draft_tokens_total");
+    let accepted = value("vllm:spec_decode_num_accepted_tokens_total");
+    eprintln!("drafts {drafts}, accepted {accepted}");
+    assert!(value("vllm:spec_decode_num_drafts_total") > 0.0);
+    assert!(accepted > 0.0 && accepted <= drafts);
+    assert!(metrics.contains("vllm:spec_decode_num_accepted_tokens_per_pos_total{"));
+    assert!(metrics.contains("position=\"4\"}"));
+}

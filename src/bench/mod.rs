@@ -193,7 +193,33 @@ pub struct BenchLatencyArgs {
     /// Timed iterations.
     #[arg(long, default_value_t = 5)]
     pub num_iters: usize,
+    /// A text prompt for every sequence instead of `--input-len` random tokens (an
+    /// input-grounded workload: rewriting or summarizing the text it gives).
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// `--prompt` as one user message in the model's chat template.
+    #[arg(long, requires = "prompt")]
+    pub chat: bool,
+    /// Sampling temperature (0 = greedy; vLLM's bench latency samples at 1).
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
     /// Write the result as JSON here.
     #[arg(long)]
     pub output_json: Option<String>,
+}
+
+impl BenchLatencyArgs {
+    /// The workload these flags describe.
+    pub fn workload(&self) -> offline::LatencyWorkload {
+        offline::LatencyWorkload {
+            batch_size: self.batch_size,
+            input_len: self.input_len,
+            output_len: self.output_len,
+            warmup: self.num_iters_warmup,
+            iters: self.num_iters,
+            prompt: self.prompt.clone(),
+            chat: self.chat,
+            temperature: self.temperature,
+        }
+    }
 }

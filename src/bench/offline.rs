@@ -1,5 +1,7 @@
 //! `pagewise bench throughput` and `pagewise bench latency`: in-process, through `Llm`, with
-//! random token-id prompts of exact lengths (vLLM's `bench throughput` / `bench latency`).
+//! random token-id prompts of exact lengths (vLLM's `bench throughput` / `bench latency`), or
+//! for `latency` one text prompt (`--prompt`: workloads whose output depends on the input, as
+//! speculative decoding needs).
 
 use std::time::Instant;
 
@@ -126,40 +128,111 @@ pub struct LatencyResult {
     pub decode_only_tokens_per_s_per_seq: f64,
     /// Mean time per engine step of each phase, over the timed iterations.
     pub step_breakdown: StepBreakdown,
+    /// Drafts and acceptance, with `--speculative-config`.
+    pub speculative: Option<SpecSummary>,
 }
 
-/// `iters` timed batches after `warmup` untimed ones.
-pub fn latency(
-    args: EngineArgs,
-    batch_size: usize,
-    input_len: usize,
-    output_len: usize,
-    warmup: usize,
-    iters: usize,
-) -> Result<LatencyResult, EngineError> {
+/// What `bench latency` runs.
+#[derive(Clone, Debug)]
+pub struct LatencyWorkload {
+    /// Sequences per batch.
+    pub batch_size: usize,
+    /// Prompt length (tokens) of the random prompts.
+    pub input_len: usize,
+    /// Output length (tokens, EOS ignored).
+    pub output_len: usize,
+    /// Untimed batches first.
+    pub warmup: usize,
+    /// Timed batches.
+    pub iters: usize,
+    /// A text prompt for every sequence instead of random tokens; with `chat`, as one user
+    /// message in the model's chat template.
+    pub prompt: Option<String>,
+    /// See `prompt`.
+    pub chat: bool,
+    /// Sampling temperature (vLLM's `bench latency` samples at 1.0).
+    pub temperature: f32,
+}
+
+impl Default for LatencyWorkload {
+    fn default() -> Self {
+        LatencyWorkload {
+            batch_size: 1,
+            input_len: 128,
+            output_len: 512,
+            warmup: 1,
+            iters: 5,
+            prompt: None,
+            chat: false,
+            temperature: 1.0,
+        }
+    }
+}
+
+/// Speculative decoding over the timed batches.
+#[derive(Clone, Debug, Serialize)]
+pub struct SpecSummary {
+    /// Draft tokens verified.
+    pub draft_tokens: u64,
+    /// Of those, accepted.
+    pub accepted_tokens: u64,
+    /// Accepted per draft token.
+    pub acceptance_rate: f64,
+    /// Output tokens per engine step and sequence (1 without speculation).
+    pub tokens_per_step: f64,
+}
+
+/// `w.iters` timed batches after `w.warmup` untimed ones.
+pub fn latency(args: EngineArgs, w: &LatencyWorkload) -> Result<LatencyResult, EngineError> {
     let mut llm = Llm::new(EngineArgs {
         enable_prefix_caching: false,
         ..args
     })?;
     let vocab = llm.core().model_config().vocab_size;
-    let params = fixed_length(output_len);
-    let prompts = |i: usize| random_prompts(batch_size, input_len, vocab, i as u64);
-    let mut samples = Vec::with_capacity(iters);
-    for i in 0..warmup + iters {
-        if i == warmup {
+    let params = SamplingParams {
+        temperature: w.temperature,
+        ..fixed_length(w.output_len)
+    };
+    let text = match &w.prompt {
+        Some(p) => Some(llm.prompt_tokens(p, w.chat)?),
+        None => None,
+    };
+    let input_len = text.as_ref().map_or(w.input_len, Vec::len);
+    let prompts = |i: usize| match &text {
+        Some(t) => vec![t.clone(); w.batch_size],
+        None => random_prompts(w.batch_size, w.input_len, vocab, i as u64),
+    };
+    let mut samples = Vec::with_capacity(w.iters);
+    let mut spec_before = llm.core().spec_stats().clone();
+    for i in 0..w.warmup + w.iters {
+        if i == w.warmup {
             llm.core_mut().reset_step_times();
+            spec_before = llm.core().spec_stats().clone();
         }
         let start = Instant::now();
         llm.generate_tokens(prompts(i), &params)?;
-        if i >= warmup {
+        if i >= w.warmup {
             samples.push(start.elapsed().as_secs_f64());
         }
     }
     let step_breakdown = llm.core().step_times().per_step();
+    let speculative = llm.core().speculation().map(|_| {
+        let after = llm.core().spec_stats();
+        let drafts = after.num_draft_tokens - spec_before.num_draft_tokens;
+        let accepted = after.num_accepted_tokens - spec_before.num_accepted_tokens;
+        let steps = llm.core().step_times().steps().max(1) as f64;
+        SpecSummary {
+            draft_tokens: drafts,
+            accepted_tokens: accepted,
+            acceptance_rate: accepted as f64 / drafts.max(1) as f64,
+            tokens_per_step: (w.iters * w.batch_size * w.output_len) as f64
+                / (steps * w.batch_size as f64),
+        }
+    });
     // The same batches again with one output token: the prefill alone.
     let first = fixed_length(1);
-    let mut firsts = Vec::with_capacity(iters);
-    for i in warmup..warmup + iters {
+    let mut firsts = Vec::with_capacity(w.iters);
+    for i in w.warmup..w.warmup + w.iters {
         let start = Instant::now();
         llm.generate_tokens(prompts(i), &first)?;
         firsts.push(start.elapsed().as_secs_f64());
@@ -169,11 +242,12 @@ pub fn latency(
     let decode_s = ((latency.mean_ms - ttft.mean_ms) / 1e3).max(f64::MIN_POSITIVE);
     Ok(LatencyResult {
         step_breakdown,
-        batch_size,
-        decode_tokens_per_s_per_seq: output_len as f64 / (latency.mean_ms / 1e3),
-        prefill_tokens_per_s: (batch_size * input_len) as f64 / (ttft.mean_ms / 1e3),
-        decode_only_tokens_per_s_per_seq: output_len.saturating_sub(1) as f64 / decode_s,
+        batch_size: w.batch_size,
+        decode_tokens_per_s_per_seq: w.output_len as f64 / (latency.mean_ms / 1e3),
+        prefill_tokens_per_s: (w.batch_size * input_len) as f64 / (ttft.mean_ms / 1e3),
+        decode_only_tokens_per_s_per_seq: w.output_len.saturating_sub(1) as f64 / decode_s,
         latency,
         ttft,
+        speculative,
     })
 }
