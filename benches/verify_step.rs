@@ -75,11 +75,11 @@ fn verify_step(c: &mut Criterion) {
     let mut group = c.benchmark_group("SmolLM2 Q4_1 step at context 340");
     group.sample_size(20);
     for (name, seqs) in [
-        ("decode, 1 row", vec![(0, 340, 1)]),
-        ("verify, 2 rows", vec![(0, 340, 2)]),
-        ("verify, 4 rows", vec![(0, 340, 4)]),
-        ("verify, 5 rows", vec![(0, 340, 5)]),
-        ("decode, 2 sequences", vec![(0, 340, 1), (1, 340, 1)]),
+        ("decode 1 row", vec![(0, 340, 1)]),
+        ("verify 2 rows", vec![(0, 340, 2)]),
+        ("verify 4 rows", vec![(0, 340, 4)]),
+        ("verify 5 rows", vec![(0, 340, 5)]),
+        ("decode 2 sequences", vec![(0, 340, 1), (1, 340, 1)]),
     ] {
         let out = step(&seqs);
         let batch = ForwardBatch::new(&out, &Device::Cpu).unwrap();
@@ -88,5 +88,9 @@ fn verify_step(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, verify_step);
+criterion_group! {
+    name = benches;
+    config = Criterion::default().without_plots();
+    targets = verify_step
+}
 criterion_main!(benches);
