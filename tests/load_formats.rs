@@ -210,12 +210,12 @@ fn sentencepiece_gguf_tokenizers_tokenize_as_sentencepiece() {
     );
 }
 
-/// A checkpoint quantized in a way pagewise does not read (here compressed-tensors' 4-bit
-/// `pack-quantized`, as llm-compressor writes W4A16) is refused at load, naming the method and the format, instead of
+/// A checkpoint quantized in a way pagewise does not read (here compressed-tensors'
+/// `int-quantized`, as llm-compressor writes W8A8) is refused at load, naming the method and the format, instead of
 /// being run with its weights read as plain values and its scales dropped.
 #[test]
 fn quantized_checkpoints_it_cannot_read_are_refused_by_name() {
-    let dir = std::env::temp_dir().join(format!("pagewise-w4a16-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("pagewise-w8a8-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     for f in std::fs::read_dir(LLAMA).unwrap().flatten() {
         std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
@@ -225,9 +225,11 @@ fn quantized_checkpoints_it_cannot_read_are_refused_by_name() {
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     config["quantization_config"] = serde_json::json!({
         "quant_method": "compressed-tensors",
-        "format": "pack-quantized",
+        "format": "int-quantized",
         "config_groups": {"group_0": {"targets": ["Linear"],
-            "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}}},
+            "weights": {"num_bits": 8, "type": "int", "strategy": "channel"},
+            "input_activations": {"num_bits": 8, "type": "int", "strategy": "token",
+                "dynamic": true}}},
         "ignore": ["lm_head"]
     });
     std::fs::write(&path, config.to_string()).unwrap();
@@ -241,7 +243,7 @@ fn quantized_checkpoints_it_cannot_read_are_refused_by_name() {
         .expect("a quantized checkpoint it cannot read must be refused")
         .to_string();
         assert!(
-            e.contains("compressed-tensors") && e.contains("pack-quantized"),
+            e.contains("compressed-tensors") && e.contains("int-quantized"),
             "{e}"
         );
     }

@@ -264,11 +264,11 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel, LoadError>
             // model directory being rewritten underneath a running server is outside our contract.
             let files = unsafe { MmapedSafetensors::multi(&paths) }
                 .map_err(|e| LoadError::Format(format!("safetensors in {}: {e}", dir.display())))?;
-            if let Some(fp8) = &config.fp8 {
+            if let Some(quant) = &config.quantization {
                 tracing::info!(
-                    "{}: weights dequantized to {:?} at load (FP8 kernels are not implemented \
-                     yet; activation scales are not used)",
-                    fp8.describe(),
+                    "{}: weights dequantized to {:?} at load (kernels for quantized weights are \
+                     not implemented yet; activation scales are not used)",
+                    quant.describe(),
                     opts.dtype
                 );
             }
@@ -276,7 +276,7 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel, LoadError>
                 files,
                 dtype: opts.dtype,
                 device: opts.device.clone(),
-                fp8: config.fp8.clone(),
+                quantization: config.quantization.clone(),
             }
         }
         LoadFormat::Gguf => {

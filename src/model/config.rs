@@ -94,8 +94,9 @@ pub struct ModelConfig {
     /// Leading dimensions of each head that rotary turns: `head_dim`, or
     /// `partial_rotary_factor * head_dim` (GPT-NeoX, Phi-4-mini); the rest pass through.
     pub rotary_dim: usize,
-    /// An FP8 checkpoint's layout (its weights are dequantized at load); `None` for any other.
-    pub fp8: Option<super::fp8::Fp8Checkpoint>,
+    /// A quantized checkpoint's layout (FP8 or integer weights, dequantized at load); `None`
+    /// for any other.
+    pub quantization: Option<super::quantized::CheckpointQuant>,
 }
 
 impl ModelConfig {

@@ -79,7 +79,8 @@ impl Fp8Checkpoint {
 fn unsupported(what: String) -> ModelError {
     ModelError::Unsupported(format!(
         "{what}; pagewise reads FP8 e4m3 checkpoints (compressed-tensors \"float-quantized\", or \
-         quant_method \"fp8\") and the unquantized ones"
+         quant_method \"fp8\"), integer ones (AWQ, GPTQ, compressed-tensors \"pack-quantized\") \
+         and the unquantized ones"
     ))
 }
 

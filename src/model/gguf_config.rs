@@ -183,7 +183,7 @@ impl ModelConfig {
             settings: ArchSettings::None,
             moe: None,
             rotary_dim: head_dim,
-            fp8: None,
+            quantization: None,
         };
         (arch.from_gguf)(&mut cfg, meta)?;
         Ok(cfg)

@@ -7,7 +7,7 @@ use serde::de::DeserializeOwned;
 
 use super::ModelError;
 use super::config::{ArchSettings, ModelConfig};
-use super::fp8::Fp8Checkpoint;
+use super::quantized::CheckpointQuant;
 use super::registry::{self, Rope};
 
 /// A token id or a list of them (HF writes `eos_token_id` both ways).
@@ -126,18 +126,18 @@ fn context_limit(c: &HfConfig) -> usize {
     }
 }
 
-/// An FP8 checkpoint's layout (every architecture reads those); refuses a quantized checkpoint
-/// whose `quant_method` is neither FP8 nor one the architecture reads: its weights would be taken
-/// as plain values and its scales dropped.
+/// A quantized checkpoint's layout (FP8 and integer weights: every architecture reads those);
+/// refuses a quantized checkpoint whose `quant_method` is none of those nor one the architecture
+/// reads: its weights would be taken as plain values and its scales dropped.
 fn check_quantization(
     c: &HfConfig,
     arch: &registry::Arch,
-) -> Result<Option<Fp8Checkpoint>, ModelError> {
+) -> Result<Option<CheckpointQuant>, ModelError> {
     let Some(q) = &c.quantization_config else {
         return Ok(None);
     };
-    if let Some(fp8) = Fp8Checkpoint::parse(q)? {
-        return Ok(Some(fp8));
+    if let Some(quant) = CheckpointQuant::parse(q)? {
+        return Ok(Some(quant));
     }
     let method = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("");
     if arch.supports.quantization.contains(&method) {
@@ -187,7 +187,7 @@ impl ModelConfig {
     pub fn from_hf_json(text: &str) -> Result<Self, ModelError> {
         let c = HfConfig::parse(text)?;
         let arch = registry::by_hf_name(c.arch_name())?;
-        let fp8 = check_quantization(&c, arch)?;
+        let quantization = check_quantization(&c, arch)?;
         let heads = c.num_attention_heads;
         let head_dim = c.head_dim.unwrap_or(c.hidden_size / heads);
         let params = c.rope_parameters.as_ref().or(c.rope_scaling.as_ref());
@@ -246,7 +246,7 @@ impl ModelConfig {
             settings: ArchSettings::None,
             moe: None,
             rotary_dim: rotary_dim(&c, arch.supports.rope, head_dim)?,
-            fp8,
+            quantization,
         };
         (arch.from_hf)(&mut cfg, &c)?;
         if cfg.intermediate_size == 0 {
@@ -403,16 +403,16 @@ mod tests {
         };
         for (q, named) in [
             (
-                r#","quantization_config":{"quant_method":"compressed-tensors","format":"pack-quantized"}"#,
-                "compressed-tensors format \"pack-quantized\"",
+                r#","quantization_config":{"quant_method":"compressed-tensors","format":"int-quantized"}"#,
+                "compressed-tensors format \"int-quantized\"",
             ),
             (
                 r#","compression_config":{"quant_method":"compressed-tensors"}"#,
                 "compressed-tensors format \"\"",
             ),
             (
-                r#","quantization_config":{"quant_method":"awq"}"#,
-                "\"awq\"",
+                r#","quantization_config":{"quant_method":"bitsandbytes"}"#,
+                "\"bitsandbytes\"",
             ),
             (r#","quantization_config":{"bits":4}"#, "\"\""),
         ] {
@@ -424,10 +424,8 @@ mod tests {
             rows: 128,
             cols: 128,
         };
-        assert_eq!(
-            cfg("Qwen3ForCausalLM", fp8).unwrap().fp8.unwrap().scales,
-            blocks
-        );
+        let quant = cfg("Qwen3ForCausalLM", fp8).unwrap().quantization;
+        assert!(matches!(quant, Some(CheckpointQuant::Fp8(c)) if c.scales == blocks));
         let mxfp4 = r#","quantization_config":{"quant_method":"mxfp4"}"#;
         assert!(cfg("GptOssForCausalLM", mxfp4).is_ok());
         let e = cfg("Qwen3ForCausalLM", mxfp4).unwrap_err().to_string();

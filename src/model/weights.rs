@@ -16,10 +16,12 @@ use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::VarBuilder;
 
 use super::ModelError;
+pub use super::dummy_weights::DummyBackend;
 use super::fp8::{self, Fp8Checkpoint};
+use super::int_weights::{IntCheckpoint, Stored};
 use super::layers::Linear;
 use super::mxfp4::{GgufMxfp4, Mxfp4Host};
-use crate::sampler::SeededRng;
+use super::quantized::CheckpointQuant;
 
 /// A model's weights, addressed by Hugging Face tensor names.
 pub enum Weights {
@@ -33,9 +35,9 @@ pub enum Weights {
         dtype: DType,
         /// Where tensors live.
         device: Device,
-        /// An FP8 checkpoint's layout: its e4m3 tensors are dequantized with their scales as they
-        /// are read.
-        fp8: Option<Fp8Checkpoint>,
+        /// A quantized checkpoint's layout: its FP8 tensors, and its packed integer weights, are
+        /// dequantized as they are read.
+        quantization: Option<CheckpointQuant>,
     },
     /// GGUF tensors; matmul weights stay quantized unless `dequantize` says otherwise.
     Gguf {
@@ -136,7 +138,15 @@ impl Weights {
     pub fn contains(&self, name: &str) -> bool {
         match self {
             Weights::Dense(vb) => vb.contains_tensor(name),
-            Weights::Safetensors { files, .. } => files.get(name).is_ok(),
+            Weights::Safetensors {
+                files,
+                quantization,
+                ..
+            } => {
+                files.get(name).is_ok()
+                    || matches!(quantization, Some(CheckpointQuant::Int(q))
+                        if files.get(&q.packed_name(name)).is_ok())
+            }
             Weights::Gguf { tensors, mxfp4, .. } => {
                 gguf_name(name).is_some_and(|n| tensors.contains_key(&n) || mxfp4.contains(&n))
             }
@@ -309,12 +319,19 @@ impl Weights {
             files,
             dtype,
             device,
-            fp8,
+            quantization,
         } = self
         else {
             unreachable!("slice_safetensors is only called on safetensors weights")
         };
-        let view = files.get(name).map_err(|e| missing_or(name, e))?;
+        let view = match (files.get(name), quantization) {
+            (Ok(view), _) => view,
+            (Err(_), Some(CheckpointQuant::Int(q))) if files.get(&q.packed_name(name)).is_ok() => {
+                let whole = self.dequantized_int(name, q, full)?;
+                return Ok(part_of(whole, part)?.to_dtype(*dtype)?);
+            }
+            (Err(e), _) => return Err(missing_or(name, e)),
+        };
         let stored = view.shape();
         let same = stored == full || (full.first() == Some(&1) && stored == &full[1..]);
         if !same {
@@ -324,13 +341,12 @@ impl Weights {
         }
         let file_dtype = DType::try_from(view.dtype())?;
         if file_dtype == DType::F8E4M3 {
-            let whole = self.dequantized_fp8(name, fp8.as_ref(), full)?;
-            return Ok(match part {
-                Part::Whole => whole,
-                Part::Rows(r) => whole.narrow(0, r.start, r.len())?.contiguous()?,
-                Part::Cols(c) => whole.narrow(1, c.start, c.len())?.contiguous()?,
-            }
-            .to_dtype(*dtype)?);
+            let fp8 = match quantization {
+                Some(CheckpointQuant::Fp8(c)) => Some(c),
+                _ => None,
+            };
+            let whole = self.dequantized_fp8(name, fp8, full)?;
+            return Ok(part_of(whole, part)?.to_dtype(*dtype)?);
         }
         let data = view.data();
         let (bytes, shape): (std::borrow::Cow<'_, [u8]>, Vec<usize>) = match (part, full) {
@@ -393,6 +409,52 @@ impl Weights {
         let scale = read(&scale_name)?;
         fp8::dequantize(name, &weight, &scale, fp8.scales, device)
     }
+
+    /// Packed integer weight `name` of shape `full` (`[out, in]`), unpacked with its scales and
+    /// zero points, in f32 on the weights' device.
+    fn dequantized_int(
+        &self,
+        name: &str,
+        q: &IntCheckpoint,
+        full: &[usize],
+    ) -> Result<Tensor, ModelError> {
+        let Weights::Safetensors { files, device, .. } = self else {
+            unreachable!("dequantized_int is only called on safetensors weights")
+        };
+        let &[out, inp] = full else {
+            return Err(ModelError::Config(format!(
+                "{} holds a packed weight of shape {full:?}: only matrices are read",
+                q.packed_name(name)
+            )));
+        };
+        let read = |n: &str, dtype: DType| -> Result<Option<Tensor>, ModelError> {
+            match files.get(n) {
+                Ok(_) => Ok(Some(files.load(n, &Device::Cpu)?.to_dtype(dtype)?)),
+                Err(_) => Ok(None),
+            }
+        };
+        let read_i32 = |n: &str| -> Result<Stored<i32>, ModelError> {
+            read(n, DType::I32)?
+                .map(|t| Ok((t.dims().to_vec(), t.flatten_all()?.to_vec1::<i32>()?)))
+                .transpose()
+        };
+        let read_f32 = |n: &str| -> Result<Stored<f32>, ModelError> {
+            read(n, DType::F32)?
+                .map(|t| Ok((t.dims().to_vec(), t.flatten_all()?.to_vec1::<f32>()?)))
+                .transpose()
+        };
+        let values = q.dequantize(name, (out, inp), &read_i32, &read_f32)?;
+        Ok(Tensor::from_vec(values, (out, inp), &Device::Cpu)?.to_device(device)?)
+    }
+}
+
+/// `part` of a whole 2-D tensor.
+fn part_of(whole: Tensor, part: &Part) -> Result<Tensor, ModelError> {
+    Ok(match part {
+        Part::Whole => whole,
+        Part::Rows(r) => whole.narrow(0, r.start, r.len())?.contiguous()?,
+        Part::Cols(c) => whole.narrow(1, c.start, c.len())?.contiguous()?,
+    })
 }
 
 pub(super) fn gguf_unsharded() -> ModelError {
@@ -408,69 +470,6 @@ fn missing_or(name: &str, e: candle_core::Error) -> ModelError {
     } else {
         ModelError::Candle(e)
     }
-}
-
-/// Seeded random weights with the right shapes (`--load-format dummy`): N(0, 0.02) for matrices,
-/// ones for norm scales, zeros for biases. Each tensor's values depend only on the seed and its
-/// name, so the same model is produced on every run.
-pub struct DummyBackend {
-    /// Base seed.
-    pub seed: u64,
-}
-
-impl candle_nn::var_builder::SimpleBackend for DummyBackend {
-    fn get(
-        &self,
-        shape: Shape,
-        name: &str,
-        _hints: candle_nn::Init,
-        dtype: DType,
-        device: &Device,
-    ) -> candle_core::Result<Tensor> {
-        let n = shape.elem_count();
-        let is_random = !name.ends_with(".bias") && !name.contains("norm");
-        if is_random && !device.is_cpu() {
-            // A GPU draws its own: an 8B model's weights take seconds instead of minutes. Seeded
-            // per tensor, so a run reproduces (the values differ from the CPU's stream).
-            let mut h = std::hash::DefaultHasher::new();
-            std::hash::Hash::hash(name, &mut h);
-            device.set_seed(self.seed ^ std::hash::Hasher::finish(&h))?;
-            return Tensor::randn(0f32, 0.02, shape, device)?.to_dtype(dtype);
-        }
-        let values: Vec<f32> = if name.ends_with(".bias") {
-            vec![0.0; n]
-        } else if name.contains("norm") {
-            vec![1.0; n]
-        } else {
-            let mut h = std::hash::DefaultHasher::new();
-            std::hash::Hash::hash(name, &mut h);
-            let mut rng = SeededRng::new(self.seed, std::hash::Hasher::finish(&h));
-            (0..n).map(|_| 0.02 * standard_normal(&mut rng)).collect()
-        };
-        Tensor::from_vec(values, shape, &Device::Cpu)?
-            .to_dtype(dtype)?
-            .to_device(device)
-    }
-
-    fn get_unchecked(
-        &self,
-        name: &str,
-        _dtype: DType,
-        _dev: &Device,
-    ) -> candle_core::Result<Tensor> {
-        candle_core::bail!("dummy weights need a shape for {name}")
-    }
-
-    fn contains_tensor(&self, _name: &str) -> bool {
-        true
-    }
-}
-
-/// One standard normal draw (Box-Muller).
-fn standard_normal(rng: &mut SeededRng) -> f32 {
-    let u1 = rng.next_f64().max(f64::MIN_POSITIVE);
-    let u2 = rng.next_f64();
-    ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
 }
 
 #[cfg(test)]
@@ -496,35 +495,5 @@ mod tests {
             "blk.3.ffn_norm.weight"
         );
         assert_eq!(gguf_name("model.layers.3.unknown.weight"), None);
-    }
-
-    #[test]
-    fn dummy_weights_are_seeded_and_shaped() {
-        let vb = |seed| {
-            VarBuilder::from_backend(Box::new(DummyBackend { seed }), DType::F32, Device::Cpu)
-        };
-        let a = vb(1)
-            .get((4, 8), "model.layers.0.mlp.up_proj.weight")
-            .unwrap();
-        let b = vb(1)
-            .get((4, 8), "model.layers.0.mlp.up_proj.weight")
-            .unwrap();
-        let c = vb(2)
-            .get((4, 8), "model.layers.0.mlp.up_proj.weight")
-            .unwrap();
-        let (a, b, c) = (
-            a.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-            b.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-            c.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-        );
-        assert_eq!(a, b);
-        assert_ne!(a, c);
-        assert!(a.iter().all(|x| x.abs() < 0.2));
-        let norm = vb(1)
-            .get(8, "model.norm.weight")
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
-        assert_eq!(norm, vec![1.0; 8]);
     }
 }
