@@ -196,12 +196,21 @@ async fn a_failure_of_one_request_ends_only_that_request() {
     assert_eq!(status, 200);
 }
 
+/// A cache too small for one sequence of the model's whole context: with `--max-model-len`
+/// asking for that context, startup fails naming both; without it, the engine serves the
+/// context that fits.
 #[test]
-fn a_cache_too_small_for_one_full_sequence_fails_at_startup() {
+fn a_cache_too_small_for_one_full_sequence_fails_at_startup_when_asked_for() {
     let args = EngineArgs {
         // 2 layers x 1 KV head x 16 dims x 2 (K, V) x 4 bytes = 256 bytes a token: 128 tokens.
         kv_cache_memory: Some(128 * 256),
         ..engine_args()
+    };
+    let llm = pagewise::Llm::new(args.clone()).unwrap();
+    assert_eq!(llm.core().scheduler().config().max_model_len, 128);
+    let args = EngineArgs {
+        max_model_len: Some(256),
+        ..args
     };
     let err = match EngineHandle::spawn(args, 0) {
         Ok(_) => panic!("a cache of 128 tokens cannot serve max_model_len 256"),

@@ -94,3 +94,41 @@ fn releasing_window_blocks_changes_no_token() {
         "4 sequences of up to 225 tokens at once in 89 blocks"
     );
 }
+
+/// A budget where no layout for 256 sequences holds one sequence of the full context (alike,
+/// every layer gets 30 blocks, 232 tokens; a window group for 256 windows takes more than all of
+/// it): the window group is planned for 8 windows, which leaves the full layer 36 blocks, and the
+/// engine starts and generates what it generates with room to spare; sequences past the 8th
+/// wait for window blocks.
+#[test]
+fn a_window_group_for_fewer_sequences_lets_the_full_context_fit() {
+    let mut fewer = Llm::new(EngineArgs {
+        model: GEMMA3.into(),
+        block_size: 8,
+        max_num_seqs: 256,
+        max_num_batched_tokens: Some(16),
+        kv_cache_memory: Some(3 * 30 * LAYER_BLOCK),
+        max_model_len: Some(256),
+        ..Default::default()
+    })
+    .unwrap();
+    let s = fewer.core().scheduler();
+    let window = s.kv().window().expect("a window group for fewer sequences");
+    assert_eq!(window.num_blocks, 8 * 3 + 2 + 1);
+    assert_eq!(s.kv().pool().num_blocks(), 90 - 2 * 27);
+    let prompts: Vec<Vec<u32>> = (0..12u32)
+        .map(|i| {
+            (0..20 + 5 * i)
+                .map(|t| (t * 29 + i * 13) % 250 + 1)
+                .collect()
+        })
+        .collect();
+    let params = greedy(60);
+    let want = engine(256)
+        .generate_tokens(prompts.clone(), &params)
+        .unwrap();
+    let got = fewer.generate_tokens(prompts, &params).unwrap();
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        assert_eq!(g.outputs[0].token_ids, w.outputs[0].token_ids, "prompt {i}");
+    }
+}

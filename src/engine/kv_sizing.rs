@@ -8,7 +8,10 @@
 //! hold only the blocks their windows can reach, so they get just enough blocks for every
 //! sequence's window plus a full step of new tokens, and the rest of the memory goes to the full
 //! layers. Gemma 3 (five sliding layers to one full) then holds about six times the context in
-//! the same memory.
+//! the same memory. When windows for `max_num_seqs` sequences would leave no room for one
+//! sequence of the full context, the group is planned for fewer (the others wait for window
+//! blocks). When even then the model's whole context does not fit and `--max-model-len` was not
+//! given, the engine serves the longest context that fits (one warning names the flags).
 
 use candle_core::DType;
 #[cfg(feature = "cuda")]
@@ -48,6 +51,13 @@ pub struct KvPlan {
     pub layer_blocks: Vec<usize>,
 }
 
+impl KvPlan {
+    /// The longest sequence the full-attention layers' blocks hold.
+    pub fn capacity_tokens(&self, block_size: usize) -> usize {
+        (self.num_blocks - 1) * block_size
+    }
+}
+
 impl KvSizing<'_> {
     /// Bytes of one block of one layer.
     fn bytes_per_layer_block(&self) -> u64 {
@@ -66,49 +76,65 @@ impl KvSizing<'_> {
     /// The layout of `budget` bytes (`what` names the setting it came from, for errors). It
     /// depends on nothing else, so the ranks of a tensor-parallel group, given the same budget,
     /// lay their caches out alike, window group included.
+    ///
+    /// With sliding-window layers the window group is planned for `max_num_seqs` windows; when
+    /// that leaves no room for one sequence of `max_model_len`, for fewer (halving), before
+    /// going without. A layout that holds no sequence of `max_model_len` is refused when the
+    /// user set `--max-model-len`; otherwise it is returned, and [`KvPlan::capacity_tokens`]
+    /// says how long a sequence it holds.
     pub fn plan_for(&self, budget: u64, what: &str) -> Result<KvPlan, EngineError> {
         let per_block = self.bytes_per_layer_block();
         let layers = self.cfg.num_hidden_layers;
         let bs = self.args.block_size;
         let useful = (self.args.max_num_seqs * self.max_model_len).div_ceil(bs);
         let layer_blocks = budget / per_block;
+        let uniform = (layer_blocks / layers as u64).min(useful as u64) as usize + 1;
         let mut plan = KvPlan {
-            num_blocks: (layer_blocks / layers as u64).min(useful as u64) as usize + 1,
+            num_blocks: uniform,
             window: None,
-            layer_blocks: Vec::new(),
+            layer_blocks: vec![uniform; layers],
         };
         if let Some((window, sliding)) = self.sliding() {
-            // Every sequence's window (and the block it ends in), plus one step's new tokens.
-            let need = self.args.max_num_seqs * ((window - 1).div_ceil(bs) + 2)
-                + self.max_num_batched_tokens.div_ceil(bs);
-            let window_blocks = need.min(useful) + 1;
-            let num_sliding = sliding.iter().filter(|&&s| s).count() as u64;
-            let num_full = layers as u64 - num_sliding;
-            let rest = layer_blocks.checked_sub(num_sliding * window_blocks as u64);
-            let full = rest.map(|r| (r / num_full).min(useful as u64 + 1) as usize);
-            if full.is_none_or(|f| f <= window_blocks) {
-                tracing::info!(
-                    window_blocks,
-                    max_num_seqs = self.args.max_num_seqs,
+            let fits = |p: &KvPlan| p.capacity_tokens(bs) >= self.max_model_len;
+            let all = self.args.max_num_seqs;
+            // The most windows (halving from max_num_seqs) whose group still lets a sequence of
+            // the full context fit.
+            let mut windows = all;
+            let fitting = loop {
+                match self.window_plan(layer_blocks, window, sliding, windows) {
+                    Some(grouped) if fits(&grouped) => break Some((windows, grouped)),
+                    _ if windows > 1 => windows /= 2,
+                    _ => break None,
+                }
+            };
+            match fitting {
+                // Planned for every sequence, or for fewer where without a group no sequence
+                // of the full context would fit.
+                Some((n, grouped)) if n == all || !fits(&plan) => {
+                    if n < all {
+                        tracing::info!(
+                            windows = n,
+                            max_num_seqs = all,
+                            "the sliding-window layers' blocks are planned for fewer sequences \
+                             than --max-num-seqs, so that a sequence of the full context fits; \
+                             more sequences wait for window blocks"
+                        );
+                    }
+                    plan = grouped;
+                }
+                // Nothing fits: the group for every sequence, if it pays (as long a context as
+                // the budget allows either way is then served).
+                None if !fits(&plan) => {
+                    if let Some(grouped) = self.window_plan(layer_blocks, window, sliding, all) {
+                        plan = grouped;
+                    }
+                }
+                _ => tracing::info!(
+                    max_num_seqs = all,
                     "no window group: the sliding-window layers' blocks for max_num_seqs \
-                     windows would leave the full layers no more than they get without one; \
-                     lower --max-num-seqs for more context in the same memory"
-                );
+                     windows would leave the full layers no more than they get without one"
+                ),
             }
-            if let Some(full) = full.filter(|&f| f > window_blocks) {
-                plan.num_blocks = full;
-                plan.window = Some(WindowConfig {
-                    window,
-                    num_blocks: window_blocks,
-                });
-                plan.layer_blocks = sliding
-                    .iter()
-                    .map(|&s| if s { window_blocks } else { full })
-                    .collect();
-            }
-        }
-        if plan.layer_blocks.is_empty() {
-            plan.layer_blocks = vec![plan.num_blocks; layers];
         }
         let num_blocks = plan.num_blocks;
         if num_blocks < 2 {
@@ -117,9 +143,10 @@ impl KvSizing<'_> {
                 per_block * layers as u64
             )));
         }
-        // One sequence of the full context length must fit, or it would wait forever.
-        let capacity = (num_blocks - 1) * bs;
-        if capacity < self.max_model_len {
+        // One sequence of the full context length must fit, or it would wait forever: refused
+        // when the user asked for that length, else the caller serves what fits.
+        let capacity = plan.capacity_tokens(bs);
+        if capacity < self.max_model_len && self.args.max_model_len.is_some() {
             return Err(EngineError::Config(format!(
                 "The model's max seq len ({}) is larger than the maximum number of tokens that \
                  can be stored in KV cache ({capacity}). Try increasing {what} or decreasing \
@@ -142,6 +169,38 @@ impl KvSizing<'_> {
             "KV cache allocated"
         );
         Ok(plan)
+    }
+
+    /// The layout with a window group for `windows` sequences' windows (plus one step's new
+    /// tokens), when it leaves the full layers more blocks than the group takes.
+    fn window_plan(
+        &self,
+        layer_blocks: u64,
+        window: usize,
+        sliding: &[bool],
+        windows: usize,
+    ) -> Option<KvPlan> {
+        let bs = self.args.block_size;
+        let useful = (self.args.max_num_seqs * self.max_model_len).div_ceil(bs);
+        // Every sequence's window (and the block it ends in), plus one step's new tokens.
+        let need =
+            windows * ((window - 1).div_ceil(bs) + 2) + self.max_num_batched_tokens.div_ceil(bs);
+        let window_blocks = need.min(useful) + 1;
+        let num_sliding = sliding.iter().filter(|&&s| s).count() as u64;
+        let num_full = self.cfg.num_hidden_layers as u64 - num_sliding;
+        let rest = layer_blocks.checked_sub(num_sliding * window_blocks as u64)?;
+        let full = (rest / num_full).min(useful as u64 + 1) as usize;
+        (full > window_blocks).then(|| KvPlan {
+            num_blocks: full,
+            window: Some(WindowConfig {
+                window,
+                num_blocks: window_blocks,
+            }),
+            layer_blocks: sliding
+                .iter()
+                .map(|&s| if s { window_blocks } else { full })
+                .collect(),
+        })
     }
 
     /// The bytes of a host cache, and the setting they come from.
@@ -312,10 +371,20 @@ mod tests {
         assert_eq!(plan.num_blocks, (1024 - 2 * 29) / 2);
         assert_eq!(plan.layer_blocks, [29, 483, 29, 483]);
         assert_eq!(sizing.plan_for(4 << 20, "kv_cache_memory").unwrap(), plan);
-        // 64 layer blocks hold no 4096-token sequence: refused, naming the length.
-        let small = sizing.plan_for(256 << 10, "kv_cache_memory");
-        let e = small.unwrap_err().to_string();
-        assert!(e.contains("max seq len (4096)"), "{e}");
+        // 64 layer blocks hold no 4096-token sequence: refused, naming the length, when the
+        // user asked for 4096; else laid out for the 256 tokens they hold.
+        let asked = EngineArgs {
+            max_model_len: Some(4096),
+            ..args.clone()
+        };
+        let small = KvSizing {
+            args: &asked,
+            ..sizing
+        };
+        let e = small.plan_for(256 << 10, "kv_cache_memory").unwrap_err();
+        assert!(e.to_string().contains("max seq len (4096)"), "{e}");
+        let fitted = sizing.plan_for(256 << 10, "kv_cache_memory").unwrap();
+        assert_eq!(fitted.capacity_tokens(16), 256);
         // For 256-token sequences a group would leave the full layers 3 blocks: none, every
         // layer alike.
         let short = KvSizing {
@@ -325,6 +394,33 @@ mod tests {
         let plan = short.plan_for(256 << 10, "kv_cache_memory").unwrap();
         assert_eq!(plan.window, None);
         assert_eq!(plan.layer_blocks, [17; 4]);
+    }
+
+    /// When a window group for `max_num_seqs` windows leaves no room for a sequence of the full
+    /// context, and none would fit without a group either, it is planned for fewer windows.
+    #[test]
+    fn the_window_group_plans_fewer_windows_before_the_context_stops_fitting() {
+        let cfg = gpt_oss_like();
+        let args = EngineArgs {
+            max_num_seqs: 64,
+            block_size: 16,
+            ..EngineArgs::default()
+        };
+        let sizing = KvSizing {
+            args: &args,
+            cfg: &cfg,
+            kv_heads: 2,
+            max_model_len: 4096,
+            max_num_batched_tokens: 256,
+            dtype: DType::F32,
+        };
+        // 800 layer blocks of 4 KiB. 64 windows take 2 x (64 x 3 + 16 + 1) and leave each full
+        // layer 191 blocks, short of 4096 tokens (257 with the null block); without a group
+        // each layer gets 200. 32 windows: 2 x 113, leaving 287.
+        let plan = sizing.plan_for(800 * 4096, "kv_cache_memory").unwrap();
+        assert_eq!(plan.window.map(|w| w.num_blocks), Some(32 * 3 + 16 + 1));
+        assert_eq!(plan.num_blocks, (800 - 2 * 113) / 2);
+        assert!(plan.capacity_tokens(16) >= 4096);
     }
 
     #[test]

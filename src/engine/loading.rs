@@ -159,6 +159,19 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
     let plan = sizing.plan_for(budget, what)?;
     let num_blocks = plan.num_blocks;
     let bs = args.block_size;
+    // The model's whole context does not fit and no --max-model-len asked for it: serve what
+    // fits rather than refuse to start.
+    let capacity = plan.capacity_tokens(bs);
+    let max_model_len = if capacity < max_model_len {
+        tracing::warn!(
+            "serving a context of {capacity} tokens: the model's {max_model_len} do not fit \
+             the KV cache ({what}); set --max-model-len, or give the cache more memory \
+             (--kv-cache-memory, or --gpu-memory-utilization on a GPU)"
+        );
+        capacity
+    } else {
+        max_model_len
+    };
     let layout = KvLayout {
         num_blocks,
         block_size: bs,
