@@ -130,7 +130,15 @@ fn serve(cmd: ServeCmd) -> Result<()> {
         let addr = format!("{}:{}", cmd.host, cmd.port);
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
-            .with_context(|| format!("binding {addr}"))?;
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::AddrInUse => anyhow::anyhow!(
+                    "port {} on {} is in use (another server?): stop it, or pick another \
+                     port with --port",
+                    cmd.port,
+                    cmd.host
+                ),
+                _ => anyhow::Error::from(e).context(format!("binding {addr}")),
+            })?;
         tracing::info!(
             "loading {model}; listening on http://{}",
             listener.local_addr()?
@@ -342,7 +350,16 @@ fn settle_cpu_threads() {
     }
 }
 
-fn main() -> Result<()> {
+/// Runs the command; a failure is one line on stderr (the error and its causes, which name the
+/// fix) and exit status 1.
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
     settle_cpu_threads();
     apply_config_file()?;
     let cli = Cli::parse();

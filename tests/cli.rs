@@ -142,3 +142,145 @@ fn a_serving_benchmark_whose_every_request_fails_exits_with_the_first_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("every request failed"), "{stderr}");
 }
+
+/// `pagewise serve` with `args` and environment `env` must fail with one `error: ` line that
+/// contains every one of `needles` (the cause and the fix), and no backtrace or "Caused by".
+fn fails_in_one_line(args: &[&str], env: &[(&str, &str)], needles: &[&str]) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pagewise"));
+    cmd.args(args)
+        .env_remove("RUST_BACKTRACE")
+        .env("RUST_LOG", "error");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("error: "))
+        .collect();
+    assert_eq!(errors.len(), 1, "{args:?}: {stderr}");
+    assert!(
+        !stderr.contains("Caused by") && !stderr.contains("backtrace"),
+        "{stderr}"
+    );
+    for needle in needles {
+        assert!(
+            errors[0].contains(needle),
+            "{args:?}: {needle:?} not in {}",
+            errors[0]
+        );
+    }
+}
+
+/// A server that answers every request with 404, as the hub does for a file a repository lacks.
+fn hub_answering_404() -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf);
+            let _ = stream.write_all(
+                b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            );
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// The errors a newcomer meets first, each one line that names the fix.
+#[test]
+fn newcomer_errors_are_one_line_that_names_the_fix() {
+    let home = std::env::temp_dir().join(format!("pagewise-hf-home-{}", std::process::id()));
+    let home = home.to_str().unwrap();
+    let id = "nosuchorg/nosuchmodel";
+    // A model id that does not exist.
+    let hub = hub_answering_404();
+    fails_in_one_line(
+        &["serve", "--model", id],
+        &[("HF_HOME", home), ("HF_ENDPOINT", &hub)],
+        &[
+            "no model \"nosuchorg/nosuchmodel\" on the Hugging Face hub",
+            "check the name",
+        ],
+    );
+    // No network.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed_url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    fails_in_one_line(
+        &["serve", "--model", id],
+        &[("HF_HOME", home), ("HF_ENDPOINT", &closed_url)],
+        &["cannot reach the Hugging Face hub", "HF_HUB_OFFLINE=1"],
+    );
+    // Offline, and not in the cache.
+    fails_in_one_line(
+        &["serve", "--model", id],
+        &[("HF_HOME", home), ("HF_HUB_OFFLINE", "1")],
+        &["not in the Hugging Face cache", "unset HF_HUB_OFFLINE"],
+    );
+    // A port in use.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    fails_in_one_line(
+        &[
+            "serve",
+            "--model",
+            MODEL,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port,
+        ],
+        &[],
+        &[&format!("port {port} on 127.0.0.1 is in use"), "--port"],
+    );
+    // No GPU (this build has none).
+    fails_in_one_line(
+        &["serve", "--model", MODEL, "--device", "cuda", "--port", "0"],
+        &[],
+        &["without GPU support", "--features cuda"],
+    );
+    // Safetensors without config.json.
+    let dir = std::env::temp_dir().join(format!("pagewise-no-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(
+        format!("{MODEL}/model.safetensors"),
+        dir.join("model.safetensors"),
+    )
+    .unwrap();
+    fails_in_one_line(
+        &["serve", "--model", dir.to_str().unwrap(), "--port", "0"],
+        &[],
+        &["no config.json", "put the model's config.json"],
+    );
+    // A GGUF of an architecture pagewise does not run: the Qwen3 fixture renamed "zzzz3"
+    // (every key of the file with it, so it is still well formed).
+    let gguf = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/qwen3-qknorm/model-F32.gguf"
+    ))
+    .unwrap();
+    let mut renamed = gguf.clone();
+    for i in 0..gguf.len().saturating_sub(5) {
+        if &gguf[i..i + 5] == b"qwen3" {
+            renamed[i..i + 5].copy_from_slice(b"zzzz3");
+        }
+    }
+    let file = dir.join("zzzz3.gguf");
+    std::fs::write(&file, renamed).unwrap();
+    fails_in_one_line(
+        &["serve", "--model", file.to_str().unwrap(), "--port", "0"],
+        &[],
+        &[
+            "GGUF architecture \"zzzz3\" is not supported",
+            "llama",
+            "qwen3",
+        ],
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    let _ = std::fs::remove_dir_all(home);
+}

@@ -52,8 +52,12 @@ impl DeviceArg {
     pub fn open(self) -> Result<Device, EngineError> {
         match self {
             DeviceArg::Cpu => Ok(Device::Cpu),
-            DeviceArg::Cuda(n) if cfg!(feature = "cuda") => Device::new_cuda(n)
-                .map_err(|e| EngineError::Config(format!("cannot open cuda:{n}: {e}"))),
+            DeviceArg::Cuda(n) if cfg!(feature = "cuda") => Device::new_cuda(n).map_err(|e| {
+                EngineError::Config(format!(
+                    "cannot open cuda:{n} ({e}): no usable NVIDIA GPU there (check nvidia-smi \
+                     and the driver), or run on the CPU with --device cpu"
+                ))
+            }),
             DeviceArg::Cuda(_) => Err(EngineError::Config(
                 "this pagewise was built without GPU support; rebuild with `--features cuda`"
                     .into(),

@@ -68,21 +68,34 @@ impl Fetch for Offline {
 struct Online {
     repo: hf_hub::api::sync::ApiRepo,
     id: String,
+    endpoint: String,
 }
 
 impl Fetch for Online {
     fn fetch(&self, file: &str) -> Result<Option<PathBuf>, LoadError> {
+        use hf_hub::api::sync::ApiError;
+        let id = &self.id;
         match self.repo.get(file) {
             Ok(path) => Ok(Some(path)),
-            // A 404 is an absent optional file; anything else (network, auth) is an error.
-            Err(hf_hub::api::sync::ApiError::RequestError(e))
-                if matches!(*e, ureq::Error::Status(404, _)) =>
-            {
-                Ok(None)
+            // A 404 is an absent optional file (config.json's absence is told apart by the
+            // caller); anything else (network, auth) is an error.
+            Err(ApiError::RequestError(e)) if matches!(*e, ureq::Error::Status(404, _)) => Ok(None),
+            // The hub answers 401 for a repository that does not exist as for a private one.
+            Err(ApiError::RequestError(e)) if matches!(*e, ureq::Error::Status(401 | 403, _)) => {
+                Err(LoadError::NotFound(format!(
+                    "no model {id:?} on the Hugging Face hub, or it needs access: check the \
+                     name (org/name); for a gated or private model, set HF_TOKEN"
+                )))
+            }
+            Err(ApiError::RequestError(e)) if matches!(*e, ureq::Error::Transport(_)) => {
+                Err(LoadError::NotFound(format!(
+                    "cannot reach the Hugging Face hub ({}) to download {id}: {e}; check the \
+                     network, or set HF_HUB_OFFLINE=1 to use only the models in the local cache",
+                    self.endpoint
+                )))
             }
             Err(e) => Err(LoadError::NotFound(format!(
-                "downloading {file} of {} from the Hugging Face hub failed: {e}",
-                self.id
+                "downloading {file} of {id} from the Hugging Face hub failed: {e}"
             ))),
         }
     }
@@ -97,7 +110,10 @@ pub fn resolve(repo_id: &str) -> Result<PathBuf, LoadError> {
             repo: cache.model(repo_id.to_string()),
         })
     } else {
+        let endpoint =
+            std::env::var("HF_ENDPOINT").unwrap_or_else(|_| "https://huggingface.co".into());
         let api = ApiBuilder::from_cache(cache.clone())
+            .with_endpoint(endpoint.clone())
             .with_token(std::env::var("HF_TOKEN").ok().or_else(|| cache.token()))
             .with_progress(false)
             .build()
@@ -105,18 +121,22 @@ pub fn resolve(repo_id: &str) -> Result<PathBuf, LoadError> {
         Box::new(Online {
             repo: api.model(repo_id.to_string()),
             id: repo_id.to_string(),
+            endpoint,
         })
     };
     let missing = |file: &str| {
-        let how = if offline {
-            format!(
-                "HF_HUB_OFFLINE is set and it is not in the Hugging Face cache at {}",
+        LoadError::NotFound(match (offline, file) {
+            (true, _) => format!(
+                "{repo_id}: {file} is not in the Hugging Face cache at {} and HF_HUB_OFFLINE \
+                 is set: unset HF_HUB_OFFLINE to download it, or pass a local path",
                 cache.path().display()
-            )
-        } else {
-            "the repository has no such file".to_string()
-        };
-        LoadError::NotFound(format!("{repo_id}: {file} is missing ({how})"))
+            ),
+            (false, "config.json") => format!(
+                "no model {repo_id:?} on the Hugging Face hub (it has no config.json): check \
+                 the name (org/name); a GGUF repository needs the path of its .gguf file"
+            ),
+            (false, _) => format!("{repo_id}: the repository has no {file}"),
+        })
     };
     let mut dir: Option<PathBuf> = None;
     for file in REQUIRED {

@@ -105,10 +105,20 @@ pub fn load(model: &str, opts: &LoadOptions) -> Result<LoadedModel, LoadError> {
         if let Some(file) = single_gguf(path)? {
             return load_gguf(&file, opts);
         }
-        return Err(LoadError::NotFound(format!(
-            "{} has neither config.json nor a single .gguf file",
-            path.display()
-        )));
+        let has_weights = read_dir(path)?
+            .iter()
+            .any(|p| p.extension().is_some_and(|e| e == "safetensors"));
+        return Err(LoadError::NotFound(match has_weights {
+            true => format!(
+                "{} has safetensors weights but no config.json: put the model's config.json \
+                 (and tokenizer.json) beside them, or pass its Hugging Face id",
+                path.display()
+            ),
+            false => format!(
+                "{} has neither config.json nor a single .gguf file",
+                path.display()
+            ),
+        }));
     }
     if hub::is_repo_id(model) {
         let dir = hub::resolve(model)?;
