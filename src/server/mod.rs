@@ -222,7 +222,11 @@ async fn require_api_key(State(state): State<AppState>, req: Request, next: Next
         next.run(req).await
     } else {
         let e = ApiError::new(StatusCode::UNAUTHORIZED, "Invalid or missing API key.");
-        match req.uri().path().starts_with("/v1/messages") {
+        let is_anthropic = req.uri().path().starts_with("/v1/messages");
+        // Read the body (up to 1 MiB) before answering: a client still writing it would
+        // otherwise meet a closed connection (a broken pipe) instead of the 401.
+        let _ = axum::body::to_bytes(req.into_body(), 1 << 20).await;
+        match is_anthropic {
             true => anthropic::error::AnthropicError(e).into_response(),
             false => e.into_response(),
         }
