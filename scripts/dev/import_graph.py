@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 LAYERS = [
     ["cpu", "metrics", "testing"],
     ["kv", "guided", "chat"],
-    ["request"],
+    ["request", "spec"],
     ["sampler"],
     ["sequence"],
     ["scheduler"],
