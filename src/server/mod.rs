@@ -18,6 +18,7 @@ pub mod routes;
 pub mod structured;
 pub mod tools;
 pub mod unsupported;
+pub mod utility;
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -262,18 +263,18 @@ pub fn router(state: AppState, opts: &ServerOptions) -> Router {
         )
         .route("/v1/messages", post(anthropic::create))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
-        .route("/v1/models", get(routes::models))
-        .route("/tokenize", post(routes::tokenize))
-        .route("/detokenize", post(routes::detokenize))
+        .route("/v1/models", get(utility::models))
+        .route("/tokenize", post(utility::tokenize))
+        .route("/detokenize", post(utility::detokenize))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,
         ));
     let mut open = Router::new()
-        .route("/health", get(routes::health))
-        .route("/ready", get(routes::ready))
-        .route("/version", get(routes::version))
-        .route("/openapi.json", get(routes::openapi))
+        .route("/health", get(utility::health))
+        .route("/ready", get(utility::ready))
+        .route("/version", get(utility::version))
+        .route("/openapi.json", get(utility::openapi))
         .route("/metrics", get(metrics::metrics));
     if !opts.disable_dashboard {
         // (They check the API key themselves: a browser may only be able to pass it as ?key=.)
@@ -283,8 +284,8 @@ pub fn router(state: AppState, opts: &ServerOptions) -> Router {
     }
     let mut app = guarded
         .merge(open)
-        .fallback(routes::not_found)
-        .method_not_allowed_fallback(routes::method_not_allowed)
+        .fallback(utility::not_found)
+        .method_not_allowed_fallback(utility::method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(middleware::from_fn(request_id))
