@@ -60,7 +60,8 @@ fn repo_id_loads_from_the_offline_cache_and_names_missing_files() {
     .expect("a missing tokenizer.json must fail")
     .to_string();
     assert!(
-        err.contains("tokenizer.json is missing") && err.contains("HF_HUB_OFFLINE"),
+        err.contains("tokenizer.json is not in the Hugging Face cache")
+            && err.contains("unset HF_HUB_OFFLINE"),
         "{err}"
     );
     let err = Llm::new(EngineArgs {
@@ -71,7 +72,7 @@ fn repo_id_loads_from_the_offline_cache_and_names_missing_files() {
     .unwrap()
     .to_string();
     assert!(
-        err.contains("test-org/not-cached: config.json is missing"),
+        err.contains("test-org/not-cached: config.json is not in the Hugging Face cache"),
         "{err}"
     );
     std::fs::remove_dir_all(&cache).unwrap();
