@@ -199,20 +199,30 @@ impl Sequence {
         &self.spec_tokens
     }
 
-    /// Sets the draft tokens the next step verifies (a sequence with a constraint takes none:
-    /// its mask would have to follow every draft).
+    /// Sets the draft tokens the next step verifies.
     pub fn set_spec_tokens(&mut self, drafts: &[u32]) {
         self.spec_tokens.clear();
-        if self.guide.is_none() {
-            self.spec_tokens.extend_from_slice(drafts);
-        }
+        self.spec_tokens.extend_from_slice(drafts);
+    }
+
+    /// A copy of this sequence's constraint in its current state (its mask computed), for a
+    /// verify step to follow the drafts with: the sequence's own guide takes the tokens only
+    /// when they are appended. `None` without a constraint.
+    pub fn guide_for_drafts(&mut self) -> Option<Guide> {
+        let guide = self.guide.as_mut()?;
+        guide.compute_mask();
+        Some(guide.clone())
     }
 
     /// The request for sampling the position after `outputs` (this sequence's output tokens,
-    /// then the drafts accepted so far in a verify step): penalties and `min_tokens` see them.
-    /// Only for sequences without a constraint.
-    pub fn draft_request<'a>(&'a mut self, outputs: &'a [u32]) -> SampleRequest<'a> {
-        debug_assert!(self.guide.is_none());
+    /// then the drafts accepted so far in a verify step): penalties and `min_tokens` see them,
+    /// and `guide` (from [`Self::guide_for_drafts`], following the same drafts) masks it.
+    pub fn draft_request<'a>(
+        &'a mut self,
+        outputs: &'a [u32],
+        guide: Option<&'a mut Guide>,
+    ) -> SampleRequest<'a> {
+        debug_assert_eq!(self.guide.is_some(), guide.is_some());
         let suppressed: &[u32] = if outputs.len() < self.params.min_tokens {
             &self.stop_ids
         } else {
@@ -224,7 +234,7 @@ impl Sequence {
             output_tokens: outputs,
             suppressed,
             rng: &mut self.rng,
-            guide: None,
+            guide,
         }
     }
 

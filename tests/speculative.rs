@@ -355,3 +355,57 @@ async fn streamed_output_and_metrics_with_speculation() {
     assert!(metrics.contains("vllm:spec_decode_num_accepted_tokens_per_pos_total{"));
     assert!(metrics.contains("position=\"4\"}"));
 }
+
+/// Constrained sequences take drafts too: each verified row is masked in the state the accepted
+/// drafts lead to, so a regex and a JSON schema come out as they do without speculation
+/// (greedy, and seeded sampling), while drafts of the forced parts are accepted.
+#[test]
+fn constrained_output_with_speculation_is_the_output_without() {
+    use pagewise::guided::StructuredOutputs;
+    let model = format!("{FIXTURES}/llama-gqa-tied");
+    let schema = serde_json::json!({"type": "object", "required": ["a"], "properties": {"a": {
+        "type": "array", "minItems": 6, "maxItems": 6,
+        "items": {"type": "string", "enum": ["xy", "zw"]}}}});
+    let constraints = [
+        StructuredOutputs::Regex("(abc ){8}[a-z]{6}".into()),
+        StructuredOutputs::Json(schema),
+    ];
+    let prompts: Vec<Vec<u32>> = (0..4u32)
+        .map(|i| (1..12).map(|t| t * 7 + i).collect())
+        .collect();
+    for constraint in constraints {
+        for (temperature, seed) in [(0.0, None), (1.0, Some(5))] {
+            let params = SamplingParams {
+                temperature,
+                seed,
+                max_tokens: 64,
+                structured_outputs: Some(constraint.clone()),
+                ..Default::default()
+            };
+            let run = |spec| {
+                let mut llm = Llm::new(EngineArgs {
+                    model: model.clone(),
+                    speculative_config: spec,
+                    ..Default::default()
+                })
+                .unwrap();
+                let outs = llm.generate_tokens(prompts.clone(), &params).unwrap();
+                let tokens: Vec<Vec<u32>> = outs
+                    .iter()
+                    .map(|o| o.outputs[0].token_ids.clone())
+                    .collect();
+                (tokens, llm.core().spec_stats().clone())
+            };
+            let (want, _) = run(None);
+            let (got, stats) = run(ngram(4));
+            assert_eq!(got, want, "{constraint:?} at temperature {temperature}");
+            eprintln!(
+                "{}: {} of {} drafts accepted",
+                constraint.kind(),
+                stats.num_accepted_tokens,
+                stats.num_draft_tokens
+            );
+            assert!(stats.num_accepted_tokens > 0, "{constraint:?}");
+        }
+    }
+}

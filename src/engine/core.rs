@@ -378,8 +378,7 @@ impl EngineCore {
 }
 
 /// Gives each decoding sequence the n-gram proposer's draft for the next step (none while more
-/// sequences run than `disable_by_batch_size`, none for a constrained one), never past its
-/// `max_tokens` or the context.
+/// sequences run than `disable_by_batch_size`), never past its `max_tokens` or the context.
 fn propose(spec: &Speculation, scheduler: &mut Scheduler) {
     let max_model_len = scheduler.config().max_model_len;
     let running = scheduler.running_mut();
@@ -388,7 +387,7 @@ fn propose(spec: &Speculation, scheduler: &mut Scheduler) {
         .is_some_and(|n| running.len() > n);
     let mut draft = Vec::with_capacity(MAX_SPECULATIVE_TOKENS);
     for seq in running {
-        if off || seq.num_pending_tokens() != 1 || seq.has_guide() {
+        if off || seq.num_pending_tokens() != 1 {
             seq.set_spec_tokens(&[]);
             continue;
         }

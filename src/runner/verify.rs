@@ -3,7 +3,8 @@
 //! A sequence with `k` drafts has `k + 1` sampled rows: row `i` holds the target model's logits
 //! after the pending token and drafts `0..i`. Its rows are sampled in order, each exactly as a
 //! plain decode step would sample that position (the same processing, penalties and `min_tokens`
-//! counting the drafts accepted before it, the same draw from the sequence's own stream), and
+//! counting the drafts accepted before it, a constraint's mask in the state the accepted drafts
+//! lead to, the same draw from the sequence's own stream), and
 //! the walk stops at the first sampled token that differs from its draft. Every draft today is
 //! one token for certain (n-gram), and for such a proposal this is the rejection rule of
 //! speculative sampling: the draft `d` is accepted with probability `p(d)`, and on rejection
@@ -36,25 +37,25 @@ pub(super) fn sample_verify(
         let k = s.num_draft_tokens;
         let (mine, later) = std::mem::take(&mut rest).split_at_mut((k + 1) * vocab);
         rest = later;
-        let mut seq_rows = mine.chunks_exact_mut(vocab);
-        if seq.has_guide() {
-            debug_assert_eq!(k, 0, "a constrained sequence takes no drafts");
-            let row = seq_rows.next().expect("one row per sampling sequence");
-            tokens.push(sampler.sample(row, seq.sample_request()));
-            emitted.push(1);
-            continue;
-        }
+        let seq_rows = mine.chunks_exact_mut(vocab);
         let drafts = &out.token_ids[s.tokens.end - k..s.tokens.end];
         outputs.clear();
         outputs.extend_from_slice(seq.output_tokens());
+        // A constrained sequence's rows are masked by a copy of its guide that follows the
+        // accepted drafts; its own guide takes the tokens when the scheduler appends them.
+        let mut guide = seq.guide_for_drafts();
         let mut n = 0;
         for (i, row) in seq_rows.enumerate() {
-            let token = sampler.sample(row, seq.draft_request(&outputs));
+            let token = sampler.sample(row, seq.draft_request(&outputs, guide.as_mut()));
             let id = token.token_id;
             tokens.push(token);
             n += 1;
             if i == k || id != drafts[i] {
                 break;
+            }
+            if let Some(g) = guide.as_mut() {
+                // (Sampled under the mask, so allowed: this cannot fail.)
+                let _ = g.advance(id);
             }
             outputs.push(id);
         }
