@@ -354,6 +354,25 @@ async fn streamed_output_and_metrics_with_speculation() {
     assert!(accepted > 0.0 && accepted <= drafts);
     assert!(metrics.contains("vllm:spec_decode_num_accepted_tokens_per_pos_total{"));
     assert!(metrics.contains("position=\"4\"}"));
+
+    // The dashboard's first snapshot shows the same counts (the engine is idle: they hold).
+    let mut events = reqwest::get(format!("{base}/dashboard/events"))
+        .await
+        .unwrap();
+    let mut text = String::new();
+    let snapshot: Value = loop {
+        let chunk = events.chunk().await.unwrap().expect("the stream goes on");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+        if let Some(at) = text.find("event: snapshot\ndata: ")
+            && let Some(end) = text[at..].find("\n\n")
+        {
+            break serde_json::from_str(&text[at + 22..at + end]).unwrap();
+        }
+    };
+    let st = &snapshot["stats"];
+    assert_eq!(st["spec_tokens"], 5);
+    assert_eq!(st["spec_draft_tokens"].as_f64(), Some(drafts));
+    assert_eq!(st["spec_accepted_tokens"].as_f64(), Some(accepted));
 }
 
 /// Constrained sequences take drafts too: each verified row is masked in the state the accepted

@@ -177,6 +177,9 @@ fn stats(state: &AppState) -> Value {
         "graph_steps": get(&s.graph_steps),
         "graph_forward_seconds": get(&s.graph_forward_micros) as f64 / 1e6,
         "phase_seconds": phases,
+        "spec_tokens": get(&s.spec.num_speculative_tokens),
+        "spec_draft_tokens": get(&s.spec.num_draft_tokens),
+        "spec_accepted_tokens": get(&s.spec.num_accepted_tokens),
     })
 }
 
