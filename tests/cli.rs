@@ -50,6 +50,22 @@ fn generate_prints_completions_and_json_logs() {
     let v: serde_json::Value = serde_json::from_str(line).unwrap();
     assert_eq!(v["level"], "INFO");
     assert!(v["fields"]["num_blocks"].as_u64().unwrap() > 0);
+    // One line says where the startup went.
+    let ready = stderr
+        .lines()
+        .filter(|l| l.contains("ready in"))
+        .collect::<Vec<_>>();
+    assert_eq!(ready.len(), 1, "{stderr}");
+    for phase in [
+        "device",
+        "weights",
+        "model",
+        "KV cache",
+        "CUDA graphs",
+        "chat template",
+    ] {
+        assert!(ready[0].contains(phase), "{}", ready[0]);
+    }
 }
 
 #[test]

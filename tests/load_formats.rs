@@ -249,3 +249,19 @@ fn quantized_checkpoints_it_cannot_read_are_refused_by_name() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The engine reports where its startup went: every phase within the total, and reading the
+/// weights took some of it.
+#[test]
+fn startup_times_add_up() {
+    let llm = Llm::new(EngineArgs {
+        model: LLAMA.into(),
+        ..Default::default()
+    })
+    .unwrap();
+    let t = *llm.core().startup_times();
+    let phases = t.device + t.weights + t.model + t.kv_cache + t.graphs + t.chat_template;
+    assert!(phases <= t.total, "{t:?}");
+    assert!(t.weights > std::time::Duration::ZERO, "{t:?}");
+    assert!(t.summary().starts_with("ready in "), "{}", t.summary());
+}

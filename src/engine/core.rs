@@ -12,6 +12,7 @@ use crate::chat::{ChatError, ChatTemplate};
 
 use super::args::{EngineArgs, EngineError};
 use super::detokenizer::IncrementalDetokenizer;
+use super::loading::StartupTimes;
 use super::stop::StopMatcher;
 use super::text::{self as text_phase, TextJob, TextState};
 use crate::guided::{Grammars, Guide};
@@ -64,6 +65,7 @@ pub struct EngineCore {
     step_times: StepTimes,
     /// Speculative decoding, when configured.
     spec: Option<Speculation>,
+    startup: StartupTimes,
     spec_stats: SpecStats,
     #[cfg(feature = "fault-injection")]
     faults: super::faults::ArmedFaults,
@@ -79,6 +81,7 @@ impl EngineCore {
             ));
         }
         let cfg = loaded.config;
+        let template_start = Instant::now();
         let chat = compile_chat_template(
             args.chat_template.as_deref(),
             loaded.chat_template,
@@ -89,6 +92,10 @@ impl EngineCore {
         if let Err(e) = &chat {
             tracing::warn!("chat requests will fail: {e}");
         }
+        let mut startup = loaded.startup;
+        startup.chat_template = template_start.elapsed();
+        startup.total += startup.chat_template;
+        tracing::info!("{}", startup.summary());
         let scheduler = Scheduler::new(SchedulerConfig {
             max_num_seqs: args.max_num_seqs,
             max_num_batched_tokens: loaded.max_num_batched_tokens,
@@ -123,6 +130,7 @@ impl EngineCore {
             step_times: StepTimes::default(),
             spec,
             spec_stats: SpecStats::default(),
+            startup,
             #[cfg(feature = "fault-injection")]
             faults: super::faults::ArmedFaults::new(args.faults.clone()),
         })
@@ -271,6 +279,11 @@ impl EngineCore {
     /// Where the steps since the last [`EngineCore::reset_step_times`] spent their time.
     pub fn step_times(&self) -> &StepTimes {
         &self.step_times
+    }
+
+    /// Where this engine's startup went.
+    pub fn startup_times(&self) -> &StartupTimes {
+        &self.startup
     }
 
     /// Speculative decoding's settings, when it is on.

@@ -4,6 +4,7 @@
 //! (`crate::parallel::worker`) load the same way, so their forward passes match step for step.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use candle_core::Device;
 use tokenizers::Tokenizer;
@@ -41,6 +42,45 @@ pub struct LoadedEngine {
     pub runner: ModelRunner,
     /// A worker rank's side of the group (`None` on rank 0 and without tensor parallelism).
     pub member: Option<Member>,
+    /// Where loading's time went.
+    pub startup: StartupTimes,
+}
+
+/// Where an engine's startup went, phase by phase.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StartupTimes {
+    /// Opening the device (and joining the tensor-parallel group).
+    pub device: Duration,
+    /// Reading config, tokenizer and weights.
+    pub weights: Duration,
+    /// Building the model from the weights (dequantizing, stacking, uploading).
+    pub model: Duration,
+    /// Sizing the KV cache (on a GPU, its profiling pass) and allocating it.
+    pub kv_cache: Duration,
+    /// Capturing CUDA graphs.
+    pub graphs: Duration,
+    /// Compiling the chat template (after loading).
+    pub chat_template: Duration,
+    /// All of it, from the start of loading.
+    pub total: Duration,
+}
+
+impl StartupTimes {
+    /// One line for the log.
+    pub fn summary(&self) -> String {
+        let s = |d: Duration| d.as_secs_f64();
+        format!(
+            "ready in {:.2} s: device {:.2}, weights {:.2}, model {:.2}, KV cache {:.2}, CUDA \
+             graphs {:.2}, chat template {:.2}",
+            s(self.total),
+            s(self.device),
+            s(self.weights),
+            s(self.model),
+            s(self.kv_cache),
+            s(self.graphs),
+            s(self.chat_template)
+        )
+    }
 }
 
 /// The device this process computes on: `--device`, or under tensor parallelism the GPU of its
@@ -65,6 +105,13 @@ fn open_device(args: &EngineArgs) -> Result<Device, EngineError> {
 
 /// Loads everything [`LoadedEngine`] holds.
 pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
+    let started = Instant::now();
+    let mut times = StartupTimes::default();
+    let mut lap = started;
+    let mut mark = |phase: &mut Duration| {
+        *phase = lap.elapsed();
+        lap = Instant::now();
+    };
     if !BLOCK_SIZES.contains(&args.block_size) {
         return Err(EngineError::Config(format!(
             "block size {} is not one of {BLOCK_SIZES:?}",
@@ -94,6 +141,7 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
     } else {
         (Parallel::single(), None)
     };
+    mark(&mut times.device);
     let loaded = loader::load(
         &args.model,
         &LoadOptions {
@@ -104,6 +152,7 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
             seed: args.seed,
         },
     )?;
+    mark(&mut times.weights);
     let cfg = loaded.config;
     let tokenizer = Arc::new(loaded.tokenizer);
     let grammars = Grammars::new(
@@ -132,6 +181,7 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
     };
     let model = model::build_sharded(&cfg, &loaded.weights, max_model_len, &par)?;
     drop(loaded.weights);
+    mark(&mut times.model);
     let max_num_batched_tokens = args
         .max_num_batched_tokens
         .unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS);
@@ -179,6 +229,7 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
         head_dim: cfg.head_dim,
     };
     let kv = KvCache::on_device_grouped(layout, &plan.layer_blocks, dtype, &device)?;
+    mark(&mut times.kv_cache);
     let runner_device_is_cpu = device.is_cpu();
     // A mixture of experts routes small decode steps on the device; larger ones read the routing
     // back, so only the small ones are captured.
@@ -201,6 +252,8 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
             plan.window.is_some(),
         );
     }
+    mark(&mut times.graphs);
+    times.total = started.elapsed();
     let member = match member {
         Some(Member::Leader(leader)) => {
             runner.lead(leader);
@@ -219,6 +272,7 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
         window: plan.window,
         runner,
         member,
+        startup: times,
     })
 }
 
