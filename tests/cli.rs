@@ -223,6 +223,19 @@ fn newcomer_errors_are_one_line_that_names_the_fix() {
             "check the name",
         ],
     );
+    // Downloads are logged file by file when stderr is not a terminal (a bar when it is).
+    let out = Command::new(env!("CARGO_BIN_EXE_pagewise"))
+        .args(["serve", "--model", id])
+        .env("HF_HOME", home)
+        .env("HF_ENDPOINT", &hub)
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("downloading config.json of {id} from {hub}")),
+        "{stderr}"
+    );
     // No network.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let closed_url = format!("http://{}", closed.local_addr().unwrap());

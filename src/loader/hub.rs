@@ -67,14 +67,21 @@ impl Fetch for Offline {
 
 struct Online {
     repo: hf_hub::api::sync::ApiRepo,
+    /// The same repository in the local cache (what needs no download).
+    cached: hf_hub::CacheRepo,
     id: String,
     endpoint: String,
+    /// A progress bar per download (stderr is a terminal); else one log line per file.
+    progress: bool,
 }
 
 impl Fetch for Online {
     fn fetch(&self, file: &str) -> Result<Option<PathBuf>, LoadError> {
         use hf_hub::api::sync::ApiError;
         let id = &self.id;
+        if !self.progress && self.cached.get(file).is_none() {
+            tracing::info!("downloading {file} of {id} from {}", self.endpoint);
+        }
         match self.repo.get(file) {
             Ok(path) => Ok(Some(path)),
             // A 404 is an absent optional file (config.json's absence is told apart by the
@@ -112,16 +119,19 @@ pub fn resolve(repo_id: &str) -> Result<PathBuf, LoadError> {
     } else {
         let endpoint =
             std::env::var("HF_ENDPOINT").unwrap_or_else(|_| "https://huggingface.co".into());
+        let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
         let api = ApiBuilder::from_cache(cache.clone())
             .with_endpoint(endpoint.clone())
             .with_token(std::env::var("HF_TOKEN").ok().or_else(|| cache.token()))
-            .with_progress(false)
+            .with_progress(progress)
             .build()
             .map_err(|e| LoadError::NotFound(format!("Hugging Face hub client: {e}")))?;
         Box::new(Online {
             repo: api.model(repo_id.to_string()),
+            cached: cache.model(repo_id.to_string()),
             id: repo_id.to_string(),
             endpoint,
+            progress,
         })
     };
     let missing = |file: &str| {
