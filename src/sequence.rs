@@ -189,11 +189,6 @@ impl Sequence {
         }
     }
 
-    /// Whether a constraint steers this sequence's tokens.
-    pub fn has_guide(&self) -> bool {
-        self.guide.is_some()
-    }
-
     /// The draft tokens the next step verifies (empty: a plain decode step).
     pub fn spec_tokens(&self) -> &[u32] {
         &self.spec_tokens
