@@ -55,6 +55,7 @@ fn verify_step(c: &mut Criterion) {
         device: Device::Cpu,
         gguf_matmul: GgufMatmul::Auto,
         seed: 0,
+        quantization: None,
     };
     let loaded = loader::load(&path, &opts).unwrap();
     let cfg = loaded.config.clone();

@@ -4,7 +4,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::engine::args::{DtypeArg, EngineArgs};
 use crate::engine::device::DeviceArg;
-use crate::loader::{GgufMatmul, LoadFormat};
+use crate::loader::{GgufMatmul, LoadFormat, Quantization};
 use crate::request::SamplingParams;
 
 /// pagewise: an OpenAI-compatible LLM inference server with a paged KV cache and continuous batching.
@@ -183,6 +183,14 @@ pub struct EngineFlags {
     /// 4 GiB of floats), quantized, or dequantized.
     #[arg(long, env = "PAGEWISE_GGUF_MATMUL", value_enum, default_value_t = GgufMatmul::Auto)]
     pub gguf_matmul: GgufMatmul,
+    /// Quantize a 16-bit checkpoint's weights at load, as vLLM's `--quantization fp8`: every
+    /// projection of the decoder layers becomes FP8 (e4m3) with one scale per output channel
+    /// (the embedding, LM head and routers stay 16-bit; activations stay 16-bit). On a GPU the
+    /// e4m3 weights are kept and streamed by the decode kernels (half the bytes of bf16); on
+    /// the CPU they are rounded the same way and served dequantized. Checkpoints quantized
+    /// already (FP8, AWQ, GPTQ, GGUF) are detected without it. Not yet for mixtures of experts.
+    #[arg(long, short = 'q', env = "PAGEWISE_QUANTIZATION", value_enum)]
+    pub quantization: Option<Quantization>,
     /// Chat template replacing the model's: a file path, or the template text.
     #[arg(long, env = "PAGEWISE_CHAT_TEMPLATE")]
     pub chat_template: Option<String>,
@@ -292,6 +300,7 @@ impl EngineFlags {
             enable_prefix_caching: self.enable_prefix_caching && !self.no_enable_prefix_caching,
             seed: self.seed,
             gguf_matmul: self.gguf_matmul,
+            quantization: self.quantization,
             chat_template: self.chat_template.clone(),
             structured_outputs_allow_additional_properties: self
                 .structured_outputs_allow_additional_properties,

@@ -69,6 +69,7 @@ fn rank_logits(
         device: device.clone(),
         gguf_matmul: GgufMatmul::Auto,
         seed: 0,
+        quantization: None,
     };
     let loaded = loader::load(&path, &opts).unwrap();
     let cfg = &loaded.config;

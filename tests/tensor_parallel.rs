@@ -21,6 +21,7 @@ fn options(format: LoadFormat) -> LoadOptions {
         device: Device::Cpu,
         gguf_matmul: GgufMatmul::Auto,
         seed: 7,
+        quantization: None,
     }
 }
 

@@ -12,6 +12,7 @@
 #include "dtype.cuh"
 #include "gemv_rows.cuh"
 #include "gemv_stage.cuh"
+#include "gemv_weight.cuh"
 #include "pdl.cuh"
 
 namespace {
@@ -34,10 +35,12 @@ constexpr int gemv_threads(int rows, int input) {
 // the RMSNorm-staging ones, which lost by it (Mistral-7B's qkv 15.4 -> 17.5 µs); gemv_rope gained
 // nothing.
 // kAddNormed stages as stage_add_normed says (x is its delta), block 0 storing the stream.
-template <typename T, int R, int kIn, bool kAdd, int S, int kT = gemv_threads(R, kIn)>
+// W: DenseWeight<T> or Fp8Weight (gemv_weight.cuh).
+template <typename T, int R, int kIn, bool kAdd, int S, typename W,
+          int kT = gemv_threads(R, kIn)>
 __global__ void __launch_bounds__(kT, R == 1 && kIn != kRmsNorm ? 2048 / kT : 1)
     gemv_kernel(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ norm_w,
-                const T* __restrict__ w, const T* __restrict__ residual, int out_dim, int k_dim,
+                const W w, const T* __restrict__ residual, int out_dim, int k_dim,
                 float eps, const T* __restrict__ stream_in, const T* __restrict__ delta_w,
                 T* __restrict__ stream_out) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -56,13 +59,13 @@ __global__ void __launch_bounds__(kT, R == 1 && kIn != kRmsNorm ? 2048 / kT : 1)
 // (what gemv_kernel then rope_qkv_cache_kernel compute, with the same rounding): a warp takes a
 // rotation pair of q or k (both rows, so it can rotate them) or one v output. Row r's rotated q
 // goes to q_out [R, heads, d]; its k and v to the caches at slots[r] (skipped when negative).
-template <typename T, int R, int S>
+template <typename T, int R, int S, typename W>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_rope_kernel(T* __restrict__ q_out, T* __restrict__ k_cache, T* __restrict__ v_cache,
                      const T* __restrict__ cos, const T* __restrict__ sin,
                      const uint32_t* __restrict__ positions, int table_rows,
                      const int64_t* __restrict__ slots, const T* __restrict__ x,
-                     const T* __restrict__ norm_w, const T* __restrict__ w, int heads,
+                     const T* __restrict__ norm_w, const W w, int heads,
                      int kv_heads, int d, int interleaved, int k_dim, float eps) {
   extern __shared__ __align__(16) unsigned char smem[];
   T* xs = reinterpret_cast<T*>(smem);
@@ -79,12 +82,12 @@ __global__ void __launch_bounds__(kGemvThreads)
     const int h = u / half, i = u % half;
     const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
     if (u < pairs) {
-      const T* const rows[2] = {w + (int64_t)(h * d + a) * k_dim, w + (int64_t)(h * d + b) * k_dim};
-      dot_rows<T, R, 2, S>(acc, rows, xs, k_dim, lane, part);
+      const int rows[2] = {h * d + a, h * d + b};
+      dot_weight<T, R, 2, S>(acc, w, rows, xs, k_dim, lane, part);
     } else if (u < units) {
-      const T* const rows[1] = {w + (int64_t)((heads + kv_heads) * d + u - pairs) * k_dim};
+      const int rows[1] = {(heads + kv_heads) * d + u - pairs};
       float v_acc[1][R];
-      dot_rows<T, R, 1, S>(v_acc, rows, xs, k_dim, lane, part);
+      dot_weight<T, R, 1, S>(v_acc, w, rows, xs, k_dim, lane, part);
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[0][r] = v_acc[0][r];
     }
@@ -119,9 +122,9 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
-template <typename T, int R, int kIn, bool kAdd, int S>
-int launch_rs(const GemvArgs& a) {
-  const auto kernel = gemv_kernel<T, R, kIn, kAdd, S>;
+template <typename T, int R, int kIn, bool kAdd, int S, typename W>
+int launch_rs(const GemvArgs& a, const W& w) {
+  const auto kernel = gemv_kernel<T, R, kIn, kAdd, S, W>;
   constexpr int threads = gemv_threads(R, kIn);
   const int smem = R * a.k_dim * (int)sizeof(T);
   if (smem > kMaxStageBytes) return 1;
@@ -131,19 +134,27 @@ int launch_rs(const GemvArgs& a) {
           grid_for(kernel, smem, a.out_dim, threads / 32 / S, resident_by, &blocks, threads))
     return e;
   const cudaError_t err = launch_early(kernel, blocks, threads, smem, a.stream, (T*)a.y,
-                                       (const T*)a.x, (const T*)a.norm_w, (const T*)a.w,
+                                       (const T*)a.x, (const T*)a.norm_w, w,
                                        (const T*)a.residual, a.out_dim, a.k_dim, a.eps,
                                        (const T*)a.stream_in, (const T*)a.delta_w,
                                        (T*)a.stream_out);
   return (int)(err != cudaSuccess ? err : cudaGetLastError());
 }
 
-// gemv_kernel for any rows, with the split split_for picks (see dispatch_gemv).
+// gemv_kernel for any rows, with the split split_for picks, for the weight `a` names (see
+// dispatch_gemv).
 struct CudaCoreGemv {
+  template <typename T, int R, int kIn, bool kAdd, typename W>
+  static int run_w(const GemvArgs& a, const W& w) {
+    return split_for(a.k_dim) == 2 ? launch_rs<T, R, kIn, kAdd, 2>(a, w)
+                                   : launch_rs<T, R, kIn, kAdd, 1>(a, w);
+  }
+
   template <typename T, int R, int kIn, bool kAdd>
   static int run(const GemvArgs& a) {
-    return split_for(a.k_dim) == 2 ? launch_rs<T, R, kIn, kAdd, 2>(a)
-                                   : launch_rs<T, R, kIn, kAdd, 1>(a);
+    if (a.scales == nullptr) return run_w<T, R, kIn, kAdd>(a, DenseWeight<T>{(const T*)a.w});
+    return run_w<T, R, kIn, kAdd>(a, fp8_weight(a.w, a.scales, a.block_rows, a.block_cols,
+                                                a.k_dim));
   }
 };
 
@@ -157,11 +168,14 @@ struct QkvRopeArgs {
   const void *x, *norm_w, *w;
   int rows, heads, kv_heads, d, interleaved, k_dim;
   float eps;
+  // FP8 weights only: as GemvArgs's.
+  const float* scales;
+  int block_rows, block_cols;
 };
 
-template <typename T, int R, int S>
-int launch_rope_rs(const QkvRopeArgs& a, cudaStream_t stream) {
-  const auto kernel = gemv_rope_kernel<T, R, S>;
+template <typename T, int R, int S, typename W>
+int launch_rope_rs(const QkvRopeArgs& a, const W& w, cudaStream_t stream) {
+  const auto kernel = gemv_rope_kernel<T, R, S, W>;
   const int smem = R * a.k_dim * (int)sizeof(T);
   if (smem > kMaxStageBytes) return 1;
   static int resident_by[64][kStageSteps + 1] = {};
@@ -170,16 +184,23 @@ int launch_rope_rs(const QkvRopeArgs& a, cudaStream_t stream) {
   if (const int e = grid_for(kernel, smem, units, kGemvWarps / S, resident_by, &blocks)) return e;
   const cudaError_t err = launch_early(
       kernel, blocks, kGemvThreads, smem, stream, (T*)a.q_out, (T*)a.k_cache, (T*)a.v_cache,
-      (const T*)a.cos, (const T*)a.sin, a.positions, a.table_rows, a.slots, (const T*)a.x, (const T*)a.norm_w, (const T*)a.w,
+      (const T*)a.cos, (const T*)a.sin, a.positions, a.table_rows, a.slots, (const T*)a.x, (const T*)a.norm_w, w,
       a.heads, a.kv_heads, a.d, a.interleaved, a.k_dim, a.eps);
   return (int)(err != cudaSuccess ? err : cudaGetLastError());
 }
 
 // (The same split as the plain GEMV's, so the rotated q, k and v sum as its outputs do.)
+template <typename T, int R, typename W>
+int launch_rope_w(const QkvRopeArgs& a, const W& w, cudaStream_t stream) {
+  return split_for(a.k_dim) == 2 ? launch_rope_rs<T, R, 2>(a, w, stream)
+                                 : launch_rope_rs<T, R, 1>(a, w, stream);
+}
+
 template <typename T, int R>
 int launch_rope_r(const QkvRopeArgs& a, cudaStream_t stream) {
-  return split_for(a.k_dim) == 2 ? launch_rope_rs<T, R, 2>(a, stream)
-                                 : launch_rope_rs<T, R, 1>(a, stream);
+  if (a.scales == nullptr) return launch_rope_w<T, R>(a, DenseWeight<T>{(const T*)a.w}, stream);
+  return launch_rope_w<T, R>(
+      a, fp8_weight(a.w, a.scales, a.block_rows, a.block_cols, a.k_dim), stream);
 }
 
 template <typename T>
@@ -203,16 +224,21 @@ int launch_rope(const QkvRopeArgs& a, cudaStream_t s) {
 // 1 = f16, 2 = bf16, k_dim a multiple of 8, every pointer 16-byte aligned. input 0: in(x) = x
 // ([rows, k_dim]); 1: RMSNorm(x) * norm_w with `eps` (x [rows, k_dim], norm_w [k_dim]); 2:
 // silu(x[:, :k_dim]) * x[:, k_dim:] (x [rows, 2 k_dim]); 3: gelu_tanh(x[:, :k_dim]) * x[:, k_dim:]
-// (no residual). Returns 0, a CUDA error code, or 1 when the arguments are unsupported (rows x
-// k_dim past the staging space among them).
+// (no residual). With `scales` not null, w is e4m3 and w[o, c] stands for w[o, c] times its
+// block's scale (f32 [ceil(out_dim / block_rows), ceil(k_dim / block_cols)], see Fp8Weight;
+// k_dim a multiple of 16). Returns 0, a CUDA error code, or 1 when the arguments are
+// unsupported (rows x k_dim past the staging space among them).
 extern "C" int pagewise_gemv(int dtype, int input, void* y, const void* x, const void* norm_w,
-                             const void* w, const void* residual, int rows, int out_dim,
+                             const void* w, const float* scales, int block_rows,
+                             int block_cols, const void* residual, int rows, int out_dim,
                              int k_dim, float eps, void* stream) {
   if (rows == 0 || out_dim == 0) return 0;
   if (k_dim % 8 != 0) return 1;
+  if (scales != nullptr && !fp8_weight_fits(k_dim, block_rows, block_cols)) return 1;
   if (input == kAddNormed) return 1;  // (pagewise_gemv_add_normed)
-  const GemvArgs a = {y,     x,   norm_w, w,       residual, out_dim,
-                      k_dim, eps, (cudaStream_t)stream, nullptr, nullptr, nullptr};
+  const GemvArgs a = {y,       x,       norm_w,     w,      residual,   out_dim,
+                      k_dim,   eps,     (cudaStream_t)stream, nullptr, nullptr, nullptr,
+                      scales,  block_rows, block_cols};
   return dispatch_gemv<CudaCoreGemv>(dtype, input, rows, a);
 }
 
@@ -221,16 +247,19 @@ extern "C" int pagewise_gemv(int dtype, int input, void* y, const void* x, const
 // stored; delta and stream_in [rows, k_dim], both weights [k_dim], one eps), also storing s to
 // stream_out ([rows, k_dim], apart from stream_in): Gemma's normalized residual add folded into
 // the next projection's staging. Rows 1..8, dtype 1 = f16, 2 = bf16, k_dim a multiple of 8,
-// every pointer 16-byte aligned. Returns 0, a CUDA error code, or 1 when the arguments are
-// unsupported.
+// every pointer 16-byte aligned; FP8 weights with `scales` as pagewise_gemv's. Returns 0, a
+// CUDA error code, or 1 when the arguments are unsupported.
 extern "C" int pagewise_gemv_add_normed(int dtype, void* y, void* stream_out, const void* delta,
                                         const void* stream_in, const void* delta_w,
-                                        const void* norm_w, const void* w, int rows, int out_dim,
+                                        const void* norm_w, const void* w, const float* scales,
+                                        int block_rows, int block_cols, int rows, int out_dim,
                                         int k_dim, float eps, void* stream) {
   if (rows == 0 || out_dim == 0) return 0;
   if (k_dim % 8 != 0) return 1;
-  const GemvArgs a = {y,     delta, norm_w, w,        nullptr,  out_dim,
-                      k_dim, eps,   (cudaStream_t)stream, stream_in, delta_w, stream_out};
+  if (scales != nullptr && !fp8_weight_fits(k_dim, block_rows, block_cols)) return 1;
+  const GemvArgs a = {y,      delta,  norm_w,     w,        nullptr,   out_dim,
+                      k_dim,  eps,    (cudaStream_t)stream, stream_in, delta_w, stream_out,
+                      scales, block_rows, block_cols};
   return dispatch_gemv<CudaCoreGemv>(dtype, kAddNormed, rows, a);
 }
 
@@ -241,20 +270,22 @@ extern "C" int pagewise_gemv_add_normed(int dtype, void* y, void* stream_out, co
 // `positions` (u32 [rows]) whole tables [table_rows, d / 2] read at row r's position (clamped to
 // the last table row); pairs (2i, 2i + 1)
 // when interleaved, else (i, i + d / 2). Rows 1..8, dtype 1 = f16, 2 = bf16, d even, k_dim a
-// multiple of 8, x, norm_w and w 16-byte aligned. Returns 0, a CUDA error code, or 1 when the
-// arguments are unsupported.
+// multiple of 8, x, norm_w and w 16-byte aligned; FP8 weights with `scales` as pagewise_gemv's.
+// Returns 0, a CUDA error code, or 1 when the arguments are unsupported.
 extern "C" int pagewise_gemv_rope(int dtype, void* q_out, void* k_cache, void* v_cache,
                                   const void* cos, const void* sin, const uint32_t* positions,
                                   int table_rows, const int64_t* slots,
-                                  const void* x, const void* norm_w, const void* w, int rows,
+                                  const void* x, const void* norm_w, const void* w,
+                                  const float* scales, int block_rows, int block_cols, int rows,
                                   int heads, int kv_heads, int head_dim, int interleaved,
                                   int k_dim, float eps, void* stream) {
   if (rows == 0) return 0;
   if (k_dim % 8 != 0 || head_dim % 2 != 0) return 1;
   if (positions != nullptr && table_rows < 1) return 1;
+  if (scales != nullptr && !fp8_weight_fits(k_dim, block_rows, block_cols)) return 1;
   const QkvRopeArgs a = {q_out, k_cache, v_cache, cos,   sin,      positions, table_rows,
                          slots, x,       norm_w,  w,     rows,     heads,     kv_heads,
-                         head_dim, interleaved, k_dim, eps};
+                         head_dim, interleaved, k_dim, eps, scales, block_rows, block_cols};
   cudaStream_t s = (cudaStream_t)stream;
   switch (dtype) {
     case 1: return launch_rope<__half>(a, s);

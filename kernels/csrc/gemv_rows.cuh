@@ -1,6 +1,6 @@
 // pagewise: the dot products of the GEMV kernels (gemv.cu, o_router.cu): a warp's share of an
-// output's sum, the merge of the warps that share an output, and the loop of a block's outputs
-// after it staged its input.
+// output's sum and the merge of the warps that share an output (gemv_weight.cuh has the loop of
+// a block's outputs after it staged its input).
 #pragma once
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -85,43 +85,6 @@ __device__ __forceinline__ bool merge_split(float (&acc)[N][R], int warp, int la
 // every batch size.
 inline int split_for(int k_dim) {
   return k_dim >= 2 * 4 * 256 ? 2 : 1;
-}
-
-// y[r, o] = sum_k xs[r, k] * w[o, k] (+ residual[r, o], added to the product rounded to T as the
-// unfused add would see it) for the R rows the block staged in xs: its warps take outputs in
-// rounds of warps / S (S warps an output, see dot_rows), block `block` of `blocks` stepping by
-// the grid's.
-template <typename T, int R, bool kAdd, int S, int kT>
-__device__ __forceinline__ void gemv_outputs(T* __restrict__ y, const T* xs,
-                                             const T* __restrict__ w,
-                                             const T* __restrict__ residual, int out_dim,
-                                             int k_dim, int block, int blocks) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  constexpr int kPerBlock = kT / 32 / S;
-  for (int base = block * kPerBlock; base < out_dim; base += blocks * kPerBlock) {
-    const int o = base + warp / S;
-    float acc[1][R] = {};
-    // The residual the storing lane adds, loaded before the dot products so its latency hides
-    // behind them.
-    T res[R];
-    if constexpr (kAdd)
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-        res[r] = lane == 0 && warp % S == 0 && o < out_dim ? residual[(int64_t)r * out_dim + o]
-                                                           : from_float<T>(0.f);
-    if (o < out_dim) {
-      const T* const rows[1] = {w + (int64_t)o * k_dim};
-      dot_rows<T, R, 1, S>(acc, rows, xs, k_dim, lane, warp % S);
-    }
-    if (!merge_split<R, 1, S, kT>(acc, warp, lane) || o >= out_dim || lane != 0) continue;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t at = (int64_t)r * out_dim + o;
-      float v = acc[0][r];
-      if constexpr (kAdd) v = to_float(from_float<T>(v)) + to_float(res[r]);
-      y[at] = from_float<T>(v);
-    }
-  }
 }
 
 }  // namespace

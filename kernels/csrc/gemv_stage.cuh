@@ -211,6 +211,10 @@ struct GemvArgs {
   // kAddNormed only: the residual stream in and out, and delta's norm weight (x is delta).
   const void *stream_in, *delta_w;
   void* stream_out;
+  // FP8 weights only (w e4m3): their scales, one per block of block_rows x block_cols (see
+  // Fp8Weight); null for weights in the activations' dtype.
+  const float* scales;
+  int block_rows, block_cols;
 };
 
 // Launcher::run<T, R, kIn, kAdd>(a) for the call's dtype (1 = f16, 2 = bf16), input (an Input),

@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include "dtype.cuh"
 #include "gemv_rows.cuh"
+#include "gemv_weight.cuh"
 #include "gemv_stage.cuh"
 #include "pdl.cuh"
 
@@ -90,7 +91,7 @@ __global__ void __launch_bounds__(kGemvThreads, R == 1 ? 2048 / kGemvThreads : 1
     return;
   }
   stage_input<T, R, kPlain>(xs, a, nullptr, k_dim, 0.f);
-  gemv_outputs<T, R, true, S, kGemvThreads>(y, xs, w, residual, out_dim, k_dim,
+  gemv_outputs<T, R, true, S, kGemvThreads>(y, xs, DenseWeight<T>{w}, residual, out_dim, k_dim,
                                             blockIdx.x - router_blocks, gridDim.x - router_blocks);
 }
 

@@ -176,6 +176,9 @@ unsafe extern "C" {
         x: *const c_void,
         norm_w: *const c_void,
         w: *const c_void,
+        scales: *const f32,
+        block_rows: c_int,
+        block_cols: c_int,
         residual: *const c_void,
         rows: c_int,
         out_dim: c_int,
@@ -193,6 +196,9 @@ unsafe extern "C" {
         delta_w: *const c_void,
         norm_w: *const c_void,
         w: *const c_void,
+        scales: *const f32,
+        block_rows: c_int,
+        block_cols: c_int,
         rows: c_int,
         out_dim: c_int,
         k_dim: c_int,
@@ -201,6 +207,28 @@ unsafe extern "C" {
     ) -> c_int;
 
     pub fn pagewise_gemv_max_stage_bytes() -> c_int;
+
+    pub fn pagewise_fp8_dequantize(
+        dtype: c_int,
+        out: *mut c_void,
+        w: *const c_void,
+        scales: *const f32,
+        out_dim: i64,
+        k_dim: c_int,
+        block_rows: c_int,
+        block_cols: c_int,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn pagewise_fp8_quantize_rows(
+        dtype: c_int,
+        q: *mut c_void,
+        scales: *mut f32,
+        w: *const c_void,
+        out_dim: i64,
+        k_dim: c_int,
+        stream: *mut c_void,
+    ) -> c_int;
 
     pub fn pagewise_gemv_rope(
         dtype: c_int,
@@ -215,6 +243,9 @@ unsafe extern "C" {
         x: *const c_void,
         norm_w: *const c_void,
         w: *const c_void,
+        scales: *const f32,
+        block_rows: c_int,
+        block_cols: c_int,
         rows: c_int,
         heads: c_int,
         kv_heads: c_int,

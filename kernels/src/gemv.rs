@@ -8,7 +8,7 @@ use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
-use crate::{check_launch, device_ptr, dtype_code, empty, ffi};
+use crate::{GemvWeight, check_launch, device_ptr, dtype_code, empty, ffi};
 
 /// Most rows [`gemv`] takes.
 pub const GEMV_MAX_ROWS: usize = 8;
@@ -63,38 +63,38 @@ pub fn gemv_fits(rows: usize, k: usize, dtype: DType) -> bool {
         && rows * k * dtype.size_in_bytes() <= most
 }
 
-/// `x w^T` for `x` = `[rows, k]` with `rows <= GEMV_MAX_ROWS` and `w` = `[out, k]` (f16 or bf16,
+/// `x w^T` for `x` = `[rows, k]` with `rows <= GEMV_MAX_ROWS` and `w` = `[out, k]` (f16 or bf16, or FP8,
 /// `k` a multiple of 8, contiguous). Returns `[rows, out]`.
-pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+pub fn gemv<'w>(x: &Tensor, w: impl Into<GemvWeight<'w>>) -> Result<Tensor> {
     gemv_fused(x, w, GemvInput::Plain, None)
 }
 
-/// `input(x) w^T (+ residual)`: `w` = `[out, k]`, `x` as [`GemvInput`] says, `residual` =
-/// `[rows, out]`; all f16 or bf16, contiguous, on one GPU, and [`gemv_fits`]. The staged input and
-/// the product before the residual add are rounded to the dtype, as the unfused kernels store
-/// them. Returns `[rows, out]`.
-pub fn gemv_fused(
+/// `input(x) w^T (+ residual)`: `w` = `[out, k]` (dense or FP8, see [`GemvWeight`]), `x` as
+/// [`GemvInput`] says, `residual` = `[rows, out]`; all f16 or bf16, contiguous, on one GPU, and
+/// [`gemv_fits`]. The staged input and the product before the residual add are rounded to the
+/// dtype, as the unfused kernels store them. Returns `[rows, out]`.
+pub fn gemv_fused<'w>(
     x: &Tensor,
-    w: &Tensor,
+    w: impl Into<GemvWeight<'w>>,
     input: GemvInput<'_>,
     residual: Option<&Tensor>,
 ) -> Result<Tensor> {
+    let w = w.into();
     let (rows, x_cols) = x.dims2()?;
     let k = input.inner(x_cols);
-    let (out_dim, wk) = w.dims2()?;
+    let (out_dim, wk) = w.dims()?;
     let gated = matches!(input, GemvInput::SiluMul | GemvInput::GeluTanhMul);
     if wk != k || (gated && x_cols != 2 * k) {
         bail!(
             "gemv: x {:?} ({input:?}) does not fit w {:?}",
             x.dims(),
-            w.dims()
+            (out_dim, wk)
         );
     }
-    if w.dtype() != x.dtype() || !matches!(x.dtype(), DType::BF16 | DType::F16) {
+    if !matches!(x.dtype(), DType::BF16 | DType::F16) || !w.takes(x.dtype()) {
         bail!(
-            "gemv: x and w must both be f16 or bf16, got {:?} and {:?}",
+            "gemv: x must be f16 or bf16 and w the same dtype or FP8, got {:?} and {w:?}",
             x.dtype(),
-            w.dtype()
         );
     }
     if !gemv_fits(rows, k, x.dtype()) {
@@ -133,7 +133,8 @@ pub fn gemv_fused(
     let y = empty((rows, out_dim), x.dtype(), x.device())?;
     let (yp, stream) = device_ptr(&y, "y")?;
     let (xp, _) = device_ptr(x, "x")?;
-    let (wp, _) = device_ptr(w, "w")?;
+    let wt = w.pointers(x.dtype(), "gemv")?;
+    let wp = wt.w;
     let np = match norm {
         Some(n) => device_ptr(n, "norm weight")?.0,
         None => 0,
@@ -162,6 +163,9 @@ pub fn gemv_fused(
             xp as *const c_void,
             np as *const c_void,
             wp as *const c_void,
+            wt.scales,
+            wt.block_rows,
+            wt.block_cols,
             rp as *const c_void,
             rows as i32,
             out_dim as i32,
@@ -178,30 +182,34 @@ pub fn gemv_fused(
 /// `s = stream + rms_norm(delta) * delta_norm` (the normalized delta rounded to the dtype before
 /// the add, as [`crate::add_rms_normed`] computes it), returns `(rms_norm(s) * norm w^T, s)`:
 /// the projection of the next norm's output, and the residual stream the layer goes on with.
-/// `delta` and `stream` are `[rows, k]`, both norm weights `[k]` (one `eps`), `w` `[out, k]`; all
-/// f16 or bf16, contiguous, on one GPU, and [`gemv_fits`]. One kernel instead of two.
-pub fn gemv_add_normed(
+/// `delta` and `stream` are `[rows, k]`, both norm weights `[k]` (one `eps`), `w` `[out, k]`
+/// (dense or FP8); all f16 or bf16, contiguous, on one GPU, and [`gemv_fits`]. One kernel
+/// instead of two.
+pub fn gemv_add_normed<'w>(
     delta: &Tensor,
     stream: &Tensor,
     delta_norm: &Tensor,
     norm: &Tensor,
     eps: f32,
-    w: &Tensor,
+    w: impl Into<GemvWeight<'w>>,
 ) -> Result<(Tensor, Tensor)> {
+    let w = w.into();
     let (rows, k) = delta.dims2()?;
-    let (out_dim, wk) = w.dims2()?;
+    let (out_dim, wk) = w.dims()?;
     let dt = delta.dtype();
     if wk != k || stream.dims() != [rows, k] {
         bail!(
             "gemv_add_normed: delta {:?} and stream {:?} do not fit w {:?}",
             delta.dims(),
             stream.dims(),
-            w.dims()
+            (out_dim, wk)
         );
+    }
+    if !w.takes(dt) {
+        bail!("gemv_add_normed: w {w:?} is neither {dt:?} nor FP8 the GEMV takes");
     }
     for (name, t) in [
         ("stream", stream),
-        ("w", w),
         ("delta_norm", delta_norm),
         ("norm", norm),
     ] {
@@ -234,7 +242,8 @@ pub fn gemv_add_normed(
     let (ip, _) = device_ptr(stream, "stream")?;
     let (dwp, _) = device_ptr(delta_norm, "delta norm")?;
     let (np, _) = device_ptr(norm, "norm")?;
-    let (wp, _) = device_ptr(w, "w")?;
+    let wt = w.pointers(dt, "gemv_add_normed")?;
+    let wp = wt.w;
     if [dp, ip, dwp, np, wp].iter().any(|p| p % 16 != 0) {
         bail!("gemv_add_normed: its inputs must start on 16-byte boundaries");
     }
@@ -251,6 +260,9 @@ pub fn gemv_add_normed(
             dwp as *const c_void,
             np as *const c_void,
             wp as *const c_void,
+            wt.scales,
+            wt.block_rows,
+            wt.block_cols,
             rows as i32,
             out_dim as i32,
             k as i32,

@@ -7,7 +7,7 @@ use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
-use crate::{check_launch, device_ptr, dtype_code, empty, ffi, gemv_fits};
+use crate::{GemvWeight, check_launch, device_ptr, dtype_code, empty, ffi, gemv_fits};
 
 /// Where [`gemv_rope_cache`] puts the projection, and how it rotates it.
 pub struct RopeCacheTarget<'a> {
@@ -37,27 +37,28 @@ pub struct RopeCacheTarget<'a> {
 /// `rms_norm(x) * norm_weight` projected by `w` (`[(heads + 2 * kv_heads) * head_dim, k]`: q
 /// rows, then k, then v), with q and k rotated, k and v written into the caches at each row's
 /// slot, and the rotated q returned (`[rows, heads, head_dim]`). `x` is `[rows, k]`; all f16 or
-/// bf16, contiguous, on one GPU, and within [`gemv_fits`].
+/// bf16 (`w` also FP8, see [`GemvWeight`]), contiguous, on one GPU, and within [`gemv_fits`].
 ///
 /// # Safety
 /// The kernel trusts the device-side indices it is given; their values are not checked (that
 /// would cost a copy to the host each call). The caller guarantees that every slot in the slot
 /// mapping is -1 or below `num_blocks * block_size` of the caches, that no two tokens of one
 /// call share a slot, and that every position is below the rows of the rotary tables.
-pub unsafe fn gemv_rope_cache(
+pub unsafe fn gemv_rope_cache<'w>(
     x: &Tensor,
-    w: &Tensor,
+    w: impl Into<GemvWeight<'w>>,
     norm_weight: &Tensor,
     eps: f32,
     t: &RopeCacheTarget<'_>,
 ) -> Result<Tensor> {
+    let w = w.into();
     let (rows, k) = x.dims2()?;
     let (_, _, kv_heads, d) = t.k_cache.dims4()?;
     let width = (t.heads + 2 * t.kv_heads) * d;
-    if kv_heads != t.kv_heads || w.dims() != [width, k] || d % 2 != 0 {
+    if kv_heads != t.kv_heads || w.dims()? != (width, k) || d % 2 != 0 {
         bail!(
             "gemv_rope_cache: w {:?} is not {} + 2 x {} heads of the caches' {:?} over k = {k}",
-            w.dims(),
+            w.dims()?,
             t.heads,
             t.kv_heads,
             t.k_cache.dims()
@@ -82,8 +83,10 @@ pub unsafe fn gemv_rope_cache(
             x.dtype()
         );
     }
+    if !w.takes(x.dtype()) {
+        bail!("gemv_rope_cache: w {w:?} is neither x's dtype nor FP8 the GEMV takes");
+    }
     for (a, what) in [
-        (w, "w"),
         (norm_weight, "norm weight"),
         (t.cos, "cos"),
         (t.sin, "sin"),
@@ -116,7 +119,8 @@ pub unsafe fn gemv_rope_cache(
     let (slots, _) = device_ptr(t.slot_mapping, "slot_mapping")?;
     let (xp, _) = device_ptr(x, "x")?;
     let (np, _) = device_ptr(norm_weight, "norm weight")?;
-    let (wp, _) = device_ptr(w, "w")?;
+    let wt = w.pointers(x.dtype(), "gemv_rope_cache")?;
+    let wp = wt.w;
     if xp % 16 != 0 || wp % 16 != 0 || np % 16 != 0 {
         bail!("gemv_rope_cache: x, w and the norm weight must start on 16-byte boundaries");
     }
@@ -139,6 +143,9 @@ pub unsafe fn gemv_rope_cache(
             xp as *const c_void,
             np as *const c_void,
             wp as *const c_void,
+            wt.scales,
+            wt.block_rows,
+            wt.block_cols,
             rows as i32,
             t.heads as i32,
             kv_heads as i32,

@@ -13,6 +13,7 @@ pub mod allreduce;
 mod decode;
 mod decode_fresh;
 mod ffi;
+mod fp8;
 mod fused;
 mod gemv;
 mod gemv_rope;
@@ -36,6 +37,7 @@ pub use decode::{
     plan_for_rows,
 };
 pub use decode_fresh::paged_attention_fresh;
+pub use fp8::{Fp8Matrix, GemvWeight, fp8_dequantize, fp8_quantize_rows};
 pub use fused::{add_rms_norm, add_rms_normed, silu_mul};
 pub use gemv::{GEMV_MAX_ROWS, GemvInput, gemv, gemv_add_normed, gemv_fits, gemv_fused};
 pub use gemv_rope::{RopeCacheTarget, gemv_rope_cache};
@@ -148,6 +150,7 @@ pub fn empty(
             DType::F16 => CudaStorage::wrap_cuda_slice(dev.alloc::<half::f16>(n)?, dev.clone()),
             DType::BF16 => CudaStorage::wrap_cuda_slice(dev.alloc::<half::bf16>(n)?, dev.clone()),
             DType::U32 => CudaStorage::wrap_cuda_slice(dev.alloc::<u32>(n)?, dev.clone()),
+            DType::U8 => CudaStorage::wrap_cuda_slice(dev.alloc::<u8>(n)?, dev.clone()),
             other => bail!("empty: dtype {other:?} is not supported"),
         }
     };

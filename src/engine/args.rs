@@ -3,7 +3,7 @@
 use candle_core::{DType, Device};
 
 use super::detokenizer::DetokenizeError;
-use crate::loader::{GgufMatmul, LoadError, LoadFormat};
+use crate::loader::{GgufMatmul, LoadError, LoadFormat, Quantization};
 use crate::model::ModelError;
 use crate::request::InvalidParam;
 use crate::scheduler::ScheduleError;
@@ -73,6 +73,8 @@ pub struct EngineArgs {
     pub structured_outputs_allow_additional_properties: bool,
     /// GGUF: quantized or dequantized matmuls.
     pub gguf_matmul: GgufMatmul,
+    /// Weights quantized at load (`--quantization fp8`); `None` serves them as stored.
+    pub quantization: Option<Quantization>,
     /// GPU: run every step eagerly instead of replaying captured CUDA graphs for decode steps.
     pub enforce_eager: bool,
     /// GPU: the longest context a CUDA graph serves (capped at `max_model_len`); decode steps with
@@ -105,6 +107,7 @@ impl Default for EngineArgs {
             chat_template: None,
             structured_outputs_allow_additional_properties: false,
             gguf_matmul: GgufMatmul::Auto,
+            quantization: None,
             enforce_eager: false,
             max_seq_len_to_capture: DEFAULT_MAX_SEQ_LEN_TO_CAPTURE,
             parallel: Default::default(),

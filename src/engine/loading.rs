@@ -150,6 +150,7 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
             device: device.clone(),
             gguf_matmul: args.gguf_matmul,
             seed: args.seed,
+            quantization: args.quantization,
         },
     )?;
     mark(&mut times.weights);

@@ -15,6 +15,7 @@ use candle_nn::VarBuilder;
 use tokenizers::Tokenizer;
 
 use crate::model::config::ModelConfig;
+use crate::model::quantized::CheckpointQuant;
 use crate::model::weights::{DummyBackend, Weights};
 
 /// Why a model could not be loaded. Messages name the file or key at fault.
@@ -49,6 +50,15 @@ pub enum LoadFormat {
     Dummy,
 }
 
+/// `--quantization`: how a 16-bit checkpoint's weights are quantized at load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Quantization {
+    /// FP8 (e4m3) weights with one scale per output channel, for every projection of the
+    /// decoder layers (not the embedding, the LM head or a router); activations stay 16-bit.
+    Fp8,
+}
+
 /// How GGUF matmul weights are used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -78,6 +88,8 @@ pub struct LoadOptions {
     pub gguf_matmul: GgufMatmul,
     /// Seed of `--load-format dummy` weights.
     pub seed: u64,
+    /// Weights quantized at load (`--quantization`).
+    pub quantization: Option<Quantization>,
 }
 
 /// A model ready to build: configuration, tokenizer, chat template and weights.
@@ -181,6 +193,12 @@ fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, LoadError> 
             opts.load_format
         )));
     }
+    if let Some(q) = opts.quantization {
+        return Err(LoadError::Format(format!(
+            "--quantization {q:?} quantizes a Hugging Face checkpoint at load; {} is a GGUF file,              whose weights are quantized already",
+            path.display()
+        )));
+    }
     let m = gguf::load(path, &opts.device, opts.dtype, opts.gguf_matmul)?;
     Ok(LoadedModel {
         config: m.config,
@@ -188,6 +206,39 @@ fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, LoadError> 
         chat_template: m.chat_template,
         weights: m.weights,
     })
+}
+
+/// Whether `--quantization fp8` quantizes this checkpoint's projections at load: not for an FP8
+/// checkpoint (already e4m3), refused for other quantized checkpoints and for mixtures of experts
+/// (the grouped expert kernels read 16-bit weights).
+fn quantize_fp8(config: &ModelConfig, opts: &LoadOptions) -> Result<bool, LoadError> {
+    let Some(Quantization::Fp8) = opts.quantization else {
+        return Ok(false);
+    };
+    match &config.quantization {
+        Some(CheckpointQuant::Fp8(_)) => return Ok(false),
+        Some(other) => {
+            return Err(LoadError::Format(format!(
+                "--quantization fp8 quantizes a 16-bit checkpoint; this one is quantized already \
+                 ({}): leave --quantization out",
+                other.describe()
+            )));
+        }
+        None => {}
+    }
+    if config.moe.is_some() {
+        return Err(LoadError::Format(
+            "--quantization fp8 is not implemented for mixtures of experts yet (the expert \
+             kernels read 16-bit weights); serve the model without it, or an FP8 checkpoint"
+                .into(),
+        ));
+    }
+    tracing::info!(
+        "--quantization fp8: the decoder layers' projections quantized to e4m3 at load, one \
+         scale per output channel; activations stay {:?}",
+        opts.dtype
+    );
+    Ok(true)
 }
 
 fn read_text(path: &Path) -> Result<String, LoadError> {
@@ -262,12 +313,16 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel, LoadError>
     eos.dedup();
     config.eos_token_ids = eos;
 
+    let quantize_fp8 = quantize_fp8(&config, opts)?;
     let weights = match opts.load_format {
-        LoadFormat::Dummy => Weights::Dense(VarBuilder::from_backend(
-            Box::new(DummyBackend { seed: opts.seed }),
-            opts.dtype,
-            opts.device.clone(),
-        )),
+        LoadFormat::Dummy => Weights::Dense {
+            vb: VarBuilder::from_backend(
+                Box::new(DummyBackend { seed: opts.seed }),
+                opts.dtype,
+                opts.device.clone(),
+            ),
+            quantize_fp8,
+        },
         LoadFormat::Auto | LoadFormat::Safetensors => {
             let paths = safetensors_files(dir)?;
             // SAFETY: the files are memory-mapped read-only; pagewise never writes them, and a
@@ -275,9 +330,15 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel, LoadError>
             let files = unsafe { MmapedSafetensors::multi(&paths) }
                 .map_err(|e| LoadError::Format(format!("safetensors in {}: {e}", dir.display())))?;
             if let Some(quant) = &config.quantization {
+                let kept = matches!(quant, CheckpointQuant::Fp8(_))
+                    && opts.device.is_cuda()
+                    && matches!(opts.dtype, DType::BF16 | DType::F16);
+                let how = match kept {
+                    true => "FP8 projections kept in e4m3 on the GPU (experts dequantized)",
+                    false => "weights dequantized at load",
+                };
                 tracing::info!(
-                    "{}: weights dequantized to {:?} at load (kernels for quantized weights are \
-                     not implemented yet; activation scales are not used)",
+                    "{}: {how}, activations in {:?} (activation scales are not used)",
                     quant.describe(),
                     opts.dtype
                 );
@@ -287,6 +348,7 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel, LoadError>
                 dtype: opts.dtype,
                 device: opts.device.clone(),
                 quantization: config.quantization.clone(),
+                quantize_fp8,
             }
         }
         LoadFormat::Gguf => {

@@ -21,7 +21,7 @@
 //! batch-invariance tests (tiny fixture, f32 and bf16) pass with it on.
 
 use candle_core::{DType, Tensor};
-use pagewise_kernels::{GemvInput, gemv_fits, gemv_fused};
+use pagewise_kernels::{GemvInput, GemvWeight, gemv_fits, gemv_fused};
 
 use super::attention::KvCache;
 use super::batch::ForwardBatch;
@@ -35,7 +35,7 @@ use crate::parallel::Parallel;
 pub(super) struct FusedLayer<'a> {
     pub attn: FusedAttention<'a>,
     /// `[hidden, heads * head_dim]`.
-    pub o: &'a Tensor,
+    pub o: GemvWeight<'a>,
     pub post_norm: &'a RmsNorm,
     pub mlp: FusedMlp<'a>,
 }
@@ -44,7 +44,7 @@ pub(super) struct FusedLayer<'a> {
 pub(super) struct FusedAttention<'a> {
     pub input_norm: &'a RmsNorm,
     /// `[(heads + 2 * kv_heads) * head_dim, hidden]`.
-    pub qkv: &'a Tensor,
+    pub qkv: GemvWeight<'a>,
     /// Qwen3's and Gemma 3's per-head q/k norms, if the model has them.
     pub head_norms: Option<pagewise_kernels::HeadNorms<'a>>,
 }
@@ -54,8 +54,8 @@ pub(super) enum FusedMlp<'a> {
     /// SwiGLU: gate/up `[2 * intermediate, hidden]` (gate rows first), down
     /// `[hidden, intermediate]`.
     Dense {
-        gate_up: &'a Tensor,
-        down: &'a Tensor,
+        gate_up: GemvWeight<'a>,
+        down: GemvWeight<'a>,
     },
     /// Experts routed on the device (`SparseMoe::forward_fused`).
     Sparse(&'a SparseMoe),
@@ -90,8 +90,12 @@ pub(super) fn fits(x: &Tensor, layers: &[FusedLayer<'_>]) -> bool {
     layers.iter().all(|l| {
         let mlp = match l.mlp {
             FusedMlp::Dense { gate_up, down } => {
-                // (Down may be past the staging space: `finish_layer` then takes cuBLAS.)
-                gemv_takes(rows, dtype, &[gate_up]) && down.dtype() == dtype && down.is_contiguous()
+                // (A dense down may be past the staging space: `finish_layer` then takes cuBLAS.)
+                let down_fits = match down {
+                    GemvWeight::Dense(_) => down.takes(dtype),
+                    GemvWeight::Fp8(_) => gemv_takes(rows, dtype, &[down]),
+                };
+                gemv_takes(rows, dtype, &[gate_up]) && down_fits
             }
             // (The expert kernels check their own shapes.)
             FusedMlp::Sparse(_) => l.post_norm.weight().dtype() == dtype,
@@ -109,13 +113,11 @@ pub(super) fn step_fits(x: &Tensor) -> Option<(usize, DType)> {
 }
 
 /// Whether the GEMV takes `rows` rows in `dtype` through each of `weights` (`[out, k]`):
-/// the same dtype, contiguous, and the rows' `k` within its staging space.
-pub(super) fn gemv_takes(rows: usize, dtype: DType, weights: &[&Tensor]) -> bool {
-    weights.iter().all(|w| {
-        w.dtype() == dtype
-            && w.is_contiguous()
-            && gemv_fits(rows, w.dim(1).unwrap_or(usize::MAX), dtype)
-    })
+/// dense in the same dtype or FP8 it takes, and the rows' `k` within its staging space.
+pub(super) fn gemv_takes(rows: usize, dtype: DType, weights: &[GemvWeight<'_>]) -> bool {
+    weights
+        .iter()
+        .all(|w| w.takes(dtype) && gemv_fits(rows, w.dims().map_or(usize::MAX, |d| d.1), dtype))
 }
 
 /// The GEMV input that folds `norm` in.
@@ -211,11 +213,11 @@ pub(super) fn finish_layer(
     l: &FusedLayer<'_>,
     par: &Parallel,
 ) -> candle_core::Result<Tensor> {
-    if let FusedMlp::Sparse(moe) = l.mlp
+    if let (FusedMlp::Sparse(moe), GemvWeight::Dense(o)) = (&l.mlp, l.o)
         && let Some(folded) = moe.router_fold(x.dim(0)?)
     {
         // The router scored in the o projection's grid (`SparseMoe::fold_router`).
-        let (x_mid, logits) = pagewise_kernels::o_router(attn, l.o, x, folded)?;
+        let (x_mid, logits) = pagewise_kernels::o_router(attn, o, x, folded)?;
         return moe.forward_fused(&x_mid, l.post_norm, Some(&logits));
     }
     let residual = |r| par.rank.leads().then_some(r);
@@ -225,11 +227,15 @@ pub(super) fn finish_layer(
         FusedMlp::Sparse(moe) => return moe.forward_fused(&x_mid, l.post_norm, None),
     };
     let gate_up = gemv_fused(&x_mid, gate_up_w, norm_input(l.post_norm), None)?;
-    let (rows, inter) = (x.dim(0)?, down_w.dim(1)?);
+    let (rows, inter) = (x.dim(0)?, down_w.dims()?.1);
     let out = if gemv_fits(rows, inter, x.dtype()) {
         gemv_fused(&gate_up, down_w, GemvInput::SiluMul, residual(&x_mid))?
     } else {
-        // (8 x 14336 bf16 is past the staging space: SiLU-and-mul and cuBLAS, as unfused.)
+        // (8 x 14336 bf16 is past the staging space: SiLU-and-mul and cuBLAS, as unfused; `fits`
+        // keeps FP8 downs within it.)
+        let GemvWeight::Dense(down_w) = down_w else {
+            candle_core::bail!("an FP8 down projection past the GEMV's staging space");
+        };
         let down = silu_mul(&gate_up)?.matmul(&down_w.t()?)?;
         match residual(&x_mid) {
             Some(r) => (r + down)?,

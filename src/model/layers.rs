@@ -6,6 +6,7 @@ use candle_core::{DType, Device, Module, Tensor};
 
 use super::ModelError;
 use super::config::{Llama3RopeScaling, ModelConfig};
+use super::fp8_linear::Fp8Linear;
 use super::weights::{Part, Weights};
 use crate::cpu::QLinear;
 use crate::parallel::TpRank;
@@ -21,6 +22,8 @@ pub enum Linear {
         /// Optional bias `[out]`.
         bias: Option<Tensor>,
     },
+    /// FP8 weight on a GPU, streamed by our kernels (bias included).
+    Fp8(Fp8Linear),
     /// Quantized weight; candle's quantized matmul takes f32 input.
     Quantized {
         /// The quantized weight.
@@ -42,14 +45,25 @@ impl Linear {
     }
 
     /// One layer computing all of `parts` side by side (their weights stacked along the output
-    /// dimension, biases too), or `None` when the parts are not all dense or all of one CPU
-    /// quantized format, or only some have a bias.
+    /// dimension, biases too), or `None` when the parts are not all dense, all FP8 with scales
+    /// that stack, or all of one CPU quantized format, or only some have a bias.
     pub fn concat(parts: &[&Linear]) -> candle_core::Result<Option<Linear>> {
+        let fp8: Option<Vec<&Fp8Linear>> = parts
+            .iter()
+            .map(|p| match p {
+                Linear::Fp8(l) => Some(l),
+                _ => None,
+            })
+            .collect();
+        if let Some(fp8) = fp8 {
+            return Ok(Fp8Linear::concat(&fp8)?.map(Linear::Fp8));
+        }
         let biases: Vec<Tensor> = parts
             .iter()
             .filter_map(|p| match p {
                 Linear::Dense(l) => l.bias().cloned(),
                 Linear::Cpu { bias, .. } | Linear::Quantized { bias, .. } => bias.clone(),
+                Linear::Fp8(l) => l.bias().cloned(),
             })
             .collect();
         let bias = match biases.len() {
@@ -87,6 +101,15 @@ impl Linear {
         }
     }
 
+    /// The weight the fused decode kernels stream, of a layer without a bias: dense or FP8.
+    #[cfg(feature = "cuda")]
+    pub fn gemv_weight(&self) -> Option<pagewise_kernels::GemvWeight<'_>> {
+        match self {
+            Linear::Fp8(l) if l.bias().is_none() => Some(l.matrix().into()),
+            other => other.dense_weight().map(Into::into),
+        }
+    }
+
     /// The weight `[out, in]` and bias of a dense layer.
     pub fn dense_parts(&self) -> Option<(&Tensor, Option<&Tensor>)> {
         match self {
@@ -99,6 +122,7 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             Linear::Dense(l) => l.forward(x),
+            Linear::Fp8(l) => l.forward(x),
             Linear::Cpu { weight, bias } => {
                 let (dtype, dims) = (x.dtype(), x.dims());
                 if dims.last() != Some(&weight.cols()) {
@@ -131,6 +155,13 @@ impl Linear {
         }
     }
 }
+
+/// An MLP's fused gate/up weight and its down weight, as the decode GEMVs stream them.
+#[cfg(feature = "cuda")]
+pub type GemvPair<'a> = (
+    pagewise_kernels::GemvWeight<'a>,
+    pagewise_kernels::GemvWeight<'a>,
+);
 
 /// Llama's MLP: `down(silu(gate(x)) * up(x))`. Dense gate and up weights are fused into one
 /// `[2 * intermediate, hidden]` projection (one matmul, then SiLU-and-multiply in one kernel on a
@@ -189,20 +220,23 @@ impl GatedMlp {
         })
     }
 
-    /// The fused gate/up weight `[2 * intermediate, hidden]` and the down weight of a SwiGLU MLP,
-    /// when both are dense without biases.
-    pub fn dense_weights(&self) -> Option<(&Tensor, &Tensor)> {
-        self.fused_dense().filter(|_| !self.gelu_tanh)
+    /// The fused gate/up weight `[2 * intermediate, hidden]` and the down weight of a SwiGLU MLP
+    /// as the decode GEMVs stream them, when both are dense or FP8, without biases.
+    #[cfg(feature = "cuda")]
+    pub fn gemv_weights(&self) -> Option<GemvPair<'_>> {
+        self.fused_gemv().filter(|_| !self.gelu_tanh)
     }
 
-    /// [`GatedMlp::dense_weights`] for a GeGLU MLP (Gemma).
-    pub fn dense_geglu_weights(&self) -> Option<(&Tensor, &Tensor)> {
-        self.fused_dense().filter(|_| self.gelu_tanh)
+    /// [`GatedMlp::gemv_weights`] for a GeGLU MLP (Gemma).
+    #[cfg(feature = "cuda")]
+    pub fn gemv_geglu_weights(&self) -> Option<GemvPair<'_>> {
+        self.fused_gemv().filter(|_| self.gelu_tanh)
     }
 
-    fn fused_dense(&self) -> Option<(&Tensor, &Tensor)> {
+    #[cfg(feature = "cuda")]
+    fn fused_gemv(&self) -> Option<GemvPair<'_>> {
         match &self.gate_up {
-            GateUp::Fused(l) => Some((l.dense_weight()?, self.down.dense_weight()?)),
+            GateUp::Fused(l) => Some((l.gemv_weight()?, self.down.gemv_weight()?)),
             GateUp::Split(..) => None,
         }
     }
@@ -354,7 +388,7 @@ impl Rotary {
     pub fn project_qkv_and_cache(
         &self,
         x: &Tensor,
-        w: &Tensor,
+        w: pagewise_kernels::GemvWeight<'_>,
         norm: &super::norm::RmsNorm,
         (heads, kv_heads): (usize, usize),
         (k_cache, v_cache): (&Tensor, &Tensor),

@@ -11,6 +11,7 @@ pub mod config;
 pub mod decode_fused;
 mod dummy_weights;
 pub mod fp8;
+pub mod fp8_linear;
 pub mod gemma3;
 pub mod gguf_config;
 mod gguf_weights;

@@ -379,11 +379,10 @@ mod tests {
             }
         }
         let get = |k: &str| t[&format!("{p}.experts.0.{k}.weight")].clone();
-        let w = Weights::Dense(candle_nn::VarBuilder::from_tensors(
-            t.clone(),
-            DType::F32,
-            &dev,
-        ));
+        let w = Weights::Dense {
+            vb: candle_nn::VarBuilder::from_tensors(t.clone(), DType::F32, &dev),
+            quantize_fp8: false,
+        };
         let text = format!(
             r#"{{"num_local_experts":3,"num_experts_per_tok":1,"vocab_size":8,"hidden_size":{h},
             "num_hidden_layers":1,"num_attention_heads":1,"intermediate_size":{i}}}"#

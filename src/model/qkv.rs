@@ -79,11 +79,12 @@ impl QkvProj {
         Ok(QkvProj { proj, qk_norm })
     }
 
-    /// The fused weight, when dense without a bias (what the fused decode kernels take; the
-    /// per-head norms, if any, are `QkvProj::head_norms`, CUDA builds).
-    pub fn dense_weight(&self) -> Option<&Tensor> {
+    /// The fused weight as the fused decode kernels stream it, when dense or FP8 without a bias
+    /// (the per-head norms, if any, are `QkvProj::head_norms`).
+    #[cfg(feature = "cuda")]
+    pub fn gemv_weight(&self) -> Option<pagewise_kernels::GemvWeight<'_>> {
         match &self.proj {
-            Proj::Fused(l) => l.dense_weight(),
+            Proj::Fused(l) => l.gemv_weight(),
             Proj::Split(..) => None,
         }
     }

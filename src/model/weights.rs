@@ -18,6 +18,7 @@ use candle_nn::VarBuilder;
 use super::ModelError;
 pub use super::dummy_weights::DummyBackend;
 use super::fp8::{self, Fp8Checkpoint};
+use super::fp8_linear::{self, Fp8Linear};
 use super::int_weights::{IntCheckpoint, Stored};
 use super::layers::Linear;
 use super::mxfp4::{GgufMxfp4, Mxfp4Host};
@@ -26,7 +27,12 @@ use super::quantized::CheckpointQuant;
 /// A model's weights, addressed by Hugging Face tensor names.
 pub enum Weights {
     /// Dense weights from a backend (the dummy weights), converted to the model dtype on load.
-    Dense(VarBuilder<'static>),
+    Dense {
+        /// The backend.
+        vb: VarBuilder<'static>,
+        /// `--quantization fp8`: the decoder layers' projections are quantized at load.
+        quantize_fp8: bool,
+    },
     /// Memory-mapped safetensors files, converted to `dtype` on `device` as they are read.
     Safetensors {
         /// The files (one model may span several).
@@ -36,8 +42,11 @@ pub enum Weights {
         /// Where tensors live.
         device: Device,
         /// A quantized checkpoint's layout: its FP8 tensors, and its packed integer weights, are
-        /// dequantized as they are read.
+        /// dequantized as they are read, except the FP8 weights a GPU keeps
+        /// ([`super::fp8_linear::read_kept`]).
         quantization: Option<CheckpointQuant>,
+        /// `--quantization fp8` on a 16-bit checkpoint: as [`Weights::Dense`]'s.
+        quantize_fp8: bool,
     },
     /// GGUF tensors; matmul weights stay quantized unless `dequantize` says otherwise.
     Gguf {
@@ -112,7 +121,7 @@ impl Weights {
     /// The device tensors are loaded to.
     pub fn device(&self) -> &Device {
         match self {
-            Weights::Dense(vb) => vb.device(),
+            Weights::Dense { vb, .. } => vb.device(),
             Weights::Safetensors { device, .. } | Weights::Gguf { device, .. } => device,
         }
     }
@@ -120,7 +129,7 @@ impl Weights {
     /// The dtype of dense tensors.
     pub fn dtype(&self) -> DType {
         match self {
-            Weights::Dense(vb) => vb.dtype(),
+            Weights::Dense { vb, .. } => vb.dtype(),
             Weights::Safetensors { dtype, .. } | Weights::Gguf { dtype, .. } => *dtype,
         }
     }
@@ -137,7 +146,7 @@ impl Weights {
     /// Whether a tensor exists.
     pub fn contains(&self, name: &str) -> bool {
         match self {
-            Weights::Dense(vb) => vb.contains_tensor(name),
+            Weights::Dense { vb, .. } => vb.contains_tensor(name),
             Weights::Safetensors {
                 files,
                 quantization,
@@ -168,7 +177,7 @@ impl Weights {
     pub fn tensor(&self, name: &str, shape: impl Into<Shape>) -> Result<Tensor, ModelError> {
         let shape = shape.into();
         match self {
-            Weights::Dense(vb) => vb.get(shape, name).map_err(|e| missing_or(name, e)),
+            Weights::Dense { vb, .. } => vb.get(shape, name).map_err(|e| missing_or(name, e)),
             Weights::Safetensors { .. } => {
                 let dims = shape.dims();
                 let (rows, cols) = match *dims {
@@ -233,8 +242,14 @@ impl Weights {
             None
         };
         match self {
-            Weights::Dense(_) | Weights::Safetensors { .. } => {
+            Weights::Dense { .. } | Weights::Safetensors { .. } => {
+                if let Some(kept) = self.kept_fp8(&weight_name, (out_dim, in_dim), &part)? {
+                    return Ok(Linear::Fp8(kept.with_bias(bias)));
+                }
                 let w = self.tensor_part(&weight_name, (out_dim, in_dim), &part)?;
+                if self.quantizes_fp8(prefix) {
+                    return fp8_linear::quantized(&w, bias);
+                }
                 Ok(Linear::dense(w, bias))
             }
             Weights::Gguf {
@@ -285,16 +300,50 @@ impl Weights {
             }
             // Dummy weights are drawn whole (so every tensor-parallel size gets the same model)
             // and sliced.
-            (Weights::Dense(_), Part::Rows(r)) => Ok(self
+            (Weights::Dense { .. }, Part::Rows(r)) => Ok(self
                 .tensor(name, full)?
                 .narrow(0, r.start, r.len())?
                 .contiguous()?),
-            (Weights::Dense(_), Part::Cols(c)) => Ok(self
+            (Weights::Dense { .. }, Part::Cols(c)) => Ok(self
                 .tensor(name, full)?
                 .narrow(1, c.start, c.len())?
                 .contiguous()?),
             (Weights::Gguf { .. }, _) => Err(gguf_unsharded()),
         }
+    }
+
+    /// The FP8 checkpoint weight `name` (`[out, in]`) as it is stored, when a GPU keeps it so
+    /// ([`fp8_linear::read_kept`]; whole tensors only).
+    fn kept_fp8(
+        &self,
+        name: &str,
+        shape: (usize, usize),
+        part: &Part,
+    ) -> Result<Option<Fp8Linear>, ModelError> {
+        match (self, part) {
+            (
+                Weights::Safetensors {
+                    files,
+                    dtype,
+                    device,
+                    quantization: Some(CheckpointQuant::Fp8(fp8)),
+                    ..
+                },
+                Part::Whole,
+            ) => fp8_linear::read_kept(files, name, fp8, shape, (device, *dtype)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Whether `--quantization fp8` quantizes the projection `prefix` at load.
+    fn quantizes_fp8(&self, prefix: &str) -> bool {
+        let on = match self {
+            Weights::Dense { quantize_fp8, .. } | Weights::Safetensors { quantize_fp8, .. } => {
+                *quantize_fp8
+            }
+            Weights::Gguf { .. } => false,
+        };
+        on && fp8_linear::quantizes(prefix)
     }
 
     /// `part` (rows of a [`Part::Rows`]) of the vector `name` of length `len`.
@@ -320,6 +369,7 @@ impl Weights {
             dtype,
             device,
             quantization,
+            ..
         } = self
         else {
             unreachable!("slice_safetensors is only called on safetensors weights")

@@ -3,7 +3,7 @@ pub mod parity;
 pub mod server;
 
 use candle_core::{DType, Device, Tensor};
-use pagewise::loader::{self, GgufMatmul, LoadOptions};
+use pagewise::loader::{self, GgufMatmul, LoadOptions, Quantization};
 use pagewise::model::{self, ForwardBatch, KvCache, KvLayout};
 use pagewise::scheduler::{ScheduledSeq, SchedulerOutput};
 use pagewise::sequence::SeqId;
@@ -24,7 +24,7 @@ pub fn logits_at_every_position(
 #[allow(dead_code)]
 fn load_model(
     model_path: &str,
-    matmul: GgufMatmul,
+    (matmul, quantization): (GgufMatmul, Option<Quantization>),
     device: &Device,
     dtype: DType,
     max_len: usize,
@@ -35,6 +35,7 @@ fn load_model(
         device: device.clone(),
         gguf_matmul: matmul,
         seed: 0,
+        quantization,
     };
     let loaded = loader::load(model_path, &opts).unwrap();
     let m = model::build(&loaded.config, &loaded.weights, max_len).unwrap();
@@ -50,7 +51,19 @@ pub fn logits_at_every_position_on(
     device: &Device,
     dtype: DType,
 ) -> Vec<Vec<f32>> {
-    let (cfg, m) = load_model(model_path, matmul, device, dtype, tokens.len());
+    logits_at_every_position_quantized(model_path, (matmul, None), tokens, device, dtype)
+}
+
+/// [`logits_at_every_position_on`] with the weights quantized at load (`--quantization`).
+#[allow(dead_code)]
+pub fn logits_at_every_position_quantized(
+    model_path: &str,
+    load: (GgufMatmul, Option<Quantization>),
+    tokens: &[u32],
+    device: &Device,
+    dtype: DType,
+) -> Vec<Vec<f32>> {
+    let (cfg, m) = load_model(model_path, load, device, dtype, tokens.len());
     let cfg = &cfg;
     let bs = 16;
     let n = tokens.len();
@@ -83,9 +96,27 @@ pub fn logits_decoding_step_by_step(
     device: &Device,
     dtype: DType,
 ) -> Vec<Vec<Vec<f32>>> {
+    logits_decoding_step_by_step_quantized(model_path, seqs, device, dtype, None)
+}
+
+/// [`logits_decoding_step_by_step`] with the weights quantized at load (`--quantization`).
+#[allow(dead_code)]
+pub fn logits_decoding_step_by_step_quantized(
+    model_path: &str,
+    seqs: &[Vec<u32>],
+    device: &Device,
+    dtype: DType,
+    quantization: Option<Quantization>,
+) -> Vec<Vec<Vec<f32>>> {
     let n = seqs[0].len();
     assert!(seqs.iter().all(|s| s.len() == n), "one length");
-    let (cfg, m) = load_model(model_path, GgufMatmul::Auto, device, dtype, n);
+    let (cfg, m) = load_model(
+        model_path,
+        (GgufMatmul::Auto, quantization),
+        device,
+        dtype,
+        n,
+    );
     let cfg = &cfg;
     let bs = 16;
     let per_seq = n.div_ceil(bs);

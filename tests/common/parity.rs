@@ -14,7 +14,12 @@ pub struct Case {
 }
 
 pub fn cases(name: &str) -> Vec<Case> {
-    let text = std::fs::read_to_string(format!("{FIXTURES}/{name}/expected.json")).unwrap();
+    cases_in(name, "expected.json")
+}
+
+/// The cases of fixture `name`'s reference file `file`.
+pub fn cases_in(name: &str, file: &str) -> Vec<Case> {
+    let text = std::fs::read_to_string(format!("{FIXTURES}/{name}/{file}")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     let ids = |x: &serde_json::Value| -> Vec<u32> {
         x.as_array()

@@ -7,6 +7,7 @@
 mod architectures;
 #[path = "../common/mod.rs"]
 mod common;
+mod fp8;
 mod moe;
 
 use candle_core::{DType, Device};

@@ -7,7 +7,7 @@
 //! when the head is one dense matrix (`logits_after_add`); else it runs alone, before the norm.
 
 use candle_core::Tensor;
-use pagewise_kernels::{GemvInput, gemv, gemv_add_normed, gemv_fused};
+use pagewise_kernels::{GemvInput, GemvWeight, gemv, gemv_add_normed, gemv_fused};
 
 use super::Gemma3;
 use crate::model::ModelError;
@@ -38,14 +38,14 @@ impl Gemma3 {
             .enumerate()
             .map(|(i, l)| {
                 kv.device_layer(i)?;
-                let (gate_up, down) = l.mlp.dense_geglu_weights()?;
+                let (gate_up, down) = l.mlp.gemv_geglu_weights()?;
                 let f = FusedGemmaLayer {
                     attn: decode_fused::FusedAttention {
                         input_norm: &l.input_norm,
-                        qkv: l.qkv.dense_weight()?,
+                        qkv: l.qkv.gemv_weight()?,
                         head_norms: l.qkv.head_norms(),
                     },
-                    o: l.o.dense_weight()?,
+                    o: l.o.gemv_weight()?,
                     gate_up,
                     down,
                 };
@@ -147,24 +147,25 @@ impl Gemma3 {
 pub(super) struct FusedGemmaLayer<'a> {
     attn: decode_fused::FusedAttention<'a>,
     /// `[hidden, heads * head_dim]`.
-    o: &'a Tensor,
+    o: GemvWeight<'a>,
     /// `[2 * intermediate, hidden]`, gate rows first.
-    gate_up: &'a Tensor,
+    gate_up: GemvWeight<'a>,
     /// `[hidden, intermediate]`.
-    down: &'a Tensor,
+    down: GemvWeight<'a>,
 }
 
 /// The projection by `w` of `norm(stream + post(delta))`, and that sum (the residual stream the
 /// layer goes on with): one kernel, Gemma's normalized residual add folded into the GEMV's
 /// staging (`pagewise_kernels::gemv_add_normed`), where the two norms share their epsilon (every
 /// Gemma checkpoint's do); else the add, then the GEMV with the norm folded in.
-fn project_after_add(
+fn project_after_add<'w>(
     stream: &Tensor,
     delta: &Tensor,
     post: &RmsNorm,
     norm: &RmsNorm,
-    w: &Tensor,
+    w: impl Into<GemvWeight<'w>>,
 ) -> candle_core::Result<(Tensor, Tensor)> {
+    let w = w.into();
     if post.eps() == norm.eps() {
         let eps = norm.eps() as f32;
         return gemv_add_normed(delta, stream, post.weight(), norm.weight(), eps, w);

@@ -176,7 +176,7 @@ pub(super) fn mxfp4_experts(
             let down_bias = w.tensor(&format!("{p}.down_proj_bias"), (n, hidden))?;
             (gate_up.halves_from_interleaved(), down, bias, down_bias)
         }
-        Weights::Dense(_) => {
+        Weights::Dense { .. } => {
             let seed = 2 * layer as u64;
             (
                 Mxfp4Host::random((n, 2 * i, hidden), seed),

@@ -218,7 +218,7 @@ impl Llama {
                 kv.device_layer(i)?;
                 let mlp = match &l.mlp {
                     Mlp::Dense(mlp) => {
-                        let (gate_up, down) = mlp.dense_weights()?;
+                        let (gate_up, down) = mlp.gemv_weights()?;
                         decode_fused::FusedMlp::Dense { gate_up, down }
                     }
                     // (Experts are not split across ranks.)
@@ -231,10 +231,10 @@ impl Llama {
                 Some(decode_fused::FusedLayer {
                     attn: decode_fused::FusedAttention {
                         input_norm: &l.input_norm,
-                        qkv: l.qkv.dense_weight()?,
+                        qkv: l.qkv.gemv_weight()?,
                         head_norms: l.qkv.head_norms(),
                     },
-                    o: l.o.dense_weight()?,
+                    o: l.o.gemv_weight()?,
                     post_norm: &l.post_norm,
                     mlp,
                 })

@@ -1,0 +1,128 @@
+//! FP8 weights on the GPU (part of the gpu_engine test binary): FP8 checkpoints of GPU shapes
+//! (scripts/gpu/make_fp8_gpu_models.py, in tests/fixtures/make_fp8_models.py's layouts) keep
+//! their e4m3 projections there, and `--quantization fp8` quantizes a 16-bit checkpoint's; both
+//! run on the fused decode kernels and stay near the CPU's float32 logits of the same weights.
+
+use candle_core::DType;
+use pagewise::loader::{self, GgufMatmul, LoadFormat, LoadOptions, Quantization};
+use pagewise::model::layers::Linear;
+
+use super::common::{self, rel_err};
+use super::{assert_decode_near_the_cpu, gpu, model};
+
+/// Layer 0's q projection of the model at `path` as the GPU loads it in bf16.
+fn first_q_proj(path: &str, quantization: Option<Quantization>) -> Linear {
+    let opts = LoadOptions {
+        load_format: LoadFormat::Auto,
+        dtype: DType::BF16,
+        device: gpu(),
+        gguf_matmul: GgufMatmul::Auto,
+        seed: 0,
+        quantization,
+    };
+    let loaded = loader::load(path, &opts).unwrap();
+    let c = &loaded.config;
+    let q_out = c.num_attention_heads * c.head_dim;
+    loaded
+        .weights
+        .linear(
+            "model.layers.0.self_attn.q_proj",
+            c.hidden_size,
+            q_out,
+            false,
+        )
+        .unwrap()
+}
+
+/// Prefill logits at every position and 40 decode steps of two rows in bf16 on the GPU, against
+/// the CPU's float32 logits (the same weights, dequantized or rounded on the host); `fused`: every
+/// decode step takes the fused kernels.
+fn near_the_cpu(label: &str, path: &str, quantization: Option<Quantization>, fused: bool) {
+    let seqs: Vec<Vec<u32>> = (0..2u32)
+        .map(|s| (0..40).map(|i| (i * 37 + s * 101 + 3) % 250).collect())
+        .collect();
+    for seq in &seqs {
+        let load = (GgufMatmul::Auto, quantization);
+        let gpu_logits =
+            common::logits_at_every_position_quantized(path, load, seq, &gpu(), DType::BF16);
+        let cpu_logits = common::logits_at_every_position_quantized(
+            path,
+            load,
+            seq,
+            &candle_core::Device::Cpu,
+            DType::F32,
+        );
+        let err = rel_err(&gpu_logits, &cpu_logits);
+        eprintln!("{label}: bf16 prefill on the GPU, rel. err. {err:.2e}");
+        assert!(err < 5e-2, "{label} prefill: {err}");
+    }
+    let before = pagewise::model::decode_fused::steps_run();
+    let got = common::logits_decoding_step_by_step_quantized(
+        path,
+        &seqs,
+        &gpu(),
+        DType::BF16,
+        quantization,
+    );
+    let steps = pagewise::model::decode_fused::steps_run() - before;
+    if quantization.is_none() {
+        assert_decode_near_the_cpu(
+            &format!("{label}, decode ({steps} fused)"),
+            path,
+            &seqs,
+            &got,
+        );
+    } else {
+        for (i, s) in seqs.iter().enumerate() {
+            let want = common::logits_at_every_position_quantized(
+                path,
+                (GgufMatmul::Auto, quantization),
+                s,
+                &candle_core::Device::Cpu,
+                DType::F32,
+            );
+            let err = rel_err(&got[i], &want);
+            eprintln!("{label}, decode ({steps} fused), sequence {i}: rel. err. {err:.2e}");
+            assert!(err < 5e-2, "{label} decode, sequence {i}: {err}");
+        }
+    }
+    if fused {
+        assert_eq!(
+            steps, 40,
+            "{label}: every decode step must take the fused path"
+        );
+    }
+}
+
+#[test]
+fn fp8_checkpoints_keep_their_e4m3_weights_on_the_gpu() {
+    for (name, dense) in [
+        ("tiny-d64-fp8-channel", true),
+        ("tiny-d64-fp8-tensor", true),
+        ("qwen3-d128-fp8-block", true),
+        ("qwen3moe-d128-fp8-block", false),
+    ] {
+        let path = model(name);
+        assert!(
+            matches!(first_q_proj(&path, None), Linear::Fp8(_)),
+            "{name}: the q projection must stay FP8 on the GPU"
+        );
+        near_the_cpu(name, &path, None, dense);
+    }
+}
+
+#[test]
+fn quantization_fp8_quantizes_a_bf16_checkpoint_on_the_gpu() {
+    let path = model("tiny-d64");
+    assert!(matches!(
+        first_q_proj(&path, Some(Quantization::Fp8)),
+        Linear::Fp8(_)
+    ));
+    assert!(matches!(first_q_proj(&path, None), Linear::Dense(_)));
+    near_the_cpu(
+        "tiny-d64 --quantization fp8",
+        &path,
+        Some(Quantization::Fp8),
+        true,
+    );
+}
