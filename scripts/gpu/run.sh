@@ -14,6 +14,8 @@
 #   bash .gpu/run.sh structured  what constrained decoding costs: `bench throughput` on the 8B shape with
 #                             SmolLM2's 49k vocabulary (staged by build.sh), 64 prompts of 512/512 at
 #                             once, free vs half JSON-schema constrained, alternating (free half half free)
+#   bash .gpu/run.sh fp8      the FP8 kernel and engine tests, then batch-1 latency and offline
+#                             throughput of the 1B and 8B shapes in bf16 and --quantization fp8
 #   bash .gpu/run.sh recheck  `tests`, then the scoreboard's batch-1 and offline rows (no serving,
 #                             no transformers baselines): the check after a change to the GPU path
 #   bash .gpu/run.sh profile  one eager batch-1 decode step kernel by kernel under Nsight Compute
@@ -33,13 +35,13 @@ nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 export NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 
-for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests rope-tests moe-tests moe-mma-tests gpu-engine-tests; do
+for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests rope-tests moe-tests moe-mma-tests fp8-tests gpu-engine-tests; do
   [ -f "$here/$f.xz" ] || continue
   [ -x "$work/bin/$f" ] || python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$here/$f.xz" "$work/bin/$f"
   chmod +x "$work/bin/$f"
 done
 export PAGEWISE_GPU_MODELS=$work/models
-if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ "$what" != gguf ] && [ "$what" != long ] && [ "$what" != profile ] && [ "$what" != dashboard ] && [ "$what" != structured ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
+if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ "$what" != gguf ] && [ "$what" != long ] && [ "$what" != profile ] && [ "$what" != dashboard ] && [ "$what" != structured ] && [ "$what" != fp8 ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
   (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS") > "$out/make-models.log" 2>&1 \
     || { tail -20 "$out/make-models.log"; exit 1; }
 fi
@@ -120,6 +122,31 @@ if [ "$what" = quick ]; then
     | grep -E "^test |test result|rel\. err|preemptions|panicked" || status=1
   SCOREBOARD_MODELS=llama-1b SCOREBOARD_PARTS=latency SCOREBOARD_NO_HF=1 \
     PAGEWISE_BIN="$work/bin/pagewise" bash "$here/scripts/gpu/scoreboard.sh" 2>&1 | grep -E "tok/s|latency" || status=1
+fi
+if [ "$what" = fp8 ]; then
+  "$work/bin/fp8-tests" --test-threads=1 2>&1 | grep -E "^test |test result|panicked" || status=1
+  python3 "$here/../scripts/gpu/make_fp8_gpu_models.py" "$PAGEWISE_GPU_MODELS" > "$out/make-models.log" 2>&1 \
+    || { tail -20 "$out/make-models.log"; status=1; }
+  "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture fp8 2>&1 \
+    | grep -E "^test |test result|rel\. err|panicked" || status=1
+  SCOREBOARD_MODELS=none SCOREBOARD_PARTS=none SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \
+    bash "$here/scripts/gpu/scoreboard.sh" > /dev/null 2>&1   # (writes the shapes' configs)
+  for m in ${FP8_MODELS:-llama-8b llama-1b}; do
+    for q in bf16 fp8; do
+      flag=; [ "$q" = fp8 ] && flag="--quantization fp8"
+      echo "== $m $q batch-1 latency, 128 in / 512 out"
+      timeout 150 "$work/bin/pagewise" bench latency --model "/tmp/pagewise-gpu/shapes/$m" --load-format dummy $flag \
+        --batch-size 1 --input-len 128 --output-len 512 --num-iters-warmup 1 --num-iters 3 \
+        --output-json "$out/$m-$q-latency.json" 2>> "$out/bench-stderr.log" | tail -2 || status=1
+    done
+  done
+  for q in ${FP8_THROUGHPUT:-bf16 fp8}; do
+    flag=; [ "$q" = fp8 ] && flag="--quantization fp8"
+    echo "== llama-8b $q offline, 1000 x (1024 in, 128 out)"
+    timeout 180 "$work/bin/pagewise" bench throughput --model /tmp/pagewise-gpu/shapes/llama-8b --load-format dummy $flag \
+      --num-prompts 1000 --input-len 1024 --output-len 128 --output-json "$out/llama-8b-$q-throughput.json" \
+      2>> "$out/bench-stderr.log" | tail -1 || status=1
+  done
 fi
 if [ "$what" = gguf ]; then
   # The quantized-GGUF test, staged alone by scripts/gpu/stage_gguf.sh.
