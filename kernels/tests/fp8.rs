@@ -66,7 +66,10 @@ fn host_weight(values: &[f32], scales: &Tensor, block: (usize, usize), k: usize)
 
 /// Shapes and scale blocks the models have: per row, per tensor, 128 x 128 blocks (with partial
 /// ones), and a head-sized k.
-const CASES: &[((usize, usize), (usize, usize))] = &[
+/// `[out, k]` and the rows x columns a scale covers.
+type Case = ((usize, usize), (usize, usize));
+
+const CASES: &[Case] = &[
     ((4096, 4096), (1, 4096)),
     ((6144, 4096), (6144, 4096)),
     ((1000, 2048), (128, 128)),
