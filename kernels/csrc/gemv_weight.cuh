@@ -18,21 +18,31 @@ struct DenseWeight {
 };
 
 // e4m3 rows [out, k] (k a multiple of 16) times their scales: element (o, c) is
-// w[o, c] * s[(o / bn) * sk + c / bk], sk = ceil(k / bk); bk a multiple of 16 or at least k.
+// w[o, c] * s[(o / bn) * sk + c / (1 << bk_shift)], sk = ceil(k / bk): bk a power of two of at
+// least 16, or (bk_shift < 0) at least k, one scale a row.
 struct Fp8Weight {
   const uint8_t* w;
   const float* s;
-  int bn, bk, sk;
+  int bn, bk_shift, sk;
 };
+
+// log2(bk) for a power of two, else -1.
+inline int log2_exact(int bk) {
+  int shift = 0;
+  while ((1 << shift) < bk && shift < 30) ++shift;
+  return (1 << shift) == bk ? shift : -1;
+}
 
 // The Fp8Weight of e4m3 rows `w` of k_dim columns with scales `s` over blocks of bn x bk.
 inline Fp8Weight fp8_weight(const void* w, const float* s, int bn, int bk, int k_dim) {
-  return Fp8Weight{reinterpret_cast<const uint8_t*>(w), s, bn, bk, (k_dim + bk - 1) / bk};
+  return Fp8Weight{reinterpret_cast<const uint8_t*>(w), s, bn, bk >= k_dim ? -1 : log2_exact(bk),
+                   (k_dim + bk - 1) / bk};
 }
 
 // Whether FP8 weights of k_dim columns in blocks of bn x bk are what Fp8Weight takes.
 inline bool fp8_weight_fits(int k_dim, int bn, int bk) {
-  return k_dim % 16 == 0 && bn > 0 && bk > 0 && (bk % 16 == 0 || bk >= k_dim);
+  return k_dim % 16 == 0 && bn > 0 && bk > 0 &&
+         (bk >= k_dim || (bk >= 16 && log2_exact(bk) >= 0));
 }
 
 // dot_rows for the dense rows o[0..N) (each below the weight's rows).
@@ -58,45 +68,58 @@ __device__ __forceinline__ void fp8x16_to_float(const uint4& raw, float (&f)[16]
   }
 }
 
+// The sums of 16 e4m3 values (one 16-byte load, `raw`) with the staged rows' same 16 values at
+// xs + k, added to part[r].
+template <typename T, int R>
+__device__ __forceinline__ void fp8_run(float (&part)[R], const uint4& raw, const T* xs, int k_dim,
+                                        int k) {
+  float wf[16];
+  fp8x16_to_float(raw, wf);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const uint4 xa = *reinterpret_cast<const uint4*>(xs + r * k_dim + k);
+    const uint4 xb = *reinterpret_cast<const uint4*>(xs + r * k_dim + k + 8);
+    const T* va = reinterpret_cast<const T*>(&xa);
+    const T* vb = reinterpret_cast<const T*>(&xb);
+    float p = part[r];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) p += wf[j] * to_float(va[j]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) p += wf[8 + j] * to_float(vb[j]);
+    part[r] = p;
+  }
+}
+
 // dot_rows for FP8 rows: a lane takes 16 values a load (every S-th run of 512 values with S
-// warps an output), sums each run of 16 against the staged rows, and adds it times its block's
-// scale; the warp's lanes are then summed as dot_rows sums them.
+// warps an output). With one scale a row the sums are scaled once at the end; with blocks of
+// columns each run of 16 is scaled by its block's before it is added. The warp's lanes are then
+// summed as dot_rows sums them.
 template <typename T, int R, int N, int S>
 __device__ __forceinline__ void dot_weight(float (&acc)[N][R], const Fp8Weight& wt,
                                            const int (&o)[N], const T* xs, int k_dim, int lane,
                                            int part) {
-  const uint8_t* rows[N];
-  const float* scales[N];
+  const int first = (part * 32 + lane) * 16;
 #pragma unroll
   for (int n = 0; n < N; ++n) {
-    rows[n] = wt.w + (int64_t)o[n] * k_dim;
-    scales[n] = wt.s + (int64_t)(o[n] / wt.bn) * wt.sk;
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[n][r] = 0.f;
-  }
-#pragma unroll 2
-  for (int k = (part * 32 + lane) * 16; k < k_dim; k += S * 32 * 16) {
-    float wf[N][16];
-    float sc[N];
+    const uint8_t* row = wt.w + (int64_t)o[n] * k_dim;
+    const float* scales = wt.s + (int64_t)(o[n] / wt.bn) * wt.sk;
+    if (wt.bk_shift < 0) {
+#pragma unroll 4
+      for (int k = first; k < k_dim; k += S * 32 * 16)
+        fp8_run<T, R>(acc[n], __ldg(reinterpret_cast<const uint4*>(row + k)), xs, k_dim, k);
+      const float sc = __ldg(scales);
 #pragma unroll
-    for (int n = 0; n < N; ++n) {
-      fp8x16_to_float(__ldg(reinterpret_cast<const uint4*>(rows[n] + k)), wf[n]);
-      sc[n] = __ldg(scales[n] + k / wt.bk);
-    }
+      for (int r = 0; r < R; ++r) acc[n][r] *= sc;
+    } else {
+#pragma unroll 4
+      for (int k = first; k < k_dim; k += S * 32 * 16) {
+        float run[R] = {};
+        fp8_run<T, R>(run, __ldg(reinterpret_cast<const uint4*>(row + k)), xs, k_dim, k);
+        const float sc = __ldg(scales + (k >> wt.bk_shift));
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const uint4 xa = *reinterpret_cast<const uint4*>(xs + r * k_dim + k);
-      const uint4 xb = *reinterpret_cast<const uint4*>(xs + r * k_dim + k + 8);
-      const T* va = reinterpret_cast<const T*>(&xa);
-      const T* vb = reinterpret_cast<const T*>(&xb);
-#pragma unroll
-      for (int n = 0; n < N; ++n) {
-        float p = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) p += wf[n][j] * to_float(va[j]);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) p += wf[n][8 + j] * to_float(vb[j]);
-        acc[n][r] += p * sc[n];
+        for (int r = 0; r < R; ++r) acc[n][r] += run[r] * sc;
       }
     }
   }

@@ -53,7 +53,8 @@ impl Fp8Matrix<'_> {
 }
 
 /// A weight the decode GEMVs stream: in the activations' dtype, or FP8 with its scales. FP8
-/// rows need `k` a multiple of 16 and scale blocks of a multiple of 16 columns (or whole rows).
+/// rows need `k` a multiple of 16 and scale blocks of whole rows or a power of two of at least
+/// 16 columns (128 in the published block-FP8 checkpoints).
 #[derive(Clone, Copy, Debug)]
 pub enum GemvWeight<'a> {
     /// `[out, k]` in the activations' dtype.
@@ -93,14 +94,14 @@ impl GemvWeight<'_> {
     }
 
     /// Whether the GEMVs take this weight with activations of `dtype`: a dense weight of that
-    /// dtype, contiguous; or FP8 parts that agree, `k` a multiple of 16, blocks of a multiple of
-    /// 16 columns or whole rows.
+    /// dtype, contiguous; or FP8 parts that agree, `k` a multiple of 16, blocks of whole rows or
+    /// a power of two of at least 16 columns.
     pub fn takes(&self, dtype: DType) -> bool {
         match self {
             GemvWeight::Dense(t) => t.dtype() == dtype && t.is_contiguous(),
             GemvWeight::Fp8(m) => m.check("gemv").is_ok_and(|(_, k)| {
                 k.is_multiple_of(16)
-                    && (m.block.1.is_multiple_of(16) || m.block.1 >= k)
+                    && (m.block.1 >= k || (m.block.1 >= 16 && m.block.1.is_power_of_two()))
                     && m.data.is_contiguous()
                     && m.scales.is_contiguous()
             }),

@@ -14,6 +14,7 @@ mod decode;
 mod decode_fresh;
 mod ffi;
 mod fp8;
+mod fp8_gemm;
 mod fused;
 mod gemv;
 mod gemv_rope;
@@ -38,6 +39,7 @@ pub use decode::{
 };
 pub use decode_fresh::paged_attention_fresh;
 pub use fp8::{Fp8Matrix, GemvWeight, fp8_dequantize, fp8_quantize_rows};
+pub use fp8_gemm::{Fp8Gemm, fp8_gemm};
 pub use fused::{add_rms_norm, add_rms_normed, silu_mul};
 pub use gemv::{GEMV_MAX_ROWS, GemvInput, gemv, gemv_add_normed, gemv_fits, gemv_fused};
 pub use gemv_rope::{RopeCacheTarget, gemv_rope_cache};

@@ -253,3 +253,188 @@ fn fp8_quantize_rows_rounds_each_row_by_its_largest_magnitude() {
         }
     }
 }
+
+/// The FP8 GEMV against the bf16 one at the 1B and 8B batch-1 projection shapes (inputs folded as
+/// the decode path folds them), replayed from a CUDA graph over enough copies of each weight to
+/// defeat L2; bytes read per second. Per-row scales, and 128 x 128 blocks (`PAGEWISE_FP8_BLOCKS`).
+/// Run by `bash .gpu/run.sh fp8`.
+#[test]
+#[ignore]
+fn fp8_gemv_bandwidth() {
+    let dev = Device::new_cuda(0).unwrap();
+    let stream = dev.as_cuda_device().unwrap().cuda_stream();
+    let mut rng = Lcg(41);
+    let blocks = std::env::var("PAGEWISE_FP8_BLOCKS").is_ok();
+    let time = |run: &dyn Fn(usize)| {
+        for i in 0..4 {
+            run(i);
+        }
+        common::graph_replay_seconds(&stream, 64, run)
+    };
+    println!("| shape | projection (out x k) | bf16 (µs) | TB/s | FP8 (µs) | TB/s | speed-up |");
+    println!("|---|---|---|---|---|---|---|");
+    for (model, name, out, k) in [
+        ("1B", "qkv", 3072, 2048),
+        ("1B", "o", 2048, 2048),
+        ("1B", "gate/up", 16384, 2048),
+        ("1B", "down", 2048, 8192),
+        ("8B", "qkv", 6144, 4096),
+        ("8B", "o", 4096, 4096),
+        ("8B", "gate/up", 28672, 4096),
+        ("8B", "down", 4096, 14336),
+    ] {
+        let block = if blocks { (128, 128) } else { (1, k) };
+        let copies = (128e6 / (out * k) as f64).ceil() as usize;
+        let dense: Vec<Tensor> = (0..copies)
+            .map(|_| random(&mut rng, (out, k), 0.05, DType::BF16, &dev))
+            .collect();
+        let codes: Vec<(Tensor, Tensor)> = (0..copies)
+            .map(|_| {
+                let (data, _) = random_codes(&mut rng, (out, k), &dev);
+                let shape = (out.div_ceil(block.0), k.div_ceil(block.1));
+                (data, random_scales(&mut rng, shape, false, &dev))
+            })
+            .collect();
+        let norm = random(&mut rng, (1, k), 1.0, DType::BF16, &dev)
+            .squeeze(0)
+            .unwrap();
+        let x = random(&mut rng, (1, k), 1.0, DType::BF16, &dev);
+        let gu = random(&mut rng, (1, 2 * k), 1.0, DType::BF16, &dev);
+        let res = random(&mut rng, (1, out), 1.0, DType::BF16, &dev);
+        let call = |w: GemvWeight<'_>| {
+            let y = match name {
+                "qkv" | "gate/up" => {
+                    let input = GemvInput::RmsNorm {
+                        weight: &norm,
+                        eps: 1e-5,
+                    };
+                    pagewise_kernels::gemv_fused(&x, w, input, None)
+                }
+                "o" => pagewise_kernels::gemv_fused(&x, w, GemvInput::Plain, Some(&res)),
+                _ => pagewise_kernels::gemv_fused(&gu, w, GemvInput::SiluMul, Some(&res)),
+            };
+            y.unwrap();
+        };
+        let bf16 = time(&|i| call(GemvWeight::Dense(&dense[i % copies])));
+        let fp8 = time(&|i| {
+            let (data, scales) = &codes[i % copies];
+            call(GemvWeight::Fp8(Fp8Matrix {
+                data,
+                scales,
+                block,
+            }))
+        });
+        let bytes = (out * k) as f64;
+        println!(
+            "| {model} | {name} ({out} x {k}) | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}x |",
+            bf16 * 1e6,
+            2.0 * bytes / bf16 / 1e12,
+            fp8 * 1e6,
+            bytes / fp8 / 1e12,
+            bf16 / fp8
+        );
+    }
+}
+
+/// The e4m3 tensor-core matmul (activations quantized per token, cuBLASLt scaling rows and
+/// columns) against the host's products of the same quantized activations and weights.
+#[test]
+fn fp8_gemm_matches_the_host_products_of_quantized_activations() {
+    let dev = Device::new_cuda(0).unwrap();
+    let gemm = pagewise_kernels::fp8_gemm(&dev).expect("cuBLASLt's scaled e4m3 matmul on the H200");
+    let mut rng = Lcg(43);
+    for dtype in [DType::BF16, DType::F16] {
+        for (m, n, k) in [
+            (9, 64, 64),
+            (16, 4096, 4096),
+            (100, 6144, 4096),
+            (333, 1024, 14336),
+        ] {
+            let (data, values) = random_codes(&mut rng, (n, k), &dev);
+            let scales = random_scales(&mut rng, (n, 1), false, &dev);
+            let w = host_weight(&values, &scales, (1, k), k);
+            let x = random(&mut rng, (m, k), 1.0, dtype, &dev);
+            let m8 = Fp8Matrix {
+                data: &data,
+                scales: &scales,
+                block: (1, k),
+            };
+            let got = host_f32(&gemm.matmul(&x, m8).unwrap());
+            let (xq, xs) = fp8_quantize_rows(&x).unwrap();
+            let xs = host_f32(&xs);
+            let xv: Vec<f32> = xq
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<u8>()
+                .unwrap()
+                .iter()
+                .enumerate()
+                .map(|(i, &b)| e4m3(b) * xs[i / k])
+                .collect();
+            let want: Vec<f32> = (0..m * n)
+                .map(|i| {
+                    let (r, o) = (i / n, i % n);
+                    (0..k).map(|c| xv[r * k + c] * w[o * k + c]).sum()
+                })
+                .collect();
+            let err = max_rel_diff(&got, &want);
+            assert!(
+                err < 1e-2,
+                "{dtype:?} [{m}, {k}] x [{n}, {k}]: off by {err}"
+            );
+        }
+    }
+}
+
+/// The e4m3 matmul (its activation quantization included) against cuBLAS's bf16 one at the 8B
+/// projections, for steps of 16 to 4096 rows: TFLOP/s. Run by `bash .gpu/run.sh fp8`.
+#[test]
+#[ignore]
+fn fp8_gemm_speed() {
+    let dev = Device::new_cuda(0).unwrap();
+    let stream = dev.as_cuda_device().unwrap().cuda_stream();
+    let gemm = pagewise_kernels::fp8_gemm(&dev).unwrap();
+    let mut rng = Lcg(47);
+    let time = |run: &dyn Fn(usize)| {
+        for i in 0..4 {
+            run(i);
+        }
+        common::graph_replay_seconds(&stream, 20, run)
+    };
+    println!(
+        "| rows | projection (out x k) | bf16 cuBLAS (µs) | TFLOP/s | FP8 (µs) | TFLOP/s | speed-up |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (name, out, k) in [
+        ("qkv", 6144, 4096),
+        ("gate/up", 28672, 4096),
+        ("down", 4096, 14336),
+    ] {
+        let dense = random(&mut rng, (out, k), 0.05, DType::BF16, &dev);
+        let (data, _) = random_codes(&mut rng, (out, k), &dev);
+        let scales = random_scales(&mut rng, (out, 1), false, &dev);
+        for rows in [16, 64, 256, 1024, 4096] {
+            let x = random(&mut rng, (rows, k), 1.0, DType::BF16, &dev);
+            let bf16 = time(&|_| {
+                x.matmul(&dense.t().unwrap()).unwrap();
+            });
+            let fp8 = time(&|_| {
+                let w = Fp8Matrix {
+                    data: &data,
+                    scales: &scales,
+                    block: (1, k),
+                };
+                gemm.matmul(&x, w).unwrap();
+            });
+            let flops = 2.0 * (rows * out * k) as f64;
+            println!(
+                "| {rows} | {name} ({out} x {k}) | {:.1} | {:.0} | {:.1} | {:.0} | {:.2}x |",
+                bf16 * 1e6,
+                flops / bf16 / 1e12,
+                fp8 * 1e6,
+                flops / fp8 / 1e12,
+                bf16 / fp8
+            );
+        }
+    }
+}

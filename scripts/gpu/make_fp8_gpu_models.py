@@ -5,7 +5,9 @@ Writes, from make_gpu_models.py's tiny models (made here if OUT_DIR lacks them):
 - tiny-d64-fp8-tensor: compressed-tensors, one scale per tensor, static input scales;
 - qwen3-d128-fp8-block: `quant_method: fp8`, 32 x 32 block scales (q/k norms: the fused path's
   plain qkv GEMV);
-- qwen3moe-d128-fp8-block: the same with FP8 experts (dequantized at load) and an f32 router.
+- qwen3moe-d128-fp8-block: the same with FP8 experts (dequantized at load) and an f32 router;
+- tiny-d64-bf16: tiny-d64 with every weight rounded to bf16 (stored in f32), so that
+  `--quantization fp8` quantizes the same values on the GPU (bf16) and the CPU (f32).
 Each with the layouts and quantization of tests/fixtures/make_fp8_models.py; the test compares
 the GPU against pagewise's own CPU run of the same directory (which
 tests/fp8_checkpoints.rs checks against transformers on the CPU fixtures).
@@ -70,6 +72,13 @@ def main(root):
             make(os.path.join(root, base))
     for v in VARIANTS:
         variant(root, *v)
+    src, out = os.path.join(root, "tiny-d64"), os.path.join(root, "tiny-d64-bf16")
+    os.makedirs(out, exist_ok=True)
+    for f in ["tokenizer.json", "config.json"]:
+        shutil.copy(os.path.join(src, f), os.path.join(out, f))
+    tensors = {n: t.to(torch.bfloat16).float() for n, t in
+               load_file(os.path.join(src, "model.safetensors")).items()}
+    save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
 
 
 if __name__ == "__main__":

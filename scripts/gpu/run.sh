@@ -129,6 +129,10 @@ if [ "$what" = fp8 ]; then
     || { tail -20 "$out/make-models.log"; status=1; }
   "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture fp8 2>&1 \
     | grep -E "^test |test result|rel\. err|panicked" || status=1
+  "$work/bin/fp8-tests" --ignored --nocapture --test-threads=1 fp8_gemv_bandwidth 2>&1 | grep -E "^\||panicked" || status=1
+  PAGEWISE_FP8_BLOCKS=1 "$work/bin/fp8-tests" --ignored --nocapture --test-threads=1 fp8_gemv_bandwidth 2>&1 \
+    | grep -E "^\| [18]|panicked" || status=1
+  "$work/bin/fp8-tests" --ignored --nocapture --test-threads=1 fp8_gemm_speed 2>&1 | grep -E "^\||panicked" || status=1
   SCOREBOARD_MODELS=none SCOREBOARD_PARTS=none SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \
     bash "$here/scripts/gpu/scoreboard.sh" > /dev/null 2>&1   # (writes the shapes' configs)
   for m in ${FP8_MODELS:-llama-8b llama-1b}; do
@@ -141,6 +145,7 @@ if [ "$what" = fp8 ]; then
     done
   done
   for q in ${FP8_THROUGHPUT:-bf16 fp8}; do
+    [ "$q" = none ] && continue
     flag=; [ "$q" = fp8 ] && flag="--quantization fp8"
     echo "== llama-8b $q offline, 1000 x (1024 in, 128 out)"
     timeout 180 "$work/bin/pagewise" bench throughput --model /tmp/pagewise-gpu/shapes/llama-8b --load-format dummy $flag \

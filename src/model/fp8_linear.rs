@@ -2,8 +2,9 @@
 //! (per-tensor, per-channel or block scales, as [`super::fp8`] reads them) and, with
 //! `--quantization fp8`, a 16-bit checkpoint's projections quantized at load with one scale per
 //! output channel. Steps of up to [`pagewise_kernels::GEMV_MAX_ROWS`] rows stream the e4m3
-//! bytes through the decode GEMVs (half the bytes of bf16); larger steps multiply a dequantized
-//! copy on cuBLAS. On the CPU, FP8 weights are dequantized at load ([`fake_quantize_rows`] gives
+//! bytes through the decode GEMVs (half the bytes of bf16; activations stay 16-bit); larger
+//! steps quantize their activations per token and multiply on e4m3 tensor cores (cuBLASLt,
+//! `pagewise_kernels::Fp8Gemm`), or, for block scales, multiply a dequantized copy on cuBLAS. On the CPU, FP8 weights are dequantized at load ([`fake_quantize_rows`] gives
 //! `--quantization fp8` the same rounding there).
 
 use candle_core::safetensors::MmapedSafetensors;
@@ -100,6 +101,12 @@ impl Fp8Linear {
         {
             return pagewise_kernels::gemv_fused(&x.contiguous()?, w, GemvInput::Plain, None);
         }
+        // One scale a row: e4m3 tensor cores (the activations quantized per token).
+        if self.block == (1, k)
+            && let Some(gemm) = pagewise_kernels::fp8_gemm(x.device())
+        {
+            return gemm.matmul(x, self.matrix());
+        }
         let dense = pagewise_kernels::fp8_dequantize(self.matrix(), x.dtype())?;
         x.matmul(&dense.t()?)
     }
@@ -155,7 +162,8 @@ impl Fp8Linear {
 
 /// The FP8 weight `name` (`[out, in]`) of a checkpoint as it is stored, with its scales, when it
 /// can stay FP8: stored e4m3, on a GPU with f16 or bf16 activations, read whole (one rank), `in`
-/// a multiple of 16 and blocks of a multiple of 16 columns or whole rows, and not an expert's
+/// a multiple of 16 and blocks of whole rows or a power of two of at least 16 columns (what the
+/// GEMVs take), and not an expert's
 /// (the grouped expert kernels read 16-bit weights). `None`: read it dequantized.
 pub(super) fn read_kept(
     files: &MmapedSafetensors,
@@ -173,19 +181,23 @@ pub(super) fn read_kept(
         return Ok(None);
     }
     let block = match fp8.scales {
-        Fp8Scales::PerTensor => (out, k),
-        Fp8Scales::PerRow => (1, k),
+        // (One scale a tensor is read as the same scale on every row: the layout the e4m3
+        // matmuls take.)
+        Fp8Scales::PerTensor | Fp8Scales::PerRow => (1, k),
         Fp8Scales::Blocks { rows, cols } => (rows, cols),
     };
-    if !k.is_multiple_of(16) || !(block.1.is_multiple_of(16) || block.1 >= k) {
+    if !k.is_multiple_of(16) || !(block.1 >= k || (block.1 >= 16 && block.1.is_power_of_two())) {
         return Ok(None);
     }
     let shape = (out.div_ceil(block.0), k.div_ceil(block.1));
     let scale_name = fp8.scale_name(name);
-    let scales = files
+    let mut scales = files
         .load(&scale_name, &Device::Cpu)
         .map_err(|e| ModelError::MissingTensor(format!("{scale_name}: {e}")))?
         .to_dtype(DType::F32)?;
+    if fp8.scales == Fp8Scales::PerTensor && scales.elem_count() == 1 {
+        scales = scales.reshape((1, 1))?.broadcast_as(shape)?.contiguous()?;
+    }
     if scales.elem_count() != shape.0 * shape.1 {
         return Err(ModelError::Config(format!(
             "the scale of FP8 tensor {name} has shape {:?}; {:?} scales of a [{out}, {k}] \
