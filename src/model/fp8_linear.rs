@@ -1,10 +1,11 @@
 //! Linear layers whose weights stay FP8 (e4m3) on the GPU: an FP8 checkpoint's projections
 //! (per-tensor, per-channel or block scales, as [`super::fp8`] reads them) and, with
 //! `--quantization fp8`, a 16-bit checkpoint's projections quantized at load with one scale per
-//! output channel. Steps of up to [`pagewise_kernels::GEMV_MAX_ROWS`] rows stream the e4m3
+//! output channel. Steps of up to `pagewise_kernels::GEMV_MAX_ROWS` rows stream the e4m3
 //! bytes through the decode GEMVs (half the bytes of bf16; activations stay 16-bit); larger
 //! steps quantize their activations per token and multiply on e4m3 tensor cores (cuBLASLt,
-//! `pagewise_kernels::Fp8Gemm`), or, for block scales, multiply a dequantized copy on cuBLAS. On the CPU, FP8 weights are dequantized at load ([`fake_quantize_rows`] gives
+//! `pagewise_kernels::Fp8Gemm`), or, for block scales, multiply a dequantized copy on cuBLAS.
+//! On the CPU, FP8 weights are dequantized at load ([`fake_quantize_rows`] gives
 //! `--quantization fp8` the same rounding there).
 
 use candle_core::safetensors::MmapedSafetensors;
@@ -238,7 +239,7 @@ pub(super) fn quantized(w: &Tensor, bias: Option<Tensor>) -> Result<Linear, Mode
 /// `w` (`[out, in]`) rounded as `--quantization fp8` rounds it, in its own dtype and device: each
 /// row divided by its scale (its largest magnitude over 448; 1 for a row of zeros) in f32,
 /// rounded to e4m3 (nearest even), and multiplied back. What the CPU serves for an FP8-quantized
-/// layer; the GPU keeps the e4m3 bytes and scales instead ([`Fp8Linear::quantize`]).
+/// layer; the GPU keeps the e4m3 bytes and scales instead (`Fp8Linear::quantize`, CUDA builds).
 pub fn fake_quantize_rows(w: &Tensor) -> candle_core::Result<Tensor> {
     let (dtype, device) = (w.dtype(), w.device().clone());
     let w32 = w.to_device(&Device::Cpu)?.to_dtype(DType::F32)?;

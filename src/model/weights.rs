@@ -43,7 +43,7 @@ pub enum Weights {
         device: Device,
         /// A quantized checkpoint's layout: its FP8 tensors, and its packed integer weights, are
         /// dequantized as they are read, except the FP8 weights a GPU keeps
-        /// ([`super::fp8_linear::read_kept`]).
+        /// (`fp8_linear::read_kept`).
         quantization: Option<CheckpointQuant>,
         /// `--quantization fp8` on a 16-bit checkpoint: as [`Weights::Dense`]'s.
         quantize_fp8: bool,
