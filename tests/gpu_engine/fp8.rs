@@ -54,10 +54,7 @@ fn near_the_cpu(label: &str, path: &str, quantization: Option<Quantization>, fus
         );
         let err = rel_err(&gpu_logits, &cpu_logits);
         eprintln!("{label}: bf16 prefill on the GPU, rel. err. {err:.2e}");
-        // (A prefill of 40 rows multiplies on e4m3 tensor cores with its activations quantized
-        // per token, as vLLM's FP8 does; the CPU reference keeps them in f32: a looser bound than
-        // the decode steps', whose GEMVs keep the activations 16-bit.)
-        assert!(err < 1e-1, "{label} prefill: {err}");
+        assert!(err < 5e-2, "{label} prefill: {err}");
     }
     let before = pagewise::model::decode_fused::steps_run();
     let got = common::logits_decoding_step_by_step_quantized(
