@@ -14,6 +14,8 @@ use candle_core::{DType, Device, Tensor};
 use super::ModelError;
 use super::fp8::{Fp8Checkpoint, Fp8Scales};
 use super::layers::Linear;
+use super::quantized::CheckpointQuant;
+use super::weights::{Part, Weights};
 
 /// The largest e4m3 magnitude.
 const E4M3_MAX: f64 = 448.0;
@@ -210,6 +212,43 @@ pub(super) fn read_kept(
         block,
         bias: None,
     }))
+}
+
+/// How the weights layer reads FP8 projections (`Weights::linear_part`).
+impl Weights {
+    /// The FP8 checkpoint weight `name` (`[out, in]`) as it is stored, when a GPU keeps it so
+    /// ([`read_kept`]; whole tensors only).
+    pub(super) fn kept_fp8(
+        &self,
+        name: &str,
+        shape: (usize, usize),
+        part: &Part,
+    ) -> Result<Option<Fp8Linear>, ModelError> {
+        match (self, part) {
+            (
+                Weights::Safetensors {
+                    files,
+                    dtype,
+                    device,
+                    quantization: Some(CheckpointQuant::Fp8(fp8)),
+                    ..
+                },
+                Part::Whole,
+            ) => read_kept(files, name, fp8, shape, (device, *dtype)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Whether `--quantization fp8` quantizes the projection `prefix` at load.
+    pub(super) fn quantizes_fp8(&self, prefix: &str) -> bool {
+        let on = match self {
+            Weights::Dense { quantize_fp8, .. } | Weights::Safetensors { quantize_fp8, .. } => {
+                *quantize_fp8
+            }
+            Weights::Gguf { .. } => false,
+        };
+        on && quantizes(prefix)
+    }
 }
 
 /// Whether `--quantization fp8` quantizes the projection `prefix` (a decoder layer's attention

@@ -18,7 +18,7 @@ use candle_nn::VarBuilder;
 use super::ModelError;
 pub use super::dummy_weights::DummyBackend;
 use super::fp8::{self, Fp8Checkpoint};
-use super::fp8_linear::{self, Fp8Linear};
+use super::fp8_linear;
 use super::int_weights::{IntCheckpoint, Stored};
 use super::layers::Linear;
 use super::mxfp4::{GgufMxfp4, Mxfp4Host};
@@ -310,40 +310,6 @@ impl Weights {
                 .contiguous()?),
             (Weights::Gguf { .. }, _) => Err(gguf_unsharded()),
         }
-    }
-
-    /// The FP8 checkpoint weight `name` (`[out, in]`) as it is stored, when a GPU keeps it so
-    /// ([`fp8_linear::read_kept`]; whole tensors only).
-    fn kept_fp8(
-        &self,
-        name: &str,
-        shape: (usize, usize),
-        part: &Part,
-    ) -> Result<Option<Fp8Linear>, ModelError> {
-        match (self, part) {
-            (
-                Weights::Safetensors {
-                    files,
-                    dtype,
-                    device,
-                    quantization: Some(CheckpointQuant::Fp8(fp8)),
-                    ..
-                },
-                Part::Whole,
-            ) => fp8_linear::read_kept(files, name, fp8, shape, (device, *dtype)),
-            _ => Ok(None),
-        }
-    }
-
-    /// Whether `--quantization fp8` quantizes the projection `prefix` at load.
-    fn quantizes_fp8(&self, prefix: &str) -> bool {
-        let on = match self {
-            Weights::Dense { quantize_fp8, .. } | Weights::Safetensors { quantize_fp8, .. } => {
-                *quantize_fp8
-            }
-            Weights::Gguf { .. } => false,
-        };
-        on && fp8_linear::quantizes(prefix)
     }
 
     /// `part` (rows of a [`Part::Rows`]) of the vector `name` of length `len`.
