@@ -48,8 +48,8 @@ fn qwen3_gguf_matches_transformers_in_f32_and_within_q8_0_error() {
 /// The logits of `dir/model-{kind}.gguf` against those of `model-{kind}-as-F32.gguf`, which
 /// holds the same weights dequantized by gguf-py (an independent implementation): within 1e-5 on
 /// the dequantized path, within `default_tolerance` by default (the CPU kernels, with 8-bit
-/// activations, where they take the type).
-fn decodes_as_gguf_py(dir: &str, kind: &str, default_tolerance: f64) {
+/// activations, where they take the type). Returns the default path's error.
+fn decodes_as_gguf_py(dir: &str, kind: &str, default_tolerance: f64) -> f64 {
     let tokens: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 300).collect();
     let at = |file: String, matmul| common::logits_at_every_position(&file, matmul, &tokens);
     let want = at(format!("{dir}/model-{kind}-as-F32.gguf"), GgufMatmul::Auto);
@@ -62,25 +62,31 @@ fn decodes_as_gguf_py(dir: &str, kind: &str, default_tolerance: f64) {
     );
     assert!(dequantized < 1e-5, "{kind} dequantized: {dequantized}");
     assert!(default < default_tolerance, "{kind} default: {default}");
+    default
 }
 
-/// 4- and 5-bit GGUF weights (tests/fixtures/make_gguf.py `Q4_0:F32`, `Q5_1:F32`). By default
-/// the CPU multiplies Q4_0 with its quantized kernels; Q5_1 has none, so the default dequantizes
-/// it.
+/// 4- and 5-bit GGUF weights (tests/fixtures/make_gguf.py `Q4_0:F32`, `Q5_0:F32`, `Q5_1:F32`):
+/// by default the CPU multiplies each with its quantized kernels.
 #[test]
-fn q4_0_and_q5_1_gguf_weights_decode_as_gguf_py_decodes_them() {
+fn q4_0_q5_0_and_q5_1_gguf_weights_decode_as_gguf_py_decodes_them() {
     let dir = format!("{FIXTURES}/qwen3-qknorm");
-    decodes_as_gguf_py(&dir, "Q4_0", 5e-2);
-    decodes_as_gguf_py(&dir, "Q5_1", 1e-5);
+    for kind in ["Q4_0", "Q5_0", "Q5_1"] {
+        let err = decodes_as_gguf_py(&dir, kind, 5e-2);
+        // Not the dequantized weights: the kernels quantize the activations to 8 bits.
+        assert!(err > 1e-5, "{kind}: {err}, as if dequantized");
+    }
 }
 
-/// k-quants through the loader: a Q4_K_M file as llama.cpp's `llama-quantize` writes it (Q4_K
-/// matrices, Q6_K for attn_v, ffn_down and the output head; rows of 256 and 512;
-/// tests/fixtures/make_kquant_gguf.py). By default the CPU runs both types on its interleaved
-/// kernels.
+/// k-quants through the loader: Q4_K_M and Q5_K_M files as llama.cpp's `llama-quantize` writes
+/// them (Q4_K or Q5_K matrices, Q6_K for attn_v, ffn_down and the output head; rows of 256 and
+/// 512; tests/fixtures/make_kquant_gguf.py). By default the CPU runs every type on its
+/// interleaved kernels.
 #[test]
-fn q4_k_m_gguf_weights_decode_as_gguf_py_decodes_them() {
-    decodes_as_gguf_py(&format!("{FIXTURES}/qwen3-k256"), "Q4_K_M", 5e-2);
+fn q4_k_m_and_q5_k_m_gguf_weights_decode_as_gguf_py_decodes_them() {
+    for mix in ["Q4_K_M", "Q5_K_M"] {
+        let err = decodes_as_gguf_py(&format!("{FIXTURES}/qwen3-k256"), mix, 5e-2);
+        assert!(err > 1e-5, "{mix}: {err}, as if dequantized");
+    }
 }
 
 /// Qwen2 with q/k/v biases as a GGUF file (`qwen2` architecture): transformers' logits and
@@ -133,7 +139,7 @@ fn gemma3_with_sliding_windows_and_two_rotary_bases_matches_transformers() {
 fn gemma3_gguf_matches_transformers_in_f32_and_within_q8_0_error() {
     let dir = format!("{FIXTURES}/gemma3");
     check_model("gemma3", &format!("{dir}/model-F32.gguf"), 1e-4, true);
-    decodes_as_gguf_py(&dir, "Q8_0", 1e-1);
+    let _ = decodes_as_gguf_py(&dir, "Q8_0", 1e-1);
 }
 
 #[test]
@@ -183,7 +189,7 @@ fn qwen3_moe_gguf_matches_transformers_in_f32_and_reads_q8_0_experts() {
     check_model("qwen3-moe", &format!("{dir}/model-F32.gguf"), 1e-4, true);
     // (By default the CPU kernels quantize activations to 8 bits, which reorders near-tied
     // experts at a few positions: a wider bound than for dense weights.)
-    decodes_as_gguf_py(&dir, "Q8_0", 1e-1);
+    let _ = decodes_as_gguf_py(&dir, "Q8_0", 1e-1);
 }
 
 /// Mixtral as a `llama` GGUF file with `expert_count` (q/k rows permuted for interleaved rotary,

@@ -1,93 +1,17 @@
-//! AVX2 dot products of one weight row against `R` activation rows (1 to 4): each weight block
-//! is unpacked once and multiplied into every row, 32 byte products in one `vpmaddubsw`.
-//! [`super::kernels`] calls these only after `is_x86_feature_detected!` says the CPU has AVX2,
-//! FMA and F16C; the scalar functions in [`super::blocks`] are the reference they are tested
-//! against.
+//! AVX2 dot products of one group of 8 interleaved weight rows against `R` activation rows (1 to
+//! 4): each weight block is unpacked once and multiplied into every activation row, 32 byte
+//! products (4 weights of each of the 8 rows) in one `vpmaddubsw`. [`super::kernels`] calls these
+//! only after `is_x86_feature_detected!` says the CPU has AVX2, FMA and F16C; the formats' scalar
+//! functions are the reference they are tested against.
 
 use std::arch::x86_64::*;
 
-use super::blocks::{Act, Bytes, Nibbles, Nibbles8};
+use super::blocks::{Act, Nibbles8};
+use super::fives::{Fives8, Packed5};
 use super::q4k::Q4K8;
+use super::q5k::Q5K8;
 use super::q6k::Q6K8;
-
-/// Horizontal sum of 8 floats.
-#[target_feature(enable = "avx2,fma")]
-fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
-}
-
-/// Loads an activation block's 32 values.
-#[target_feature(enable = "avx2")]
-fn load_act(a: &Act) -> __m256i {
-    // SAFETY: `qs` is 32 bytes; unaligned load.
-    unsafe { _mm256_loadu_si256(a.qs.as_ptr().cast()) }
-}
-
-/// `Σ_blocks` of 4-bit weight row `w` against each of the rows `a` (all as long as `w`).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub fn dot_nibbles<const R: usize>(w: &[Nibbles], a: [&[Act]; R]) -> [f32; R] {
-    for row in a {
-        assert_eq!(row.len(), w.len());
-    }
-    let low = _mm_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut offset = [0f32; R];
-    for (b, wb) in w.iter().enumerate() {
-        // SAFETY: `qs` is 16 bytes; unaligned load.
-        let packed = unsafe { _mm_loadu_si128(wb.qs.as_ptr().cast()) };
-        let lo = _mm_and_si128(packed, low);
-        let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
-        // Weights 0..16 in the low lane, 16..32 in the high one: the activations' order.
-        let q = _mm256_set_m128i(hi, lo);
-        let (d, m) = (wb.d.to_f32(), wb.m.to_f32());
-        for r in 0..R {
-            let ab = &a[r][b];
-            let products = _mm256_madd_epi16(_mm256_maddubs_epi16(q, load_act(ab)), ones);
-            let scale = _mm256_set1_ps(d * ab.d);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products), scale, acc[r]);
-            offset[r] += m * ab.s;
-        }
-    }
-    let mut out = [0f32; R];
-    for r in 0..R {
-        out[r] = hsum(acc[r]) + offset[r];
-    }
-    out
-}
-
-/// `Σ_blocks` of 8-bit weight row `w` against each of the rows `a` (all as long as `w`).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub fn dot_bytes<const R: usize>(w: &[Bytes], a: [&[Act]; R]) -> [f32; R] {
-    for row in a {
-        assert_eq!(row.len(), w.len());
-    }
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); R];
-    for (b, wb) in w.iter().enumerate() {
-        // SAFETY: `qs` is 32 bytes; unaligned load.
-        let q = unsafe { _mm256_loadu_si256(wb.qs.as_ptr().cast()) };
-        // vpmaddubsw multiplies unsigned by signed bytes: move the weights' signs onto the
-        // activations.
-        let magnitude = _mm256_sign_epi8(q, q);
-        let d = wb.d.to_f32();
-        for r in 0..R {
-            let ab = &a[r][b];
-            let signed = _mm256_sign_epi8(load_act(ab), q);
-            let products = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed), ones);
-            let scale = _mm256_set1_ps(d * ab.d);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products), scale, acc[r]);
-        }
-    }
-    let mut out = [0f32; R];
-    for r in 0..R {
-        out[r] = hsum(acc[r]);
-    }
-    out
-}
+use super::q8::Bytes8;
 
 /// The 8 vectors of 4 weights of each of 8 rows that one interleaved block holds (`packed[c]`'s
 /// low nibbles are weights `4c..4c + 4` of each row, its high nibbles weights `16 + 4c..`).
@@ -105,12 +29,14 @@ fn unpack8(packed: &[[u8; 32]; 4]) -> [__m256i; 8] {
     q
 }
 
-/// Adds one block of 8 rows (`q` from [`unpack8`], the rows' `scale` and `offset`) times each
-/// activation block of `acts` to `acc`: per activation row 8 `vpmaddubsw` against broadcast
-/// activation quads summed in 16 bits (at most 8 · 2 · 15 · 127 = 30480), one widening add.
+/// Adds one block of 8 rows (`q` from [`unpack8`] or [`unpack5`], the rows' `scale` and
+/// `offset`) times each activation block of `acts` to `acc`: per activation row 8 `vpmaddubsw`
+/// against broadcast activation quads, summed in 16 bits (4-bit values: at most
+/// 8 · 2 · 15 · 127 = 30480; 5-bit ones, `FIVE`: two sums of 4, at most 4 · 2 · 31 · 127 = 31496),
+/// then widened.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn block8<const R: usize>(
+fn block8<const R: usize, const FIVE: bool>(
     q: &[__m256i; 8],
     scale: __m256,
     offset: __m256,
@@ -123,16 +49,50 @@ fn block8<const R: usize>(
         let quad = |k: usize| {
             assert!(k < 8);
             // SAFETY: bytes 4k..4k + 4 of the 32; unaligned read.
-            _mm256_set1_epi32(unsafe { ab.qs.as_ptr().add(4 * k).cast::<i32>().read_unaligned() })
+            let v = unsafe { ab.qs.as_ptr().add(4 * k).cast::<i32>().read_unaligned() };
+            _mm256_maddubs_epi16(q[k], _mm256_set1_epi32(v))
         };
-        let mut sum = _mm256_maddubs_epi16(q[0], quad(0));
-        for (k, qk) in q.iter().enumerate().skip(1) {
-            sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(*qk, quad(k)));
-        }
-        let products = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum, ones));
+        let sum16 = |ks: std::ops::Range<usize>| {
+            let first = quad(ks.start);
+            ks.skip(1).fold(first, |s, k| _mm256_add_epi16(s, quad(k)))
+        };
+        let sum = if FIVE {
+            _mm256_add_epi32(
+                _mm256_madd_epi16(sum16(0..4), ones),
+                _mm256_madd_epi16(sum16(4..8), ones),
+            )
+        } else {
+            _mm256_madd_epi16(sum16(0..8), ones)
+        };
+        let products = _mm256_cvtepi32_ps(sum);
         acc[r] = _mm256_fmadd_ps(products, _mm256_mul_ps(scale, _mm256_set1_ps(ab.d)), acc[r]);
         acc[r] = _mm256_fmadd_ps(offset, _mm256_set1_ps(ab.s), acc[r]);
     }
+}
+
+/// The 8 vectors of 4 unsigned 5-bit weights of each of 8 rows: [`unpack8`]'s low 4 bits with
+/// bit `c` of `qh` moved to bit 4 in chunk `c` (within each byte: the shifts are by at most 4).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn unpack5(p: &Packed5) -> [__m256i; 8] {
+    let mut q = unpack8(&p.qs);
+    // SAFETY: 32 bytes; unaligned load.
+    let qh = unsafe { _mm256_loadu_si256(p.qh.as_ptr().cast()) };
+    let bit4 = _mm256_set1_epi8(0x10);
+    let moved = [
+        _mm256_slli_epi16(qh, 4),
+        _mm256_slli_epi16(qh, 3),
+        _mm256_slli_epi16(qh, 2),
+        _mm256_slli_epi16(qh, 1),
+        qh,
+        _mm256_srli_epi16(qh, 1),
+        _mm256_srli_epi16(qh, 2),
+        _mm256_srli_epi16(qh, 3),
+    ];
+    for (qc, m) in q.iter_mut().zip(moved) {
+        *qc = _mm256_or_si256(*qc, _mm256_and_si256(m, bit4));
+    }
+    q
 }
 
 /// Stores 8 floats a row.
@@ -157,7 +117,7 @@ pub fn dot_nibbles8<const R: usize>(w: &[Nibbles8], a: [&[Act]; R]) -> [[f32; 8]
         // SAFETY: 8 f16 are 16 bytes; unaligned loads.
         let d = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.d.as_ptr().cast())) };
         let m = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.m.as_ptr().cast())) };
-        block8(&unpack8(&g.qs), d, m, a.map(|row| &row[b]), &mut acc);
+        block8::<R, false>(&unpack8(&g.qs), d, m, a.map(|row| &row[b]), &mut acc);
     }
     store8(acc)
 }
@@ -183,7 +143,7 @@ pub fn dot_q4k8<const R: usize>(w: &[Q4K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
         for (j, part) in g.j.iter().enumerate() {
             let scale = _mm256_mul_ps(d, bytes8(&part.sc));
             let offset = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, bytes8(&part.m)));
-            block8(
+            block8::<R, false>(
                 &unpack8(&part.qs),
                 scale,
                 offset,
@@ -265,6 +225,96 @@ pub fn dot_q6k8<const R: usize>(w: &[Q6K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
                 let scale = _mm256_mul_ps(d, _mm256_set1_ps(ab.d));
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc[r]);
             }
+        }
+    }
+    store8(acc)
+}
+
+/// The 8 interleaved 5-bit rows of `w` (one group, all its blocks) against each of the rows `a`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_fives8<const R: usize>(w: &[Fives8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+    for row in a {
+        assert_eq!(row.len(), w.len());
+    }
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (b, g) in w.iter().enumerate() {
+        // SAFETY: 8 f16 are 16 bytes; unaligned loads.
+        let d = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.d.as_ptr().cast())) };
+        let m = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.m.as_ptr().cast())) };
+        block8::<R, true>(&unpack5(&g.q), d, m, a.map(|row| &row[b]), &mut acc);
+    }
+    store8(acc)
+}
+
+/// The 8 interleaved Q5_K rows of `w` (one group, all its super-blocks) against each of the rows
+/// `a` (8 activation blocks a super-block), as [`dot_q4k8`] with 5-bit values.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_q5k8<const R: usize>(w: &[Q5K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+    for row in a {
+        assert_eq!(row.len(), 8 * w.len());
+    }
+    let bytes8 = |v: &[u8; 8]| {
+        // SAFETY: 8 bytes; unaligned load.
+        let v = unsafe { _mm_loadl_epi64(v.as_ptr().cast()) };
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
+    };
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (b, g) in w.iter().enumerate() {
+        // SAFETY: 8 f16 are 16 bytes; unaligned loads.
+        let d = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.d.as_ptr().cast())) };
+        let dmin = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.dmin.as_ptr().cast())) };
+        for (j, part) in g.j.iter().enumerate() {
+            let scale = _mm256_mul_ps(d, bytes8(&part.sc));
+            let offset = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, bytes8(&part.m)));
+            block8::<R, true>(
+                &unpack5(&part.q),
+                scale,
+                offset,
+                a.map(|row| &row[8 * b + j]),
+                &mut acc,
+            );
+        }
+    }
+    store8(acc)
+}
+
+/// The 8 interleaved Q8_0 rows of `w` (one group, all its blocks) against each of the rows `a`.
+/// `vpmaddubsw` multiplies unsigned by signed bytes: the weights' magnitudes by the activations
+/// with the weights' signs moved onto them (a pair at most 2 · 128 · 127 = 32512), widened per
+/// chunk.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_bytes8<const R: usize>(w: &[Bytes8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+    for row in a {
+        assert_eq!(row.len(), w.len());
+    }
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (b, g) in w.iter().enumerate() {
+        // SAFETY: 8 f16 are 16 bytes; unaligned load.
+        let d = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.d.as_ptr().cast())) };
+        let mut sums = [_mm256_setzero_si256(); R];
+        for (c, chunk) in g.qs.iter().enumerate() {
+            // SAFETY: 32 bytes; unaligned load.
+            let q = unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) };
+            let magnitude = _mm256_sign_epi8(q, q);
+            for r in 0..R {
+                // SAFETY: bytes 4c..4c + 4 of the 32 (c < 8); unaligned read.
+                let v = unsafe {
+                    a[r][b]
+                        .qs
+                        .as_ptr()
+                        .add(4 * c)
+                        .cast::<i32>()
+                        .read_unaligned()
+                };
+                let signed = _mm256_sign_epi8(_mm256_set1_epi32(v), q);
+                let pairs = _mm256_maddubs_epi16(magnitude, signed);
+                sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(pairs, ones));
+            }
+        }
+        for r in 0..R {
+            let scale = _mm256_mul_ps(d, _mm256_set1_ps(a[r][b].d));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), scale, acc[r]);
         }
     }
     store8(acc)

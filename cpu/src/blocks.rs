@@ -1,8 +1,8 @@
-//! GGUF weight blocks as the CPU kernels read them, activations quantized to 8 bits, and the
-//! scalar reference dot products that the SIMD kernels are tested against.
+//! GGUF's 4-bit blocks (Q4_0, Q4_1) as the CPU kernels read them, activations quantized to 8
+//! bits, and the scalar reference dot products that the SIMD kernels are tested against.
 //!
-//! Every format holds 32 weights a block with one scale `d` (and, for the 4-bit ones, an offset
-//! `m`): weight `j` of a block is `d * q[j] + m`. Activations are quantized the same way, 32 at a
+//! A block holds 32 weights with one scale `d` and an offset `m`: weight `j` of a block is
+//! `d * q[j] + m`. Activations are quantized the same way, 32 at a
 //! time, to `d * q[j]` with `q` in -127..=127, so a block's dot product is one integer sum:
 //! `Σ (d_w q_w + m_w)(d_a q_a) = d_w d_a Σ q_w q_a + m_w (d_a Σ q_a)`.
 
@@ -21,15 +21,6 @@ pub struct Nibbles {
     pub m: f16,
     /// Packed 4-bit values.
     pub qs: [u8; 16],
-}
-
-/// 32 weights of 8 bits: GGUF's `Q8_0`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Bytes {
-    /// Scale.
-    pub d: f16,
-    /// Signed values.
-    pub qs: [i8; 32],
 }
 
 /// 32 activations quantized to 8 bits, with `s = d Σ q` for the offset term of 4-bit weights
@@ -81,25 +72,6 @@ impl Nibbles {
     }
 }
 
-impl Bytes {
-    /// Parses GGUF `Q8_0` blocks (34 bytes: d, 32 signed bytes).
-    pub fn parse_q8_0(bytes: &[u8]) -> Vec<Bytes> {
-        bytes
-            .chunks_exact(34)
-            .map(|b| {
-                let mut qs = [0i8; 32];
-                for (q, &byte) in qs.iter_mut().zip(&b[2..34]) {
-                    *q = byte as i8;
-                }
-                Bytes {
-                    d: f16::from_le_bytes([b[0], b[1]]),
-                    qs,
-                }
-            })
-            .collect()
-    }
-}
-
 /// Quantizes `x` (a multiple of 32 long) to 8-bit blocks, appending them to `out`.
 pub fn quantize_row(x: &[f32], out: &mut Vec<Act>) {
     for chunk in x.chunks_exact(BLOCK) {
@@ -137,31 +109,6 @@ pub fn dot_nibbles_scalar(w: &[Nibbles], a: &[Act]) -> f32 {
         .sum()
 }
 
-/// Scalar reference: `Σ_blocks` of one 8-bit weight row against one activation row.
-pub fn dot_bytes_scalar(w: &[Bytes], a: &[Act]) -> f32 {
-    w.iter()
-        .zip(a)
-        .map(|(w, a)| {
-            let sum: i32 = (0..BLOCK).map(|j| w.qs[j] as i32 * a.qs[j] as i32).sum();
-            w.d.to_f32() * a.d * sum as f32
-        })
-        .sum()
-}
-
-/// Dequantizes 4-bit blocks to floats (for tests and references).
-pub fn dequantize_nibbles(w: &[Nibbles]) -> Vec<f32> {
-    w.iter()
-        .flat_map(|b| (0..BLOCK).map(move |j| b.d.to_f32() * b.q(j) as f32 + b.m.to_f32()))
-        .collect()
-}
-
-/// Dequantizes 8-bit blocks to floats (for tests and references).
-pub fn dequantize_bytes(w: &[Bytes]) -> Vec<f32> {
-    w.iter()
-        .flat_map(|b| (0..BLOCK).map(move |j| b.d.to_f32() * b.qs[j] as f32))
-        .collect()
-}
-
 /// The blocks at one block index of 8 consecutive 4-bit rows, interleaved for the 8-row kernel:
 /// `qs[c]` holds, at bytes `4r..4r + 4`, row `r`'s packed bytes `4c..4c + 4` (weights `4c + j`
 /// in the low nibbles, `16 + 4c + j` in the high ones). One 32-byte load then gives 4 weights of
@@ -197,6 +144,12 @@ impl Nibbles8 {
                 }
             })
             .collect()
+    }
+
+    /// Row `r`'s weight `j`, as GGML dequantizes it.
+    pub fn weight(&self, r: usize, j: usize) -> f32 {
+        let b = self.row(r);
+        b.d.to_f32() * b.q(j) as f32 + b.m.to_f32()
     }
 
     /// Row `r`'s block, back in the plain layout.

@@ -1,13 +1,14 @@
-//! Dot products of a range of weight rows against every activation row, with the SIMD kernels
+//! Dot products of a range of 8-row weight groups against every activation row, with the SIMD kernels
 //! when the CPU has them (checked once, at run time) and the scalar reference otherwise.
 
 use std::sync::OnceLock;
 
-use super::blocks::{
-    Act, Bytes, Nibbles, Nibbles8, dot_bytes_scalar, dot_nibbles_scalar, dot_nibbles8_scalar,
-};
+use super::blocks::{Act, Nibbles8, dot_nibbles8_scalar};
+use super::fives::{Fives8, dot_fives8_scalar};
 use super::q4k::{Q4K8, dot_q4k8_scalar};
+use super::q5k::{Q5K8, dot_q5k8_scalar};
 use super::q6k::{Q6K8, dot_q6k8_scalar};
+use super::q8::{Bytes8, dot_bytes8_scalar};
 
 /// Which dot products run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,124 +37,44 @@ impl Isa {
     }
 }
 
-/// A weight block format the kernels take.
-pub trait WeightBlock: Copy + Send + Sync {
-    /// The scalar reference dot product of one row against one activation row.
-    fn dot_scalar(w: &[Self], a: &[Act]) -> f32;
-    /// The same against `R` activation rows at once, with `isa`.
-    fn dot_rows<const R: usize>(isa: Isa, w: &[Self], a: [&[Act]; R]) -> [f32; R];
-}
-
-impl WeightBlock for Nibbles {
-    fn dot_scalar(w: &[Self], a: &[Act]) -> f32 {
-        dot_nibbles_scalar(w, a)
-    }
-
-    fn dot_rows<const R: usize>(isa: Isa, w: &[Self], a: [&[Act]; R]) -> [f32; R] {
-        match isa {
-            // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C.
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => unsafe { super::avx2::dot_nibbles(w, a) },
-            Isa::Scalar => a.map(|row| dot_nibbles_scalar(w, row)),
-        }
-    }
-}
-
-impl WeightBlock for Bytes {
-    fn dot_scalar(w: &[Self], a: &[Act]) -> f32 {
-        dot_bytes_scalar(w, a)
-    }
-
-    fn dot_rows<const R: usize>(isa: Isa, w: &[Self], a: [&[Act]; R]) -> [f32; R] {
-        match isa {
-            // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C.
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => unsafe { super::avx2::dot_bytes(w, a) },
-            Isa::Scalar => a.map(|row| dot_bytes_scalar(w, row)),
-        }
-    }
-}
-
-/// For every weight row `r` in `rows` (of `blocks` blocks each in `w`) and every activation row
-/// `i` of `acts` (`blocks` blocks each), calls `store(i, r, dot)`.
-pub fn dot_range<B: WeightBlock>(
-    isa: Isa,
-    w: &[B],
-    acts: &[Act],
-    blocks: usize,
-    rows: std::ops::Range<usize>,
-    mut store: impl FnMut(usize, usize, f32),
-) {
-    let m = acts.len() / blocks;
-    let act = |i: usize| &acts[i * blocks..(i + 1) * blocks];
-    for r in rows {
-        let wr = &w[r * blocks..(r + 1) * blocks];
-        let mut i = 0;
-        while i + 4 <= m {
-            let d = B::dot_rows(isa, wr, [act(i), act(i + 1), act(i + 2), act(i + 3)]);
-            for (j, v) in d.into_iter().enumerate() {
-                store(i + j, r, v);
-            }
-            i += 4;
-        }
-        while i + 2 <= m {
-            let d = B::dot_rows(isa, wr, [act(i), act(i + 1)]);
-            store(i, r, d[0]);
-            store(i + 1, r, d[1]);
-            i += 2;
-        }
-        if i < m {
-            store(i, r, B::dot_rows(isa, wr, [act(i)])[0]);
-        }
-    }
-}
-
 /// An interleaved format of 8 rows a group.
 pub trait GroupBlock: Copy + Send + Sync {
     /// Weights a row in one block (a multiple of the activations' 32).
     const WEIGHTS: usize;
     /// The 8 rows of `w` (one group, all its blocks) against `R` activation rows, with `isa`.
     fn dot_group<const R: usize>(isa: Isa, w: &[Self], a: [&[Act]; R]) -> [[f32; 8]; R];
+    /// Row `r`'s weight `i` (of [`GroupBlock::WEIGHTS`]) in this block, as GGML dequantizes it.
+    fn weight(&self, r: usize, i: usize) -> f32;
 }
 
-impl GroupBlock for Nibbles8 {
-    const WEIGHTS: usize = 32;
+/// Implements [`GroupBlock`] for a format from its AVX2 kernel and scalar reference.
+macro_rules! group_block {
+    ($block:ty, $weights:expr, $avx2:ident, $scalar:ident) => {
+        impl GroupBlock for $block {
+            const WEIGHTS: usize = $weights;
 
-    fn dot_group<const R: usize>(isa: Isa, w: &[Self], a: [&[Act]; R]) -> [[f32; 8]; R] {
-        match isa {
-            // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C.
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => unsafe { super::avx2::dot_nibbles8(w, a) },
-            Isa::Scalar => a.map(|row| dot_nibbles8_scalar(w, row)),
+            fn dot_group<const R: usize>(isa: Isa, w: &[Self], a: [&[Act]; R]) -> [[f32; 8]; R] {
+                match isa {
+                    // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C.
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 => unsafe { super::avx2::$avx2(w, a) },
+                    Isa::Scalar => a.map(|row| $scalar(w, row)),
+                }
+            }
+
+            fn weight(&self, r: usize, i: usize) -> f32 {
+                <$block>::weight(self, r, i)
+            }
         }
-    }
+    };
 }
 
-impl GroupBlock for Q4K8 {
-    const WEIGHTS: usize = 256;
-
-    fn dot_group<const R: usize>(isa: Isa, w: &[Self], a: [&[Act]; R]) -> [[f32; 8]; R] {
-        match isa {
-            // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C.
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => unsafe { super::avx2::dot_q4k8(w, a) },
-            Isa::Scalar => a.map(|row| dot_q4k8_scalar(w, row)),
-        }
-    }
-}
-
-impl GroupBlock for Q6K8 {
-    const WEIGHTS: usize = 256;
-
-    fn dot_group<const R: usize>(isa: Isa, w: &[Self], a: [&[Act]; R]) -> [[f32; 8]; R] {
-        match isa {
-            // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C.
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => unsafe { super::avx2::dot_q6k8(w, a) },
-            Isa::Scalar => a.map(|row| dot_q6k8_scalar(w, row)),
-        }
-    }
-}
+group_block!(Nibbles8, 32, dot_nibbles8, dot_nibbles8_scalar);
+group_block!(Fives8, 32, dot_fives8, dot_fives8_scalar);
+group_block!(Bytes8, 32, dot_bytes8, dot_bytes8_scalar);
+group_block!(Q4K8, 256, dot_q4k8, dot_q4k8_scalar);
+group_block!(Q5K8, 256, dot_q5k8, dot_q5k8_scalar);
+group_block!(Q6K8, 256, dot_q6k8, dot_q6k8_scalar);
 
 /// Activation bytes a pass over the weights takes at most: a long prompt's activations are
 /// split in runs that stay in the L2 cache while every weight row is multiplied by them.
@@ -164,7 +85,7 @@ pub fn act_run(per_act: usize) -> usize {
     (ACT_RUN_BYTES / (per_act * std::mem::size_of::<Act>()) / 4 * 4).max(4)
 }
 
-/// [`dot_range`] for an interleaved format: `groups` of 8 rows of `cols` weights in `w`;
+/// For an interleaved format: `groups` of 8 rows of `cols` weights in `w`;
 /// `store(i, r, dot)` for every row `r` of those groups.
 pub fn dot_groups<B: GroupBlock>(
     isa: Isa,

@@ -1,11 +1,9 @@
-//! GGUF's k-quants (Q2_K to Q6_K: 256 weights a super-block, scales per 16 or 32): rows
+//! GGUF's 2- and 3-bit k-quants (Q2_K, Q3_K: 256 weights a super-block, scales per 16): rows
 //! multiplied with candle's dot products for them (SIMD on x86-64 and ARM) against activations
 //! quantized to its `Q8_K`, the rows split between the [`Team`](super::team::Team) like the other formats.
 
 use candle_core::quantized::GgmlDType;
-use candle_core::quantized::k_quants::{
-    BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, GgmlType, QK_K,
-};
+use candle_core::quantized::k_quants::{BlockQ2K, BlockQ3K, BlockQ8K, GgmlType, QK_K};
 
 use super::qlinear::stack;
 
@@ -16,12 +14,6 @@ pub enum KRows {
     Q2K(Vec<BlockQ2K>),
     /// Q3_K.
     Q3K(Vec<BlockQ3K>),
-    /// Q4_K.
-    Q4K(Vec<BlockQ4K>),
-    /// Q5_K.
-    Q5K(Vec<BlockQ5K>),
-    /// Q6_K.
-    Q6K(Vec<BlockQ6K>),
 }
 
 /// GGML blocks read from a GGUF tensor's bytes.
@@ -43,9 +35,6 @@ impl KRows {
         Some(match dtype {
             GgmlDType::Q2K => KRows::Q2K(blocks_from(bytes)),
             GgmlDType::Q3K => KRows::Q3K(blocks_from(bytes)),
-            GgmlDType::Q4K => KRows::Q4K(blocks_from(bytes)),
-            GgmlDType::Q5K => KRows::Q5K(blocks_from(bytes)),
-            GgmlDType::Q6K => KRows::Q6K(blocks_from(bytes)),
             _ => return None,
         })
     }
@@ -77,9 +66,6 @@ impl KRows {
         match self {
             KRows::Q2K(w) => row(w, r, blocks, cols, act),
             KRows::Q3K(w) => row(w, r, blocks, cols, act),
-            KRows::Q4K(w) => row(w, r, blocks, cols, act),
-            KRows::Q5K(w) => row(w, r, blocks, cols, act),
-            KRows::Q6K(w) => row(w, r, blocks, cols, act),
         }
     }
 
@@ -92,18 +78,6 @@ impl KRows {
             })?),
             KRows::Q3K(_) => KRows::Q3K(stack(parts, |p| match p {
                 KRows::Q3K(b) => Some(b),
-                _ => None,
-            })?),
-            KRows::Q4K(_) => KRows::Q4K(stack(parts, |p| match p {
-                KRows::Q4K(b) => Some(b),
-                _ => None,
-            })?),
-            KRows::Q5K(_) => KRows::Q5K(stack(parts, |p| match p {
-                KRows::Q5K(b) => Some(b),
-                _ => None,
-            })?),
-            KRows::Q6K(_) => KRows::Q6K(stack(parts, |p| match p {
-                KRows::Q6K(b) => Some(b),
                 _ => None,
             })?),
         })
@@ -119,9 +93,6 @@ impl KRows {
         match self {
             KRows::Q2K(w) => floats(w),
             KRows::Q3K(w) => floats(w),
-            KRows::Q4K(w) => floats(w),
-            KRows::Q5K(w) => floats(w),
-            KRows::Q6K(w) => floats(w),
         }
     }
 }

@@ -2,11 +2,12 @@
 //! they are (a quarter to half the bytes of f32), with integer SIMD dot products, on a team of
 //! threads that stay awake between the matmuls of a step.
 //!
-//! - [`blocks`]: the weight and activation block formats, and the scalar reference;
+//! - [`blocks`]: Q4_0 / Q4_1 blocks and the activation blocks, with their scalar reference;
+//! - [`fives`], [`q8`], [`q4k`], [`q5k`], [`q6k`]: Q5_0 / Q5_1, Q8_0, Q4_K, Q5_K and Q6_K
+//!   interleaved 8 rows by 8 for the 8-row kernels, each with its scalar reference;
 //! - `avx2`: the SIMD dot products (x86-64, detected at run time);
-//! - [`kernels`]: the choice between them, over a range of weight rows;
-//! - [`q4k`], [`q6k`]: Q4_K and Q6_K interleaved for the 8-row kernel;
-//! - [`kquant`]: the other k-quants (Q2_K to Q6_K), through candle's dot products;
+//! - [`kernels`]: the choice between them, over a range of weight groups;
+//! - [`kquant`]: Q2_K and Q3_K, through candle's dot products;
 //! - [`team`]: the threads;
 //! - [`memory`]: the allocator's settings for CPU steps;
 //! - [`QLinear`]: a layer's weight, and its matmul.
@@ -14,11 +15,14 @@
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 pub mod blocks;
+pub mod fives;
 pub mod kernels;
 pub mod kquant;
 pub mod memory;
 pub mod q4k;
+pub mod q5k;
 pub mod q6k;
+pub mod q8;
 mod qlinear;
 pub mod team;
 

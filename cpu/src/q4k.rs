@@ -43,12 +43,9 @@ struct Q4kRow {
     subs: [[u8; 16]; 8],
 }
 
-/// GGUF's Q4_K super-block (144 bytes: d, dmin, 12 bytes of 6-bit scales, 128 of nibbles).
-fn q4k_sub_blocks(b: &[u8]) -> Q4kRow {
-    let d = f16::from_le_bytes([b[0], b[1]]);
-    let dmin = f16::from_le_bytes([b[2], b[3]]);
-    let s = &b[4..16];
-    let scale = |j: usize| {
+/// The 8 sub-blocks' 6-bit `(sc, m)` from the 12 packed bytes Q4_K and Q5_K share.
+pub(crate) fn k4_scales(s: &[u8]) -> [(u8, u8); 8] {
+    std::array::from_fn(|j| {
         if j < 4 {
             (s[j] & 63, s[j + 4] & 63)
         } else {
@@ -57,7 +54,13 @@ fn q4k_sub_blocks(b: &[u8]) -> Q4kRow {
                 (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
             )
         }
-    };
+    })
+}
+
+/// GGUF's Q4_K super-block (144 bytes: d, dmin, 12 bytes of 6-bit scales, 128 of nibbles).
+fn q4k_sub_blocks(b: &[u8]) -> Q4kRow {
+    let d = f16::from_le_bytes([b[0], b[1]]);
+    let dmin = f16::from_le_bytes([b[2], b[3]]);
     let q = &b[16..144];
     let mut subs = [[0u8; 16]; 8];
     for c in 0..4 {
@@ -70,7 +73,7 @@ fn q4k_sub_blocks(b: &[u8]) -> Q4kRow {
     Q4kRow {
         d,
         dmin,
-        scales: std::array::from_fn(scale),
+        scales: k4_scales(&b[4..16]),
         subs,
     }
 }
@@ -116,6 +119,13 @@ impl Q4K8 {
     /// Row `r`'s exact offset of sub-block `j`, to subtract: `dmin · m`.
     pub fn offset(&self, r: usize, j: usize) -> f32 {
         self.dmin[r].to_f32() * self.j[j].m[r] as f32
+    }
+
+    /// Row `r`'s weight `i` (0..256) of this super-block, as GGML dequantizes it.
+    pub fn weight(&self, r: usize, i: usize) -> f32 {
+        let j = i / BLOCK;
+        let q = self.sub_block(r, j).q(i % BLOCK);
+        self.scale(r, j) * q as f32 - self.offset(r, j)
     }
 
     /// Row `r`'s sub-block `j` as a plain 4-bit block (its scales rounded to f16; for the

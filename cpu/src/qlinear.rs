@@ -1,30 +1,55 @@
 //! A linear layer's GGUF-quantized weight on the CPU, multiplied without dequantizing: the
 //! activations are quantized to 8 bits, and the weight rows are split between the [`Team`].
 
+use std::borrow::Cow;
+
 use candle_core::quantized::GgmlDType;
 
-use super::blocks::{BLOCK, Bytes, Nibbles, Nibbles8, quantize_row};
-use super::kernels::{Isa, WeightBlock, dot_groups, dot_range};
+use super::blocks::{BLOCK, Nibbles, Nibbles8, quantize_row};
+use super::fives::{Five, Fives8};
+use super::kernels::{GroupBlock, Isa, dot_groups};
 use super::kquant::KRows;
 use super::q4k::Q4K8;
+use super::q5k::Q5K8;
 use super::q6k::Q6K8;
+use super::q8::Bytes8;
 use super::team::Team;
 
-/// The weight's blocks, row after row.
+/// The weight's blocks. Every format but the candle-multiplied k-quants is interleaved 8 rows by
+/// 8 (group after group, each group's blocks in order); a last group short of 8 rows is padded
+/// with zero rows, which no output reads.
 #[derive(Clone, Debug)]
 enum Blocks {
-    /// 4-bit rows, row after row (when the rows are not a multiple of 8).
-    Nibbles(Vec<Nibbles>),
-    /// 4-bit rows interleaved 8 by 8: group after group, each group's blocks in order.
+    /// Q4_0 and Q4_1.
     Nibbles8(Vec<Nibbles8>),
-    /// 8-bit rows, row after row.
-    Bytes(Vec<Bytes>),
-    /// Q4_K rows interleaved 8 by 8: group after group, each group's super-blocks in order.
+    /// Q5_0 and Q5_1.
+    Fives8(Vec<Fives8>),
+    /// Q8_0.
+    Bytes8(Vec<Bytes8>),
+    /// Q4_K.
     Q4K8(Vec<Q4K8>),
-    /// Q6_K rows interleaved 8 by 8.
+    /// Q5_K.
+    Q5K8(Vec<Q5K8>),
+    /// Q6_K.
     Q6K8(Vec<Q6K8>),
-    /// k-quant rows, row after row.
+    /// Q2_K and Q3_K rows, row after row, for candle's dot products.
     K(KRows),
+}
+
+/// `$body` with `$w` bound to the interleaved blocks of `$blocks`, whatever their format; `$k`
+/// for candle's k-quant rows.
+macro_rules! each_format {
+    ($blocks:expr, $w:ident => $body:expr, $k:ident => $kbody:expr) => {
+        match $blocks {
+            Blocks::Nibbles8($w) => $body,
+            Blocks::Fives8($w) => $body,
+            Blocks::Bytes8($w) => $body,
+            Blocks::Q4K8($w) => $body,
+            Blocks::Q5K8($w) => $body,
+            Blocks::Q6K8($w) => $body,
+            Blocks::K($k) => $kbody,
+        }
+    };
 }
 
 /// A quantized weight `[rows, cols]` (`rows` outputs of `cols` inputs each).
@@ -56,62 +81,64 @@ impl QLinear {
     /// Whether the kernels take GGUF tensors of `dtype`.
     pub fn supports(dtype: GgmlDType) -> bool {
         use GgmlDType::*;
-        matches!(dtype, Q4_0 | Q4_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K)
+        matches!(
+            dtype,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K
+        )
     }
 
     /// The weight `[rows, cols]` from a GGUF tensor's bytes, or `None` when its type is not
     /// supported, `cols` is not a multiple of its block or the bytes are not `rows * cols`
     /// weights.
     pub fn from_gguf(dtype: GgmlDType, bytes: &[u8], rows: usize, cols: usize) -> Option<Self> {
+        use GgmlDType::*;
         let block = dtype.block_size();
-        if !cols.is_multiple_of(block) || bytes.len() != rows * cols / block * dtype.type_size() {
+        let row_bytes = cols / block * dtype.type_size();
+        if !Self::supports(dtype) || !cols.is_multiple_of(block) || bytes.len() != rows * row_bytes
+        {
             return None;
         }
-        if matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K) && rows.is_multiple_of(8) {
-            let groups = bytes.chunks_exact(8 * cols / 256 * dtype.type_size());
-            let blocks = if dtype == GgmlDType::Q4K {
-                Blocks::Q4K8(
-                    groups
-                        .flat_map(|g| Q4K8::interleave(g, cols / 256))
-                        .collect(),
-                )
-            } else {
-                Blocks::Q6K8(
-                    groups
-                        .flat_map(|g| Q6K8::interleave(g, cols / 256))
-                        .collect(),
-                )
-            };
-            return Some(QLinear { rows, cols, blocks });
-        }
-        if let Some(k) = KRows::from_gguf(dtype, bytes) {
+        if matches!(dtype, Q2K | Q3K) {
+            let k = KRows::from_gguf(dtype, bytes)?;
             return Some(QLinear {
                 rows,
                 cols,
                 blocks: Blocks::K(k),
             });
         }
+        // Zero bytes are zero weights in every format (a scale of 0).
+        let padded = match rows % 8 {
+            0 => Cow::Borrowed(bytes),
+            short => Cow::Owned([bytes, &vec![0; (8 - short) * row_bytes]].concat()),
+        };
+        let groups = padded.chunks_exact(8 * row_bytes);
+        fn each<T>(groups: std::slice::ChunksExact<'_, u8>, f: impl Fn(&[u8]) -> Vec<T>) -> Vec<T> {
+            groups.flat_map(f).collect()
+        }
+        let (subs, supers) = (cols / BLOCK, cols / 256);
         let blocks = match dtype {
-            GgmlDType::Q4_0 => Self::nibble_blocks(Nibbles::parse_q4_0(bytes), rows, cols),
-            GgmlDType::Q4_1 => Self::nibble_blocks(Nibbles::parse_q4_1(bytes), rows, cols),
-            GgmlDType::Q8_0 => Blocks::Bytes(Bytes::parse_q8_0(bytes)),
+            Q4_0 => Blocks::Nibbles8(each(groups, |g| {
+                Nibbles8::interleave(&Nibbles::parse_q4_0(g), subs)
+            })),
+            Q4_1 => Blocks::Nibbles8(each(groups, |g| {
+                Nibbles8::interleave(&Nibbles::parse_q4_1(g), subs)
+            })),
+            Q5_0 => Blocks::Fives8(
+                groups
+                    .map(|g| Some(Fives8::interleave(&Five::parse_q5_0(g)?, subs)))
+                    .collect::<Option<Vec<_>>>()?
+                    .concat(),
+            ),
+            Q5_1 => Blocks::Fives8(each(groups, |g| {
+                Fives8::interleave(&Five::parse_q5_1(g), subs)
+            })),
+            Q8_0 => Blocks::Bytes8(each(groups, |g| Bytes8::interleave(g, subs))),
+            Q4K => Blocks::Q4K8(each(groups, |g| Q4K8::interleave(g, supers))),
+            Q5K => Blocks::Q5K8(each(groups, |g| Q5K8::interleave(g, supers))),
+            Q6K => Blocks::Q6K8(each(groups, |g| Q6K8::interleave(g, supers))),
             _ => return None,
         };
         Some(QLinear { rows, cols, blocks })
-    }
-
-    /// 4-bit rows (plain layout) interleaved 8 by 8 when their number allows.
-    fn nibble_blocks(plain: Vec<Nibbles>, rows: usize, cols: usize) -> Blocks {
-        if !rows.is_multiple_of(8) {
-            return Blocks::Nibbles(plain);
-        }
-        let blocks = cols / BLOCK;
-        Blocks::Nibbles8(
-            plain
-                .chunks_exact(8 * blocks)
-                .flat_map(|g| Nibbles8::interleave(g, blocks))
-                .collect(),
-        )
     }
 
     /// Output features.
@@ -125,22 +152,32 @@ impl QLinear {
     }
 
     /// The weights of `parts` stacked (their rows one after the other), or `None` when they
-    /// differ in format or input width.
+    /// differ in format or input width, or a part other than the last has a padded group.
     pub fn concat(parts: &[&QLinear]) -> Option<QLinear> {
         let first = parts.first()?;
-        if parts.iter().any(|p| p.cols != first.cols) {
+        let (last, rest) = parts.split_last()?;
+        if parts.iter().any(|p| p.cols != first.cols)
+            || (!matches!(last.blocks, Blocks::K(_))
+                && rest.iter().any(|p| !p.rows.is_multiple_of(8)))
+        {
             return None;
         }
-        let rows = parts.iter().map(|p| p.rows).sum();
+        /// The `$variant` blocks of every part one after the other, or `None`.
+        macro_rules! stacked {
+            ($variant:ident) => {
+                Blocks::$variant(stack(parts, |p| match &p.blocks {
+                    Blocks::$variant(b) => Some(b),
+                    _ => None,
+                })?)
+            };
+        }
         let blocks = match &first.blocks {
-            Blocks::Q4K8(_) => Blocks::Q4K8(stack(parts, |p| match &p.blocks {
-                Blocks::Q4K8(b) => Some(b),
-                _ => None,
-            })?),
-            Blocks::Q6K8(_) => Blocks::Q6K8(stack(parts, |p| match &p.blocks {
-                Blocks::Q6K8(b) => Some(b),
-                _ => None,
-            })?),
+            Blocks::Nibbles8(_) => stacked!(Nibbles8),
+            Blocks::Fives8(_) => stacked!(Fives8),
+            Blocks::Bytes8(_) => stacked!(Bytes8),
+            Blocks::Q4K8(_) => stacked!(Q4K8),
+            Blocks::Q5K8(_) => stacked!(Q5K8),
+            Blocks::Q6K8(_) => stacked!(Q6K8),
             Blocks::K(_) => Blocks::K(KRows::concat(
                 &parts
                     .iter()
@@ -150,21 +187,9 @@ impl QLinear {
                     })
                     .collect::<Option<Vec<_>>>()?,
             )?),
-            Blocks::Bytes(_) => Blocks::Bytes(stack(parts, |p| match &p.blocks {
-                Blocks::Bytes(b) => Some(b),
-                _ => None,
-            })?),
-            _ => {
-                let plain = parts
-                    .iter()
-                    .map(|p| p.plain_nibbles())
-                    .collect::<Option<Vec<_>>>()?
-                    .concat();
-                Self::nibble_blocks(plain, rows, first.cols)
-            }
         };
         Some(QLinear {
-            rows,
+            rows: parts.iter().map(|p| p.rows).sum(),
             cols: first.cols,
             blocks,
         })
@@ -187,28 +212,24 @@ impl QLinear {
         let mut out = vec![0f32; m * self.rows];
         let dst = Out(out.as_mut_ptr());
         let (rows, cols, members) = (self.rows, self.cols, team.size());
-        let blocks = cols / BLOCK;
+        let groups = rows.div_ceil(8);
         let job = |member: usize| {
-            let share = |n: usize| n * member / members..n * (member + 1) / members;
+            let share = groups * member / members..groups * (member + 1) / members;
             let store = |i: usize, r: usize, v: f32| {
-                debug_assert!(i < m && r < rows);
-                // SAFETY: `i < m` and `r < rows`, so inside the `m * rows` buffer, and row `r`
-                // belongs to this member alone.
-                unsafe { dst.write(i * rows + r, v) };
+                debug_assert!(i < m);
+                if r < rows {
+                    // SAFETY: `i < m` and `r < rows`, so inside the `m * rows` buffer, and row
+                    // `r` belongs to this member alone.
+                    unsafe { dst.write(i * rows + r, v) };
+                }
             };
-            match &self.blocks {
-                Blocks::Nibbles(w) => dot_range(isa, w, &acts, blocks, share(rows), store),
-                Blocks::Nibbles8(w) => dot_groups(isa, w, &acts, cols, share(rows / 8), store),
-                Blocks::Q4K8(w) => dot_groups(isa, w, &acts, cols, share(rows / 8), store),
-                Blocks::Q6K8(w) => dot_groups(isa, w, &acts, cols, share(rows / 8), store),
-                Blocks::Bytes(w) => dot_range(isa, w, &acts, blocks, share(rows), store),
-                Blocks::K(_) => unreachable!("k-quants take matmul_k"),
-            }
+            each_format!(&self.blocks,
+                w => dot_groups(isa, w, &acts, cols, share, store),
+                _k => unreachable!("k-quant rows take matmul_k"))
         };
         team.run(&job);
         out
     }
-
     /// [`QLinear::matmul_with`] for k-quant rows: candle's dot products (it picks their SIMD).
     fn matmul_k(&self, k: &KRows, team: &Team, x: &[f32], m: usize) -> Vec<f32> {
         let (rows, cols, members) = (self.rows, self.cols, team.size());
@@ -230,89 +251,31 @@ impl QLinear {
 
     /// The dequantized weight, row-major `[rows, cols]` (for references in tests).
     pub fn dequantize(&self) -> Vec<f32> {
-        match (&self.blocks, self.plain_nibbles()) {
-            (Blocks::K(k), _) => k.dequantize(),
-            (Blocks::Q4K8(groups), _) => self.dequantize_q4k8(groups),
-            (Blocks::Q6K8(groups), _) => self.dequantize_q6k8(groups),
-            (Blocks::Bytes(b), _) => super::blocks::dequantize_bytes(b),
-            (_, Some(b)) => super::blocks::dequantize_nibbles(&b),
-            (_, None) => unreachable!("4-bit blocks have a plain layout"),
-        }
-    }
-
-    /// Interleaved Q4_K rows dequantized with their exact f32 scales, row-major.
-    fn dequantize_q4k8(&self, groups: &[Q4K8]) -> Vec<f32> {
-        let per_group = self.cols / 256;
-        let mut out = Vec::with_capacity(self.rows * self.cols);
-        for g in groups.chunks_exact(per_group) {
-            for r in 0..8 {
-                for sb in g {
-                    for j in 0..8 {
-                        let (sub, scale, offset) =
-                            (sb.sub_block(r, j), sb.scale(r, j), sb.offset(r, j));
-                        out.extend((0..BLOCK).map(|i| scale * sub.q(i) as f32 - offset));
-                    }
-                }
-            }
-        }
+        let mut out = each_format!(&self.blocks,
+            w => dequantize_groups(w, self.cols),
+            k => k.dequantize());
+        out.truncate(self.rows * self.cols);
         out
     }
 
-    /// Interleaved Q6_K rows dequantized as GGML does, row-major.
-    fn dequantize_q6k8(&self, groups: &[Q6K8]) -> Vec<f32> {
-        let per_group = self.cols / 256;
-        let mut out = Vec::with_capacity(self.rows * self.cols);
-        for g in groups.chunks_exact(per_group) {
-            for r in 0..8 {
-                out.extend(
-                    g.iter()
-                        .flat_map(|sb| (0..256).map(move |i| sb.weight(r, i))),
-                );
-            }
-        }
-        out
-    }
-
-    /// 4-bit weights in the plain row-after-row layout.
-    fn plain_nibbles(&self) -> Option<Vec<Nibbles>> {
-        let blocks = self.cols / BLOCK;
-        match &self.blocks {
-            Blocks::Nibbles(b) => Some(b.clone()),
-            Blocks::Nibbles8(groups) => Some(
-                groups
-                    .chunks_exact(blocks)
-                    .flat_map(|g| (0..8).flat_map(move |r| g.iter().map(move |b| b.row(r))))
-                    .collect(),
-            ),
-            Blocks::Bytes(_) | Blocks::K(_) | Blocks::Q4K8(_) | Blocks::Q6K8(_) => None,
-        }
-    }
-
-    /// The scalar reference `x W^T`, one dot product at a time.
+    /// The scalar reference `x W^T`: the formats' scalar dot products, one thread.
     pub fn matmul_reference(&self, x: &[f32], m: usize) -> Vec<f32> {
-        match &self.blocks {
-            Blocks::K(k) => return self.matmul_k(k, &Team::new(1), x, m),
-            Blocks::Q4K8(_) | Blocks::Q6K8(_) => {
-                return self.matmul_with(Isa::Scalar, &Team::new(1), x, m);
-            }
-            _ => {}
-        }
-        let blocks = self.cols / BLOCK;
-        let mut acts = Vec::new();
-        quantize_row(x, &mut acts);
-        let plain = self.plain_nibbles();
-        let mut out = Vec::with_capacity(m * self.rows);
-        for a in acts.chunks_exact(blocks) {
-            for r in 0..self.rows {
-                out.push(match (&self.blocks, &plain) {
-                    (Blocks::Bytes(w), _) => Bytes::dot_scalar(&w[r * blocks..][..blocks], a),
-                    (_, Some(w)) => Nibbles::dot_scalar(&w[r * blocks..][..blocks], a),
-                    (_, None) => unreachable!("4-bit blocks have a plain layout"),
-                });
-            }
-        }
-        out
+        self.matmul_with(Isa::Scalar, &Team::new(1), x, m)
     }
+}
+
+/// Interleaved groups of `cols` weights a row dequantized, row-major (8 rows a group).
+fn dequantize_groups<B: GroupBlock>(w: &[B], cols: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(w.len() * 8 * B::WEIGHTS);
+    for g in w.chunks_exact(cols / B::WEIGHTS) {
+        for r in 0..8 {
+            out.extend(
+                g.iter()
+                    .flat_map(|b| (0..B::WEIGHTS).map(move |i| b.weight(r, i))),
+            );
+        }
+    }
+    out
 }
 
 /// The blocks `pick` finds in every one of `parts`, one part's after the other's, or `None` when

@@ -34,6 +34,11 @@ fn gguf_bytes(dtype: GgmlDType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<
                 out.extend((0..16).map(|_| rng.next() as u8));
             }
             GgmlDType::Q4_0 => out.extend((0..16).map(|_| rng.next() as u8)),
+            GgmlDType::Q5_1 => {
+                out.extend(f16::from_f32(-0.2 * rng.unit().abs()).to_le_bytes());
+                out.extend((0..20).map(|_| rng.next() as u8));
+            }
+            GgmlDType::Q5_0 => out.extend((0..20).map(|_| rng.next() as u8)),
             GgmlDType::Q8_0 => out.extend((0..32).map(|_| rng.next() as u8)),
             other => panic!("no generator for {other:?}"),
         }
@@ -103,13 +108,19 @@ fn against_candle(
     (between, ours_err, theirs_err)
 }
 
-const TYPES: [GgmlDType; 3] = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0];
+const TYPES: [GgmlDType; 5] = [
+    GgmlDType::Q4_0,
+    GgmlDType::Q4_1,
+    GgmlDType::Q5_0,
+    GgmlDType::Q5_1,
+    GgmlDType::Q8_0,
+];
 
 #[test]
 fn every_isa_and_team_size_matches_the_scalar_reference() {
     let isas: Vec<Isa> = [Isa::Scalar, Isa::detect()].into();
     for dtype in TYPES {
-        // 37 rows: the plain layout; 40: interleaved by 8 (4-bit types).
+        // 37 rows: a last group padded to 8; 40: whole groups.
         for rows in [37, 40] {
             let layer = random_layer(dtype, rows, 96, 7);
             // 1 to 7 rows: the 4-, 2- and 1-row tiles and their mixes.
@@ -173,11 +184,15 @@ fn stacked_layers_give_the_parts_side_by_side() {
     assert_eq!(both.rows(), 12);
     let x = random_input(2 * 64, 5);
     let (a, b, ab) = (q.matmul(&x, 2), k.matmul(&x, 2), both.matmul(&x, 2));
-    // 8 rows are interleaved and 12 are not: the same sums in another order.
+    // The 4 rows padded to a group of 8 in both.
     for i in 0..2 {
-        assert!(max_rel_diff(&ab[i * 12..i * 12 + 8], &a[i * 8..i * 8 + 8]) < 1e-6);
-        assert!(max_rel_diff(&ab[i * 12 + 8..i * 12 + 12], &b[i * 4..i * 4 + 4]) < 1e-6);
+        assert_eq!(&ab[i * 12..i * 12 + 8], &a[i * 8..i * 8 + 8]);
+        assert_eq!(&ab[i * 12 + 8..i * 12 + 12], &b[i * 4..i * 4 + 4]);
     }
+    assert!(
+        QLinear::concat(&[&k, &q]).is_none(),
+        "a padded group before the last part"
+    );
     let k8 = random_layer(GgmlDType::Q4_1, 8, 64, 2);
     let both8 = QLinear::concat(&[&q, &k8]).expect("same format and width");
     let (b8, ab8) = (k8.matmul(&x, 2), both8.matmul(&x, 2));
@@ -193,7 +208,12 @@ fn stacked_layers_give_the_parts_side_by_side() {
 
 #[test]
 fn unsupported_or_misshapen_tensors_are_refused() {
-    assert!(QLinear::from_gguf(GgmlDType::Q5_0, &[0; 22], 1, 32).is_none());
+    assert!(QLinear::from_gguf(GgmlDType::Q8_1, &[0; 36], 1, 32).is_none());
+    assert!(QLinear::from_gguf(GgmlDType::F16, &[0; 64], 1, 32).is_none());
+    // A Q5_0 scale whose offset -16 d is past f16's range.
+    let mut big = vec![0u8; 22];
+    big[..2].copy_from_slice(&f16::from_f32(8192.0).to_le_bytes());
+    assert!(QLinear::from_gguf(GgmlDType::Q5_0, &big, 1, 32).is_none());
     assert!(QLinear::from_gguf(GgmlDType::Q4_1, &[0; 20], 1, 48).is_none());
     assert!(QLinear::from_gguf(GgmlDType::Q4_1, &[0; 19], 1, 32).is_none());
 }
@@ -210,6 +230,15 @@ fn as_accurate_as_candles_quantized_matmul() {
         let ours = QLinear::from_gguf(dtype, &bytes, rows, cols).unwrap();
         let storage = QStorage::from_data(bytes.into(), &Device::Cpu, dtype).unwrap();
         let q = QTensor::new(storage, (rows, cols)).unwrap();
+        // Our reading of the blocks (through the interleaved layouts) is GGML's, as candle ports it.
+        let weights: Vec<f32> = q
+            .dequantize(&Device::Cpu)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(ours.dequantize(), weights, "{dtype:?}");
         let x = random_input(m * cols, 22);
         let (between, ours_err, theirs_err) =
             against_candle(&format!("{dtype:?}"), &ours, q, &x, m);
@@ -221,10 +250,10 @@ fn as_accurate_as_candles_quantized_matmul() {
     }
 }
 
-/// k-quant rows (quantized here from random floats by candle) through the team. With 12 rows,
-/// every k-quant takes candle's dot products: equal to candle's quantized matmul. With 24, Q4_K and
-/// Q6_K are interleaved 8 by 8 for our kernels (8-bit activations per 32, not per 256): their SIMD
-/// and scalar paths agree, and they are as close to the f32 product as candle's.
+/// k-quant rows (quantized here from random floats by candle) through the team, 12 rows (a padded
+/// group) and 24. Q2_K and Q3_K take candle's dot products: equal to candle's quantized matmul.
+/// Q4_K, Q5_K and Q6_K are interleaved 8 by 8 for our kernels (8-bit activations per 32, not per
+/// 256): their SIMD and scalar paths agree, and they are as close to the f32 product as candle's.
 #[test]
 fn k_quants_match_candles_quantized_matmul() {
     use candle_core::quantized::QTensor;
@@ -252,7 +281,7 @@ fn k_quants_match_candles_quantized_matmul() {
                 .to_vec1()
                 .unwrap();
             assert_eq!(ours.dequantize(), weights, "{dtype:?} {rows} rows");
-            let interleaved = matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K) && rows == 24;
+            let interleaved = !matches!(dtype, GgmlDType::Q2K | GgmlDType::Q3K);
             for size in [1, 2, 3] {
                 for mm in 1..=m {
                     let got =

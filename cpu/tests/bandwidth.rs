@@ -1,0 +1,113 @@
+//! How fast each GGUF type's matmul reads its weights at decode (one activation row), against
+//! how fast this machine reads memory at all. A measurement, not a check: run it by hand,
+//!
+//! ```text
+//! cargo test --release -p pagewise-cpu --test bandwidth -- --ignored --nocapture
+//! ```
+//!
+//! and record the table in benches/RESULTS.md with the CPU model.
+
+use std::time::Instant;
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use pagewise_cpu::QLinear;
+use pagewise_cpu::team::Team;
+
+/// Rows and columns of the matrix: 4864 x 896 is one of Qwen2.5-0.5B's MLP matrices (no
+/// k-quants: 896 is not a multiple of 256); 8192 x 2048 one of Llama-3.2-1B's.
+const SHAPES: [(usize, usize); 2] = [(4864, 896), (8192, 2048)];
+
+/// Bytes of weights a decode pass reads, over copies of the matrix: past the caches, as a
+/// model's are.
+const PASS_BYTES: usize = 384 << 20;
+
+/// Seconds one call of `f` takes, the best of `reps` after a warm-up.
+fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// GB/s of reading a 512 MiB buffer once, split between the team's members.
+fn memory_read_gbs(team: &Team) -> f64 {
+    let words = vec![1u64; 64 << 20];
+    let members = team.size();
+    let sums: Vec<std::sync::atomic::AtomicU64> = (0..members).map(|_| 0.into()).collect();
+    let secs = best_of(5, || {
+        team.run(&|m: usize| {
+            let share = &words[words.len() * m / members..words.len() * (m + 1) / members];
+            let s = share.iter().fold(0u64, |a, &w| a.wrapping_add(w));
+            sums[m].store(s, std::sync::atomic::Ordering::Relaxed);
+        })
+    });
+    (words.len() * 8) as f64 / secs / 1e9
+}
+
+#[test]
+#[ignore = "a measurement: run by hand with --release --ignored --nocapture"]
+fn kernel_bandwidth() {
+    let team = Team::global();
+    println!(
+        "team of {}; memory read {:.1} GB/s",
+        team.size(),
+        memory_read_gbs(team)
+    );
+    println!("| type | matrix | bytes | decode (1 row) | GB/s | prefill (64 rows) | GMAC/s |");
+    println!(
+        "(decode: a pass over copies of the matrix, {} MiB in all, a matrix at a time)",
+        PASS_BYTES >> 20
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (rows, cols) in SHAPES {
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 2654435761) % 1000) as f32 / 1000.0 - 0.5)
+            .collect();
+        let w = Tensor::from_vec(values, (rows, cols), &Device::Cpu).unwrap();
+        for dtype in [
+            GgmlDType::Q4_0,
+            GgmlDType::Q4_1,
+            GgmlDType::Q5_0,
+            GgmlDType::Q5_1,
+            GgmlDType::Q8_0,
+            GgmlDType::Q2K,
+            GgmlDType::Q3K,
+            GgmlDType::Q4K,
+            GgmlDType::Q5K,
+            GgmlDType::Q6K,
+        ] {
+            if !cols.is_multiple_of(dtype.block_size()) {
+                continue;
+            }
+            let bytes = QTensor::quantize(&w, dtype)
+                .unwrap()
+                .data()
+                .unwrap()
+                .to_vec();
+            let layer = QLinear::from_gguf(dtype, &bytes, rows, cols).unwrap();
+            let copies: Vec<QLinear> = (0..PASS_BYTES.div_ceil(bytes.len()))
+                .map(|_| layer.clone())
+                .collect();
+            let x: Vec<f32> = (0..64 * cols).map(|i| (i % 17) as f32 / 17.0).collect();
+            let one = best_of(5, || {
+                for c in &copies {
+                    drop(c.matmul(&x[..cols], 1));
+                }
+            }) / copies.len() as f64;
+            let many = best_of(3, || drop(layer.matmul(&x, 64)));
+            println!(
+                "| {dtype:?} | {rows} x {cols} | {:.1} MB | {:.0} µs | {:.1} | {:.1} ms | {:.1} |",
+                bytes.len() as f64 / 1e6,
+                one * 1e6,
+                bytes.len() as f64 / one / 1e9,
+                many * 1e3,
+                (64 * rows * cols) as f64 / many / 1e9,
+            );
+        }
+    }
+}
