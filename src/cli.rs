@@ -179,6 +179,10 @@ pub struct EngineFlags {
     /// Seed of `--load-format dummy` weights.
     #[arg(long, env = "PAGEWISE_SEED", default_value_t = 0)]
     pub seed: u64,
+    /// Threads for the CPU's matmuls and attention, for the whole process (default: the
+    /// physical cores, or `RAYON_NUM_THREADS` when the environment sets it).
+    #[arg(long, env = "PAGEWISE_CPU_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
+    pub cpu_threads: Option<u16>,
     /// GGUF matmuls: auto (quantized; on the CPU, types without a CPU kernel dequantized up to
     /// 4 GiB of floats), quantized, or dequantized.
     #[arg(long, env = "PAGEWISE_GGUF_MATMUL", value_enum, default_value_t = GgufMatmul::Auto)]

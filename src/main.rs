@@ -363,6 +363,10 @@ fn run() -> Result<()> {
     settle_cpu_threads();
     apply_config_file()?;
     let cli = Cli::parse();
+    if let Some(n) = engine_flags(&cli.command).and_then(|f| f.cpu_threads) {
+        // SAFETY: still before any other thread exists (parsing and the config file spawn none).
+        unsafe { std::env::set_var("RAYON_NUM_THREADS", n.to_string()) };
+    }
     init_tracing(cli.log_format);
     if let Some(flags) = engine_flags(&cli.command)
         && flags.parallel.to_config().rank().rank != 0

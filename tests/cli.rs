@@ -28,6 +28,8 @@ fn generate_prints_completions_and_json_logs() {
         "--temperature",
         "0",
         "--ignore-eos",
+        "--cpu-threads",
+        "1",
     ]);
     assert!(
         out.status.success(),
@@ -50,6 +52,13 @@ fn generate_prints_completions_and_json_logs() {
     let v: serde_json::Value = serde_json::from_str(line).unwrap();
     assert_eq!(v["level"], "INFO");
     assert!(v["fields"]["num_blocks"].as_u64().unwrap() > 0);
+    // --cpu-threads sizes the CPU's thread pool.
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("opening the model"))
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(v["fields"]["cpu_threads"], 1, "{line}");
     // One line says where the startup went.
     let ready = stderr
         .lines()

@@ -132,7 +132,11 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
         ));
     }
     let device = open_device(args)?;
-    tracing::info!(device = ?device, "opening the model");
+    tracing::info!(
+        device = ?device,
+        cpu_threads = rayon::current_num_threads(),
+        "opening the model"
+    );
     let dtype = args.dtype.resolve(&device);
     // Join the group first: a rank that cannot join fails before minutes of loading.
     let (par, member) = if args.parallel.is_parallel() {
