@@ -8,12 +8,16 @@
 //! - `avx2`: the SIMD dot products (x86-64, detected at run time);
 //! - [`kernels`]: the choice between them, over a range of weight groups;
 //! - [`kquant`]: Q2_K and Q3_K, through candle's dot products;
+//! - [`activations`] (and `avx2_math`): the gated MLPs' SiLU and GELU-tanh, vectorized;
 //! - [`team`]: the threads;
 //! - [`memory`]: the allocator's settings for CPU steps;
 //! - [`QLinear`]: a layer's weight, and its matmul.
 
+pub mod activations;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_math;
 pub mod blocks;
 pub mod fives;
 pub mod kernels;

@@ -25,7 +25,8 @@ use pagewise_kernels::{GemvInput, GemvWeight, gemv_fits, gemv_fused};
 
 use super::attention::KvCache;
 use super::batch::ForwardBatch;
-use super::layers::{Rotary, silu_mul};
+use super::glu::silu_mul;
+use super::layers::Rotary;
 use super::moe::SparseMoe;
 use super::norm::RmsNorm;
 use super::qkv::Heads;

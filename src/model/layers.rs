@@ -7,6 +7,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use super::ModelError;
 use super::config::{Llama3RopeScaling, ModelConfig};
 use super::fp8_linear::Fp8Linear;
+use super::glu::{Glu, glu, glu_split};
 use super::weights::{Part, Weights};
 use crate::cpu::QLinear;
 use crate::parallel::TpRank;
@@ -243,30 +244,17 @@ impl GatedMlp {
 
     /// Applies the MLP to `[tokens, hidden]`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let act = match (&self.gate_up, self.gelu_tanh) {
-            (GateUp::Fused(l), false) => silu_mul(&l.forward(x)?)?,
-            (GateUp::Fused(l), true) => {
-                let gate_up = l.forward(x)?;
-                let i = gate_up.dim(1)? / 2;
-                (gate_up.narrow(1, 0, i)?.gelu()? * gate_up.narrow(1, i, i)?)?
-            }
-            (GateUp::Split(gate, up), false) => {
-                (candle_nn::ops::silu(&gate.forward(x)?)? * up.forward(x)?)?
-            }
-            (GateUp::Split(gate, up), true) => (gate.forward(x)?.gelu()? * up.forward(x)?)?,
+        let kind = if self.gelu_tanh {
+            Glu::GeluTanh
+        } else {
+            Glu::Silu
+        };
+        let act = match &self.gate_up {
+            GateUp::Fused(l) => glu(kind, &l.forward(x)?)?,
+            GateUp::Split(gate, up) => glu_split(kind, &gate.forward(x)?, &up.forward(x)?)?,
         };
         self.down.forward(&act)
     }
-}
-
-/// `silu(gate) * up` over `[tokens, 2 * intermediate]` (gate columns first).
-pub(super) fn silu_mul(gate_up: &Tensor) -> candle_core::Result<Tensor> {
-    #[cfg(feature = "cuda")]
-    if gate_up.device().is_cuda() && gate_up.is_contiguous() {
-        return pagewise_kernels::silu_mul(gate_up);
-    }
-    let i = gate_up.dim(1)? / 2;
-    candle_nn::ops::silu(&gate_up.narrow(1, 0, i)?)? * gate_up.narrow(1, i, i)?
 }
 
 /// Rotary position embedding tables and their application to packed `[tokens, heads, head_dim]`.

@@ -15,6 +15,7 @@ pub mod fp8_linear;
 pub mod gemma3;
 pub mod gguf_config;
 mod gguf_weights;
+mod glu;
 pub mod gpt2;
 pub mod gpt_neox;
 pub mod gpt_oss;

@@ -7,8 +7,8 @@ use serde::Deserialize;
 
 use super::ModelError;
 use super::gguf_config::GgufMeta;
+use super::glu::silu_mul;
 use super::hf_config::HfConfig;
-use super::layers::silu_mul;
 
 /// How a model's experts are laid out and chosen.
 #[derive(Clone, Debug, PartialEq)]
