@@ -83,6 +83,20 @@ impl KRows {
         })
     }
 
+    /// Row `r` (of `cols`) dequantized.
+    pub fn dequantize_row(&self, r: usize, cols: usize) -> Vec<f32> {
+        fn floats<T: GgmlType>(w: &[T], r: usize, cols: usize) -> Vec<f32> {
+            let blocks = cols / T::BLCK_SIZE;
+            let mut out = vec![0f32; cols];
+            T::to_float(&w[r * blocks..(r + 1) * blocks], &mut out);
+            out
+        }
+        match self {
+            KRows::Q2K(w) => floats(w, r, cols),
+            KRows::Q3K(w) => floats(w, r, cols),
+        }
+    }
+
     /// The dequantized rows, row-major (for references in tests).
     pub fn dequantize(&self) -> Vec<f32> {
         fn floats<T: GgmlType>(w: &[T]) -> Vec<f32> {

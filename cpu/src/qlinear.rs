@@ -258,10 +258,31 @@ impl QLinear {
         out
     }
 
+    /// Rows `ids` dequantized, one after the other (an embedding lookup).
+    pub fn dequantize_rows(&self, ids: &[usize]) -> Vec<f32> {
+        let cols = self.cols;
+        assert!(ids.iter().all(|&r| r < self.rows), "row out of range");
+        each_format!(&self.blocks,
+            w => gather_rows(w, cols, ids),
+            k => ids.iter().flat_map(|&r| k.dequantize_row(r, cols)).collect())
+    }
+
     /// The scalar reference `x W^T`: the formats' scalar dot products, one thread.
     pub fn matmul_reference(&self, x: &[f32], m: usize) -> Vec<f32> {
         self.matmul_with(Isa::Scalar, &Team::new(1), x, m)
     }
+}
+
+/// Rows `ids` of interleaved groups of `cols` weights a row, dequantized one after the other.
+fn gather_rows<B: GroupBlock>(w: &[B], cols: usize, ids: &[usize]) -> Vec<f32> {
+    let per_group = cols / B::WEIGHTS;
+    let mut out = Vec::with_capacity(ids.len() * cols);
+    for &r in ids {
+        for b in &w[r / 8 * per_group..][..per_group] {
+            out.extend((0..B::WEIGHTS).map(|i| b.weight(r % 8, i)));
+        }
+    }
+    out
 }
 
 /// Interleaved groups of `cols` weights a row dequantized, row-major (8 rows a group).

@@ -355,3 +355,33 @@ fn activation_runs_give_the_same_dots() {
     assert_eq!(act_run(64) % 4, 0);
     assert!(act_run(1 << 20) >= 4, "at least one tile");
 }
+
+/// An embedding lookup reads rows of the table as the matmul reads them: the dequantized rows.
+#[test]
+fn looked_up_rows_are_the_dequantized_rows() {
+    use candle_core::quantized::QTensor;
+    use candle_core::{Device, Tensor};
+    let (rows, cols) = (37, 256);
+    let w = Tensor::from_vec(random_input(rows * cols, 51), (rows, cols), &Device::Cpu).unwrap();
+    for dtype in [
+        TYPES.as_slice(),
+        &[GgmlDType::Q2K, GgmlDType::Q4K, GgmlDType::Q6K],
+    ]
+    .concat()
+    {
+        let bytes = QTensor::quantize(&w, dtype)
+            .unwrap()
+            .data()
+            .unwrap()
+            .to_vec();
+        let layer = QLinear::from_gguf(dtype, &bytes, rows, cols).unwrap();
+        let all = layer.dequantize();
+        let ids = [0, 36, 5, 5, 8];
+        let got = layer.dequantize_rows(&ids);
+        let want: Vec<f32> = ids
+            .iter()
+            .flat_map(|&r| all[r * cols..(r + 1) * cols].to_vec())
+            .collect();
+        assert_eq!(got, want, "{dtype:?}");
+    }
+}

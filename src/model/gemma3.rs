@@ -4,12 +4,12 @@
 //! their own rotary base, between global layers (linear rope scaling on the global ones only);
 //! optional final logit softcapping.
 
-use candle_core::{Module, Tensor};
-use candle_nn::Embedding;
+use candle_core::Tensor;
 
 use super::attention::KvCache;
 use super::batch::ForwardBatch;
 use super::config::{ArchSettings, ModelConfig};
+use super::embedding::TokenEmbedding;
 use super::layers::{GatedMlp, Linear, Rotary};
 use super::lm_head::LmHead;
 use super::norm::RmsNorm;
@@ -43,7 +43,7 @@ pub struct Gemma3 {
     gemma: GemmaSettings,
     /// Positions a local layer's query sees.
     window: usize,
-    embed: Embedding,
+    embed: TokenEmbedding,
     layers: Vec<Layer>,
     norm: RmsNorm,
     lm_head: LmHead,
@@ -78,9 +78,9 @@ impl Gemma3 {
             false => "post_attention_layernorm",
         };
         let tp = par.rank;
-        let embed_w = w.tensor("model.embed_tokens.weight", (cfg.vocab_size, h))?;
+        let (embed, embed_w) = TokenEmbedding::load(w, cfg.vocab_size, h)?;
         let tied = cfg.tie_word_embeddings || !w.contains("lm_head.weight");
-        let lm_head = LmHead::load(w, cfg, &embed_w, tied, tp)?;
+        let lm_head = LmHead::load(w, cfg, embed_w.as_ref(), tied, tp)?;
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
                 let p = format!("model.layers.{i}");
@@ -111,7 +111,7 @@ impl Gemma3 {
             cfg: cfg.clone(),
             gemma,
             window,
-            embed: Embedding::new(embed_w, h),
+            embed,
             layers,
             norm: norm("model.norm.weight")?,
             lm_head,

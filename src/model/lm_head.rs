@@ -18,24 +18,29 @@ pub struct LmHead {
 }
 
 impl LmHead {
-    /// `tp`'s head: the embedding table `embed` (`[vocab, hidden]`) when `tied` (from a GGUF
-    /// file, its `token_embd` as it is stored), else `lm_head.weight`.
+    /// `tp`'s head: the dense embedding table `embed` (`[vocab, hidden]`) when `tied` (from a
+    /// GGUF file, its `token_embd` as it is stored), else `lm_head.weight`.
     pub fn load(
         w: &Weights,
         cfg: &ModelConfig,
-        embed: &Tensor,
+        embed: Option<&Tensor>,
         tied: bool,
         tp: TpRank,
     ) -> Result<Self, ModelError> {
+        let dense = || {
+            embed.ok_or_else(|| {
+                ModelError::Config("a tied LM head without a dense embedding table".into())
+            })
+        };
         let (h, vocab_size) = (cfg.hidden_size, cfg.vocab_size);
         let vocab = tp.vocab(cfg);
         let linear = match (tied, w, &vocab) {
             (true, Weights::Gguf { .. }, _) => {
                 w.linear("model.embed_tokens", h, vocab_size, false)?
             }
-            (true, _, None) => Linear::dense(embed.clone(), None),
+            (true, _, None) => Linear::dense(dense()?.clone(), None),
             (true, _, Some(r)) => {
-                Linear::dense(embed.narrow(0, r.start, r.len())?.contiguous()?, None)
+                Linear::dense(dense()?.narrow(0, r.start, r.len())?.contiguous()?, None)
             }
             (false, ..) => {
                 let part = vocab.clone().map_or(Part::Whole, Part::Rows);

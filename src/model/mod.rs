@@ -10,6 +10,7 @@ pub mod config;
 #[cfg(feature = "cuda")]
 pub mod decode_fused;
 mod dummy_weights;
+mod embedding;
 pub mod fp8;
 pub mod fp8_linear;
 pub mod gemma3;

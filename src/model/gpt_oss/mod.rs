@@ -6,12 +6,12 @@
 //! experts take the device path of the other mixtures for decode steps (biases and the clamped
 //! SwiGLU in the kernels), so decode runs in CUDA graphs.
 
-use candle_core::{Module, Tensor};
-use candle_nn::Embedding;
+use candle_core::Tensor;
 
 use super::attention::KvCache;
 use super::batch::ForwardBatch;
 use super::config::ModelConfig;
+use super::embedding::TokenEmbedding;
 use super::layers::{Linear, Rotary};
 use super::lm_head::LmHead;
 use super::moe::{Expert, MoeSettings, SparseMoe};
@@ -257,7 +257,7 @@ pub struct GptOss {
     cfg: ModelConfig,
     /// Positions a sliding layer's query sees.
     window: usize,
-    embed: Embedding,
+    embed: TokenEmbedding,
     layers: Vec<Layer>,
     norm: RmsNorm,
     lm_head: LmHead,
@@ -279,8 +279,8 @@ impl GptOss {
         let (h, nq) = (cfg.hidden_size, cfg.num_attention_heads);
         let eps = cfg.norm_eps;
         let tp = par.rank;
-        let embed_w = w.tensor("model.embed_tokens.weight", (cfg.vocab_size, h))?;
-        let lm_head = LmHead::load(w, cfg, &embed_w, cfg.tie_word_embeddings, tp)?;
+        let (embed, embed_w) = TokenEmbedding::load(w, cfg.vocab_size, h)?;
+        let lm_head = LmHead::load(w, cfg, embed_w.as_ref(), cfg.tie_word_embeddings, tp)?;
         let q_heads = tp.q_heads(cfg);
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
@@ -316,7 +316,7 @@ impl GptOss {
         Ok(GptOss {
             cfg: cfg.clone(),
             window: sliding.window,
-            embed: Embedding::new(embed_w, h),
+            embed,
             layers,
             norm: RmsNorm::load(w, "model.norm.weight", h, eps)?,
             lm_head,

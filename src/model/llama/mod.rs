@@ -1,14 +1,14 @@
 //! The Llama family (Llama 2/3/3.1/3.2, SmolLM/SmolLM2, Mistral, Qwen2/2.5, Qwen3, Phi-3/4, and
 //! the mixtures of experts Mixtral and Qwen3-MoE) on the paged KV cache.
 
-use candle_core::{Module, Tensor};
-use candle_nn::Embedding;
+use candle_core::Tensor;
 
 use super::attention::KvCache;
 use super::batch::ForwardBatch;
 use super::config::ModelConfig;
 #[cfg(feature = "cuda")]
 use super::decode_fused;
+use super::embedding::TokenEmbedding;
 use super::layers::{GatedMlp, Linear, Rotary};
 use super::lm_head::LmHead;
 use super::moe::SparseMoe;
@@ -48,7 +48,7 @@ impl Mlp {
 /// head; the embedding and the norms are replicated).
 pub struct Llama {
     cfg: ModelConfig,
-    embed: Embedding,
+    embed: TokenEmbedding,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: LmHead,
@@ -66,9 +66,9 @@ impl Llama {
     ) -> Result<Self, ModelError> {
         let h = cfg.hidden_size;
         let tp = par.rank;
-        let embed_w = w.tensor("model.embed_tokens.weight", (cfg.vocab_size, h))?;
+        let (embed, embed_w) = TokenEmbedding::load(w, cfg.vocab_size, h)?;
         let tied = cfg.tie_word_embeddings || !w.contains("lm_head.weight");
-        let lm_head = LmHead::load(w, cfg, &embed_w, tied, tp)?;
+        let lm_head = LmHead::load(w, cfg, embed_w.as_ref(), tied, tp)?;
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
                 let p = format!("model.layers.{i}");
@@ -108,7 +108,7 @@ impl Llama {
             .collect::<Result<Vec<_>, ModelError>>()?;
         Ok(Llama {
             cfg: cfg.clone(),
-            embed: Embedding::new(embed_w, h),
+            embed,
             layers,
             norm: RmsNorm::load(w, "model.norm.weight", h, cfg.norm_eps)?,
             lm_head,
