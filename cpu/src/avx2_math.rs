@@ -76,3 +76,37 @@ pub fn glu(kind: Glu, gate: &[f32], up: &[f32], out: &mut [f32]) {
         out[k] = g / (1.0 + (-arg).exp()) * up[k];
     }
 }
+
+/// [`super::exp::exp_weights`]: 8 weights at a time, the total in four f64 lanes.
+#[target_feature(enable = "avx2,fma")]
+pub fn exp_weights(row: &mut [f32], max: f32, inv_t: f32, min_p: f32) -> f64 {
+    let (vmax, vinv, vmin) = (
+        _mm256_set1_ps(max),
+        _mm256_set1_ps(inv_t),
+        _mm256_set1_ps(min_p),
+    );
+    let mut total = _mm256_setzero_pd();
+    let n = row.len() / 8 * 8;
+    for j in (0..n).step_by(8) {
+        // SAFETY: j + 8 <= row.len(); unaligned load and store.
+        let x = unsafe { _mm256_loadu_ps(row.as_ptr().add(j)) };
+        let arg = _mm256_mul_ps(_mm256_sub_ps(x, vmax), vinv);
+        // Below exp8's clamp every weight is 0 (and NaN stays NaN for the mask).
+        let w = exp8(arg);
+        let underflow = _mm256_cmp_ps(arg, _mm256_set1_ps(-87.3), _CMP_LT_OQ);
+        let w = _mm256_andnot_ps(underflow, w);
+        // `w >= min_p` is false for NaN: ordered comparison.
+        let keep = _mm256_cmp_ps(w, vmin, _CMP_GE_OQ);
+        let keep = _mm256_andnot_ps(_mm256_cmp_ps(arg, arg, _CMP_UNORD_Q), keep);
+        let w = _mm256_and_ps(w, keep);
+        // SAFETY: as above.
+        unsafe { _mm256_storeu_ps(row.as_mut_ptr().add(j), w) };
+        total = _mm256_add_pd(total, _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
+        total = _mm256_add_pd(total, _mm256_cvtps_pd(_mm256_extractf128_ps(w, 1)));
+    }
+    let mut lanes = [0f64; 4];
+    // SAFETY: 4 doubles; unaligned store.
+    unsafe { _mm256_storeu_pd(lanes.as_mut_ptr(), total) };
+    let tail = super::exp::exp_weights_scalar(&mut row[n..], max, inv_t, min_p);
+    lanes.iter().sum::<f64>() + tail
+}

@@ -9,6 +9,7 @@
 //! - [`kernels`]: the choice between them, over a range of weight groups;
 //! - [`kquant`]: Q2_K and Q3_K, through candle's dot products;
 //! - [`activations`] (and `avx2_math`): the gated MLPs' SiLU and GELU-tanh, vectorized;
+//! - [`exp`]: the sampler's unnormalized probabilities over a vocabulary, vectorized;
 //! - [`team`]: the threads;
 //! - [`memory`]: the allocator's settings for CPU steps;
 //! - [`QLinear`]: a layer's weight, and its matmul.
@@ -19,6 +20,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_math;
 pub mod blocks;
+pub mod exp;
 pub mod fives;
 pub mod kernels;
 pub mod kquant;

@@ -79,6 +79,25 @@ fn temperature_sampling_follows_the_softmax() {
     assert!(c[2] > 9_500, "{c:?}");
 }
 
+/// A vocabulary of many runs of 256: the draw skips whole runs by their sums and lands on each
+/// token as often as its probability says, the first and last tokens included.
+#[test]
+fn a_large_vocabulary_is_drawn_in_proportion() {
+    let mut row = vec![f32::NEG_INFINITY; 5000];
+    let picks = [(0, 0.0f32), (255, 1.0), (256, 0.5), (3001, 1.5), (4999, 0.2)];
+    for &(i, x) in &picks {
+        row[i] = x;
+    }
+    let n = 100_000;
+    let c = counts(&SamplingParams::default(), &row, n, 9);
+    let z: f64 = picks.iter().map(|&(_, x)| f64::from(x).exp()).sum();
+    for &(i, x) in &picks {
+        let (got, want) = (c[i] as f64 / n as f64, f64::from(x).exp() / z);
+        assert!((got - want).abs() < 0.006, "token {i}: {got} vs {want}");
+    }
+    assert_eq!(c.iter().sum::<usize>(), n, "only the five tokens");
+}
+
 #[test]
 fn top_k_top_p_and_min_p_cut_the_tail() {
     let row = [3.0f32, 2.9, 2.8, 0.0, -1.0, 1.0];
