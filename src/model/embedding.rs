@@ -1,6 +1,9 @@
 //! The token embedding: a dense table, or on the CPU a GGUF-quantized table whose rows are
 //! dequantized as they are looked up. A 262,144 x 640 Q8_0 table (Gemma 3 270M) then takes 178 MB
-//! instead of 671 MB of f32, and loading does not dequantize it.
+//! instead of 671 MB of f32, loading does not dequantize it, and a tied LM head multiplies by the
+//! same blocks (one copy for both).
+
+use std::sync::Arc;
 
 use candle_core::{DType, Module, Tensor};
 use candle_nn::Embedding;
@@ -15,36 +18,37 @@ pub enum TokenEmbedding {
     /// A float table.
     Dense(Embedding),
     /// GGUF blocks for our CPU kernels, rows dequantized to `dtype` on lookup.
-    Quantized { table: QLinear, dtype: DType },
+    Quantized { table: Arc<QLinear>, dtype: DType },
 }
 
 impl TokenEmbedding {
-    /// `model.embed_tokens.weight` (`[vocab, hidden]`) of `w`, and the dense table when there is
-    /// one (what a tied head outside GGUF multiplies by).
-    pub fn load(
-        w: &Weights,
-        vocab: usize,
-        hidden: usize,
-    ) -> Result<(Self, Option<Tensor>), ModelError> {
+    /// `model.embed_tokens.weight` (`[vocab, hidden]`) of `w`.
+    pub fn load(w: &Weights, vocab: usize, hidden: usize) -> Result<Self, ModelError> {
         if matches!(w, Weights::Gguf { .. })
             && w.device().is_cpu()
             && let Linear::Cpu { weight, .. } =
                 w.linear("model.embed_tokens", hidden, vocab, false)?
         {
             let dtype = w.dtype();
-            return Ok((
-                TokenEmbedding::Quantized {
-                    table: weight,
-                    dtype,
-                },
-                None,
-            ));
+            return Ok(TokenEmbedding::Quantized {
+                table: weight,
+                dtype,
+            });
         }
         let table = w.tensor("model.embed_tokens.weight", (vocab, hidden))?;
-        Ok((
-            TokenEmbedding::Dense(Embedding::new(table.clone(), hidden)),
-            Some(table),
-        ))
+        Ok(TokenEmbedding::Dense(Embedding::new(table, hidden)))
+    }
+
+    /// The table as a tied LM head multiplies by it: the dense `[vocab, hidden]` tensor, or the
+    /// quantized blocks themselves.
+    pub fn as_head(&self) -> Linear {
+        match self {
+            TokenEmbedding::Dense(e) => Linear::dense(e.embeddings().clone(), None),
+            TokenEmbedding::Quantized { table, .. } => Linear::Cpu {
+                weight: Arc::clone(table),
+                bias: None,
+            },
+        }
     }
 
     /// The rows of `ids` (a vector of token ids), `[tokens, hidden]`.

@@ -78,9 +78,9 @@ impl Gemma3 {
             false => "post_attention_layernorm",
         };
         let tp = par.rank;
-        let (embed, embed_w) = TokenEmbedding::load(w, cfg.vocab_size, h)?;
+        let embed = TokenEmbedding::load(w, cfg.vocab_size, h)?;
         let tied = cfg.tie_word_embeddings || !w.contains("lm_head.weight");
-        let lm_head = LmHead::load(w, cfg, embed_w.as_ref(), tied, tp)?;
+        let lm_head = LmHead::load(w, cfg, &embed, tied, tp)?;
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
                 let p = format!("model.layers.{i}");

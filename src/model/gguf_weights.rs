@@ -82,7 +82,10 @@ pub(super) fn gguf_linear(
         _ => QLinear::from_gguf(dtype, bytes, rows, cols),
     };
     if let Some(weight) = kernel {
-        return Ok(Linear::Cpu { weight, bias });
+        return Ok(Linear::Cpu {
+            weight: std::sync::Arc::new(weight),
+            bias,
+        });
     }
     // A copy of the quantized bytes: a tied embedding also reads this tensor.
     let q = QTensor::new(

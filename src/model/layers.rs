@@ -1,6 +1,8 @@
 //! Layers shared by the models: a linear layer that is dense or quantized, the gated SiLU MLP, and
 //! rotary position embeddings (rotate-half or interleaved, with Llama 3.1 frequency scaling).
 
+use std::sync::Arc;
+
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Tensor};
 
@@ -18,8 +20,8 @@ pub enum Linear {
     Dense(candle_nn::Linear),
     /// GGUF-quantized weight on the CPU, multiplied by our kernels ([`crate::cpu`]).
     Cpu {
-        /// The quantized weight.
-        weight: QLinear,
+        /// The quantized weight (shared with the token embedding when they are tied).
+        weight: Arc<QLinear>,
         /// Optional bias `[out]`.
         bias: Option<Tensor>,
     },
@@ -85,13 +87,16 @@ impl Linear {
         let quantized: Option<Vec<&QLinear>> = parts
             .iter()
             .map(|p| match p {
-                Linear::Cpu { weight, .. } => Some(weight),
+                Linear::Cpu { weight, .. } => Some(weight.as_ref()),
                 _ => None,
             })
             .collect();
         Ok(quantized
             .and_then(|q| QLinear::concat(&q))
-            .map(|weight| Linear::Cpu { weight, bias }))
+            .map(|weight| Linear::Cpu {
+                weight: Arc::new(weight),
+                bias,
+            }))
     }
 
     /// The weight `[out, in]` of a dense layer without a bias (what the fused decode kernels take).

@@ -6,6 +6,7 @@ use candle_core::Tensor;
 
 use super::ModelError;
 use super::config::ModelConfig;
+use super::embedding::TokenEmbedding;
 use super::layers::Linear;
 use super::weights::{Part, Weights};
 use crate::parallel::{Parallel, TpRank};
@@ -18,29 +19,29 @@ pub struct LmHead {
 }
 
 impl LmHead {
-    /// `tp`'s head: the dense embedding table `embed` (`[vocab, hidden]`) when `tied` (from a
-    /// GGUF file, its `token_embd` as it is stored), else `lm_head.weight`.
+    /// `tp`'s head: the embedding table `embed` when `tied` (from a GGUF file, its `token_embd`
+    /// as it is stored: on the CPU the embedding's own quantized blocks), else `lm_head.weight`.
     pub fn load(
         w: &Weights,
         cfg: &ModelConfig,
-        embed: Option<&Tensor>,
+        embed: &TokenEmbedding,
         tied: bool,
         tp: TpRank,
     ) -> Result<Self, ModelError> {
-        let dense = || {
-            embed.ok_or_else(|| {
-                ModelError::Config("a tied LM head without a dense embedding table".into())
-            })
-        };
         let (h, vocab_size) = (cfg.hidden_size, cfg.vocab_size);
         let vocab = tp.vocab(cfg);
         let linear = match (tied, w, &vocab) {
+            (true, _, None) if matches!(embed, TokenEmbedding::Quantized { .. }) => embed.as_head(),
             (true, Weights::Gguf { .. }, _) => {
                 w.linear("model.embed_tokens", h, vocab_size, false)?
             }
-            (true, _, None) => Linear::dense(dense()?.clone(), None),
+            (true, _, None) => embed.as_head(),
             (true, _, Some(r)) => {
-                Linear::dense(dense()?.narrow(0, r.start, r.len())?.contiguous()?, None)
+                let head = embed.as_head();
+                let table = head.dense_weight().ok_or_else(|| {
+                    ModelError::Unsupported("a quantized tied head split between ranks".into())
+                })?;
+                Linear::dense(table.narrow(0, r.start, r.len())?.contiguous()?, None)
             }
             (false, ..) => {
                 let part = vocab.clone().map_or(Part::Whole, Part::Rows);

@@ -84,7 +84,13 @@ fn temperature_sampling_follows_the_softmax() {
 #[test]
 fn a_large_vocabulary_is_drawn_in_proportion() {
     let mut row = vec![f32::NEG_INFINITY; 5000];
-    let picks = [(0, 0.0f32), (255, 1.0), (256, 0.5), (3001, 1.5), (4999, 0.2)];
+    let picks = [
+        (0, 0.0f32),
+        (255, 1.0),
+        (256, 0.5),
+        (3001, 1.5),
+        (4999, 0.2),
+    ];
     for &(i, x) in &picks {
         row[i] = x;
     }

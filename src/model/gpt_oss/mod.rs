@@ -279,8 +279,8 @@ impl GptOss {
         let (h, nq) = (cfg.hidden_size, cfg.num_attention_heads);
         let eps = cfg.norm_eps;
         let tp = par.rank;
-        let (embed, embed_w) = TokenEmbedding::load(w, cfg.vocab_size, h)?;
-        let lm_head = LmHead::load(w, cfg, embed_w.as_ref(), cfg.tie_word_embeddings, tp)?;
+        let embed = TokenEmbedding::load(w, cfg.vocab_size, h)?;
+        let lm_head = LmHead::load(w, cfg, &embed, cfg.tie_word_embeddings, tp)?;
         let q_heads = tp.q_heads(cfg);
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
