@@ -41,7 +41,7 @@ for model in "$@"; do
   if [ "$BATCHED" = 1 ]; then
     "$PAGEWISE" bench throughput --model "$model" --num-prompts 32 --input-len 128 --output-len 64 \
       --max-model-len 512 > "$OUT/$name.pagewise-32.log" 2>&1
-    ours_s=$(grep -oE "in [0-9.]+ s" "$OUT/$name.pagewise-32.log" | head -1 | grep -oE "[0-9.]+")
+    ours_s=$(grep -oE "prompts in [0-9.]+ s" "$OUT/$name.pagewise-32.log" | grep -oE "[0-9.]+")
     NPL=32 THREADS=$THREADS OUT=$OUT bash "$KIT/run.sh" cpu-batched "$model" > "$OUT/$name.llama-32.log" 2>&1
     theirs_s=$(grep -E "^\| +128 \| +64 \| +32 " "$OUT/$name.llama-32.log" | awk -F'|' '{gsub(/ /, "", $10); print $10}' | tail -1)
     printf ' | 32 x (128, 64) %s / %s s: %s' "$ours_s" "$theirs_s" "$(ratio "$theirs_s" "$ours_s")"
