@@ -9,8 +9,9 @@ use candle_core::{DType, Module, Tensor};
 use candle_nn::Embedding;
 
 use super::ModelError;
+use super::gguf_weights::gguf_name;
 use super::layers::Linear;
-use super::weights::Weights;
+use super::weights::{Dequantize, Weights};
 use crate::cpu::QLinear;
 
 /// Token ids to `[tokens, hidden]` rows.
@@ -24,8 +25,7 @@ pub enum TokenEmbedding {
 impl TokenEmbedding {
     /// `model.embed_tokens.weight` (`[vocab, hidden]`) of `w`.
     pub fn load(w: &Weights, vocab: usize, hidden: usize) -> Result<Self, ModelError> {
-        if matches!(w, Weights::Gguf { .. })
-            && w.device().is_cpu()
+        if kept_quantized(w)
             && let Linear::Cpu { weight, .. } =
                 w.linear("model.embed_tokens", hidden, vocab, false)?
         {
@@ -71,4 +71,22 @@ impl TokenEmbedding {
             }
         }
     }
+}
+
+/// Whether `w` is a GGUF file on the CPU whose embedding our kernels take as it is stored.
+fn kept_quantized(w: &Weights) -> bool {
+    let Weights::Gguf {
+        tensors,
+        device,
+        dequantize,
+        ..
+    } = w
+    else {
+        return false;
+    };
+    device.is_cpu()
+        && *dequantize != Dequantize::All
+        && gguf_name("model.embed_tokens.weight")
+            .and_then(|name| tensors.get(&name))
+            .is_some_and(|t| QLinear::supports(t.dtype()))
 }
