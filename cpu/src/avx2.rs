@@ -106,6 +106,28 @@ fn store8<const R: usize>(acc: [__m256; R]) -> [[f32; 8]; R] {
     out
 }
 
+/// The 8 rows' f16 values as floats.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn f16x8(v: &[half::f16; 8]) -> __m256 {
+    // SAFETY: 8 f16 are 16 bytes; unaligned load.
+    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().cast())) }
+}
+
+/// A Q4_K / Q5_K sub-block's scale `d · sc` and offset `−dmin · m` for the 8 rows at once.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn sub_block_scales(d: __m256, dmin: __m256, sc: &[u8; 8], m: &[u8; 8]) -> (__m256, __m256) {
+    let bytes8 = |v: &[u8; 8]| {
+        // SAFETY: 8 bytes; unaligned load.
+        let v = unsafe { _mm_loadl_epi64(v.as_ptr().cast()) };
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
+    };
+    let scale = _mm256_mul_ps(d, bytes8(sc));
+    let offset = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, bytes8(m)));
+    (scale, offset)
+}
+
 /// The 8 interleaved rows of `w` (one group, all its blocks) against each of the rows `a`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn dot_nibbles8<const R: usize>(w: &[Nibbles8], a: [&[Act]; R]) -> [[f32; 8]; R] {
@@ -114,9 +136,7 @@ pub fn dot_nibbles8<const R: usize>(w: &[Nibbles8], a: [&[Act]; R]) -> [[f32; 8]
     }
     let mut acc = [_mm256_setzero_ps(); R];
     for (b, g) in w.iter().enumerate() {
-        // SAFETY: 8 f16 are 16 bytes; unaligned loads.
-        let d = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.d.as_ptr().cast())) };
-        let m = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.m.as_ptr().cast())) };
+        let (d, m) = (f16x8(&g.d), f16x8(&g.m));
         block8::<R, false>(&unpack8(&g.qs), d, m, a.map(|row| &row[b]), &mut acc);
     }
     store8(acc)
@@ -130,19 +150,11 @@ pub fn dot_q4k8<const R: usize>(w: &[Q4K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
     for row in a {
         assert_eq!(row.len(), 8 * w.len());
     }
-    let bytes8 = |v: &[u8; 8]| {
-        // SAFETY: 8 bytes; unaligned load.
-        let v = unsafe { _mm_loadl_epi64(v.as_ptr().cast()) };
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
-    };
     let mut acc = [_mm256_setzero_ps(); R];
     for (b, g) in w.iter().enumerate() {
-        // SAFETY: 8 f16 are 16 bytes; unaligned loads.
-        let d = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.d.as_ptr().cast())) };
-        let dmin = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.dmin.as_ptr().cast())) };
+        let (d, dmin) = (f16x8(&g.d), f16x8(&g.dmin));
         for (j, part) in g.j.iter().enumerate() {
-            let scale = _mm256_mul_ps(d, bytes8(&part.sc));
-            let offset = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, bytes8(&part.m)));
+            let (scale, offset) = sub_block_scales(d, dmin, &part.sc, &part.m);
             block8::<R, false>(
                 &unpack8(&part.qs),
                 scale,
@@ -196,8 +208,7 @@ pub fn dot_q6k8<const R: usize>(w: &[Q6K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
     let second = _mm256_add_epi8(first, _mm256_set1_epi8(2));
     let mut acc = [_mm256_setzero_ps(); R];
     for (b, g) in w.iter().enumerate() {
-        // SAFETY: 8 f16 are 16 bytes; unaligned load.
-        let d = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.d.as_ptr().cast())) };
+        let d = f16x8(&g.d);
         for (k, part) in g.k.iter().enumerate() {
             // SAFETY: 16 bytes; unaligned load. Row r's two scales in 16-bit lanes 2r, 2r + 1.
             let pair = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(part.sc.as_ptr().cast()) });
@@ -238,9 +249,7 @@ pub fn dot_fives8<const R: usize>(w: &[Fives8], a: [&[Act]; R]) -> [[f32; 8]; R]
     }
     let mut acc = [_mm256_setzero_ps(); R];
     for (b, g) in w.iter().enumerate() {
-        // SAFETY: 8 f16 are 16 bytes; unaligned loads.
-        let d = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.d.as_ptr().cast())) };
-        let m = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.m.as_ptr().cast())) };
+        let (d, m) = (f16x8(&g.d), f16x8(&g.m));
         block8::<R, true>(&unpack5(&g.q), d, m, a.map(|row| &row[b]), &mut acc);
     }
     store8(acc)
@@ -253,19 +262,11 @@ pub fn dot_q5k8<const R: usize>(w: &[Q5K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
     for row in a {
         assert_eq!(row.len(), 8 * w.len());
     }
-    let bytes8 = |v: &[u8; 8]| {
-        // SAFETY: 8 bytes; unaligned load.
-        let v = unsafe { _mm_loadl_epi64(v.as_ptr().cast()) };
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
-    };
     let mut acc = [_mm256_setzero_ps(); R];
     for (b, g) in w.iter().enumerate() {
-        // SAFETY: 8 f16 are 16 bytes; unaligned loads.
-        let d = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.d.as_ptr().cast())) };
-        let dmin = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.dmin.as_ptr().cast())) };
+        let (d, dmin) = (f16x8(&g.d), f16x8(&g.dmin));
         for (j, part) in g.j.iter().enumerate() {
-            let scale = _mm256_mul_ps(d, bytes8(&part.sc));
-            let offset = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, bytes8(&part.m)));
+            let (scale, offset) = sub_block_scales(d, dmin, &part.sc, &part.m);
             block8::<R, true>(
                 &unpack5(&part.q),
                 scale,
@@ -290,8 +291,7 @@ pub fn dot_bytes8<const R: usize>(w: &[Bytes8], a: [&[Act]; R]) -> [[f32; 8]; R]
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); R];
     for (b, g) in w.iter().enumerate() {
-        // SAFETY: 8 f16 are 16 bytes; unaligned load.
-        let d = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g.d.as_ptr().cast())) };
+        let d = f16x8(&g.d);
         let mut sums = [_mm256_setzero_si256(); R];
         for (c, chunk) in g.qs.iter().enumerate() {
             // SAFETY: 32 bytes; unaligned load.
