@@ -35,7 +35,7 @@ constexpr int gemv_threads(int rows, int input) {
 // the RMSNorm-staging ones, which lost by it (Mistral-7B's qkv 15.4 -> 17.5 µs); gemv_rope gained
 // nothing.
 // kAddNormed stages as stage_add_normed says (x is its delta), block 0 storing the stream.
-// W: DenseWeight<T> or Fp8Weight (gemv_weight.cuh).
+// W: DenseWeight<T>, Fp8Weight or Int4Weight (gemv_weight.cuh).
 template <typename T, int R, int kIn, bool kAdd, int S, typename W,
           int kT = gemv_threads(R, kIn)>
 __global__ void __launch_bounds__(kT, R == 1 && kIn != kRmsNorm ? 2048 / kT : 1)
@@ -152,9 +152,15 @@ struct CudaCoreGemv {
 
   template <typename T, int R, int kIn, bool kAdd>
   static int run(const GemvArgs& a) {
-    if (a.scales == nullptr) return run_w<T, R, kIn, kAdd>(a, DenseWeight<T>{(const T*)a.w});
-    return run_w<T, R, kIn, kAdd>(a, fp8_weight(a.w, a.scales, a.block_rows, a.block_cols,
-                                                a.k_dim));
+    switch (a.w_kind) {
+      case kDenseWeight: return run_w<T, R, kIn, kAdd>(a, DenseWeight<T>{(const T*)a.w});
+      case kFp8Weight:
+        return run_w<T, R, kIn, kAdd>(
+            a, fp8_weight(a.w, (const float*)a.scales, a.block_rows, a.block_cols, a.k_dim));
+      case kInt4Weight:
+        return run_w<T, R, kIn, kAdd>(a, int4_weight(a.w, a.scales, a.block_cols, a.k_dim));
+      default: return 1;
+    }
   }
 };
 
@@ -168,8 +174,9 @@ struct QkvRopeArgs {
   const void *x, *norm_w, *w;
   int rows, heads, kv_heads, d, interleaved, k_dim;
   float eps;
-  // FP8 weights only: as GemvArgs's.
-  const float* scales;
+  // Quantized weights only: as GemvArgs's.
+  int w_kind;
+  const void* scales;
   int block_rows, block_cols;
 };
 
@@ -198,9 +205,16 @@ int launch_rope_w(const QkvRopeArgs& a, const W& w, cudaStream_t stream) {
 
 template <typename T, int R>
 int launch_rope_r(const QkvRopeArgs& a, cudaStream_t stream) {
-  if (a.scales == nullptr) return launch_rope_w<T, R>(a, DenseWeight<T>{(const T*)a.w}, stream);
-  return launch_rope_w<T, R>(
-      a, fp8_weight(a.w, a.scales, a.block_rows, a.block_cols, a.k_dim), stream);
+  switch (a.w_kind) {
+    case kDenseWeight: return launch_rope_w<T, R>(a, DenseWeight<T>{(const T*)a.w}, stream);
+    case kFp8Weight:
+      return launch_rope_w<T, R>(
+          a, fp8_weight(a.w, (const float*)a.scales, a.block_rows, a.block_cols, a.k_dim),
+          stream);
+    case kInt4Weight:
+      return launch_rope_w<T, R>(a, int4_weight(a.w, a.scales, a.block_cols, a.k_dim), stream);
+    default: return 1;
+  }
 }
 
 template <typename T>
@@ -224,21 +238,23 @@ int launch_rope(const QkvRopeArgs& a, cudaStream_t s) {
 // 1 = f16, 2 = bf16, k_dim a multiple of 8, every pointer 16-byte aligned. input 0: in(x) = x
 // ([rows, k_dim]); 1: RMSNorm(x) * norm_w with `eps` (x [rows, k_dim], norm_w [k_dim]); 2:
 // silu(x[:, :k_dim]) * x[:, k_dim:] (x [rows, 2 k_dim]); 3: gelu_tanh(x[:, :k_dim]) * x[:, k_dim:]
-// (no residual). With `scales` not null, w is e4m3 and w[o, c] stands for w[o, c] times its
-// block's scale (f32 [ceil(out_dim / block_rows), ceil(k_dim / block_cols)], see Fp8Weight;
-// k_dim a multiple of 16). Returns 0, a CUDA error code, or 1 when the arguments are
-// unsupported (rows x k_dim past the staging space among them).
+// (no residual). The weight is of w_kind (WeightKind): 0, in the activations' dtype; 1, e4m3,
+// w[o, c] standing for w[o, c] times its block's scale (`scales` f32 [ceil(out_dim /
+// block_rows), ceil(k_dim / block_cols)], see Fp8Weight; k_dim a multiple of 16); 2, 4-bit codes
+// with `scales` the f16 (scale, zero) pairs of groups of block_cols columns (see Int4Weight;
+// k_dim a multiple of 32). Returns 0, a CUDA error code, or 1 when the arguments are unsupported
+// (rows x k_dim past the staging space among them).
 extern "C" int pagewise_gemv(int dtype, int input, void* y, const void* x, const void* norm_w,
-                             const void* w, const float* scales, int block_rows,
+                             const void* w, int w_kind, const void* scales, int block_rows,
                              int block_cols, const void* residual, int rows, int out_dim,
                              int k_dim, float eps, void* stream) {
   if (rows == 0 || out_dim == 0) return 0;
   if (k_dim % 8 != 0) return 1;
-  if (scales != nullptr && !fp8_weight_fits(k_dim, block_rows, block_cols)) return 1;
+  if (!weight_fits(w_kind, k_dim, block_rows, block_cols)) return 1;
   if (input == kAddNormed) return 1;  // (pagewise_gemv_add_normed)
-  const GemvArgs a = {y,       x,       norm_w,     w,      residual,   out_dim,
-                      k_dim,   eps,     (cudaStream_t)stream, nullptr, nullptr, nullptr,
-                      scales,  block_rows, block_cols};
+  const GemvArgs a = {y,      x,      norm_w,     w,          residual, out_dim,
+                      k_dim,  eps,    (cudaStream_t)stream, nullptr, nullptr, nullptr,
+                      w_kind, scales, block_rows, block_cols};
   return dispatch_gemv<CudaCoreGemv>(dtype, input, rows, a);
 }
 
@@ -247,19 +263,20 @@ extern "C" int pagewise_gemv(int dtype, int input, void* y, const void* x, const
 // stored; delta and stream_in [rows, k_dim], both weights [k_dim], one eps), also storing s to
 // stream_out ([rows, k_dim], apart from stream_in): Gemma's normalized residual add folded into
 // the next projection's staging. Rows 1..8, dtype 1 = f16, 2 = bf16, k_dim a multiple of 8,
-// every pointer 16-byte aligned; FP8 weights with `scales` as pagewise_gemv's. Returns 0, a
-// CUDA error code, or 1 when the arguments are unsupported.
+// every pointer 16-byte aligned; the weight as pagewise_gemv's. Returns 0, a CUDA error code,
+// or 1 when the arguments are unsupported.
 extern "C" int pagewise_gemv_add_normed(int dtype, void* y, void* stream_out, const void* delta,
                                         const void* stream_in, const void* delta_w,
-                                        const void* norm_w, const void* w, const float* scales,
-                                        int block_rows, int block_cols, int rows, int out_dim,
-                                        int k_dim, float eps, void* stream) {
+                                        const void* norm_w, const void* w, int w_kind,
+                                        const void* scales, int block_rows, int block_cols,
+                                        int rows, int out_dim, int k_dim, float eps,
+                                        void* stream) {
   if (rows == 0 || out_dim == 0) return 0;
   if (k_dim % 8 != 0) return 1;
-  if (scales != nullptr && !fp8_weight_fits(k_dim, block_rows, block_cols)) return 1;
+  if (!weight_fits(w_kind, k_dim, block_rows, block_cols)) return 1;
   const GemvArgs a = {y,      delta,  norm_w,     w,        nullptr,   out_dim,
                       k_dim,  eps,    (cudaStream_t)stream, stream_in, delta_w, stream_out,
-                      scales, block_rows, block_cols};
+                      w_kind, scales, block_rows, block_cols};
   return dispatch_gemv<CudaCoreGemv>(dtype, kAddNormed, rows, a);
 }
 
@@ -270,22 +287,23 @@ extern "C" int pagewise_gemv_add_normed(int dtype, void* y, void* stream_out, co
 // `positions` (u32 [rows]) whole tables [table_rows, d / 2] read at row r's position (clamped to
 // the last table row); pairs (2i, 2i + 1)
 // when interleaved, else (i, i + d / 2). Rows 1..8, dtype 1 = f16, 2 = bf16, d even, k_dim a
-// multiple of 8, x, norm_w and w 16-byte aligned; FP8 weights with `scales` as pagewise_gemv's.
-// Returns 0, a CUDA error code, or 1 when the arguments are unsupported.
+// multiple of 8, x, norm_w and w 16-byte aligned; the weight as pagewise_gemv's. Returns 0, a
+// CUDA error code, or 1 when the arguments are unsupported.
 extern "C" int pagewise_gemv_rope(int dtype, void* q_out, void* k_cache, void* v_cache,
                                   const void* cos, const void* sin, const uint32_t* positions,
                                   int table_rows, const int64_t* slots,
-                                  const void* x, const void* norm_w, const void* w,
-                                  const float* scales, int block_rows, int block_cols, int rows,
+                                  const void* x, const void* norm_w, const void* w, int w_kind,
+                                  const void* scales, int block_rows, int block_cols, int rows,
                                   int heads, int kv_heads, int head_dim, int interleaved,
                                   int k_dim, float eps, void* stream) {
   if (rows == 0) return 0;
   if (k_dim % 8 != 0 || head_dim % 2 != 0) return 1;
   if (positions != nullptr && table_rows < 1) return 1;
-  if (scales != nullptr && !fp8_weight_fits(k_dim, block_rows, block_cols)) return 1;
+  if (!weight_fits(w_kind, k_dim, block_rows, block_cols)) return 1;
   const QkvRopeArgs a = {q_out, k_cache, v_cache, cos,   sin,      positions, table_rows,
                          slots, x,       norm_w,  w,     rows,     heads,     kv_heads,
-                         head_dim, interleaved, k_dim, eps, scales, block_rows, block_cols};
+                         head_dim, interleaved, k_dim, eps, w_kind, scales, block_rows,
+                         block_cols};
   cudaStream_t s = (cudaStream_t)stream;
   switch (dtype) {
     case 1: return launch_rope<__half>(a, s);

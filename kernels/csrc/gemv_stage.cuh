@@ -211,9 +211,11 @@ struct GemvArgs {
   // kAddNormed only: the residual stream in and out, and delta's norm weight (x is delta).
   const void *stream_in, *delta_w;
   void* stream_out;
-  // FP8 weights only (w e4m3): their scales, one per block of block_rows x block_cols (see
-  // Fp8Weight); null for weights in the activations' dtype.
-  const float* scales;
+  // The weight's kind (WeightKind, gemv_weight.cuh). FP8 (w e4m3): f32 scales, one per block of
+  // block_rows x block_cols (see Fp8Weight); 4-bit (w the codes): f16 (scale, zero) pairs, one
+  // per row and group of block_cols columns (see Int4Weight); null for dense weights.
+  int w_kind;
+  const void* scales;
   int block_rows, block_cols;
 };
 

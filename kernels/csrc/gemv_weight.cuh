@@ -1,8 +1,11 @@
-// pagewise: the weights the decode GEMVs stream (gemv.cu, gemv_fp8.cu, o_router.cu): dense rows
-// in the activations' dtype, or FP8 (e4m3) rows with f32 scales, one per block of bn rows x bk
-// columns (one scale per tensor, per row, or per 128 x 128 block are all such blocks). A kernel
-// takes the weight as a value of one of these types and calls dot_weight, overloaded on it.
+// pagewise: the weights the decode GEMVs stream (gemv.cu, o_router.cu): dense rows in the
+// activations' dtype, FP8 (e4m3) rows with f32 scales, one per block of bn rows x bk columns (one
+// scale per tensor, per row, or per 128 x 128 block are all such blocks), or 4-bit integer rows
+// with an f16 scale and zero point per group of columns (AWQ, GPTQ, compressed-tensors W4A16,
+// repacked at load). A kernel takes the weight as a value of one of these types and calls
+// dot_weight, overloaded on it.
 #pragma once
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -26,6 +29,21 @@ struct Fp8Weight {
   int bn, bk_shift, sk;
 };
 
+// 4-bit codes q [out, k] (k a multiple of 32), 8 a 32-bit word, with an f16 scale s and zero
+// point z per row and group of 2^g_shift columns (g_shift < 0: one group a row): element (o, c)
+// is s * (q - z) for (s, z) = sz[o * groups + (c >> g_shift)]. Word j of a row holds columns
+// 8j..8j+7, column 8j + 2i in nibble i and 8j + 2i + 1 in nibble 4 + i (bits 4i and 16 + 4i:
+// AutoAWQ's order), so that one mask takes two neighbouring columns into the halves of a half2.
+struct Int4Weight {
+  const uint32_t* w;
+  const __half2* sz;
+  int g_shift, groups;
+};
+
+// The (weight kind) of the entry points' weight arguments: w in the activations' dtype; e4m3
+// with f32 block scales; 4-bit codes with (scale, zero) f16 pairs (Int4Weight).
+enum WeightKind { kDenseWeight = 0, kFp8Weight = 1, kInt4Weight = 2 };
+
 // log2(bk) for a power of two, else -1.
 inline int log2_exact(int bk) {
   int shift = 0;
@@ -43,6 +61,29 @@ inline Fp8Weight fp8_weight(const void* w, const float* s, int bn, int bk, int k
 inline bool fp8_weight_fits(int k_dim, int bn, int bk) {
   return k_dim % 16 == 0 && bn > 0 && bk > 0 &&
          (bk >= k_dim || (bk >= 16 && log2_exact(bk) >= 0));
+}
+
+// The Int4Weight of codes `w` of k_dim columns with (scale, zero) pairs `sz` over groups of
+// `group` columns (group >= k_dim: one a row).
+inline Int4Weight int4_weight(const void* w, const void* sz, int group, int k_dim) {
+  const int shift = group >= k_dim ? -1 : log2_exact(group);
+  return Int4Weight{reinterpret_cast<const uint32_t*>(w), reinterpret_cast<const __half2*>(sz),
+                    shift, shift < 0 ? 1 : k_dim >> shift};
+}
+
+// Whether 4-bit weights of k_dim columns in groups of `group` are what Int4Weight takes.
+inline bool int4_weight_fits(int k_dim, int group) {
+  return k_dim % 32 == 0 && group > 0 && (group >= k_dim || (group >= 32 && log2_exact(group) >= 0));
+}
+
+// Whether the weight of `kind` (WeightKind) with these scale blocks or groups fits its type.
+inline bool weight_fits(int kind, int k_dim, int block_rows, int block_cols) {
+  switch (kind) {
+    case kDenseWeight: return true;
+    case kFp8Weight: return fp8_weight_fits(k_dim, block_rows, block_cols);
+    case kInt4Weight: return int4_weight_fits(k_dim, block_cols);
+    default: return false;
+  }
 }
 
 // dot_rows for the dense rows o[0..N) (each below the weight's rows).
@@ -131,7 +172,64 @@ __device__ __forceinline__ void dot_weight(float (&acc)[N][R], const Fp8Weight& 
       for (int s = 16; s > 0; s >>= 1) acc[n][r] += __shfl_xor_sync(0xffffffff, acc[n][r], s);
 }
 
-// y[r, o] = sum_k xs[r, k] * w[o, k] (w a DenseWeight<T> or an Fp8Weight) (+ residual[r, o], added to the product rounded to T as the
+// dot_rows for 4-bit rows: a lane takes 32 columns a load (one 16-byte load, inside one group:
+// every S-th run of 1024 columns with S warps an output), each word's 8 codes made halves
+// 1024 + q by one mask and OR each pair, less 1024 + z (exact), summed with the staged rows in
+// f32 and scaled by the group's scale once a load. The warp's lanes are summed as dot_rows sums
+// them.
+template <typename T, int R, int N, int S>
+__device__ __forceinline__ void dot_weight(float (&acc)[N][R], const Int4Weight& wt,
+                                           const int (&o)[N], const T* xs, int k_dim, int lane,
+                                           int part) {
+  const int first = (part * 32 + lane) * 32;
+  const __half k1024 = __float2half(1024.f);
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[n][r] = 0.f;
+    const uint32_t* row = wt.w + (int64_t)o[n] * (k_dim / 8);
+    const __half2* sz = wt.sz + (int64_t)o[n] * wt.groups;
+#pragma unroll 2
+    for (int k = first; k < k_dim; k += S * 32 * 32) {
+      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(row + k / 8));
+      const __half2 g = __ldg(sz + (wt.g_shift < 0 ? 0 : k >> wt.g_shift));
+      const __half2 bias = __half2half2(__hadd(__high2half(g), k1024));
+      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+      float run[R] = {};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float wf[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t bits = ((words[j] >> (4 * i)) & 0x000F000Fu) | 0x64006400u;
+          const float2 f = __half22float2(__hsub2(*reinterpret_cast<const __half2*>(&bits), bias));
+          wf[2 * i] = f.x;
+          wf[2 * i + 1] = f.y;
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const uint4 xraw = *reinterpret_cast<const uint4*>(xs + r * k_dim + k + 8 * j);
+          const T* xv = reinterpret_cast<const T*>(&xraw);
+          float p = run[r];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) p += wf[e] * to_float(xv[e]);
+          run[r] = p;
+        }
+      }
+      const float scale = __low2float(g);
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[n][r] += run[r] * scale;
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int s = 16; s > 0; s >>= 1) acc[n][r] += __shfl_xor_sync(0xffffffff, acc[n][r], s);
+}
+
+// y[r, o] = sum_k xs[r, k] * w[o, k] (w a DenseWeight<T>, an Fp8Weight or an Int4Weight) (+ residual[r, o], added to the product rounded to T as the
 // unfused add would see it) for the R rows the block staged in xs: its warps take outputs in
 // rounds of warps / S (S warps an output, see dot_rows), block `block` of `blocks` stepping by
 // the grid's.

@@ -176,7 +176,8 @@ unsafe extern "C" {
         x: *const c_void,
         norm_w: *const c_void,
         w: *const c_void,
-        scales: *const f32,
+        w_kind: c_int,
+        scales: *const c_void,
         block_rows: c_int,
         block_cols: c_int,
         residual: *const c_void,
@@ -196,7 +197,8 @@ unsafe extern "C" {
         delta_w: *const c_void,
         norm_w: *const c_void,
         w: *const c_void,
-        scales: *const f32,
+        w_kind: c_int,
+        scales: *const c_void,
         block_rows: c_int,
         block_cols: c_int,
         rows: c_int,
@@ -217,6 +219,17 @@ unsafe extern "C" {
         k_dim: c_int,
         block_rows: c_int,
         block_cols: c_int,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn pagewise_int4_dequantize(
+        dtype: c_int,
+        out: *mut c_void,
+        w: *const c_void,
+        sz: *const c_void,
+        out_dim: i64,
+        k_dim: c_int,
+        group: c_int,
         stream: *mut c_void,
     ) -> c_int;
 
@@ -243,7 +256,8 @@ unsafe extern "C" {
         x: *const c_void,
         norm_w: *const c_void,
         w: *const c_void,
-        scales: *const f32,
+        w_kind: c_int,
+        scales: *const c_void,
         block_rows: c_int,
         block_cols: c_int,
         rows: c_int,

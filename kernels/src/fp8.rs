@@ -1,7 +1,7 @@
-//! FP8 (e4m3) weights on the GPU: [`Fp8Matrix`] (the bytes and their block scales), the weight
-//! the decode GEMVs stream ([`GemvWeight`]: dense or FP8), a weight's dequantized copy for the
-//! steps that multiply on cuBLAS ([`fp8_dequantize`]), and the row-wise quantization of a 16-bit
-//! weight ([`fp8_quantize_rows`], `--quantization fp8`).
+//! FP8 (e4m3) weights on the GPU: [`Fp8Matrix`] (the bytes and their block scales, one of the
+//! weights the decode GEMVs stream, see [`crate::GemvWeight`]), a weight's dequantized copy for
+//! the steps that multiply on cuBLAS ([`fp8_dequantize`]), and the row-wise quantization of a
+//! 16-bit weight ([`fp8_quantize_rows`], `--quantization fp8`).
 
 use std::ffi::c_void;
 
@@ -31,7 +31,7 @@ impl Fp8Matrix<'_> {
 
     /// That the parts agree: u8 data, f32 scales of the blocks' shape, both contiguous on one
     /// GPU.
-    fn check(&self, what: &str) -> Result<(usize, usize)> {
+    pub(crate) fn check(&self, what: &str) -> Result<(usize, usize)> {
         let (out, k) = self.dims()?;
         let (bn, bk) = self.block;
         if self.data.dtype() != DType::U8 || self.scales.dtype() != DType::F32 {
@@ -49,85 +49,6 @@ impl Fp8Matrix<'_> {
             );
         }
         Ok((out, k))
-    }
-}
-
-/// A weight the decode GEMVs stream: in the activations' dtype, or FP8 with its scales. FP8
-/// rows need `k` a multiple of 16 and scale blocks of whole rows or a power of two of at least
-/// 16 columns (128 in the published block-FP8 checkpoints).
-#[derive(Clone, Copy, Debug)]
-pub enum GemvWeight<'a> {
-    /// `[out, k]` in the activations' dtype.
-    Dense(&'a Tensor),
-    /// e4m3 with block scales.
-    Fp8(Fp8Matrix<'a>),
-}
-
-impl<'a> From<&'a Tensor> for GemvWeight<'a> {
-    fn from(t: &'a Tensor) -> Self {
-        GemvWeight::Dense(t)
-    }
-}
-
-impl<'a> From<Fp8Matrix<'a>> for GemvWeight<'a> {
-    fn from(m: Fp8Matrix<'a>) -> Self {
-        GemvWeight::Fp8(m)
-    }
-}
-
-/// A weight's pointers as the GEMV entry points take them: the weight, its scales (null when
-/// dense), and the scale blocks' rows and columns.
-pub(crate) struct WeightPointers {
-    pub w: u64,
-    pub scales: *const f32,
-    pub block_rows: i32,
-    pub block_cols: i32,
-}
-
-impl GemvWeight<'_> {
-    /// `[out, k]`.
-    pub fn dims(&self) -> Result<(usize, usize)> {
-        match self {
-            GemvWeight::Dense(t) => t.dims2(),
-            GemvWeight::Fp8(m) => m.dims(),
-        }
-    }
-
-    /// Whether the GEMVs take this weight with activations of `dtype`: a dense weight of that
-    /// dtype, contiguous; or FP8 parts that agree, `k` a multiple of 16, blocks of whole rows or
-    /// a power of two of at least 16 columns.
-    pub fn takes(&self, dtype: DType) -> bool {
-        match self {
-            GemvWeight::Dense(t) => t.dtype() == dtype && t.is_contiguous(),
-            GemvWeight::Fp8(m) => m.check("gemv").is_ok_and(|(_, k)| {
-                k.is_multiple_of(16)
-                    && (m.block.1 >= k || (m.block.1 >= 16 && m.block.1.is_power_of_two()))
-                    && m.data.is_contiguous()
-                    && m.scales.is_contiguous()
-            }),
-        }
-    }
-
-    /// The pointers of a weight [`GemvWeight::takes`] for `dtype`, or an error naming `what`.
-    pub(crate) fn pointers(&self, dtype: DType, what: &str) -> Result<WeightPointers> {
-        if !self.takes(dtype) {
-            bail!("{what}: the weight {self:?} does not fit the GEMV with {dtype:?} activations");
-        }
-        let too_big = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
-        Ok(match self {
-            GemvWeight::Dense(t) => WeightPointers {
-                w: device_ptr(t, "w")?.0,
-                scales: std::ptr::null(),
-                block_rows: 0,
-                block_cols: 0,
-            },
-            GemvWeight::Fp8(m) => WeightPointers {
-                w: device_ptr(m.data, "w")?.0,
-                scales: device_ptr(m.scales, "w scales")?.0 as *const f32,
-                block_rows: too_big(m.block.0),
-                block_cols: too_big(m.block.1),
-            },
-        })
     }
 }
 

@@ -143,6 +143,7 @@ pub unsafe fn gemv_rope_cache<'w>(
             xp as *const c_void,
             np as *const c_void,
             wp as *const c_void,
+            wt.kind,
             wt.scales,
             wt.block_rows,
             wt.block_cols,

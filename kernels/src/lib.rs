@@ -18,7 +18,9 @@ mod fp8_gemm;
 mod fused;
 mod gemv;
 mod gemv_rope;
+mod gemv_weight;
 mod grouped;
+mod int4;
 mod moe;
 mod moe_mma;
 mod moe_routing;
@@ -38,12 +40,14 @@ pub use decode::{
     plan_for_rows,
 };
 pub use decode_fresh::paged_attention_fresh;
-pub use fp8::{Fp8Matrix, GemvWeight, fp8_dequantize, fp8_quantize_rows};
+pub use fp8::{Fp8Matrix, fp8_dequantize, fp8_quantize_rows};
 pub use fp8_gemm::{Fp8Gemm, fp8_gemm};
 pub use fused::{add_rms_norm, add_rms_normed, silu_mul};
 pub use gemv::{GEMV_MAX_ROWS, GemvInput, gemv, gemv_add_normed, gemv_fits, gemv_fused};
 pub use gemv_rope::{RopeCacheTarget, gemv_rope_cache};
+pub use gemv_weight::GemvWeight;
 pub use grouped::GroupedGemm;
+pub use int4::{Int4Matrix, int4_dequantize};
 pub use moe::{
     ExpertExtras, ExpertPlan, ExpertWeights, MOE_MAX_TOP_K, moe_experts, moe_experts_by,
     moe_experts_with, moe_fits,

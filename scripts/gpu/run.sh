@@ -16,6 +16,9 @@
 #                             once, free vs half JSON-schema constrained, alternating (free half half free)
 #   bash .gpu/run.sh fp8      the FP8 kernel and engine tests, then batch-1 latency and offline
 #                             throughput of the 1B and 8B shapes in bf16 and --quantization fp8
+#   bash .gpu/run.sh int4     the 4-bit kernel and engine tests, the 4-bit GEMV bandwidth table, then
+#                             batch-1 latency of the 1B and 8B shapes and 8B offline throughput in
+#                             bf16 and as AWQ (dummy 4-bit weights, groups of 128)
 #   bash .gpu/run.sh recheck  `tests`, then the scoreboard's batch-1 and offline rows (no serving,
 #                             no transformers baselines): the check after a change to the GPU path
 #   bash .gpu/run.sh profile  one eager batch-1 decode step kernel by kernel under Nsight Compute
@@ -35,13 +38,13 @@ nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 export NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 
-for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests rope-tests moe-tests moe-mma-tests fp8-tests gpu-engine-tests; do
+for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests rope-tests moe-tests moe-mma-tests fp8-tests int4-tests gpu-engine-tests; do
   [ -f "$here/$f.xz" ] || continue
   [ -x "$work/bin/$f" ] || python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$here/$f.xz" "$work/bin/$f"
   chmod +x "$work/bin/$f"
 done
 export PAGEWISE_GPU_MODELS=$work/models
-if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ "$what" != gguf ] && [ "$what" != long ] && [ "$what" != profile ] && [ "$what" != dashboard ] && [ "$what" != structured ] && [ "$what" != fp8 ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
+if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ "$what" != gguf ] && [ "$what" != long ] && [ "$what" != profile ] && [ "$what" != dashboard ] && [ "$what" != structured ] && [ "$what" != fp8 ] && [ "$what" != int4 ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
   (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS") > "$out/make-models.log" 2>&1 \
     || { tail -20 "$out/make-models.log"; exit 1; }
 fi
@@ -149,6 +152,39 @@ if [ "$what" = fp8 ]; then
     flag=; [ "$q" = fp8 ] && flag="--quantization fp8"
     echo "== llama-8b $q offline, 1000 x (1024 in, 128 out)"
     timeout 180 "$work/bin/pagewise" bench throughput --model /tmp/pagewise-gpu/shapes/llama-8b --load-format dummy $flag \
+      --num-prompts 1000 --input-len 1024 --output-len 128 --output-json "$out/llama-8b-$q-throughput.json" \
+      2>> "$out/bench-stderr.log" | tail -1 || status=1
+  done
+fi
+if [ "$what" = int4 ]; then
+  "$work/bin/int4-tests" --test-threads=1 2>&1 | grep -E "^test |test result|panicked" || status=1
+  python3 "$here/../scripts/gpu/make_int_gpu_models.py" "$PAGEWISE_GPU_MODELS" > "$out/make-models.log" 2>&1 \
+    || { tail -20 "$out/make-models.log"; status=1; }
+  "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture int4 2>&1 \
+    | grep -E "^test |test result|rel\. err|replays|panicked" || status=1
+  "$work/bin/int4-tests" --ignored --nocapture --test-threads=1 int4_gemv_bandwidth 2>&1 | grep -E "^\||panicked" || status=1
+  SCOREBOARD_MODELS=none SCOREBOARD_PARTS=none SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \
+    bash "$here/scripts/gpu/scoreboard.sh" > /dev/null 2>&1   # (writes the shapes' configs)
+  for m in llama-8b llama-1b; do
+    # The shape as an AWQ checkpoint's config: 4 bits, groups of 128, zero points.
+    shapes=/tmp/pagewise-gpu/shapes
+    rm -rf "$shapes/$m-awq" && cp -r "$shapes/$m" "$shapes/$m-awq"
+    python3 -c 'import json,sys; p=sys.argv[1]+"/config.json"; c=json.load(open(p)); c["quantization_config"]={"quant_method":"awq","bits":4,"group_size":128,"version":"gemm","zero_point":True}; json.dump(c,open(p,"w"))' "$shapes/$m-awq"
+  done
+  for m in ${INT4_MODELS:-llama-8b llama-1b}; do
+    for q in bf16 awq; do
+      dir=$m; [ "$q" = awq ] && dir=$m-awq
+      echo "== $m $q batch-1 latency, 128 in / 512 out"
+      timeout 150 "$work/bin/pagewise" bench latency --model "/tmp/pagewise-gpu/shapes/$dir" --load-format dummy \
+        --batch-size 1 --input-len 128 --output-len 512 --num-iters-warmup 1 --num-iters 3 \
+        --output-json "$out/$m-$q-latency.json" 2>> "$out/bench-stderr.log" | tail -2 || status=1
+    done
+  done
+  for q in ${INT4_THROUGHPUT:-bf16 awq}; do
+    [ "$q" = none ] && continue
+    dir=llama-8b; [ "$q" = awq ] && dir=llama-8b-awq
+    echo "== llama-8b $q offline, 1000 x (1024 in, 128 out)"
+    timeout 180 "$work/bin/pagewise" bench throughput --model "/tmp/pagewise-gpu/shapes/$dir" --load-format dummy \
       --num-prompts 1000 --input-len 1024 --output-len 128 --output-json "$out/llama-8b-$q-throughput.json" \
       2>> "$out/bench-stderr.log" | tail -1 || status=1
   done

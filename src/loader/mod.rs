@@ -322,6 +322,17 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel, LoadError>
                 opts.device.clone(),
             ),
             quantize_fp8,
+            dummy_int4: match &config.quantization {
+                Some(CheckpointQuant::Int(q)) if q.bits == 4 => {
+                    tracing::info!(
+                        "{}: random 4-bit projections on a GPU with 16-bit activations (dense \
+                         elsewhere)",
+                        q.describe()
+                    );
+                    Some(q.group_size.unwrap_or(usize::MAX))
+                }
+                _ => None,
+            },
         },
         LoadFormat::Auto | LoadFormat::Safetensors => {
             let paths = safetensors_files(dir)?;
@@ -330,12 +341,17 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel, LoadError>
             let files = unsafe { MmapedSafetensors::multi(&paths) }
                 .map_err(|e| LoadError::Format(format!("safetensors in {}: {e}", dir.display())))?;
             if let Some(quant) = &config.quantization {
-                let kept = matches!(quant, CheckpointQuant::Fp8(_))
-                    && opts.device.is_cuda()
-                    && matches!(opts.dtype, DType::BF16 | DType::F16);
-                let how = match kept {
-                    true => "FP8 projections kept in e4m3 on the GPU (experts dequantized)",
-                    false => "weights dequantized at load",
+                let kept = opts.device.is_cuda() && matches!(opts.dtype, DType::BF16 | DType::F16);
+                let how = match (quant, kept) {
+                    (CheckpointQuant::Fp8(_), true) => {
+                        "FP8 projections kept in e4m3 on the GPU (experts dequantized)"
+                    }
+                    (CheckpointQuant::Int(q), true) if q.bits == 4 => {
+                        "4-bit projections kept packed on the GPU (experts, desc_act orders, \
+                         groups other than a power of two of at least 32, and scales f16 cannot \
+                         hold dequantized)"
+                    }
+                    _ => "weights dequantized at load",
                 };
                 tracing::info!(
                     "{}: {how}, activations in {:?} (activation scales are not used)",

@@ -94,7 +94,7 @@ pub(super) fn fits(x: &Tensor, layers: &[FusedLayer<'_>]) -> bool {
                 // (A dense down may be past the staging space: `finish_layer` then takes cuBLAS.)
                 let down_fits = match down {
                     GemvWeight::Dense(_) => down.takes(dtype),
-                    GemvWeight::Fp8(_) => gemv_takes(rows, dtype, &[down]),
+                    GemvWeight::Fp8(_) | GemvWeight::Int4(_) => gemv_takes(rows, dtype, &[down]),
                 };
                 gemv_takes(rows, dtype, &[gate_up]) && down_fits
             }

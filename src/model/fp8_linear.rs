@@ -76,21 +76,7 @@ impl Fp8Linear {
 
     /// Applies the layer to `[.., in]` (f16 or bf16 on the weight's GPU).
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let (out, k) = self.dims();
-        let dims = x.dims().to_vec();
-        if dims.last() != Some(&k) {
-            candle_core::bail!("input {dims:?} does not end in {k} features");
-        }
-        let rows = x.elem_count() / k;
-        let x2 = x.reshape((rows, k))?;
-        let y = self.matmul(&x2)?;
-        let y = match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        };
-        let mut out_dims = dims;
-        *out_dims.last_mut().expect("at least one dimension") = out;
-        y.reshape(out_dims)
+        forward_rows(x, self.dims(), self.bias.as_ref(), |x2| self.matmul(x2))
     }
 
     #[cfg(feature = "cuda")]
@@ -157,6 +143,29 @@ impl Fp8Linear {
             bias,
         }))
     }
+}
+
+/// A layer of weight `[out, k]` applied to `x` (`[.., k]`): `matmul` of its rows as one
+/// `[rows, k]` matrix, plus `bias`, in `x`'s leading dimensions.
+pub(super) fn forward_rows(
+    x: &Tensor,
+    (out, k): (usize, usize),
+    bias: Option<&Tensor>,
+    matmul: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
+) -> candle_core::Result<Tensor> {
+    let dims = x.dims().to_vec();
+    if dims.last() != Some(&k) {
+        candle_core::bail!("input {dims:?} does not end in {k} features");
+    }
+    let rows = x.elem_count() / k;
+    let y = matmul(&x.reshape((rows, k))?)?;
+    let y = match bias {
+        Some(b) => y.broadcast_add(b)?,
+        None => y,
+    };
+    let mut out_dims = dims;
+    *out_dims.last_mut().expect("at least one dimension") = out;
+    y.reshape(out_dims)
 }
 
 /// The FP8 weight `name` (`[out, in]`) of a checkpoint as it is stored, with its scales, when it

@@ -2,11 +2,11 @@
 //! of input features, as AutoAWQ (`quant_method: awq`, GEMM layout), GPTQ (`quant_method: gptq`,
 //! AutoGPTQ's and GPTQModel's layout, `desc_act` included) and llm-compressor
 //! (`compressed-tensors`, format `pack-quantized`) write them. [`IntCheckpoint::parse`] reads
-//! `quantization_config`, refusing by name what it does not know; [`IntCheckpoint::dequantize`]
-//! unpacks one layer's weight to `[out, in]` values.
+//! `quantization_config`, refusing by name what it does not know; [`IntCheckpoint::unpack`]
+//! unpacks one layer's weight to its codes, zero points and scales ([`Unpacked`]).
 //!
-//! Dequantized at load to the model dtype, as FP8 checkpoints are (`super::fp8`): every path runs
-//! them as it runs a 16-bit checkpoint.
+//! A GPU keeps 4-bit projections packed (`super::int4_linear`); everything else is dequantized at
+//! load to the model dtype ([`Unpacked::values`]), as FP8 checkpoints are (`super::fp8`).
 
 use serde_json::Value;
 
@@ -108,16 +108,16 @@ impl IntCheckpoint {
         )
     }
 
-    /// Weight `name` (`[out, inp]`) unpacked to f32, row-major. `read_i32` and `read_f32` give a
-    /// stored tensor's shape and values (`None`: absent). Shapes that do not fit are errors
-    /// naming the tensor.
-    pub fn dequantize(
+    /// Weight `name` (`[out, inp]`) unpacked to its codes, zero points and scales. `read_i32`
+    /// and `read_f32` give a stored tensor's shape and values (`None`: absent). Shapes that do not
+    /// fit are errors naming the tensor.
+    pub fn unpack(
         &self,
         name: &str,
         (out, inp): (usize, usize),
         read_i32: ReadStored<'_, i32>,
         read_f32: ReadStored<'_, f32>,
-    ) -> Result<Vec<f32>, ModelError> {
+    ) -> Result<Unpacked, ModelError> {
         let stem = name.strip_suffix(".weight").unwrap_or(name);
         let need_i32 = |suffix: &str| {
             let n = format!("{stem}.{suffix}");
@@ -136,7 +136,6 @@ impl IntCheckpoint {
             }
             None => 1,
         };
-        let group_len = inp / groups;
         let per = (32 / self.bits) as usize;
         let check = |what: &str, shape: &[usize], want: &[usize]| {
             if shape == want {
@@ -149,7 +148,15 @@ impl IntCheckpoint {
                 )))
             }
         };
-        let mut w = vec![0f32; out * inp];
+        let mut u = Unpacked {
+            out,
+            inp,
+            codes: vec![0; out * inp],
+            zeros: vec![0; out * groups],
+            scales: vec![0.0; out * groups],
+            groups,
+            group_of: None,
+        };
         match self.layout {
             IntLayout::Awq => {
                 let (qs, q) = need_i32("qweight")?;
@@ -162,13 +169,17 @@ impl IntCheckpoint {
                 const AWQ_NIBBLE: [u32; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
                 let code = |words: &[i32], row: usize, c: usize| {
                     let word = words[row * (out / 8) + c / 8] as u32;
-                    ((word >> (4 * AWQ_NIBBLE[c % 8])) & 0xF) as i32
+                    ((word >> (4 * AWQ_NIBBLE[c % 8])) & 0xF) as u8
                 };
                 for i in 0..inp {
-                    let g = i / group_len;
                     for o in 0..out {
-                        let v = code(&q, i, o) - code(&z, g, o);
-                        w[o * inp + i] = v as f32 * s[g * out + o];
+                        u.codes[o * inp + i] = code(&q, i, o);
+                    }
+                }
+                for g in 0..groups {
+                    for o in 0..out {
+                        u.zeros[o * groups + g] = i32::from(code(&z, g, o));
+                        u.scales[o * groups + g] = s[g * out + o];
                     }
                 }
             }
@@ -179,28 +190,33 @@ impl IntCheckpoint {
                 check("qzeros", &zs, &[groups, out / per])?;
                 let (ss, s) = need_f32("scales")?;
                 check("scales", &ss, &[groups, out])?;
-                let g_idx = match read_i32(&format!("{stem}.g_idx"))? {
-                    Some((gs, g)) => {
-                        check("g_idx", &gs, &[inp])?;
-                        if let Some(&bad) = g.iter().find(|&&x| x < 0 || x as usize >= groups) {
-                            return Err(ModelError::Config(format!(
-                                "{stem}.g_idx names group {bad} of {groups}"
-                            )));
-                        }
-                        g.into_iter().map(|x| x as usize).collect()
+                if let Some((gs, g)) = read_i32(&format!("{stem}.g_idx"))? {
+                    check("g_idx", &gs, &[inp])?;
+                    if let Some(&bad) = g.iter().find(|&&x| x < 0 || x as usize >= groups) {
+                        return Err(ModelError::Config(format!(
+                            "{stem}.g_idx names group {bad} of {groups}"
+                        )));
                     }
-                    None => (0..inp).map(|i| i / group_len).collect::<Vec<_>>(),
-                };
+                    let g: Vec<usize> = g.into_iter().map(|x| x as usize).collect();
+                    // (A g_idx in order is the plain grouping: kept as none.)
+                    if g.iter().enumerate().any(|(i, &x)| x != i / (inp / groups)) {
+                        u.group_of = Some(g);
+                    }
+                }
                 let (bits, mask) = (self.bits, (1u32 << self.bits) - 1);
                 for i in 0..inp {
-                    let g = g_idx[i];
                     let shift = bits * (i % per) as u32;
                     for o in 0..out {
-                        let code = ((q[(i / per) * out + o] as u32 >> shift) & mask) as i32;
+                        u.codes[o * inp + i] =
+                            ((q[(i / per) * out + o] as u32 >> shift) & mask) as u8;
+                    }
+                }
+                for g in 0..groups {
+                    for o in 0..out {
                         let zshift = bits * (o % per) as u32;
                         let zero = ((z[g * (out / per) + o / per] as u32 >> zshift) & mask) as i32;
-                        let v = code - (zero + zero_offset);
-                        w[o * inp + i] = v as f32 * s[g * out + o];
+                        u.zeros[o * groups + g] = zero + zero_offset;
+                        u.scales[o * groups + g] = s[g * out + o];
                     }
                 }
             }
@@ -213,39 +229,79 @@ impl IntCheckpoint {
                 if ss != scale_shape && !(groups == 1 && ss == [out]) {
                     check("weight_scale", &ss, &scale_shape)?;
                 }
+                u.scales.copy_from_slice(&s);
+                // Codes are stored plus 2^(bits-1): that offset is every zero point's part.
                 let offset = 1i32 << (self.bits - 1);
-                let zeros: Option<Vec<i32>> = match self.symmetric {
-                    true => None,
-                    false => {
-                        let (zs, z) = need_i32("weight_zero_point")?;
-                        let zwords = (out * self.bits as usize).div_ceil(32);
-                        check("weight_zero_point", &zs, &[zwords, groups])?;
-                        // Packed along the output: column g of the packed rows.
-                        let mut column = vec![0i32; zwords];
-                        let mut zp = vec![0i32; out * groups];
-                        for g in 0..groups {
-                            for (r, c) in column.iter_mut().enumerate() {
-                                *c = z[r * groups + g];
-                            }
-                            for o in 0..out {
-                                zp[o * groups + g] = dense_code(&column, o, self.bits) - offset;
-                            }
+                u.zeros.fill(offset);
+                if !self.symmetric {
+                    let (zs, z) = need_i32("weight_zero_point")?;
+                    let zwords = (out * self.bits as usize).div_ceil(32);
+                    check("weight_zero_point", &zs, &[zwords, groups])?;
+                    // Packed along the output: column g of the packed rows.
+                    let mut column = vec![0i32; zwords];
+                    for g in 0..groups {
+                        for (r, c) in column.iter_mut().enumerate() {
+                            *c = z[r * groups + g];
                         }
-                        Some(zp)
+                        for o in 0..out {
+                            u.zeros[o * groups + g] += dense_code(&column, o, self.bits) - offset;
+                        }
                     }
-                };
+                }
                 for o in 0..out {
                     let row = &q[o * words..(o + 1) * words];
                     for i in 0..inp {
-                        let g = i / group_len;
-                        let zero = zeros.as_ref().map_or(0, |z| z[o * groups + g]);
-                        let v = dense_code(row, i, self.bits) - offset - zero;
-                        w[o * inp + i] = v as f32 * s[o * groups + g];
+                        u.codes[o * inp + i] = dense_code(row, i, self.bits) as u8;
                     }
                 }
             }
         }
-        Ok(w)
+        Ok(u)
+    }
+}
+
+/// One integer weight `[out, inp]` unpacked: element `(o, i)` is `(codes[o, i] - zeros[o, g]) *
+/// scales[o, g]` for `g` its input feature's group.
+#[derive(Clone, Debug)]
+pub struct Unpacked {
+    /// Output features (rows).
+    pub out: usize,
+    /// Input features (columns).
+    pub inp: usize,
+    /// `[out, inp]`, unsigned (below `2^bits`).
+    pub codes: Vec<u8>,
+    /// `[out, groups]`: what each code is less (GPTQ v1's stored-less-one and compressed-tensors'
+    /// signed storage already undone).
+    pub zeros: Vec<i32>,
+    /// `[out, groups]`.
+    pub scales: Vec<f32>,
+    /// Groups a row.
+    pub groups: usize,
+    /// Each input feature's group when they are not in order (GPTQ `desc_act`); `None`: feature
+    /// `i` is in group `i / (inp / groups)`.
+    pub group_of: Option<Vec<usize>>,
+}
+
+impl Unpacked {
+    /// The group of input feature `i`.
+    pub fn group(&self, i: usize) -> usize {
+        match &self.group_of {
+            Some(g) => g[i],
+            None => i / (self.inp / self.groups),
+        }
+    }
+
+    /// The weight's values, `[out, inp]` row-major f32.
+    pub fn values(&self) -> Vec<f32> {
+        let mut w = vec![0f32; self.out * self.inp];
+        for (o, row) in w.chunks_exact_mut(self.inp.max(1)).enumerate() {
+            for (i, v) in row.iter_mut().enumerate() {
+                let at = o * self.groups + self.group(i);
+                let q = i32::from(self.codes[o * self.inp + i]) - self.zeros[at];
+                *v = q as f32 * self.scales[at];
+            }
+        }
+        w
     }
 }
 

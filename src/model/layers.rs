@@ -10,6 +10,7 @@ use super::ModelError;
 use super::config::{Llama3RopeScaling, ModelConfig};
 use super::fp8_linear::Fp8Linear;
 use super::glu::{Glu, glu, glu_split};
+use super::int4_linear::Int4Linear;
 use super::weights::{Part, Weights};
 use crate::cpu::QLinear;
 use crate::parallel::TpRank;
@@ -27,6 +28,8 @@ pub enum Linear {
     },
     /// FP8 weight on a GPU, streamed by our kernels (bias included).
     Fp8(Fp8Linear),
+    /// 4-bit integer weight on a GPU, streamed by our kernels (bias included).
+    Int4(Int4Linear),
     /// Quantized weight; candle's quantized matmul takes f32 input.
     Quantized {
         /// The quantized weight.
@@ -61,12 +64,23 @@ impl Linear {
         if let Some(fp8) = fp8 {
             return Ok(Fp8Linear::concat(&fp8)?.map(Linear::Fp8));
         }
+        let int4: Option<Vec<&Int4Linear>> = parts
+            .iter()
+            .map(|p| match p {
+                Linear::Int4(l) => Some(l),
+                _ => None,
+            })
+            .collect();
+        if let Some(int4) = int4 {
+            return Ok(Int4Linear::concat(&int4)?.map(Linear::Int4));
+        }
         let biases: Vec<Tensor> = parts
             .iter()
             .filter_map(|p| match p {
                 Linear::Dense(l) => l.bias().cloned(),
                 Linear::Cpu { bias, .. } | Linear::Quantized { bias, .. } => bias.clone(),
                 Linear::Fp8(l) => l.bias().cloned(),
+                Linear::Int4(l) => l.bias().cloned(),
             })
             .collect();
         let bias = match biases.len() {
@@ -107,11 +121,13 @@ impl Linear {
         }
     }
 
-    /// The weight the fused decode kernels stream, of a layer without a bias: dense or FP8.
+    /// The weight the fused decode kernels stream, of a layer without a bias: dense, FP8 or
+    /// 4-bit.
     #[cfg(feature = "cuda")]
     pub fn gemv_weight(&self) -> Option<pagewise_kernels::GemvWeight<'_>> {
         match self {
             Linear::Fp8(l) if l.bias().is_none() => Some(l.matrix().into()),
+            Linear::Int4(l) if l.bias().is_none() => Some(l.matrix().into()),
             other => other.dense_weight().map(Into::into),
         }
     }
@@ -129,6 +145,7 @@ impl Linear {
         match self {
             Linear::Dense(l) => l.forward(x),
             Linear::Fp8(l) => l.forward(x),
+            Linear::Int4(l) => l.forward(x),
             Linear::Cpu { weight, bias } => {
                 let (dtype, dims) = (x.dtype(), x.dims());
                 if dims.last() != Some(&weight.cols()) {

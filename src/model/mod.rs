@@ -21,6 +21,7 @@ pub mod gpt2;
 pub mod gpt_neox;
 pub mod gpt_oss;
 pub mod hf_config;
+pub mod int4_linear;
 pub mod int_weights;
 pub mod layers;
 pub mod llama;

@@ -382,6 +382,7 @@ mod tests {
         let w = Weights::Dense {
             vb: candle_nn::VarBuilder::from_tensors(t.clone(), DType::F32, &dev),
             quantize_fp8: false,
+            dummy_int4: None,
         };
         let text = format!(
             r#"{{"num_local_experts":3,"num_experts_per_tok":1,"vocab_size":8,"hidden_size":{h},

@@ -19,7 +19,7 @@ use super::ModelError;
 pub use super::dummy_weights::DummyBackend;
 use super::fp8::{self, Fp8Checkpoint};
 use super::fp8_linear;
-use super::int_weights::{IntCheckpoint, Stored};
+use super::int_weights::IntCheckpoint;
 use super::layers::Linear;
 use super::mxfp4::{GgufMxfp4, Mxfp4Host};
 use super::quantized::CheckpointQuant;
@@ -32,6 +32,9 @@ pub enum Weights {
         vb: VarBuilder<'static>,
         /// `--quantization fp8`: the decoder layers' projections are quantized at load.
         quantize_fp8: bool,
+        /// A 4-bit checkpoint's config under `--load-format dummy`: its group size, so that a GPU
+        /// makes random 4-bit projections (`Weights::kept_int4`).
+        dummy_int4: Option<usize>,
     },
     /// Memory-mapped safetensors files, converted to `dtype` on `device` as they are read.
     Safetensors {
@@ -246,6 +249,9 @@ impl Weights {
                 if let Some(kept) = self.kept_fp8(&weight_name, (out_dim, in_dim), &part)? {
                     return Ok(Linear::Fp8(kept.with_bias(bias)));
                 }
+                if let Some(kept) = self.kept_int4(&weight_name, (out_dim, in_dim), &part)? {
+                    return Ok(Linear::Int4(kept.with_bias(bias)));
+                }
                 let w = self.tensor_part(&weight_name, (out_dim, in_dim), &part)?;
                 if self.quantizes_fp8(prefix) {
                     return fp8_linear::quantized(&w, bias);
@@ -434,33 +440,14 @@ impl Weights {
         q: &IntCheckpoint,
         full: &[usize],
     ) -> Result<Tensor, ModelError> {
-        let Weights::Safetensors { files, device, .. } = self else {
-            unreachable!("dequantized_int is only called on safetensors weights")
-        };
         let &[out, inp] = full else {
             return Err(ModelError::Config(format!(
                 "{} holds a packed weight of shape {full:?}: only matrices are read",
                 q.packed_name(name)
             )));
         };
-        let read = |n: &str, dtype: DType| -> Result<Option<Tensor>, ModelError> {
-            match files.get(n) {
-                Ok(_) => Ok(Some(files.load(n, &Device::Cpu)?.to_dtype(dtype)?)),
-                Err(_) => Ok(None),
-            }
-        };
-        let read_i32 = |n: &str| -> Result<Stored<i32>, ModelError> {
-            read(n, DType::I32)?
-                .map(|t| Ok((t.dims().to_vec(), t.flatten_all()?.to_vec1::<i32>()?)))
-                .transpose()
-        };
-        let read_f32 = |n: &str| -> Result<Stored<f32>, ModelError> {
-            read(n, DType::F32)?
-                .map(|t| Ok((t.dims().to_vec(), t.flatten_all()?.to_vec1::<f32>()?)))
-                .transpose()
-        };
-        let values = q.dequantize(name, (out, inp), &read_i32, &read_f32)?;
-        Ok(Tensor::from_vec(values, (out, inp), &Device::Cpu)?.to_device(device)?)
+        let values = self.unpacked_int(name, q, (out, inp))?.values();
+        Ok(Tensor::from_vec(values, (out, inp), &Device::Cpu)?.to_device(self.device())?)
     }
 }
 

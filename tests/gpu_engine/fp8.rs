@@ -11,7 +11,7 @@ use super::common::{self, rel_err};
 use super::{assert_decode_near_the_cpu, gpu, model};
 
 /// Layer 0's q projection of the model at `path` as the GPU loads it in bf16.
-fn first_q_proj(path: &str, quantization: Option<Quantization>) -> Linear {
+pub(super) fn first_q_proj(path: &str, quantization: Option<Quantization>) -> Linear {
     let opts = LoadOptions {
         load_format: LoadFormat::Auto,
         dtype: DType::BF16,
@@ -37,7 +37,12 @@ fn first_q_proj(path: &str, quantization: Option<Quantization>) -> Linear {
 /// Prefill logits at every position and 40 decode steps of two rows in bf16 on the GPU, against
 /// the CPU's float32 logits (the same weights, dequantized or rounded on the host); `fused`: every
 /// decode step takes the fused kernels.
-fn near_the_cpu(label: &str, path: &str, quantization: Option<Quantization>, fused: bool) {
+pub(super) fn near_the_cpu(
+    label: &str,
+    path: &str,
+    quantization: Option<Quantization>,
+    fused: bool,
+) {
     let seqs: Vec<Vec<u32>> = (0..2u32)
         .map(|s| (0..40).map(|i| (i * 37 + s * 101 + 3) % 250).collect())
         .collect();

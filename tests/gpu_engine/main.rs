@@ -8,6 +8,7 @@ mod architectures;
 #[path = "../common/mod.rs"]
 mod common;
 mod fp8;
+mod int4;
 mod moe;
 
 use candle_core::{DType, Device};
@@ -219,11 +220,11 @@ fn llama_1b_shape_matches_transformers() {
 
 /// 32 prompts (half sharing a prefix) through one engine with a small token budget (chunked
 /// prefill, mixed prefill + decode steps), prefix caching and a cache small enough to preempt,
-/// against each prompt alone.
-fn batch_invariance(dtype: DtypeArg, kv_bytes_per_token: u64) {
+/// against each prompt alone, for the model `name` (of tiny-d64's shape).
+fn batch_invariance(name: &str, dtype: DtypeArg, kv_bytes_per_token: u64) {
     let prompts = prompts(32, 256);
     let args = |enable_prefix_caching| EngineArgs {
-        model: model("tiny-d64"),
+        model: model(name),
         device: DeviceArg::Cuda(0),
         dtype,
         enable_prefix_caching,
@@ -257,9 +258,9 @@ fn batch_invariance(dtype: DtypeArg, kv_bytes_per_token: u64) {
 #[test]
 fn batched_chunked_cached_preempted_equals_solo_on_the_gpu() {
     // 2 layers x 2 KV heads x 64 dims x K,V: 2 KiB per token in f32, 1 KiB in bf16.
-    batch_invariance(DtypeArg::Float32, 2048);
+    batch_invariance("tiny-d64", DtypeArg::Float32, 2048);
     // bf16 runs the tensor-core prefill kernel and mixed prefill + decode steps.
-    batch_invariance(DtypeArg::Bfloat16, 1024);
+    batch_invariance("tiny-d64", DtypeArg::Bfloat16, 1024);
 }
 
 #[test]

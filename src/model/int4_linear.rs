@@ -1,0 +1,331 @@
+//! Linear layers whose weights stay 4-bit on the GPU: the projections of an AWQ, GPTQ or
+//! compressed-tensors W4A16 checkpoint ([`super::int_weights`] unpacks them), repacked at load
+//! into the order the decode GEMVs read ([`pack_int4_rows`]) with one f16
+//! (scale, zero point) pair per row and group. Steps of up to `pagewise_kernels::GEMV_MAX_ROWS`
+//! rows stream the codes through the GEMVs (a quarter of bf16's bytes); larger steps multiply a
+//! dequantized copy on cuBLAS. Everything else (the CPU, 8-bit codes, GPTQ's `desc_act` order,
+//! groups the GEMVs do not take, experts, tensor-parallel slices) is dequantized at load.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::ModelError;
+use super::fp8_linear::forward_rows;
+use super::int_weights::{IntCheckpoint, Stored, Unpacked};
+use super::quantized::CheckpointQuant;
+use super::weights::{Part, Weights};
+
+/// A 4-bit weight `[out, in]` on a GPU (see `pagewise_kernels::Int4Matrix`), and an optional
+/// bias.
+#[derive(Clone, Debug)]
+pub struct Int4Linear {
+    /// u8 `[out, in / 2]`: the codes in the GEMVs' order.
+    codes: Tensor,
+    /// f16 `[out, groups, 2]`: each row's groups' (scale, zero point).
+    scale_zero: Tensor,
+    /// Input features a group (`in`: one group a row).
+    group: usize,
+    /// `[out]`, in the activations' dtype.
+    bias: Option<Tensor>,
+}
+
+impl Int4Linear {
+    /// `[out, in]`.
+    pub fn dims(&self) -> (usize, usize) {
+        let d = self.codes.dims();
+        (d[0], 2 * d[1])
+    }
+
+    /// The bias, if any.
+    pub fn bias(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
+    }
+
+    /// The layer with `bias` (`[out]`).
+    pub fn with_bias(self, bias: Option<Tensor>) -> Self {
+        Int4Linear { bias, ..self }
+    }
+
+    /// The weight as the GPU kernels take it.
+    #[cfg(feature = "cuda")]
+    pub fn matrix(&self) -> pagewise_kernels::Int4Matrix<'_> {
+        pagewise_kernels::Int4Matrix {
+            codes: &self.codes,
+            scale_zero: &self.scale_zero,
+            group: self.group,
+        }
+    }
+
+    /// `u` (4-bit codes) repacked on `device`, or `None` when the GEMVs cannot take it: input
+    /// features not a multiple of 32, features out of their groups' order (`desc_act`), groups
+    /// not whole rows or a power of two of at least 32, or a scale f16 cannot hold exactly.
+    pub fn from_unpacked(u: &Unpacked, device: &Device) -> Result<Option<Self>, ModelError> {
+        let group = u.inp / u.groups.max(1);
+        let fits = u.inp.is_multiple_of(32)
+            && u.group_of.is_none()
+            && (u.groups == 1 || (group >= 32 && group.is_power_of_two()))
+            && u.codes.iter().all(|&q| q < 16);
+        if !fits {
+            return Ok(None);
+        }
+        let pairs: Vec<f32> = u
+            .scales
+            .iter()
+            .zip(&u.zeros)
+            .flat_map(|(&s, &z)| [s, z as f32])
+            .collect();
+        let shape = (u.out, u.groups, 2);
+        let host = Tensor::from_vec(pairs.clone(), shape, &Device::Cpu)?.to_dtype(DType::F16)?;
+        let back = host.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        if back != pairs {
+            return Ok(None);
+        }
+        let bytes = pack_int4_rows(&u.codes, u.inp);
+        let codes = Tensor::from_vec(bytes, (u.out, u.inp / 2), &Device::Cpu)?;
+        Ok(Some(Int4Linear {
+            codes: codes.to_device(device)?,
+            scale_zero: host.to_device(device)?,
+            group: if u.groups == 1 { u.inp } else { group },
+            bias: None,
+        }))
+    }
+
+    /// Seeded random codes of `[out, in]` on `device` (`--load-format dummy` with a 4-bit
+    /// checkpoint's config): uniform codes about a zero point of 8, scaled so that the values'
+    /// spread is the dummy dense weights' (0.02).
+    pub fn dummy(
+        (out, inp): (usize, usize),
+        group: usize,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        let group = group.min(inp);
+        let groups = inp.div_ceil(group);
+        // Random bytes: two uniform codes each.
+        let codes = (Tensor::rand(0f32, 256f32, (out, inp / 2), device)?.floor()?)
+            .clamp(0f32, 255f32)?
+            .to_dtype(DType::U8)?;
+        // Uniform codes 0..15 have a standard deviation of 4.6.
+        let pair = Tensor::new(&[0.02f32 / 4.6, 8.0], device)?;
+        let scale_zero = pair
+            .reshape((1, 1, 2))?
+            .broadcast_as((out, groups, 2))?
+            .contiguous()?
+            .to_dtype(DType::F16)?;
+        Ok(Int4Linear {
+            codes,
+            scale_zero,
+            group,
+            bias: None,
+        })
+    }
+
+    /// Applies the layer to `[.., in]` (f16 or bf16 on the weight's GPU).
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        forward_rows(x, self.dims(), self.bias.as_ref(), |x2| self.matmul(x2))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn matmul(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        use pagewise_kernels::{GEMV_MAX_ROWS, GemvInput, GemvWeight};
+        let (rows, k) = x.dims2()?;
+        let w = GemvWeight::Int4(self.matrix());
+        if rows <= GEMV_MAX_ROWS
+            && w.takes(x.dtype())
+            && pagewise_kernels::gemv_fits(rows, k, x.dtype())
+        {
+            return pagewise_kernels::gemv_fused(&x.contiguous()?, w, GemvInput::Plain, None);
+        }
+        let dense = pagewise_kernels::int4_dequantize(self.matrix(), x.dtype())?;
+        x.matmul(&dense.t()?)
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn matmul(&self, _x: &Tensor) -> candle_core::Result<Tensor> {
+        candle_core::bail!("4-bit weights are kept only on a GPU (a CUDA build)")
+    }
+
+    /// One layer computing all of `parts` side by side (weights stacked along the output
+    /// dimension), or `None` when their inputs or groups differ, or only some have a bias.
+    pub fn concat(parts: &[&Int4Linear]) -> candle_core::Result<Option<Int4Linear>> {
+        let Some(first) = parts.first() else {
+            return Ok(None);
+        };
+        let alike = |p: &&Int4Linear| p.dims().1 == first.dims().1 && p.group == first.group;
+        if !parts.iter().all(alike) {
+            return Ok(None);
+        }
+        let biases: Vec<&Tensor> = parts.iter().filter_map(|p| p.bias.as_ref()).collect();
+        let bias = match biases.len() {
+            0 => None,
+            n if n == parts.len() => Some(Tensor::cat(&biases, 0)?),
+            _ => return Ok(None),
+        };
+        let codes: Vec<&Tensor> = parts.iter().map(|p| &p.codes).collect();
+        let pairs: Vec<&Tensor> = parts.iter().map(|p| &p.scale_zero).collect();
+        Ok(Some(Int4Linear {
+            codes: Tensor::cat(&codes, 0)?,
+            scale_zero: Tensor::cat(&pairs, 0)?,
+            group: first.group,
+            bias,
+        }))
+    }
+}
+
+/// Codes `q` (`[rows, k]` row-major, each below 16; `k` a multiple of 8) packed as the GPU
+/// kernels read them (`pagewise_kernels::Int4Matrix`): 8 columns a little-endian 32-bit word,
+/// column `8j + 2i` in word `j`'s nibble `i` and column `8j + 2i + 1` in nibble `4 + i`.
+/// `[rows, k / 2]` bytes.
+pub fn pack_int4_rows(q: &[u8], k: usize) -> Vec<u8> {
+    assert!(
+        k.is_multiple_of(8) && q.len().is_multiple_of(k.max(1)),
+        "pack_int4_rows: k {k} must be a multiple of 8 and divide {} codes",
+        q.len()
+    );
+    let mut out = Vec::with_capacity(q.len() / 2);
+    for eight in q.chunks_exact(8) {
+        let mut word = 0u32;
+        for (c, &code) in eight.iter().enumerate() {
+            let nibble = if c % 2 == 0 { c / 2 } else { 4 + c / 2 };
+            word |= u32::from(code & 0xF) << (4 * nibble);
+        }
+        out.extend_from_slice(&word.to_le_bytes());
+    }
+    out
+}
+
+/// How the weights layer reads integer checkpoints (`Weights::linear_part`, `slice_safetensors`).
+impl Weights {
+    /// The integer checkpoint weight `name` (`[out, in]`) kept 4-bit when a GPU takes it
+    /// ([`Int4Linear::from_unpacked`]): 4-bit codes, f16 or bf16 activations, the whole tensor
+    /// (one rank), not an expert's (the grouped expert kernels read 16-bit weights). Under
+    /// `--load-format dummy` with a 4-bit checkpoint's config, random codes
+    /// ([`Int4Linear::dummy`]).
+    pub(super) fn kept_int4(
+        &self,
+        name: &str,
+        shape: (usize, usize),
+        part: &Part,
+    ) -> Result<Option<Int4Linear>, ModelError> {
+        let kept_here = |device: &Device, dtype: DType| {
+            device.is_cuda()
+                && matches!(dtype, DType::BF16 | DType::F16)
+                && *part == Part::Whole
+                && !name.contains(".experts.")
+        };
+        match self {
+            Weights::Safetensors {
+                files,
+                dtype,
+                device,
+                quantization: Some(CheckpointQuant::Int(q)),
+                ..
+            } if q.bits == 4 && kept_here(device, *dtype) => {
+                if files.get(&q.packed_name(name)).is_err() {
+                    return Ok(None);
+                }
+                let u = self.unpacked_int(name, q, shape)?;
+                Int4Linear::from_unpacked(&u, device)
+            }
+            Weights::Dense {
+                vb,
+                dummy_int4: Some(group),
+                ..
+            } if kept_here(vb.device(), vb.dtype())
+                && super::fp8_linear::quantizes(name)
+                && shape.1.is_multiple_of(32) =>
+            {
+                Ok(Some(Int4Linear::dummy(shape, *group, vb.device())?))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Packed integer weight `name` (`[out, in]`) unpacked with its scales and zero points.
+    pub(super) fn unpacked_int(
+        &self,
+        name: &str,
+        q: &IntCheckpoint,
+        (out, inp): (usize, usize),
+    ) -> Result<Unpacked, ModelError> {
+        let Weights::Safetensors { files, .. } = self else {
+            unreachable!("unpacked_int is only called on safetensors weights")
+        };
+        let read = |n: &str, dtype: DType| -> Result<Option<Tensor>, ModelError> {
+            match files.get(n) {
+                Ok(_) => Ok(Some(files.load(n, &Device::Cpu)?.to_dtype(dtype)?)),
+                Err(_) => Ok(None),
+            }
+        };
+        let read_i32 = |n: &str| -> Result<Stored<i32>, ModelError> {
+            read(n, DType::I32)?
+                .map(|t| Ok((t.dims().to_vec(), t.flatten_all()?.to_vec1::<i32>()?)))
+                .transpose()
+        };
+        let read_f32 = |n: &str| -> Result<Stored<f32>, ModelError> {
+            read(n, DType::F32)?
+                .map(|t| Ok((t.dims().to_vec(), t.flatten_all()?.to_vec1::<f32>()?)))
+                .transpose()
+        };
+        q.unpack(name, (out, inp), &read_i32, &read_f32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packing_puts_even_columns_in_the_low_nibbles() {
+        let q: Vec<u8> = (0..16).collect();
+        let bytes = pack_int4_rows(&q, 16);
+        let word = |i: usize| u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap());
+        // Columns 0 2 4 6 in nibbles 0..3, 1 3 5 7 in nibbles 4..7.
+        assert_eq!(word(0), 0x7531_6420);
+        assert_eq!(word(1), 0xFDB9_ECA8);
+    }
+
+    fn unpacked(inp: usize, groups: usize, scale: f32) -> Unpacked {
+        Unpacked {
+            out: 2,
+            inp,
+            codes: (0..2 * inp).map(|i| (i % 16) as u8).collect(),
+            zeros: vec![8; 2 * groups],
+            scales: vec![scale; 2 * groups],
+            groups,
+            group_of: None,
+        }
+    }
+
+    #[test]
+    fn only_what_the_gemvs_take_is_kept() {
+        let cpu = Device::Cpu;
+        let kept = Int4Linear::from_unpacked(&unpacked(256, 2, 0.5), &cpu)
+            .unwrap()
+            .unwrap();
+        assert_eq!((kept.dims(), kept.group), ((2, 256), 128));
+        assert_eq!(kept.scale_zero.dims(), [2, 2, 2]);
+        let per_channel = Int4Linear::from_unpacked(&unpacked(96, 1, 0.5), &cpu)
+            .unwrap()
+            .unwrap();
+        assert_eq!(per_channel.group, 96);
+        // Groups of 48 (not a power of two), of 16 (below a lane's 32 columns), features not a
+        // multiple of 32, a scale f16 rounds, features out of order, 8-bit codes: dequantized.
+        let mut refused = vec![
+            unpacked(96, 2, 0.5),
+            unpacked(64, 4, 0.5),
+            unpacked(48, 1, 0.5),
+            unpacked(64, 1, 0.1),
+        ];
+        let mut shuffled = unpacked(64, 2, 0.5);
+        shuffled.group_of = Some((0..64).map(|i| i % 2).collect());
+        refused.push(shuffled);
+        let mut eight_bit = unpacked(64, 2, 0.5);
+        eight_bit.codes[3] = 200;
+        refused.push(eight_bit);
+        for u in refused {
+            assert!(
+                Int4Linear::from_unpacked(&u, &cpu).unwrap().is_none(),
+                "{u:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! 4-bit integer checkpoints on the GPU (part of the gpu_engine test binary; models by
+//! scripts/gpu/make_int_gpu_models.py in tests/fixtures/make_int_models.py's layouts): AWQ, GPTQ
+//! and W4A16 projections stay packed there, run on the fused decode kernels and the CUDA graphs,
+//! and stay near the CPU's float32 logits of the same weights; a GPTQ `desc_act` checkpoint is
+//! dequantized at load and runs as well.
+
+use pagewise::engine::device::DeviceArg;
+use pagewise::model::layers::Linear;
+use pagewise::{DtypeArg, EngineArgs, Llm};
+
+use super::fp8::{first_q_proj, near_the_cpu};
+use super::{batch_invariance, graph_replays_equal_eager, model};
+
+#[test]
+fn int4_checkpoints_keep_their_packed_weights_on_the_gpu() {
+    let mut names = vec!["tiny-d64-awq", "qwen3-d128-gptq"];
+    // (Written only where compressed-tensors is installed.)
+    if std::path::Path::new(&model("tiny-d64-w4a16")).exists() {
+        names.push("tiny-d64-w4a16");
+    }
+    for name in names {
+        let path = model(name);
+        assert!(
+            matches!(first_q_proj(&path, None), Linear::Int4(_)),
+            "{name}: the q projection must stay 4-bit on the GPU"
+        );
+        near_the_cpu(name, &path, None, true);
+    }
+}
+
+#[test]
+fn a_gptq_desc_act_checkpoint_is_dequantized_on_the_gpu() {
+    let path = model("qwen3-d128-gptq-act-order");
+    assert!(matches!(first_q_proj(&path, None), Linear::Dense(_)));
+    near_the_cpu("qwen3-d128-gptq-act-order", &path, None, true);
+}
+
+#[test]
+fn int4_batches_and_graphs_equal_solo_and_eager_runs() {
+    // tiny-d64's shape: 1 KiB of bf16 KV per token.
+    batch_invariance("tiny-d64-awq", DtypeArg::Bfloat16, 1024);
+    let args = |enforce_eager| EngineArgs {
+        model: model("tiny-d64-awq"),
+        device: DeviceArg::Cuda(0),
+        dtype: DtypeArg::Bfloat16,
+        enforce_eager,
+        max_num_seqs: 16,
+        ..Default::default()
+    };
+    let mut eager = Llm::new(args(true)).unwrap();
+    let mut graphs = Llm::new(args(false)).unwrap();
+    let replays = graph_replays_equal_eager(&mut eager, &mut graphs, &[1, 3, 16]);
+    eprintln!("4-bit: (graph replays, steps) per run: {replays:?}");
+    assert_eq!(replays[0], (23, 24));
+}
