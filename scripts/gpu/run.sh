@@ -156,13 +156,20 @@ if [ "$what" = fp8 ]; then
       2>> "$out/bench-stderr.log" | tail -1 || status=1
   done
 fi
-if [ "$what" = int4 ]; then
+# (INT4_PARTS picks parts, "kernels engine bench" by default: the tracked tree leaves room for one
+# staged binary a call, so a session may run them in three calls.)
+int4_part() { case " ${INT4_PARTS:-kernels engine bench} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+if [ "$what" = int4 ] && int4_part kernels; then
   "$work/bin/int4-tests" --test-threads=1 2>&1 | grep -E "^test |test result|panicked" || status=1
+  "$work/bin/int4-tests" --ignored --nocapture --test-threads=1 int4_gemv_bandwidth 2>&1 | grep -E "^\||panicked" || status=1
+fi
+if [ "$what" = int4 ] && int4_part engine; then
   python3 "$here/../scripts/gpu/make_int_gpu_models.py" "$PAGEWISE_GPU_MODELS" > "$out/make-models.log" 2>&1 \
     || { tail -20 "$out/make-models.log"; status=1; }
   "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture int4 2>&1 \
     | grep -E "^test |test result|rel\. err|replays|panicked" || status=1
-  "$work/bin/int4-tests" --ignored --nocapture --test-threads=1 int4_gemv_bandwidth 2>&1 | grep -E "^\||panicked" || status=1
+fi
+if [ "$what" = int4 ] && int4_part bench; then
   SCOREBOARD_MODELS=none SCOREBOARD_PARTS=none SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \
     bash "$here/scripts/gpu/scoreboard.sh" > /dev/null 2>&1   # (writes the shapes' configs)
   for m in llama-8b llama-1b; do
