@@ -26,10 +26,10 @@ use pagewise_kernels::{GemvInput, GemvWeight, gemv_fits, gemv_fused};
 use super::attention::KvCache;
 use super::batch::ForwardBatch;
 use super::glu::silu_mul;
-use super::layers::Rotary;
 use super::moe::SparseMoe;
 use super::norm::RmsNorm;
 use super::qkv::Heads;
+use super::rotary::Rotary;
 use crate::parallel::Parallel;
 
 /// One decoder layer's weights as the fused path takes them (dense, no biases).

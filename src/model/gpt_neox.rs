@@ -14,9 +14,10 @@ use serde::Deserialize;
 use super::config::{ArchSettings, ModelConfig};
 use super::gguf_config::GgufMeta;
 use super::hf_config::HfConfig;
-use super::layers::{Linear, Rotary, layer_norm};
+use super::layers::{Linear, layer_norm};
 use super::qkv::{Heads, split_qkv};
 use super::registry::{Arch, Rope, Supports};
+use super::rotary::Rotary;
 use super::weights::Weights;
 use super::{CausalLm, ModelError};
 

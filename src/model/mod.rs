@@ -37,6 +37,7 @@ pub mod qkv;
 pub mod quantized;
 pub mod registry;
 pub mod rope_scaling;
+pub mod rotary;
 pub mod weights;
 
 use candle_core::Tensor;

@@ -9,8 +9,9 @@ use super::ModelError;
 use super::attention::KvCache;
 use super::batch::ForwardBatch;
 use super::config::ModelConfig;
-use super::layers::{Linear, RotaryRows};
+use super::layers::Linear;
 use super::norm::RmsNorm;
+use super::rotary::RotaryRows;
 use super::weights::{Part, Weights};
 use crate::parallel::{TpRank, head_rows};
 

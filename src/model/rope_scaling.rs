@@ -1,7 +1,7 @@
 //! Rotary scaling as a Hugging Face config states it (`rope_scaling`, or transformers 5's
 //! `rope_parameters`): Llama 3.1's wavelength-dependent scaling, Phi-3's LongRoPE and YaRN
 //! (gpt-oss, Qwen's long-context settings). The tables themselves are computed in
-//! `layers::Rotary`.
+//! `rotary::Rotary`.
 
 use serde::Deserialize;
 

@@ -9,11 +9,12 @@ use super::config::ModelConfig;
 #[cfg(feature = "cuda")]
 use super::decode_fused;
 use super::embedding::TokenEmbedding;
-use super::layers::{GatedMlp, Linear, Rotary};
+use super::layers::{GatedMlp, Linear};
 use super::lm_head::LmHead;
 use super::moe::SparseMoe;
 use super::norm::RmsNorm;
 use super::qkv::{Heads, QkvProj, attention, o_proj};
+use super::rotary::Rotary;
 use super::weights::Weights;
 use super::{CausalLm, ModelError};
 use crate::parallel::{Parallel, TpRank};
