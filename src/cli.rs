@@ -41,6 +41,42 @@ pub enum Command {
     Generate(GenerateCmd),
     /// Benchmarks: `serve` (against a server), `throughput` and `latency` (offline).
     Bench(crate::bench::BenchCmd),
+    /// Chat in the terminal with a running server (`--url`), or with a model started here.
+    Chat(ClientCmd),
+    /// Complete prompts in the terminal, with a running server (`--url`) or a model started here.
+    Complete(ClientCmd),
+}
+
+/// `pagewise chat` and `pagewise complete`: a terminal client. Each line is a user message
+/// (chat: the conversation is kept) or a prompt (complete); the answer streams back. `/clear`
+/// forgets the conversation; `/exit`, `/quit` or Ctrl-D end.
+#[derive(Args, Debug)]
+pub struct ClientCmd {
+    /// A running server's API, e.g. http://localhost:8000/v1. Without it, the model of the engine
+    /// flags below (default: SmolLM2-135M-Instruct) is started in this process.
+    #[arg(long, env = "PAGEWISE_CLIENT_URL")]
+    pub url: Option<String>,
+    /// The model to ask the server for (default: the first it lists).
+    #[arg(long)]
+    pub model_name: Option<String>,
+    /// Bearer key for the server's API.
+    #[arg(long, env = "PAGEWISE_CLIENT_API_KEY")]
+    pub client_api_key: Option<String>,
+    /// A system message that opens the conversation (chat only).
+    #[arg(long)]
+    pub system_prompt: Option<String>,
+    /// Tokens an answer may take (default: the server's).
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
+    /// Sampling temperature (default: the server's).
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Send this one message or prompt, print the answer and exit.
+    #[arg(long)]
+    pub quick: Option<String>,
+    /// Model and engine settings, for the model started here (not used with --url).
+    #[command(flatten)]
+    pub engine: EngineFlags,
 }
 
 /// `pagewise serve`.

@@ -10,6 +10,7 @@ pub mod bench;
 pub use pagewise_cpu as cpu;
 pub mod chat;
 pub mod cli;
+pub mod client;
 pub mod config_file;
 pub mod default_model;
 pub mod engine;

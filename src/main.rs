@@ -7,15 +7,17 @@ use clap::Parser;
 use pagewise::Llm;
 use pagewise::bench::{self, BenchCmd, BenchKind};
 use pagewise::chat::ChatMessage;
-use pagewise::cli::{Cli, Command, EngineFlags, GenerateCmd, LogFormat, ServeCmd};
+use pagewise::cli::{Cli, ClientCmd, Command, EngineFlags, GenerateCmd, LogFormat, ServeCmd};
+use pagewise::client::{ClientSettings, Mode};
 use pagewise::default_model::DEFAULT_MODEL_NAME;
 use pagewise::default_model::ensure_default_model;
 use pagewise::engine::handle::EngineHandle;
 use pagewise::server::{self, AppState, ServerOptions};
 
-fn init_tracing(format: LogFormat) {
+/// Logs to stderr at `RUST_LOG`'s levels, else at `default`.
+fn init_tracing(format: LogFormat, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -67,6 +69,67 @@ fn generate(cmd: GenerateCmd) -> Result<()> {
         generated as f64 / elapsed
     );
     Ok(())
+}
+
+/// `pagewise chat` / `complete`: the terminal client against `--url`, or against a server on a
+/// loopback port of this process serving the engine flags' model (stopped when the client ends).
+fn client(cmd: ClientCmd, mode: Mode) -> Result<()> {
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async move {
+        let mut settings = ClientSettings {
+            url: cmd.url.clone().unwrap_or_default(),
+            model_name: cmd.model_name.clone(),
+            api_key: cmd.client_api_key.clone(),
+            system_prompt: cmd.system_prompt.clone(),
+            max_tokens: cmd.max_tokens,
+            temperature: cmd.temperature,
+        };
+        let mut local = None;
+        if cmd.url.is_none() {
+            let model = resolve_model(&cmd.engine)?;
+            let name = cmd
+                .engine
+                .model
+                .clone()
+                .unwrap_or(DEFAULT_MODEL_NAME.to_string());
+            eprintln!("loading {model} (pass --url to talk to a running server instead)");
+            let args = cmd.engine.to_engine_args(model.clone());
+            let (engine, info) = tokio::task::spawn_blocking(move || EngineHandle::spawn(args, 0))
+                .await?
+                .with_context(|| format!("loading {model}"))?;
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            settings.url = format!("http://{}/v1", listener.local_addr()?);
+            let opts = ServerOptions {
+                served_model_names: vec![name],
+                ..Default::default()
+            };
+            let state = AppState::new(engine, info, &opts);
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let until = async move {
+                let _ = stopped.await;
+            };
+            let drain = std::time::Duration::from_secs(1);
+            let server =
+                tokio::spawn(
+                    async move { server::serve(listener, state, &opts, until, drain).await },
+                );
+            local = Some((stop, server));
+        }
+        let mut input = std::io::stdin().lock();
+        let result = pagewise::client::run(
+            settings,
+            mode,
+            cmd.quick,
+            &mut input,
+            &mut std::io::stdout(),
+        )
+        .await;
+        if let Some((stop, server)) = local {
+            let _ = stop.send(());
+            server.await??;
+        }
+        Ok(result?)
+    })
 }
 
 async fn shutdown_signal() {
@@ -323,6 +386,7 @@ fn engine_flags(command: &Command) -> Option<&EngineFlags> {
             BenchKind::Latency(a) => Some(&a.engine),
             BenchKind::Serve(_) | BenchKind::Plot(_) => None,
         },
+        Command::Chat(c) | Command::Complete(c) => c.url.is_none().then_some(&c.engine),
     }
 }
 
@@ -367,7 +431,12 @@ fn run() -> Result<()> {
         // SAFETY: still before any other thread exists (parsing and the config file spawn none).
         unsafe { std::env::set_var("RAYON_NUM_THREADS", n.to_string()) };
     }
-    init_tracing(cli.log_format);
+    // (The terminal clients keep the engine's progress lines out of the conversation.)
+    let level = match cli.command {
+        Command::Chat(_) | Command::Complete(_) => "warn",
+        _ => "info",
+    };
+    init_tracing(cli.log_format, level);
     if let Some(flags) = engine_flags(&cli.command)
         && flags.parallel.to_config().rank().rank != 0
     {
@@ -381,5 +450,7 @@ fn run() -> Result<()> {
         Command::Serve(cmd) => serve(cmd),
         Command::Generate(cmd) => generate(cmd),
         Command::Bench(cmd) => bench(cmd),
+        Command::Chat(cmd) => client(cmd, Mode::Chat),
+        Command::Complete(cmd) => client(cmd, Mode::Complete),
     }
 }

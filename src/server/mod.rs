@@ -168,12 +168,13 @@ impl AppState {
         self.draining.store(true, Ordering::Release);
     }
 
-    /// Logs each unknown request field once per server.
+    /// Logs each unknown request field once per server (not the sampling fields a request's
+    /// `unknown` map also receives: `protocol::is_sampling_field`).
     pub fn note_unknown_fields<'a>(&self, fields: impl Iterator<Item = &'a String>) {
         let Ok(mut seen) = self.unknown_fields_seen.lock() else {
             return;
         };
-        for f in fields {
+        for f in fields.filter(|f| !protocol::is_sampling_field(f)) {
             if seen.insert(f.clone()) {
                 tracing::warn!(field = %f, "ignoring unknown request field");
             }

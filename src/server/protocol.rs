@@ -162,6 +162,21 @@ pub struct CompletionRequest {
     pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
+/// Whether `name` is a field [`SamplingFields`] reads (its constraint fields included). A request
+/// type's flattened `unknown` map also receives these: serde hands a flattened map every field
+/// that a flattened struct holding a flattened struct of its own read.
+pub fn is_sampling_field(name: &str) -> bool {
+    static NAMES: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
+        let schema = schemars::schema_for!(SamplingFields);
+        schema
+            .get("properties")
+            .and_then(serde_json::Value::as_object)
+            .map(|p| p.keys().cloned().collect())
+            .unwrap_or_default()
+    });
+    NAMES.iter().any(|n| n == name)
+}
+
 /// POST /v1/chat/completions.
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
 pub struct ChatRequest {
@@ -302,5 +317,27 @@ impl SamplingFields {
         self.stream_options
             .as_ref()
             .is_some_and(|o| o.include_usage)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_fields_nothing_reads_are_unknown() {
+        let req: ChatRequest = serde_json::from_value(serde_json::json!({
+            "messages": [{"role": "user", "content": "hi"}],
+            "temperature": 0.5, "max_tokens": 4, "stream": true, "seed": 1,
+            "response_format": {"type": "json_object"}, "bogus": 1
+        }))
+        .unwrap();
+        assert_eq!(req.sampling.temperature, Some(0.5));
+        let unknown: Vec<&String> = req
+            .unknown
+            .keys()
+            .filter(|k| !is_sampling_field(k))
+            .collect();
+        assert_eq!(unknown, ["bogus"]);
     }
 }
