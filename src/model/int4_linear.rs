@@ -230,7 +230,7 @@ impl Weights {
                 dummy_int4: Some(group),
                 ..
             } if kept_here(vb.device(), vb.dtype())
-                && super::fp8_linear::quantizes(name)
+                && super::fp8_linear::quantizes(name.strip_suffix(".weight").unwrap_or(name))
                 && shape.1.is_multiple_of(32) =>
             {
                 Ok(Some(Int4Linear::dummy(shape, *group, vb.device())?))
