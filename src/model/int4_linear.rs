@@ -10,7 +10,8 @@ use candle_core::{DType, Device, Tensor};
 
 use super::ModelError;
 use super::fp8_linear::forward_rows;
-use super::int_weights::{IntCheckpoint, Stored, Unpacked};
+use super::int_unpack::Unpacked;
+use super::int_weights::{IntCheckpoint, Stored};
 use super::quantized::CheckpointQuant;
 use super::weights::{Part, Weights};
 

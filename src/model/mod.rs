@@ -22,6 +22,7 @@ pub mod gpt_neox;
 pub mod gpt_oss;
 pub mod hf_config;
 pub mod int4_linear;
+pub mod int_unpack;
 pub mod int_weights;
 pub mod layers;
 pub mod llama;
