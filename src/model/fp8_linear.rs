@@ -81,19 +81,11 @@ impl Fp8Linear {
 
     #[cfg(feature = "cuda")]
     fn matmul(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        use pagewise_kernels::{GEMV_MAX_ROWS, GemvInput, GemvWeight};
-        let (rows, k) = x.dims2()?;
-        let w = GemvWeight::Fp8(self.matrix());
-        if rows <= GEMV_MAX_ROWS
-            && w.takes(x.dtype())
-            && pagewise_kernels::gemv_fits(rows, k, x.dtype())
-        {
-            return pagewise_kernels::gemv_fused(&x.contiguous()?, w, GemvInput::Plain, None);
-        }
-        // (`pagewise_kernels::Fp8Gemm`, e4m3 tensor cores, takes these steps once it is checked
-        // on the H200: kernels/tests/fp8.rs.)
-        let dense = pagewise_kernels::fp8_dequantize(self.matrix(), x.dtype())?;
-        x.matmul(&dense.t()?)
+        // (`pagewise_kernels::Fp8Gemm`, e4m3 tensor cores, takes the larger steps once it is
+        // checked on the H200: kernels/tests/fp8.rs.)
+        gemv_or_dequantized(x, self.matrix().into(), || {
+            pagewise_kernels::fp8_dequantize(self.matrix(), x.dtype())
+        })
     }
 
     #[cfg(not(feature = "cuda"))]
@@ -143,6 +135,26 @@ impl Fp8Linear {
             bias,
         }))
     }
+}
+
+/// `x` (`[rows, k]`) times the quantized weight `w`: the decode GEMV for up to
+/// `pagewise_kernels::GEMV_MAX_ROWS` rows when it takes `w`, else cuBLAS on the weight
+/// `dequantized` gives in `x`'s dtype.
+#[cfg(feature = "cuda")]
+pub(super) fn gemv_or_dequantized(
+    x: &Tensor,
+    w: pagewise_kernels::GemvWeight<'_>,
+    dequantized: impl FnOnce() -> candle_core::Result<Tensor>,
+) -> candle_core::Result<Tensor> {
+    use pagewise_kernels::{GEMV_MAX_ROWS, GemvInput};
+    let (rows, k) = x.dims2()?;
+    if rows <= GEMV_MAX_ROWS
+        && w.takes(x.dtype())
+        && pagewise_kernels::gemv_fits(rows, k, x.dtype())
+    {
+        return pagewise_kernels::gemv_fused(&x.contiguous()?, w, GemvInput::Plain, None);
+    }
+    x.matmul(&dequantized()?.t()?)
 }
 
 /// A layer of weight `[out, k]` applied to `x` (`[.., k]`): `matmul` of its rows as one

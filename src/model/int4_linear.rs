@@ -126,17 +126,9 @@ impl Int4Linear {
 
     #[cfg(feature = "cuda")]
     fn matmul(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        use pagewise_kernels::{GEMV_MAX_ROWS, GemvInput, GemvWeight};
-        let (rows, k) = x.dims2()?;
-        let w = GemvWeight::Int4(self.matrix());
-        if rows <= GEMV_MAX_ROWS
-            && w.takes(x.dtype())
-            && pagewise_kernels::gemv_fits(rows, k, x.dtype())
-        {
-            return pagewise_kernels::gemv_fused(&x.contiguous()?, w, GemvInput::Plain, None);
-        }
-        let dense = pagewise_kernels::int4_dequantize(self.matrix(), x.dtype())?;
-        x.matmul(&dense.t()?)
+        super::fp8_linear::gemv_or_dequantized(x, self.matrix().into(), || {
+            pagewise_kernels::int4_dequantize(self.matrix(), x.dtype())
+        })
     }
 
     #[cfg(not(feature = "cuda"))]
