@@ -19,11 +19,12 @@ use crate::guided::{Grammars, Guide};
 use crate::model::ModelConfig;
 use crate::request::{FinishReason, InvalidParam, SamplingParams};
 use crate::runner::ModelRunner;
+use crate::runner::draft::DraftRunner;
 use crate::runner::step_times::{Phase, StepTimes};
 use crate::sampler::Logprobs;
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerOutput, SeqUpdate};
 use crate::sequence::{SeqId, SeqMap, Sequence};
-use crate::spec::{MAX_SPECULATIVE_TOKENS, SpecStats, Speculation};
+use crate::spec::{MAX_SPECULATIVE_TOKENS, Proposer, SpecStats, Speculation};
 
 /// What one step produced for one sequence.
 #[derive(Clone, Debug, PartialEq)]
@@ -65,6 +66,8 @@ pub struct EngineCore {
     step_times: StepTimes,
     /// Speculative decoding, when configured.
     spec: Option<Speculation>,
+    /// The draft model, when speculation uses one.
+    draft: Option<DraftRunner>,
     startup: StartupTimes,
     spec_stats: SpecStats,
     #[cfg(feature = "fault-injection")]
@@ -105,10 +108,7 @@ impl EngineCore {
             enable_prefix_caching: args.enable_prefix_caching,
             window: loaded.window,
         });
-        let spec = match &args.speculative_config {
-            Some(c) => Some(c.check().map_err(EngineError::Config)?),
-            None => None,
-        };
+        let (spec, draft) = (loaded.speculation, loaded.draft);
         let runner = loaded.runner;
         let tokenizer = loaded.tokenizer;
         let grammars = loaded.grammars;
@@ -129,6 +129,7 @@ impl EngineCore {
             queue_times: Vec::new(),
             step_times: StepTimes::default(),
             spec,
+            draft,
             spec_stats: SpecStats::default(),
             startup,
             #[cfg(feature = "fault-injection")]
@@ -291,6 +292,11 @@ impl EngineCore {
         self.spec.as_ref()
     }
 
+    /// The draft model's KV blocks: free, and all of them (`None` without a draft model).
+    pub fn draft_block_usage(&self) -> Option<(usize, usize)> {
+        self.draft.as_ref().map(DraftRunner::block_usage)
+    }
+
     /// Draft and acceptance counts of speculative decoding since start.
     pub fn spec_stats(&self) -> &SpecStats {
         &self.spec_stats
@@ -379,7 +385,11 @@ impl EngineCore {
             }
         }
         if let Some(spec) = &self.spec {
-            propose(spec, &mut self.scheduler);
+            let start = Instant::now();
+            propose(spec, &mut self.scheduler, self.draft.as_mut())?;
+            if self.draft.is_some() && !out.is_empty() {
+                self.step_times.lap(Phase::Draft, start);
+            }
         }
         if !out.is_empty() {
             self.step_times.lap(Phase::Update, start);
@@ -390,30 +400,49 @@ impl EngineCore {
     }
 }
 
-/// Gives each decoding sequence the n-gram proposer's draft for the next step (none while more
+/// Gives each decoding sequence its proposer's draft for the next step (none while more
 /// sequences run than `disable_by_batch_size`), never past its `max_tokens` or the context.
-fn propose(spec: &Speculation, scheduler: &mut Scheduler) {
+fn propose(
+    spec: &Speculation,
+    scheduler: &mut Scheduler,
+    draft: Option<&mut DraftRunner>,
+) -> Result<(), EngineError> {
     let max_model_len = scheduler.config().max_model_len;
     let running = scheduler.running_mut();
     let off = spec
         .disable_by_batch_size
         .is_some_and(|n| running.len() > n);
-    let mut draft = Vec::with_capacity(MAX_SPECULATIVE_TOKENS);
-    for seq in running {
-        if off || seq.num_pending_tokens() != 1 {
-            seq.set_spec_tokens(&[]);
-            continue;
+    // How many tokens each sequence may be guessed: the target adds a token of its own after
+    // the accepted drafts.
+    let limits: Vec<usize> = running
+        .iter()
+        .map(|seq| {
+            if off || seq.num_pending_tokens() != 1 {
+                return 0;
+            }
+            let left = (seq
+                .params
+                .max_tokens
+                .saturating_sub(seq.num_output_tokens()))
+            .min(max_model_len.saturating_sub(seq.num_tokens()));
+            left.saturating_sub(1).min(spec.num_speculative_tokens)
+        })
+        .collect();
+    match (&spec.proposer, draft) {
+        (Proposer::DraftModel(_), Some(draft)) => draft.propose(running, &limits)?,
+        (Proposer::Ngram(ngram), _) => {
+            let mut guess = Vec::with_capacity(MAX_SPECULATIVE_TOKENS);
+            for (seq, &limit) in running.iter_mut().zip(&limits) {
+                guess.clear();
+                if limit > 0 {
+                    ngram.propose(seq.token_ids(), limit, &mut guess);
+                }
+                seq.set_spec_tokens(&guess);
+            }
         }
-        let left = (seq
-            .params
-            .max_tokens
-            .saturating_sub(seq.num_output_tokens()))
-        .min(max_model_len.saturating_sub(seq.num_tokens()));
-        // (The target adds a token of its own after the accepted drafts.)
-        spec.ngram
-            .propose(seq.token_ids(), left.saturating_sub(1), &mut draft);
-        seq.set_spec_tokens(&draft);
+        (Proposer::DraftModel(_), None) => {}
     }
+    Ok(())
 }
 
 /// The template to use: `--chat-template` (a file, or the template itself), else the model's.

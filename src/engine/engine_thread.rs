@@ -249,9 +249,7 @@ impl EngineThread {
             .graph_forward_micros
             .store(times.graph_forward().as_micros() as u64, Ordering::Relaxed);
         stats.steps.store(times.steps(), Ordering::Relaxed);
-        let k = core
-            .speculation()
-            .map_or(0, |s| s.ngram.num_speculative_tokens);
+        let k = core.speculation().map_or(0, |s| s.num_speculative_tokens);
         stats.spec.store(k, core.spec_stats());
     }
 }

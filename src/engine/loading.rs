@@ -44,6 +44,10 @@ pub struct LoadedEngine {
     pub member: Option<Member>,
     /// Where loading's time went.
     pub startup: StartupTimes,
+    /// Speculative decoding, checked (`None`: off).
+    pub speculation: Option<crate::spec::Speculation>,
+    /// The draft model's runner, when speculation uses one (rank 0 only).
+    pub draft: Option<crate::runner::draft::DraftRunner>,
 }
 
 /// Where an engine's startup went, phase by phase.
@@ -124,6 +128,10 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
         ));
     }
     args.parallel.check().map_err(EngineError::Parallel)?;
+    let speculation = match &args.speculative_config {
+        Some(c) => Some(c.check().map_err(EngineError::Config)?),
+        None => None,
+    };
     if args.parallel.is_parallel() && !cfg!(feature = "nccl") {
         return Err(EngineError::Parallel(
             "--tensor-parallel-size above 1 needs a build with `--features nccl` (NCCL on CUDA \
@@ -186,6 +194,13 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
     };
     let model = model::build_sharded(&cfg, &loaded.weights, max_model_len, &par)?;
     drop(loaded.weights);
+    // The draft model (rank 0's alone) loads before the cache is sized: its weights take memory.
+    let draft = match (&speculation, &member) {
+        (Some(spec), None | Some(Member::Leader(_))) => {
+            super::draft::load(spec, args, &device, dtype, &tokenizer)?
+        }
+        _ => None,
+    };
     mark(&mut times.model);
     let max_num_batched_tokens = args
         .max_num_batched_tokens
@@ -204,6 +219,11 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
     } else {
         gpu_budget(&sizing, model.as_ref(), &device)?
     };
+    // The draft's share comes off this rank's budget before the ranks agree on theirs.
+    let draft_bytes = draft
+        .as_ref()
+        .map_or(0, |d| d.budget_share(budget, &cfg, kv_heads, dtype));
+    let budget = budget - draft_bytes;
     let mut member = member;
     // The ranks of a tensor-parallel group lay out the least of their budgets, so their caches
     // (window group included) are alike.
@@ -234,6 +254,17 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
         head_dim: cfg.head_dim,
     };
     let kv = KvCache::on_device_grouped(layout, &plan.layer_blocks, dtype, &device)?;
+    let draft = match draft {
+        Some(d) => Some(d.into_runner(
+            draft_bytes,
+            args,
+            &device,
+            dtype,
+            cfg.vocab_size,
+            max_num_batched_tokens,
+        )?),
+        None => None,
+    };
     mark(&mut times.kv_cache);
     let runner_device_is_cpu = device.is_cpu();
     // A mixture of experts routes small decode steps on the device; larger ones read the routing
@@ -278,6 +309,8 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
         runner,
         member,
         startup: times,
+        speculation,
+        draft,
     })
 }
 

@@ -6,6 +6,7 @@ pub mod args;
 pub mod core;
 pub mod detokenizer;
 pub mod device;
+mod draft;
 mod engine_thread;
 #[cfg(feature = "fault-injection")]
 pub mod faults;

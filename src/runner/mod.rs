@@ -5,6 +5,7 @@
 pub mod batch;
 #[cfg(feature = "cuda")]
 pub mod cuda_graphs;
+pub mod draft;
 pub mod graph_buckets;
 pub mod step_times;
 mod verify;

@@ -28,6 +28,8 @@ pub enum Phase {
     /// The token masks of constrained rows (`crate::guided`), computed while the forward pass
     /// is on the GPU (on the CPU, within sampling).
     Guide,
+    /// A draft model guesses the next step's tokens (speculative decoding).
+    Draft,
 }
 
 impl Phase {
@@ -40,10 +42,11 @@ impl Phase {
         (Phase::Update, "update"),
         (Phase::Text, "text"),
         (Phase::Guide, "guide"),
+        (Phase::Draft, "draft"),
     ];
 
     /// How many phases there are.
-    pub const COUNT: usize = 7;
+    pub const COUNT: usize = 8;
 }
 
 /// Accumulated step time since the last reset.

@@ -2,8 +2,8 @@
 //! one step of the target model verifies them all (`crate::runner`'s verify step). Configured as
 //! vLLM's `--speculative-config` JSON.
 //!
-//! Proposers today: n-gram prompt lookup ([`ngram`]). Draft models and EAGLE heads are refused
-//! by name.
+//! Proposers: n-gram prompt lookup ([`ngram`]) and a draft model (`crate::runner::draft`, which
+//! runs it). EAGLE heads are refused by name.
 
 pub mod ngram;
 
@@ -13,11 +13,12 @@ use serde::Deserialize;
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpeculativeConfig {
-    /// The proposer: `ngram` (prompt lookup). `eagle`, `eagle3`, `draft_model` and a bare
-    /// `model` are not implemented yet.
+    /// The proposer: `ngram` (prompt lookup) or `draft_model` (the default when `model` is set).
+    /// `eagle` and `eagle3` are not implemented yet.
     #[serde(default)]
     pub method: Option<String>,
-    /// A draft model or EAGLE head (not implemented yet).
+    /// The draft model: a directory, hub id or GGUF file, as `--model` takes; it must share the
+    /// target's vocabulary.
     #[serde(default)]
     pub model: Option<String>,
     /// Draft tokens per step, at most.
@@ -40,10 +41,31 @@ pub const MAX_SPECULATIVE_TOKENS: usize = 16;
 /// A checked speculative configuration: what the engine runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Speculation {
-    /// The n-gram proposer's settings.
-    pub ngram: ngram::NgramConfig,
+    /// Who guesses the drafts.
+    pub proposer: Proposer,
+    /// Draft tokens per step, at most.
+    pub num_speculative_tokens: usize,
     /// See [`SpeculativeConfig::disable_by_batch_size`].
     pub disable_by_batch_size: Option<usize>,
+}
+
+/// Who guesses the drafts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Proposer {
+    /// n-gram prompt lookup.
+    Ngram(ngram::NgramConfig),
+    /// A draft model (path, hub id or GGUF file), guessing greedily.
+    DraftModel(String),
+}
+
+impl Speculation {
+    /// The draft model to load, if the proposer is one.
+    pub fn draft_model(&self) -> Option<&str> {
+        match &self.proposer {
+            Proposer::DraftModel(m) => Some(m),
+            Proposer::Ngram(_) => None,
+        }
+    }
 }
 
 impl SpeculativeConfig {
@@ -59,25 +81,43 @@ impl SpeculativeConfig {
             (None, Some(_)) => "draft_model",
             (None, None) => {
                 return Err(
-                    "--speculative-config: set \"method\" (\"ngram\") or a draft \"model\"".into(),
+                    "--speculative-config: set \"method\" (\"ngram\") or a draft \
+                            \"model\""
+                        .into(),
                 );
             }
         };
-        if method != "ngram" {
-            return Err(format!(
-                "--speculative-config: method {method:?} is not implemented yet; \"ngram\" (prompt \
-                 lookup) is"
-            ));
-        }
-        if self.model.is_some() {
-            return Err("--speculative-config: the ngram method takes no \"model\"".into());
-        }
         let k = self.num_speculative_tokens;
         if k == 0 || k > MAX_SPECULATIVE_TOKENS {
             return Err(format!(
                 "--speculative-config: num_speculative_tokens must be 1 to \
                  {MAX_SPECULATIVE_TOKENS}, got {k}"
             ));
+        }
+        if self.disable_by_batch_size == Some(0) {
+            return Err("--speculative-config: disable_by_batch_size must be at least 1".into());
+        }
+        let proposer = match method {
+            "ngram" => Proposer::Ngram(self.ngram(k)?),
+            "draft_model" => Proposer::DraftModel(self.draft()?),
+            other => {
+                return Err(format!(
+                    "--speculative-config: method {other:?} is not implemented yet; \"ngram\" \
+                     (prompt lookup) and \"draft_model\" are"
+                ));
+            }
+        };
+        Ok(Speculation {
+            proposer,
+            num_speculative_tokens: k,
+            disable_by_batch_size: self.disable_by_batch_size,
+        })
+    }
+
+    /// The n-gram proposer's settings.
+    fn ngram(&self, k: usize) -> Result<ngram::NgramConfig, String> {
+        if self.model.is_some() {
+            return Err("--speculative-config: the ngram method takes no \"model\"".into());
         }
         // vLLM's defaults: 5 and 5; one given, the other equals it.
         let (min, max) = match (self.prompt_lookup_min, self.prompt_lookup_max) {
@@ -91,17 +131,26 @@ impl SpeculativeConfig {
                  ({max})"
             ));
         }
-        if self.disable_by_batch_size == Some(0) {
-            return Err("--speculative-config: disable_by_batch_size must be at least 1".into());
-        }
-        Ok(Speculation {
-            ngram: ngram::NgramConfig {
-                num_speculative_tokens: k,
-                min,
-                max,
-            },
-            disable_by_batch_size: self.disable_by_batch_size,
+        Ok(ngram::NgramConfig {
+            num_speculative_tokens: k,
+            min,
+            max,
         })
+    }
+
+    /// The draft model's name.
+    fn draft(&self) -> Result<String, String> {
+        if self.prompt_lookup_min.is_some() || self.prompt_lookup_max.is_some() {
+            return Err(
+                "--speculative-config: prompt_lookup_min / prompt_lookup_max are the \
+                        ngram method's; a draft model takes neither"
+                    .into(),
+            );
+        }
+        match self.model.as_deref() {
+            Some(m) if !m.trim().is_empty() => Ok(m.to_string()),
+            _ => Err("--speculative-config: the draft_model method needs a \"model\"".into()),
+        }
     }
 }
 
@@ -156,18 +205,37 @@ mod tests {
         .unwrap()
         .check()
         .unwrap();
+        let Proposer::Ngram(ngram) = &ok.proposer else {
+            panic!("{ok:?}")
+        };
         assert_eq!(
-            (ok.ngram.min, ok.ngram.max, ok.ngram.num_speculative_tokens),
+            (ngram.min, ngram.max, ngram.num_speculative_tokens),
             (2, 5, 4)
         );
+        for json in [
+            r#"{"model":"some/draft","num_speculative_tokens":4}"#,
+            r#"{"method":"draft_model","model":"some/draft","num_speculative_tokens":4}"#,
+        ] {
+            let ok = SpeculativeConfig::parse(json).unwrap().check().unwrap();
+            assert_eq!(ok.draft_model(), Some("some/draft"));
+            assert_eq!(ok.num_speculative_tokens, 4);
+        }
         for (json, named) in [
             (
                 r#"{"method":"eagle3","model":"x","num_speculative_tokens":4}"#,
                 "\"eagle3\"",
             ),
             (
-                r#"{"model":"some/draft","num_speculative_tokens":4}"#,
-                "\"draft_model\"",
+                r#"{"method":"draft_model","num_speculative_tokens":4}"#,
+                "needs a \"model\"",
+            ),
+            (
+                r#"{"model":"d","num_speculative_tokens":4,"prompt_lookup_max":3}"#,
+                "prompt_lookup_max",
+            ),
+            (
+                r#"{"method":"ngram","model":"d","num_speculative_tokens":4}"#,
+                "takes no \"model\"",
             ),
             (
                 r#"{"method":"ngram","num_speculative_tokens":0}"#,
