@@ -254,8 +254,10 @@ pub struct EngineFlags {
     /// "prompt_lookup_min": 2, "prompt_lookup_max": 5}` guesses each sequence's next tokens
     /// from its earlier ones (prompt lookup) and verifies them in one step; output is the same
     /// (greedy) or follows the same distribution (sampling). Optional
-    /// `"disable_by_batch_size": N`: no guesses while more than N sequences run. Draft models and
-    /// EAGLE heads are not implemented yet.
+    /// `"disable_by_batch_size": N`: no guesses while more than N sequences run. A draft model
+    /// guesses instead with `{"model": "DIR_OR_ID_OR_GGUF", "num_speculative_tokens": 4}` (the
+    /// same tokenizer as the target; its KV cache takes its share of the cache's memory). EAGLE
+    /// heads are not implemented yet.
     #[arg(long, env = "PAGEWISE_SPECULATIVE_CONFIG", value_parser = parse_speculative_config)]
     pub speculative_config: Option<crate::spec::SpeculativeConfig>,
     /// Tensor parallelism.

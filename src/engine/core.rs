@@ -384,15 +384,21 @@ impl EngineCore {
                 self.pending.push(job);
             }
         }
+        let start = match out.is_empty() {
+            true => start,
+            false => self.step_times.lap(Phase::Update, start),
+        };
         if let Some(spec) = &self.spec {
-            let start = Instant::now();
             propose(spec, &mut self.scheduler, self.draft.as_mut())?;
-            if self.draft.is_some() && !out.is_empty() {
-                self.step_times.lap(Phase::Draft, start);
+            if !out.is_empty() {
+                let phase = match self.draft {
+                    Some(_) => Phase::Draft,
+                    None => Phase::Update,
+                };
+                self.step_times.lap(phase, start);
             }
         }
         if !out.is_empty() {
-            self.step_times.lap(Phase::Update, start);
             self.step_times.end_step();
         }
         self.out = out;

@@ -137,6 +137,9 @@ pub struct StepBreakdown {
     /// Token masks of constrained rows.
     #[serde(default)]
     pub guide_ms: f64,
+    /// A draft model's guesses (speculative decoding).
+    #[serde(default)]
+    pub draft_ms: f64,
     /// The forward phase of a graph-replay step (decode only), on average.
     #[serde(default)]
     pub graph_forward_ms: f64,
@@ -167,6 +170,7 @@ impl StepBreakdown {
             update_ms: ms(Phase::Update),
             text_ms: ms(Phase::Text),
             guide_ms: ms(Phase::Guide),
+            draft_ms: ms(Phase::Draft),
             graph_forward_ms: graph_forward_s * 1e3 / graph_steps.max(1) as f64,
             eager_forward_ms: eager_forward_s * 1e3 / eager_steps.max(1) as f64,
         }
@@ -181,6 +185,7 @@ impl StepBreakdown {
             + self.update_ms
             + self.text_ms
             + self.guide_ms
+            + self.draft_ms
     }
 
     /// One line for a terminal.
@@ -188,7 +193,7 @@ impl StepBreakdown {
         format!(
             "per step over {} steps ({} CUDA graph replays) (ms): schedule {:.3}, prepare {:.3}, \
              forward {:.3} (graph replays {:.3}, eager steps {:.3}), sample {:.3}, update {:.3}, \
-             text {:.3}, guide {:.3}; total {:.3}",
+             text {:.3}, guide {:.3}, draft {:.3}; total {:.3}",
             self.steps,
             self.graph_steps,
             self.schedule_ms,
@@ -200,6 +205,7 @@ impl StepBreakdown {
             self.update_ms,
             self.text_ms,
             self.guide_ms,
+            self.draft_ms,
             self.total_ms()
         )
     }
