@@ -59,7 +59,7 @@ pub fn glu_with(
     }
     let mut out = vec![0f32; rows * width];
     // Rows a piece: the whole step for a decode row, shares of a prompt's rows.
-    let chunk = rows.div_ceil(team.size()).max(1) * width;
+    let chunk = rows.div_ceil(team.shares()).max(1) * width;
     team.for_each_chunk(&mut out, chunk.max(1), &|piece, dst| {
         for (j, o) in dst.chunks_exact_mut(width).enumerate() {
             let row = piece * chunk / width + j;

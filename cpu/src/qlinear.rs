@@ -211,15 +211,15 @@ impl QLinear {
         quantize_row(x, &mut acts);
         let mut out = vec![0f32; m * self.rows];
         let dst = Out(out.as_mut_ptr());
-        let (rows, cols, members) = (self.rows, self.cols, team.size());
+        let (rows, cols, shares) = (self.rows, self.cols, team.shares());
         let groups = rows.div_ceil(8);
-        let job = |member: usize| {
-            let share = groups * member / members..groups * (member + 1) / members;
+        let job = |share: usize| {
+            let share = groups * share / shares..groups * (share + 1) / shares;
             let store = |i: usize, r: usize, v: f32| {
                 debug_assert!(i < m);
                 if r < rows {
                     // SAFETY: `i < m` and `r < rows`, so inside the `m * rows` buffer, and row
-                    // `r` belongs to this member alone.
+                    // `r` belongs to this share alone.
                     unsafe { dst.write(i * rows + r, v) };
                 }
             };
@@ -232,16 +232,16 @@ impl QLinear {
     }
     /// [`QLinear::matmul_with`] for k-quant rows: candle's dot products (it picks their SIMD).
     fn matmul_k(&self, k: &KRows, team: &Team, x: &[f32], m: usize) -> Vec<f32> {
-        let (rows, cols, members) = (self.rows, self.cols, team.size());
+        let (rows, cols, shares) = (self.rows, self.cols, team.shares());
         let acts = KRows::quantize(x, cols);
         let per_row = cols / KRows::BLOCK;
         let mut out = vec![0f32; m * rows];
         let dst = Out(out.as_mut_ptr());
-        team.run(&|member: usize| {
-            for r in rows * member / members..rows * (member + 1) / members {
+        team.run(&|share: usize| {
+            for r in rows * share / shares..rows * (share + 1) / shares {
                 for (i, act) in acts.chunks_exact(per_row).enumerate() {
                     // SAFETY: `i < m` and `r < rows`, inside the buffer; row `r` is this
-                    // member's alone.
+                    // share's alone.
                     unsafe { dst.write(i * rows + r, k.dot(r, cols, act)) };
                 }
             }

@@ -2,14 +2,19 @@
 //!
 //! A decode step makes a few hundred small matmuls. Handing each to rayon wakes its sleeping
 //! workers through the kernel and puts the caller to sleep until they finish: on two cores that
-//! cost more than the arithmetic. The team's workers instead spin for a short while on an epoch
+//! cost more than the arithmetic. The team's workers instead spin for a short while on the job
 //! counter after each job, so the next job, microseconds later, starts without a system call.
 //! A worker that has waited long (the engine is idle, or busy outside the matmuls) yields, then
 //! sleeps on a condition variable until the next job.
+//!
+//! A job's shares are claimed, not assigned: every member, the caller included, takes the next
+//! unclaimed share until none is left, and the caller waits only for shares claimed and not yet
+//! finished. A worker the OS has descheduled (another process busy on its core) then costs the
+//! job nothing: the others take its shares, where waiting for it cost a whole time slice.
 
 use std::cell::UnsafeCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread;
 
@@ -17,32 +22,75 @@ use std::thread;
 const SPINS: u32 = 1 << 12;
 /// Yields before it sleeps.
 const YIELDS: u32 = 1 << 8;
+/// Shares of a job per member: more than one, so members that finish early take the shares of
+/// one that was descheduled.
+const SHARES_PER_MEMBER: usize = 2;
 
-/// The job of the current epoch: called once per member with the member's index.
+/// The job of the current epoch: called once per share with the share's index.
 type Job = *const (dyn Fn(usize) + Sync);
 
+/// The epoch in a claim word (its high half).
+fn epoch_of(claim: u64) -> u64 {
+    claim >> 32
+}
+
 struct Shared {
-    /// Bumped once per job; a worker runs a job when it sees the epoch change.
-    epoch: AtomicUsize,
-    /// Workers that have not finished the current job.
-    pending: AtomicUsize,
+    /// The current job's epoch (high 32 bits) and its next unclaimed share (low 32 bits). The
+    /// caller starts a job by storing a new epoch with share 0; members claim shares by
+    /// compare-and-swap, so a claim made for an old epoch fails.
+    claim: AtomicU64,
+    /// Shares of the current job (written with `job`).
+    shares: AtomicUsize,
+    /// Shares of the current job finished.
+    done: AtomicUsize,
     /// Workers waiting on `wake` (so the caller knows when to notify).
     sleepers: AtomicUsize,
-    /// Set when a worker's share of the job panicked.
+    /// Set when a share run by a worker panicked.
     panicked: AtomicBool,
     stop: AtomicBool,
-    /// Written by the caller before it bumps `epoch`, read by workers after they see the bump;
-    /// never written while `pending` is non-zero.
+    /// Written by the caller before it starts an epoch, read by members after a successful
+    /// claim in it; never written while a share of the current job is unfinished.
     job: UnsafeCell<Option<Job>>,
     lock: Mutex<()>,
     wake: Condvar,
 }
 
 // SAFETY: `job` is the only non-Sync field. It is written only by the thread that holds the team
-// (`Team::busy`), only while no worker reads it (`pending` is zero), and published to workers by
-// the release store of `epoch` that they acquire before reading it.
+// (`Team::busy`), only before it starts a new epoch (every share of the last one finished, so no
+// member is between a claim and its share's end), and published by the release store of
+// `claim` that members acquire before claiming. A member reads it only after a claim in the
+// current epoch succeeded, and the epoch cannot end before that claimed share is finished.
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
+
+impl Shared {
+    /// Claims and runs shares of the epoch `epoch` until none is left (or a later epoch began).
+    /// Returns whether a share run here panicked.
+    fn run_shares(&self, epoch: u64) -> bool {
+        let mut panicked = false;
+        loop {
+            let claim = self.claim.load(Ordering::Acquire);
+            let share = (claim & 0xffff_ffff) as usize;
+            if epoch_of(claim) != epoch || share >= self.shares.load(Ordering::Relaxed) {
+                return panicked;
+            }
+            if self
+                .claim
+                .compare_exchange_weak(claim, claim + 1, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            // SAFETY: the claim succeeded in `epoch`, whose job the caller wrote before starting
+            // it and keeps alive until every share (this one included) is finished.
+            let job = unsafe { (*self.job.get()).expect("a job is set before each epoch") };
+            // SAFETY: as above.
+            let job = unsafe { &*job };
+            panicked |= catch_unwind(AssertUnwindSafe(|| job(share))).is_err();
+            self.done.fetch_add(1, Ordering::Release);
+        }
+    }
+}
 
 /// A fixed team of `size` threads: the caller of [`Team::run`] and `size - 1` workers.
 pub struct Team {
@@ -57,8 +105,9 @@ impl Team {
     pub fn new(size: usize) -> Team {
         let size = size.max(1);
         let shared = Arc::new(Shared {
-            epoch: AtomicUsize::new(0),
-            pending: AtomicUsize::new(0),
+            claim: AtomicU64::new(0),
+            shares: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -70,7 +119,7 @@ impl Team {
             let shared = Arc::clone(&shared);
             thread::Builder::new()
                 .name(format!("pagewise-cpu-{index}"))
-                .spawn(move || worker(&shared, index))
+                .spawn(move || worker(&shared))
                 .expect("spawning a CPU worker thread");
         }
         Team {
@@ -92,36 +141,48 @@ impl Team {
         self.size
     }
 
-    /// Calls `job(i)` for every `i` in `0..size()`, member `i` running `job(i)`, and returns
-    /// when all have returned. When another thread is running a job on the team, the caller
-    /// runs every share itself, one after the other.
+    /// How many shares a job should be cut into: a few per member (one on a team of one).
+    pub fn shares(&self) -> usize {
+        match self.size {
+            1 => 1,
+            n => n * SHARES_PER_MEMBER,
+        }
+    }
+
+    /// Calls `job(i)` for every `i` in `0..shares()`, each once, on whichever members claim
+    /// them, and returns when all have returned. When another thread is running a job on the
+    /// team, the caller runs every share itself, one after the other.
     pub fn run<F: Fn(usize) + Sync>(&self, job: &F) {
+        let shares = self.shares();
         if self.size == 1
             || self
                 .busy
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_err()
         {
-            (0..self.size).for_each(job);
+            (0..shares).for_each(job);
             return;
         }
         let s = &*self.shared;
         let erased: &(dyn Fn(usize) + Sync) = job;
-        // SAFETY: only the lifetime is erased. Workers call the job only between seeing the new
-        // epoch and decrementing `pending`, and this function does not return (nor unwind:
-        // the caller's share runs under catch_unwind) before `pending` is zero again.
+        // SAFETY: only the lifetime is erased. Members call the job only for a share claimed
+        // in this epoch, and this function does not return (nor unwind: shares run under
+        // catch_unwind) before every share of it is finished.
         let erased: Job = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), Job>(erased) };
-        // SAFETY: `busy` is ours and `pending` is zero, so no worker reads `job` now.
+        // SAFETY: `busy` is ours and every share of the last epoch is finished, so no member
+        // reads `job` now.
         unsafe { *s.job.get() = Some(erased) };
-        s.pending.store(self.size - 1, Ordering::Relaxed);
-        s.epoch.fetch_add(1, Ordering::SeqCst);
+        s.shares.store(shares, Ordering::Relaxed);
+        s.done.store(0, Ordering::Relaxed);
+        let epoch = epoch_of(s.claim.load(Ordering::Relaxed)).wrapping_add(1) & 0xffff_ffff;
+        s.claim.store(epoch << 32, Ordering::SeqCst);
         if s.sleepers.load(Ordering::SeqCst) > 0 {
             let _guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
-        let mine = catch_unwind(AssertUnwindSafe(|| job(0)));
+        let mine = s.run_shares(epoch);
         let mut rounds = 0u32;
-        while s.pending.load(Ordering::Acquire) != 0 {
+        while s.done.load(Ordering::Acquire) != shares {
             rounds = rounds.saturating_add(1);
             if rounds < SPINS {
                 std::hint::spin_loop();
@@ -131,16 +192,13 @@ impl Team {
         }
         let theirs = s.panicked.swap(false, Ordering::Relaxed);
         self.busy.store(false, Ordering::Release);
-        if let Err(p) = mine {
-            std::panic::resume_unwind(p);
-        }
-        assert!(!theirs, "a CPU worker thread panicked");
+        assert!(!mine && !theirs, "a share of a CPU job panicked");
     }
 }
 
 impl Team {
     /// Calls `f(i, chunk)` for every `chunk`-long piece `i` of `data` (the last may be shorter),
-    /// the members taking about equal runs of consecutive pieces.
+    /// cut into up to [`Team::shares`] runs of consecutive pieces, about equal.
     pub fn for_each_chunk<T: Send, F: Fn(usize, &mut [T]) + Sync>(
         &self,
         data: &mut [T],
@@ -149,8 +207,8 @@ impl Team {
     ) {
         let chunk = chunk.max(1);
         let pieces = data.len().div_ceil(chunk);
-        let members = self.size.min(pieces).max(1);
-        // Each member's run of pieces, behind a lock only that member takes.
+        let members = self.shares().min(pieces).max(1);
+        // Each share's run of pieces, behind a lock only the share's runner takes.
         let mut runs = Vec::with_capacity(members);
         let mut rest = data;
         for m in 0..members {
@@ -160,8 +218,8 @@ impl Team {
             runs.push(Mutex::new((first, run)));
             rest = tail;
         }
-        self.run(&|member| {
-            let Some(run) = runs.get(member) else { return };
+        self.run(&|share| {
+            let Some(run) = runs.get(share) else { return };
             let mut run = run.lock().unwrap_or_else(|e| e.into_inner());
             let (first, ref mut slice) = *run;
             for (j, piece) in slice.chunks_mut(chunk).enumerate() {
@@ -175,19 +233,22 @@ impl Drop for Team {
     fn drop(&mut self) {
         let s = &*self.shared;
         s.stop.store(true, Ordering::SeqCst);
-        s.epoch.fetch_add(1, Ordering::SeqCst);
+        let epoch = epoch_of(s.claim.load(Ordering::Relaxed)).wrapping_add(1) & 0xffff_ffff;
+        // No share to claim in the new epoch: workers see it, then `stop`.
+        s.shares.store(0, Ordering::Relaxed);
+        s.claim.store(epoch << 32, Ordering::SeqCst);
         let _guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
         s.wake.notify_all();
     }
 }
 
-fn worker(s: &Shared, index: usize) {
+fn worker(s: &Shared) {
     // The epoch the team started at (not the current one: a job may already be waiting).
     let mut seen = 0;
     loop {
         let mut rounds = 0u32;
         loop {
-            let epoch = s.epoch.load(Ordering::Acquire);
+            let epoch = epoch_of(s.claim.load(Ordering::Acquire));
             if epoch != seen {
                 seen = epoch;
                 break;
@@ -200,7 +261,7 @@ fn worker(s: &Shared, index: usize) {
             } else {
                 let mut guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
                 s.sleepers.fetch_add(1, Ordering::SeqCst);
-                while s.epoch.load(Ordering::SeqCst) == seen {
+                while epoch_of(s.claim.load(Ordering::SeqCst)) == seen {
                     guard = s.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
                 }
                 s.sleepers.fetch_sub(1, Ordering::SeqCst);
@@ -210,15 +271,9 @@ fn worker(s: &Shared, index: usize) {
         if s.stop.load(Ordering::Acquire) {
             return;
         }
-        // SAFETY: the caller wrote `job` before the epoch bump we acquired, and keeps it alive
-        // until `pending` reaches zero, which cannot happen before our decrement below.
-        let job = unsafe { (*s.job.get()).expect("a job is set before each epoch") };
-        // SAFETY: see above: the job outlives this call.
-        let job = unsafe { &*job };
-        if catch_unwind(AssertUnwindSafe(|| job(index))).is_err() {
+        if s.run_shares(seen) {
             s.panicked.store(true, Ordering::Relaxed);
         }
-        s.pending.fetch_sub(1, Ordering::Release);
     }
 }
 
@@ -227,10 +282,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_member_runs_its_share_once_per_job() {
+    fn every_share_runs_once_per_job() {
         let team = Team::new(3);
+        assert_eq!(team.shares(), 3 * SHARES_PER_MEMBER);
         for round in 0..200 {
-            let hits: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(0)).collect();
+            let hits: Vec<AtomicUsize> = (0..team.shares()).map(|_| AtomicUsize::new(0)).collect();
             team.run(&|i| {
                 hits[i].fetch_add(round + 1, Ordering::Relaxed);
             });
@@ -260,6 +316,23 @@ mod tests {
         }
     }
 
+    /// A member that stalls in its first share (as one the OS descheduled) leaves the other
+    /// shares to the rest: the caller runs all of them but the stalled one.
+    #[test]
+    fn a_stalled_member_leaves_its_shares_to_the_others() {
+        let team = Team::new(2);
+        let caller = thread::current().id();
+        let (by_caller, stalled) = (AtomicUsize::new(0), AtomicBool::new(false));
+        team.run(&|_| {
+            if thread::current().id() == caller {
+                by_caller.fetch_add(1, Ordering::Relaxed);
+            } else if !stalled.swap(true, Ordering::Relaxed) {
+                thread::sleep(std::time::Duration::from_millis(100));
+            }
+        });
+        assert!(by_caller.load(Ordering::Relaxed) >= team.shares() - 1);
+    }
+
     #[test]
     fn workers_wake_after_sleeping() {
         let team = Team::new(2);
@@ -272,7 +345,7 @@ mod tests {
         team.run(&|_| {
             hits.fetch_add(1, Ordering::Relaxed);
         });
-        assert_eq!(hits.load(Ordering::Relaxed), 4);
+        assert_eq!(hits.load(Ordering::Relaxed), 2 * team.shares());
     }
 
     #[test]
@@ -286,7 +359,7 @@ mod tests {
                         team.run(&|_| {
                             hits.fetch_add(1, Ordering::Relaxed);
                         });
-                        assert_eq!(hits.load(Ordering::Relaxed), 2);
+                        assert_eq!(hits.load(Ordering::Relaxed), team.shares());
                     }
                 });
             }
@@ -302,6 +375,6 @@ mod tests {
         team.run(&|_| {
             hits.fetch_add(1, Ordering::Relaxed);
         });
-        assert_eq!(hits.load(Ordering::Relaxed), 2);
+        assert_eq!(hits.load(Ordering::Relaxed), team.shares());
     }
 }
