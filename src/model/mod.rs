@@ -39,6 +39,7 @@ pub mod quantized;
 pub mod registry;
 pub mod rope_scaling;
 pub mod rotary;
+mod weight_parts;
 pub mod weights;
 
 use candle_core::Tensor;
