@@ -9,6 +9,8 @@ use std::io::{BufRead, Write};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
+use crate::sse::SseEvents;
+
 /// What the client sends, and to whom.
 #[derive(Clone, Debug, Default)]
 pub struct ClientSettings {
@@ -152,21 +154,16 @@ impl Client {
     ) -> Result<String, ClientError> {
         let req = with_key(self.http.post(url).json(body), &self.settings.api_key);
         let mut stream = send(req, url).await?.bytes_stream();
-        let (mut buf, mut answer) = (String::new(), String::new());
+        let (mut events, mut answer) = (SseEvents::default(), String::new());
         while let Some(piece) = stream.next().await {
             let piece =
                 piece.map_err(|e| ClientError::Refused(format!("the stream broke: {e}")))?;
-            buf.push_str(&String::from_utf8_lossy(&piece));
-            while let Some(end) = buf.find("\n\n") {
-                let event: String = buf.drain(..end + 2).collect();
-                let Some(data) = event.lines().find_map(|l| l.strip_prefix("data: ")) else {
-                    continue;
-                };
+            for data in events.push(&piece) {
                 if data == "[DONE]" {
                     writeln!(out)?;
                     return Ok(answer);
                 }
-                let v: Value = serde_json::from_str(data)
+                let v: Value = serde_json::from_str(&data)
                     .map_err(|e| ClientError::Refused(format!("a stream event: {e}")))?;
                 if let Some(e) = v.get("error") {
                     return Err(ClientError::Refused(error_message(e)));

@@ -28,6 +28,7 @@ pub mod scheduler;
 pub mod sequence;
 pub mod server;
 pub mod spec;
+pub mod sse;
 
 pub use engine::args::{DtypeArg, EngineArgs, EngineError};
 pub use llm::{CompletionOutput, Llm, RequestOutput};

@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 # Bottom to top; a module may import from its own layer and the ones below.
 LAYERS = [
-    ["cpu", "metrics", "testing"],
+    ["cpu", "metrics", "testing", "sse"],
     ["kv", "guided", "chat"],
     ["request", "spec"],
     ["sampler"],
@@ -27,7 +27,7 @@ LAYERS = [
     ["runner"],
     ["engine"],
     ["llm", "config_file"],
-    ["server", "bench", "cli", "default_model", "main", "lib"],
+    ["server", "bench", "cli", "client", "default_model", "main", "lib"],
 ]
 
 # Upward imports that are known and waiting on a split, with the reason. Keep this short.

@@ -286,7 +286,7 @@ async fn one(
         }
     };
     let mut stream = resp.bytes_stream();
-    let mut buf = String::new();
+    let mut events = crate::sse::SseEvents::default();
     let mut last = start;
     let mut chunks = 0usize;
     while let Some(piece) = stream.next().await {
@@ -294,12 +294,7 @@ async fn one(
             r.error = Some("the stream broke".into());
             return r;
         };
-        buf.push_str(&String::from_utf8_lossy(&piece));
-        while let Some(end) = buf.find("\n\n") {
-            let event: String = buf.drain(..end + 2).collect();
-            let Some(data) = event.lines().find_map(|l| l.strip_prefix("data: ")) else {
-                continue;
-            };
+        for data in events.push(&piece) {
             if data == "[DONE]" {
                 r.ok = r.error.is_none();
                 r.e2e = start.elapsed().as_secs_f64();
@@ -308,7 +303,7 @@ async fn one(
                 }
                 return r;
             }
-            let Ok(v) = serde_json::from_str::<Value>(data) else {
+            let Ok(v) = serde_json::from_str::<Value>(&data) else {
                 continue;
             };
             if let Some(e) = v.get("error") {
