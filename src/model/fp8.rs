@@ -100,17 +100,7 @@ fn compressed_tensors(q: &Value) -> Result<Fp8Checkpoint, ModelError> {
             "compressed-tensors sparsity_config is not implemented".into(),
         ));
     }
-    let groups = q
-        .get("config_groups")
-        .and_then(Value::as_object)
-        .filter(|g| !g.is_empty())
-        .ok_or_else(|| unsupported("compressed-tensors without config_groups".into()))?;
-    let mut found: Option<Fp8Checkpoint> = None;
-    for (name, group) in groups {
-        let weights = group
-            .get("weights")
-            .filter(|w| !w.is_null())
-            .ok_or_else(|| unsupported(format!("config group {name:?} quantizes no weights")))?;
+    super::quantized::one_scheme(q, unsupported, |name, group, weights| {
         let scales = float8_weights(name, weights)?;
         if group
             .get("output_activations")
@@ -127,23 +117,12 @@ fn compressed_tensors(q: &Value) -> Result<Fp8Checkpoint, ModelError> {
                 !a.get("dynamic").and_then(Value::as_bool).unwrap_or(false)
             }
         };
-        let this = Fp8Checkpoint {
+        Ok(Fp8Checkpoint {
             method: "compressed-tensors",
             scales,
             static_activations,
-        };
-        match &found {
-            Some(other) if other.scales != this.scales => {
-                return Err(unsupported(format!(
-                    "config groups with different weight strategies ({:?} and {:?}) are not \
-                     implemented",
-                    other.scales, this.scales
-                )));
-            }
-            _ => found = Some(this),
-        }
-    }
-    Ok(found.expect("config_groups is not empty"))
+        })
+    })
 }
 
 /// A quantization args object must be 8-bit float (e4m3), symmetric.

@@ -163,17 +163,7 @@ fn gptq(q: &Value) -> Result<IntCheckpoint, ModelError> {
 /// compressed-tensors `pack-quantized`: every config group's weights integers of 4 or 8 bits by
 /// group or channel, static, without activation order; activations not quantized.
 fn pack_quantized(q: &Value) -> Result<IntCheckpoint, ModelError> {
-    let groups = q
-        .get("config_groups")
-        .and_then(Value::as_object)
-        .filter(|g| !g.is_empty())
-        .ok_or_else(|| unsupported("compressed-tensors without config_groups".into()))?;
-    let mut found: Option<IntCheckpoint> = None;
-    for (name, group) in groups {
-        let w = group
-            .get("weights")
-            .filter(|w| !w.is_null())
-            .ok_or_else(|| unsupported(format!("config group {name:?} quantizes no weights")))?;
+    super::quantized::one_scheme(q, unsupported, |name, group, w| {
         let bits = get_u64(w, "num_bits").unwrap_or(0);
         let kind = w.get("type").and_then(Value::as_str).unwrap_or("int");
         if kind != "int" || (bits != 4 && bits != 8) {
@@ -212,23 +202,14 @@ fn pack_quantized(q: &Value) -> Result<IntCheckpoint, ModelError> {
                 )));
             }
         };
-        let this = IntCheckpoint {
+        Ok(IntCheckpoint {
             method: "compressed-tensors",
             layout: IntLayout::PackQuantized,
             bits: bits as u32,
             group_size,
             symmetric: w.get("symmetric").and_then(Value::as_bool).unwrap_or(true),
-        };
-        match &found {
-            Some(other) if *other != this => {
-                return Err(unsupported(
-                    "config groups with different weight schemes".into(),
-                ));
-            }
-            _ => found = Some(this),
-        }
-    }
-    Ok(found.expect("config_groups is not empty"))
+        })
+    })
 }
 
 #[cfg(test)]

@@ -35,3 +35,36 @@ impl CheckpointQuant {
         }
     }
 }
+
+/// Reads each group of a compressed-tensors `config_groups` with `read(name, group, weights)` (a
+/// group that quantizes no weights is refused) and returns the scheme they all share; mixed
+/// schemes are refused. `unsupported` words each refusal as the format's reader does.
+pub(super) fn one_scheme<T: PartialEq + std::fmt::Debug>(
+    q: &Value,
+    unsupported: fn(String) -> ModelError,
+    read: impl Fn(&str, &Value, &Value) -> Result<T, ModelError>,
+) -> Result<T, ModelError> {
+    let groups = q
+        .get("config_groups")
+        .and_then(Value::as_object)
+        .filter(|g| !g.is_empty())
+        .ok_or_else(|| unsupported("compressed-tensors without config_groups".into()))?;
+    let mut found: Option<T> = None;
+    for (name, group) in groups {
+        let weights = group
+            .get("weights")
+            .filter(|w| !w.is_null())
+            .ok_or_else(|| unsupported(format!("config group {name:?} quantizes no weights")))?;
+        let this = read(name, group, weights)?;
+        match &found {
+            Some(other) if *other != this => {
+                return Err(unsupported(format!(
+                    "config groups with different weight schemes ({other:?} and {this:?}) are \
+                     not implemented"
+                )));
+            }
+            _ => found = Some(this),
+        }
+    }
+    Ok(found.expect("config_groups is not empty"))
+}
