@@ -160,22 +160,13 @@ impl ModelRunner {
                 emitted: Vec::new(),
             });
         }
+        let (mut data, vocab) = self.host_logits(out, times)?;
         let start = Instant::now();
-        let batch = ForwardBatch::new(out, &self.device)?;
-        let start = times.lap(Phase::Prepare, start);
-        let logits = self.model.forward_native(&batch, &mut self.kv)?;
-        let start = times.lap(Phase::Forward, start);
         overlap();
         let start = times.lap(Phase::Text, start);
         let mut requests: Vec<_> = requests.collect();
         crate::sampler::compute_masks(&mut requests);
         let start = times.lap(Phase::Guide, start);
-        let (rows, vocab) = logits.dims2()?;
-        debug_assert_eq!(rows, out.num_sampling());
-        let mut data = logits
-            .to_dtype(candle_core::DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
         let tokens = self.sampler.sample_batch(&mut data, vocab, requests);
         times.lap(Phase::Sample, start);
         Ok(Sampled {
@@ -195,23 +186,35 @@ impl ModelRunner {
         times: &mut StepTimes,
         overlap: &mut dyn FnMut(),
     ) -> Result<Sampled, ModelError> {
+        let (mut data, vocab) = self.host_logits(out, times)?;
         let start = Instant::now();
-        let batch = ForwardBatch::new(out, &self.device)?;
-        let start = times.lap(Phase::Prepare, start);
-        let logits = self.model.forward_native(&batch, &mut self.kv)?;
-        let mut data = logits
-            .to_dtype(candle_core::DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        let start = times.lap(Phase::Forward, start);
         overlap();
         let start = times.lap(Phase::Text, start);
-        let (rows, vocab) = logits.dims2()?;
-        debug_assert_eq!(rows, out.num_sample_rows());
         let (tokens, emitted) =
             verify::sample_verify(&mut self.sampler, &mut data, vocab, out, seqs);
         times.lap(Phase::Sample, start);
         Ok(Sampled { tokens, emitted })
+    }
+
+    /// An eager forward pass of `out` (prepare and forward timed into `times`), its sampled
+    /// rows' logits on the host in f32: `(rows back to back, vocab)`.
+    fn host_logits(
+        &mut self,
+        out: &SchedulerOutput,
+        times: &mut StepTimes,
+    ) -> Result<(Vec<f32>, usize), ModelError> {
+        let start = Instant::now();
+        let batch = ForwardBatch::new(out, &self.device)?;
+        let start = times.lap(Phase::Prepare, start);
+        let logits = self.model.forward_native(&batch, &mut self.kv)?;
+        let (rows, vocab) = logits.dims2()?;
+        debug_assert_eq!(rows, out.num_sample_rows());
+        let data = logits
+            .to_dtype(candle_core::DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        times.lap(Phase::Forward, start);
+        Ok((data, vocab))
     }
 
     /// [`ModelRunner::execute`] on a GPU: the rows' sampling inputs are set before the launch, so

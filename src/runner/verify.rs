@@ -5,8 +5,9 @@
 //! plain decode step would sample that position (the same processing, penalties and `min_tokens`
 //! counting the drafts accepted before it, a constraint's mask in the state the accepted drafts
 //! lead to, the same draw from the sequence's own stream), and
-//! the walk stops at the first sampled token that differs from its draft. Every draft today is
-//! one token for certain (n-gram), and for such a proposal this is the rejection rule of
+//! the walk stops at the first sampled token that differs from its draft. Every draft is one
+//! token for certain (n-gram lookup, or a draft model's argmax), and for such a proposal this is
+//! the rejection rule of
 //! speculative sampling: the draft `d` is accepted with probability `p(d)`, and on rejection
 //! the token comes from `p` without `d`, renormalized. So the output follows the target's
 //! distribution, greedy output is the target's own, and with a seed it is the same token for

@@ -144,9 +144,14 @@ def window_group(browser, failures):
         if hidden or height == 0 or width == 0 or "windows of 5 tokens" not in geometry:
             failures.append(f"window group not shown: hidden {hidden}, {height}px high, canvas {width}px, {geometry!r}")
 
+        # Requests one after the other for two seconds a thread: a tiny model's answer takes a
+        # fraction of the page's refresh interval, so one request each could end unseen.
+        load_end = time.time() + 2.0
+
         def one(i):
             body = {"prompt": [1 + i, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 150, "ignore_eos": True, "temperature": 0}
-            assert httpx.post(base + "/v1/completions", json=body, timeout=120).status_code == 200
+            while time.time() < load_end:
+                assert httpx.post(base + "/v1/completions", json=body, timeout=120).status_code == 200
         threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
         for t in threads:
             t.start()
