@@ -19,6 +19,11 @@
 #   bash .gpu/run.sh int4     the 4-bit kernel and engine tests, the 4-bit GEMV bandwidth table, then
 #                             batch-1 latency of the 1B and 8B shapes and 8B offline throughput in
 #                             bf16 and as AWQ (dummy 4-bit weights, groups of 128)
+#   bash .gpu/run.sh spec     speculative decoding: the GPU engine tests (n-gram and a draft model,
+#                             greedy output unchanged), then the 8B shape at batch 1 without and
+#                             with the 1B shape drafting k = 2, 4, 7 (random weights: acceptance
+#                             near 0, so each step's forward is the cost of verifying k + 1 tokens;
+#                             the draft phase is the 1B's k passes)
 #   bash .gpu/run.sh recheck  `tests`, then the scoreboard's batch-1 and offline rows (no serving,
 #                             no transformers baselines): the check after a change to the GPU path
 #   bash .gpu/run.sh profile  one eager batch-1 decode step kernel by kernel under Nsight Compute
@@ -44,7 +49,7 @@ for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests rope-tes
   chmod +x "$work/bin/$f"
 done
 export PAGEWISE_GPU_MODELS=$work/models
-if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ "$what" != gguf ] && [ "$what" != long ] && [ "$what" != profile ] && [ "$what" != dashboard ] && [ "$what" != structured ] && [ "$what" != fp8 ] && [ "$what" != int4 ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
+if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ "$what" != gguf ] && [ "$what" != long ] && [ "$what" != profile ] && [ "$what" != dashboard ] && [ "$what" != structured ] && [ "$what" != fp8 ] && [ "$what" != int4 ] && [ "$what" != spec ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
   (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS") > "$out/make-models.log" 2>&1 \
     || { tail -20 "$out/make-models.log"; exit 1; }
 fi
@@ -194,6 +199,22 @@ if [ "$what" = int4 ] && int4_part bench; then
     timeout 180 "$work/bin/pagewise" bench throughput --model "/tmp/pagewise-gpu/shapes/$dir" --load-format dummy \
       --num-prompts 1000 --input-len 1024 --output-len 128 --output-json "$out/llama-8b-$q-throughput.json" \
       2>> "$out/bench-stderr.log" | tail -1 || status=1
+  done
+fi
+if [ "$what" = spec ]; then
+  [ -d "$PAGEWISE_GPU_MODELS/tiny-d64" ] || (cd "$here" && python3 scripts/gpu/make_gpu_models.py \
+    "$PAGEWISE_GPU_MODELS" tiny) > "$out/make-models.log" 2>&1 || { tail -20 "$out/make-models.log"; status=1; }
+  "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture speculation 2>&1 \
+    | grep -E "^test |test result|accepted|panicked" || status=1
+  SCOREBOARD_MODELS=none SCOREBOARD_PARTS=none SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \
+    bash "$here/scripts/gpu/scoreboard.sh" > /dev/null 2>&1   # (writes the shapes' configs)
+  shapes=/tmp/pagewise-gpu/shapes
+  for k in 0 2 4 7; do
+    flag=(); [ "$k" = 0 ] || flag=(--speculative-config "{\"model\":\"$shapes/llama-1b\",\"num_speculative_tokens\":$k}")
+    echo "== llama-8b batch 1, 128 in / 256 out, draft k=$k"
+    timeout 150 "$work/bin/pagewise" bench latency --model "$shapes/llama-8b" --load-format dummy \
+      --batch-size 1 --input-len 128 --output-len 256 --num-iters-warmup 1 --num-iters 3 "${flag[@]}" \
+      2>> "$out/bench-stderr.log" | grep -E "tok/s|speculative|per step" || status=1
   done
 fi
 if [ "$what" = gguf ]; then

@@ -10,6 +10,7 @@ mod common;
 mod fp8;
 mod int4;
 mod moe;
+mod speculative;
 
 use candle_core::{DType, Device};
 use common::{argmax, greedy, rel_err};
