@@ -228,3 +228,26 @@ fn each_draft_is_the_draft_models_own_greedy_continuation() {
     );
     assert_eq!(differ, 0);
 }
+
+/// A prompt the target reads in chunks is read by the draft as far as the target has, step by
+/// step: after each chunk, the draft cache holds the blocks of the tokens read so far.
+#[test]
+fn the_draft_reads_a_chunked_prompt_with_the_target() {
+    let mut llm = Llm::new(EngineArgs {
+        model: target(),
+        block_size: 8,
+        max_num_batched_tokens: Some(24),
+        max_model_len: Some(256),
+        speculative_config: draft(&target(), 3),
+        ..Default::default()
+    })
+    .unwrap();
+    let prompt: Vec<u32> = (0..100).map(|i| (i * 7 % 250) as u32 + 1).collect();
+    llm.core_mut().add(prompt, greedy(), None).unwrap();
+    let (_, all) = llm.core().draft_block_usage().unwrap();
+    for chunk in 1..=4 {
+        llm.core_mut().step().unwrap();
+        let (free, _) = llm.core().draft_block_usage().unwrap();
+        assert_eq!(all - free, (24 * chunk) / 8, "after chunk {chunk}");
+    }
+}

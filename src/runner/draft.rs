@@ -8,7 +8,8 @@
 //! The draft keeps its own paged KV cache: the same page table manager ([`KvCacheManager`],
 //! block size as the target's, no prefix cache) with one [`BlockTable`] per sequence. Its K/V
 //! stays valid for the tokens the target accepted; the rest is rolled back (blocks past them
-//! given back) before the next guess. A sequence that leaves the running set (finished,
+//! given back) before the next guess. A prompt the target reads in chunks is read by the draft
+//! as far as the target has, step by step. A sequence that leaves the running set (finished,
 //! aborted, preempted) has its blocks freed; with no blocks left, a sequence goes without a
 //! draft for that step.
 
@@ -74,11 +75,12 @@ struct Guess {
     /// Index into the round's sequences.
     index: usize,
     id: SeqId,
-    /// The sequence's length (its last token is the one the target computes next).
+    /// Where its reading ends: the sequence's length when it is guessed for (its last token is
+    /// the one the target computes next), else how far the target has read its prompt.
     len: usize,
     /// Next position to feed.
     next: usize,
-    /// Guesses wanted.
+    /// Guesses wanted (0: reading only).
     want: usize,
     draft: Vec<u32>,
 }
@@ -127,29 +129,40 @@ impl DraftRunner {
                 seen: 0,
             });
             entry.seen = self.round;
+            let max_len = self.settings.max_model_len;
             let len = seq.num_tokens();
-            let want = limit.min((self.settings.max_model_len + 1).saturating_sub(len));
-            if want == 0 {
-                continue;
-            }
+            let want = limit.min((max_len + 1).saturating_sub(len));
+            // A prompt the target is still reading in chunks: the draft reads as far as the
+            // target has (so its catching up is spread over the same steps), guessing nothing.
+            let (end, cover) = match want {
+                0 if seq.num_pending_tokens() > 1 => {
+                    let read = seq.num_computed_tokens().min(max_len);
+                    (read, read)
+                }
+                0 => continue,
+                _ => (len, len + want - 1),
+            };
             // Roll back what the target did not accept, then cover every position fed.
             let valid = entry.valid(seq.token_ids());
+            if want == 0 && end <= valid {
+                continue;
+            }
             self.blocks.truncate(&mut entry.table, valid);
-            let fed_positions = len + want - 1;
             if self
                 .blocks
-                .allocate_slots(&mut entry.table, &CachedPrefix::default(), fed_positions)
+                .allocate_slots(&mut entry.table, &CachedPrefix::default(), cover)
                 .is_err()
             {
                 continue;
             }
-            entry.base = len;
+            entry.base = end;
             entry.fed.clear();
             guesses.push(Guess {
                 index,
                 id: seq.id,
-                len,
-                next: valid.min(len - 1),
+                len: end,
+                // (A guess needs the logits of the last token: fed again if already read.)
+                next: if want > 0 { valid.min(end - 1) } else { valid },
                 want,
                 draft: Vec::with_capacity(want),
             });
@@ -217,7 +230,7 @@ impl DraftRunner {
             out.block_tables
                 .extend(state.table.blocks().iter().map(|b| b.0));
             g.next = start + fed.len();
-            let samples = g.next >= g.len;
+            let samples = g.next >= g.len && g.want > 0;
             if samples {
                 sampling.push(gi);
             }
