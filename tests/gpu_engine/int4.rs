@@ -37,8 +37,12 @@ fn a_gptq_desc_act_checkpoint_is_dequantized_on_the_gpu() {
 
 #[test]
 fn int4_batches_and_graphs_equal_solo_and_eager_runs() {
-    // tiny-d64's shape: 1 KiB of bf16 KV per token.
-    batch_invariance("tiny-d64-awq", DtypeArg::Bfloat16, 1024);
+    // tiny-d64's shape: 1 KiB of bf16 KV per token. Steps of at most 8 rows take the 4-bit
+    // GEMV, which computes each row as it computes one alone; a larger step multiplies by the
+    // weights dequantized to bf16 (cuBLAS), whose rounding changes greedy tokens of this random
+    // model (seen on an H100: with steps of up to 48 rows, prompt 1 differed from its third
+    // token). So 4-bit output is batch-invariant only among steps of at most 8 rows.
+    batch_invariance("tiny-d64-awq", DtypeArg::Bfloat16, 1024, Some(8));
     let args = |enforce_eager| EngineArgs {
         model: model("tiny-d64-awq"),
         device: DeviceArg::Cuda(0),

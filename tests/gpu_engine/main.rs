@@ -222,13 +222,18 @@ fn llama_1b_shape_matches_transformers() {
 /// 32 prompts (half sharing a prefix) through one engine with a small token budget (chunked
 /// prefill, mixed prefill + decode steps), prefix caching and a cache small enough to preempt,
 /// against each prompt alone, for the model `name` (of tiny-d64's shape).
-fn batch_invariance(name: &str, dtype: DtypeArg, kv_bytes_per_token: u64) {
+/// Each of 32 prompts alone, then all batched in a small cache (chunked prefill, prefix hits,
+/// preemption): the same greedy tokens. With `rows`, every step of both runs has at most that
+/// many rows (sequences and tokens).
+fn batch_invariance(name: &str, dtype: DtypeArg, kv_bytes_per_token: u64, rows: Option<usize>) {
     let prompts = prompts(32, 256);
     let args = |enable_prefix_caching| EngineArgs {
         model: model(name),
         device: DeviceArg::Cuda(0),
         dtype,
         enable_prefix_caching,
+        max_num_seqs: rows.unwrap_or(EngineArgs::default().max_num_seqs),
+        max_num_batched_tokens: rows,
         ..Default::default()
     };
     let mut solo = Llm::new(args(false)).unwrap();
@@ -243,7 +248,7 @@ fn batch_invariance(name: &str, dtype: DtypeArg, kv_bytes_per_token: u64) {
     // 40 blocks of 16 tokens (the cache must hold one sequence of max_model_len: checked at
     // startup).
     let mut batched = Llm::new(EngineArgs {
-        max_num_batched_tokens: Some(48),
+        max_num_batched_tokens: rows.or(Some(48)),
         kv_cache_memory: Some(40 * 16 * kv_bytes_per_token),
         max_model_len: Some(256),
         ..args(true)
@@ -259,9 +264,9 @@ fn batch_invariance(name: &str, dtype: DtypeArg, kv_bytes_per_token: u64) {
 #[test]
 fn batched_chunked_cached_preempted_equals_solo_on_the_gpu() {
     // 2 layers x 2 KV heads x 64 dims x K,V: 2 KiB per token in f32, 1 KiB in bf16.
-    batch_invariance("tiny-d64", DtypeArg::Float32, 2048);
+    batch_invariance("tiny-d64", DtypeArg::Float32, 2048, None);
     // bf16 runs the tensor-core prefill kernel and mixed prefill + decode steps.
-    batch_invariance("tiny-d64", DtypeArg::Bfloat16, 1024);
+    batch_invariance("tiny-d64", DtypeArg::Bfloat16, 1024, None);
 }
 
 #[test]
