@@ -8,8 +8,9 @@ use pagewise::engine::device::DeviceArg;
 use pagewise::model::layers::Linear;
 use pagewise::{DtypeArg, EngineArgs, Llm};
 
+use super::batching::{batch_invariance, graph_replays_equal_eager};
 use super::fp8::{first_q_proj, near_the_cpu};
-use super::{batch_invariance, graph_replays_equal_eager, model};
+use super::model;
 
 #[test]
 fn int4_checkpoints_keep_their_packed_weights_on_the_gpu() {

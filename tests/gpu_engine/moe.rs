@@ -6,8 +6,9 @@ use pagewise::engine::device::DeviceArg;
 use pagewise::loader::GgufMatmul;
 use pagewise::{DtypeArg, EngineArgs, Llm};
 
+use super::batching::graph_replays_equal_eager;
 use super::common::{self, rel_err};
-use super::{gpu, graph_replays_equal_eager, model, prompts, top1_agreement};
+use super::{gpu, model, prompts, top1_agreement};
 
 /// A mixture of experts in bf16: decode steps of up to `moe::DEVICE_TOKENS` sequences route
 /// on the device (`moe_device.rs`), so they are captured in CUDA graphs, and replaying them gives
