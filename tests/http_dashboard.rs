@@ -354,6 +354,45 @@ async fn the_window_group_is_shown_and_follows_the_window_tables() {
     assert_eq!(last["stats"]["kv_window_usage"], 0.0);
 }
 
+/// Requests that come and go faster than the refresh period: snapshots stay at least a period
+/// apart (the engine going idle between two requests does not publish at once, which would
+/// replace the busy snapshot before a viewer reads it), some show the load, and the idle pool
+/// still comes once the load is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brief_idle_gaps_do_not_crowd_out_busy_snapshots() {
+    let (base, _) = start(vec![]).await;
+    let mut events = Events::open(&format!("{base}/dashboard/events"), None).await;
+    let first = events.next().await;
+    let load = tokio::spawn({
+        let base = base.clone();
+        async move {
+            let until = tokio::time::Instant::now() + Duration::from_millis(1500);
+            while tokio::time::Instant::now() < until {
+                let body = json!({"prompt": "a b c", "max_tokens": 4, "ignore_eos": true});
+                assert_eq!(post(&base, "/v1/completions", body).await.0, 200);
+            }
+        }
+    });
+    let mut times = vec![first["t"].as_f64().unwrap()];
+    let mut busy = 0;
+    let last = events
+        .follow(first, load, |s| {
+            times.push(s["t"].as_f64().unwrap());
+            busy += usize::from(!s["seqs"].as_array().unwrap().is_empty());
+        })
+        .await;
+    assert_eq!(last["stats"]["running"], 0, "the idle pool is published");
+    let closest = times
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .fold(f64::INFINITY, f64::min);
+    assert!(
+        closest >= 0.099,
+        "two snapshots {closest:.3} s apart: {times:?}"
+    );
+    assert!(busy > 0, "no snapshot showed a request running: {times:?}");
+}
+
 /// An open viewer does not hold a shutdown up: on SIGTERM its stream ends and the server returns
 /// (graceful shutdown waits for every connection; the stream would otherwise never end).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

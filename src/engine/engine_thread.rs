@@ -28,6 +28,9 @@ pub(super) struct EngineThread {
     stats: Arc<EngineStats>,
     queued: Arc<AtomicUsize>,
     publisher: Publisher,
+    /// A clock for waiting on submissions with a deadline (an idle pool still to publish); made
+    /// on first use.
+    timer: Option<tokio::runtime::Runtime>,
 }
 
 /// The text of a panic's payload.
@@ -55,6 +58,7 @@ impl EngineThread {
             stats,
             queued,
             publisher,
+            timer: None,
         }
     }
 
@@ -93,7 +97,7 @@ impl EngineThread {
         loop {
             // Idle: sleep until a request arrives. Busy: take whatever is queued, without waiting.
             if !self.core.has_unfinished() {
-                match self.rx.blocking_recv() {
+                match self.wait_for_work() {
                     Some(s) => self.admit(s),
                     None => return Ok(()),
                 }
@@ -147,6 +151,34 @@ impl EngineThread {
         }
     }
 
+    /// Sleeps until a submission arrives (`None`: every handle is gone). An idle pool the
+    /// publisher holds back goes out when its wait ends first.
+    fn wait_for_work(&mut self) -> Option<Submission> {
+        if let Some(wait) = self.publisher.idle_wait() {
+            let timer = match self.timer.take() {
+                Some(timer) => Some(timer),
+                None => tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .build()
+                    .ok(),
+            };
+            let received = timer.as_ref().and_then(|timer| {
+                // The timer is made inside the runtime (it needs its clock).
+                let rx = &mut self.rx;
+                timer
+                    .block_on(async { tokio::time::timeout(wait, rx.recv()).await })
+                    .ok()
+            });
+            self.timer = timer;
+            if let Some(submission) = received {
+                return submission;
+            }
+            self.publisher
+                .publish_now(self.core.scheduler(), self.core.device());
+        }
+        self.rx.blocking_recv()
+    }
+
     /// Aborts `id`, leaving the queued count right.
     fn abort(&mut self, id: SeqId) {
         if self.core.is_queued(id) {
@@ -164,7 +196,7 @@ impl EngineThread {
             } => (request, events, accepted),
             Submission::Snapshot => {
                 self.publisher
-                    .after_step(self.core.scheduler(), self.core.device(), true);
+                    .publish_now(self.core.scheduler(), self.core.device());
                 return;
             }
             Submission::AbortAll(message) => {

@@ -1,8 +1,9 @@
 //! Snapshots of the page table for the live view (`/dashboard`): every block's state and every
 //! unfinished sequence's block table, as plain data. The engine thread takes one after a step at
 //! most [`PERIOD`] apart, and only while someone watches; it hands it over through a
-//! `tokio::sync::watch` channel (a pointer swap, never a wait on a reader). The last step before
-//! the engine goes idle is always published, so an idle pool is shown as it is.
+//! `tokio::sync::watch` channel (a pointer swap, never a wait on a reader). An engine that goes
+//! idle publishes its idle pool once it has stayed idle for the rest of the period, so an idle
+//! pool is shown as it is, and brief gaps between requests do not hide a busy one.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -120,6 +121,8 @@ pub(super) struct Publisher {
     tx: watch::Sender<Arc<PoolSnapshot>>,
     last: Option<Instant>,
     serial: u64,
+    /// The engine went idle before [`PERIOD`] had passed: its idle pool is still to publish.
+    idle_pending: bool,
 }
 
 impl Publisher {
@@ -130,21 +133,46 @@ impl Publisher {
             tx,
             last: None,
             serial: 0,
+            idle_pending: false,
         };
         (publisher, rx)
     }
 
-    /// Publishes the page table if a viewer watches and [`PERIOD`] has passed, or always when
-    /// `going_idle` (the engine is about to wait for work).
+    /// Publishes the page table if a viewer watches and [`PERIOD`] has passed. When the engine is
+    /// `going_idle` sooner, the idle pool waits for [`Self::idle_wait`]: publishing it at once
+    /// would replace the last busy snapshot before a viewer reads it, and under requests that
+    /// come and go faster than the period the page would show an empty pool most of the time.
     pub fn after_step(&mut self, scheduler: &Scheduler, device: &Device, going_idle: bool) {
         // The prototype receiver is one; any more are viewers.
         if self.tx.receiver_count() <= 1 {
+            self.idle_pending = false;
             return;
         }
-        let due = self.last.is_none_or(|t| t.elapsed() >= PERIOD);
-        if !(due || going_idle) {
-            return;
+        if self.last.is_none_or(|t| t.elapsed() >= PERIOD) {
+            self.publish(scheduler, device);
+        } else {
+            self.idle_pending = going_idle;
         }
+    }
+
+    /// How long the idle engine may wait for work before it must publish its idle pool
+    /// ([`Self::publish_now`]); `None` when nothing is pending.
+    pub fn idle_wait(&self) -> Option<Duration> {
+        let last = self.last?;
+        self.idle_pending
+            .then(|| PERIOD.saturating_sub(last.elapsed()))
+    }
+
+    /// Publishes the page table now if a viewer watches (a new viewer's first frame, or the idle
+    /// pool once [`Self::idle_wait`] has passed).
+    pub fn publish_now(&mut self, scheduler: &Scheduler, device: &Device) {
+        if self.tx.receiver_count() > 1 {
+            self.publish(scheduler, device);
+        }
+    }
+
+    fn publish(&mut self, scheduler: &Scheduler, device: &Device) {
+        self.idle_pending = false;
         self.serial += 1;
         self.last = Some(Instant::now());
         self.tx

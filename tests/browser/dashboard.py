@@ -145,11 +145,15 @@ def window_group(browser, failures):
             failures.append(f"window group not shown: hidden {hidden}, {height}px high, canvas {width}px, {geometry!r}")
 
         # Requests one after the other for two seconds a thread: a tiny model's answer takes a
-        # fraction of the page's refresh interval, so one request each could end unseen.
+        # fraction of the page's refresh interval, so one request each could end unseen. Answers
+        # of different lengths keep the threads out of step: requests that all end together leave
+        # the engine idle, and the snapshot it publishes going idle (nothing in use) replaces the
+        # periodic one before the page reads it.
         load_end = time.time() + 2.0
 
         def one(i):
-            body = {"prompt": [1 + i, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 150, "ignore_eos": True, "temperature": 0}
+            body = {"prompt": [1 + i, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 150 + 37 * i, "ignore_eos": True,
+                    "temperature": 0}
             while time.time() < load_end:
                 assert httpx.post(base + "/v1/completions", json=body, timeout=120).status_code == 200
         threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
