@@ -89,6 +89,17 @@ fn q4_k_m_and_q5_k_m_gguf_weights_decode_as_gguf_py_decodes_them() {
     }
 }
 
+/// IQ4_NL and IQ4_XS files as `llama-quantize` writes them (the matrices and the embedding in
+/// the type, a Q6_K head; make_kquant_gguf.py): read apart from candle's reader, multiplied on
+/// our interleaved kernels by default, dequantized exactly as gguf-py dequantizes them.
+#[test]
+fn iq4_nl_and_iq4_xs_gguf_weights_decode_as_gguf_py_decodes_them() {
+    for mix in ["IQ4_NL", "IQ4_XS"] {
+        let err = decodes_as_gguf_py(&format!("{FIXTURES}/qwen3-k256"), mix, 5e-2);
+        assert!(err > 1e-5, "{mix}: {err}, as if dequantized");
+    }
+}
+
 /// Qwen2 with q/k/v biases as a GGUF file (`qwen2` architecture): transformers' logits and
 /// greedy tokens.
 #[test]

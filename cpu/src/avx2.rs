@@ -8,6 +8,7 @@ use std::arch::x86_64::*;
 
 use super::blocks::{Act, Nibbles8};
 use super::fives::{Fives8, Packed5};
+use super::iq4::{IQ4_VALUES, Iq4Nl8, Iq4Xs8};
 use super::q4k::Q4K8;
 use super::q5k::Q5K8;
 use super::q6k::Q6K8;
@@ -315,6 +316,81 @@ pub fn dot_bytes8<const R: usize>(w: &[Bytes8], a: [&[Act]; R]) -> [[f32; 8]; R]
         for r in 0..R {
             let scale = _mm256_mul_ps(d, _mm256_set1_ps(a[r][b].d));
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), scale, acc[r]);
+        }
+    }
+    store8(acc)
+}
+
+/// The integer dot products of one interleaved IQ4 block of 8 rows (`packed`) with each
+/// activation block of `acts`, one 32-bit lane a weight row: the codes become their signed values
+/// by a `vpshufb` lookup, then as [`dot_bytes8`] (magnitudes times the activations carrying the
+/// values' signs).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn iq4_sums<const R: usize>(packed: &[[u8; 32]; 4], acts: [&Act; R]) -> [__m256i; R] {
+    // SAFETY: 16 bytes; unaligned load.
+    let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(IQ4_VALUES.as_ptr().cast()) });
+    let values = unpack8(packed).map(|q| _mm256_shuffle_epi8(table, q));
+    let ones = _mm256_set1_epi16(1);
+    let mut sums = [_mm256_setzero_si256(); R];
+    for (k, v) in values.iter().enumerate() {
+        let magnitude = _mm256_sign_epi8(*v, *v);
+        for r in 0..R {
+            // SAFETY: bytes 4k..4k + 4 of the 32 (k < 8); unaligned read.
+            let a = unsafe {
+                acts[r]
+                    .qs
+                    .as_ptr()
+                    .add(4 * k)
+                    .cast::<i32>()
+                    .read_unaligned()
+            };
+            let signed = _mm256_sign_epi8(_mm256_set1_epi32(a), *v);
+            let pairs = _mm256_maddubs_epi16(magnitude, signed);
+            sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(pairs, ones));
+        }
+    }
+    sums
+}
+
+/// The 8 interleaved IQ4_NL rows of `w` (one group, all its blocks) against each of the rows `a`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_iq4nl8<const R: usize>(w: &[Iq4Nl8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+    for row in a {
+        assert_eq!(row.len(), w.len());
+    }
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (b, g) in w.iter().enumerate() {
+        let d = f16x8(&g.d);
+        let sums = iq4_sums(&g.qs, a.map(|row| &row[b]));
+        for r in 0..R {
+            let scale = _mm256_mul_ps(d, _mm256_set1_ps(a[r][b].d));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), scale, acc[r]);
+        }
+    }
+    store8(acc)
+}
+
+/// The 8 interleaved IQ4_XS rows of `w` (one group, all its super-blocks) against each of the
+/// rows `a` (8 activation blocks a super-block): per sub-block the rows' exact scales
+/// `d · (ls − 32)`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_iq4xs8<const R: usize>(w: &[Iq4Xs8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+    for row in a {
+        assert_eq!(row.len(), 8 * w.len());
+    }
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (b, g) in w.iter().enumerate() {
+        let d = f16x8(&g.d);
+        for (j, part) in g.j.iter().enumerate() {
+            // SAFETY: 8 bytes; unaligned load.
+            let sc = unsafe { _mm_loadl_epi64(part.sc.as_ptr().cast()) };
+            let scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+            let sums = iq4_sums(&part.qs, a.map(|row| &row[8 * b + j]));
+            for r in 0..R {
+                let s = _mm256_mul_ps(scale, _mm256_set1_ps(a[r][8 * b + j].d));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), s, acc[r]);
+            }
         }
     }
     store8(acc)

@@ -5,6 +5,7 @@ use std::sync::OnceLock;
 
 use super::blocks::{Act, Nibbles8, dot_nibbles8_scalar};
 use super::fives::{Fives8, dot_fives8_scalar};
+use super::iq4::{Iq4Nl8, Iq4Xs8, dot_iq4nl8_scalar, dot_iq4xs8_scalar};
 use super::q4k::{Q4K8, dot_q4k8_scalar};
 use super::q5k::{Q5K8, dot_q5k8_scalar};
 use super::q6k::{Q6K8, dot_q6k8_scalar};
@@ -75,6 +76,8 @@ group_block!(Bytes8, 32, dot_bytes8, dot_bytes8_scalar);
 group_block!(Q4K8, 256, dot_q4k8, dot_q4k8_scalar);
 group_block!(Q5K8, 256, dot_q5k8, dot_q5k8_scalar);
 group_block!(Q6K8, 256, dot_q6k8, dot_q6k8_scalar);
+group_block!(Iq4Nl8, 32, dot_iq4nl8, dot_iq4nl8_scalar);
+group_block!(Iq4Xs8, 256, dot_iq4xs8, dot_iq4xs8_scalar);
 
 /// Activation bytes a pass over the weights takes at most: a long prompt's activations are
 /// split in runs that stay in the L2 cache while every weight row is multiplied by them.

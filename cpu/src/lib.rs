@@ -7,6 +7,7 @@
 //!   interleaved 8 rows by 8 for the 8-row kernels, each with its scalar reference;
 //! - `avx2`: the SIMD dot products (x86-64, detected at run time);
 //! - [`kernels`]: the choice between them, over a range of weight groups;
+//! - [`iq4`]: IQ4_NL and IQ4_XS (a 4-bit code picks one of 16 values), interleaved likewise;
 //! - [`kquant`]: Q2_K and Q3_K, through candle's dot products;
 //! - [`activations`] (and `avx2_math`): the gated MLPs' SiLU and GELU-tanh, vectorized;
 //! - [`exp`]: the sampler's unnormalized probabilities over a vocabulary, vectorized;
@@ -22,6 +23,7 @@ mod avx2_math;
 pub mod blocks;
 pub mod exp;
 pub mod fives;
+pub mod iq4;
 pub mod kernels;
 pub mod kquant;
 pub mod memory;
@@ -36,3 +38,5 @@ pub use qlinear::QLinear;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_iq4;

@@ -7,6 +7,7 @@ use candle_core::quantized::GgmlDType;
 
 use super::blocks::{BLOCK, Nibbles, Nibbles8, quantize_row};
 use super::fives::{Five, Fives8};
+use super::iq4::{Iq4Nl8, Iq4Type, Iq4Xs8};
 use super::kernels::{GroupBlock, Isa, dot_groups};
 use super::kquant::KRows;
 use super::q4k::Q4K8;
@@ -32,6 +33,10 @@ enum Blocks {
     Q5K8(Vec<Q5K8>),
     /// Q6_K.
     Q6K8(Vec<Q6K8>),
+    /// IQ4_NL.
+    Iq4Nl8(Vec<Iq4Nl8>),
+    /// IQ4_XS.
+    Iq4Xs8(Vec<Iq4Xs8>),
     /// Q2_K and Q3_K rows, row after row, for candle's dot products.
     K(KRows),
 }
@@ -47,6 +52,8 @@ macro_rules! each_format {
             Blocks::Q4K8($w) => $body,
             Blocks::Q5K8($w) => $body,
             Blocks::Q6K8($w) => $body,
+            Blocks::Iq4Nl8($w) => $body,
+            Blocks::Iq4Xs8($w) => $body,
             Blocks::K($k) => $kbody,
         }
     };
@@ -106,15 +113,7 @@ impl QLinear {
                 blocks: Blocks::K(k),
             });
         }
-        // Zero bytes are zero weights in every format (a scale of 0).
-        let padded = match rows % 8 {
-            0 => Cow::Borrowed(bytes),
-            short => Cow::Owned([bytes, &vec![0; (8 - short) * row_bytes]].concat()),
-        };
-        let groups = padded.chunks_exact(8 * row_bytes);
-        fn each<T>(groups: std::slice::ChunksExact<'_, u8>, f: impl Fn(&[u8]) -> Vec<T>) -> Vec<T> {
-            groups.flat_map(f).collect()
-        }
+        let groups = padded_groups(bytes, rows, row_bytes);
         let (subs, supers) = (cols / BLOCK, cols / 256);
         let blocks = match dtype {
             Q4_0 => Blocks::Nibbles8(each(groups, |g| {
@@ -125,6 +124,7 @@ impl QLinear {
             })),
             Q5_0 => Blocks::Fives8(
                 groups
+                    .iter()
                     .map(|g| Some(Fives8::interleave(&Five::parse_q5_0(g)?, subs)))
                     .collect::<Option<Vec<_>>>()?
                     .concat(),
@@ -137,6 +137,21 @@ impl QLinear {
             Q5K => Blocks::Q5K8(each(groups, |g| Q5K8::interleave(g, supers))),
             Q6K => Blocks::Q6K8(each(groups, |g| Q6K8::interleave(g, supers))),
             _ => return None,
+        };
+        Some(QLinear { rows, cols, blocks })
+    }
+
+    /// The weight `[rows, cols]` from the bytes of a GGUF tensor of an IQ4 type, or `None` when
+    /// `cols` is not a multiple of its block or the bytes are not `rows * cols` weights.
+    pub fn from_iq4(ty: Iq4Type, bytes: &[u8], rows: usize, cols: usize) -> Option<Self> {
+        let row_bytes = ty.bytes_of(cols)?;
+        if bytes.len() != rows * row_bytes {
+            return None;
+        }
+        let groups = padded_groups(bytes, rows, row_bytes);
+        let blocks = match ty {
+            Iq4Type::Nl => Blocks::Iq4Nl8(each(groups, |g| Iq4Nl8::interleave(g, cols / 32))),
+            Iq4Type::Xs => Blocks::Iq4Xs8(each(groups, |g| Iq4Xs8::interleave(g, cols / 256))),
         };
         Some(QLinear { rows, cols, blocks })
     }
@@ -178,6 +193,8 @@ impl QLinear {
             Blocks::Q4K8(_) => stacked!(Q4K8),
             Blocks::Q5K8(_) => stacked!(Q5K8),
             Blocks::Q6K8(_) => stacked!(Q6K8),
+            Blocks::Iq4Nl8(_) => stacked!(Iq4Nl8),
+            Blocks::Iq4Xs8(_) => stacked!(Iq4Xs8),
             Blocks::K(_) => Blocks::K(KRows::concat(
                 &parts
                     .iter()
@@ -271,6 +288,27 @@ impl QLinear {
     pub fn matmul_reference(&self, x: &[f32], m: usize) -> Vec<f32> {
         self.matmul_with(Isa::Scalar, &Team::new(1), x, m)
     }
+}
+
+/// The bytes of `rows` rows of `row_bytes` each, as groups of 8 rows: a last group short of 8
+/// padded with zero bytes, which are zero weights in every format (a scale of 0).
+fn padded_groups(bytes: &[u8], rows: usize, row_bytes: usize) -> Vec<Cow<'_, [u8]>> {
+    let whole = rows / 8 * 8 * row_bytes;
+    let mut groups: Vec<Cow<'_, [u8]>> = bytes[..whole]
+        .chunks_exact(8 * row_bytes)
+        .map(Cow::Borrowed)
+        .collect();
+    if whole < bytes.len() {
+        let mut last = bytes[whole..].to_vec();
+        last.resize(8 * row_bytes, 0);
+        groups.push(Cow::Owned(last));
+    }
+    groups
+}
+
+/// `f` of every group, one group's blocks after the other's.
+fn each<T>(groups: Vec<Cow<'_, [u8]>>, f: impl Fn(&[u8]) -> Vec<T>) -> Vec<T> {
+    groups.iter().flat_map(|g| f(g)).collect()
 }
 
 /// Rows `ids` of interleaved groups of `cols` weights a row, dequantized one after the other.

@@ -6,10 +6,10 @@ use super::kernels::Isa;
 use super::team::Team;
 
 /// A tiny deterministic generator (xorshift).
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -17,7 +17,7 @@ impl Rng {
     }
 
     /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
+    pub(crate) fn unit(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
 }
@@ -52,12 +52,12 @@ fn random_layer(dtype: GgmlDType, rows: usize, cols: usize, seed: u64) -> QLinea
     QLinear::from_gguf(dtype, &bytes, rows, cols).expect("a supported layer")
 }
 
-fn random_input(len: usize, seed: u64) -> Vec<f32> {
+pub(crate) fn random_input(len: usize, seed: u64) -> Vec<f32> {
     let mut rng = Rng(seed);
     (0..len).map(|_| rng.unit()).collect()
 }
 
-fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
     let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
     a.iter()
         .zip(b)
@@ -65,7 +65,7 @@ fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `x W^T` in f32 from the dequantized weight.
-fn float_reference(layer: &QLinear, x: &[f32], m: usize) -> Vec<f32> {
+pub(crate) fn float_reference(layer: &QLinear, x: &[f32], m: usize) -> Vec<f32> {
     let w = layer.dequantize();
     let (rows, cols) = (layer.rows(), layer.cols());
     let mut out = Vec::with_capacity(m * rows);

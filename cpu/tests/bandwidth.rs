@@ -12,6 +12,7 @@ use std::time::Instant;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use pagewise_cpu::QLinear;
+use pagewise_cpu::iq4::Iq4Type;
 use pagewise_cpu::team::Team;
 
 /// Rows and columns of the matrix: 4864 x 896 is one of Qwen2.5-0.5B's MLP matrices (no
@@ -90,24 +91,45 @@ fn kernel_bandwidth() {
                 .unwrap()
                 .to_vec();
             let layer = QLinear::from_gguf(dtype, &bytes, rows, cols).unwrap();
-            let copies: Vec<QLinear> = (0..PASS_BYTES.div_ceil(bytes.len()))
-                .map(|_| layer.clone())
+            measure(&format!("{dtype:?}"), &layer, bytes.len());
+        }
+        // IQ4 types: random blocks (pagewise reads them; it does not write them).
+        for ty in [Iq4Type::Nl, Iq4Type::Xs] {
+            let Some(row_bytes) = ty.bytes_of(cols) else {
+                continue;
+            };
+            let bytes: Vec<u8> = (0..rows * row_bytes)
+                .map(|i| match i % ty.block_bytes() {
+                    1 => 0x1c, // an f16 d of about 0.004, for any other byte below it
+                    _ => ((i * 2654435761) >> 7) as u8,
+                })
                 .collect();
-            let x: Vec<f32> = (0..64 * cols).map(|i| (i % 17) as f32 / 17.0).collect();
-            let one = best_of(5, || {
-                for c in &copies {
-                    drop(c.matmul(&x[..cols], 1));
-                }
-            }) / copies.len() as f64;
-            let many = best_of(3, || drop(layer.matmul(&x, 64)));
-            println!(
-                "| {dtype:?} | {rows} x {cols} | {:.1} MB | {:.0} µs | {:.1} | {:.1} ms | {:.1} |",
-                bytes.len() as f64 / 1e6,
-                one * 1e6,
-                bytes.len() as f64 / one / 1e9,
-                many * 1e3,
-                (64 * rows * cols) as f64 / many / 1e9,
-            );
+            let layer = QLinear::from_iq4(ty, &bytes, rows, cols).unwrap();
+            measure(ty.name(), &layer, bytes.len());
         }
     }
+}
+
+/// One row of the table: `layer` (`bytes` of weights) at decode, over copies of it, and in a
+/// 64-row prefill.
+fn measure(label: &str, layer: &QLinear, bytes: usize) {
+    let (rows, cols) = (layer.rows(), layer.cols());
+    let copies: Vec<QLinear> = (0..PASS_BYTES.div_ceil(bytes))
+        .map(|_| layer.clone())
+        .collect();
+    let x: Vec<f32> = (0..64 * cols).map(|i| (i % 17) as f32 / 17.0).collect();
+    let one = best_of(5, || {
+        for c in &copies {
+            drop(c.matmul(&x[..cols], 1));
+        }
+    }) / copies.len() as f64;
+    let many = best_of(3, || drop(layer.matmul(&x, 64)));
+    println!(
+        "| {label} | {rows} x {cols} | {:.1} MB | {:.0} µs | {:.1} | {:.1} ms | {:.1} |",
+        bytes as f64 / 1e6,
+        one * 1e6,
+        bytes as f64 / one / 1e9,
+        many * 1e3,
+        (64 * rows * cols) as f64 / many / 1e9,
+    );
 }

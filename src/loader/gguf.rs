@@ -11,8 +11,10 @@ use tokenizers::Tokenizer;
 use super::gguf_file;
 use super::gguf_tokenizer::tokenizer_from_gguf;
 use super::{GgufMatmul, LoadError};
+use crate::cpu::iq4::Iq4Type;
 use crate::model::config::ModelConfig;
 use crate::model::gguf_config::GgufMeta;
+use crate::model::gguf_weights::Iq4Tensor;
 use crate::model::mxfp4::GgufMxfp4;
 use crate::model::weights::{Dequantize, Weights};
 
@@ -73,12 +75,18 @@ pub fn load(
         .and_then(|v| v.to_string().ok().cloned());
 
     let mxfp4 = GgufMxfp4::new(path.to_path_buf(), ct.tensor_data_offset, &header.mxfp4);
+    let iq4 = read_iq4(&mut file, ct.tensor_data_offset, &header.iq4)
+        .map_err(|e| LoadError::Format(format!("{}: {e}", path.display())))?;
     let num_params: usize = ct
         .tensor_infos
         .values()
         .map(|t| t.shape.elem_count())
         .sum::<usize>()
-        + mxfp4.num_params();
+        + mxfp4.num_params()
+        + iq4
+            .values()
+            .map(|t| t.dims.iter().product::<usize>())
+            .sum::<usize>();
     let dequantize = match matmul {
         GgufMatmul::Quantized => Dequantize::Nothing,
         GgufMatmul::Dequantized => Dequantize::All,
@@ -106,8 +114,38 @@ pub fn load(
             device: device.clone(),
             dequantize,
             mxfp4,
+            iq4,
         },
     })
+}
+
+/// The IQ4 tensors `listed` (type, shape, offset from `data_offset`), read from `file`.
+fn read_iq4(
+    file: &mut (impl std::io::Read + std::io::Seek),
+    data_offset: u64,
+    listed: &HashMap<String, (Iq4Type, Vec<usize>, u64)>,
+) -> Result<HashMap<String, Iq4Tensor>, String> {
+    let mut out = HashMap::new();
+    for (name, (ty, dims, offset)) in listed {
+        let values: usize = dims.iter().product();
+        let len = ty
+            .bytes_of(values)
+            .filter(|_| dims.last().is_some_and(|d| d % ty.block() == 0))
+            .ok_or_else(|| {
+                format!(
+                    "{} tensor {name} {dims:?}: rows of whole {}-weight blocks",
+                    ty.name(),
+                    ty.block()
+                )
+            })?;
+        let mut bytes = vec![0u8; len];
+        file.seek(std::io::SeekFrom::Start(data_offset + offset))
+            .and_then(|_| file.read_exact(&mut bytes))
+            .map_err(|e| format!("{} tensor {name}: {e}", ty.name()))?;
+        let (ty, dims) = (*ty, dims.clone());
+        out.insert(name.clone(), Iq4Tensor { ty, dims, bytes });
+    }
+    Ok(out)
 }
 
 /// Only the tokenizer of a GGUF file (reads the metadata, not the tensors).

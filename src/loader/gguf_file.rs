@@ -1,7 +1,8 @@
 //! The GGUF container's header, read on our side: candle's reader refuses a file with any tensor
-//! type it does not know, and llama.cpp's gpt-oss files keep the experts in MXFP4 (ggml type 39).
-//! This reads the metadata and the tensor table into candle's `Content` for the types candle
-//! knows, and lists the MXFP4 tensors apart; any other type is refused by name. Every length is
+//! type it does not know, and llama.cpp's gpt-oss files keep the experts in MXFP4 (ggml type 39),
+//! its IQ4_NL and IQ4_XS mixes their matrices in those types. This reads the metadata and the
+//! tensor table into candle's `Content` for the types candle knows, and lists the MXFP4 and IQ4
+//! tensors apart; any other type is refused by name. Every length is
 //! checked against the bytes the file has left, so a damaged file is an error, not an allocation.
 
 use std::collections::HashMap;
@@ -10,6 +11,8 @@ use std::io::{Read, Seek, SeekFrom};
 use candle_core::Shape;
 use candle_core::quantized::GgmlDType;
 use candle_core::quantized::gguf_file::{Content, TensorInfo, Value, VersionedMagic};
+
+use crate::cpu::iq4::Iq4Type;
 
 /// ggml's type id of MXFP4 blocks (32 values: an E8M0 scale byte and 16 bytes of FP4 codes).
 const MXFP4: u32 = 39;
@@ -20,6 +23,8 @@ pub struct Header {
     /// The MXFP4 tensors by name: their shape (outermost first, as candle's) and the offset of
     /// their bytes from `content.tensor_data_offset`.
     pub mxfp4: HashMap<String, (Vec<usize>, u64)>,
+    /// The IQ4_NL and IQ4_XS tensors by name: their type, shape and offset, likewise.
+    pub iq4: HashMap<String, (Iq4Type, Vec<usize>, u64)>,
 }
 
 /// The ggml tensor types candle reads, by id.
@@ -147,6 +152,7 @@ pub fn read<R: Read + Seek>(r: &mut R) -> Result<Header, String> {
     }
     let mut tensor_infos = HashMap::new();
     let mut mxfp4 = HashMap::new();
+    let mut iq4 = HashMap::new();
     for _ in 0..tensors {
         let name = input.string()?;
         let n_dims = input.u32()?;
@@ -177,12 +183,17 @@ pub fn read<R: Read + Seek>(r: &mut R) -> Result<Header, String> {
                     },
                 );
             }
-            (id, None) => {
-                return Err(format!(
-                    "tensor {name}: ggml type {id} is not supported (supported: F32, F16, BF16, \
-                     Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K, MXFP4)"
-                ));
-            }
+            (id, None) => match Iq4Type::from_ggml_id(id) {
+                Some(ty) => {
+                    iq4.insert(name, (ty, dims, offset));
+                }
+                None => {
+                    return Err(format!(
+                        "tensor {name}: ggml type {id} is not supported (supported: F32, F16, \
+                         BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K, IQ4_NL, IQ4_XS, MXFP4)"
+                    ));
+                }
+            },
         }
     }
     let at = input.r.stream_position().map_err(|e| e.to_string())?;
@@ -198,6 +209,7 @@ pub fn read<R: Read + Seek>(r: &mut R) -> Result<Header, String> {
             tensor_data_offset: at.div_ceil(alignment) * alignment,
         },
         mxfp4,
+        iq4,
     })
 }
 

@@ -77,6 +77,7 @@ impl TokenEmbedding {
 fn kept_quantized(w: &Weights) -> bool {
     let Weights::Gguf {
         tensors,
+        iq4,
         device,
         dequantize,
         ..
@@ -84,9 +85,13 @@ fn kept_quantized(w: &Weights) -> bool {
     else {
         return false;
     };
+    let Some(name) = gguf_name("model.embed_tokens.weight") else {
+        return false;
+    };
     device.is_cpu()
         && *dequantize != Dequantize::All
-        && gguf_name("model.embed_tokens.weight")
-            .and_then(|name| tensors.get(&name))
-            .is_some_and(|t| QLinear::supports(t.dtype()))
+        && (iq4.contains_key(&name)
+            || tensors
+                .get(&name)
+                .is_some_and(|t| QLinear::supports(t.dtype())))
 }

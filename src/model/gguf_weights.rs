@@ -1,6 +1,8 @@
 //! GGUF tensors as model weights: llama.cpp's tensor names for the Hugging Face ones the models
 //! ask for, a matrix's bytes as a linear layer, and experts stacked in one tensor.
 
+use std::borrow::Cow;
+
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Tensor};
 
@@ -8,6 +10,46 @@ use super::ModelError;
 use super::layers::Linear;
 use super::weights::{Dequantize, Part, Weights, gguf_unsharded};
 use crate::cpu::QLinear;
+use crate::cpu::iq4::{self, Iq4Type};
+
+/// A GGUF tensor's type: one candle reads, or one only pagewise's CPU kernels read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GgufType {
+    /// A type of candle's.
+    Candle(GgmlDType),
+    /// IQ4_NL or IQ4_XS.
+    Iq4(Iq4Type),
+}
+
+/// A GGUF tensor as the file stores it.
+pub(super) struct RawTensor<'a> {
+    /// Its type.
+    pub ty: GgufType,
+    /// Its shape, outermost first.
+    pub dims: Vec<usize>,
+    /// Its blocks.
+    pub bytes: Cow<'a, [u8]>,
+}
+
+/// A tensor of a type candle does not read (IQ4_NL, IQ4_XS): its bytes as the file has them.
+#[derive(Debug)]
+pub struct Iq4Tensor {
+    /// Its type.
+    pub ty: Iq4Type,
+    /// Its shape, outermost first.
+    pub dims: Vec<usize>,
+    /// Its blocks.
+    pub bytes: Vec<u8>,
+}
+
+impl Iq4Tensor {
+    /// The tensor dequantized to f32 on `device`.
+    pub fn dequantize(&self, device: &Device) -> Result<Tensor, ModelError> {
+        let mut values = Vec::with_capacity(self.dims.iter().product());
+        iq4::dequantize(self.ty, &self.bytes, &mut values);
+        Ok(Tensor::from_vec(values, self.dims.as_slice(), device)?)
+    }
+}
 
 /// The GGUF (llama.cpp) name of a Hugging Face Llama tensor name. Models without Llama's names
 /// (GPT-2, GPT-NeoX) ask for llama.cpp's names (`blk.N.*` and the top-level ones), which map to
@@ -63,18 +105,26 @@ pub fn gguf_name(hf: &str) -> Option<String> {
     Some(format!("blk.{layer}.{mapped}.{kind}"))
 }
 
-/// A linear layer from the GGUF bytes of a `[rows, cols]` matrix of `dtype`. Float types (F32,
-/// F16, BF16) become dense weights in the model's `float` dtype, as safetensors weights do (so
-/// they take the same kernels); quantized ones our CPU kernels where they take the type, else
-/// float weights or candle's quantized matmul, as `dequantize` says.
+/// A linear layer from the GGUF bytes of a `[rows, cols]` matrix of type `ty`. Float types
+/// (F32, F16, BF16) become dense weights in the model's `float` dtype, as safetensors weights do
+/// (so they take the same kernels); quantized ones our CPU kernels where they take the type, else
+/// float weights or candle's quantized matmul, as `dequantize` says. IQ4 types, which candle does
+/// not read, are float weights wherever our kernels do not take them (on a GPU: dequantized at
+/// load).
 pub(super) fn gguf_linear(
-    dtype: GgmlDType,
+    ty: GgufType,
     bytes: &[u8],
     (rows, cols): (usize, usize),
     dequantize: Dequantize,
     (device, float): (&Device, DType),
     bias: Option<Tensor>,
 ) -> Result<Linear, ModelError> {
+    let dtype = match ty {
+        GgufType::Candle(dtype) => dtype,
+        GgufType::Iq4(ty) => {
+            return iq4_linear(ty, bytes, (rows, cols), dequantize, (device, float), bias);
+        }
+    };
     let dense = matches!(dtype, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
     let kernel = match dequantize {
         Dequantize::All => None,
@@ -89,7 +139,7 @@ pub(super) fn gguf_linear(
     }
     // A copy of the quantized bytes: a tied embedding also reads this tensor.
     let q = QTensor::new(
-        QStorage::from_data(std::borrow::Cow::Borrowed(bytes), device, dtype)?,
+        QStorage::from_data(Cow::Borrowed(bytes), device, dtype)?,
         (rows, cols),
     )?;
     if dense
@@ -100,6 +150,44 @@ pub(super) fn gguf_linear(
     } else {
         Ok(Linear::quantized(QMatMul::from_qtensor(q)?, bias))
     }
+}
+
+/// [`gguf_linear`] for an IQ4 type.
+fn iq4_linear(
+    ty: Iq4Type,
+    bytes: &[u8],
+    (rows, cols): (usize, usize),
+    dequantize: Dequantize,
+    (device, float): (&Device, DType),
+    bias: Option<Tensor>,
+) -> Result<Linear, ModelError> {
+    let misshapen = || {
+        ModelError::Config(format!(
+            "{} tensor of {} bytes is not [{rows}, {cols}] (rows of whole {}-weight blocks)",
+            ty.name(),
+            bytes.len(),
+            ty.block()
+        ))
+    };
+    if ty
+        .bytes_of(cols)
+        .is_none_or(|row| row * rows != bytes.len())
+    {
+        return Err(misshapen());
+    }
+    if device.is_cpu() && dequantize != Dequantize::All {
+        let weight = QLinear::from_iq4(ty, bytes, rows, cols).ok_or_else(misshapen)?;
+        return Ok(Linear::Cpu {
+            weight: std::sync::Arc::new(weight),
+            bias,
+        });
+    }
+    let t = Iq4Tensor {
+        ty,
+        dims: vec![rows, cols],
+        bytes: bytes.to_vec(),
+    };
+    Ok(Linear::dense(t.dequantize(device)?.to_dtype(float)?, bias))
 }
 
 impl Weights {
@@ -118,7 +206,6 @@ impl Weights {
             return Err(gguf_unsharded());
         }
         let Weights::Gguf {
-            tensors,
             dequantize,
             device,
             dtype,
@@ -129,25 +216,50 @@ impl Weights {
                 "stacked experts ({gguf}) outside a GGUF file"
             )));
         };
-        let q = tensors
-            .get(gguf)
+        let RawTensor {
+            ty,
+            dims,
+            bytes: data,
+        } = self
+            .gguf_raw(gguf)?
             .ok_or_else(|| ModelError::MissingTensor(gguf.to_string()))?;
-        let dims = q.shape().dims();
         if dims.len() != 3 || dims[1..] != [out_dim, in_dim] || expert >= dims[0] {
             return Err(ModelError::Config(format!(
                 "tensor {gguf} has shape {dims:?}, expected [experts > {expert}, {out_dim}, {in_dim}]"
             )));
         }
-        let data = q.data()?;
         let per_expert = data.len() / dims[0];
         let bytes = &data[expert * per_expert..(expert + 1) * per_expert];
         gguf_linear(
-            q.dtype(),
+            ty,
             bytes,
             (out_dim, in_dim),
             *dequantize,
             (device, *dtype),
             None,
         )
+    }
+
+    /// The GGUF tensor `gguf` (a GGUF name) as the file stores it; `None` when the file has no
+    /// such tensor (or the weights are not GGUF).
+    pub(super) fn gguf_raw(&self, gguf: &str) -> Result<Option<RawTensor<'_>>, ModelError> {
+        let Weights::Gguf { tensors, iq4, .. } = self else {
+            return Ok(None);
+        };
+        if let Some(t) = iq4.get(gguf) {
+            return Ok(Some(RawTensor {
+                ty: GgufType::Iq4(t.ty),
+                dims: t.dims.clone(),
+                bytes: Cow::Borrowed(&t.bytes),
+            }));
+        }
+        match tensors.get(gguf) {
+            Some(q) => Ok(Some(RawTensor {
+                ty: GgufType::Candle(q.dtype()),
+                dims: q.shape().dims().to_vec(),
+                bytes: q.data()?,
+            })),
+            None => Ok(None),
+        }
     }
 }

@@ -15,7 +15,7 @@ pub mod fp8;
 pub mod fp8_linear;
 pub mod gemma3;
 pub mod gguf_config;
-mod gguf_weights;
+pub(crate) mod gguf_weights;
 mod glu;
 pub mod gpt2;
 pub mod gpt_neox;

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 
 use candle_core::quantized::QTensor;
 
-use super::gguf_weights::gguf_linear;
 pub use super::gguf_weights::gguf_name;
+use super::gguf_weights::{Iq4Tensor, RawTensor, gguf_linear};
 
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Shape, Tensor};
@@ -62,6 +62,8 @@ pub enum Weights {
         /// ([`Weights::gguf_mxfp4`], for the GPU's expert kernels) or dequantized (as any other
         /// dense tensor).
         mxfp4: GgufMxfp4,
+        /// IQ4_NL and IQ4_XS tensors (candle does not read them), by GGUF name.
+        iq4: HashMap<String, Iq4Tensor>,
     },
 }
 
@@ -119,9 +121,14 @@ impl Weights {
                     || matches!(quantization, Some(CheckpointQuant::Int(q))
                         if files.get(&q.packed_name(name)).is_ok())
             }
-            Weights::Gguf { tensors, mxfp4, .. } => {
-                gguf_name(name).is_some_and(|n| tensors.contains_key(&n) || mxfp4.contains(&n))
-            }
+            Weights::Gguf {
+                tensors,
+                mxfp4,
+                iq4,
+                ..
+            } => gguf_name(name).is_some_and(|n| {
+                tensors.contains_key(&n) || mxfp4.contains(&n) || iq4.contains_key(&n)
+            }),
         }
     }
 
@@ -156,13 +163,16 @@ impl Weights {
                 device,
                 dtype,
                 mxfp4,
+                iq4,
                 ..
             } => {
                 // An MXFP4 tensor is read from the file now, dequantized to the model dtype.
                 let read = gguf_name(name).map(|n| mxfp4.dequantized(&n, *dtype, device));
-                let t = match read.transpose()?.flatten() {
-                    Some(t) => t,
-                    None => self.qtensor(name)?.dequantize(device)?,
+                let iq4 = gguf_name(name).and_then(|n| iq4.get(&n));
+                let t = match (read.transpose()?.flatten(), iq4) {
+                    (Some(t), _) => t,
+                    (None, Some(t)) => t.dequantize(device)?,
+                    (None, None) => self.qtensor(name)?.dequantize(device)?,
                 };
                 if t.shape() != &shape {
                     return Err(ModelError::Config(format!(
@@ -232,16 +242,20 @@ impl Weights {
                     let w = self.tensor(&weight_name, (out_dim, in_dim))?;
                     return Ok(Linear::dense(w, bias));
                 }
-                let q = self.qtensor(&weight_name)?;
-                if q.shape().dims() != [out_dim, in_dim] {
+                let gguf = gguf_name(&weight_name).ok_or_else(|| {
+                    ModelError::MissingTensor(format!("{weight_name} (no GGUF name)"))
+                })?;
+                let RawTensor { ty, dims, bytes } = self.gguf_raw(&gguf)?.ok_or_else(|| {
+                    ModelError::MissingTensor(format!("{weight_name} (GGUF {gguf})"))
+                })?;
+                if dims != [out_dim, in_dim] {
                     return Err(ModelError::Config(format!(
-                        "tensor {weight_name} has shape {:?}, expected [{out_dim}, {in_dim}]",
-                        q.shape()
+                        "tensor {weight_name} has shape {dims:?}, expected [{out_dim}, {in_dim}]"
                     )));
                 }
                 gguf_linear(
-                    q.dtype(),
-                    &q.data()?,
+                    ty,
+                    &bytes,
                     (out_dim, in_dim),
                     *dequantize,
                     (device, *dtype),
