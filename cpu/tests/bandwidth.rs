@@ -35,14 +35,14 @@ fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-/// GB/s of reading a 512 MiB buffer once, split between the team's members.
+/// GB/s of reading a 512 MiB buffer once, split between the team's shares.
 fn memory_read_gbs(team: &Team) -> f64 {
     let words = vec![1u64; 64 << 20];
-    let members = team.size();
-    let sums: Vec<std::sync::atomic::AtomicU64> = (0..members).map(|_| 0.into()).collect();
+    let shares = team.shares();
+    let sums: Vec<std::sync::atomic::AtomicU64> = (0..shares).map(|_| 0.into()).collect();
     let secs = best_of(5, || {
         team.run(&|m: usize| {
-            let share = &words[words.len() * m / members..words.len() * (m + 1) / members];
+            let share = &words[words.len() * m / shares..words.len() * (m + 1) / shares];
             let s = share.iter().fold(0u64, |a, &w| a.wrapping_add(w));
             sums[m].store(s, std::sync::atomic::Ordering::Relaxed);
         })
