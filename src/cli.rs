@@ -187,10 +187,15 @@ pub struct EngineFlags {
     /// Token slots per KV-cache block: 8, 16 or 32.
     #[arg(long, env = "PAGEWISE_BLOCK_SIZE", default_value_t = 16)]
     pub block_size: usize,
-    /// Bytes of KV cache (CPU default 1 GiB; on a GPU it replaces the --gpu-memory-utilization
-    /// sizing); capped at what max-num-seqs full-length sequences need.
+    /// Bytes of KV cache (CPU default: a quarter of the memory available at start, 1 to 64 GiB;
+    /// on a GPU it replaces the --gpu-memory-utilization sizing); capped at what max-num-seqs
+    /// full-length sequences need.
     #[arg(long, env = "PAGEWISE_KV_CACHE_MEMORY")]
     pub kv_cache_memory: Option<u64>,
+    /// CPU: GiB of KV cache, as vLLM's VLLM_CPU_KVCACHE_SPACE (0: the default sizing);
+    /// --kv-cache-memory wins when both are given.
+    #[arg(long, env = "VLLM_CPU_KVCACHE_SPACE", value_parser = parse_gib)]
+    pub cpu_kvcache_space: Option<u64>,
     /// GPU: fraction of GPU memory for weights, activations and KV cache; the KV cache gets what a
     /// profiling pass at the largest step leaves under it.
     #[arg(long, env = "PAGEWISE_GPU_MEMORY_UTILIZATION", default_value_t = 0.9)]
@@ -266,6 +271,14 @@ pub struct EngineFlags {
 }
 
 /// `--speculative-config`: parsed and checked at startup.
+/// GiB (a non-negative number) as bytes.
+fn parse_gib(text: &str) -> Result<u64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(gib) if gib >= 0.0 && gib.is_finite() => Ok((gib * (1u64 << 30) as f64) as u64),
+        _ => Err(format!("{text:?} is not a number of GiB (0 or more)")),
+    }
+}
+
 fn parse_speculative_config(json: &str) -> Result<crate::spec::SpeculativeConfig, String> {
     let c = crate::spec::SpeculativeConfig::parse(json)?;
     c.check()?;
@@ -335,7 +348,9 @@ impl EngineFlags {
             load_format: self.load_format,
             max_model_len: self.max_model_len,
             block_size: self.block_size,
-            kv_cache_memory: self.kv_cache_memory,
+            kv_cache_memory: self
+                .kv_cache_memory
+                .or(self.cpu_kvcache_space.filter(|&bytes| bytes > 0)),
             gpu_memory_utilization: self.gpu_memory_utilization,
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,

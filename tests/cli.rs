@@ -77,6 +77,69 @@ fn generate_prints_completions_and_json_logs() {
     }
 }
 
+/// Bytes of the KV cache `pagewise generate` allocates with `args` and `env`.
+fn kv_cache_bytes(args: &[&str], env: &[(&str, &str)]) -> u64 {
+    let out = Command::new(env!("CARGO_BIN_EXE_pagewise"))
+        .args([
+            "--log-format",
+            "json",
+            "generate",
+            "--model",
+            MODEL,
+            "--prompt",
+            "hi",
+        ])
+        .args(["--max-tokens", "2", "--cpu-threads", "1"])
+        .args(args)
+        .env_remove("PAGEWISE_KV_CACHE_MEMORY")
+        .env_remove("VLLM_CPU_KVCACHE_SPACE")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(out.status.success(), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("KV cache allocated"))
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    v["fields"]["bytes"].as_u64().unwrap()
+}
+
+/// The CPU KV cache: by default a share of the available memory (here more than a few MiB, up
+/// to what 256 full-length sequences of the tiny model take); vLLM's `VLLM_CPU_KVCACHE_SPACE`
+/// (GiB, 0: the default) and `--kv-cache-memory` (bytes, which wins) set it.
+#[test]
+fn the_cpu_kv_cache_is_sized_from_memory_or_the_settings() {
+    const MIB: u64 = 1 << 20;
+    let default = kv_cache_bytes(&[], &[]);
+    assert!(default > 8 * MIB, "default: {default}");
+    let vllm = kv_cache_bytes(&[], &[("VLLM_CPU_KVCACHE_SPACE", "0.004")]);
+    assert!(
+        vllm <= 4 * MIB + MIB / 10 && vllm > 3 * MIB,
+        "VLLM_CPU_KVCACHE_SPACE: {vllm}"
+    );
+    assert_eq!(
+        kv_cache_bytes(&[], &[("VLLM_CPU_KVCACHE_SPACE", "0")]),
+        default
+    );
+    let both = kv_cache_bytes(
+        &["--kv-cache-memory", "2097152"],
+        &[("VLLM_CPU_KVCACHE_SPACE", "0.004")],
+    );
+    assert!(both <= 2 * MIB && both > MIB, "--kv-cache-memory: {both}");
+    let out = Command::new(env!("CARGO_BIN_EXE_pagewise"))
+        .args(["generate", "--model", MODEL, "--prompt", "hi"])
+        .env("VLLM_CPU_KVCACHE_SPACE", "-1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("not a number of GiB"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn config_file_is_below_the_command_line() {
     let dir = std::env::temp_dir().join(format!("pagewise-cli-{}", std::process::id()));

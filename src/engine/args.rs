@@ -51,7 +51,8 @@ pub struct EngineArgs {
     pub max_model_len: Option<usize>,
     /// Token slots per KV block (8, 16 or 32).
     pub block_size: usize,
-    /// Bytes of KV cache (CPU default 1 GiB; on a GPU it overrides `gpu_memory_utilization`); capped
+    /// Bytes of KV cache (CPU default: a quarter of the memory available at start, 1 to 64 GiB; on
+    /// a GPU it overrides `gpu_memory_utilization`); capped
     /// at what `max_num_seqs` full-length sequences need.
     pub kv_cache_memory: Option<u64>,
     /// GPU: fraction of device memory pagewise may use (weights, activations and KV cache).
@@ -118,8 +119,24 @@ impl Default for EngineArgs {
     }
 }
 
-/// Default CPU KV-cache size.
-pub const DEFAULT_KV_CACHE_MEMORY: u64 = 1 << 30;
+/// The CPU KV cache by default: this share of the memory available at start...
+pub const CPU_KV_CACHE_SHARE: f64 = 0.25;
+/// ...at most this many bytes...
+pub const CPU_KV_CACHE_CAP: u64 = 64 << 30;
+/// ...and at least this many (or half the available memory, if less); also the size where the
+/// available memory is not known.
+pub const CPU_KV_CACHE_FLOOR: u64 = 1 << 30;
+
+/// Bytes of the CPU KV cache by default, where `available` bytes of memory are available (`None`:
+/// not known). Pages of blocks never used are never touched (`cpu::memory::fresh_mappings`).
+pub fn default_cpu_kv_cache_memory(available: Option<u64>) -> u64 {
+    match available {
+        None => CPU_KV_CACHE_FLOOR,
+        Some(bytes) => ((bytes as f64 * CPU_KV_CACHE_SHARE) as u64)
+            .max(CPU_KV_CACHE_FLOOR.min(bytes / 2))
+            .min(CPU_KV_CACHE_CAP),
+    }
+}
 /// Default longest context a CUDA graph serves (vLLM's default).
 pub const DEFAULT_MAX_SEQ_LEN_TO_CAPTURE: usize = 8192;
 /// Default token budget per step.

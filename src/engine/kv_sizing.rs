@@ -1,4 +1,5 @@
-//! How many KV blocks the cache gets. CPU: `--kv-cache-memory` bytes (default 1 GiB). GPU: what is
+//! How many KV blocks the cache gets. CPU: `--kv-cache-memory` bytes (default a quarter of the
+//! memory available at start, within 1 to 64 GiB: `args::default_cpu_kv_cache_memory`). GPU: what is
 //! left under `--gpu-memory-utilization` of the device after the weights and the activations of one
 //! profiling forward pass at the largest step the scheduler can build (vLLM's method); an explicit
 //! `--kv-cache-memory` wins. Both are capped at what `max_num_seqs` full-length sequences can use.
@@ -17,7 +18,7 @@ use candle_core::DType;
 #[cfg(feature = "cuda")]
 use candle_core::Device;
 
-use super::args::{DEFAULT_KV_CACHE_MEMORY, EngineArgs, EngineError};
+use super::args::{EngineArgs, EngineError, default_cpu_kv_cache_memory};
 use crate::kv::WindowConfig;
 #[cfg(feature = "cuda")]
 use crate::model::CausalLm;
@@ -205,8 +206,22 @@ impl KvSizing<'_> {
 
     /// The bytes of a host cache, and the setting they come from.
     pub fn cpu_budget(&self) -> (u64, &'static str) {
-        let budget = self.args.kv_cache_memory.unwrap_or(DEFAULT_KV_CACHE_MEMORY);
-        (budget, "kv_cache_memory")
+        match self.args.kv_cache_memory {
+            Some(bytes) => (bytes, "kv_cache_memory"),
+            None => {
+                let available = crate::cpu::memory::available_memory();
+                let bytes = default_cpu_kv_cache_memory(available);
+                tracing::info!(
+                    available_gib = available.map(|b| b as f64 / (1u64 << 30) as f64),
+                    budget_gib = bytes as f64 / (1u64 << 30) as f64,
+                    "CPU KV cache: a quarter of the available memory (set --kv-cache-memory)"
+                );
+                (
+                    bytes,
+                    "kv_cache_memory (default: a quarter of the available memory)",
+                )
+            }
+        }
     }
 
     /// The bytes of a cache on `device`, after profiling `model` there, and the setting they

@@ -10,6 +10,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::batch::AttentionMeta;
+use crate::cpu::memory::Zeroed;
 use crate::cpu::team::Team;
 
 /// Shape of the paged cache.
@@ -33,8 +34,8 @@ impl KvLayout {
 
 /// One layer's K and V (f32 on the CPU).
 struct LayerKv {
-    k: Vec<f32>,
-    v: Vec<f32>,
+    k: Zeroed,
+    v: Zeroed,
 }
 
 enum Store {
@@ -62,17 +63,17 @@ impl KvCache {
     /// have fewer than `layout.num_blocks`).
     pub fn new_grouped(layout: KvLayout, layer_blocks: &[usize]) -> Self {
         let slots = |blocks: usize| blocks * layout.block_size * layout.slot_width();
+        // Mappings of their own: the pages of blocks never used are never touched.
+        let layers = layer_blocks
+            .iter()
+            .map(|&b| LayerKv {
+                k: Zeroed::new(slots(b)),
+                v: Zeroed::new(slots(b)),
+            })
+            .collect();
         KvCache {
             layout,
-            store: Store::Host(
-                layer_blocks
-                    .iter()
-                    .map(|&b| LayerKv {
-                        k: vec![0.0; slots(b)],
-                        v: vec![0.0; slots(b)],
-                    })
-                    .collect(),
-            ),
+            store: Store::Host(layers),
         }
     }
 
