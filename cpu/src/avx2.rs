@@ -6,6 +6,7 @@
 
 use std::arch::x86_64::*;
 
+pub use super::avx2_low::{dot_q2k8, dot_q3k8};
 use super::blocks::{Act, Nibbles8};
 use super::fives::{Fives8, Packed5};
 use super::iq4::{IQ4_VALUES, Iq4Nl8, Iq4Xs8};
@@ -98,7 +99,7 @@ fn unpack5(p: &Packed5) -> [__m256i; 8] {
 
 /// Stores 8 floats a row.
 #[target_feature(enable = "avx")]
-fn store8<const R: usize>(acc: [__m256; R]) -> [[f32; 8]; R] {
+pub(super) fn store8<const R: usize>(acc: [__m256; R]) -> [[f32; 8]; R] {
     let mut out = [[0f32; 8]; R];
     for r in 0..R {
         // SAFETY: 8 floats; unaligned store.
@@ -110,7 +111,7 @@ fn store8<const R: usize>(acc: [__m256; R]) -> [[f32; 8]; R] {
 /// The 8 rows' f16 values as floats.
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-fn f16x8(v: &[half::f16; 8]) -> __m256 {
+pub(super) fn f16x8(v: &[half::f16; 8]) -> __m256 {
     // SAFETY: 8 f16 are 16 bytes; unaligned load.
     unsafe { _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().cast())) }
 }

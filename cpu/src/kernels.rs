@@ -10,6 +10,7 @@ use super::q4k::{Q4K8, dot_q4k8_scalar};
 use super::q5k::{Q5K8, dot_q5k8_scalar};
 use super::q6k::{Q6K8, dot_q6k8_scalar};
 use super::q8::{Bytes8, dot_bytes8_scalar};
+use super::q23k::{Q2K8, Q3K8, dot_q2k8_scalar, dot_q3k8_scalar};
 
 /// Which dot products run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,6 +79,8 @@ group_block!(Q5K8, 256, dot_q5k8, dot_q5k8_scalar);
 group_block!(Q6K8, 256, dot_q6k8, dot_q6k8_scalar);
 group_block!(Iq4Nl8, 32, dot_iq4nl8, dot_iq4nl8_scalar);
 group_block!(Iq4Xs8, 256, dot_iq4xs8, dot_iq4xs8_scalar);
+group_block!(Q2K8, 256, dot_q2k8, dot_q2k8_scalar);
+group_block!(Q3K8, 256, dot_q3k8, dot_q3k8_scalar);
 
 /// Activation bytes a pass over the weights takes at most: a long prompt's activations are
 /// split in runs that stay in the L2 cache while every weight row is multiplied by them.

@@ -8,7 +8,7 @@
 //! - `avx2`: the SIMD dot products (x86-64, detected at run time);
 //! - [`kernels`]: the choice between them, over a range of weight groups;
 //! - [`iq4`]: IQ4_NL and IQ4_XS (a 4-bit code picks one of 16 values), interleaved likewise;
-//! - [`kquant`]: Q2_K and Q3_K, through candle's dot products;
+//! - [`q23k`]: Q2_K and Q3_K (16-weight sub-blocks), interleaved likewise (`avx2_low`);
 //! - [`activations`] (and `avx2_math`): the gated MLPs' SiLU and GELU-tanh, vectorized;
 //! - [`exp`]: the sampler's unnormalized probabilities over a vocabulary, vectorized;
 //! - [`team`]: the threads;
@@ -19,14 +19,16 @@ pub mod activations;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx2_low;
+#[cfg(target_arch = "x86_64")]
 mod avx2_math;
 pub mod blocks;
 pub mod exp;
 pub mod fives;
 pub mod iq4;
 pub mod kernels;
-pub mod kquant;
 pub mod memory;
+pub mod q23k;
 pub mod q4k;
 pub mod q5k;
 pub mod q6k;

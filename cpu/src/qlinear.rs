@@ -9,15 +9,14 @@ use super::blocks::{BLOCK, Nibbles, Nibbles8, quantize_row};
 use super::fives::{Five, Fives8};
 use super::iq4::{Iq4Nl8, Iq4Type, Iq4Xs8};
 use super::kernels::{GroupBlock, Isa, dot_groups};
-use super::kquant::KRows;
 use super::q4k::Q4K8;
 use super::q5k::Q5K8;
 use super::q6k::Q6K8;
 use super::q8::Bytes8;
+use super::q23k::{Q2K8, Q3K8};
 use super::team::Team;
 
-/// The weight's blocks. Every format but the candle-multiplied k-quants is interleaved 8 rows by
-/// 8 (group after group, each group's blocks in order); a last group short of 8 rows is padded
+/// The weight's blocks. Every format is interleaved 8 rows by 8 (group after group, each group's blocks in order); a last group short of 8 rows is padded
 /// with zero rows, which no output reads.
 #[derive(Clone, Debug)]
 enum Blocks {
@@ -37,14 +36,15 @@ enum Blocks {
     Iq4Nl8(Vec<Iq4Nl8>),
     /// IQ4_XS.
     Iq4Xs8(Vec<Iq4Xs8>),
-    /// Q2_K and Q3_K rows, row after row, for candle's dot products.
-    K(KRows),
+    /// Q2_K.
+    Q2K8(Vec<Q2K8>),
+    /// Q3_K.
+    Q3K8(Vec<Q3K8>),
 }
 
-/// `$body` with `$w` bound to the interleaved blocks of `$blocks`, whatever their format; `$k`
-/// for candle's k-quant rows.
+/// `$body` with `$w` bound to the interleaved blocks of `$blocks`, whatever their format.
 macro_rules! each_format {
-    ($blocks:expr, $w:ident => $body:expr, $k:ident => $kbody:expr) => {
+    ($blocks:expr, $w:ident => $body:expr) => {
         match $blocks {
             Blocks::Nibbles8($w) => $body,
             Blocks::Fives8($w) => $body,
@@ -54,7 +54,8 @@ macro_rules! each_format {
             Blocks::Q6K8($w) => $body,
             Blocks::Iq4Nl8($w) => $body,
             Blocks::Iq4Xs8($w) => $body,
-            Blocks::K($k) => $kbody,
+            Blocks::Q2K8($w) => $body,
+            Blocks::Q3K8($w) => $body,
         }
     };
 }
@@ -105,14 +106,6 @@ impl QLinear {
         {
             return None;
         }
-        if matches!(dtype, Q2K | Q3K) {
-            let k = KRows::from_gguf(dtype, bytes)?;
-            return Some(QLinear {
-                rows,
-                cols,
-                blocks: Blocks::K(k),
-            });
-        }
         let groups = padded_groups(bytes, rows, row_bytes);
         let (subs, supers) = (cols / BLOCK, cols / 256);
         let blocks = match dtype {
@@ -136,6 +129,8 @@ impl QLinear {
             Q4K => Blocks::Q4K8(each(groups, |g| Q4K8::interleave(g, supers))),
             Q5K => Blocks::Q5K8(each(groups, |g| Q5K8::interleave(g, supers))),
             Q6K => Blocks::Q6K8(each(groups, |g| Q6K8::interleave(g, supers))),
+            Q2K => Blocks::Q2K8(each(groups, |g| Q2K8::interleave(g, supers))),
+            Q3K => Blocks::Q3K8(each(groups, |g| Q3K8::interleave(g, supers))),
             _ => return None,
         };
         Some(QLinear { rows, cols, blocks })
@@ -170,10 +165,9 @@ impl QLinear {
     /// differ in format or input width, or a part other than the last has a padded group.
     pub fn concat(parts: &[&QLinear]) -> Option<QLinear> {
         let first = parts.first()?;
-        let (last, rest) = parts.split_last()?;
+        let (_, rest) = parts.split_last()?;
         if parts.iter().any(|p| p.cols != first.cols)
-            || (!matches!(last.blocks, Blocks::K(_))
-                && rest.iter().any(|p| !p.rows.is_multiple_of(8)))
+            || rest.iter().any(|p| !p.rows.is_multiple_of(8))
         {
             return None;
         }
@@ -195,15 +189,8 @@ impl QLinear {
             Blocks::Q6K8(_) => stacked!(Q6K8),
             Blocks::Iq4Nl8(_) => stacked!(Iq4Nl8),
             Blocks::Iq4Xs8(_) => stacked!(Iq4Xs8),
-            Blocks::K(_) => Blocks::K(KRows::concat(
-                &parts
-                    .iter()
-                    .map(|p| match &p.blocks {
-                        Blocks::K(k) => Some(k),
-                        _ => None,
-                    })
-                    .collect::<Option<Vec<_>>>()?,
-            )?),
+            Blocks::Q2K8(_) => stacked!(Q2K8),
+            Blocks::Q3K8(_) => stacked!(Q3K8),
         };
         Some(QLinear {
             rows: parts.iter().map(|p| p.rows).sum(),
@@ -220,9 +207,6 @@ impl QLinear {
     /// [`QLinear::matmul`] with the given kernels and team (tests compare them).
     pub fn matmul_with(&self, isa: Isa, team: &Team, x: &[f32], m: usize) -> Vec<f32> {
         assert_eq!(x.len(), m * self.cols, "input is not [m, cols]");
-        if let Blocks::K(k) = &self.blocks {
-            return self.matmul_k(k, team, x, m);
-        }
         // `cols` is a multiple of 32: no block spans two rows.
         let mut acts = Vec::with_capacity(x.len() / BLOCK);
         quantize_row(x, &mut acts);
@@ -240,37 +224,15 @@ impl QLinear {
                     unsafe { dst.write(i * rows + r, v) };
                 }
             };
-            each_format!(&self.blocks,
-                w => dot_groups(isa, w, &acts, cols, share, store),
-                _k => unreachable!("k-quant rows take matmul_k"))
+            each_format!(&self.blocks, w => dot_groups(isa, w, &acts, cols, share, store))
         };
         team.run(&job);
-        out
-    }
-    /// [`QLinear::matmul_with`] for k-quant rows: candle's dot products (it picks their SIMD).
-    fn matmul_k(&self, k: &KRows, team: &Team, x: &[f32], m: usize) -> Vec<f32> {
-        let (rows, cols, shares) = (self.rows, self.cols, team.shares());
-        let acts = KRows::quantize(x, cols);
-        let per_row = cols / KRows::BLOCK;
-        let mut out = vec![0f32; m * rows];
-        let dst = Out(out.as_mut_ptr());
-        team.run(&|share: usize| {
-            for r in rows * share / shares..rows * (share + 1) / shares {
-                for (i, act) in acts.chunks_exact(per_row).enumerate() {
-                    // SAFETY: `i < m` and `r < rows`, inside the buffer; row `r` is this
-                    // share's alone.
-                    unsafe { dst.write(i * rows + r, k.dot(r, cols, act)) };
-                }
-            }
-        });
         out
     }
 
     /// The dequantized weight, row-major `[rows, cols]` (for references in tests).
     pub fn dequantize(&self) -> Vec<f32> {
-        let mut out = each_format!(&self.blocks,
-            w => dequantize_groups(w, self.cols),
-            k => k.dequantize());
+        let mut out = each_format!(&self.blocks, w => dequantize_groups(w, self.cols));
         out.truncate(self.rows * self.cols);
         out
     }
@@ -279,9 +241,7 @@ impl QLinear {
     pub fn dequantize_rows(&self, ids: &[usize]) -> Vec<f32> {
         let cols = self.cols;
         assert!(ids.iter().all(|&r| r < self.rows), "row out of range");
-        each_format!(&self.blocks,
-            w => gather_rows(w, cols, ids),
-            k => ids.iter().flat_map(|&r| k.dequantize_row(r, cols)).collect())
+        each_format!(&self.blocks, w => gather_rows(w, cols, ids))
     }
 
     /// The scalar reference `x W^T`: the formats' scalar dot products, one thread.
@@ -339,10 +299,7 @@ fn dequantize_groups<B: GroupBlock>(w: &[B], cols: usize) -> Vec<f32> {
 
 /// The blocks `pick` finds in every one of `parts`, one part's after the other's, or `None` when
 /// it finds none in some part (the parts differ in format).
-pub(crate) fn stack<P, T: Clone>(
-    parts: &[P],
-    pick: impl Fn(&P) -> Option<&Vec<T>>,
-) -> Option<Vec<T>> {
+fn stack<P, T: Clone>(parts: &[P], pick: impl Fn(&P) -> Option<&Vec<T>>) -> Option<Vec<T>> {
     Some(
         parts
             .iter()
