@@ -79,11 +79,6 @@ pub fn load(
     }))
 }
 
-/// KV bytes of one token over all layers, `kv_heads` heads of `cfg`'s layers.
-fn bytes_per_token(cfg: &ModelConfig, kv_heads: usize, dtype: DType) -> u64 {
-    (2 * kv_heads * cfg.head_dim * dtype.size_in_bytes() * cfg.num_hidden_layers) as u64
-}
-
 impl LoadedDraft {
     /// The draft cache's share of `budget` bytes: what holds as many tokens as the target's
     /// share (whose layers hold `target_kv_heads` heads each). (Both caches hold each verified
@@ -96,8 +91,11 @@ impl LoadedDraft {
         target_kv_heads: usize,
         dtype: DType,
     ) -> u64 {
-        let target = bytes_per_token(target_cfg, target_kv_heads, dtype);
-        let draft = bytes_per_token(&self.cfg, self.cfg.num_key_value_heads, dtype);
+        let target = target_cfg.kv_bytes_per_token(target_kv_heads, dtype.size_in_bytes()) as u64;
+        let draft = self
+            .cfg
+            .kv_bytes_per_token(self.cfg.num_key_value_heads, dtype.size_in_bytes())
+            as u64;
         (budget as u128 * draft as u128 / (target + draft) as u128) as u64
     }
 
@@ -113,7 +111,11 @@ impl LoadedDraft {
         max_num_batched_tokens: usize,
     ) -> Result<DraftRunner, EngineError> {
         let bs = args.block_size;
-        let per_block = bytes_per_token(&self.cfg, self.cfg.num_key_value_heads, dtype) * bs as u64;
+        let per_block = self
+            .cfg
+            .kv_bytes_per_token(self.cfg.num_key_value_heads, dtype.size_in_bytes())
+            as u64
+            * bs as u64;
         let num_blocks = (bytes / per_block) as usize + 1;
         if num_blocks < 2 {
             return Err(EngineError::Config(format!(
