@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::time::Instant;
 
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::{DType, Device};
@@ -12,6 +13,7 @@ use super::gguf_file;
 use super::gguf_tokenizer::tokenizer_from_gguf;
 use super::{GgufMatmul, LoadError};
 use crate::cpu::iq4::Iq4Type;
+use crate::model::checkpoint::Progress;
 use crate::model::config::ModelConfig;
 use crate::model::gguf_config::GgufMeta;
 use crate::model::gguf_weights::Iq4Tensor;
@@ -96,11 +98,15 @@ pub fn load(
         GgufMatmul::Auto => Dequantize::Nothing,
     };
     tracing::info!(num_params, ?dequantize, "GGUF weights");
+    let progress = Progress::new(std::fs::metadata(path).map_err(io)?.len());
     let mut tensors = HashMap::new();
     for name in ct.tensor_infos.keys() {
         let t = ct
             .tensor(&mut file, name, device)
             .map_err(|e| LoadError::Format(format!("GGUF tensor {name}: {e}")))?;
+        if let Some(line) = progress.read(name, t.storage_size_in_bytes() as u64, Instant::now()) {
+            tracing::info!("{line}");
+        }
         tensors.insert(name.clone(), t);
     }
     // MXFP4 tensors (gpt-oss's experts) are read as the model asks for them, a layer at a time.

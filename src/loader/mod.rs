@@ -9,11 +9,11 @@ pub mod hub;
 
 use std::path::{Path, PathBuf};
 
-use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use tokenizers::Tokenizer;
 
+use crate::model::checkpoint::Checkpoint;
 use crate::model::config::ModelConfig;
 use crate::model::quantized::CheckpointQuant;
 use crate::model::weights::{DummyBackend, Weights};
@@ -338,7 +338,7 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel, LoadError>
             let paths = safetensors_files(dir)?;
             // SAFETY: the files are memory-mapped read-only; pagewise never writes them, and a
             // model directory being rewritten underneath a running server is outside our contract.
-            let files = unsafe { MmapedSafetensors::multi(&paths) }
+            let files = unsafe { Checkpoint::open(&paths) }
                 .map_err(|e| LoadError::Format(format!("safetensors in {}: {e}", dir.display())))?;
             if let Some(quant) = &config.quantization {
                 let kept = opts.device.is_cuda() && matches!(opts.dtype, DType::BF16 | DType::F16);

@@ -8,7 +8,6 @@
 //! On the CPU, FP8 weights are dequantized at load ([`fake_quantize_rows`] gives
 //! `--quantization fp8` the same rounding there).
 
-use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
 use super::ModelError;
@@ -186,7 +185,7 @@ pub(super) fn forward_rows(
 /// GEMVs take), and not an expert's
 /// (the grouped expert kernels read 16-bit weights). `None`: read it dequantized.
 pub(super) fn read_kept(
-    files: &MmapedSafetensors,
+    files: &super::checkpoint::Checkpoint,
     name: &str,
     fp8: &Fp8Checkpoint,
     (out, k): (usize, usize),

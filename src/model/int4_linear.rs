@@ -212,7 +212,7 @@ impl Weights {
                 quantization: Some(CheckpointQuant::Int(q)),
                 ..
             } if q.bits == 4 && kept_here(device, *dtype) => {
-                if files.get(&q.packed_name(name)).is_err() {
+                if !files.has(&q.packed_name(name)) {
                     return Ok(None);
                 }
                 let u = self.unpacked_int(name, q, shape)?;

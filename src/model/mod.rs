@@ -6,6 +6,7 @@ pub mod attention;
 #[cfg(feature = "cuda")]
 mod attention_cuda;
 pub mod batch;
+pub mod checkpoint;
 pub mod config;
 #[cfg(feature = "cuda")]
 pub mod decode_fused;

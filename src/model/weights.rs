@@ -10,11 +10,11 @@ use candle_core::quantized::QTensor;
 pub use super::gguf_weights::gguf_name;
 use super::gguf_weights::{Iq4Tensor, RawTensor, gguf_linear};
 
-use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::VarBuilder;
 
 use super::ModelError;
+use super::checkpoint::Checkpoint;
 pub use super::dummy_weights::DummyBackend;
 use super::fp8_linear;
 use super::layers::Linear;
@@ -36,7 +36,7 @@ pub enum Weights {
     /// Memory-mapped safetensors files, converted to `dtype` on `device` as they are read.
     Safetensors {
         /// The files (one model may span several).
-        files: MmapedSafetensors,
+        files: Checkpoint,
         /// The model dtype.
         dtype: DType,
         /// Where tensors live.
@@ -117,9 +117,9 @@ impl Weights {
                 quantization,
                 ..
             } => {
-                files.get(name).is_ok()
+                files.has(name)
                     || matches!(quantization, Some(CheckpointQuant::Int(q))
-                        if files.get(&q.packed_name(name)).is_ok())
+                        if files.has(&q.packed_name(name)))
             }
             Weights::Gguf {
                 tensors,
