@@ -383,3 +383,63 @@ fn looked_up_rows_are_the_dequantized_rows() {
         assert_eq!(got, want, "{dtype:?}");
     }
 }
+
+/// A changed byte anywhere in a block changes its own row's outputs and no other row's, for every
+/// format our kernels take (IQ4's in `tests_iq4`): the kernels read every field (scales, offsets,
+/// each bit plane), each into the right row. (Own row: some of 4 activation rows, as one row's
+/// changes may cancel.)
+#[test]
+fn every_byte_reaches_its_own_row_and_no_other() {
+    use candle_core::quantized::QTensor;
+    use candle_core::{Device, Tensor};
+    let (rows, cols, m) = (11, 256, 4);
+    let x = random_input(m * cols, 62);
+    let w = Tensor::from_vec(random_input(rows * cols, 61), (rows, cols), &Device::Cpu).unwrap();
+    for dtype in [
+        TYPES.as_slice(),
+        &[
+            GgmlDType::Q2K,
+            GgmlDType::Q3K,
+            GgmlDType::Q4K,
+            GgmlDType::Q5K,
+            GgmlDType::Q6K,
+        ],
+    ]
+    .concat()
+    {
+        let bytes = QTensor::quantize(&w, dtype)
+            .unwrap()
+            .data()
+            .unwrap()
+            .to_vec();
+        let row_bytes = bytes.len() / rows;
+        let matmul = |b: &[u8]| {
+            QLinear::from_gguf(dtype, b, rows, cols)
+                .unwrap()
+                .matmul(&x, m)
+        };
+        let base = matmul(&bytes);
+        for at in (0..bytes.len()).step_by(5) {
+            let mut changed = bytes.clone();
+            changed[at] ^= 0x91;
+            let got = matmul(&changed);
+            let row = at / row_bytes;
+            let differs = |r: usize| {
+                (0..m)
+                    .filter(|i| got[i * rows + r] != base[i * rows + r])
+                    .count()
+            };
+            assert!(
+                differs(row) > 0,
+                "{dtype:?}: byte {at} (row {row}) changed nothing"
+            );
+            for r in (0..rows).filter(|&r| r != row) {
+                assert_eq!(
+                    differs(r),
+                    0,
+                    "{dtype:?}: byte {at} (row {row}) changed row {r}"
+                );
+            }
+        }
+    }
+}
