@@ -1,6 +1,6 @@
 //! A safetensors checkpoint (its shards memory-mapped) as the model reads it, with the loading's
 //! progress logged for checkpoints large enough to wait for: one line at each tenth of the bytes
-//! read, with the rate and the time left ([`Progress`]; a GGUF file's tensors report the same).
+//! read, with the rate and the time left (`Progress`; a GGUF file's tensors report the same).
 
 use std::collections::HashSet;
 use std::path::PathBuf;
