@@ -113,13 +113,61 @@ impl Drop for Zeroed {
     }
 }
 
-/// Bytes of memory the system can give without swapping (`MemAvailable` of /proc/meminfo);
-/// `None` where that is not known.
+/// Bytes of memory this process can take without swapping: the system's `MemAvailable`
+/// (/proc/meminfo), or less where the process's memory cgroup (a container's limit) leaves less;
+/// `None` where neither is known.
 pub fn available_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let host = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| meminfo_available(&text));
+    match (host, cgroup_headroom()) {
+        (Some(h), Some(c)) => Some(h.min(c)),
+        (h, c) => h.or(c),
+    }
+}
+
+/// `MemAvailable` of a /proc/meminfo text, in bytes.
+fn meminfo_available(text: &str) -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// What the memory cgroup of this process still allows (its limit less its usage), where it has
+/// a limit: cgroup v2 (`memory.max`, `memory.current`) or v1 (`memory.limit_in_bytes`,
+/// `memory.usage_in_bytes`), at the process's own cgroup or, inside a container, the mount's root.
+fn cgroup_headroom() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    for line in text.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+        let (root, limit, usage) = if controllers.is_empty() {
+            ("/sys/fs/cgroup", "memory.max", "memory.current")
+        } else if controllers.split(',').any(|c| c == "memory") {
+            (
+                "/sys/fs/cgroup/memory",
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+            )
+        } else {
+            continue;
+        };
+        for dir in [format!("{root}{path}"), root.to_string()] {
+            let read = |file: &str| std::fs::read_to_string(format!("{dir}/{file}")).ok();
+            if let (Some(l), Some(u)) = (read(limit), read(usage)) {
+                return headroom(&l, &u);
+            }
+        }
+    }
+    None
+}
+
+/// A cgroup's `limit` less its `usage` (their files' texts); `None` without a limit (`max`, or
+/// v1's near-2^63 "unlimited").
+fn headroom(limit: &str, usage: &str) -> Option<u64> {
+    let limit: u64 = limit.trim().parse().ok().filter(|&l| l < 1 << 60)?;
+    let usage: u64 = usage.trim().parse().ok()?;
+    Some(limit.saturating_sub(usage))
 }
 
 #[cfg(test)]
@@ -161,6 +209,16 @@ mod tests {
             (1.5, -2.0, 0.0)
         );
         assert!(Zeroed::new(0).is_empty());
+    }
+
+    #[test]
+    fn a_containers_memory_limit_bounds_what_is_available() {
+        assert_eq!(headroom("4294967296\n", "1073741824\n"), Some(3 << 30));
+        assert_eq!(headroom("max\n", "1073741824\n"), None);
+        assert_eq!(headroom("9223372036854771712", "17839263744"), None);
+        assert_eq!(headroom("1024", "4096"), Some(0));
+        let meminfo = "MemTotal:       24000000 kB\nMemAvailable:   21000000 kB\n";
+        assert_eq!(meminfo_available(meminfo), Some(21_000_000 * 1024));
     }
 
     #[test]
