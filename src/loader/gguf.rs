@@ -98,7 +98,14 @@ pub fn load(
         GgufMatmul::Auto => Dequantize::Nothing,
     };
     tracing::info!(num_params, ?dequantize, "GGUF weights");
-    let progress = Progress::new(std::fs::metadata(path).map_err(io)?.len());
+    let tensor_bytes = ct
+        .tensor_infos
+        .values()
+        .map(|t| {
+            (t.shape.elem_count() / t.ggml_dtype.block_size() * t.ggml_dtype.type_size()) as u64
+        })
+        .sum();
+    let progress = Progress::new(tensor_bytes);
     let mut tensors = HashMap::new();
     for name in ct.tensor_infos.keys() {
         let t = ct
