@@ -8,9 +8,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$here/bin}
 mkdir -p "$out"
 cuda=${CUDA_HOME:-$(bash "$here/../../scripts/cuda/setup_toolkit.sh")}
-for probe in gemv_stream persistent_layer; do
+for probe in gemv_stream persistent_layer gemv_int4; do
   "$cuda/bin/nvcc" -arch=sm_90 -O3 -std=c++17 -c "$here/$probe.cu" -o "$out/$probe.o"
   g++ "$out/$probe.o" -L"$cuda/lib64" -lcudart_static -ldl -lpthread -lrt -o "$out/$probe"
   rm "$out/$probe.o"
 done
-echo "built: $out/gemv_stream $out/persistent_layer"
+echo "built: $out/gemv_stream $out/persistent_layer $out/gemv_int4"

@@ -33,12 +33,14 @@ constexpr int gemv_threads(int rows, int input) {
 // with SiLU-and-mul 39.7 -> 31.5 µs, its o 12.7 -> 10.6 on the H200; Gemma-3-12B's qkv and
 // gate/up after a normalized add, kAddNormed, took its decode from 138.3 to 143.2 tok/s), except
 // the RMSNorm-staging ones, which lost by it (Mistral-7B's qkv 15.4 -> 17.5 µs); gemv_rope gained
-// nothing.
+// nothing. 4-bit tiles' tensor-core GEMV is held to 64 (1024 threads an SM): at 32 it spilled.
 // kAddNormed stages as stage_add_normed says (x is its delta), block 0 storing the stream.
-// W: DenseWeight<T>, Fp8Weight or Int4Weight (gemv_weight.cuh).
+// W: DenseWeight<T>, Fp8Weight, Int4Weight or Int4Tiles (gemv_weight.cuh).
 template <typename T, int R, int kIn, bool kAdd, int S, typename W,
           int kT = gemv_threads(R, kIn)>
-__global__ void __launch_bounds__(kT, R == 1 && kIn != kRmsNorm ? 2048 / kT : 1)
+__global__ void __launch_bounds__(kT, std::is_same_v<W, Int4Tiles>      ? 1024 / kT
+                                      : R == 1 && kIn != kRmsNorm ? 2048 / kT
+                                                                  : 1)
     gemv_kernel(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ norm_w,
                 const W w, const T* __restrict__ residual, int out_dim, int k_dim,
                 float eps, const T* __restrict__ stream_in, const T* __restrict__ delta_w,
@@ -122,6 +124,13 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
+// The outputs a block of gemv_kernel takes a round (see gemv_outputs): a warp's S-th of one, or
+// for 4-bit tiles 16 a tile's kTileParts warps.
+template <typename W>
+constexpr int outputs_per_round(int threads, int s) {
+  return std::is_same_v<W, Int4Tiles> ? threads / 32 / kTileParts * 16 : threads / 32 / s;
+}
+
 template <typename T, int R, int kIn, bool kAdd, int S, typename W>
 int launch_rs(const GemvArgs& a, const W& w) {
   const auto kernel = gemv_kernel<T, R, kIn, kAdd, S, W>;
@@ -130,8 +139,8 @@ int launch_rs(const GemvArgs& a, const W& w) {
   if (smem > kMaxStageBytes) return 1;
   static int resident_by[64][kStageSteps + 1] = {};
   int blocks = 0;
-  if (const int e =
-          grid_for(kernel, smem, a.out_dim, threads / 32 / S, resident_by, &blocks, threads))
+  if (const int e = grid_for(kernel, smem, a.out_dim, outputs_per_round<W>(threads, S),
+                             resident_by, &blocks, threads))
     return e;
   const cudaError_t err = launch_early(kernel, blocks, threads, smem, a.stream, (T*)a.y,
                                        (const T*)a.x, (const T*)a.norm_w, w,
@@ -159,6 +168,9 @@ struct CudaCoreGemv {
             a, fp8_weight(a.w, (const float*)a.scales, a.block_rows, a.block_cols, a.k_dim));
       case kInt4Weight:
         return run_w<T, R, kIn, kAdd>(a, int4_weight(a.w, a.scales, a.block_cols, a.k_dim));
+      // (Tiles split their columns over kTileParts warps whatever k is.)
+      case kInt4Tiles:
+        return launch_rs<T, R, kIn, kAdd, 1>(a, int4_tiles(a.w, a.scales, a.block_cols, a.k_dim));
       default: return 1;
     }
   }
@@ -242,7 +254,7 @@ int launch_rope(const QkvRopeArgs& a, cudaStream_t s) {
 // w[o, c] standing for w[o, c] times its block's scale (`scales` f32 [ceil(out_dim /
 // block_rows), ceil(k_dim / block_cols)], see Fp8Weight; k_dim a multiple of 16); 2, 4-bit codes
 // with `scales` the f16 (scale, zero) pairs of groups of block_cols columns (see Int4Weight;
-// k_dim a multiple of 32). Returns 0, a CUDA error code, or 1 when the arguments are unsupported
+// k_dim a multiple of 32); 3, the same in tiles (see Int4Tiles). Returns 0, a CUDA error code, or 1 when the arguments are unsupported
 // (rows x k_dim past the staging space among them).
 extern "C" int pagewise_gemv(int dtype, int input, void* y, const void* x, const void* norm_w,
                              const void* w, int w_kind, const void* scales, int block_rows,
@@ -250,7 +262,7 @@ extern "C" int pagewise_gemv(int dtype, int input, void* y, const void* x, const
                              int k_dim, float eps, void* stream) {
   if (rows == 0 || out_dim == 0) return 0;
   if (k_dim % 8 != 0) return 1;
-  if (!weight_fits(w_kind, k_dim, block_rows, block_cols)) return 1;
+  if (!weight_fits(w_kind, out_dim, k_dim, block_rows, block_cols)) return 1;
   if (input == kAddNormed) return 1;  // (pagewise_gemv_add_normed)
   const GemvArgs a = {y,      x,      norm_w,     w,          residual, out_dim,
                       k_dim,  eps,    (cudaStream_t)stream, nullptr, nullptr, nullptr,
@@ -273,7 +285,7 @@ extern "C" int pagewise_gemv_add_normed(int dtype, void* y, void* stream_out, co
                                         void* stream) {
   if (rows == 0 || out_dim == 0) return 0;
   if (k_dim % 8 != 0) return 1;
-  if (!weight_fits(w_kind, k_dim, block_rows, block_cols)) return 1;
+  if (!weight_fits(w_kind, out_dim, k_dim, block_rows, block_cols)) return 1;
   const GemvArgs a = {y,      delta,  norm_w,     w,        nullptr,   out_dim,
                       k_dim,  eps,    (cudaStream_t)stream, stream_in, delta_w, stream_out,
                       w_kind, scales, block_rows, block_cols};
@@ -299,7 +311,8 @@ extern "C" int pagewise_gemv_rope(int dtype, void* q_out, void* k_cache, void* v
   if (rows == 0) return 0;
   if (k_dim % 8 != 0 || head_dim % 2 != 0) return 1;
   if (positions != nullptr && table_rows < 1) return 1;
-  if (!weight_fits(w_kind, k_dim, block_rows, block_cols)) return 1;
+  // (Its warps take pairs of rows: 4-bit weights row by row, not in tiles.)
+  if (w_kind == kInt4Tiles || !weight_fits(w_kind, 0, k_dim, block_rows, block_cols)) return 1;
   const QkvRopeArgs a = {q_out, k_cache, v_cache, cos,   sin,      positions, table_rows,
                          slots, x,       norm_w,  w,     rows,     heads,     kv_heads,
                          head_dim, interleaved, k_dim, eps, w_kind, scales, block_rows,

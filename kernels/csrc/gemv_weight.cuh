@@ -9,6 +9,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <type_traits>
 #include "dtype.cuh"
 #include "gemv_rows.cuh"
 
@@ -40,9 +41,23 @@ struct Int4Weight {
   int g_shift, groups;
 };
 
+// The same codes in tiles of 16 rows x 64 columns for the tensor cores: 512 bytes a tile, row
+// tiles in order and each one's column tiles in order; lane l's 16 bytes of a tile at 16 l, its
+// word m covering the tile's columns 16m..16m + 15 as lane l's share of an m16n8k16 A fragment:
+// for g = l / 4, t = l % 4, the column pairs starting at (row g, column 2t), (g + 8, 2t),
+// (g, 2t + 8), (g + 8, 2t + 8) in nibbles (0, 4), (1, 5), (2, 6), (3, 7). out a multiple of 16,
+// k of 64, groups whole rows or a power of two of at least 64 columns (one group a 16-byte
+// load).
+struct Int4Tiles {
+  const uint4* w;
+  const __half2* sz;
+  int g_shift, groups;
+};
+
 // The (weight kind) of the entry points' weight arguments: w in the activations' dtype; e4m3
-// with f32 block scales; 4-bit codes with (scale, zero) f16 pairs (Int4Weight).
-enum WeightKind { kDenseWeight = 0, kFp8Weight = 1, kInt4Weight = 2 };
+// with f32 block scales; 4-bit codes with (scale, zero) f16 pairs, row by row (Int4Weight) or in
+// tiles (Int4Tiles).
+enum WeightKind { kDenseWeight = 0, kFp8Weight = 1, kInt4Weight = 2, kInt4Tiles = 3 };
 
 // log2(bk) for a power of two, else -1.
 inline int log2_exact(int bk) {
@@ -76,12 +91,27 @@ inline bool int4_weight_fits(int k_dim, int group) {
   return k_dim % 32 == 0 && group > 0 && (group >= k_dim || (group >= 32 && log2_exact(group) >= 0));
 }
 
+// The Int4Tiles of codes `w` in tiles of an [out, k_dim] weight with (scale, zero) pairs `sz`
+// over groups of `group` columns (group >= k_dim: one a row).
+inline Int4Tiles int4_tiles(const void* w, const void* sz, int group, int k_dim) {
+  const int shift = group >= k_dim ? -1 : log2_exact(group);
+  return Int4Tiles{reinterpret_cast<const uint4*>(w), reinterpret_cast<const __half2*>(sz), shift,
+                   shift < 0 ? 1 : k_dim >> shift};
+}
+
+// Whether 4-bit tiles of an [out_dim, k_dim] weight in groups of `group` are what Int4Tiles takes.
+inline bool int4_tiles_fit(int out_dim, int k_dim, int group) {
+  return out_dim % 16 == 0 && k_dim % 64 == 0 && group > 0 &&
+         (group >= k_dim || (group >= 64 && log2_exact(group) >= 0));
+}
+
 // Whether the weight of `kind` (WeightKind) with these scale blocks or groups fits its type.
-inline bool weight_fits(int kind, int k_dim, int block_rows, int block_cols) {
+inline bool weight_fits(int kind, int out_dim, int k_dim, int block_rows, int block_cols) {
   switch (kind) {
     case kDenseWeight: return true;
     case kFp8Weight: return fp8_weight_fits(k_dim, block_rows, block_cols);
     case kInt4Weight: return int4_weight_fits(k_dim, block_cols);
+    case kInt4Tiles: return int4_tiles_fit(out_dim, k_dim, block_cols);
     default: return false;
   }
 }
@@ -262,6 +292,133 @@ __device__ __forceinline__ void gemv_outputs(T* __restrict__ y, const T* xs, con
       if constexpr (kAdd) v = to_float(from_float<T>(v)) + to_float(res[r]);
       y[at] = from_float<T>(v);
     }
+  }
+}
+
+
+// Warps that share a tile of Int4Tiles' GEMV, each taking every kTileParts-th 64-column chunk of
+// it: a constant, so an output's sum has the same order at every batch size and block size.
+constexpr int kTileParts = 16;
+
+// The m16n8k16 tensor-core product d += a b of 16-bit a and b (f16 or bf16 as T), f32 sums.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A code's value as T with an offset m (the exponent bits of m, OR-ed with a code below 16, make
+// m + q exactly): m = 1024 for f16, 128 for bf16.
+template <typename T>
+struct Int4Magic {
+  static constexpr uint32_t kBits = std::is_same_v<T, __half> ? 0x64006400u : 0x43004300u;
+  static constexpr float kValue = std::is_same_v<T, __half> ? 1024.f : 128.f;
+};
+
+// Two copies of m + z (exact) as a T pair, for the zero point z of a (scale, zero) pair.
+template <typename T>
+__device__ __forceinline__ uint32_t int4_bias(__half2 pair) {
+  const T b = from_float<T>(Int4Magic<T>::kValue + __high2float(pair));
+  const uint16_t u = *reinterpret_cast<const uint16_t*>(&b);
+  return (uint32_t)u | (uint32_t)u << 16;
+}
+
+// (m + q) - (m + z) = q - z, exactly, for the two codes of `bits` (magic OR-ed in).
+template <typename T>
+__device__ __forceinline__ uint32_t int4_pair_minus(uint32_t bits, uint32_t bias) {
+  uint32_t r;
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 v = __hsub2(*reinterpret_cast<const __half2*>(&bits),
+                              *reinterpret_cast<const __half2*>(&bias));
+    r = *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __nv_bfloat162 v = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&bits),
+                                     *reinterpret_cast<const __nv_bfloat162*>(&bias));
+    r = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  return r;
+}
+
+// gemv_outputs for 4-bit tiles: a block takes kT / 32 / kTileParts tiles of 16 outputs a round;
+// a tile's kTileParts warps each take every kTileParts-th chunk of 64 columns (one 16-byte load a
+// lane), dequantize it to T in registers (q - z exactly) and multiply it with the staged rows on
+// the tensor cores (B's column n is staged row n; columns past R repeat row 0 and are dropped),
+// scaling each chunk's f32 sums by its group's scale. The parts meet in shared memory in warp
+// order.
+template <typename T, int R, bool kAdd, int S, int kT>
+__device__ __forceinline__ void gemv_outputs(T* __restrict__ y, const T* xs, const Int4Tiles& w,
+                                             const T* __restrict__ residual, int out_dim,
+                                             int k_dim, int block, int blocks) {
+  static_assert(kT % (32 * kTileParts) == 0, "a block holds whole tiles");
+  constexpr int kTiles = kT / 32 / kTileParts;
+  __shared__ float parts[kT / 32][16][R];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int part = warp % kTileParts, chunks = k_dim / 64, tiles = out_dim / 16;
+  const T* x_col = xs + (g < R ? g : 0) * k_dim + 2 * t;
+  for (int base = block * kTiles; base < tiles; base += blocks * kTiles) {
+    const int tile = base + warp / kTileParts;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    if (tile < tiles) {
+      const uint4* tw = w.w + (int64_t)tile * chunks * 32 + lane;
+      const __half2* p0 = w.sz + (int64_t)(tile * 16 + g) * w.groups;
+      const __half2* p8 = p0 + 8 * w.groups;
+#pragma unroll 4
+      for (int c = part; c < chunks; c += kTileParts) {
+        const uint4 raw = __ldg(tw + c * 32);
+        const int grp = w.g_shift < 0 ? 0 : (c * 64) >> w.g_shift;
+        const __half2 z0 = __ldg(p0 + grp), z8 = __ldg(p8 + grp);
+        const uint32_t bias0 = int4_bias<T>(z0), bias8 = int4_bias<T>(z8);
+        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          uint32_t a[4];
+#pragma unroll
+          for (int p = 0; p < 4; ++p)
+            a[p] = int4_pair_minus<T>(((words[m] >> (4 * p)) & 0x000F000Fu) | Int4Magic<T>::kBits,
+                                      p & 1 ? bias8 : bias0);
+          const T* xc = x_col + c * 64 + m * 16;
+          mma_16816<T>(d, a, *reinterpret_cast<const uint32_t*>(xc),
+                       *reinterpret_cast<const uint32_t*>(xc + 8));
+        }
+        const float s0 = __low2float(z0), s8 = __low2float(z8);
+        acc[0] += d[0] * s0;
+        acc[1] += d[1] * s0;
+        acc[2] += d[2] * s8;
+        acc[3] += d[3] * s8;
+      }
+    }
+    // This lane's sums: rows g and g + 8 of the tile, staged rows 2t and 2t + 1.
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      if (2 * t + j < R) {
+        parts[warp][g][2 * t + j] = acc[j];
+        parts[warp][g + 8][2 * t + j] = acc[2 + j];
+      }
+    __syncthreads();
+    const int first = warp - part, row = (threadIdx.x - first * 32) / R,
+              r = (threadIdx.x - first * 32) % R;
+    if (threadIdx.x - first * 32 < 16 * R && tile < tiles) {
+      float v = 0.f;
+#pragma unroll
+      for (int p = 0; p < kTileParts; ++p) v += parts[first + p][row][r];
+      const int o = tile * 16 + row;
+      const int64_t at = (int64_t)r * out_dim + o;
+      if constexpr (kAdd) v = to_float(from_float<T>(v)) + to_float(residual[at]);
+      y[at] = from_float<T>(v);
+    }
+    __syncthreads();
   }
 }
 

@@ -230,6 +230,7 @@ unsafe extern "C" {
         out_dim: i64,
         k_dim: c_int,
         group: c_int,
+        tiles: c_int,
         stream: *mut c_void,
     ) -> c_int;
 

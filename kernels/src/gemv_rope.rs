@@ -7,7 +7,7 @@ use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
-use crate::{GemvWeight, check_launch, device_ptr, dtype_code, empty, ffi, gemv_fits};
+use crate::{GemvWeight, Int4Layout, check_launch, device_ptr, dtype_code, empty, ffi, gemv_fits};
 
 /// Where [`gemv_rope_cache`] puts the projection, and how it rotates it.
 pub struct RopeCacheTarget<'a> {
@@ -85,6 +85,9 @@ pub unsafe fn gemv_rope_cache<'w>(
     }
     if !w.takes(x.dtype()) {
         bail!("gemv_rope_cache: w {w:?} is neither x's dtype nor FP8 the GEMV takes");
+    }
+    if matches!(w, GemvWeight::Int4(m) if m.layout == Int4Layout::Tiles) {
+        bail!("gemv_rope_cache: reads 4-bit weights row by row (Int4Layout::Rows), not in tiles");
     }
     for (a, what) in [
         (norm_weight, "norm weight"),

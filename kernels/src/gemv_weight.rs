@@ -6,12 +6,12 @@ use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
-use crate::{Fp8Matrix, Int4Matrix, device_ptr};
+use crate::{Fp8Matrix, Int4Layout, Int4Matrix, device_ptr};
 
 /// A weight the decode GEMVs stream. FP8 rows need `k` a multiple of 16 and scale blocks of
 /// whole rows or a power of two of at least 16 columns (128 in the published block-FP8
 /// checkpoints); 4-bit rows `k` a multiple of 32 and groups of whole rows or a power of two of at
-/// least 32 columns.
+/// least 32 columns (4-bit tiles: see [`crate::Int4Layout::Tiles`]).
 #[derive(Clone, Copy, Debug)]
 pub enum GemvWeight<'a> {
     /// `[out, k]` in the activations' dtype.
@@ -41,7 +41,7 @@ impl<'a> From<Int4Matrix<'a>> for GemvWeight<'a> {
 }
 
 /// A weight's pointers as the GEMV entry points take them: the weight, its kind (0 dense, 1 FP8,
-/// 2 4-bit: csrc's `WeightKind`), its scales (null when dense), and the scale blocks' rows and
+/// 2 4-bit rows, 3 4-bit tiles: csrc's `WeightKind`), its scales (null when dense), and the scale blocks' rows and
 /// columns (a 4-bit weight's: 1 and its group).
 pub(crate) struct WeightPointers {
     pub w: u64,
@@ -64,7 +64,8 @@ impl GemvWeight<'_> {
     /// Whether the GEMVs take this weight with activations of `dtype`: a dense weight of that
     /// dtype, contiguous; FP8 parts that agree, `k` a multiple of 16, blocks of whole rows or a
     /// power of two of at least 16 columns; 4-bit parts that agree (f16 or bf16 activations), `k`
-    /// a multiple of 32, groups of whole rows or a power of two of at least 32 columns.
+    /// a multiple of 32, groups of whole rows or a power of two of at least 32 columns (tiles:
+    /// what [`crate::Int4Layout::tiles_fit`] says).
     pub fn takes(&self, dtype: DType) -> bool {
         match self {
             GemvWeight::Dense(t) => t.dtype() == dtype && t.is_contiguous(),
@@ -107,7 +108,10 @@ impl GemvWeight<'_> {
             },
             GemvWeight::Int4(m) => WeightPointers {
                 w: device_ptr(m.codes, "w codes")?.0,
-                kind: 2,
+                kind: match m.layout {
+                    Int4Layout::Rows => 2,
+                    Int4Layout::Tiles => 3,
+                },
                 scales: device_ptr(m.scale_zero, "w scales")?.0 as *const c_void,
                 block_rows: 1,
                 block_cols: too_big(m.group),

@@ -13,14 +13,43 @@ use crate::{check_launch, device_ptr, dtype_code, empty, ffi};
 /// `(s, z)` the f16 pair of row `o`'s group `c / group`.
 #[derive(Clone, Copy, Debug)]
 pub struct Int4Matrix<'a> {
-    /// u8 `[out, k / 2]`: each row's codes, 8 columns a little-endian 32-bit word, column
-    /// `8j + 2i` in word `j`'s nibble `i` and column `8j + 2i + 1` in its nibble `4 + i`
-    /// (AutoAWQ's order: one mask gives two neighbouring columns as the halves of an f16 pair).
+    /// u8 `[out, k / 2]`: the codes, 8 a little-endian 32-bit word, in the order `layout` says.
     pub codes: &'a Tensor,
     /// f16 `[out, ceil(k / group), 2]`: each row's groups' (scale, zero point).
     pub scale_zero: &'a Tensor,
     /// Columns a group (`k` or more: one group a row).
     pub group: usize,
+    /// The order of the codes.
+    pub layout: Int4Layout,
+}
+
+/// How an [`Int4Matrix`]'s codes are ordered. In both, a 32-bit word holds 8 codes as 4 pairs of
+/// neighbouring columns, pair `i` in nibbles `i` (the lower column) and `4 + i`, so that one mask
+/// gives a pair as the halves of a 16-bit pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Int4Layout {
+    /// Row by row: word `j` of a row holds columns `8j..8j + 8`, columns `8j + 2i` and
+    /// `8j + 2i + 1` as pair `i` (AutoAWQ's order). What the qkv GEMV with rotary
+    /// ([`crate::gemv_rope_cache`]) reads.
+    Rows,
+    /// Tiles of 16 rows x 64 columns (512 bytes), row tiles in order and each one's column tiles
+    /// in order, for the tensor-core GEMV (an m16n8k16 product a word): lane `l`'s 16 bytes of a
+    /// tile start at `16 l`; its word `m` covers the tile's columns `16m..16m + 16` and holds, for
+    /// `g = l / 4` and `t = l % 4`, the pairs starting at (row `g`, column `2t`), (`g + 8`, `2t`),
+    /// (`g`, `2t + 8`), (`g + 8`, `2t + 8`) as pairs 0..3. Needs `out` a multiple of 16, `k` of
+    /// 64, and groups of whole rows or a power of two of at least 64 columns
+    /// ([`Int4Layout::tiles_fit`]).
+    Tiles,
+}
+
+impl Int4Layout {
+    /// Whether a `[out, k]` weight in groups of `group` columns can be laid out in tiles.
+    pub fn tiles_fit((out, k): (usize, usize), group: usize) -> bool {
+        out.is_multiple_of(16)
+            && k.is_multiple_of(64)
+            && k > 0
+            && (group >= k || (group >= 64 && group.is_power_of_two()))
+    }
 }
 
 impl Int4Matrix<'_> {
@@ -49,6 +78,12 @@ impl Int4Matrix<'_> {
         }
         if !self.codes.is_contiguous() || !self.scale_zero.is_contiguous() {
             bail!("{what}: 4-bit codes and scales must be contiguous");
+        }
+        if self.layout == Int4Layout::Tiles && !Int4Layout::tiles_fit((out, k), self.group) {
+            bail!(
+                "{what}: a [{out}, {k}] weight in groups of {} cannot be laid out in tiles",
+                self.group
+            );
         }
         Ok((out, k))
     }
@@ -93,6 +128,7 @@ pub fn int4_dequantize(m: Int4Matrix<'_>, dtype: DType) -> Result<Tensor> {
             out as i64,
             int(k, "k")?,
             int(m.group.min(k), "group")?,
+            i32::from(m.layout == Int4Layout::Tiles),
             stream,
         )
     };

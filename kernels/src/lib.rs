@@ -47,7 +47,7 @@ pub use gemv::{GEMV_MAX_ROWS, GemvInput, gemv, gemv_add_normed, gemv_fits, gemv_
 pub use gemv_rope::{RopeCacheTarget, gemv_rope_cache};
 pub use gemv_weight::GemvWeight;
 pub use grouped::GroupedGemm;
-pub use int4::{Int4Matrix, int4_dequantize};
+pub use int4::{Int4Layout, Int4Matrix, int4_dequantize};
 pub use moe::{
     ExpertExtras, ExpertPlan, ExpertWeights, MOE_MAX_TOP_K, moe_experts, moe_experts_by,
     moe_experts_with, moe_fits,

@@ -1,6 +1,7 @@
 //! Linear layers whose weights stay 4-bit on the GPU: the projections of an AWQ, GPTQ or
 //! compressed-tensors W4A16 checkpoint ([`super::int_weights`] unpacks them), repacked at load
-//! into the order the decode GEMVs read ([`pack_int4_rows`]) with one f16
+//! into an order the decode GEMVs read ([`super::int4_pack`]: rows, or tiles for the tensor-core
+//! GEMV, which waits for its first GPU run before loads choose it) with one f16
 //! (scale, zero point) pair per row and group. Steps of up to `pagewise_kernels::GEMV_MAX_ROWS`
 //! rows stream the codes through the GEMVs (a quarter of bf16's bytes); larger steps multiply a
 //! dequantized copy on cuBLAS. Everything else (the CPU, 8-bit codes, GPTQ's `desc_act` order,
@@ -12,6 +13,7 @@ use super::ModelError;
 use super::fp8_linear::forward_rows;
 use super::int_unpack::Unpacked;
 use super::int_weights::{IntCheckpoint, Stored};
+use super::int4_pack::{CodeOrder, pack_int4, unpack_int4};
 use super::quantized::CheckpointQuant;
 use super::weights::{Part, Weights};
 
@@ -19,8 +21,9 @@ use super::weights::{Part, Weights};
 /// bias.
 #[derive(Clone, Debug)]
 pub struct Int4Linear {
-    /// u8 `[out, in / 2]`: the codes in the GEMVs' order.
+    /// u8 `[out, in / 2]`: the codes in `order`.
     codes: Tensor,
+    order: CodeOrder,
     /// f16 `[out, groups, 2]`: each row's groups' (scale, zero point).
     scale_zero: Tensor,
     /// Input features a group (`in`: one group a row).
@@ -53,7 +56,40 @@ impl Int4Linear {
             codes: &self.codes,
             scale_zero: &self.scale_zero,
             group: self.group,
+            layout: match self.order {
+                CodeOrder::Rows => pagewise_kernels::Int4Layout::Rows,
+                CodeOrder::Tiles => pagewise_kernels::Int4Layout::Tiles,
+            },
         }
+    }
+
+    /// The order of the codes.
+    pub fn order(&self) -> CodeOrder {
+        self.order
+    }
+
+    /// The layer with its codes in `order` (repacked through the host when they are in another,
+    /// once, at load): rows for the qkv GEMV with rotary ([`super::layers::Linear::in_rows`]).
+    /// Tiles need the shape [`CodeOrder::best_for`] gives them to.
+    pub fn with_order(self, order: CodeOrder) -> candle_core::Result<Self> {
+        if self.order == order {
+            return Ok(self);
+        }
+        let (out, inp) = self.dims();
+        if order == CodeOrder::Tiles && CodeOrder::best_for((out, inp), self.group) != order {
+            candle_core::bail!(
+                "a [{out}, {inp}] 4-bit weight in groups of {} cannot be laid out in tiles",
+                self.group
+            );
+        }
+        let bytes = self.codes.flatten_all()?.to_vec1::<u8>()?;
+        let q = unpack_int4(&bytes, inp, self.order);
+        let codes = Tensor::from_vec(pack_int4(&q, inp, order), (out, inp / 2), &Device::Cpu)?;
+        Ok(Int4Linear {
+            codes: codes.to_device(self.codes.device())?,
+            order,
+            ..self
+        })
     }
 
     /// `u` (4-bit codes) repacked on `device`, or `None` when the GEMVs cannot take it: input
@@ -80,12 +116,19 @@ impl Int4Linear {
         if back != pairs {
             return Ok(None);
         }
-        let bytes = pack_int4_rows(&u.codes, u.inp);
-        let codes = Tensor::from_vec(bytes, (u.out, u.inp / 2), &Device::Cpu)?;
+        let group = if u.groups == 1 { u.inp } else { group };
+        // Tiles (`CodeOrder::best_for`) once the tensor-core GEMV has passed its first GPU run.
+        let order = CodeOrder::Rows;
+        let codes = Tensor::from_vec(
+            pack_int4(&u.codes, u.inp, order),
+            (u.out, u.inp / 2),
+            &Device::Cpu,
+        )?;
         Ok(Some(Int4Linear {
             codes: codes.to_device(device)?,
+            order,
             scale_zero: host.to_device(device)?,
-            group: if u.groups == 1 { u.inp } else { group },
+            group,
             bias: None,
         }))
     }
@@ -113,6 +156,9 @@ impl Int4Linear {
             .to_dtype(DType::F16)?;
         Ok(Int4Linear {
             codes,
+            // (Random codes: any order reads them as random. Tiles once the tensor-core GEMV has
+            // passed its first GPU run.)
+            order: CodeOrder::Rows,
             scale_zero,
             group,
             bias: None,
@@ -137,12 +183,15 @@ impl Int4Linear {
     }
 
     /// One layer computing all of `parts` side by side (weights stacked along the output
-    /// dimension), or `None` when their inputs or groups differ, or only some have a bias.
+    /// dimension), or `None` when their inputs, groups or code orders differ, or only some have a
+    /// bias. (Tiles stack as rows do: a part's tiles hold whole rows of it.)
     pub fn concat(parts: &[&Int4Linear]) -> candle_core::Result<Option<Int4Linear>> {
         let Some(first) = parts.first() else {
             return Ok(None);
         };
-        let alike = |p: &&Int4Linear| p.dims().1 == first.dims().1 && p.group == first.group;
+        let alike = |p: &&Int4Linear| {
+            p.dims().1 == first.dims().1 && p.group == first.group && p.order == first.order
+        };
         if !parts.iter().all(alike) {
             return Ok(None);
         }
@@ -156,33 +205,12 @@ impl Int4Linear {
         let pairs: Vec<&Tensor> = parts.iter().map(|p| &p.scale_zero).collect();
         Ok(Some(Int4Linear {
             codes: Tensor::cat(&codes, 0)?,
+            order: first.order,
             scale_zero: Tensor::cat(&pairs, 0)?,
             group: first.group,
             bias,
         }))
     }
-}
-
-/// Codes `q` (`[rows, k]` row-major, each below 16; `k` a multiple of 8) packed as the GPU
-/// kernels read them (`pagewise_kernels::Int4Matrix`): 8 columns a little-endian 32-bit word,
-/// column `8j + 2i` in word `j`'s nibble `i` and column `8j + 2i + 1` in nibble `4 + i`.
-/// `[rows, k / 2]` bytes.
-pub fn pack_int4_rows(q: &[u8], k: usize) -> Vec<u8> {
-    assert!(
-        k.is_multiple_of(8) && q.len().is_multiple_of(k.max(1)),
-        "pack_int4_rows: k {k} must be a multiple of 8 and divide {} codes",
-        q.len()
-    );
-    let mut out = Vec::with_capacity(q.len() / 2);
-    for eight in q.chunks_exact(8) {
-        let mut word = 0u32;
-        for (c, &code) in eight.iter().enumerate() {
-            let nibble = if c % 2 == 0 { c / 2 } else { 4 + c / 2 };
-            word |= u32::from(code & 0xF) << (4 * nibble);
-        }
-        out.extend_from_slice(&word.to_le_bytes());
-    }
-    out
 }
 
 /// How the weights layer reads integer checkpoints (`Weights::linear_part`, `slice_safetensors`).
@@ -267,13 +295,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn packing_puts_even_columns_in_the_low_nibbles() {
-        let q: Vec<u8> = (0..16).collect();
-        let bytes = pack_int4_rows(&q, 16);
-        let word = |i: usize| u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap());
-        // Columns 0 2 4 6 in nibbles 0..3, 1 3 5 7 in nibbles 4..7.
-        assert_eq!(word(0), 0x7531_6420);
-        assert_eq!(word(1), 0xFDB9_ECA8);
+    fn codes_repack_between_rows_and_tiles() {
+        let u = Unpacked {
+            out: 32,
+            inp: 128,
+            codes: (0..32 * 128)
+                .map(|i| ((i * 7 + i / 128) % 16) as u8)
+                .collect(),
+            zeros: vec![8; 32],
+            scales: vec![0.5; 32],
+            groups: 1,
+            group_of: None,
+        };
+        let layer = Int4Linear::from_unpacked(&u, &Device::Cpu)
+            .unwrap()
+            .unwrap();
+        let bytes = |l: &Int4Linear| l.codes.flatten_all().unwrap().to_vec1::<u8>().unwrap();
+        let tiled = layer.with_order(CodeOrder::Tiles).unwrap();
+        assert_eq!(tiled.order(), CodeOrder::Tiles);
+        assert_eq!(bytes(&tiled), pack_int4(&u.codes, 128, CodeOrder::Tiles));
+        let rows = tiled.with_order(CodeOrder::Rows).unwrap();
+        assert_eq!(rows.order(), CodeOrder::Rows);
+        assert_eq!(bytes(&rows), pack_int4(&u.codes, 128, CodeOrder::Rows));
+        // Two rows cannot make a tile.
+        let two = Int4Linear::from_unpacked(&unpacked(256, 2, 0.5), &Device::Cpu)
+            .unwrap()
+            .unwrap();
+        assert!(two.with_order(CodeOrder::Tiles).is_err());
     }
 
     fn unpacked(inp: usize, groups: usize, scale: f32) -> Unpacked {

@@ -132,6 +132,17 @@ impl Linear {
         }
     }
 
+    /// The layer with any 4-bit codes row by row ([`Int4Linear::with_order`]), as the qkv GEMV
+    /// with rotary reads them.
+    pub fn in_rows(self) -> candle_core::Result<Linear> {
+        match self {
+            Linear::Int4(l) => Ok(Linear::Int4(
+                l.with_order(super::int4_pack::CodeOrder::Rows)?,
+            )),
+            other => Ok(other),
+        }
+    }
+
     /// The weight `[out, in]` and bias of a dense layer.
     pub fn dense_parts(&self) -> Option<(&Tensor, Option<&Tensor>)> {
         match self {

@@ -23,6 +23,7 @@ pub mod gpt_neox;
 pub mod gpt_oss;
 pub mod hf_config;
 pub mod int4_linear;
+pub mod int4_pack;
 pub mod int_unpack;
 pub mod int_weights;
 pub mod layers;

@@ -45,7 +45,7 @@ impl QkvProj {
             // Phi-3 stores the three stacked already (not sharded: `TpRank::check` refuses it).
             let fused = w.linear(&format!("{prefix}.qkv_proj"), h, (nq + 2 * nkv) * d, b)?;
             return Ok(QkvProj {
-                proj: Proj::Fused(fused),
+                proj: Proj::Fused(fused.in_rows()?),
                 qk_norm: None,
             });
         }
@@ -74,7 +74,8 @@ impl QkvProj {
             None
         };
         let proj = match Linear::concat(&[&q, &k, &v])? {
-            Some(fused) => Proj::Fused(fused),
+            // (The decode GEMV with rotary reads 4-bit codes row by row.)
+            Some(fused) => Proj::Fused(fused.in_rows()?),
             None => Proj::Split(q, k, v),
         };
         Ok(QkvProj { proj, qk_norm })
