@@ -99,7 +99,7 @@ inline Int4Tiles int4_tiles(const void* w, const void* sz, int group, int k_dim)
                    shift < 0 ? 1 : k_dim >> shift};
 }
 
-// Whether 4-bit tiles of an [out_dim, k_dim] weight in groups of `group` are what Int4Tiles takes.
+// Whether 4-bit tiles of an [out_dim, k_dim] weight in groups of `group` fit Int4Tiles.
 inline bool int4_tiles_fit(int out_dim, int k_dim, int group) {
   return out_dim % 16 == 0 && k_dim % 64 == 0 && group > 0 &&
          (group >= k_dim || (group >= 64 && log2_exact(group) >= 0));

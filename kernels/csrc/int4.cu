@@ -1,5 +1,6 @@
-// pagewise: 4-bit integer weights (Int4Weight's or Int4Tiles' layout, gemv_weight.cuh) written out in the
-// activations' dtype, for the steps past the decode GEMVs' rows, which then multiply on cuBLAS.
+// pagewise: 4-bit integer weights (Int4Weight's or Int4Tiles' layout, gemv_weight.cuh) written
+// out in the activations' dtype, for the steps past the decode GEMVs' rows, which then multiply
+// on cuBLAS.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
