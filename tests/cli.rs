@@ -11,32 +11,43 @@ fn pagewise(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// `pagewise --log-format json generate --model MODEL --prompt hi` with `args` after it on one
+/// thread, `env` set and no KV-cache setting inherited; its stdout and stderr (it must succeed).
+fn generate(args: &[&str], env: &[(&str, &str)]) -> (String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pagewise"))
+        .args(["--log-format", "json", "generate", "--model", MODEL])
+        .args(["--prompt", "hi", "--cpu-threads", "1"])
+        .args(args)
+        .env_remove("PAGEWISE_KV_CACHE_MEMORY")
+        .env_remove("VLLM_CPU_KVCACHE_SPACE")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(out.status.success(), "{stderr}");
+    (String::from_utf8(out.stdout).unwrap(), stderr)
+}
+
+/// The first JSON log line of `stderr` whose text contains `needle`.
+fn log_line(stderr: &str, needle: &str) -> serde_json::Value {
+    let line = stderr.lines().find(|l| l.contains(needle)).unwrap();
+    serde_json::from_str(line).unwrap()
+}
+
 #[test]
 fn generate_prints_completions_and_json_logs() {
-    let out = pagewise(&[
-        "--log-format",
-        "json",
-        "generate",
-        "--model",
-        MODEL,
-        "--prompt",
-        "hi",
-        "--prompt",
-        "yo",
-        "--max-tokens",
-        "3",
-        "--temperature",
-        "0",
-        "--ignore-eos",
-        "--cpu-threads",
-        "1",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let (stdout, stderr) = generate(
+        &[
+            "--prompt",
+            "yo",
+            "--max-tokens",
+            "3",
+            "--temperature",
+            "0",
+            "--ignore-eos",
+        ],
+        &[],
     );
-    let stdout = String::from_utf8(out.stdout).unwrap();
     assert_eq!(
         stdout
             .matches("--- finish_reason: length, 3 tokens")
@@ -44,21 +55,12 @@ fn generate_prints_completions_and_json_logs() {
         2,
         "{stdout}"
     );
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    let line = stderr
-        .lines()
-        .find(|l| l.contains("KV cache allocated"))
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    let v = log_line(&stderr, "KV cache allocated");
     assert_eq!(v["level"], "INFO");
     assert!(v["fields"]["num_blocks"].as_u64().unwrap() > 0);
     // --cpu-threads sizes the CPU's thread pool.
-    let line = stderr
-        .lines()
-        .find(|l| l.contains("opening the model"))
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_str(line).unwrap();
-    assert_eq!(v["fields"]["cpu_threads"], 1, "{line}");
+    let v = log_line(&stderr, "opening the model");
+    assert_eq!(v["fields"]["cpu_threads"], 1, "{v}");
     // One line says where the startup went.
     let ready = stderr
         .lines()
@@ -79,31 +81,10 @@ fn generate_prints_completions_and_json_logs() {
 
 /// Bytes of the KV cache `pagewise generate` allocates with `args` and `env`.
 fn kv_cache_bytes(args: &[&str], env: &[(&str, &str)]) -> u64 {
-    let out = Command::new(env!("CARGO_BIN_EXE_pagewise"))
-        .args([
-            "--log-format",
-            "json",
-            "generate",
-            "--model",
-            MODEL,
-            "--prompt",
-            "hi",
-        ])
-        .args(["--max-tokens", "2", "--cpu-threads", "1"])
-        .args(args)
-        .env_remove("PAGEWISE_KV_CACHE_MEMORY")
-        .env_remove("VLLM_CPU_KVCACHE_SPACE")
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    assert!(out.status.success(), "{stderr}");
-    let line = stderr
-        .lines()
-        .find(|l| l.contains("KV cache allocated"))
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_str(line).unwrap();
-    v["fields"]["bytes"].as_u64().unwrap()
+    let (_, stderr) = generate(&[&["--max-tokens", "2"], args].concat(), env);
+    log_line(&stderr, "KV cache allocated")["fields"]["bytes"]
+        .as_u64()
+        .unwrap()
 }
 
 /// The CPU KV cache: by default a share of the available memory (here more than a few MiB, up

@@ -45,10 +45,20 @@ pub struct Iq4Tensor {
 impl Iq4Tensor {
     /// The tensor dequantized to f32 on `device`.
     pub fn dequantize(&self, device: &Device) -> Result<Tensor, ModelError> {
-        let mut values = Vec::with_capacity(self.dims.iter().product());
-        iq4::dequantize(self.ty, &self.bytes, &mut values);
-        Ok(Tensor::from_vec(values, self.dims.as_slice(), device)?)
+        dequantize_iq4(self.ty, &self.bytes, &self.dims, device)
     }
+}
+
+/// IQ4 blocks `bytes` of a tensor of shape `dims` dequantized to f32 on `device`.
+fn dequantize_iq4(
+    ty: Iq4Type,
+    bytes: &[u8],
+    dims: &[usize],
+    device: &Device,
+) -> Result<Tensor, ModelError> {
+    let mut values = Vec::with_capacity(dims.iter().product());
+    iq4::dequantize(ty, bytes, &mut values);
+    Ok(Tensor::from_vec(values, dims, device)?)
 }
 
 /// The GGUF (llama.cpp) name of a Hugging Face Llama tensor name. Models without Llama's names
@@ -182,12 +192,8 @@ fn iq4_linear(
             bias,
         });
     }
-    let t = Iq4Tensor {
-        ty,
-        dims: vec![rows, cols],
-        bytes: bytes.to_vec(),
-    };
-    Ok(Linear::dense(t.dequantize(device)?.to_dtype(float)?, bias))
+    let weight = dequantize_iq4(ty, bytes, &[rows, cols], device)?;
+    Ok(Linear::dense(weight.to_dtype(float)?, bias))
 }
 
 impl Weights {
