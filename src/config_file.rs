@@ -1,6 +1,7 @@
 //! `--config FILE` (TOML or YAML): the same keys as the command-line flags. Precedence is
 //! command line > environment (`PAGEWISE_*`) > config file > defaults: every key of the file that no
-//! environment variable already sets becomes that variable before the command line is parsed.
+//! environment variable already sets becomes that variable before the command line is parsed. A
+//! key that no flag reads (a typo, or a vLLM setting pagewise does not have) is refused by name.
 
 use std::path::Path;
 
@@ -28,8 +29,12 @@ pub fn config_path(args: &[String]) -> Option<String> {
     None
 }
 
-/// The `(PAGEWISE_* variable, value)` pairs a config file sets.
-pub fn read(path: &str) -> Result<Vec<(String, String)>, ConfigError> {
+/// The `(PAGEWISE_* variable, value)` pairs a config file sets. `known` says whether a flag reads
+/// a variable; a key whose variable none reads is an error naming it.
+pub fn read(
+    path: &str,
+    known: impl Fn(&str) -> bool,
+) -> Result<Vec<(String, String)>, ConfigError> {
     let err = |message: String| ConfigError {
         path: path.to_string(),
         message,
@@ -49,6 +54,12 @@ pub fn read(path: &str) -> Result<Vec<(String, String)>, ConfigError> {
     map.iter()
         .map(|(key, v)| {
             let var = format!("PAGEWISE_{}", key.to_uppercase().replace('-', "_"));
+            if !known(&var) {
+                return Err(err(format!(
+                    "`{key}` is not a setting a config file can give (no flag reads {var}); \
+                     `pagewise <command> --help` lists the flags and their variables"
+                )));
+            }
             let scalar = |v: &serde_json::Value| match v {
                 serde_json::Value::String(s) => Ok(s.clone()),
                 serde_json::Value::Number(_) | serde_json::Value::Bool(_) => Ok(v.to_string()),
@@ -77,7 +88,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let toml = dir.join("c.toml");
         std::fs::write(&toml, "port = 9000\nmax-num-seqs = 8\napi_key = [\"a\", \"b\"]\nenable-prefix-caching = false\n").unwrap();
-        let mut vars = read(toml.to_str().unwrap()).unwrap();
+        let known = |v: &str| v != "PAGEWISE_KV_CACHE_DTYPE";
+        let mut vars = read(toml.to_str().unwrap(), known).unwrap();
         vars.sort();
         assert_eq!(
             vars,
@@ -93,10 +105,17 @@ mod tests {
         );
         let yaml = dir.join("c.yaml");
         std::fs::write(&yaml, "host: 127.0.0.1\nserved-model-name: [x, y]\n").unwrap();
-        let vars = read(yaml.to_str().unwrap()).unwrap();
+        let vars = read(yaml.to_str().unwrap(), known).unwrap();
         assert!(vars.contains(&("PAGEWISE_SERVED_MODEL_NAME".into(), "x,y".into())));
         std::fs::write(&yaml, "- just\n- a list\n").unwrap();
-        assert!(read(yaml.to_str().unwrap()).is_err());
+        assert!(read(yaml.to_str().unwrap(), known).is_err());
+        std::fs::write(&yaml, "host: 127.0.0.1\nkv-cache-dtype: fp8\n").unwrap();
+        let refused = read(yaml.to_str().unwrap(), known).unwrap_err().to_string();
+        assert!(
+            refused.contains("`kv-cache-dtype` is not a setting"),
+            "{refused}"
+        );
+        assert!(refused.contains("PAGEWISE_KV_CACHE_DTYPE"), "{refused}");
         assert_eq!(
             config_path(&["serve".into(), "--config".into(), "f.toml".into()]).as_deref(),
             Some("f.toml")

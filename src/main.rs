@@ -367,13 +367,27 @@ fn apply_config_file() -> Result<()> {
     let Some(path) = pagewise::config_file::config_path(&args) else {
         return Ok(());
     };
-    for (var, value) in pagewise::config_file::read(&path)? {
+    let mut known = std::collections::HashSet::new();
+    flag_variables(&<Cli as clap::CommandFactory>::command(), &mut known);
+    for (var, value) in pagewise::config_file::read(&path, |v| known.contains(v))? {
         if std::env::var_os(&var).is_none() {
             // SAFETY: called first thing in main, before any other thread exists.
             unsafe { std::env::set_var(var, value) };
         }
     }
     Ok(())
+}
+
+/// The environment variables the flags of `cmd` and its subcommands read.
+fn flag_variables(cmd: &clap::Command, out: &mut std::collections::HashSet<String>) {
+    for arg in cmd.get_arguments() {
+        if let Some(var) = arg.get_env() {
+            out.insert(var.to_string_lossy().into_owned());
+        }
+    }
+    for sub in cmd.get_subcommands() {
+        flag_variables(sub, out);
+    }
 }
 
 /// The engine flags of a command that loads a model.

@@ -149,6 +149,26 @@ fn config_file_is_below_the_command_line() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // A key no flag reads (a typo, a vLLM setting pagewise lacks) is refused by name, not ignored.
+    for key in ["max-num-seq", "kv-cache-dtype"] {
+        let cfg = dir.join(format!("{key}.yaml"));
+        std::fs::write(&cfg, format!("max-model-len: 64\n{key}: 8\n")).unwrap();
+        let out = pagewise(&[
+            "generate",
+            "--model",
+            MODEL,
+            "--prompt",
+            "hi",
+            "--config",
+            cfg.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{key}: {stderr}");
+        assert!(
+            stderr.contains(&format!("`{key}` is not a setting")),
+            "{stderr}"
+        );
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
