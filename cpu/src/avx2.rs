@@ -108,6 +108,41 @@ pub(super) fn store8<const R: usize>(acc: [__m256; R]) -> [[f32; 8]; R] {
     out
 }
 
+/// Each row's two 16-bit half-block scales (row r's in 16-bit lanes 2r, 2r + 1 of `pair`) spread
+/// over the row's 32 bits for `vpmaddwd`: the first scale twice, and the second twice.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn half_block_scales(pair: __m256i) -> (__m256i, __m256i) {
+    let first = _mm256_setr_epi8(
+        0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12,
+        13, 12, 13,
+    );
+    let second = _mm256_add_epi8(first, _mm256_set1_epi8(2));
+    (
+        _mm256_shuffle_epi8(pair, first),
+        _mm256_shuffle_epi8(pair, second),
+    )
+}
+
+/// `vpmaddubsw` of the 8 rows' unsigned values `q` (their bytes 4c..4c + 4 of a block) with the
+/// activation block's same 4 bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn act_quad(q: __m256i, a: &Act, c: usize) -> __m256i {
+    assert!(c < 8);
+    // SAFETY: bytes 4c..4c + 4 of the 32; unaligned read.
+    let v = unsafe { a.qs.as_ptr().add(4 * c).cast::<i32>().read_unaligned() };
+    _mm256_maddubs_epi16(q, _mm256_set1_epi32(v))
+}
+
+/// The activation block's two half sums in every 32-bit lane, for `vpmaddwd` by the rows'
+/// half-block pairs.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn act_half_sums(a: &Act) -> __m256i {
+    _mm256_set1_epi32((a.sums[0] as u16 as i32) | ((a.sums[1] as u16 as i32) << 16))
+}
+
 /// The 8 rows' f16 values as floats.
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
@@ -202,38 +237,24 @@ pub fn dot_q6k8<const R: usize>(w: &[Q6K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
     for row in a {
         assert_eq!(row.len(), 8 * w.len());
     }
-    // Within each row's 32 bits: its first half-block's scale twice, or its second's.
-    let first = _mm256_setr_epi8(
-        0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12,
-        13, 12, 13,
-    );
-    let second = _mm256_add_epi8(first, _mm256_set1_epi8(2));
     let mut acc = [_mm256_setzero_ps(); R];
     for (b, g) in w.iter().enumerate() {
         let d = f16x8(&g.d);
         for (k, part) in g.k.iter().enumerate() {
             // SAFETY: 16 bytes; unaligned load. Row r's two scales in 16-bit lanes 2r, 2r + 1.
             let pair = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(part.sc.as_ptr().cast()) });
-            let (lo, hi) = (
-                _mm256_shuffle_epi8(pair, first),
-                _mm256_shuffle_epi8(pair, second),
-            );
+            let (lo, hi) = half_block_scales(pair);
             let q = unpack6(&part.ql, &part.qh);
             for r in 0..R {
                 let ab = &a[r][8 * b + k];
-                let quad = |c: usize| {
-                    assert!(c < 8);
-                    // SAFETY: bytes 4c..4c + 4 of the 32; unaligned read.
-                    let v = unsafe { ab.qs.as_ptr().add(4 * c).cast::<i32>().read_unaligned() };
-                    _mm256_maddubs_epi16(q[c], _mm256_set1_epi32(v))
+                let two = |c: usize| {
+                    _mm256_add_epi16(act_quad(q[c], ab, c), act_quad(q[c + 1], ab, c + 1))
                 };
-                let two = |c: usize| _mm256_add_epi16(quad(c), quad(c + 1));
                 let sum = _mm256_add_epi32(
                     _mm256_add_epi32(_mm256_madd_epi16(two(0), lo), _mm256_madd_epi16(two(2), lo)),
                     _mm256_add_epi32(_mm256_madd_epi16(two(4), hi), _mm256_madd_epi16(two(6), hi)),
                 );
-                let sums = (ab.sums[0] as u16 as i32) | ((ab.sums[1] as u16 as i32) << 16);
-                let centre = _mm256_madd_epi16(pair, _mm256_set1_epi32(sums));
+                let centre = _mm256_madd_epi16(pair, act_half_sums(ab));
                 let sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(centre, 5));
                 let scale = _mm256_mul_ps(d, _mm256_set1_ps(ab.d));
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc[r]);

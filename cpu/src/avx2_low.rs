@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{f16x8, store8};
+use super::avx2::{act_half_sums, act_quad, f16x8, half_block_scales, store8};
 use super::blocks::Act;
 use super::q23k::{Q2K8, Q3K8};
 
@@ -70,23 +70,9 @@ fn part_sums<const R: usize>(
     m: __m256i,
     acts: [&Act; R],
 ) -> [(__m256i, __m256i); R] {
-    // Within each row's 32 bits: its first half-block's scale twice, or its second's.
-    let first = _mm256_setr_epi8(
-        0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12,
-        13, 12, 13,
-    );
-    let second = _mm256_add_epi8(first, _mm256_set1_epi8(2));
-    let (lo, hi) = (
-        _mm256_shuffle_epi8(sc, first),
-        _mm256_shuffle_epi8(sc, second),
-    );
+    let (lo, hi) = half_block_scales(sc);
     acts.map(|a| {
-        let quad = |k: usize| {
-            assert!(k < 8);
-            // SAFETY: bytes 4k..4k + 4 of the 32; unaligned read.
-            let v = unsafe { a.qs.as_ptr().add(4 * k).cast::<i32>().read_unaligned() };
-            _mm256_maddubs_epi16(q[k], _mm256_set1_epi32(v))
-        };
+        let quad = |k: usize| act_quad(q[k], a, k);
         let four = |k: usize| {
             _mm256_add_epi16(
                 _mm256_add_epi16(quad(k), quad(k + 1)),
@@ -97,8 +83,7 @@ fn part_sums<const R: usize>(
             _mm256_madd_epi16(four(0), lo),
             _mm256_madd_epi16(four(4), hi),
         );
-        let sums = (a.sums[0] as u16 as i32) | ((a.sums[1] as u16 as i32) << 16);
-        (sum, _mm256_madd_epi16(m, _mm256_set1_epi32(sums)))
+        (sum, _mm256_madd_epi16(m, act_half_sums(a)))
     })
 }
 
