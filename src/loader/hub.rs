@@ -5,17 +5,21 @@
 //! `huggingface_hub` writes, so models it downloaded are found). `HF_TOKEN` authenticates downloads.
 
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use hf_hub::Cache;
 use hf_hub::api::sync::ApiBuilder;
 
 use super::LoadError;
+use crate::model::checkpoint::Tenths;
 
 /// Files a model directory needs, and those it may have.
 const REQUIRED: [&str; 2] = ["config.json", "tokenizer.json"];
 const OPTIONAL: [&str; 2] = ["tokenizer_config.json", "generation_config.json"];
 const INDEX: &str = "model.safetensors.index.json";
 const SINGLE: &str = "model.safetensors";
+/// Downloads from this size on log a line at each tenth when stderr is not a terminal.
+const LOGGED_FROM: usize = 64 << 20;
 
 /// Whether `name` looks like a hub repo id rather than a local path.
 pub fn is_repo_id(name: &str) -> bool {
@@ -79,10 +83,15 @@ impl Fetch for Online {
     fn fetch(&self, file: &str) -> Result<Option<PathBuf>, LoadError> {
         use hf_hub::api::sync::ApiError;
         let id = &self.id;
-        if !self.progress && self.cached.get(file).is_none() {
+        let got = if self.progress || self.cached.get(file).is_some() {
+            self.repo.get(file)
+        } else {
             tracing::info!("downloading {file} of {id} from {}", self.endpoint);
-        }
-        match self.repo.get(file) {
+            let what = format!("downloading {file} of {id}");
+            self.repo
+                .download_with_progress(file, LogLines { what, tenths: None })
+        };
+        match got {
             Ok(path) => Ok(Some(path)),
             // A 404 is an absent optional file (config.json's absence is told apart by the
             // caller); anything else (network, auth) is an error.
@@ -106,6 +115,32 @@ impl Fetch for Online {
             ))),
         }
     }
+}
+
+/// A download's progress as a log line at each tenth (files of at least [`LOGGED_FROM`] bytes).
+struct LogLines {
+    what: String,
+    tenths: Option<Tenths>,
+}
+
+impl hf_hub::api::Progress for LogLines {
+    fn init(&mut self, size: usize, _: &str) {
+        // (Called again when the download resumes: the count goes on.)
+        if self.tenths.is_none() && size >= LOGGED_FROM {
+            self.tenths = Some(Tenths::new(self.what.clone(), size as u64, Instant::now()));
+        }
+    }
+
+    fn update(&mut self, size: usize) {
+        let Some(tenths) = self.tenths.as_mut() else {
+            return;
+        };
+        if let Some(line) = tenths.add(size as u64, Instant::now()) {
+            tracing::info!("{line}");
+        }
+    }
+
+    fn finish(&mut self) {}
 }
 
 /// The local snapshot directory holding `repo_id`'s model files.

@@ -65,31 +65,79 @@ impl Checkpoint {
     }
 }
 
-/// Bytes read of a checkpoint of `total` bytes (safetensors shards, or a GGUF file's tensors).
-pub(crate) struct Progress {
+/// Bytes done of a `total`, told as a line at each tenth: "`what`: 20% (2.1 of 10.7 GB, 1.07
+/// GB/s, 8 s left)". Loading progress ([`Progress`]) and downloads from the hub
+/// (`loader::hub`) count with it.
+pub(crate) struct Tenths {
+    what: String,
     total: u64,
     started: Instant,
+    done: u64,
+    /// The tenths told so far.
+    told: u64,
+}
+
+impl Tenths {
+    /// Nothing done yet of `total` bytes, from `started`.
+    pub(crate) fn new(what: impl Into<String>, total: u64, started: Instant) -> Self {
+        Tenths {
+            what: what.into(),
+            total,
+            started,
+            done: 0,
+            told: 0,
+        }
+    }
+
+    /// Counts `bytes` more done at `now`; the line to tell when that crosses a tenth.
+    pub(crate) fn add(&mut self, bytes: u64, now: Instant) -> Option<String> {
+        if self.total == 0 {
+            return None;
+        }
+        self.done = (self.done + bytes).min(self.total);
+        let tenths = self.done * 10 / self.total;
+        if tenths <= self.told {
+            return None;
+        }
+        self.told = tenths;
+        let gb = |b: u64| b as f64 / 1e9;
+        let secs = now
+            .saturating_duration_since(self.started)
+            .max(Duration::from_millis(1));
+        let rate = self.done as f64 / secs.as_secs_f64();
+        let left = (self.total - self.done) as f64 / rate;
+        Some(format!(
+            "{}: {}% ({:.1} of {:.1} GB, {:.2} GB/s, {:.0} s left)",
+            self.what,
+            tenths * 10,
+            gb(self.done),
+            gb(self.total),
+            rate / 1e9,
+            left
+        ))
+    }
+}
+
+/// Bytes read of a checkpoint of `total` bytes (safetensors shards, or a GGUF file's tensors).
+pub(crate) struct Progress {
     state: Mutex<ProgressState>,
 }
 
 struct ProgressState {
     /// Tensors counted (a tied embedding is read twice, counted once).
     seen: HashSet<String>,
-    read: u64,
-    /// The tenths logged so far.
-    tenths: u64,
+    /// `None` below [`LOGGED_FROM`] bytes.
+    tenths: Option<Tenths>,
 }
 
 impl Progress {
     /// Nothing read yet of `total` bytes.
     pub(crate) fn new(total: u64) -> Self {
         Progress {
-            total,
-            started: Instant::now(),
             state: Mutex::new(ProgressState {
                 seen: HashSet::new(),
-                read: 0,
-                tenths: 0,
+                tenths: (total >= LOGGED_FROM)
+                    .then(|| Tenths::new("loading weights", total, Instant::now())),
             }),
         }
     }
@@ -97,33 +145,12 @@ impl Progress {
     /// Counts `bytes` of tensor `name` read at `now`; the line to log when that crosses a tenth
     /// of a checkpoint of at least [`LOGGED_FROM`] bytes.
     pub(crate) fn read(&self, name: &str, bytes: u64, now: Instant) -> Option<String> {
-        if self.total < LOGGED_FROM {
-            return None;
-        }
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.tenths.as_ref()?;
         if !s.seen.insert(name.to_string()) {
             return None;
         }
-        s.read = (s.read + bytes).min(self.total);
-        let tenths = s.read * 10 / self.total;
-        if tenths <= s.tenths {
-            return None;
-        }
-        s.tenths = tenths;
-        let gb = |b: u64| b as f64 / 1e9;
-        let secs = now
-            .saturating_duration_since(self.started)
-            .max(Duration::from_millis(1));
-        let rate = s.read as f64 / secs.as_secs_f64();
-        let left = (self.total - s.read) as f64 / rate;
-        Some(format!(
-            "loading weights: {}% ({:.1} of {:.1} GB, {:.2} GB/s, {:.0} s left)",
-            tenths * 10,
-            gb(s.read),
-            gb(self.total),
-            rate / 1e9,
-            left
-        ))
+        s.tenths.as_mut()?.add(bytes, now)
     }
 }
 
@@ -132,27 +159,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_line_at_each_tenth_for_large_checkpoints_only() {
-        let p = Progress::new(10 << 30);
-        let at = |s: u64| p.started + Duration::from_secs(s);
-        assert_eq!(p.read("a", 512 << 20, at(1)), None, "5%");
-        let line = p.read("b", 1536 << 20, at(2)).expect("20%");
+    fn a_line_at_each_tenth() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut t = Tenths::new("loading weights", 10 << 30, t0);
+        assert_eq!(t.add(512 << 20, at(1)), None, "5%");
         assert_eq!(
-            line,
+            t.add(1536 << 20, at(2)).expect("20%"),
             "loading weights: 20% (2.1 of 10.7 GB, 1.07 GB/s, 8 s left)"
         );
-        assert_eq!(
-            p.read("b", 1536 << 20, at(3)),
-            None,
-            "a tensor read again counts once"
-        );
-        let line = p.read("c", 8 << 30, at(10)).expect("100%");
+        let line = t.add(8 << 30, at(10)).expect("100%");
         assert!(
             line.starts_with("loading weights: 100% (10.7 of 10.7 GB"),
             "{line}"
         );
-        assert_eq!(p.read("d", 1 << 30, at(11)), None, "past the total");
+        assert_eq!(t.add(1 << 30, at(11)), None, "past the total");
+        assert_eq!(Tenths::new("nothing", 0, t0).add(1, at(1)), None);
+    }
+
+    #[test]
+    fn large_checkpoints_count_each_tensor_once() {
+        let p = Progress::new(10 << 30);
+        let now = Instant::now();
+        assert_eq!(p.read("a", 512 << 20, now), None, "5%");
+        assert!(p.read("b", 1536 << 20, now).is_some(), "20%");
+        assert_eq!(
+            p.read("b", 1536 << 20, now),
+            None,
+            "a tensor read again counts once"
+        );
         let small = Progress::new(LOGGED_FROM - 1);
-        assert_eq!(small.read("a", LOGGED_FROM - 1, at(1)), None);
+        assert_eq!(small.read("a", LOGGED_FROM - 1, now), None);
     }
 }
