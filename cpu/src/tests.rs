@@ -2,8 +2,10 @@ use candle_core::quantized::GgmlDType;
 use half::f16;
 
 use super::QLinear;
+use super::iq4::Iq4Type;
 use super::kernels::Isa;
 use super::team::Team;
+use super::tests_iq4;
 
 /// A tiny deterministic generator (xorshift).
 pub(crate) struct Rng(pub(crate) u64);
@@ -116,16 +118,47 @@ const TYPES: [GgmlDType; 5] = [
     GgmlDType::Q8_0,
 ];
 
+/// A weight format the kernels take: one of candle's GGML types, or an IQ4 type (which candle
+/// does not know).
+#[derive(Clone, Copy, Debug)]
+enum Format {
+    Ggml(GgmlDType),
+    Iq4(Iq4Type),
+}
+
+impl Format {
+    /// The layer of `bytes` (`[rows, cols]` in the format's blocks).
+    fn layer(self, bytes: &[u8], rows: usize, cols: usize) -> QLinear {
+        match self {
+            Format::Ggml(dtype) => QLinear::from_gguf(dtype, bytes, rows, cols),
+            Format::Iq4(ty) => QLinear::from_iq4(ty, bytes, rows, cols),
+        }
+        .expect("a well-formed tensor")
+    }
+}
+
+/// Every 32-weight block type and the IQ4 types, with the columns of their random layers.
+fn formats_with_columns() -> Vec<(Format, usize)> {
+    let ggml = TYPES.map(|t| (Format::Ggml(t), 96));
+    let iq4 = [Iq4Type::Nl, Iq4Type::Xs].map(|t| (Format::Iq4(t), tests_iq4::width(t)));
+    [ggml.as_slice(), &iq4].concat()
+}
+
 #[test]
 fn every_isa_and_team_size_matches_the_scalar_reference() {
     let isas: Vec<Isa> = [Isa::Scalar, Isa::detect()].into();
-    for dtype in TYPES {
+    for (format, cols) in formats_with_columns() {
         // 37 rows: a last group padded to 8; 40: whole groups.
         for rows in [37, 40] {
-            let layer = random_layer(dtype, rows, 96, 7);
+            let mut rng = Rng(7);
+            let bytes = match format {
+                Format::Ggml(dtype) => gguf_bytes(dtype, rows, cols, &mut rng),
+                Format::Iq4(ty) => tests_iq4::iq4_bytes(ty, rows, cols, &mut rng),
+            };
+            let layer = format.layer(&bytes, rows, cols);
             // 1 to 7 rows: the 4-, 2- and 1-row tiles and their mixes.
             for m in 1..=7 {
-                let x = random_input(m * 96, 100 + m as u64);
+                let x = random_input(m * cols, 100 + m as u64);
                 let want = layer.matmul_reference(&x, m);
                 for &isa in &isas {
                     for size in [1, 2, 3] {
@@ -133,7 +166,7 @@ fn every_isa_and_team_size_matches_the_scalar_reference() {
                         let diff = max_rel_diff(&got, &want);
                         assert!(
                             diff < 1e-5,
-                            "{dtype:?} {rows} rows {isa:?} m={m} team={size}: {diff}"
+                            "{format:?} {rows} rows {isa:?} m={m} team={size}: {diff}"
                         );
                     }
                 }
@@ -385,42 +418,42 @@ fn looked_up_rows_are_the_dequantized_rows() {
 }
 
 /// A changed byte anywhere in a block changes its own row's outputs and no other row's, for every
-/// format our kernels take (IQ4's in `tests_iq4`): the kernels read every field (scales, offsets,
-/// each bit plane), each into the right row. (Own row: some of 4 activation rows, as one row's
-/// changes may cancel.)
+/// format our kernels take: the kernels read every field (scales, offsets, each bit plane,
+/// IQ4_XS's packed 6-bit scales), each into the right row. (Own row: some of 4 activation rows,
+/// as one row's changes may cancel.)
 #[test]
 fn every_byte_reaches_its_own_row_and_no_other() {
     use candle_core::quantized::QTensor;
     use candle_core::{Device, Tensor};
-    let (rows, cols, m) = (11, 256, 4);
-    let x = random_input(m * cols, 62);
-    let w = Tensor::from_vec(random_input(rows * cols, 61), (rows, cols), &Device::Cpu).unwrap();
-    for dtype in [
-        TYPES.as_slice(),
-        &[
-            GgmlDType::Q2K,
-            GgmlDType::Q3K,
-            GgmlDType::Q4K,
-            GgmlDType::Q5K,
-            GgmlDType::Q6K,
-        ],
-    ]
-    .concat()
-    {
-        let bytes = QTensor::quantize(&w, dtype)
-            .unwrap()
-            .data()
-            .unwrap()
-            .to_vec();
+    let (rows, m) = (11, 4);
+    let w = Tensor::from_vec(random_input(rows * 256, 61), (rows, 256), &Device::Cpu).unwrap();
+    let k_quants = [
+        GgmlDType::Q2K,
+        GgmlDType::Q3K,
+        GgmlDType::Q4K,
+        GgmlDType::Q5K,
+        GgmlDType::Q6K,
+    ];
+    let ggml = [TYPES.as_slice(), &k_quants].concat().into_iter();
+    let iq4 = [Iq4Type::Nl, Iq4Type::Xs].into_iter();
+    let cases = ggml
+        .map(|dtype| {
+            let q = QTensor::quantize(&w, dtype).unwrap();
+            (Format::Ggml(dtype), q.data().unwrap().to_vec(), 256)
+        })
+        .chain(iq4.map(|ty| {
+            let cols = tests_iq4::width(ty);
+            let bytes = tests_iq4::iq4_bytes(ty, rows, cols, &mut Rng(21));
+            (Format::Iq4(ty), bytes, cols)
+        }));
+    for (format, bytes, cols) in cases {
+        let x = random_input(m * cols, 62);
         let row_bytes = bytes.len() / rows;
-        let matmul = |b: &[u8]| {
-            QLinear::from_gguf(dtype, b, rows, cols)
-                .unwrap()
-                .matmul(&x, m)
-        };
+        let matmul = |b: &[u8]| format.layer(b, rows, cols).matmul(&x, m);
         let base = matmul(&bytes);
-        for at in (0..bytes.len()).step_by(5) {
+        for at in (0..bytes.len()).step_by(5).chain([1, 3, 7]) {
             let mut changed = bytes.clone();
+            // Both nibbles and a high bit change (a scale's exponent, IQ4_XS's scales_h).
             changed[at] ^= 0x91;
             let got = matmul(&changed);
             let row = at / row_bytes;
@@ -431,13 +464,13 @@ fn every_byte_reaches_its_own_row_and_no_other() {
             };
             assert!(
                 differs(row) > 0,
-                "{dtype:?}: byte {at} (row {row}) changed nothing"
+                "{format:?}: byte {at} (row {row}) changed nothing"
             );
             for r in (0..rows).filter(|&r| r != row) {
                 assert_eq!(
                     differs(r),
                     0,
-                    "{dtype:?}: byte {at} (row {row}) changed row {r}"
+                    "{format:?}: byte {at} (row {row}) changed row {r}"
                 );
             }
         }

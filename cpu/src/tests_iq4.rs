@@ -1,20 +1,18 @@
-//! IQ4_NL and IQ4_XS: the SIMD kernels against the scalar reference, the interleaved weights
-//! against ggml's dequantization of the same bytes, and every byte of a block read into its own
-//! row's output alone.
+//! IQ4_NL and IQ4_XS: the interleaved weights against ggml's dequantization of the same bytes,
+//! their accuracy and refusals; their random bytes for the tests every format takes
+//! (`tests.rs`: SIMD against scalar, every byte into its own row).
 
 use half::f16;
 
 use super::QLinear;
 use super::iq4::{IQ4_VALUES, Iq4Type, dequantize};
-use super::kernels::Isa;
-use super::team::Team;
 use super::tests::{Rng, float_reference, max_rel_diff, random_input};
 
 const TYPES: [Iq4Type; 2] = [Iq4Type::Nl, Iq4Type::Xs];
 
 /// GGUF bytes of a random `[rows, cols]` tensor of `ty`: scales of either sign (IQ4_XS's 6-bit
 /// ones over their whole range), random codes.
-fn iq4_bytes(ty: Iq4Type, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+pub(crate) fn iq4_bytes(ty: Iq4Type, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
     let mut out = Vec::new();
     for _ in 0..rows * cols / ty.block() {
         let d = f16::from_f32(0.001 + 0.002 * rng.unit());
@@ -44,37 +42,11 @@ fn layer(ty: Iq4Type, bytes: &[u8], rows: usize, cols: usize) -> QLinear {
     QLinear::from_iq4(ty, bytes, rows, cols).expect("a well-formed IQ4 tensor")
 }
 
-fn width(ty: Iq4Type) -> usize {
+/// Columns of a test layer: whole blocks (IQ4_XS's are 256 wide).
+pub(crate) fn width(ty: Iq4Type) -> usize {
     match ty {
         Iq4Type::Nl => 96,
         Iq4Type::Xs => 512,
-    }
-}
-
-#[test]
-fn every_isa_and_team_size_matches_the_scalar_reference() {
-    let isas: Vec<Isa> = [Isa::Scalar, Isa::detect()].into();
-    for ty in TYPES {
-        let cols = width(ty);
-        // 37 rows: a last group padded to 8; 40: whole groups.
-        for rows in [37, 40] {
-            let layer = layer(ty, &iq4_bytes(ty, rows, cols, &mut Rng(7)), rows, cols);
-            // 1 to 7 rows: the 4-, 2- and 1-row tiles and their mixes.
-            for m in 1..=7 {
-                let x = random_input(m * cols, 100 + m as u64);
-                let want = layer.matmul_reference(&x, m);
-                for &isa in &isas {
-                    for size in [1, 2, 3] {
-                        let got = layer.matmul_with(isa, &Team::new(size), &x, m);
-                        let diff = max_rel_diff(&got, &want);
-                        assert!(
-                            diff < 1e-5,
-                            "{ty:?} {rows} rows {isa:?} m={m} team={size}: {diff}"
-                        );
-                    }
-                }
-            }
-        }
     }
 }
 
@@ -145,40 +117,6 @@ fn quantized_matmul_is_within_quantization_error_of_f32() {
         // The activations' 8 bits lose about 1/254 of each block's largest value.
         let diff = max_rel_diff(&got, &want);
         assert!(diff < 2e-2 && diff > 0.0, "{ty:?}: {diff}");
-    }
-}
-
-/// A changed byte anywhere in a block (its scale, IQ4_XS's packed 6-bit scales, any code)
-/// changes its own row's outputs and no other row's: the kernels read every field, each into
-/// the right row.
-#[test]
-fn every_byte_reaches_its_own_row_and_no_other() {
-    for ty in TYPES {
-        let (rows, cols) = (11, width(ty));
-        let row_bytes = ty.bytes_of(cols).unwrap();
-        let bytes = iq4_bytes(ty, rows, cols, &mut Rng(21));
-        let x = random_input(2 * cols, 22);
-        let base = layer(ty, &bytes, rows, cols).matmul(&x, 2);
-        for at in (0..bytes.len()).step_by(7).chain([1, 3, 5, 7]) {
-            let mut changed = bytes.clone();
-            // Both nibbles and a high bit change (IQ4_XS's scales_h, d's exponent).
-            changed[at] ^= 0x91;
-            let got = layer(ty, &changed, rows, cols).matmul(&x, 2);
-            let row = at / row_bytes;
-            for i in 0..2 {
-                for r in 0..rows {
-                    let (g, b) = (got[i * rows + r], base[i * rows + r]);
-                    if r == row {
-                        assert_ne!(
-                            g, b,
-                            "{ty:?}: byte {at} (row {row}) changed nothing in its row"
-                        );
-                    } else {
-                        assert_eq!(g, b, "{ty:?}: byte {at} (row {row}) changed row {r}");
-                    }
-                }
-            }
-        }
     }
 }
 
