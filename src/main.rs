@@ -412,7 +412,7 @@ fn tp_worker(flags: &EngineFlags, model_arg: Option<String>) -> Result<()> {
     };
     let args = flags.to_engine_args(model);
     let rank = args.parallel.rank();
-    pagewise::parallel::worker::run(&args)
+    pagewise::engine::worker::run(&args)
         .with_context(|| format!("tensor-parallel rank {} of {}", rank.rank, rank.size))
 }
 

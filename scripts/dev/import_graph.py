@@ -32,8 +32,6 @@ LAYERS = [
 
 # Upward imports that are known and waiting on a split, with the reason. Keep this short.
 KNOWN = {
-    ("parallel", "engine"): "group/worker (rank processes) load the engine: to move above it",
-    ("parallel", "runner"): "the runner sends step plans through parallel::group::Leader",
     ("model", "parallel"): "collectives and shard maths sit beside the models they split",
     ("bench", "cli"): "front ends sharing their flags",
 }

@@ -171,6 +171,12 @@ pub enum EngineError {
     Parallel(String),
 }
 
+impl From<crate::parallel::group::GroupError> for EngineError {
+    fn from(e: crate::parallel::group::GroupError) -> Self {
+        EngineError::Parallel(e.0)
+    }
+}
+
 impl From<DetokenizeError> for EngineError {
     fn from(e: DetokenizeError) -> Self {
         EngineError::Tokenizer(e.0)

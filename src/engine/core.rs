@@ -80,7 +80,7 @@ impl EngineCore {
         let loaded = super::loading::load(args)?;
         if loaded.member.is_some() {
             return Err(EngineError::Parallel(
-                "this process is a worker rank: run it with parallel::worker::run".into(),
+                "this process is a worker rank: run it with engine::worker::run".into(),
             ));
         }
         let cfg = loaded.config;

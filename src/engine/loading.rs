@@ -1,7 +1,7 @@
 //! Loading an engine's model: device, weights (this rank's shard of them under tensor
 //! parallelism), the KV cache sized from memory (by the smallest rank), the runner and its CUDA
 //! graphs. Rank 0's [`super::core::EngineCore`] and the other ranks' workers
-//! (`crate::parallel::worker`) load the same way, so their forward passes match step for step.
+//! (`super::worker`) load the same way, so their forward passes match step for step.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,6 +17,7 @@ use crate::loader::{self, LoadOptions};
 use crate::model::{self, KvCache, KvLayout, ModelConfig};
 use crate::parallel::Parallel;
 use crate::parallel::group::{self, Member};
+use crate::parallel::rendezvous::Settings;
 use crate::runner::ModelRunner;
 
 /// A loaded model, its sized cache and its runner.
@@ -148,7 +149,7 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
     let dtype = args.dtype.resolve(&device);
     // Join the group first: a rank that cannot join fails before minutes of loading.
     let (par, member) = if args.parallel.is_parallel() {
-        let (par, member) = group::join_group(args, &device)?;
+        let (par, member) = group::join_group(&args.parallel, &group_settings(args), &device)?;
         (par, Some(member))
     } else {
         (Parallel::single(), None)
@@ -332,4 +333,37 @@ fn gpu_budget(
     Err(EngineError::Config(format!(
         "{device:?} needs a build with `--features cuda`"
     )))
+}
+
+/// The settings every rank must share (compared at the rendezvous).
+fn group_settings(args: &EngineArgs) -> Settings {
+    let p = &args.parallel;
+    [
+        ("model", args.model.clone()),
+        ("--dtype", format!("{:?}", args.dtype)),
+        ("--load-format", format!("{:?}", args.load_format)),
+        ("--max-model-len", format!("{:?}", args.max_model_len)),
+        ("--block-size", args.block_size.to_string()),
+        ("--max-num-seqs", args.max_num_seqs.to_string()),
+        (
+            "--max-num-batched-tokens",
+            format!("{:?}", args.max_num_batched_tokens),
+        ),
+        ("--enforce-eager", args.enforce_eager.to_string()),
+        (
+            "--max-seq-len-to-capture",
+            args.max_seq_len_to_capture.to_string(),
+        ),
+        ("--kv-cache-memory", format!("{:?}", args.kv_cache_memory)),
+        ("--seed", args.seed.to_string()),
+        ("--nnodes", p.nnodes.to_string()),
+        (
+            "--disable-custom-all-reduce",
+            p.disable_custom_all_reduce.to_string(),
+        ),
+        ("pagewise version", env!("CARGO_PKG_VERSION").to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
 }

@@ -16,3 +16,4 @@ pub mod loading;
 pub mod snapshot;
 pub mod stop;
 mod text;
+pub mod worker;

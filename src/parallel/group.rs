@@ -11,44 +11,16 @@ use super::collective::Parallel;
 use super::config::ParallelConfig;
 use super::rendezvous::{self, Settings};
 use super::wire::{Kind, Link, encode_step};
-use crate::engine::args::{EngineArgs, EngineError};
 use crate::scheduler::SchedulerOutput;
 
-/// The settings every rank must share (compared at the rendezvous).
-pub fn settings(args: &EngineArgs) -> Settings {
-    let p = &args.parallel;
-    [
-        ("model", args.model.clone()),
-        ("--dtype", format!("{:?}", args.dtype)),
-        ("--load-format", format!("{:?}", args.load_format)),
-        ("--max-model-len", format!("{:?}", args.max_model_len)),
-        ("--block-size", args.block_size.to_string()),
-        ("--max-num-seqs", args.max_num_seqs.to_string()),
-        (
-            "--max-num-batched-tokens",
-            format!("{:?}", args.max_num_batched_tokens),
-        ),
-        ("--enforce-eager", args.enforce_eager.to_string()),
-        (
-            "--max-seq-len-to-capture",
-            args.max_seq_len_to_capture.to_string(),
-        ),
-        ("--kv-cache-memory", format!("{:?}", args.kv_cache_memory)),
-        ("--seed", args.seed.to_string()),
-        ("--nnodes", p.nnodes.to_string()),
-        (
-            "--disable-custom-all-reduce",
-            p.disable_custom_all_reduce.to_string(),
-        ),
-        ("pagewise version", env!("CARGO_PKG_VERSION").to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect()
-}
+/// Why a process could not join or keep its place in the group (the engine reports it as
+/// `EngineError::Parallel`).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct GroupError(pub String);
 
-fn err(m: impl std::fmt::Display) -> EngineError {
-    EngineError::Parallel(m.to_string())
+fn err(m: impl std::fmt::Display) -> GroupError {
+    GroupError(m.to_string())
 }
 
 /// Rank 0's side of the group.
@@ -79,7 +51,7 @@ pub enum Member {
 /// Starts this node's other ranks, when this process is the node's first (processes of
 /// `cfg.worker_command`, or of this process's own command line, with `--tp-local-rank K
 /// --master-port P` appended). They exit when rank 0 stops the group or goes away.
-fn start_local_ranks(cfg: &ParallelConfig, port: u16) -> Result<Vec<Child>, EngineError> {
+fn start_local_ranks(cfg: &ParallelConfig, port: u16) -> Result<Vec<Child>, GroupError> {
     let command: Vec<std::ffi::OsString> = match &cfg.worker_command {
         Some(c) => c.clone(),
         None => std::env::args_os().collect(),
@@ -121,13 +93,16 @@ pub fn local_ranks_alive(children: &mut [Child]) -> Result<(), String> {
     Ok(())
 }
 
-/// Joins (or, as rank 0, forms) the group `args.parallel` describes, with the model's device
-/// already open: rendezvous, then NCCL. Returns this rank's [`Parallel`] and its side.
-pub fn join_group(args: &EngineArgs, device: &Device) -> Result<(Parallel, Member), EngineError> {
-    let cfg = &args.parallel;
+/// Joins (or, as rank 0, forms) the group `cfg` describes, with the model's device already open:
+/// rendezvous (every rank must bring the same `settings`), then NCCL. Returns this rank's
+/// [`Parallel`] and its side.
+pub fn join_group(
+    cfg: &ParallelConfig,
+    settings: &Settings,
+    device: &Device,
+) -> Result<(Parallel, Member), GroupError> {
     cfg.check().map_err(err)?;
     let rank = cfg.rank();
-    let settings = settings(args);
     let (id, member) = if rank.leads() {
         let listener = rendezvous::listen(cfg).map_err(err)?;
         let port = listener.local_addr().map_err(err)?.port();
@@ -135,7 +110,7 @@ pub fn join_group(args: &EngineArgs, device: &Device) -> Result<(Parallel, Membe
         let id = unique_id()?;
         let mut still_coming = || local_ranks_alive(&mut children);
         let links =
-            rendezvous::lead(cfg, &listener, &settings, &id, &mut still_coming).map_err(err)?;
+            rendezvous::lead(cfg, &listener, settings, &id, &mut still_coming).map_err(err)?;
         let leader = Leader {
             links,
             buf: Vec::new(),
@@ -148,11 +123,11 @@ pub fn join_group(args: &EngineArgs, device: &Device) -> Result<(Parallel, Membe
             (0, Some(port)) => start_local_ranks(cfg, port)?,
             _ => Vec::new(),
         };
-        let (link, id) = rendezvous::join(cfg, &settings).map_err(err)?;
+        let (link, id) = rendezvous::join(cfg, settings).map_err(err)?;
         (id, Member::Follower(Follower { link, children }))
     };
     let mut member = member;
-    let comm = communicator(args, device, rank, &id, &mut member)?;
+    let comm = communicator(cfg, device, rank, &id, &mut member)?;
     tracing::info!(
         rank = rank.rank,
         size = rank.size,
@@ -162,7 +137,7 @@ pub fn join_group(args: &EngineArgs, device: &Device) -> Result<(Parallel, Membe
 }
 
 #[cfg(feature = "nccl")]
-fn unique_id() -> Result<Vec<u8>, EngineError> {
+fn unique_id() -> Result<Vec<u8>, GroupError> {
     super::nccl::unique_id().map_err(err)
 }
 
@@ -171,15 +146,14 @@ fn unique_id() -> Result<Vec<u8>, EngineError> {
 /// not given (the ranks agree on it, or their collectives would not pair up).
 #[cfg(feature = "nccl")]
 fn communicator(
-    args: &EngineArgs,
+    cfg: &ParallelConfig,
     device: &Device,
     rank: super::TpRank,
     id: &[u8],
     member: &mut Member,
-) -> Result<std::sync::Arc<dyn super::Collective>, EngineError> {
+) -> Result<std::sync::Arc<dyn super::Collective>, GroupError> {
     use super::oneshot::{NodeCollectives, OneShot};
     let nccl = super::nccl::NcclComm::new(device, rank, id).map_err(err)?;
-    let cfg = &args.parallel;
     let mut oneshot = None;
     if cfg.nnodes == 1 && !cfg.disable_custom_all_reduce {
         let mine = OneShot::prepare();
@@ -199,29 +173,29 @@ fn communicator(
 }
 
 #[cfg(not(feature = "nccl"))]
-fn unique_id() -> Result<Vec<u8>, EngineError> {
+fn unique_id() -> Result<Vec<u8>, GroupError> {
     Err(no_nccl())
 }
 
 #[cfg(not(feature = "nccl"))]
 fn communicator(
-    _: &EngineArgs,
+    _: &ParallelConfig,
     _: &Device,
     _: super::TpRank,
     _: &[u8],
     _: &mut Member,
-) -> Result<std::sync::Arc<dyn super::Collective>, EngineError> {
+) -> Result<std::sync::Arc<dyn super::Collective>, GroupError> {
     Err(no_nccl())
 }
 
 #[cfg(not(feature = "nccl"))]
-fn no_nccl() -> EngineError {
+fn no_nccl() -> GroupError {
     err("tensor parallelism needs a build with `--features nccl` (NCCL on CUDA GPUs)")
 }
 
 impl Member {
     /// The KV-cache bytes every rank can hold: the least of the ranks' own budgets.
-    pub fn agree_kv_bytes(&mut self, mine: u64) -> Result<u64, EngineError> {
+    pub fn agree_kv_bytes(&mut self, mine: u64) -> Result<u64, GroupError> {
         let least = self.agree_min(mine)?;
         if matches!(self, Member::Leader(_)) {
             tracing::info!(
@@ -235,7 +209,7 @@ impl Member {
 
     /// The smallest of every rank's `mine`: rank 0 collects them and sends back the least; the
     /// others send theirs and take the answer.
-    pub fn agree_min(&mut self, mine: u64) -> Result<u64, EngineError> {
+    pub fn agree_min(&mut self, mine: u64) -> Result<u64, GroupError> {
         let mut payload = Vec::new();
         match self {
             Member::Leader(l) => {
@@ -262,7 +236,7 @@ impl Member {
 
     /// Every rank's `mine` (all the same length), in rank order, on every rank: rank 0 collects
     /// them and sends the whole list back.
-    pub fn all_gather_bytes(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>, EngineError> {
+    pub fn all_gather_bytes(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>, GroupError> {
         let mut payload = Vec::new();
         let len = mine.len().max(1);
         let all = match self {
@@ -295,11 +269,11 @@ impl Member {
     }
 }
 
-fn lost(rank: usize, e: std::io::Error) -> EngineError {
+fn lost(rank: usize, e: std::io::Error) -> GroupError {
     err(format!("lost rank {rank}: {e}"))
 }
 
-fn read_u64(kind: Kind, payload: &[u8]) -> Result<u64, EngineError> {
+fn read_u64(kind: Kind, payload: &[u8]) -> Result<u64, GroupError> {
     match (kind, <[u8; 8]>::try_from(payload)) {
         (Kind::Agree, Ok(b)) => Ok(u64::from_le_bytes(b)),
         _ => Err(err(format!("expected a number to agree on, got {kind:?}"))),
@@ -308,7 +282,7 @@ fn read_u64(kind: Kind, payload: &[u8]) -> Result<u64, EngineError> {
 
 impl Leader {
     /// Sends `out` to every other rank (they compute it alongside this one).
-    pub fn broadcast(&mut self, out: &SchedulerOutput) -> Result<(), EngineError> {
+    pub fn broadcast(&mut self, out: &SchedulerOutput) -> Result<(), GroupError> {
         encode_step(out, &mut self.buf);
         for (i, link) in self.links.iter_mut().enumerate() {
             link.send(Kind::Step, &self.buf)

@@ -5,9 +5,11 @@
 //! - [`rendezvous`]: how the ranks meet over TCP, agree on settings and share the NCCL id.
 //! - [`wire`]: the frames between rank 0 and the others, step plans among them.
 //! - [`group`]: a process's side of the group at run time (rank 0 starts its node's other ranks,
-//!   sends the plans and watches the links); [`worker`]: the other ranks' loop.
+//!   sends the plans and watches the links).
 //!
-//! Rank 0 runs the scheduler and the server; every rank runs the same forward pass on its shard.
+//! Rank 0 runs the scheduler and the server; every rank runs the same forward pass on its shard
+//! (the other ranks' loop is the engine's, `engine::worker`). Nothing here imports the engine:
+//! the settings the ranks compare come from it as plain data.
 
 pub mod collective;
 pub mod config;
@@ -19,7 +21,6 @@ pub mod oneshot;
 pub mod rendezvous;
 pub mod shard;
 pub mod wire;
-pub mod worker;
 
 pub use collective::{Collective, LocalGroup, Parallel};
 pub use config::ParallelConfig;

@@ -4,10 +4,10 @@
 
 use std::sync::mpsc;
 
-use super::group::Member;
-use super::wire::{Kind, decode_step};
-use crate::engine::args::{EngineArgs, EngineError};
-use crate::engine::loading;
+use super::args::{EngineArgs, EngineError};
+use super::loading;
+use crate::parallel::group::Member;
+use crate::parallel::wire::{Kind, decode_step};
 use crate::scheduler::SchedulerOutput;
 
 /// Runs this process as rank `args.parallel.rank()` (not 0) until rank 0 stops the group.
