@@ -24,6 +24,26 @@ pub struct Cli {
 }
 
 /// Log line format.
+/// `--kv-cache-dtype`: the KV cache's element type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvCacheDtype {
+    /// The model's dtype.
+    Auto,
+}
+
+/// Parses `--kv-cache-dtype`, naming what is refused and why.
+fn kv_cache_dtype(v: &str) -> Result<KvCacheDtype, String> {
+    match v {
+        "auto" => Ok(KvCacheDtype::Auto),
+        "fp8" | "fp8_e4m3" | "fp8_e5m2" | "fp8_inc" => Err(format!(
+            "an FP8 KV cache ({v}) is not implemented yet; `auto` (the model's dtype) is"
+        )),
+        other => Err(format!(
+            "unknown KV cache dtype {other:?}; `auto` is the one there is"
+        )),
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
     /// Human-readable lines.
@@ -236,6 +256,11 @@ pub struct EngineFlags {
     /// already (FP8, AWQ, GPTQ, GGUF) are detected without it. Not yet for mixtures of experts.
     #[arg(long, short = 'q', env = "PAGEWISE_QUANTIZATION", value_enum)]
     pub quantization: Option<Quantization>,
+    /// The KV cache's element type, as vLLM's `--kv-cache-dtype`: `auto`, the model's dtype, is
+    /// the one there is. FP8 (`fp8`, `fp8_e4m3`, `fp8_e5m2`) is refused by name: not implemented
+    /// yet.
+    #[arg(long, env = "PAGEWISE_KV_CACHE_DTYPE", value_parser = kv_cache_dtype, default_value = "auto")]
+    pub kv_cache_dtype: KvCacheDtype,
     /// Chat template replacing the model's: a file path, or the template text.
     #[arg(long, env = "PAGEWISE_CHAT_TEMPLATE")]
     pub chat_template: Option<String>,
@@ -341,6 +366,8 @@ impl ParallelFlags {
 impl EngineFlags {
     /// Engine settings for `model` (the resolved model path or name).
     pub fn to_engine_args(&self, model: String) -> EngineArgs {
+        // The model's dtype is the KV cache's: the engine's default (a new dtype must reach it).
+        let KvCacheDtype::Auto = self.kv_cache_dtype;
         EngineArgs {
             model,
             device: self.device,

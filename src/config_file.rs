@@ -88,7 +88,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let toml = dir.join("c.toml");
         std::fs::write(&toml, "port = 9000\nmax-num-seqs = 8\napi_key = [\"a\", \"b\"]\nenable-prefix-caching = false\n").unwrap();
-        let known = |v: &str| v != "PAGEWISE_KV_CACHE_DTYPE";
+        let known = |v: &str| v != "PAGEWISE_SWAP_SPACE";
         let mut vars = read(toml.to_str().unwrap(), known).unwrap();
         vars.sort();
         assert_eq!(
@@ -109,13 +109,13 @@ mod tests {
         assert!(vars.contains(&("PAGEWISE_SERVED_MODEL_NAME".into(), "x,y".into())));
         std::fs::write(&yaml, "- just\n- a list\n").unwrap();
         assert!(read(yaml.to_str().unwrap(), known).is_err());
-        std::fs::write(&yaml, "host: 127.0.0.1\nkv-cache-dtype: fp8\n").unwrap();
+        std::fs::write(&yaml, "host: 127.0.0.1\nswap-space: 4\n").unwrap();
         let refused = read(yaml.to_str().unwrap(), known).unwrap_err().to_string();
         assert!(
-            refused.contains("`kv-cache-dtype` is not a setting"),
+            refused.contains("`swap-space` is not a setting"),
             "{refused}"
         );
-        assert!(refused.contains("PAGEWISE_KV_CACHE_DTYPE"), "{refused}");
+        assert!(refused.contains("PAGEWISE_SWAP_SPACE"), "{refused}");
         assert_eq!(
             config_path(&["serve".into(), "--config".into(), "f.toml".into()]).as_deref(),
             Some("f.toml")

@@ -121,6 +121,28 @@ fn the_cpu_kv_cache_is_sized_from_memory_or_the_settings() {
     );
 }
 
+/// `--kv-cache-dtype auto` (the model's dtype) runs; FP8 is refused by name, not ignored.
+#[test]
+fn kv_cache_dtype_auto_runs_and_fp8_is_refused_by_name() {
+    let (stdout, _) = generate(&["--kv-cache-dtype", "auto", "--max-tokens", "2"], &[]);
+    assert!(stdout.contains("finish_reason"), "{stdout}");
+    let out = pagewise(&[
+        "generate",
+        "--model",
+        MODEL,
+        "--prompt",
+        "hi",
+        "--kv-cache-dtype",
+        "fp8",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("an FP8 KV cache (fp8) is not implemented yet"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn config_file_is_below_the_command_line() {
     let dir = std::env::temp_dir().join(format!("pagewise-cli-{}", std::process::id()));
@@ -150,7 +172,7 @@ fn config_file_is_below_the_command_line() {
         String::from_utf8_lossy(&out.stderr)
     );
     // A key no flag reads (a typo, a vLLM setting pagewise lacks) is refused by name, not ignored.
-    for key in ["max-num-seq", "kv-cache-dtype"] {
+    for key in ["max-num-seq", "swap-space"] {
         let cfg = dir.join(format!("{key}.yaml"));
         std::fs::write(&cfg, format!("max-model-len: 64\n{key}: 8\n")).unwrap();
         let out = pagewise(&[
@@ -475,7 +497,7 @@ fn hub_downloads_log_their_progress_and_the_model_runs() {
         .filter(|l| l.contains("downloading model.safetensors of test-org/tiny: "))
         .collect();
     assert_eq!(lines.len(), 10, "{stderr}");
-    assert!(lines[9].contains("100% (0.1 of 0.1 GB"), "{}", lines[9]);
+    assert!(lines[9].contains("100% (70 of 70 MB, "), "{}", lines[9]);
     // The small files: one line each, no progress.
     assert!(
         !stderr.contains("config.json of test-org/tiny: "),

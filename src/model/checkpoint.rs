@@ -66,7 +66,7 @@ impl Checkpoint {
 }
 
 /// Bytes done of a `total`, told as a line at each tenth: "`what`: 20% (2.1 of 10.7 GB, 1.07
-/// GB/s, 8 s left)". Loading progress ([`Progress`]) and downloads from the hub
+/// GB/s, 8 s left)" (MB below a gigabyte). Loading progress ([`Progress`]) and downloads from the hub
 /// (`loader::hub`) count with it.
 pub(crate) struct Tenths {
     what: String,
@@ -100,20 +100,30 @@ impl Tenths {
             return None;
         }
         self.told = tenths;
-        let gb = |b: u64| b as f64 / 1e9;
         let secs = now
             .saturating_duration_since(self.started)
             .max(Duration::from_millis(1));
         let rate = self.done as f64 / secs.as_secs_f64();
         let left = (self.total - self.done) as f64 / rate;
+        // GB from a gigabyte on, else MB.
+        let (done, total) = if self.total >= 1_000_000_000 {
+            let gb = |b: u64| b as f64 / 1e9;
+            (
+                format!("{:.1}", gb(self.done)),
+                format!("{:.1} GB", gb(self.total)),
+            )
+        } else {
+            let mb = |b: u64| b as f64 / 1e6;
+            (
+                format!("{:.0}", mb(self.done)),
+                format!("{:.0} MB", mb(self.total)),
+            )
+        };
         Some(format!(
-            "{}: {}% ({:.1} of {:.1} GB, {:.2} GB/s, {:.0} s left)",
+            "{}: {}% ({done} of {total}, {:.2} GB/s, {left:.0} s left)",
             self.what,
             tenths * 10,
-            gb(self.done),
-            gb(self.total),
             rate / 1e9,
-            left
         ))
     }
 }
@@ -175,6 +185,11 @@ mod tests {
         );
         assert_eq!(t.add(1 << 30, at(11)), None, "past the total");
         assert_eq!(Tenths::new("nothing", 0, t0).add(1, at(1)), None);
+        let mut small = Tenths::new("downloading f", 70_000_000, t0);
+        assert_eq!(
+            small.add(35_000_000, at(1)).expect("50%"),
+            "downloading f: 50% (35 of 70 MB, 0.04 GB/s, 1 s left)"
+        );
     }
 
     #[test]
