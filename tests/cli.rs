@@ -28,6 +28,15 @@ fn generate(args: &[&str], env: &[(&str, &str)]) -> (String, String) {
     (String::from_utf8(out.stdout).unwrap(), stderr)
 }
 
+/// The stderr of `pagewise generate --model MODEL --prompt hi` with `args` after it, which must
+/// fail.
+fn generate_fails(args: &[&str]) -> String {
+    let out = pagewise(&[&["generate", "--model", MODEL, "--prompt", "hi"], args].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{args:?}: {stderr}");
+    stderr
+}
+
 /// The first JSON log line of `stderr` whose text contains `needle`.
 fn log_line(stderr: &str, needle: &str) -> serde_json::Value {
     let line = stderr.lines().find(|l| l.contains(needle)).unwrap();
@@ -126,17 +135,7 @@ fn the_cpu_kv_cache_is_sized_from_memory_or_the_settings() {
 fn kv_cache_dtype_auto_runs_and_fp8_is_refused_by_name() {
     let (stdout, _) = generate(&["--kv-cache-dtype", "auto", "--max-tokens", "2"], &[]);
     assert!(stdout.contains("finish_reason"), "{stdout}");
-    let out = pagewise(&[
-        "generate",
-        "--model",
-        MODEL,
-        "--prompt",
-        "hi",
-        "--kv-cache-dtype",
-        "fp8",
-    ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
+    let stderr = generate_fails(&["--kv-cache-dtype", "fp8"]);
     assert!(
         stderr.contains("an FP8 KV cache (fp8) is not implemented yet"),
         "{stderr}"
@@ -175,17 +174,7 @@ fn config_file_is_below_the_command_line() {
     for key in ["max-num-seq", "swap-space"] {
         let cfg = dir.join(format!("{key}.yaml"));
         std::fs::write(&cfg, format!("max-model-len: 64\n{key}: 8\n")).unwrap();
-        let out = pagewise(&[
-            "generate",
-            "--model",
-            MODEL,
-            "--prompt",
-            "hi",
-            "--config",
-            cfg.to_str().unwrap(),
-        ]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{key}: {stderr}");
+        let stderr = generate_fails(&["--config", cfg.to_str().unwrap()]);
         assert!(
             stderr.contains(&format!("`{key}` is not a setting")),
             "{stderr}"
