@@ -132,6 +132,29 @@ __device__ __forceinline__ uint32_t bias_of(__half2 g) {  // bf16x2 of 128 + z
   return (uint32_t)u | (uint32_t)u << 16;
 }
 
+// One 64-column chunk of a tile: the lane's 16 bytes `raw` dequantized to bf16 q - z (rows g and
+// g + 8's pairs z0, z8), four m16n8k16 products with the staged x at `xc` (this chunk's columns,
+// from the lane's 2t), the f32 sums scaled by the rows' scales into acc.
+__device__ __forceinline__ void chunk_mma(float (&acc)[4], const uint4& raw, __half2 z0, __half2 z8, const T* xc) {
+  const uint32_t b0r = bias_of(z0), b8r = bias_of(z8);
+  const __nv_bfloat162 bias0 = *(const __nv_bfloat162*)&b0r, bias8 = *(const __nv_bfloat162*)&b8r;
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+  float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    uint32_t a[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const uint32_t bits = ((words[m] >> (4 * p)) & 0x000F000Fu) | 0x43004300u;
+      const __nv_bfloat162 v = __hsub2(*(const __nv_bfloat162*)&bits, (p & 1) ? bias8 : bias0);
+      a[p] = *(const uint32_t*)&v;
+    }
+    mma_bf16(d, a, *(const uint32_t*)(xc + m * 16), *(const uint32_t*)(xc + m * 16 + 8));
+  }
+  const float s0 = __low2float(z0), s8 = __low2float(z8);
+  acc[0] += d[0] * s0; acc[1] += d[1] * s0; acc[2] += d[2] * s8; acc[3] += d[3] * s8;
+}
+
 template <int WARPS, int TILES, int UNROLL>
 __global__ void __launch_bounds__(WARPS * 32) mma_gemv(float* y, const T* x, const uint32_t* w, const __half2* sz, int out, int k, int g_shift) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -153,24 +176,7 @@ __global__ void __launch_bounds__(WARPS * 32) mma_gemv(float* y, const T* x, con
       for (int kc = part; kc < kc_n; kc += kSplit) {
         const uint4 raw = __ldg(tw + kc * 32);
         const __half2 z0 = __ldg(p0 + ((kc * 64) >> g_shift)), z8 = __ldg(p8 + ((kc * 64) >> g_shift));
-        const uint32_t b0r = bias_of(z0), b8r = bias_of(z8);
-        const __nv_bfloat162 bias0 = *(const __nv_bfloat162*)&b0r, bias8 = *(const __nv_bfloat162*)&b8r;
-        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-        float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          uint32_t a[4];
-#pragma unroll
-          for (int p = 0; p < 4; ++p) {
-            const uint32_t bits = ((words[m] >> (4 * p)) & 0x000F000Fu) | 0x43004300u;
-            const __nv_bfloat162 v = __hsub2(*(const __nv_bfloat162*)&bits, (p & 1) ? bias8 : bias0);
-            a[p] = *(const uint32_t*)&v;
-          }
-          const T* xc = xs + kc * 64 + m * 16 + 2 * t;
-          mma_bf16(d, a, *(const uint32_t*)xc, *(const uint32_t*)(xc + 8));
-        }
-        const float s0 = __low2float(z0), s8 = __low2float(z8);
-        acc[0] += d[0] * s0; acc[1] += d[1] * s0; acc[2] += d[2] * s8; acc[3] += d[3] * s8;
+        chunk_mma(acc, raw, z0, z8, xs + kc * 64 + 2 * t);
       }
     }
     // Column 0 (thread t == 0's c0 and c2) is the product with x.
@@ -225,25 +231,7 @@ __global__ void __launch_bounds__(WARPS * 32) mma_gemv_pf(float* y, const T* x, 
 #pragma unroll
       for (int i = 0; i < PF; ++i) {
         if (b + i >= nj) break;
-        const int kc = chunk(b + i);
-        const uint32_t b0r = bias_of(z0[i]), b8r = bias_of(z8[i]);
-        const __nv_bfloat162 bias0 = *(const __nv_bfloat162*)&b0r, bias8 = *(const __nv_bfloat162*)&b8r;
-        const uint32_t words[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
-        float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          uint32_t a[4];
-#pragma unroll
-          for (int p = 0; p < 4; ++p) {
-            const uint32_t bits = ((words[m] >> (4 * p)) & 0x000F000Fu) | 0x43004300u;
-            const __nv_bfloat162 v = __hsub2(*(const __nv_bfloat162*)&bits, (p & 1) ? bias8 : bias0);
-            a[p] = *(const uint32_t*)&v;
-          }
-          const T* xc = xs + kc * 64 + m * 16 + 2 * t;
-          mma_bf16(d, a, *(const uint32_t*)xc, *(const uint32_t*)(xc + 8));
-        }
-        const float s0 = __low2float(z0[i]), s8 = __low2float(z8[i]);
-        acc[0] += d[0] * s0; acc[1] += d[1] * s0; acc[2] += d[2] * s8; acc[3] += d[3] * s8;
+        chunk_mma(acc, raw[i], z0[i], z8[i], xs + chunk(b + i) * 64 + 2 * t);
       }
     }
     if (t == 0) { parts[warp][g] = acc[0]; parts[warp][g + 8] = acc[2]; }
