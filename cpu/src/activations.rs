@@ -73,7 +73,7 @@ pub fn glu_with(
             match isa {
                 // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C.
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => unsafe { super::avx2_math::glu(kind, g, u, o) },
+                Isa::Avx2 { .. } => unsafe { super::avx2_math::glu(kind, g, u, o) },
                 Isa::Scalar => glu_scalar(kind, g, u, o),
             }
         }

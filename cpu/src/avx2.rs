@@ -1,8 +1,10 @@
 //! AVX2 dot products of one group of 8 interleaved weight rows against `R` activation rows (1 to
 //! 4): each weight block is unpacked once and multiplied into every activation row, 32 byte
-//! products (4 weights of each of the 8 rows) in one `vpmaddubsw`. [`super::kernels`] calls these
-//! only after `is_x86_feature_detected!` says the CPU has AVX2, FMA and F16C; the formats' scalar
-//! functions are the reference they are tested against.
+//! products (4 weights of each of the 8 rows) in one `vpmaddubsw`; with `V` (AVX-VNNI), in one
+//! `vpdpbusd`, which also sums them into 32 bits. [`super::kernels`] instantiates these inside its
+//! entry points, which enable AVX2, FMA and F16C (and AVX-VNNI for `V`) and are called only after
+//! `is_x86_feature_detected!` found them; the formats' scalar functions are the reference they
+//! are tested against.
 
 use std::arch::x86_64::*;
 
@@ -31,44 +33,84 @@ fn unpack8(packed: &[[u8; 32]; 4]) -> [__m256i; 8] {
     q
 }
 
+/// `acc` plus, in each 32-bit lane, the four products of `u`'s unsigned bytes and `s`'s signed
+/// ones: AVX-VNNI's `vpdpbusd`. Only the `V` instantiations call it, which run only on a CPU with
+/// AVX-VNNI (`Isa::Avx2 { vnni: true }`). Written as one instruction of inline assembly rather
+/// than the intrinsic so that it is inlined into every helper whatever the helper's own target
+/// features (an intrinsic of a feature the helper lacks becomes an out-of-line call).
+#[inline(always)]
+fn vnni(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    let mut acc = acc;
+    // SAFETY: a register-only instruction; the callers run only where the CPU has AVX-VNNI.
+    unsafe {
+        std::arch::asm!(
+            "{{vex}} vpdpbusd {acc}, {u}, {s}",
+            acc = inout(ymm_reg) acc,
+            u = in(ymm_reg) u,
+            s = in(ymm_reg) s,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    acc
+}
+
 /// Adds one block of 8 rows (`q` from [`unpack8`] or [`unpack5`], the rows' `scale` and
 /// `offset`) times each activation block of `acts` to `acc`: per activation row 8 `vpmaddubsw`
 /// against broadcast activation quads, summed in 16 bits (4-bit values: at most
 /// 8 · 2 · 15 · 127 = 30480; 5-bit ones, `FIVE`: two sums of 4, at most 4 · 2 · 31 · 127 = 31496),
-/// then widened.
+/// then widened; with `V`, 8 `vpdpbusd` straight into 32 bits.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn block8<const R: usize, const FIVE: bool>(
+fn block8<const R: usize, const FIVE: bool, const V: bool>(
     q: &[__m256i; 8],
     scale: __m256,
     offset: __m256,
     acts: [&Act; R],
     acc: &mut [__m256; R],
 ) {
-    let ones = _mm256_set1_epi16(1);
     for r in 0..R {
         let ab = acts[r];
-        let quad = |k: usize| {
-            assert!(k < 8);
-            // SAFETY: bytes 4k..4k + 4 of the 32; unaligned read.
-            let v = unsafe { ab.qs.as_ptr().add(4 * k).cast::<i32>().read_unaligned() };
-            _mm256_maddubs_epi16(q[k], _mm256_set1_epi32(v))
-        };
-        let sum16 = |ks: std::ops::Range<usize>| {
-            let first = quad(ks.start);
-            ks.skip(1).fold(first, |s, k| _mm256_add_epi16(s, quad(k)))
-        };
-        let sum = if FIVE {
-            _mm256_add_epi32(
-                _mm256_madd_epi16(sum16(0..4), ones),
-                _mm256_madd_epi16(sum16(4..8), ones),
-            )
+        let sum = if V {
+            let mut two = [_mm256_setzero_si256(); 2];
+            for (k, qk) in q.iter().enumerate() {
+                two[k % 2] = vnni(two[k % 2], *qk, act_bytes(ab, k));
+            }
+            _mm256_add_epi32(two[0], two[1])
         } else {
-            _mm256_madd_epi16(sum16(0..8), ones)
+            sums16::<FIVE>(q, ab)
         };
         let products = _mm256_cvtepi32_ps(sum);
         acc[r] = _mm256_fmadd_ps(products, _mm256_mul_ps(scale, _mm256_set1_ps(ab.d)), acc[r]);
         acc[r] = _mm256_fmadd_ps(offset, _mm256_set1_ps(ab.s), acc[r]);
+    }
+}
+
+/// The activation block's bytes `4k..4k + 4` in every 32-bit lane.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn act_bytes(a: &Act, k: usize) -> __m256i {
+    assert!(k < 8);
+    // SAFETY: bytes 4k..4k + 4 of the 32; unaligned read.
+    _mm256_set1_epi32(unsafe { a.qs.as_ptr().add(4 * k).cast::<i32>().read_unaligned() })
+}
+
+/// [`block8`]'s integer sums without AVX-VNNI: `vpmaddubsw` per quad, summed in 16 bits, widened.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn sums16<const FIVE: bool>(q: &[__m256i; 8], ab: &Act) -> __m256i {
+    let ones = _mm256_set1_epi16(1);
+    let quad = |k: usize| _mm256_maddubs_epi16(q[k], act_bytes(ab, k));
+    let sum16 = |ks: std::ops::Range<usize>| {
+        let first = quad(ks.start);
+        ks.skip(1).fold(first, |s, k| _mm256_add_epi16(s, quad(k)))
+    };
+    if FIVE {
+        _mm256_add_epi32(
+            _mm256_madd_epi16(sum16(0..4), ones),
+            _mm256_madd_epi16(sum16(4..8), ones),
+        )
+    } else {
+        _mm256_madd_epi16(sum16(0..8), ones)
     }
 }
 
@@ -129,10 +171,7 @@ pub(super) fn half_block_scales(pair: __m256i) -> (__m256i, __m256i) {
 #[target_feature(enable = "avx2")]
 #[inline]
 pub(super) fn act_quad(q: __m256i, a: &Act, c: usize) -> __m256i {
-    assert!(c < 8);
-    // SAFETY: bytes 4c..4c + 4 of the 32; unaligned read.
-    let v = unsafe { a.qs.as_ptr().add(4 * c).cast::<i32>().read_unaligned() };
-    _mm256_maddubs_epi16(q, _mm256_set1_epi32(v))
+    _mm256_maddubs_epi16(q, act_bytes(a, c))
 }
 
 /// The activation block's two half sums in every 32-bit lane, for `vpmaddwd` by the rows'
@@ -167,14 +206,18 @@ fn sub_block_scales(d: __m256, dmin: __m256, sc: &[u8; 8], m: &[u8; 8]) -> (__m2
 
 /// The 8 interleaved rows of `w` (one group, all its blocks) against each of the rows `a`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub fn dot_nibbles8<const R: usize>(w: &[Nibbles8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+#[inline]
+pub(super) fn dot_nibbles8<const R: usize, const V: bool>(
+    w: &[Nibbles8],
+    a: [&[Act]; R],
+) -> [[f32; 8]; R] {
     for row in a {
         assert_eq!(row.len(), w.len());
     }
     let mut acc = [_mm256_setzero_ps(); R];
     for (b, g) in w.iter().enumerate() {
         let (d, m) = (f16x8(&g.d), f16x8(&g.m));
-        block8::<R, false>(&unpack8(&g.qs), d, m, a.map(|row| &row[b]), &mut acc);
+        block8::<R, false, V>(&unpack8(&g.qs), d, m, a.map(|row| &row[b]), &mut acc);
     }
     store8(acc)
 }
@@ -183,7 +226,8 @@ pub fn dot_nibbles8<const R: usize>(w: &[Nibbles8], a: [&[Act]; R]) -> [[f32; 8]
 /// `a` (8 activation blocks a super-block): [`block8`] per sub-block, its scales
 /// `d · sc` and `−dmin · m` made for the 8 rows at once.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub fn dot_q4k8<const R: usize>(w: &[Q4K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+#[inline]
+pub(super) fn dot_q4k8<const R: usize, const V: bool>(w: &[Q4K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
     for row in a {
         assert_eq!(row.len(), 8 * w.len());
     }
@@ -192,7 +236,7 @@ pub fn dot_q4k8<const R: usize>(w: &[Q4K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
         let (d, dmin) = (f16x8(&g.d), f16x8(&g.dmin));
         for (j, part) in g.j.iter().enumerate() {
             let (scale, offset) = sub_block_scales(d, dmin, &part.sc, &part.m);
-            block8::<R, false>(
+            block8::<R, false, V>(
                 &unpack8(&part.qs),
                 scale,
                 offset,
@@ -233,7 +277,8 @@ fn unpack6(ql: &[[u8; 32]; 4], qh: &[[u8; 32]; 2]) -> [__m256i; 8] {
 /// unsigned values, summed two by two in 16 bits (at most 2 · 2 · 63 · 127 = 32004), times the
 /// half-blocks' scales in one `vpmaddwd` each, less `32 Σ sc Σ a` from the activations' 16-sums.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub fn dot_q6k8<const R: usize>(w: &[Q6K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+#[inline]
+pub(super) fn dot_q6k8<const R: usize, const V: bool>(w: &[Q6K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
     for row in a {
         assert_eq!(row.len(), 8 * w.len());
     }
@@ -244,16 +289,39 @@ pub fn dot_q6k8<const R: usize>(w: &[Q6K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
             // SAFETY: 16 bytes; unaligned load. Row r's two scales in 16-bit lanes 2r, 2r + 1.
             let pair = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(part.sc.as_ptr().cast()) });
             let (lo, hi) = half_block_scales(pair);
+            // (For `V`: row r's two scales in 32-bit lane r.)
+            let (lo32, hi32) = (
+                _mm256_srai_epi32(_mm256_slli_epi32(pair, 16), 16),
+                _mm256_srai_epi32(pair, 16),
+            );
             let q = unpack6(&part.ql, &part.qh);
             for r in 0..R {
                 let ab = &a[r][8 * b + k];
-                let two = |c: usize| {
-                    _mm256_add_epi16(act_quad(q[c], ab, c), act_quad(q[c + 1], ab, c + 1))
+                let sum = if V {
+                    let half = |c: usize| {
+                        (c..c + 4).fold(_mm256_setzero_si256(), |s, c| {
+                            vnni(s, q[c], act_bytes(ab, c))
+                        })
+                    };
+                    _mm256_add_epi32(
+                        _mm256_mullo_epi32(half(0), lo32),
+                        _mm256_mullo_epi32(half(4), hi32),
+                    )
+                } else {
+                    let two = |c: usize| {
+                        _mm256_add_epi16(act_quad(q[c], ab, c), act_quad(q[c + 1], ab, c + 1))
+                    };
+                    _mm256_add_epi32(
+                        _mm256_add_epi32(
+                            _mm256_madd_epi16(two(0), lo),
+                            _mm256_madd_epi16(two(2), lo),
+                        ),
+                        _mm256_add_epi32(
+                            _mm256_madd_epi16(two(4), hi),
+                            _mm256_madd_epi16(two(6), hi),
+                        ),
+                    )
                 };
-                let sum = _mm256_add_epi32(
-                    _mm256_add_epi32(_mm256_madd_epi16(two(0), lo), _mm256_madd_epi16(two(2), lo)),
-                    _mm256_add_epi32(_mm256_madd_epi16(two(4), hi), _mm256_madd_epi16(two(6), hi)),
-                );
                 let centre = _mm256_madd_epi16(pair, act_half_sums(ab));
                 let sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(centre, 5));
                 let scale = _mm256_mul_ps(d, _mm256_set1_ps(ab.d));
@@ -266,14 +334,18 @@ pub fn dot_q6k8<const R: usize>(w: &[Q6K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
 
 /// The 8 interleaved 5-bit rows of `w` (one group, all its blocks) against each of the rows `a`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub fn dot_fives8<const R: usize>(w: &[Fives8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+#[inline]
+pub(super) fn dot_fives8<const R: usize, const V: bool>(
+    w: &[Fives8],
+    a: [&[Act]; R],
+) -> [[f32; 8]; R] {
     for row in a {
         assert_eq!(row.len(), w.len());
     }
     let mut acc = [_mm256_setzero_ps(); R];
     for (b, g) in w.iter().enumerate() {
         let (d, m) = (f16x8(&g.d), f16x8(&g.m));
-        block8::<R, true>(&unpack5(&g.q), d, m, a.map(|row| &row[b]), &mut acc);
+        block8::<R, true, V>(&unpack5(&g.q), d, m, a.map(|row| &row[b]), &mut acc);
     }
     store8(acc)
 }
@@ -281,7 +353,8 @@ pub fn dot_fives8<const R: usize>(w: &[Fives8], a: [&[Act]; R]) -> [[f32; 8]; R]
 /// The 8 interleaved Q5_K rows of `w` (one group, all its super-blocks) against each of the rows
 /// `a` (8 activation blocks a super-block), as [`dot_q4k8`] with 5-bit values.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub fn dot_q5k8<const R: usize>(w: &[Q5K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+#[inline]
+pub(super) fn dot_q5k8<const R: usize, const V: bool>(w: &[Q5K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
     for row in a {
         assert_eq!(row.len(), 8 * w.len());
     }
@@ -290,7 +363,7 @@ pub fn dot_q5k8<const R: usize>(w: &[Q5K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
         let (d, dmin) = (f16x8(&g.d), f16x8(&g.dmin));
         for (j, part) in g.j.iter().enumerate() {
             let (scale, offset) = sub_block_scales(d, dmin, &part.sc, &part.m);
-            block8::<R, true>(
+            block8::<R, true, V>(
                 &unpack5(&part.q),
                 scale,
                 offset,
@@ -302,16 +375,33 @@ pub fn dot_q5k8<const R: usize>(w: &[Q5K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
     store8(acc)
 }
 
+/// `sums` plus, in each 32-bit lane, the four products of `magnitude`'s bytes and `signed`'s
+/// (the weights' magnitudes, the activations carrying the weights' signs): `vpmaddubsw` (a pair at
+/// most 2 · 128 · 127 = 32512) widened by `vpmaddwd`; with `V`, one `vpdpbusd`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn signed_quads<const V: bool>(sums: __m256i, magnitude: __m256i, signed: __m256i) -> __m256i {
+    if V {
+        vnni(sums, magnitude, signed)
+    } else {
+        let pairs = _mm256_maddubs_epi16(magnitude, signed);
+        _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    }
+}
+
 /// The 8 interleaved Q8_0 rows of `w` (one group, all its blocks) against each of the rows `a`.
 /// `vpmaddubsw` multiplies unsigned by signed bytes: the weights' magnitudes by the activations
 /// with the weights' signs moved onto them (a pair at most 2 · 128 · 127 = 32512), widened per
 /// chunk.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub fn dot_bytes8<const R: usize>(w: &[Bytes8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+#[inline]
+pub(super) fn dot_bytes8<const R: usize, const V: bool>(
+    w: &[Bytes8],
+    a: [&[Act]; R],
+) -> [[f32; 8]; R] {
     for row in a {
         assert_eq!(row.len(), w.len());
     }
-    let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); R];
     for (b, g) in w.iter().enumerate() {
         let d = f16x8(&g.d);
@@ -321,18 +411,8 @@ pub fn dot_bytes8<const R: usize>(w: &[Bytes8], a: [&[Act]; R]) -> [[f32; 8]; R]
             let q = unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) };
             let magnitude = _mm256_sign_epi8(q, q);
             for r in 0..R {
-                // SAFETY: bytes 4c..4c + 4 of the 32 (c < 8); unaligned read.
-                let v = unsafe {
-                    a[r][b]
-                        .qs
-                        .as_ptr()
-                        .add(4 * c)
-                        .cast::<i32>()
-                        .read_unaligned()
-                };
-                let signed = _mm256_sign_epi8(_mm256_set1_epi32(v), q);
-                let pairs = _mm256_maddubs_epi16(magnitude, signed);
-                sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(pairs, ones));
+                let signed = _mm256_sign_epi8(act_bytes(&a[r][b], c), q);
+                sums[r] = signed_quads::<V>(sums[r], magnitude, signed);
             }
         }
         for r in 0..R {
@@ -349,27 +429,19 @@ pub fn dot_bytes8<const R: usize>(w: &[Bytes8], a: [&[Act]; R]) -> [[f32; 8]; R]
 /// values' signs).
 #[target_feature(enable = "avx2")]
 #[inline]
-fn iq4_sums<const R: usize>(packed: &[[u8; 32]; 4], acts: [&Act; R]) -> [__m256i; R] {
+fn iq4_sums<const R: usize, const V: bool>(
+    packed: &[[u8; 32]; 4],
+    acts: [&Act; R],
+) -> [__m256i; R] {
     // SAFETY: 16 bytes; unaligned load.
     let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(IQ4_VALUES.as_ptr().cast()) });
     let values = unpack8(packed).map(|q| _mm256_shuffle_epi8(table, q));
-    let ones = _mm256_set1_epi16(1);
     let mut sums = [_mm256_setzero_si256(); R];
     for (k, v) in values.iter().enumerate() {
         let magnitude = _mm256_sign_epi8(*v, *v);
         for r in 0..R {
-            // SAFETY: bytes 4k..4k + 4 of the 32 (k < 8); unaligned read.
-            let a = unsafe {
-                acts[r]
-                    .qs
-                    .as_ptr()
-                    .add(4 * k)
-                    .cast::<i32>()
-                    .read_unaligned()
-            };
-            let signed = _mm256_sign_epi8(_mm256_set1_epi32(a), *v);
-            let pairs = _mm256_maddubs_epi16(magnitude, signed);
-            sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(pairs, ones));
+            let signed = _mm256_sign_epi8(act_bytes(acts[r], k), *v);
+            sums[r] = signed_quads::<V>(sums[r], magnitude, signed);
         }
     }
     sums
@@ -377,14 +449,18 @@ fn iq4_sums<const R: usize>(packed: &[[u8; 32]; 4], acts: [&Act; R]) -> [__m256i
 
 /// The 8 interleaved IQ4_NL rows of `w` (one group, all its blocks) against each of the rows `a`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub fn dot_iq4nl8<const R: usize>(w: &[Iq4Nl8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+#[inline]
+pub(super) fn dot_iq4nl8<const R: usize, const V: bool>(
+    w: &[Iq4Nl8],
+    a: [&[Act]; R],
+) -> [[f32; 8]; R] {
     for row in a {
         assert_eq!(row.len(), w.len());
     }
     let mut acc = [_mm256_setzero_ps(); R];
     for (b, g) in w.iter().enumerate() {
         let d = f16x8(&g.d);
-        let sums = iq4_sums(&g.qs, a.map(|row| &row[b]));
+        let sums = iq4_sums::<R, V>(&g.qs, a.map(|row| &row[b]));
         for r in 0..R {
             let scale = _mm256_mul_ps(d, _mm256_set1_ps(a[r][b].d));
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), scale, acc[r]);
@@ -397,7 +473,11 @@ pub fn dot_iq4nl8<const R: usize>(w: &[Iq4Nl8], a: [&[Act]; R]) -> [[f32; 8]; R]
 /// rows `a` (8 activation blocks a super-block): per sub-block the rows' exact scales
 /// `d · (ls − 32)`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub fn dot_iq4xs8<const R: usize>(w: &[Iq4Xs8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+#[inline]
+pub(super) fn dot_iq4xs8<const R: usize, const V: bool>(
+    w: &[Iq4Xs8],
+    a: [&[Act]; R],
+) -> [[f32; 8]; R] {
     for row in a {
         assert_eq!(row.len(), 8 * w.len());
     }
@@ -408,7 +488,7 @@ pub fn dot_iq4xs8<const R: usize>(w: &[Iq4Xs8], a: [&[Act]; R]) -> [[f32; 8]; R]
             // SAFETY: 8 bytes; unaligned load.
             let sc = unsafe { _mm_loadl_epi64(part.sc.as_ptr().cast()) };
             let scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
-            let sums = iq4_sums(&part.qs, a.map(|row| &row[8 * b + j]));
+            let sums = iq4_sums::<R, V>(&part.qs, a.map(|row| &row[8 * b + j]));
             for r in 0..R {
                 let s = _mm256_mul_ps(scale, _mm256_set1_ps(a[r][8 * b + j].d));
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), s, acc[r]);

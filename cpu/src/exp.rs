@@ -10,7 +10,7 @@ pub fn exp_weights(row: &mut [f32], max: f32, inv_t: f32, min_p: f32) -> f64 {
     match Isa::detect() {
         // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { super::avx2_math::exp_weights(row, max, inv_t, min_p) },
+        Isa::Avx2 { .. } => unsafe { super::avx2_math::exp_weights(row, max, inv_t, min_p) },
         Isa::Scalar => exp_weights_scalar(row, max, inv_t, min_p),
     }
 }

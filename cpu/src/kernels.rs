@@ -17,25 +17,37 @@ use super::q23k::{Q2K8, Q3K8, dot_q2k8_scalar, dot_q3k8_scalar};
 pub enum Isa {
     /// The scalar reference.
     Scalar,
-    /// AVX2 + FMA + F16C.
+    /// AVX2 + FMA + F16C; with `vnni`, the dot products' byte products by AVX-VNNI's
+    /// `vpdpbusd` (Intel since Alder Lake, AMD since Zen 5).
     #[cfg(target_arch = "x86_64")]
-    Avx2,
+    Avx2 {
+        /// The CPU has AVX-VNNI.
+        vnni: bool,
+    },
 }
 
 impl Isa {
     /// The best this CPU runs.
     pub fn detect() -> Isa {
         static ISA: OnceLock<Isa> = OnceLock::new();
-        *ISA.get_or_init(|| {
-            #[cfg(target_arch = "x86_64")]
-            if is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-            {
-                return Isa::Avx2;
+        *ISA.get_or_init(|| *Isa::available().last().unwrap())
+    }
+
+    /// Every choice this CPU runs, the scalar reference first and the best last (tests and
+    /// benchmarks compare them).
+    pub fn available() -> Vec<Isa> {
+        let mut all = vec![Isa::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
+            all.push(Isa::Avx2 { vnni: false });
+            if is_x86_feature_detected!("avxvnni") {
+                all.push(Isa::Avx2 { vnni: true });
             }
-            Isa::Scalar
-        })
+        }
+        all
     }
 }
 
@@ -49,17 +61,32 @@ pub trait GroupBlock: Copy + Send + Sync {
     fn weight(&self, r: usize, i: usize) -> f32;
 }
 
-/// Implements [`GroupBlock`] for a format from its AVX2 kernel and scalar reference.
+/// Implements [`GroupBlock`] for a format from its AVX2 kernel (generic over AVX-VNNI, `V`) and
+/// scalar reference: two entry points enable the instructions each instantiation uses, so the
+/// kernel and its helpers are compiled, inlined, for each.
 macro_rules! group_block {
     ($block:ty, $weights:expr, $avx2:ident, $scalar:ident) => {
         impl GroupBlock for $block {
             const WEIGHTS: usize = $weights;
 
             fn dot_group<const R: usize>(isa: Isa, w: &[Self], a: [&[Act]; R]) -> [[f32; 8]; R] {
+                #[cfg(target_arch = "x86_64")]
+                #[target_feature(enable = "avx2,fma,f16c")]
+                fn avx2<const R: usize>(w: &[$block], a: [&[Act]; R]) -> [[f32; 8]; R] {
+                    super::avx2::$avx2::<R, false>(w, a)
+                }
+                #[cfg(target_arch = "x86_64")]
+                #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+                fn vnni<const R: usize>(w: &[$block], a: [&[Act]; R]) -> [[f32; 8]; R] {
+                    super::avx2::$avx2::<R, true>(w, a)
+                }
                 match isa {
-                    // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C.
+                    // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C, and
+                    // with `vnni` only when it also has AVX-VNNI.
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 => unsafe { super::avx2::$avx2(w, a) },
+                    Isa::Avx2 { vnni: false } => unsafe { avx2(w, a) },
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 { vnni: true } => unsafe { vnni(w, a) },
                     Isa::Scalar => a.map(|row| $scalar(w, row)),
                 }
             }
@@ -79,8 +106,32 @@ group_block!(Q5K8, 256, dot_q5k8, dot_q5k8_scalar);
 group_block!(Q6K8, 256, dot_q6k8, dot_q6k8_scalar);
 group_block!(Iq4Nl8, 32, dot_iq4nl8, dot_iq4nl8_scalar);
 group_block!(Iq4Xs8, 256, dot_iq4xs8, dot_iq4xs8_scalar);
-group_block!(Q2K8, 256, dot_q2k8, dot_q2k8_scalar);
-group_block!(Q3K8, 256, dot_q3k8, dot_q3k8_scalar);
+
+/// Q2_K and Q3_K: AVX2 only (their 16-weight sub-blocks' sums stay 16-bit); AVX-VNNI CPUs run
+/// the same kernels.
+macro_rules! group_block_avx2 {
+    ($block:ty, $weights:expr, $avx2:ident, $scalar:ident) => {
+        impl GroupBlock for $block {
+            const WEIGHTS: usize = $weights;
+
+            fn dot_group<const R: usize>(isa: Isa, w: &[Self], a: [&[Act]; R]) -> [[f32; 8]; R] {
+                match isa {
+                    // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C.
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 { .. } => unsafe { super::avx2::$avx2(w, a) },
+                    Isa::Scalar => a.map(|row| $scalar(w, row)),
+                }
+            }
+
+            fn weight(&self, r: usize, i: usize) -> f32 {
+                <$block>::weight(self, r, i)
+            }
+        }
+    };
+}
+
+group_block_avx2!(Q2K8, 256, dot_q2k8, dot_q2k8_scalar);
+group_block_avx2!(Q3K8, 256, dot_q3k8, dot_q3k8_scalar);
 
 /// Activation bytes a pass over the weights takes at most: a long prompt's activations are
 /// split in runs that stay in the L2 cache while every weight row is multiplied by them.

@@ -146,7 +146,7 @@ fn formats_with_columns() -> Vec<(Format, usize)> {
 
 #[test]
 fn every_isa_and_team_size_matches_the_scalar_reference() {
-    let isas: Vec<Isa> = [Isa::Scalar, Isa::detect()].into();
+    let isas = Isa::available();
     for (format, cols) in formats_with_columns() {
         // 37 rows: a last group padded to 8; 40: whole groups.
         for rows in [37, 40] {

@@ -5,7 +5,8 @@
 //! cargo test --release -p pagewise-cpu --test bandwidth -- --ignored --nocapture
 //! ```
 //!
-//! and record the table in benches/RESULTS.md with the CPU model.
+//! and record the table in benches/RESULTS.md with the CPU model. Each kernel runs with every
+//! instruction set the CPU has (AVX2, and AVX2 with AVX-VNNI where present), side by side.
 
 use std::time::Instant;
 
@@ -13,6 +14,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use pagewise_cpu::QLinear;
 use pagewise_cpu::iq4::Iq4Type;
+use pagewise_cpu::kernels::Isa;
 use pagewise_cpu::team::Team;
 
 /// Rows and columns of the matrix: 4864 x 896 is one of Qwen2.5-0.5B's MLP matrices (no
@@ -59,12 +61,14 @@ fn kernel_bandwidth() {
         team.size(),
         memory_read_gbs(team)
     );
-    println!("| type | matrix | bytes | decode (1 row) | GB/s | prefill (64 rows) | GMAC/s |");
+    println!(
+        "| type | isa | matrix | bytes | decode (1 row) | GB/s | prefill (64 rows) | GMAC/s |"
+    );
     println!(
         "(decode: a pass over copies of the matrix, {} MiB in all, a matrix at a time)",
         PASS_BYTES >> 20
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for (rows, cols) in SHAPES {
         let values: Vec<f32> = (0..rows * cols)
             .map(|i| ((i * 2654435761) % 1000) as f32 / 1000.0 - 0.5)
@@ -110,26 +114,29 @@ fn kernel_bandwidth() {
     }
 }
 
-/// One row of the table: `layer` (`bytes` of weights) at decode, over copies of it, and in a
-/// 64-row prefill.
+/// Rows of the table, one a SIMD instruction set: `layer` (`bytes` of weights) at decode, over
+/// copies of it, and in a 64-row prefill.
 fn measure(label: &str, layer: &QLinear, bytes: usize) {
     let (rows, cols) = (layer.rows(), layer.cols());
     let copies: Vec<QLinear> = (0..PASS_BYTES.div_ceil(bytes))
         .map(|_| layer.clone())
         .collect();
     let x: Vec<f32> = (0..64 * cols).map(|i| (i % 17) as f32 / 17.0).collect();
-    let one = best_of(5, || {
-        for c in &copies {
-            drop(c.matmul(&x[..cols], 1));
-        }
-    }) / copies.len() as f64;
-    let many = best_of(3, || drop(layer.matmul(&x, 64)));
-    println!(
-        "| {label} | {rows} x {cols} | {:.1} MB | {:.0} µs | {:.1} | {:.1} ms | {:.1} |",
-        bytes as f64 / 1e6,
-        one * 1e6,
-        bytes as f64 / one / 1e9,
-        many * 1e3,
-        (64 * rows * cols) as f64 / many / 1e9,
-    );
+    let team = Team::global();
+    for isa in Isa::available().into_iter().filter(|&i| i != Isa::Scalar) {
+        let one = best_of(5, || {
+            for c in &copies {
+                drop(c.matmul_with(isa, team, &x[..cols], 1));
+            }
+        }) / copies.len() as f64;
+        let many = best_of(3, || drop(layer.matmul_with(isa, team, &x, 64)));
+        println!(
+            "| {label} | {isa:?} | {rows} x {cols} | {:.1} MB | {:.0} µs | {:.1} | {:.1} ms | {:.1} |",
+            bytes as f64 / 1e6,
+            one * 1e6,
+            bytes as f64 / one / 1e9,
+            many * 1e3,
+            (64 * rows * cols) as f64 / many / 1e9,
+        );
+    }
 }
