@@ -14,6 +14,7 @@ pub mod client;
 pub mod config_file;
 pub mod default_model;
 pub mod engine;
+pub mod engine_flags;
 pub mod guided;
 pub mod kv;
 pub mod llm;

@@ -7,11 +7,12 @@ use clap::Parser;
 use pagewise::Llm;
 use pagewise::bench::{self, BenchCmd, BenchKind};
 use pagewise::chat::ChatMessage;
-use pagewise::cli::{Cli, ClientCmd, Command, EngineFlags, GenerateCmd, LogFormat, ServeCmd};
+use pagewise::cli::{Cli, ClientCmd, Command, GenerateCmd, LogFormat, ServeCmd};
 use pagewise::client::{ClientSettings, Mode};
 use pagewise::default_model::DEFAULT_MODEL_NAME;
 use pagewise::default_model::ensure_default_model;
 use pagewise::engine::handle::EngineHandle;
+use pagewise::engine_flags::EngineFlags;
 use pagewise::server::{self, AppState, ServerOptions};
 
 /// Logs to stderr at `RUST_LOG`'s levels, else at `default`.

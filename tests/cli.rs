@@ -2,6 +2,9 @@
 
 use std::process::Command;
 
+#[path = "common/hub.rs"]
+mod hub;
+
 const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/qwen2-bias");
 
 fn pagewise(args: &[&str]) -> std::process::Output {
@@ -274,23 +277,6 @@ fn fails_in_one_line(args: &[&str], env: &[(&str, &str)], needles: &[&str]) {
     }
 }
 
-/// A server that answers every request with 404, as the hub does for a file a repository lacks.
-fn hub_answering_404() -> String {
-    use std::io::{Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for mut stream in listener.incoming().flatten() {
-            let mut buf = [0u8; 4096];
-            let _ = stream.read(&mut buf);
-            let _ = stream.write_all(
-                b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-            );
-        }
-    });
-    format!("http://{addr}")
-}
-
 /// The errors a newcomer meets first, each one line that names the fix.
 #[test]
 fn newcomer_errors_are_one_line_that_names_the_fix() {
@@ -298,7 +284,7 @@ fn newcomer_errors_are_one_line_that_names_the_fix() {
     let home = home.to_str().unwrap();
     let id = "nosuchorg/nosuchmodel";
     // A model id that does not exist.
-    let hub = hub_answering_404();
+    let hub = hub::hub_serving(Vec::new());
     fails_in_one_line(
         &["serve", "--model", id],
         &[("HF_HOME", home), ("HF_ENDPOINT", &hub)],

@@ -78,7 +78,7 @@ fn rank_logits(
     let layout = KvLayout {
         num_blocks: n.div_ceil(BS) + 1,
         block_size: BS,
-        num_kv_heads: par.rank.kv_heads(cfg).len(),
+        num_kv_heads: cfg.kv_heads(par.rank).len(),
         head_dim: cfg.head_dim,
     };
     let mut kv = KvCache::on_device(layout, cfg.num_hidden_layers, DType::BF16, device).unwrap();

@@ -36,7 +36,7 @@ fn rank_logits(path: &str, format: LoadFormat, tokens: &[u32], par: &Parallel) -
     let layout = KvLayout {
         num_blocks: tokens.len().div_ceil(bs) + 1,
         block_size: bs,
-        num_kv_heads: par.rank.kv_heads(cfg).len(),
+        num_kv_heads: cfg.kv_heads(par.rank).len(),
         head_dim: cfg.head_dim,
     };
     let mut kv =

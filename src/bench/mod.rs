@@ -9,7 +9,7 @@ pub mod stats;
 
 use clap::{Args, Subcommand};
 
-use crate::cli::EngineFlags;
+use crate::engine_flags::EngineFlags;
 
 /// `pagewise bench`.
 #[derive(Args, Debug)]

@@ -206,7 +206,7 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
     let max_num_batched_tokens = args
         .max_num_batched_tokens
         .unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS);
-    let kv_heads = par.rank.kv_heads(&cfg).len();
+    let kv_heads = cfg.kv_heads(par.rank).len();
     let sizing = KvSizing {
         args,
         cfg: &cfg,
@@ -279,6 +279,17 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
             "mixture-of-experts decode steps of more sequences than this run eagerly (no CUDA \
              graphs): their routing is read on the host"
         );
+    }
+    if !runner_device_is_cpu {
+        let rows = model.fused_decode_rows(&kv);
+        if rows > 0 {
+            tracing::info!(
+                rows,
+                "decode steps of up to this many rows take the fused GEMV path"
+            );
+        } else {
+            tracing::info!("decode steps take cuBLAS and separate kernels (no fused GEMV path)");
+        }
     }
     let mut runner = ModelRunner::new(model, kv, device);
     if !args.enforce_eager && graph_seqs > 0 {

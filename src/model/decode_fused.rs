@@ -20,7 +20,7 @@
 //! had more rows; so can cuBLAS's own, which picks its kernels by row count. The GPU
 //! batch-invariance tests (tiny fixture, f32 and bf16) pass with it on.
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 use pagewise_kernels::{GemvInput, GemvWeight, gemv_fits, gemv_fused};
 
 use super::attention::KvCache;
@@ -62,32 +62,18 @@ pub(super) enum FusedMlp<'a> {
     Sparse(&'a SparseMoe),
 }
 
-/// Forward passes that took the fused path in this process.
-static STEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Forward passes that took the fused path in this process (tests check that a switched-on run
-/// really took it).
-pub fn steps_run() -> u64 {
-    STEPS.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Counts one forward pass on the fused path.
-pub(super) fn count_step() {
-    STEPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-}
-
 /// Most rows a step may have to take the fused path. Its GEMV does each row's multiply-adds on
 /// CUDA cores, reading the staged rows from shared memory once per weight load, so past two rows
 /// it stops being bound by the weights' bytes; cuBLAS's tensor-core kernels are then faster
 /// (benches/history/tried.md, "The fused decode path against cuBLAS").
 pub const MAX_ROWS: usize = 2;
 
-/// Whether a step whose embedded tokens are `x` (`[rows, hidden]`) fits the fused kernels with
-/// these layers: a GPU, f16 or bf16, at most [`MAX_ROWS`] rows, and inputs the kernels can stage.
-pub(super) fn fits(x: &Tensor, layers: &[FusedLayer<'_>]) -> bool {
-    let Some((rows, dtype)) = step_fits(x) else {
+/// Whether a step of `rows` rows in `dtype` on `device` fits the fused kernels with these
+/// layers: a GPU, f16 or bf16, at most [`MAX_ROWS`] rows, and inputs the kernels can stage.
+pub(super) fn fits(rows: usize, dtype: DType, device: &Device, layers: &[FusedLayer<'_>]) -> bool {
+    if !step_fits(rows, dtype, device) {
         return false;
-    };
+    }
     layers.iter().all(|l| {
         let mlp = match l.mlp {
             FusedMlp::Dense { gate_up, down } => {
@@ -105,12 +91,16 @@ pub(super) fn fits(x: &Tensor, layers: &[FusedLayer<'_>]) -> bool {
     })
 }
 
-/// The rows and dtype of a step whose embedded tokens are `x` (`[rows, hidden]`) when the step
-/// itself fits the fused kernels: on a GPU, f16 or bf16, at most [`MAX_ROWS`] rows.
-pub(super) fn step_fits(x: &Tensor) -> Option<(usize, DType)> {
-    let (rows, dtype) = (x.dim(0).ok()?, x.dtype());
-    (x.device().is_cuda() && rows <= MAX_ROWS && matches!(dtype, DType::BF16 | DType::F16))
-        .then_some((rows, dtype))
+/// Whether a step of `rows` rows in `dtype` on `device` itself fits the fused kernels: on a GPU,
+/// f16 or bf16, at most [`MAX_ROWS`] rows.
+pub(super) fn step_fits(rows: usize, dtype: DType, device: &Device) -> bool {
+    device.is_cuda() && (1..=MAX_ROWS).contains(&rows) && matches!(dtype, DType::BF16 | DType::F16)
+}
+
+/// The most rows, down from [`MAX_ROWS`], for which `takes(rows)`; 0 when none
+/// ([`crate::model::CausalLm::fused_decode_rows`]).
+pub(super) fn most_rows(takes: impl Fn(usize) -> bool) -> usize {
+    (1..=MAX_ROWS).rev().find(|&r| takes(r)).unwrap_or(0)
 }
 
 /// Whether the GEMV takes `rows` rows in `dtype` through each of `weights` (`[out, k]`):

@@ -128,6 +128,14 @@ impl CausalLm for Gemma3 {
         &self.cfg
     }
 
+    #[cfg(feature = "cuda")]
+    fn fused_decode_rows(&self, kv: &KvCache) -> usize {
+        let w = self.norm.weight();
+        crate::model::decode_fused::most_rows(|rows| {
+            self.fused_layers(rows, w.dtype(), w.device(), kv).is_some()
+        })
+    }
+
     fn tp_rank(&self) -> TpRank {
         self.par.rank
     }
@@ -147,8 +155,8 @@ impl CausalLm for Gemma3 {
         let g = &self.gemma;
         let tp = self.par.rank;
         let heads = |sliding: bool| Heads {
-            q: tp.q_heads(cfg).len(),
-            kv: tp.kv_heads(cfg).len(),
+            q: cfg.q_heads(tp).len(),
+            kv: cfg.kv_heads(tp).len(),
             dim: cfg.head_dim,
             scale: g.query_pre_attn_scalar.powf(-0.5) as f32,
             window: sliding.then_some(self.window),
@@ -159,7 +167,9 @@ impl CausalLm for Gemma3 {
             .to_dtype(embedded.dtype())?;
         let mut x = embedded.broadcast_mul(&scale)?;
         #[cfg(feature = "cuda")]
-        if let Some(layers) = self.fused_layers(&x, batch, kv) {
+        if batch.attention.device.is_some()
+            && let Some(layers) = self.fused_layers(x.dim(0)?, x.dtype(), x.device(), kv)
+        {
             let (stream, last) = self.forward_fused(x, &layers, batch, kv, heads)?;
             return self.logits_after_add(stream, last, batch);
         }

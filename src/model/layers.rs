@@ -233,8 +233,8 @@ impl GatedMlp {
             });
         }
         let (rows, cols) = (
-            Part::Rows(tp.intermediate(cfg)),
-            Part::Cols(tp.intermediate(cfg)),
+            Part::Rows(cfg.intermediate(tp)),
+            Part::Cols(cfg.intermediate(tp)),
         );
         let gate = w.linear_part(&format!("{prefix}.gate_proj"), (h, i), b, rows.clone())?;
         let up = w.linear_part(&format!("{prefix}.up_proj"), (h, i), b, rows)?;

@@ -29,7 +29,7 @@ impl LmHead {
         tp: TpRank,
     ) -> Result<Self, ModelError> {
         let (h, vocab_size) = (cfg.hidden_size, cfg.vocab_size);
-        let vocab = tp.vocab(cfg);
+        let vocab = cfg.vocab_rows(tp);
         let linear = match (tied, w, &vocab) {
             (true, _, None) if matches!(embed, TokenEmbedding::Quantized { .. }) => embed.as_head(),
             (true, Weights::Gguf { .. }, _) => {

@@ -41,6 +41,7 @@ pub mod quantized;
 pub mod registry;
 pub mod rope_scaling;
 pub mod rotary;
+mod sharding;
 mod weight_parts;
 pub mod weights;
 
@@ -93,6 +94,14 @@ pub trait CausalLm: Send {
         None
     }
 
+    /// The most rows a step may hold for the fused decode path (src/model/decode_fused.rs) to
+    /// take it with `kv`; 0 when no step does (the CPU, f32, partial rotary, weights its kernels
+    /// do not stage). The runner logs it at startup.
+    fn fused_decode_rows(&self, kv: &KvCache) -> usize {
+        let _ = kv;
+        0
+    }
+
     /// [`CausalLm::forward`] with the logits left in the model's own dtype (bf16 on a GPU): the
     /// GPU sampler reads them as they are, so a step skips the cast. The runner calls this one.
     fn forward_native(
@@ -122,7 +131,8 @@ pub fn build_sharded(
     par: &Parallel,
 ) -> Result<Box<dyn CausalLm>, ModelError> {
     if !par.rank.is_single() {
-        TpRank::check(par.rank.size, cfg).map_err(ModelError::Unsupported)?;
+        cfg.check_tensor_parallel(par.rank.size)
+            .map_err(ModelError::Unsupported)?;
     }
     (cfg.arch.build)(cfg, weights, max_len, par)
 }

@@ -134,7 +134,7 @@ impl SparseMoe {
         // Expert `e`'s projection `k` (0 gate, 1 up, 2 down) as `(in, out)`: from its own
         // tensor, or from the three in which llama.cpp's GGUF stacks a layer's experts.
         let gguf = matches!(w, Weights::Gguf { .. });
-        let slice = tp.expert_intermediate(s);
+        let slice = s.expert_columns(tp);
         let proj = |e: usize, k: usize, dims: (usize, usize)| {
             let part = match k {
                 2 => Part::Cols(slice.clone()),

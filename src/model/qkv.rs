@@ -42,15 +42,15 @@ impl QkvProj {
         let (h, d, b) = (cfg.hidden_size, cfg.head_dim, cfg.qkv_bias);
         let (nq, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
         if cfg.stacked_projections {
-            // Phi-3 stores the three stacked already (not sharded: `TpRank::check` refuses it).
+            // Phi-3 stores the three stacked already (not sharded: `ModelConfig::check_tensor_parallel` refuses it).
             let fused = w.linear(&format!("{prefix}.qkv_proj"), h, (nq + 2 * nkv) * d, b)?;
             return Ok(QkvProj {
                 proj: Proj::Fused(fused.in_rows()?),
                 qk_norm: None,
             });
         }
-        let q_rows = Part::Rows(head_rows(&tp.q_heads(cfg), d));
-        let kv_rows = Part::Rows(head_rows(&tp.kv_heads(cfg), d));
+        let q_rows = Part::Rows(head_rows(&cfg.q_heads(tp), d));
+        let kv_rows = Part::Rows(head_rows(&cfg.kv_heads(tp), d));
         let q = w.linear_part(&format!("{prefix}.q_proj"), (h, nq * d), b, q_rows)?;
         let k = w.linear_part(
             &format!("{prefix}.k_proj"),
@@ -114,7 +114,7 @@ pub fn o_proj(
     tp: TpRank,
 ) -> Result<Linear, ModelError> {
     let (h, d, nq) = (cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads);
-    let cols = Part::Cols(head_rows(&tp.q_heads(cfg), d));
+    let cols = Part::Cols(head_rows(&cfg.q_heads(tp), d));
     w.linear_part(
         &format!("{prefix}.o_proj"),
         (nq * d, h),

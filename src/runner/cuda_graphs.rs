@@ -350,8 +350,8 @@ impl DecodeGraphs {
         let mut graphs = Vec::with_capacity(buckets.len() * contexts.len());
         // This rank's heads (all of them without tensor parallelism).
         let tp = model.tp_rank();
-        let kv_heads = tp.kv_heads(cfg).len();
-        let group = tp.q_heads(cfg).len() / kv_heads.max(1);
+        let kv_heads = cfg.kv_heads(tp).len();
+        let group = cfg.q_heads(tp).len() / kv_heads.max(1);
         let slots = pagewise_kernels::decode_slots(dtype, cfg.head_dim, group)?;
         for (&b, &context) in buckets
             .iter()

@@ -169,6 +169,32 @@ pub fn logits_decoding_step_by_step_quantized(
     logits
 }
 
+/// The most rows a decode step of the model at `model_path`, in `dtype` on `device`, may hold to
+/// take the fused decode path (`CausalLm::fused_decode_rows`; 0 for none).
+#[allow(dead_code)]
+pub fn fused_decode_rows(
+    model_path: &str,
+    device: &Device,
+    dtype: DType,
+    quantization: Option<Quantization>,
+) -> usize {
+    let (cfg, m) = load_model(
+        model_path,
+        (GgufMatmul::Auto, quantization),
+        device,
+        dtype,
+        16,
+    );
+    let layout = KvLayout {
+        num_blocks: 2,
+        block_size: 16,
+        num_kv_heads: cfg.num_key_value_heads,
+        head_dim: cfg.head_dim,
+    };
+    let kv = KvCache::on_device(layout, cfg.num_hidden_layers, dtype, device).unwrap();
+    m.fused_decode_rows(&kv)
+}
+
 /// Path of the SmolLM2-135M-Instruct GGUF: `$PAGEWISE_SMOLLM2_GGUF`, else the cache that
 /// `scripts/fetch_smollm2.py` fills. `None` (test skipped) only outside CI.
 /// transformers' reference for a GPU test model (scripts/gpu/make_gpu_models.py writes

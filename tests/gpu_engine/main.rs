@@ -126,12 +126,11 @@ fn bfloat16_decode_steps_stay_close_to_the_cpu_float32_logits() {
                 .collect()
         })
         .collect();
-    let before = pagewise::model::decode_fused::steps_run();
+    let fused_rows = common::fused_decode_rows(&path, &gpu(), DType::BF16, None);
+    assert_eq!(fused_rows, rows, "every step must take the fused path");
     let got = common::logits_decoding_step_by_step(&path, &seqs, &gpu(), DType::BF16);
-    let fused_steps = pagewise::model::decode_fused::steps_run() - before;
-    let label = format!("tiny-d64, 40 decode steps ({fused_steps} fused)");
+    let label = format!("tiny-d64, 40 decode steps of {rows} rows (fused)");
     assert_decode_near_the_cpu(&label, &path, &seqs, &got);
-    assert_eq!(fused_steps, 40, "every step must take the fused path");
 }
 
 /// Each sequence's bf16 decode-step logits `got` within 5e-2 (relative) of the CPU's f32

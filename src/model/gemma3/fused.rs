@@ -6,7 +6,7 @@
 //! (GeGLU folded in). The last layer's add rides in the LM head's staging with the final norm
 //! when the head is one dense matrix (`logits_after_add`); else it runs alone, before the norm.
 
-use candle_core::Tensor;
+use candle_core::{DType, Device, Tensor};
 use pagewise_kernels::{GemvInput, GemvWeight, gemv, gemv_add_normed, gemv_fused};
 
 use super::Gemma3;
@@ -19,18 +19,17 @@ use crate::model::qkv::Heads;
 
 impl Gemma3 {
     /// The layers' weights for the fused decode path (src/model/decode_fused.rs), when it takes
-    /// this step: a GPU step of at most `decode_fused::MAX_ROWS` rows in f16 or bf16, dense
-    /// weights the GEMV can stage.
+    /// a step of `rows` rows in `dtype` on `device`: a GPU step of at most
+    /// `decode_fused::MAX_ROWS` rows in f16 or bf16, dense weights the GEMV can stage.
     pub(super) fn fused_layers(
         &self,
-        x: &Tensor,
-        batch: &ForwardBatch<'_>,
+        rows: usize,
+        dtype: DType,
+        device: &Device,
         kv: &KvCache,
     ) -> Option<Vec<FusedGemmaLayer<'_>>> {
         use decode_fused::{gemv_takes, step_fits};
-        batch.attention.device.as_ref()?;
-        let (rows, dtype) = step_fits(x)?;
-        if self.cfg.rotary_dim() < self.cfg.head_dim {
+        if !step_fits(rows, dtype, device) || self.cfg.rotary_dim() < self.cfg.head_dim {
             return None;
         }
         self.layers
@@ -67,7 +66,6 @@ impl Gemma3 {
         kv: &KvCache,
         heads: impl Fn(bool) -> Heads,
     ) -> candle_core::Result<(Tensor, Option<(Tensor, &RmsNorm)>)> {
-        decode_fused::count_step();
         // The stream before the last MLP's normalized add, that MLP's output and its norm: the
         // add is folded into the next projection's staging (`project_after_add`).
         let mut pending: Option<(Tensor, Tensor, &RmsNorm)> = None;

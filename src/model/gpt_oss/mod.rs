@@ -94,7 +94,7 @@ fn shard(
             down: Linear::dense(down, Some(down_bias)),
         });
     }
-    let (i, part) = (s.expert_intermediate, tp.expert_intermediate(s));
+    let (i, part) = (s.expert_intermediate, s.expert_columns(tp));
     let halves = |t: &Tensor| {
         let half = |start| t.narrow(0, start, part.len());
         Tensor::cat(&[half(part.start)?, half(i + part.start)?], 0)
@@ -134,7 +134,7 @@ pub(super) fn mxfp4_experts(
     use super::mxfp4::Mxfp4Host;
     use candle_core::DType;
     let (n, i) = (s.num_experts, s.expert_intermediate);
-    let part = tp.expert_intermediate(s);
+    let part = s.expert_columns(tp);
     let dtype = w.dtype();
     if !w.device().is_cuda()
         || !matches!(dtype, DType::F16 | DType::BF16)
@@ -282,7 +282,7 @@ impl GptOss {
         let tp = par.rank;
         let embed = TokenEmbedding::load(w, cfg.vocab_size, h)?;
         let lm_head = LmHead::load(w, cfg, &embed, cfg.tie_word_embeddings, tp)?;
-        let q_heads = tp.q_heads(cfg);
+        let q_heads = cfg.q_heads(tp);
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
                 let p = format!("model.layers.{i}");
@@ -344,8 +344,8 @@ impl CausalLm for GptOss {
         let cfg = &self.cfg;
         let tp = self.par.rank;
         let heads = |sliding: bool| Heads {
-            q: tp.q_heads(cfg).len(),
-            kv: tp.kv_heads(cfg).len(),
+            q: cfg.q_heads(tp).len(),
+            kv: cfg.kv_heads(tp).len(),
             dim: cfg.head_dim,
             scale: 1.0 / (cfg.head_dim as f32).sqrt(),
             window: sliding.then_some(self.window),

@@ -124,6 +124,12 @@ impl CausalLm for Llama {
         &self.cfg
     }
 
+    #[cfg(feature = "cuda")]
+    fn fused_decode_rows(&self, kv: &KvCache) -> usize {
+        let w = self.norm.weight();
+        decode_fused::most_rows(|rows| self.fused_layers(rows, w.dtype(), w.device(), kv).is_some())
+    }
+
     fn graph_batch_limit(&self) -> Option<usize> {
         self.layers
             .iter()
@@ -152,16 +158,17 @@ impl CausalLm for Llama {
         let cfg = &self.cfg;
         let tp = self.par.rank;
         let heads = Heads {
-            q: tp.q_heads(cfg).len(),
-            kv: tp.kv_heads(cfg).len(),
+            q: cfg.q_heads(tp).len(),
+            kv: cfg.kv_heads(tp).len(),
             dim: cfg.head_dim,
             scale: 1.0 / (cfg.head_dim as f32).sqrt(),
             window: None,
         };
         let mut x = self.embed.forward(&batch.input_ids)?;
         #[cfg(feature = "cuda")]
-        if let Some(layers) = self.fused_layers(&x, batch, kv) {
-            decode_fused::count_step();
+        if batch.attention.device.is_some()
+            && let Some(layers) = self.fused_layers(x.dim(0)?, x.dtype(), x.device(), kv)
+        {
             for (i, layer) in layers.iter().enumerate() {
                 let attn =
                     decode_fused::attention(&x, &layer.attn, i, &self.rotary, batch, kv, heads)?;
@@ -197,16 +204,16 @@ impl Llama {
         self.lm_head.forward(&batch.sampled(h)?, &self.par)
     }
 
-    /// The layers' weights for the fused decode path, when it takes this step
-    /// (src/model/decode_fused.rs).
+    /// The layers' weights for the fused decode path, when it takes a step of `rows` rows in
+    /// `dtype` on `device` (src/model/decode_fused.rs).
     #[cfg(feature = "cuda")]
     fn fused_layers(
         &self,
-        x: &Tensor,
-        batch: &ForwardBatch<'_>,
+        rows: usize,
+        dtype: candle_core::DType,
+        device: &candle_core::Device,
         kv: &KvCache,
     ) -> Option<Vec<decode_fused::FusedLayer<'_>>> {
-        batch.attention.device.as_ref()?;
         // The fused kernels turn whole heads: partial rotary (Phi-4-mini) takes the other path.
         if self.cfg.rotary_dim() < self.cfg.head_dim {
             return None;
@@ -241,6 +248,6 @@ impl Llama {
                 })
             })
             .collect::<Option<Vec<_>>>()?;
-        decode_fused::fits(x, &layers).then_some(layers)
+        decode_fused::fits(rows, dtype, device, &layers).then_some(layers)
     }
 }
