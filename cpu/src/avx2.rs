@@ -1,10 +1,10 @@
 //! AVX2 dot products of one group of 8 interleaved weight rows against `R` activation rows (1 to
 //! 4): each weight block is unpacked once and multiplied into every activation row, 32 byte
-//! products (4 weights of each of the 8 rows) in one `vpmaddubsw`; with `V` (AVX-VNNI), in one
-//! `vpdpbusd`, which also sums them into 32 bits. [`super::kernels`] instantiates these inside its
-//! entry points, which enable AVX2, FMA and F16C (and AVX-VNNI for `V`) and are called only after
-//! `is_x86_feature_detected!` found them; the formats' scalar functions are the reference they
-//! are tested against.
+//! products (4 weights of each of the 8 rows) in one `vpmaddubsw`; with `V` (AVX-VNNI or
+//! AVX512-VNNI), in one `vpdpbusd`, which also sums them into 32 bits. [`super::kernels`]
+//! instantiates these inside its entry points, which enable AVX2, FMA and F16C and are called only
+//! after `is_x86_feature_detected!` found them (and `V`'s instruction); the formats' scalar
+//! functions are the reference they are tested against.
 
 use std::arch::x86_64::*;
 
@@ -33,23 +33,42 @@ fn unpack8(packed: &[[u8; 32]; 4]) -> [__m256i; 8] {
     q
 }
 
+/// The kernels' `V`: AVX2's `vpmaddubsw` and widening, no `vpdpbusd`.
+pub(super) const NO_VNNI: u8 = 0;
+/// The kernels' `V`: AVX-VNNI's `vpdpbusd` (VEX; Intel since Alder Lake, AMD since Zen 5).
+pub(super) const VNNI_VEX: u8 = 1;
+/// The kernels' `V`: AVX512-VNNI's `vpdpbusd` on 256 bits (EVEX, with AVX512VL; Intel Xeons since
+/// Cascade Lake, AMD since Zen 4).
+pub(super) const VNNI_EVEX: u8 = 2;
+
 /// `acc` plus, in each 32-bit lane, the four products of `u`'s unsigned bytes and `s`'s signed
-/// ones: AVX-VNNI's `vpdpbusd`. Only the `V` instantiations call it, which run only on a CPU with
-/// AVX-VNNI (`Isa::Avx2 { vnni: true }`). Written as one instruction of inline assembly rather
-/// than the intrinsic so that it is inlined into every helper whatever the helper's own target
-/// features (an intrinsic of a feature the helper lacks becomes an out-of-line call).
+/// ones: `vpdpbusd` in `V`'s encoding. Only the `V != NO_VNNI` instantiations call it, which run
+/// only on a CPU that has that encoding (`Isa::Avx2 { vnni }`). One instruction of inline
+/// assembly rather than the intrinsic, so that it is inlined into every helper whatever the
+/// helper's own target features (an intrinsic of a feature the helper lacks becomes an
+/// out-of-line call), and so that the kernels need no AVX-512 code generation.
 #[inline(always)]
-fn vnni(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+fn vnni<const V: u8>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
     let mut acc = acc;
-    // SAFETY: a register-only instruction; the callers run only where the CPU has AVX-VNNI.
+    // SAFETY: a register-only instruction; the callers run only where the CPU has it.
     unsafe {
-        std::arch::asm!(
-            "{{vex}} vpdpbusd {acc}, {u}, {s}",
-            acc = inout(ymm_reg) acc,
-            u = in(ymm_reg) u,
-            s = in(ymm_reg) s,
-            options(pure, nomem, nostack, preserves_flags),
-        );
+        if V == VNNI_EVEX {
+            std::arch::asm!(
+                "{{evex}} vpdpbusd {acc}, {u}, {s}",
+                acc = inout(ymm_reg) acc,
+                u = in(ymm_reg) u,
+                s = in(ymm_reg) s,
+                options(pure, nomem, nostack, preserves_flags),
+            );
+        } else {
+            std::arch::asm!(
+                "{{vex}} vpdpbusd {acc}, {u}, {s}",
+                acc = inout(ymm_reg) acc,
+                u = in(ymm_reg) u,
+                s = in(ymm_reg) s,
+                options(pure, nomem, nostack, preserves_flags),
+            );
+        }
     }
     acc
 }
@@ -61,7 +80,7 @@ fn vnni(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
 /// then widened; with `V`, 8 `vpdpbusd` straight into 32 bits.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn block8<const R: usize, const FIVE: bool, const V: bool>(
+fn block8<const R: usize, const FIVE: bool, const V: u8>(
     q: &[__m256i; 8],
     scale: __m256,
     offset: __m256,
@@ -70,10 +89,10 @@ fn block8<const R: usize, const FIVE: bool, const V: bool>(
 ) {
     for r in 0..R {
         let ab = acts[r];
-        let sum = if V {
+        let sum = if V != NO_VNNI {
             let mut two = [_mm256_setzero_si256(); 2];
             for (k, qk) in q.iter().enumerate() {
-                two[k % 2] = vnni(two[k % 2], *qk, act_bytes(ab, k));
+                two[k % 2] = vnni::<V>(two[k % 2], *qk, act_bytes(ab, k));
             }
             _mm256_add_epi32(two[0], two[1])
         } else {
@@ -207,7 +226,7 @@ fn sub_block_scales(d: __m256, dmin: __m256, sc: &[u8; 8], m: &[u8; 8]) -> (__m2
 /// The 8 interleaved rows of `w` (one group, all its blocks) against each of the rows `a`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) fn dot_nibbles8<const R: usize, const V: bool>(
+pub(super) fn dot_nibbles8<const R: usize, const V: u8>(
     w: &[Nibbles8],
     a: [&[Act]; R],
 ) -> [[f32; 8]; R] {
@@ -227,7 +246,7 @@ pub(super) fn dot_nibbles8<const R: usize, const V: bool>(
 /// `d · sc` and `−dmin · m` made for the 8 rows at once.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) fn dot_q4k8<const R: usize, const V: bool>(w: &[Q4K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+pub(super) fn dot_q4k8<const R: usize, const V: u8>(w: &[Q4K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
     for row in a {
         assert_eq!(row.len(), 8 * w.len());
     }
@@ -278,7 +297,7 @@ fn unpack6(ql: &[[u8; 32]; 4], qh: &[[u8; 32]; 2]) -> [__m256i; 8] {
 /// half-blocks' scales in one `vpmaddwd` each, less `32 Σ sc Σ a` from the activations' 16-sums.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) fn dot_q6k8<const R: usize, const V: bool>(w: &[Q6K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+pub(super) fn dot_q6k8<const R: usize, const V: u8>(w: &[Q6K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
     for row in a {
         assert_eq!(row.len(), 8 * w.len());
     }
@@ -297,10 +316,10 @@ pub(super) fn dot_q6k8<const R: usize, const V: bool>(w: &[Q6K8], a: [&[Act]; R]
             let q = unpack6(&part.ql, &part.qh);
             for r in 0..R {
                 let ab = &a[r][8 * b + k];
-                let sum = if V {
+                let sum = if V != NO_VNNI {
                     let half = |c: usize| {
                         (c..c + 4).fold(_mm256_setzero_si256(), |s, c| {
-                            vnni(s, q[c], act_bytes(ab, c))
+                            vnni::<V>(s, q[c], act_bytes(ab, c))
                         })
                     };
                     _mm256_add_epi32(
@@ -335,7 +354,7 @@ pub(super) fn dot_q6k8<const R: usize, const V: bool>(w: &[Q6K8], a: [&[Act]; R]
 /// The 8 interleaved 5-bit rows of `w` (one group, all its blocks) against each of the rows `a`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) fn dot_fives8<const R: usize, const V: bool>(
+pub(super) fn dot_fives8<const R: usize, const V: u8>(
     w: &[Fives8],
     a: [&[Act]; R],
 ) -> [[f32; 8]; R] {
@@ -354,7 +373,7 @@ pub(super) fn dot_fives8<const R: usize, const V: bool>(
 /// `a` (8 activation blocks a super-block), as [`dot_q4k8`] with 5-bit values.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) fn dot_q5k8<const R: usize, const V: bool>(w: &[Q5K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+pub(super) fn dot_q5k8<const R: usize, const V: u8>(w: &[Q5K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
     for row in a {
         assert_eq!(row.len(), 8 * w.len());
     }
@@ -380,9 +399,9 @@ pub(super) fn dot_q5k8<const R: usize, const V: bool>(w: &[Q5K8], a: [&[Act]; R]
 /// most 2 · 128 · 127 = 32512) widened by `vpmaddwd`; with `V`, one `vpdpbusd`.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn signed_quads<const V: bool>(sums: __m256i, magnitude: __m256i, signed: __m256i) -> __m256i {
-    if V {
-        vnni(sums, magnitude, signed)
+fn signed_quads<const V: u8>(sums: __m256i, magnitude: __m256i, signed: __m256i) -> __m256i {
+    if V != NO_VNNI {
+        vnni::<V>(sums, magnitude, signed)
     } else {
         let pairs = _mm256_maddubs_epi16(magnitude, signed);
         _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
@@ -395,7 +414,7 @@ fn signed_quads<const V: bool>(sums: __m256i, magnitude: __m256i, signed: __m256
 /// chunk.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) fn dot_bytes8<const R: usize, const V: bool>(
+pub(super) fn dot_bytes8<const R: usize, const V: u8>(
     w: &[Bytes8],
     a: [&[Act]; R],
 ) -> [[f32; 8]; R] {
@@ -429,10 +448,7 @@ pub(super) fn dot_bytes8<const R: usize, const V: bool>(
 /// values' signs).
 #[target_feature(enable = "avx2")]
 #[inline]
-fn iq4_sums<const R: usize, const V: bool>(
-    packed: &[[u8; 32]; 4],
-    acts: [&Act; R],
-) -> [__m256i; R] {
+fn iq4_sums<const R: usize, const V: u8>(packed: &[[u8; 32]; 4], acts: [&Act; R]) -> [__m256i; R] {
     // SAFETY: 16 bytes; unaligned load.
     let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(IQ4_VALUES.as_ptr().cast()) });
     let values = unpack8(packed).map(|q| _mm256_shuffle_epi8(table, q));
@@ -450,7 +466,7 @@ fn iq4_sums<const R: usize, const V: bool>(
 /// The 8 interleaved IQ4_NL rows of `w` (one group, all its blocks) against each of the rows `a`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) fn dot_iq4nl8<const R: usize, const V: bool>(
+pub(super) fn dot_iq4nl8<const R: usize, const V: u8>(
     w: &[Iq4Nl8],
     a: [&[Act]; R],
 ) -> [[f32; 8]; R] {
@@ -474,7 +490,7 @@ pub(super) fn dot_iq4nl8<const R: usize, const V: bool>(
 /// `d · (ls − 32)`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) fn dot_iq4xs8<const R: usize, const V: bool>(
+pub(super) fn dot_iq4xs8<const R: usize, const V: u8>(
     w: &[Iq4Xs8],
     a: [&[Act]; R],
 ) -> [[f32; 8]; R] {

@@ -17,13 +17,24 @@ use super::q23k::{Q2K8, Q3K8, dot_q2k8_scalar, dot_q3k8_scalar};
 pub enum Isa {
     /// The scalar reference.
     Scalar,
-    /// AVX2 + FMA + F16C; with `vnni`, the dot products' byte products by AVX-VNNI's
-    /// `vpdpbusd` (Intel since Alder Lake, AMD since Zen 5).
+    /// AVX2 + FMA + F16C, with the byte products by `vpdpbusd` when the CPU has it.
     #[cfg(target_arch = "x86_64")]
     Avx2 {
-        /// The CPU has AVX-VNNI.
-        vnni: bool,
+        /// Which `vpdpbusd`, if any.
+        vnni: Vnni,
     },
+}
+
+/// The `vpdpbusd` (four byte products summed into 32 bits) the AVX2 kernels use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vnni {
+    /// None: `vpmaddubsw`, then widening.
+    No,
+    /// AVX512-VNNI's on 256-bit registers (with AVX512VL): Intel Xeons since Cascade Lake, AMD
+    /// since Zen 4.
+    Avx512,
+    /// AVX-VNNI's: Intel since Alder Lake, AMD since Zen 5.
+    Avx,
 }
 
 impl Isa {
@@ -42,9 +53,12 @@ impl Isa {
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c")
         {
-            all.push(Isa::Avx2 { vnni: false });
+            all.push(Isa::Avx2 { vnni: Vnni::No });
+            if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+                all.push(Isa::Avx2 { vnni: Vnni::Avx512 });
+            }
             if is_x86_feature_detected!("avxvnni") {
-                all.push(Isa::Avx2 { vnni: true });
+                all.push(Isa::Avx2 { vnni: Vnni::Avx });
             }
         }
         all
@@ -61,9 +75,9 @@ pub trait GroupBlock: Copy + Send + Sync {
     fn weight(&self, r: usize, i: usize) -> f32;
 }
 
-/// Implements [`GroupBlock`] for a format from its AVX2 kernel (generic over AVX-VNNI, `V`) and
-/// scalar reference: two entry points enable the instructions each instantiation uses, so the
-/// kernel and its helpers are compiled, inlined, for each.
+/// Implements [`GroupBlock`] for a format from its AVX2 kernel (generic over the `vpdpbusd` it
+/// uses, `V`) and scalar reference: one entry point enables AVX2, FMA and F16C, so that the kernel
+/// and its helpers are compiled, inlined, for each `V`.
 macro_rules! group_block {
     ($block:ty, $weights:expr, $avx2:ident, $scalar:ident) => {
         impl GroupBlock for $block {
@@ -72,21 +86,23 @@ macro_rules! group_block {
             fn dot_group<const R: usize>(isa: Isa, w: &[Self], a: [&[Act]; R]) -> [[f32; 8]; R] {
                 #[cfg(target_arch = "x86_64")]
                 #[target_feature(enable = "avx2,fma,f16c")]
-                fn avx2<const R: usize>(w: &[$block], a: [&[Act]; R]) -> [[f32; 8]; R] {
-                    super::avx2::$avx2::<R, false>(w, a)
+                fn avx2<const R: usize, const V: u8>(
+                    w: &[$block],
+                    a: [&[Act]; R],
+                ) -> [[f32; 8]; R] {
+                    super::avx2::$avx2::<R, V>(w, a)
                 }
                 #[cfg(target_arch = "x86_64")]
-                #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-                fn vnni<const R: usize>(w: &[$block], a: [&[Act]; R]) -> [[f32; 8]; R] {
-                    super::avx2::$avx2::<R, true>(w, a)
-                }
+                use super::avx2::{NO_VNNI, VNNI_EVEX, VNNI_VEX};
                 match isa {
                     // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C, and
-                    // with `vnni` only when it also has AVX-VNNI.
+                    // with a `vnni` only when it also has that `vpdpbusd`.
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 { vnni: false } => unsafe { avx2(w, a) },
+                    Isa::Avx2 { vnni: Vnni::No } => unsafe { avx2::<R, NO_VNNI>(w, a) },
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 { vnni: true } => unsafe { vnni(w, a) },
+                    Isa::Avx2 { vnni: Vnni::Avx } => unsafe { avx2::<R, VNNI_VEX>(w, a) },
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 { vnni: Vnni::Avx512 } => unsafe { avx2::<R, VNNI_EVEX>(w, a) },
                     Isa::Scalar => a.map(|row| $scalar(w, row)),
                 }
             }
@@ -107,8 +123,8 @@ group_block!(Q6K8, 256, dot_q6k8, dot_q6k8_scalar);
 group_block!(Iq4Nl8, 32, dot_iq4nl8, dot_iq4nl8_scalar);
 group_block!(Iq4Xs8, 256, dot_iq4xs8, dot_iq4xs8_scalar);
 
-/// Q2_K and Q3_K: AVX2 only (their 16-weight sub-blocks' sums stay 16-bit); AVX-VNNI CPUs run
-/// the same kernels.
+/// Q2_K and Q3_K: AVX2 only (their 16-weight sub-blocks' sums stay 16-bit); VNNI CPUs run the
+/// same kernels.
 macro_rules! group_block_avx2 {
     ($block:ty, $weights:expr, $avx2:ident, $scalar:ident) => {
         impl GroupBlock for $block {
