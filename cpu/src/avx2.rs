@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-pub use super::avx2_low::{dot_q2k8, dot_q3k8};
+pub(super) use super::avx2_low::{dot_q2k8, dot_q3k8};
 use super::blocks::{Act, Nibbles8};
 use super::fives::{Fives8, Packed5};
 use super::iq4::{IQ4_VALUES, Iq4Nl8, Iq4Xs8};
@@ -48,7 +48,7 @@ pub(super) const VNNI_EVEX: u8 = 2;
 /// helper's own target features (an intrinsic of a feature the helper lacks becomes an
 /// out-of-line call), and so that the kernels need no AVX-512 code generation.
 #[inline(always)]
-fn vnni<const V: u8>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+pub(super) fn vnni<const V: u8>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
     let mut acc = acc;
     // SAFETY: a register-only instruction; the callers run only where the CPU has it.
     unsafe {
@@ -107,7 +107,7 @@ fn block8<const R: usize, const FIVE: bool, const V: u8>(
 /// The activation block's bytes `4k..4k + 4` in every 32-bit lane.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn act_bytes(a: &Act, k: usize) -> __m256i {
+pub(super) fn act_bytes(a: &Act, k: usize) -> __m256i {
     assert!(k < 8);
     // SAFETY: bytes 4k..4k + 4 of the 32; unaligned read.
     _mm256_set1_epi32(unsafe { a.qs.as_ptr().add(4 * k).cast::<i32>().read_unaligned() })

@@ -2,11 +2,15 @@
 //! `R` activation rows, as [`super::avx2`]'s: per activation block the 8 quads of unsigned
 //! values, each multiplied into each activation row by one `vpmaddubsw` (a pair at most
 //! 2 · 7 · 127 = 1778), four summed in 16 bits per half-block, times the half-blocks' scales in
-//! one `vpmaddwd`; the offsets from the activations' 16-sums, one more `vpmaddwd`.
+//! one `vpmaddwd`; the offsets from the activations' 16-sums, one more `vpmaddwd`. With `V`, four
+//! `vpdpbusd` a half-block instead (its sum is at most 16 · 7 · 127 = 14224, so the scale's
+//! `vpmaddwd` still takes it from the low 16 bits of each 32-bit lane).
 
 use std::arch::x86_64::*;
 
-use super::avx2::{act_half_sums, act_quad, f16x8, half_block_scales, store8};
+use super::avx2::{
+    NO_VNNI, act_bytes, act_half_sums, act_quad, f16x8, half_block_scales, store8, vnni,
+};
 use super::blocks::Act;
 use super::q23k::{Q2K8, Q3K8};
 
@@ -64,12 +68,31 @@ fn unpack3(q: &[[u8; 32]; 2], h: &[u8; 32]) -> [__m256i; 8] {
 /// `m` (likewise) against the row's half sums.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn part_sums<const R: usize>(
+fn part_sums<const R: usize, const V: u8>(
     q: &[__m256i; 8],
     sc: __m256i,
     m: __m256i,
     acts: [&Act; R],
 ) -> [(__m256i, __m256i); R] {
+    if V != NO_VNNI {
+        // Row r's scales in the low 16 bits of 32-bit lane r, the high 16 bits zero.
+        let (lo, hi) = (
+            _mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF)),
+            _mm256_srli_epi32(sc, 16),
+        );
+        return acts.map(|a| {
+            let half = |k: usize| {
+                (k..k + 4).fold(_mm256_setzero_si256(), |s, c| {
+                    vnni::<V>(s, q[c], act_bytes(a, c))
+                })
+            };
+            let sum = _mm256_add_epi32(
+                _mm256_madd_epi16(half(0), lo),
+                _mm256_madd_epi16(half(4), hi),
+            );
+            (sum, _mm256_madd_epi16(m, act_half_sums(a)))
+        });
+    }
     let (lo, hi) = half_block_scales(sc);
     acts.map(|a| {
         let quad = |k: usize| act_quad(q[k], a, k);
@@ -90,7 +113,8 @@ fn part_sums<const R: usize>(
 /// The 8 interleaved Q2_K rows of `w` (one group, all its super-blocks) against each of the rows
 /// `a` (8 activation blocks a super-block).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub fn dot_q2k8<const R: usize>(w: &[Q2K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+#[inline]
+pub(super) fn dot_q2k8<const R: usize, const V: u8>(w: &[Q2K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
     for row in a {
         assert_eq!(row.len(), 8 * w.len());
     }
@@ -103,7 +127,7 @@ pub fn dot_q2k8<const R: usize>(w: &[Q2K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
             let packed =
                 _mm256_cvtepu8_epi16(unsafe { _mm_loadu_si128(part.scales.as_ptr().cast()) });
             let (sc, m) = (_mm256_and_si256(packed, low), _mm256_srli_epi16(packed, 4));
-            let sums = part_sums(&unpack2(&part.q), sc, m, a.map(|row| &row[8 * b + k]));
+            let sums = part_sums::<R, V>(&unpack2(&part.q), sc, m, a.map(|row| &row[8 * b + k]));
             for r in 0..R {
                 let ad = _mm256_set1_ps(a[r][8 * b + k].d);
                 let (sum, offset) = sums[r];
@@ -119,7 +143,8 @@ pub fn dot_q2k8<const R: usize>(w: &[Q2K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
 /// The 8 interleaved Q3_K rows of `w` (one group, all its super-blocks) against each of the rows
 /// `a` (8 activation blocks a super-block): the offsets are `4 sc`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub fn dot_q3k8<const R: usize>(w: &[Q3K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+#[inline]
+pub(super) fn dot_q3k8<const R: usize, const V: u8>(w: &[Q3K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
     for row in a {
         assert_eq!(row.len(), 8 * w.len());
     }
@@ -130,7 +155,7 @@ pub fn dot_q3k8<const R: usize>(w: &[Q3K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
             // SAFETY: 16 bytes; unaligned load.
             let sc = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(part.sc.as_ptr().cast()) });
             let m = _mm256_slli_epi16(sc, 2);
-            let sums = part_sums(
+            let sums = part_sums::<R, V>(
                 &unpack3(&part.q, &part.h),
                 sc,
                 m,

@@ -123,31 +123,8 @@ group_block!(Q6K8, 256, dot_q6k8, dot_q6k8_scalar);
 group_block!(Iq4Nl8, 32, dot_iq4nl8, dot_iq4nl8_scalar);
 group_block!(Iq4Xs8, 256, dot_iq4xs8, dot_iq4xs8_scalar);
 
-/// Q2_K and Q3_K: AVX2 only (their 16-weight sub-blocks' sums stay 16-bit); VNNI CPUs run the
-/// same kernels.
-macro_rules! group_block_avx2 {
-    ($block:ty, $weights:expr, $avx2:ident, $scalar:ident) => {
-        impl GroupBlock for $block {
-            const WEIGHTS: usize = $weights;
-
-            fn dot_group<const R: usize>(isa: Isa, w: &[Self], a: [&[Act]; R]) -> [[f32; 8]; R] {
-                match isa {
-                    // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C.
-                    #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 { .. } => unsafe { super::avx2::$avx2(w, a) },
-                    Isa::Scalar => a.map(|row| $scalar(w, row)),
-                }
-            }
-
-            fn weight(&self, r: usize, i: usize) -> f32 {
-                <$block>::weight(self, r, i)
-            }
-        }
-    };
-}
-
-group_block_avx2!(Q2K8, 256, dot_q2k8, dot_q2k8_scalar);
-group_block_avx2!(Q3K8, 256, dot_q3k8, dot_q3k8_scalar);
+group_block!(Q2K8, 256, dot_q2k8, dot_q2k8_scalar);
+group_block!(Q3K8, 256, dot_q3k8, dot_q3k8_scalar);
 
 /// Activation bytes a pass over the weights takes at most: a long prompt's activations are
 /// split in runs that stay in the L2 cache while every weight row is multiplied by them.
