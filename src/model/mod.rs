@@ -78,7 +78,7 @@ pub trait CausalLm: Send {
     fn config(&self) -> &ModelConfig;
 
     /// The tensor-parallel rank whose shard this is (the whole model: [`TpRank::SINGLE`]). Its
-    /// KV cache holds [`TpRank::kv_heads`] of the model's KV heads.
+    /// KV cache holds [`ModelConfig::kv_heads`] of the model's KV heads.
     fn tp_rank(&self) -> TpRank {
         TpRank::SINGLE
     }
