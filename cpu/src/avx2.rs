@@ -16,6 +16,7 @@ use super::q4k::Q4K8;
 use super::q5k::Q5K8;
 use super::q6k::Q6K8;
 use super::q8::Bytes8;
+use super::vnni::{NO_VNNI, vnni};
 
 /// The 8 vectors of 4 weights of each of 8 rows that one interleaved block holds (`packed[c]`'s
 /// low nibbles are weights `4c..4c + 4` of each row, its high nibbles weights `16 + 4c..`).
@@ -31,46 +32,6 @@ fn unpack8(packed: &[[u8; 32]; 4]) -> [__m256i; 8] {
         q[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
     }
     q
-}
-
-/// The kernels' `V`: AVX2's `vpmaddubsw` and widening, no `vpdpbusd`.
-pub(super) const NO_VNNI: u8 = 0;
-/// The kernels' `V`: AVX-VNNI's `vpdpbusd` (VEX; Intel since Alder Lake, AMD since Zen 5).
-pub(super) const VNNI_VEX: u8 = 1;
-/// The kernels' `V`: AVX512-VNNI's `vpdpbusd` on 256 bits (EVEX, with AVX512VL; Intel Xeons since
-/// Cascade Lake, AMD since Zen 4).
-pub(super) const VNNI_EVEX: u8 = 2;
-
-/// `acc` plus, in each 32-bit lane, the four products of `u`'s unsigned bytes and `s`'s signed
-/// ones: `vpdpbusd` in `V`'s encoding. Only the `V != NO_VNNI` instantiations call it, which run
-/// only on a CPU that has that encoding (`Isa::Avx2 { vnni }`). One instruction of inline
-/// assembly rather than the intrinsic, so that it is inlined into every helper whatever the
-/// helper's own target features (an intrinsic of a feature the helper lacks becomes an
-/// out-of-line call), and so that the kernels need no AVX-512 code generation.
-#[inline(always)]
-pub(super) fn vnni<const V: u8>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-    let mut acc = acc;
-    // SAFETY: a register-only instruction; the callers run only where the CPU has it.
-    unsafe {
-        if V == VNNI_EVEX {
-            std::arch::asm!(
-                "{{evex}} vpdpbusd {acc}, {u}, {s}",
-                acc = inout(ymm_reg) acc,
-                u = in(ymm_reg) u,
-                s = in(ymm_reg) s,
-                options(pure, nomem, nostack, preserves_flags),
-            );
-        } else {
-            std::arch::asm!(
-                "{{vex}} vpdpbusd {acc}, {u}, {s}",
-                acc = inout(ymm_reg) acc,
-                u = in(ymm_reg) u,
-                s = in(ymm_reg) s,
-                options(pure, nomem, nostack, preserves_flags),
-            );
-        }
-    }
-    acc
 }
 
 /// Adds one block of 8 rows (`q` from [`unpack8`] or [`unpack5`], the rows' `scale` and
@@ -90,11 +51,7 @@ fn block8<const R: usize, const FIVE: bool, const V: u8>(
     for r in 0..R {
         let ab = acts[r];
         let sum = if V != NO_VNNI {
-            let mut two = [_mm256_setzero_si256(); 2];
-            for (k, qk) in q.iter().enumerate() {
-                two[k % 2] = vnni::<V>(two[k % 2], *qk, act_bytes(ab, k));
-            }
-            _mm256_add_epi32(two[0], two[1])
+            quad_sums::<V>(q, ab, 0..8)
         } else {
             sums16::<FIVE>(q, ab)
         };
@@ -111,6 +68,23 @@ pub(super) fn act_bytes(a: &Act, k: usize) -> __m256i {
     assert!(k < 8);
     // SAFETY: bytes 4k..4k + 4 of the 32; unaligned read.
     _mm256_set1_epi32(unsafe { a.qs.as_ptr().add(4 * k).cast::<i32>().read_unaligned() })
+}
+
+/// With a `vpdpbusd` (`V`): in each 32-bit lane (a weight row), the products of the row's
+/// unsigned values `q[k]` and the activation block's bytes `4k..4k + 4`, summed over the quads
+/// `ks` (two accumulators, so that consecutive `vpdpbusd` do not wait on each other).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn quad_sums<const V: u8>(
+    q: &[__m256i; 8],
+    a: &Act,
+    ks: std::ops::Range<usize>,
+) -> __m256i {
+    let mut two = [_mm256_setzero_si256(); 2];
+    for k in ks {
+        two[k % 2] = vnni::<V>(two[k % 2], q[k], act_bytes(a, k));
+    }
+    _mm256_add_epi32(two[0], two[1])
 }
 
 /// [`block8`]'s integer sums without AVX-VNNI: `vpmaddubsw` per quad, summed in 16 bits, widened.
@@ -317,14 +291,9 @@ pub(super) fn dot_q6k8<const R: usize, const V: u8>(w: &[Q6K8], a: [&[Act]; R]) 
             for r in 0..R {
                 let ab = &a[r][8 * b + k];
                 let sum = if V != NO_VNNI {
-                    let half = |c: usize| {
-                        (c..c + 4).fold(_mm256_setzero_si256(), |s, c| {
-                            vnni::<V>(s, q[c], act_bytes(ab, c))
-                        })
-                    };
                     _mm256_add_epi32(
-                        _mm256_mullo_epi32(half(0), lo32),
-                        _mm256_mullo_epi32(half(4), hi32),
+                        _mm256_mullo_epi32(quad_sums::<V>(&q, ab, 0..4), lo32),
+                        _mm256_mullo_epi32(quad_sums::<V>(&q, ab, 4..8), hi32),
                     )
                 } else {
                     let two = |c: usize| {

@@ -8,11 +8,10 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{
-    NO_VNNI, act_bytes, act_half_sums, act_quad, f16x8, half_block_scales, store8, vnni,
-};
+use super::avx2::{act_half_sums, act_quad, f16x8, half_block_scales, quad_sums, store8};
 use super::blocks::Act;
 use super::q23k::{Q2K8, Q3K8};
+use super::vnni::NO_VNNI;
 
 /// The 8 quads of two-bit values of one part (`q[k / 4]`, bits `2 (k % 4)..`), each a byte.
 #[target_feature(enable = "avx2")]
@@ -81,14 +80,9 @@ fn part_sums<const R: usize, const V: u8>(
             _mm256_srli_epi32(sc, 16),
         );
         return acts.map(|a| {
-            let half = |k: usize| {
-                (k..k + 4).fold(_mm256_setzero_si256(), |s, c| {
-                    vnni::<V>(s, q[c], act_bytes(a, c))
-                })
-            };
             let sum = _mm256_add_epi32(
-                _mm256_madd_epi16(half(0), lo),
-                _mm256_madd_epi16(half(4), hi),
+                _mm256_madd_epi16(quad_sums::<V>(q, a, 0..4), lo),
+                _mm256_madd_epi16(quad_sums::<V>(q, a, 4..8), hi),
             );
             (sum, _mm256_madd_epi16(m, act_half_sums(a)))
         });

@@ -93,7 +93,7 @@ macro_rules! group_block {
                     super::avx2::$avx2::<R, V>(w, a)
                 }
                 #[cfg(target_arch = "x86_64")]
-                use super::avx2::{NO_VNNI, VNNI_EVEX, VNNI_VEX};
+                use super::vnni::{NO_VNNI, VNNI_EVEX, VNNI_VEX};
                 match isa {
                     // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C, and
                     // with a `vnni` only when it also has that `vpdpbusd`.

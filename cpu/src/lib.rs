@@ -5,7 +5,8 @@
 //! - [`blocks`]: Q4_0 / Q4_1 blocks and the activation blocks, with their scalar reference;
 //! - [`fives`], [`q8`], [`q4k`], [`q5k`], [`q6k`]: Q5_0 / Q5_1, Q8_0, Q4_K, Q5_K and Q6_K
 //!   interleaved 8 rows by 8 for the 8-row kernels, each with its scalar reference;
-//! - `avx2`: the SIMD dot products (x86-64, detected at run time);
+//! - `avx2`: the SIMD dot products (x86-64, detected at run time), with `vnni`'s `vpdpbusd`
+//!   where the CPU has one;
 //! - [`kernels`]: the choice between them, over a range of weight groups;
 //! - [`iq4`]: IQ4_NL and IQ4_XS (a 4-bit code picks one of 16 values), interleaved likewise;
 //! - [`q23k`]: Q2_K and Q3_K (16-weight sub-blocks), interleaved likewise (`avx2_low`);
@@ -35,6 +36,8 @@ pub mod q6k;
 pub mod q8;
 mod qlinear;
 pub mod team;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
 
 pub use qlinear::QLinear;
 
