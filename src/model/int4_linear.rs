@@ -117,8 +117,7 @@ impl Int4Linear {
             return Ok(None);
         }
         let group = if u.groups == 1 { u.inp } else { group };
-        // Tiles (`CodeOrder::best_for`) once the tensor-core GEMV has passed its first GPU run.
-        let order = CodeOrder::Rows;
+        let order = CodeOrder::best_for((u.out, u.inp), group);
         let codes = Tensor::from_vec(
             pack_int4(&u.codes, u.inp, order),
             (u.out, u.inp / 2),
@@ -156,9 +155,8 @@ impl Int4Linear {
             .to_dtype(DType::F16)?;
         Ok(Int4Linear {
             codes,
-            // (Random codes: any order reads them as random. Tiles once the tensor-core GEMV has
-            // passed its first GPU run.)
-            order: CodeOrder::Rows,
+            // (Random codes: any order reads them as random.)
+            order: CodeOrder::best_for((out, inp), group),
             scale_zero,
             group,
             bias: None,
