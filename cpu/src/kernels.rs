@@ -5,6 +5,7 @@ use std::sync::OnceLock;
 
 use super::blocks::{Act, Nibbles8, dot_nibbles8_scalar};
 use super::fives::{Fives8, dot_fives8_scalar};
+use super::halves::{HALF_COLS, Halves8, dot_halves8_scalar};
 use super::iq4::{Iq4Nl8, Iq4Xs8, dot_iq4nl8_scalar, dot_iq4xs8_scalar};
 use super::q4k::{Q4K8, dot_q4k8_scalar};
 use super::q5k::{Q5K8, dot_q5k8_scalar};
@@ -67,10 +68,15 @@ impl Isa {
 
 /// An interleaved format of 8 rows a group.
 pub trait GroupBlock: Copy + Send + Sync {
-    /// Weights a row in one block (a multiple of the activations' 32).
+    /// Weights a row in one block (a multiple of [`GroupBlock::ACT_COLS`]).
     const WEIGHTS: usize;
+    /// What the weights are multiplied by: activation blocks quantized to 8 bits ([`Act`]), or
+    /// f32 activations as they are (16-bit float weights).
+    type Act: Sync;
+    /// Columns of an activation row that one [`GroupBlock::Act`] holds.
+    const ACT_COLS: usize;
     /// The 8 rows of `w` (one group, all its blocks) against `R` activation rows, with `isa`.
-    fn dot_group<const R: usize>(isa: Isa, w: &[Self], a: [&[Act]; R]) -> [[f32; 8]; R];
+    fn dot_group<const R: usize>(isa: Isa, w: &[Self], a: [&[Self::Act]; R]) -> [[f32; 8]; R];
     /// Row `r`'s weight `i` (of [`GroupBlock::WEIGHTS`]) in this block, as GGML dequantizes it.
     fn weight(&self, r: usize, i: usize) -> f32;
 }
@@ -82,6 +88,8 @@ macro_rules! group_block {
     ($block:ty, $weights:expr, $avx2:ident, $scalar:ident) => {
         impl GroupBlock for $block {
             const WEIGHTS: usize = $weights;
+            type Act = Act;
+            const ACT_COLS: usize = 32;
 
             fn dot_group<const R: usize>(isa: Isa, w: &[Self], a: [&[Act]; R]) -> [[f32; 8]; R] {
                 #[cfg(target_arch = "x86_64")]
@@ -126,13 +134,33 @@ group_block!(Iq4Xs8, 256, dot_iq4xs8, dot_iq4xs8_scalar);
 group_block!(Q2K8, 256, dot_q2k8, dot_q2k8_scalar);
 group_block!(Q3K8, 256, dot_q3k8, dot_q3k8_scalar);
 
+/// F16 and BF16 weights, multiplied by f32 activations (one kernel whatever the VNNI).
+impl<const BF16: bool> GroupBlock for Halves8<BF16> {
+    const WEIGHTS: usize = HALF_COLS;
+    type Act = f32;
+    const ACT_COLS: usize = 1;
+
+    fn dot_group<const R: usize>(isa: Isa, w: &[Self], a: [&[f32]; R]) -> [[f32; 8]; R] {
+        match isa {
+            // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 { .. } => unsafe { super::halves::dot_halves8::<R, BF16>(w, a) },
+            Isa::Scalar => a.map(|row| dot_halves8_scalar(w, row)),
+        }
+    }
+
+    fn weight(&self, r: usize, i: usize) -> f32 {
+        Halves8::weight(self, r, i)
+    }
+}
+
 /// Activation bytes a pass over the weights takes at most: a long prompt's activations are
 /// split in runs that stay in the L2 cache while every weight row is multiplied by them.
 const ACT_RUN_BYTES: usize = 256 * 1024;
 
-/// Activation rows a run holds at `per_act` blocks a row (a multiple of 4, the tile).
-pub fn act_run(per_act: usize) -> usize {
-    (ACT_RUN_BYTES / (per_act * std::mem::size_of::<Act>()) / 4 * 4).max(4)
+/// Activation rows a run holds at `row_bytes` bytes a row (a multiple of 4, the tile).
+pub fn act_run(row_bytes: usize) -> usize {
+    (ACT_RUN_BYTES / row_bytes / 4 * 4).max(4)
 }
 
 /// For an interleaved format: `groups` of 8 rows of `cols` weights in `w`;
@@ -140,12 +168,13 @@ pub fn act_run(per_act: usize) -> usize {
 pub fn dot_groups<B: GroupBlock>(
     isa: Isa,
     w: &[B],
-    acts: &[Act],
+    acts: &[B::Act],
     cols: usize,
     groups: std::ops::Range<usize>,
     store: impl FnMut(usize, usize, f32),
 ) {
-    dot_groups_in_runs(isa, w, acts, cols, groups, act_run(cols / 32), store)
+    let row_bytes = cols / B::ACT_COLS * std::mem::size_of::<B::Act>();
+    dot_groups_in_runs(isa, w, acts, cols, groups, act_run(row_bytes), store)
 }
 
 /// [`dot_groups`] taking the activation rows `run` at a time: every group against the first
@@ -153,13 +182,13 @@ pub fn dot_groups<B: GroupBlock>(
 pub fn dot_groups_in_runs<B: GroupBlock>(
     isa: Isa,
     w: &[B],
-    acts: &[Act],
+    acts: &[B::Act],
     cols: usize,
     groups: std::ops::Range<usize>,
     run: usize,
     mut store: impl FnMut(usize, usize, f32),
 ) {
-    let (per_act, per_group) = (cols / 32, cols / B::WEIGHTS);
+    let (per_act, per_group) = (cols / B::ACT_COLS, cols / B::WEIGHTS);
     let m = acts.len() / per_act;
     let act = |i: usize| &acts[i * per_act..(i + 1) * per_act];
     for first in (0..m).step_by(run.max(1)) {

@@ -10,6 +10,8 @@
 //! - [`kernels`]: the choice between them, over a range of weight groups;
 //! - [`iq4`]: IQ4_NL and IQ4_XS (a 4-bit code picks one of 16 values), interleaved likewise;
 //! - [`q23k`]: Q2_K and Q3_K (16-weight sub-blocks), interleaved likewise (`avx2_low`);
+//! - [`halves`]: F16 and BF16 weights, interleaved likewise, multiplied by f32 activations (their
+//!   own AVX2 kernel);
 //! - [`activations`] (and `avx2_math`): the gated MLPs' SiLU and GELU-tanh, vectorized;
 //! - [`exp`]: the sampler's unnormalized probabilities over a vocabulary, vectorized;
 //! - [`team`]: the threads;
@@ -26,6 +28,7 @@ mod avx2_math;
 pub mod blocks;
 pub mod exp;
 pub mod fives;
+pub mod halves;
 pub mod iq4;
 pub mod kernels;
 pub mod memory;
@@ -43,5 +46,7 @@ pub use qlinear::QLinear;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_halves;
 #[cfg(test)]
 mod tests_iq4;

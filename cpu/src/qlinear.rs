@@ -7,6 +7,7 @@ use candle_core::quantized::GgmlDType;
 
 use super::blocks::{BLOCK, Nibbles, Nibbles8, quantize_row};
 use super::fives::{Five, Fives8};
+use super::halves::{Bf16x8, F16x8, HALF_COLS};
 use super::iq4::{Iq4Nl8, Iq4Type, Iq4Xs8};
 use super::kernels::{GroupBlock, Isa, dot_groups};
 use super::q4k::Q4K8;
@@ -40,11 +41,19 @@ enum Blocks {
     Q2K8(Vec<Q2K8>),
     /// Q3_K.
     Q3K8(Vec<Q3K8>),
+    /// F16 (multiplied by f32 activations).
+    F16(Vec<F16x8>),
+    /// BF16 (multiplied by f32 activations).
+    Bf16(Vec<Bf16x8>),
 }
 
-/// `$body` with `$w` bound to the interleaved blocks of `$blocks`, whatever their format.
+/// `$body` with `$w` bound to the interleaved blocks of `$blocks`, whatever their format; with a
+/// second body, that one for the 16-bit float formats.
 macro_rules! each_format {
     ($blocks:expr, $w:ident => $body:expr) => {
+        each_format!($blocks, $w => $body, $body)
+    };
+    ($blocks:expr, $w:ident => $body:expr, $float:expr) => {
         match $blocks {
             Blocks::Nibbles8($w) => $body,
             Blocks::Fives8($w) => $body,
@@ -56,6 +65,8 @@ macro_rules! each_format {
             Blocks::Iq4Xs8($w) => $body,
             Blocks::Q2K8($w) => $body,
             Blocks::Q3K8($w) => $body,
+            Blocks::F16($w) => $float,
+            Blocks::Bf16($w) => $float,
         }
     };
 }
@@ -91,7 +102,7 @@ impl QLinear {
         use GgmlDType::*;
         matches!(
             dtype,
-            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K | F16 | BF16
         )
     }
 
@@ -100,8 +111,9 @@ impl QLinear {
     /// weights.
     pub fn from_gguf(dtype: GgmlDType, bytes: &[u8], rows: usize, cols: usize) -> Option<Self> {
         use GgmlDType::*;
-        let block = dtype.block_size();
-        let row_bytes = cols / block * dtype.type_size();
+        // 16-bit floats are interleaved in blocks of 32 columns.
+        let block = dtype.block_size().max(HALF_COLS);
+        let row_bytes = cols * dtype.type_size() / dtype.block_size();
         if !Self::supports(dtype) || !cols.is_multiple_of(block) || bytes.len() != rows * row_bytes
         {
             return None;
@@ -131,6 +143,8 @@ impl QLinear {
             Q6K => Blocks::Q6K8(each(groups, |g| Q6K8::interleave(g, supers))),
             Q2K => Blocks::Q2K8(each(groups, |g| Q2K8::interleave(g, supers))),
             Q3K => Blocks::Q3K8(each(groups, |g| Q3K8::interleave(g, supers))),
+            F16 => Blocks::F16(each(groups, |g| F16x8::interleave(g, cols / HALF_COLS))),
+            BF16 => Blocks::Bf16(each(groups, |g| Bf16x8::interleave(g, cols / HALF_COLS))),
             _ => return None,
         };
         Some(QLinear { rows, cols, blocks })
@@ -191,6 +205,8 @@ impl QLinear {
             Blocks::Iq4Xs8(_) => stacked!(Iq4Xs8),
             Blocks::Q2K8(_) => stacked!(Q2K8),
             Blocks::Q3K8(_) => stacked!(Q3K8),
+            Blocks::F16(_) => stacked!(F16),
+            Blocks::Bf16(_) => stacked!(Bf16),
         };
         Some(QLinear {
             rows: parts.iter().map(|p| p.rows).sum(),
@@ -207,9 +223,13 @@ impl QLinear {
     /// [`QLinear::matmul`] with the given kernels and team (tests compare them).
     pub fn matmul_with(&self, isa: Isa, team: &Team, x: &[f32], m: usize) -> Vec<f32> {
         assert_eq!(x.len(), m * self.cols, "input is not [m, cols]");
-        // `cols` is a multiple of 32: no block spans two rows.
-        let mut acts = Vec::with_capacity(x.len() / BLOCK);
-        quantize_row(x, &mut acts);
+        // `cols` is a multiple of 32: no block spans two rows. (16-bit float weights take the
+        // activations as they are.)
+        let mut acts = Vec::new();
+        if !matches!(self.blocks, Blocks::F16(_) | Blocks::Bf16(_)) {
+            acts.reserve(x.len() / BLOCK);
+            quantize_row(x, &mut acts);
+        }
         let mut out = vec![0f32; m * self.rows];
         let dst = Out(out.as_mut_ptr());
         let (rows, cols, shares) = (self.rows, self.cols, team.shares());
@@ -224,7 +244,11 @@ impl QLinear {
                     unsafe { dst.write(i * rows + r, v) };
                 }
             };
-            each_format!(&self.blocks, w => dot_groups(isa, w, &acts, cols, share, store))
+            each_format!(
+                &self.blocks,
+                w => dot_groups(isa, w, &acts, cols, share, store),
+                dot_groups(isa, w, x, cols, share, store)
+            )
         };
         team.run(&job);
         out

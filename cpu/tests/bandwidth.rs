@@ -85,6 +85,8 @@ fn kernel_bandwidth() {
             GgmlDType::Q4K,
             GgmlDType::Q5K,
             GgmlDType::Q6K,
+            GgmlDType::F16,
+            GgmlDType::BF16,
         ] {
             if !cols.is_multiple_of(dtype.block_size()) {
                 continue;
@@ -97,6 +99,8 @@ fn kernel_bandwidth() {
             let layer = QLinear::from_gguf(dtype, &bytes, rows, cols).unwrap();
             measure(&format!("{dtype:?}"), &layer, bytes.len());
         }
+        // What F16 and BF16 files ran on before their kernels: candle's f32 matmul.
+        measure_f32(&w);
         // IQ4 types: random blocks (pagewise reads them; it does not write them).
         for ty in [Iq4Type::Nl, Iq4Type::Xs] {
             let Some(row_bytes) = ty.bytes_of(cols) else {
@@ -112,6 +116,34 @@ fn kernel_bandwidth() {
             measure(ty.name(), &layer, bytes.len());
         }
     }
+}
+
+/// The row of candle's f32 matmul of `w` (`[rows, cols]`), as [`measure`] times it.
+fn measure_f32(w: &Tensor) {
+    let (rows, cols) = w.dims2().unwrap();
+    let bytes = rows * cols * 4;
+    let copies: Vec<Tensor> = (0..PASS_BYTES.div_ceil(bytes))
+        .map(|_| w.copy().unwrap())
+        .collect();
+    let x = Tensor::arange(0u32, 64 * cols as u32, &Device::Cpu)
+        .and_then(|t| t.to_dtype(candle_core::DType::F32))
+        .and_then(|t| t.reshape((64, cols)))
+        .unwrap();
+    let one_x = x.narrow(0, 0, 1).unwrap();
+    let one = best_of(5, || {
+        for c in &copies {
+            drop(one_x.matmul(&c.t().unwrap()).unwrap());
+        }
+    }) / copies.len() as f64;
+    let many = best_of(3, || drop(x.matmul(&w.t().unwrap()).unwrap()));
+    println!(
+        "| F32 (candle) | - | {rows} x {cols} | {:.1} MB | {:.0} µs | {:.1} | {:.1} ms | {:.1} |",
+        bytes as f64 / 1e6,
+        one * 1e6,
+        bytes as f64 / one / 1e9,
+        many * 1e3,
+        (64 * rows * cols) as f64 / many / 1e9,
+    );
 }
 
 /// Rows of the table, one a SIMD instruction set: `layer` (`bytes` of weights) at decode, over

@@ -115,12 +115,13 @@ pub fn gguf_name(hf: &str) -> Option<String> {
     Some(format!("blk.{layer}.{mapped}.{kind}"))
 }
 
-/// A linear layer from the GGUF bytes of a `[rows, cols]` matrix of type `ty`. Float types
-/// (F32, F16, BF16) become dense weights in the model's `float` dtype, as safetensors weights do
-/// (so they take the same kernels); quantized ones our CPU kernels where they take the type, else
-/// float weights or candle's quantized matmul, as `dequantize` says. IQ4 types, which candle does
-/// not read, are float weights wherever our kernels do not take them (on a GPU: dequantized at
-/// load).
+/// A linear layer from the GGUF bytes of a `[rows, cols]` matrix of type `ty`. On the CPU, our
+/// kernels take the quantized types they know and F16 / BF16 (read as they are, at half the bytes
+/// of f32), unless `dequantize` is `All`; F32, and every float type on a GPU, become dense weights
+/// in the model's `float` dtype, as safetensors weights do (so they take the same kernels); other
+/// quantized types float weights or candle's quantized matmul, as `dequantize` says. IQ4 types,
+/// which candle does not read, are float weights wherever our kernels do not take them (on a GPU:
+/// dequantized at load).
 pub(super) fn gguf_linear(
     ty: GgufType,
     bytes: &[u8],
@@ -138,7 +139,7 @@ pub(super) fn gguf_linear(
     let dense = matches!(dtype, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
     let kernel = match dequantize {
         Dequantize::All => None,
-        _ if dense || !device.is_cpu() => None,
+        _ if dtype == GgmlDType::F32 || !device.is_cpu() => None,
         _ => QLinear::from_gguf(dtype, bytes, rows, cols),
     };
     if let Some(weight) = kernel {
