@@ -75,30 +75,35 @@ pub(super) fn dot_halves8<const R: usize, const BF16: bool>(
     a: [&[f32]; R],
 ) -> [[f32; 8]; R] {
     use std::arch::x86_64::*;
-    let mut acc = [[_mm256_setzero_ps(); R]; 2];
+    // Column `j`'s 8 weights as f32 lanes.
+    let column = |block: &Halves8<BF16>, j: usize| {
+        // SAFETY: 16 bytes, column `j`'s 8 weights (`8 j + 8 <= 256`); unaligned load.
+        let bits = unsafe { _mm_loadu_si128(block.bits.as_ptr().add(8 * j).cast()) };
+        if BF16 {
+            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16))
+        } else {
+            _mm256_cvtph_ps(bits)
+        }
+    };
+    let (mut even, mut odd) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
     for (b, block) in w.iter().enumerate() {
         let x: [&[f32; HALF_COLS]; R] = std::array::from_fn(|r| {
             a[r][b * HALF_COLS..(b + 1) * HALF_COLS]
                 .try_into()
                 .expect("a row of whole blocks")
         });
-        for j in 0..HALF_COLS {
-            // SAFETY: 16 bytes, column `j`'s 8 weights (`8 j + 8 <= 256`); unaligned load.
-            let bits = unsafe { _mm_loadu_si128(block.bits.as_ptr().add(8 * j).cast()) };
-            let weights = if BF16 {
-                _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16))
-            } else {
-                _mm256_cvtph_ps(bits)
-            };
+        for j in (0..HALF_COLS).step_by(2) {
+            let (w0, w1) = (column(block, j), column(block, j + 1));
             for r in 0..R {
-                acc[j % 2][r] = _mm256_fmadd_ps(weights, _mm256_set1_ps(x[r][j]), acc[j % 2][r]);
+                even[r] = _mm256_fmadd_ps(w0, _mm256_set1_ps(x[r][j]), even[r]);
+                odd[r] = _mm256_fmadd_ps(w1, _mm256_set1_ps(x[r][j + 1]), odd[r]);
             }
         }
     }
     std::array::from_fn(|r| {
         let mut out = [0f32; 8];
         // SAFETY: 8 floats; unaligned store.
-        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(acc[0][r], acc[1][r])) };
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(even[r], odd[r])) };
         out
     })
 }
