@@ -2,8 +2,9 @@
 //! rows: the activations are quantized to e4m3 per token (dynamic scales, [`fp8_quantize_rows`]),
 //! the weight is e4m3 with one scale per output channel, and cuBLASLt applies both scale vectors
 //! (its outer-vector scaling) as it writes bf16 or f16. What vLLM's `--quantization fp8` computes.
-//! Not called by the model yet: kernels/tests/fp8.rs checks it against the host on the H200 first
-//! (`fp8_gemm_matches_the_host_products_of_quantized_activations`, `fp8_gemm_speed`).
+//! The model's FP8 layers call it for steps past the decode GEMVs' rows; kernels/tests/fp8.rs
+//! checks it against the host (`fp8_gemm_matches_the_host_products_of_quantized_activations`) and
+//! times it against cuBLAS bf16 (`fp8_gemm_speed`).
 
 use std::ffi::c_void;
 use std::mem::size_of;

@@ -3,8 +3,9 @@
 //! `--quantization fp8`, a 16-bit checkpoint's projections quantized at load with one scale per
 //! output channel. Steps of up to `pagewise_kernels::GEMV_MAX_ROWS` rows stream the e4m3
 //! bytes through the decode GEMVs (half the bytes of bf16; activations stay 16-bit); larger
-//! steps multiply a dequantized copy on cuBLAS (`pagewise_kernels::Fp8Gemm`, e4m3 tensor cores
-//! with per-token activation scales, is built and waits for its check on the H200).
+//! steps of weights with one scale a row (or a tensor) run on the e4m3 tensor cores
+//! (`pagewise_kernels::Fp8Gemm`: cuBLASLt, activations quantized per token, as vLLM's
+//! `--quantization fp8` does), and block-scaled weights multiply a dequantized copy on cuBLAS.
 //! On the CPU, FP8 weights are dequantized at load ([`fake_quantize_rows`] gives
 //! `--quantization fp8` the same rounding there).
 
@@ -80,8 +81,15 @@ impl Fp8Linear {
 
     #[cfg(feature = "cuda")]
     fn matmul(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        // (`pagewise_kernels::Fp8Gemm`, e4m3 tensor cores, takes the larger steps once it is
-        // checked on the H200: kernels/tests/fp8.rs.)
+        let (rows, k) = x.dims2()?;
+        // Past the GEMVs' rows, one scale a row takes the e4m3 tensor cores (activations
+        // quantized per token); blocks of columns, which cuBLASLt scales only on later GPUs,
+        // a dequantized copy.
+        if rows > pagewise_kernels::GEMV_MAX_ROWS && self.block == (1, k) {
+            if let Some(gemm) = tensor_core_gemm(x.device()) {
+                return gemm.matmul(x, self.matrix());
+            }
+        }
         gemv_or_dequantized(x, self.matrix().into(), || {
             pagewise_kernels::fp8_dequantize(self.matrix(), x.dtype())
         })
@@ -154,6 +162,23 @@ pub(super) fn gemv_or_dequantized(
         return pagewise_kernels::gemv_fused(&x.contiguous()?, w, GemvInput::Plain, None);
     }
     x.matmul(&dequantized()?.t()?)
+}
+
+/// cuBLASLt's e4m3 matmul on `device`, shared by every FP8 layer of the process (its handle and
+/// workspace made at the first large step): `None` where cuBLASLt has no e4m3 matmul with scale
+/// vectors, or on a GPU other than the one it was made for (a process drives one GPU).
+#[cfg(feature = "cuda")]
+fn tensor_core_gemm(device: &Device) -> Option<&'static pagewise_kernels::Fp8Gemm> {
+    use std::sync::OnceLock;
+    static GEMM: OnceLock<(
+        candle_core::DeviceLocation,
+        Option<pagewise_kernels::Fp8Gemm>,
+    )> = OnceLock::new();
+    let (made_on, gemm) =
+        GEMM.get_or_init(|| (device.location(), pagewise_kernels::Fp8Gemm::new(device)));
+    (*made_on == device.location())
+        .then_some(gemm.as_ref())
+        .flatten()
 }
 
 /// A layer of weight `[out, k]` applied to `x` (`[.., k]`): `matmul` of its rows as one

@@ -37,11 +37,18 @@ pub(super) fn first_q_proj(path: &str, quantization: Option<Quantization>) -> Li
 /// Prefill logits at every position and 40 decode steps of two rows in bf16 on the GPU, against
 /// the CPU's float32 logits (the same weights, dequantized or rounded on the host); `fused`: every
 /// decode step takes the fused kernels.
+///
+/// `e4m3_prefill`: the 40-token prefill runs on the e4m3 tensor cores (one weight scale a row),
+/// which also round the activations to e4m3 per token, as vLLM's FP8 matmuls do, where the CPU
+/// keeps them f32: each projection then adds about 2% of noise, which these tiny random models
+/// (small logit margins) carry to ~13% of the logits and ~14% of the top-1 choices. The GEMM's
+/// own arithmetic is checked exactly in kernels/tests/fp8.rs; here the bound catches scales on the
+/// wrong axis (errors of order 1).
 pub(super) fn near_the_cpu(
     label: &str,
     path: &str,
     quantization: Option<Quantization>,
-    fused: bool,
+    (fused, e4m3_prefill): (bool, bool),
 ) {
     let seqs: Vec<Vec<u32>> = (0..2u32)
         .map(|s| (0..40).map(|i| (i * 37 + s * 101 + 3) % 250).collect())
@@ -58,8 +65,20 @@ pub(super) fn near_the_cpu(
             DType::F32,
         );
         let err = rel_err(&gpu_logits, &cpu_logits);
-        eprintln!("{label}: bf16 prefill on the GPU, rel. err. {err:.2e}");
-        assert!(err < 5e-2, "{label} prefill: {err}");
+        let (agree, decisive) = super::top1_agreement(&gpu_logits, &cpu_logits);
+        eprintln!(
+            "{label}: bf16 prefill on the GPU, rel. err. {err:.2e}, top-1 {agree}/{decisive}"
+        );
+        let (bound, top1) = if e4m3_prefill {
+            (2e-1, 0.75)
+        } else {
+            (5e-2, 0.95)
+        };
+        assert!(err < bound, "{label} prefill: {err}");
+        assert!(
+            agree as f64 >= top1 * decisive as f64,
+            "{label} prefill: top-1 {agree}/{decisive}"
+        );
     }
     let fused_rows = common::fused_decode_rows(path, &gpu(), DType::BF16, quantization);
     let got = common::logits_decoding_step_by_step_quantized(
@@ -102,18 +121,19 @@ pub(super) fn near_the_cpu(
 
 #[test]
 fn fp8_checkpoints_keep_their_e4m3_weights_on_the_gpu() {
-    for (name, dense) in [
-        ("tiny-d64-fp8-channel", true),
-        ("tiny-d64-fp8-tensor", true),
-        ("qwen3-d128-fp8-block", true),
-        ("qwen3moe-d128-fp8-block", false),
+    // (name, every decode step fused, prefill on the e4m3 tensor cores)
+    for (name, dense, e4m3) in [
+        ("tiny-d64-fp8-channel", true, true),
+        ("tiny-d64-fp8-tensor", true, true),
+        ("qwen3-d128-fp8-block", true, false),
+        ("qwen3moe-d128-fp8-block", false, false),
     ] {
         let path = model(name);
         assert!(
             matches!(first_q_proj(&path, None), Linear::Fp8(_)),
             "{name}: the q projection must stay FP8 on the GPU"
         );
-        near_the_cpu(name, &path, None, dense);
+        near_the_cpu(name, &path, None, (dense, e4m3));
     }
 }
 
@@ -131,6 +151,6 @@ fn quantization_fp8_quantizes_a_bf16_checkpoint_on_the_gpu() {
         "tiny-d64 --quantization fp8",
         &path,
         Some(Quantization::Fp8),
-        true,
+        (true, true),
     );
 }

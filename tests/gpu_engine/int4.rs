@@ -25,7 +25,7 @@ fn int4_checkpoints_keep_their_packed_weights_on_the_gpu() {
             matches!(first_q_proj(&path, None), Linear::Int4(_)),
             "{name}: the q projection must stay 4-bit on the GPU"
         );
-        near_the_cpu(name, &path, None, true);
+        near_the_cpu(name, &path, None, (true, false));
     }
 }
 
@@ -33,7 +33,7 @@ fn int4_checkpoints_keep_their_packed_weights_on_the_gpu() {
 fn a_gptq_desc_act_checkpoint_is_dequantized_on_the_gpu() {
     let path = model("qwen3-d128-gptq-act-order");
     assert!(matches!(first_q_proj(&path, None), Linear::Dense(_)));
-    near_the_cpu("qwen3-d128-gptq-act-order", &path, None, true);
+    near_the_cpu("qwen3-d128-gptq-act-order", &path, None, (true, false));
 }
 
 #[test]
