@@ -64,12 +64,12 @@ pub enum Quantization {
 #[serde(rename_all = "lowercase")]
 pub enum GgufMatmul {
     /// Quantized, except on the CPU for the weight types our CPU kernels lack (they take Q4_0,
-    /// Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K to Q6_K): those are dequantized there when the model's
-    /// float weights would take at most 4 GiB.
+    /// Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K, IQ4_NL, IQ4_XS, and F16 / BF16 as they are): those
+    /// are dequantized there when the model's float weights would take at most 4 GiB.
     #[default]
     Auto,
-    /// Quantized matmuls, activations quantized to 8 bits on the fly: our kernels on the CPU
-    /// (candle's for the types they lack), candle's on a GPU.
+    /// Quantized matmuls, activations quantized to 8 bits on the fly (f32 for F16 / BF16
+    /// weights): our kernels on the CPU (candle's for the types they lack), candle's on a GPU.
     Quantized,
     /// Weights dequantized at load; float matmuls.
     Dequantized,
