@@ -85,10 +85,11 @@ impl Fp8Linear {
         // Past the GEMVs' rows, one scale a row takes the e4m3 tensor cores (activations
         // quantized per token); blocks of columns, which cuBLASLt scales only on later GPUs,
         // a dequantized copy.
-        if rows > pagewise_kernels::GEMV_MAX_ROWS && self.block == (1, k) {
-            if let Some(gemm) = tensor_core_gemm(x.device()) {
-                return gemm.matmul(x, self.matrix());
-            }
+        if rows > pagewise_kernels::GEMV_MAX_ROWS
+            && self.block == (1, k)
+            && let Some(gemm) = tensor_core_gemm(x.device())
+        {
+            return gemm.matmul(x, self.matrix());
         }
         gemv_or_dequantized(x, self.matrix().into(), || {
             pagewise_kernels::fp8_dequantize(self.matrix(), x.dtype())
