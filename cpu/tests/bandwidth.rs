@@ -136,14 +136,7 @@ fn measure_f32(w: &Tensor) {
         }
     }) / copies.len() as f64;
     let many = best_of(3, || drop(x.matmul(&w.t().unwrap()).unwrap()));
-    println!(
-        "| F32 (candle) | - | {rows} x {cols} | {:.1} MB | {:.0} µs | {:.1} | {:.1} ms | {:.1} |",
-        bytes as f64 / 1e6,
-        one * 1e6,
-        bytes as f64 / one / 1e9,
-        many * 1e3,
-        (64 * rows * cols) as f64 / many / 1e9,
-    );
+    print_row("F32 (candle) | -", (rows, cols), bytes, (one, many));
 }
 
 /// Rows of the table, one a SIMD instruction set: `layer` (`bytes` of weights) at decode, over
@@ -162,13 +155,24 @@ fn measure(label: &str, layer: &QLinear, bytes: usize) {
             }
         }) / copies.len() as f64;
         let many = best_of(3, || drop(layer.matmul_with(isa, team, &x, 64)));
-        println!(
-            "| {label} | {isa:?} | {rows} x {cols} | {:.1} MB | {:.0} µs | {:.1} | {:.1} ms | {:.1} |",
-            bytes as f64 / 1e6,
-            one * 1e6,
-            bytes as f64 / one / 1e9,
-            many * 1e3,
-            (64 * rows * cols) as f64 / many / 1e9,
+        print_row(
+            &format!("{label} | {isa:?}"),
+            (rows, cols),
+            bytes,
+            (one, many),
         );
     }
+}
+
+/// One row of the table: `what` (type and ISA columns), a `[rows, cols]` matrix of `bytes`, the
+/// seconds of one decode pass and of one 64-row prefill.
+fn print_row(what: &str, (rows, cols): (usize, usize), bytes: usize, (one, many): (f64, f64)) {
+    println!(
+        "| {what} | {rows} x {cols} | {:.1} MB | {:.0} µs | {:.1} | {:.1} ms | {:.1} |",
+        bytes as f64 / 1e6,
+        one * 1e6,
+        bytes as f64 / one / 1e9,
+        many * 1e3,
+        (64 * rows * cols) as f64 / many / 1e9,
+    );
 }
