@@ -3,26 +3,20 @@
 
 use clap::Args;
 
-use crate::engine::args::{DtypeArg, EngineArgs};
+use crate::engine::args::{DtypeArg, EngineArgs, KvCacheDtype};
 use crate::engine::device::DeviceArg;
 use crate::loader::{GgufMatmul, LoadFormat, Quantization};
-
-/// `--kv-cache-dtype`: the KV cache's element type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KvCacheDtype {
-    /// The model's dtype.
-    Auto,
-}
 
 /// Parses `--kv-cache-dtype`, naming what is refused and why.
 fn kv_cache_dtype(v: &str) -> Result<KvCacheDtype, String> {
     match v {
         "auto" => Ok(KvCacheDtype::Auto),
-        "fp8" | "fp8_e4m3" | "fp8_e5m2" | "fp8_inc" => Err(format!(
-            "an FP8 KV cache ({v}) is not implemented yet; `auto` (the model's dtype) is"
+        "fp8" | "fp8_e4m3" => Ok(KvCacheDtype::Fp8E4m3),
+        "fp8_e5m2" | "fp8_inc" | "fp8_ds_mla" => Err(format!(
+            "an FP8 KV cache as {v} is not implemented; `fp8` (alias `fp8_e4m3`) and `auto` are"
         )),
         other => Err(format!(
-            "unknown KV cache dtype {other:?}; `auto` is the one there is"
+            "unknown KV cache dtype {other:?}; `auto`, `fp8` and `fp8_e4m3` are the ones there are"
         )),
     }
 }
@@ -103,9 +97,10 @@ pub struct EngineFlags {
     /// already (FP8, AWQ, GPTQ, GGUF) are detected without it. Not yet for mixtures of experts.
     #[arg(long, short = 'q', env = "PAGEWISE_QUANTIZATION", value_enum)]
     pub quantization: Option<Quantization>,
-    /// The KV cache's element type, as vLLM's `--kv-cache-dtype`: `auto`, the model's dtype, is
-    /// the one there is. FP8 (`fp8`, `fp8_e4m3`, `fp8_e5m2`) is refused by name: not implemented
-    /// yet.
+    /// The KV cache's element type, as vLLM's `--kv-cache-dtype`: `auto` (the model's dtype), or
+    /// `fp8` (alias `fp8_e4m3`): e4m3, one byte a value, so twice the blocks of bf16 in the same
+    /// memory, with one K and one V scale a layer (the checkpoint's `k_scale` / `v_scale`, else
+    /// 1.0). FP8 needs a GPU and an f16 or bf16 model; `fp8_e5m2` is refused by name.
     #[arg(long, env = "PAGEWISE_KV_CACHE_DTYPE", value_parser = kv_cache_dtype, default_value = "auto")]
     pub kv_cache_dtype: KvCacheDtype,
     /// Chat template replacing the model's: a file path, or the template text.
@@ -213,8 +208,6 @@ impl ParallelFlags {
 impl EngineFlags {
     /// Engine settings for `model` (the resolved model path or name).
     pub fn to_engine_args(&self, model: String) -> EngineArgs {
-        // The model's dtype is the KV cache's: the engine's default (a new dtype must reach it).
-        let KvCacheDtype::Auto = self.kv_cache_dtype;
         EngineArgs {
             model,
             device: self.device,
@@ -226,6 +219,7 @@ impl EngineFlags {
                 .kv_cache_memory
                 .or(self.cpu_kvcache_space.filter(|&bytes| bytes > 0)),
             gpu_memory_utilization: self.gpu_memory_utilization,
+            kv_cache_dtype: self.kv_cache_dtype,
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
             enable_prefix_caching: self.enable_prefix_caching && !self.no_enable_prefix_caching,

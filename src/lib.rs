@@ -31,7 +31,7 @@ pub mod server;
 pub mod spec;
 pub mod sse;
 
-pub use engine::args::{DtypeArg, EngineArgs, EngineError};
+pub use engine::args::{DtypeArg, EngineArgs, EngineError, KvCacheDtype};
 pub use llm::{CompletionOutput, Llm, RequestOutput};
 pub use request::{FinishReason, SamplingParams};
 pub use scheduler::{Scheduler, SchedulerConfig, SchedulerOutput};

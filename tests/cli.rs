@@ -133,14 +133,28 @@ fn the_cpu_kv_cache_is_sized_from_memory_or_the_settings() {
     );
 }
 
-/// `--kv-cache-dtype auto` (the model's dtype) runs; FP8 is refused by name, not ignored.
+/// `--kv-cache-dtype auto` (the model's dtype) runs. On the CPU `fp8` (and its alias
+/// `fp8_e4m3`) is a clear startup error (the CPU's cache is f32); `fp8_e5m2` is refused by name
+/// everywhere; an unknown dtype lists the ones there are.
 #[test]
-fn kv_cache_dtype_auto_runs_and_fp8_is_refused_by_name() {
+fn kv_cache_dtype_auto_runs_and_fp8_is_refused_on_the_cpu_by_name() {
     let (stdout, _) = generate(&["--kv-cache-dtype", "auto", "--max-tokens", "2"], &[]);
     assert!(stdout.contains("finish_reason"), "{stdout}");
-    let stderr = generate_fails(&["--kv-cache-dtype", "fp8"]);
+    for fp8 in ["fp8", "fp8_e4m3"] {
+        let stderr = generate_fails(&["--kv-cache-dtype", fp8]);
+        assert!(
+            stderr.contains("--kv-cache-dtype fp8 needs a GPU: the CPU's KV cache is f32"),
+            "{stderr}"
+        );
+    }
+    let stderr = generate_fails(&["--kv-cache-dtype", "fp8_e5m2"]);
     assert!(
-        stderr.contains("an FP8 KV cache (fp8) is not implemented yet"),
+        stderr.contains("an FP8 KV cache as fp8_e5m2 is not implemented"),
+        "{stderr}"
+    );
+    let stderr = generate_fails(&["--kv-cache-dtype", "int8"]);
+    assert!(
+        stderr.contains("`auto`, `fp8` and `fp8_e4m3` are the ones there are"),
         "{stderr}"
     );
 }

@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include "kv_fp8.cuh"
 #include "pdl.cuh"
 
 namespace {
@@ -67,6 +68,8 @@ struct DecodeArgs {
   const void* q;
   const void* k_cache;
   const void* v_cache;
+  // null: the caches hold the queries' dtype; else e4m3 bytes with these scales (kv_fp8.cuh).
+  const KvScales* kv_fp8;
   const int32_t* block_tables;
   const int32_t* row_seq;
   const int32_t* context_lens;
@@ -126,13 +129,17 @@ __device__ __forceinline__ void window_split_range(int ctx, int window, int spli
 // carry L2's evict-first policy (decode reads each K/V row once a step; prefill's tiles are read
 // again by the next query tiles and heads, so it keeps the default).
 // benches/history/tried.md, "Evict-first K/V copies in decode attention".
+// T of one byte (an FP8 cache's e4m3, kv_fp8.cuh): rows are stored as the cache holds them,
+// unswizzled (widen_stage lays them out swizzled as 16-bit tiles).
 template <typename T, int D, int kRows, bool kSwizzleV, bool kReadOnce>
 struct TileCopier {
+  static constexpr bool kBytes = sizeof(T) == 1;
   static constexpr int kChunks = D * (int)sizeof(T) / 16;    // 16-byte chunks per row
   static constexpr int kRowsPerPass = kThreads / kChunks;    // rows one pass of copies covers
   static constexpr int kPer = kRows / kRowsPerPass;          // rows each thread copies per tile
   static constexpr int kStageElems = 2 * kRows * D;
-  static_assert(kChunks >= 8 && kThreads % kChunks == 0 && kRows % kRowsPerPass == 0, "shape");
+  static_assert((kChunks >= 8 || kBytes) && kThreads % kChunks == 0 && kRows % kRowsPerPass == 0,
+                "shape");
 
   const T* k_cache;
   const T* v_cache;
@@ -193,7 +200,7 @@ struct TileCopier {
       const int r = row0 + i * kRowsPerPass;
       const bool ok = slots[i] >= 0;
       const int64_t off = ok ? (int64_t)slots[i] * row_stride + head_off : 0;
-      const int sw = (col ^ (r & 7)) * kVec;
+      const int sw = (kBytes ? col : col ^ (r & 7)) * kVec;
       T* k_dst = stage + r * D + sw;
       T* v_dst = stage + (kRows + r) * D + (kSwizzleV ? sw : col * kVec);
       if constexpr (kReadOnce) {

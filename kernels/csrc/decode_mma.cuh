@@ -17,7 +17,7 @@
 
 namespace {
 
-template <typename T, int D>
+template <typename T, typename C, int D>
 struct MmaShape {
   // Warps a tile's 16 positions are split among by dims: 2 at d256 (each warp takes 128 dims of
   // the scores and of the output, and the pair adds its partial scores through shared memory),
@@ -26,11 +26,19 @@ struct MmaShape {
   static constexpr int kDims = D / kHalves;  // dims a warp takes
   // Positions per pipeline stage: 16 for each warp (each pair at d256).
   static constexpr int kRows = 16 * kWarps / kHalves;
-  using Copier = TileCopier<T, D, kRows, true, true>;
-  static constexpr int kStageBytes = Copier::kStageElems * (int)sizeof(T);
-  // 2 stages of 32 KB at d128 and d256 (3 blocks per SM), 3 of 16 KB at d64 (4 per SM).
-  static constexpr int kStages = kStageBytes <= 16384 ? 3 : 2;
-  static constexpr int kSmemBytes = kStages * kStageBytes;
+  // The ring's stages hold the cache's elements C: T, or e4m3 bytes (kv_fp8.cuh), which are
+  // widened into one 16-bit tile after the ring (kWideBytes) that the mma code reads. (The
+  // e4m3 copies go without the evict-first hint: with it, ptxas 13.0 made an instruction the
+  // H100 refused as illegal at d64.)
+  static constexpr bool kFp8 = kIsFp8Cache<C>;
+  using Copier = TileCopier<C, D, kRows, true, !kFp8>;
+  static constexpr int kStageBytes = Copier::kStageElems * (int)sizeof(C);
+  static constexpr int kWideBytes = kFp8 ? Copier::kStageElems * (int)sizeof(T) : 0;
+  // 2 stages of 32 KB at d128 and d256 (3 blocks per SM), 3 of 16 KB at d64 (4 per SM); an FP8
+  // cache keeps the 16-bit ring's count (its stages and the wide tile take the same room at
+  // d128 and d256).
+  static constexpr int kStages = Copier::kStageElems * (int)sizeof(T) <= 16384 ? 3 : 2;
+  static constexpr int kSmemBytes = kStages * kStageBytes + kWideBytes;
   // The end-of-block merge of the warps reuses the stages: (max, sum) and D sums per head, then
   // the block's own (max, sum) and sums per head for a cluster's merge of its splits.
   static_assert(((kWarps + 1) * 8 * (D + 2)) * 4 <= kSmemBytes, "merge space");
@@ -111,21 +119,25 @@ __device__ __forceinline__ int cluster_blocks() {
 // (FlashAttention-2 style) and V read transposed by ldmatrix as the A operand, so the output uses
 // every tensor-core row (D / 16 accumulators of 4 a lane, not D / 8). At the end the 4 warps
 // merge through shared memory.
-template <typename T, int D>
+// C: the cache's element (T, or e4m3 bytes scaled by kv_scales: each landed stage is widened
+// into a 16-bit tile first, one more barrier a tile).
+template <typename T, typename C, int D>
 __global__ void __launch_bounds__(kThreads)
     paged_decode_mma_kernel(T* __restrict__ out, float* __restrict__ part_ml,
                             float* __restrict__ part_acc, const T* __restrict__ q,
-                            const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                            const C* __restrict__ k_cache, const C* __restrict__ v_cache,
                             const int32_t* __restrict__ block_tables,
                             const int32_t* __restrict__ row_seq,
                             const int32_t* __restrict__ context_lens, int max_blocks,
                             int num_heads, int num_kv_heads, int block_size, int chunk,
                             int fresh_tail, int window, float scale,
-                            const float* __restrict__ sinks, const FreshQkv fresh) {
-  using S = MmaShape<T, D>;
+                            const float* __restrict__ sinks, const FreshQkv fresh,
+                            const KvScales kv_scales) {
+  using S = MmaShape<T, C, D>;
   using Copier = typename S::Copier;
   extern __shared__ __align__(16) unsigned char smem[];
-  T* stages = reinterpret_cast<T*>(smem);
+  C* stages = reinterpret_cast<C*>(smem);
+  T* wide = reinterpret_cast<T*>(smem + S::kStages * S::kStageBytes);  // (FP8 caches)
 
   const int seq = blockIdx.x, kv_head = blockIdx.y, split = blockIdx.z, num_splits = gridDim.z;
   const int group = num_heads / num_kv_heads;
@@ -140,7 +152,7 @@ __global__ void __launch_bounds__(kThreads)
   // With the step's new tokens unrotated (FreshQkv), the block whose split holds the newest
   // position writes its K and V, and patches them into that tile's stage (decode_fresh.cuh); a
   // row without a slot (-1) writes nothing, and reads the cache as it is, as after rope_qkv_cache.
-  const bool from_qkv = fresh.qkv != nullptr;
+  const bool from_qkv = !S::kFp8 && fresh.qkv != nullptr;  // (16-bit caches only)
   const int newest = ctx - 1;
   const bool owns_newest = from_qkv && begin <= newest && newest < end && fresh.slots[seq] >= 0;
 
@@ -194,7 +206,16 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float4 partial_scores[S::kHalves > 1 ? kWarps : 1][32];
 
   for (int t = 0; t < tiles; ++t) {
-    const T* kt = copier.template next<S::kStages>(stages, t, tiles);
+    const C* landed = copier.template next<S::kStages>(stages, t, tiles);
+    const T* kt;
+    if constexpr (S::kFp8) {
+      widen_stage<T, D, kRows, true, kThreads>(wide, landed, kv_scales);
+      __syncthreads();
+      kt = wide;
+    } else {
+      (void)wide, (void)kv_scales;
+      kt = landed;
+    }
     const T* vt = kt + kRows * D;
     if (owns_newest && t == (newest - begin) / kRows) {  // (the same for the whole block)
       patch_stage_row<T, D, kRows>(const_cast<T*>(kt), fresh_rows + group * D,

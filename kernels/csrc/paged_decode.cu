@@ -71,7 +71,8 @@ __global__ void __launch_bounds__(kThreads)
                         const int32_t* __restrict__ context_lens, int max_blocks, int num_heads,
                         int num_kv_heads, int block_size, int chunk, int /*fresh_tail*/,
                         int window, float scale, const float* __restrict__ sinks,
-                        const FreshQkv /*fresh: the tensor-core kernel's only*/) {
+                        const FreshQkv /*fresh: the tensor-core kernel's only*/,
+                        const KvScales /*FP8 caches: the tensor-core kernel's only*/) {
   using S = Shape<T, D>;
   constexpr int kHeadsPerWarp = (G + kWarps - 1) / kWarps;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -355,27 +356,33 @@ cudaError_t launch_split(K kernel, int smem, const DecodeArgs* a, bool can_clust
       kernel, grid, kThreads, smem, a->stream, in_clusters ? a->num_splits : 1, a->out,
       a->part_ml, a->part_acc, a->q, a->k_cache, a->v_cache, a->block_tables, a->row_seq,
       a->context_lens, a->max_blocks, a->num_heads, a->num_kv_heads, a->block_size, a->chunk,
-      a->fresh_tail, a->window, a->scale, a->sinks, a->fresh);
+      a->fresh_tail, a->window, a->scale, a->sinks, a->fresh,
+      a->kv_fp8 != nullptr ? *a->kv_fp8 : KvScales{1.f, 1.f});
   if (err == cudaSuccess && !in_clusters) err = launch_merge<T, D>(a);
   return err;
 }
 
-// The kernel for (T, D, group bound G) over `a`, then the merge when the context is split: tensor
-// cores for bf16 and f16, the CUDA-core kernel for f32. With `a` null, writes how many of its
-// blocks fit on one SM instead.
-template <typename T, int D, int G>
+// The kernel for (T, cache element C, D, group bound G) over `a`, then the merge when the
+// context is split: tensor cores for bf16 and f16 (with caches of T or e4m3), the CUDA-core
+// kernel for f32. With `a` null, writes how many of its blocks fit on one SM instead.
+template <typename T, typename C, int D, int G>
 int decode_g(const DecodeArgs* a, int* blocks) {
   if (a != nullptr && a->num_splits > kMaxSplits) return 1;
+  if constexpr (kIsFp8Cache<C>) {
+    // The step's new tokens from the projection: 16-bit caches only.
+    if (a != nullptr && a->fresh.qkv != nullptr) return 1;
+  }
   if constexpr (!std::is_same<T, float>::value) {
     static bool configured[64] = {};
-    constexpr int smem = MmaShape<T, D>::kSmemBytes;
-    const auto kernel = paged_decode_mma_kernel<T, D>;
+    constexpr int smem = MmaShape<T, C, D>::kSmemBytes;
+    const auto kernel = paged_decode_mma_kernel<T, C, D>;
     if (const cudaError_t err = configure(kernel, smem, configured)) return (int)err;
     if (a == nullptr)
       return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, smem);
     return (int)launch_split<T, D>(kernel, smem, a, true);
   }
   if (a != nullptr && a->fresh.qkv != nullptr) return 1;  // (the tensor-core kernel's only)
+  if constexpr (kIsFp8Cache<C>) return 1;              // (so are FP8 caches)
   static bool configured[64] = {};
   constexpr int smem = decode_smem_bytes<T, D, G>();
   if (const cudaError_t err = configure(paged_decode_kernel<T, D, G>, smem, configured))
@@ -386,14 +393,14 @@ int decode_g(const DecodeArgs* a, int* blocks) {
   return (int)launch_split<T, D>(paged_decode_kernel<T, D, G>, smem, a, false);
 }
 
-template <typename T>
+template <typename T, typename C>
 int decode(int head_dim, int group, const DecodeArgs* a, int* blocks) {
   if (group < 1 || group > kMaxGroup) return 1;
 #define PAGEWISE_BY_GROUP(D)                                 \
-  (group == 1   ? decode_g<T, D, 1>(a, blocks)               \
-   : group == 2 ? decode_g<T, D, 2>(a, blocks)               \
-   : group <= 4 ? decode_g<T, D, 4>(a, blocks)               \
-                : decode_g<T, D, 8>(a, blocks))
+  (group == 1   ? decode_g<T, C, D, 1>(a, blocks)            \
+   : group == 2 ? decode_g<T, C, D, 2>(a, blocks)            \
+   : group <= 4 ? decode_g<T, C, D, 4>(a, blocks)            \
+                : decode_g<T, C, D, 8>(a, blocks))
   switch (head_dim) {
     case 64: return PAGEWISE_BY_GROUP(64);
     case 128: return PAGEWISE_BY_GROUP(128);
@@ -403,11 +410,16 @@ int decode(int head_dim, int group, const DecodeArgs* a, int* blocks) {
 #undef PAGEWISE_BY_GROUP
 }
 
-int decode_any(int dtype, int head_dim, int group, const DecodeArgs* a, int* blocks) {
+// fp8: the caches hold e4m3 bytes (f16 and bf16 queries only).
+int decode_any(int dtype, bool fp8, int head_dim, int group, const DecodeArgs* a, int* blocks) {
   switch (dtype) {
-    case 0: return decode<float>(head_dim, group, a, blocks);
-    case 1: return decode<__half>(head_dim, group, a, blocks);
-    case 2: return decode<__nv_bfloat16>(head_dim, group, a, blocks);
+    case 0: return fp8 ? 1 : decode<float, float>(head_dim, group, a, blocks);
+    case 1:
+      return fp8 ? decode<__half, uint8_t>(head_dim, group, a, blocks)
+                 : decode<__half, __half>(head_dim, group, a, blocks);
+    case 2:
+      return fp8 ? decode<__nv_bfloat16, uint8_t>(head_dim, group, a, blocks)
+                 : decode<__nv_bfloat16, __nv_bfloat16>(head_dim, group, a, blocks);
     default: return 1;
   }
 }
@@ -429,22 +441,24 @@ int decode_any(int dtype, int head_dim, int group, const DecodeArgs* a, int* blo
 // to nothing; gpt-oss). fresh: null, or (bf16 and f16 only) the step's new tokens straight from
 // the qkv projection (FreshQkv, decode_common.cuh): q is then not read, each row must be its
 // sequence's newest token, and the kernel writes their K and V into the caches itself (so the
-// kernel before must not write the caches at all; fresh_tail is not used).
+// kernel before must not write the caches at all; fresh_tail is not used). kv_fp8: null, the
+// caches hold dtype; or (f16 and bf16, without fresh) they hold e4m3 bytes with these scales.
 extern "C" int pagewise_paged_decode(int dtype, void* out, float* part_ml, float* part_acc,
                                      const void* q, const void* k_cache, const void* v_cache,
-                                     const int32_t* block_tables, const int32_t* row_seq,
+                                     const KvScales* kv_fp8, const int32_t* block_tables, const int32_t* row_seq,
                                      const int32_t* context_lens, int num_seqs, int max_blocks,
                                      int num_heads, int num_kv_heads, int head_dim,
                                      int block_size, int num_splits, int chunk, int fresh_tail,
                                      int window, float scale, const float* sinks,
                                      const FreshQkv* fresh, cudaStream_t stream) {
   const DecodeArgs a{out,          part_ml,  part_acc,     q,          k_cache,    v_cache,
+                     kv_fp8,
                      block_tables, row_seq,  context_lens, num_seqs,   max_blocks, num_heads,
                      num_kv_heads, head_dim, block_size,   num_splits, chunk,      fresh_tail,
                      window,       scale,    sinks,        fresh != nullptr ? *fresh : FreshQkv{},
                      stream};
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return 1;
-  return decode_any(dtype, head_dim, num_heads / num_kv_heads, &a, nullptr);
+  return decode_any(dtype, kv_fp8 != nullptr, head_dim, num_heads / num_kv_heads, &a, nullptr);
 }
 
 // How many decode blocks (dtype as above, head dim, query heads per KV head) fit on one
@@ -456,5 +470,5 @@ extern "C" int pagewise_decode_occupancy(int dtype, int head_dim, int group, int
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess) return (int)err;
-  return decode_any(dtype, head_dim, group, nullptr, blocks_per_sm);
+  return decode_any(dtype, false, head_dim, group, nullptr, blocks_per_sm);
 }

@@ -23,16 +23,22 @@ namespace {
 
 constexpr int kPrefillRows = 16 * kWarps;  // query rows of a block, and K/V positions of a tile
 
-template <typename T, int D>
+// C: the cache's element, T or e4m3 bytes (kv_fp8.cuh); an FP8 cache's stages are widened into
+// one 16-bit tile after the ring (kWideBytes), which the mma code reads.
+template <typename T, typename C, int D>
 struct PrefillShape {
-  using Copier = TileCopier<T, D, kPrefillRows, true, false>;
-  static constexpr int kStageBytes = Copier::kStageElems * (int)sizeof(T);
-  // 2 stages of 32 KB at d128, 3 of 16 KB at d64, 2 of 64 KB at d256.
-  static constexpr int kStages = kStageBytes <= 16384 ? 3 : 2;
-  // Queries in shared memory (after the stages), stored as K tiles are.
+  using Copier = TileCopier<C, D, kPrefillRows, true, false>;
+  static constexpr bool kFp8 = kIsFp8Cache<C>;
+  static constexpr int kStageBytes = Copier::kStageElems * (int)sizeof(C);
+  static constexpr int kWideBytes = kFp8 ? Copier::kStageElems * (int)sizeof(T) : 0;
+  // 2 stages of 32 KB at d128, 3 of 16 KB at d64, 2 of 64 KB at d256 (an FP8 cache keeps the
+  // 16-bit ring's count).
+  static constexpr int kStages = Copier::kStageElems * (int)sizeof(T) <= 16384 ? 3 : 2;
+  // Queries in shared memory (after the stages and the wide tile), stored as K tiles are.
   static constexpr bool kQueryInSmem = D > 128;
   static constexpr int kQueryElems = kQueryInSmem ? kPrefillRows * D : 0;
-  static constexpr int kSmemBytes = kStages * kStageBytes + kQueryElems * (int)sizeof(T);
+  static constexpr int kSmemBytes =
+      kStages * kStageBytes + kWideBytes + kQueryElems * (int)sizeof(T);
 };
 
 // The block's kPrefillRows query rows of `head` (q row i at q + i * row_stride; rows past `rows`
@@ -64,19 +70,21 @@ __device__ __forceinline__ void load_query(uint32_t qa[D / 16][4], const T* q, i
   }
 }
 
-template <typename T, int D>
+template <typename T, typename C, int D>
 __global__ void __launch_bounds__(kThreads)
     paged_prefill_mma_kernel(T* __restrict__ out, const T* __restrict__ q,
-                             const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                             const C* __restrict__ k_cache, const C* __restrict__ v_cache,
                              const int32_t* __restrict__ block_tables,
                              const int32_t* __restrict__ seq_table,
                              const int32_t* __restrict__ q_start, const int32_t* __restrict__ q_len,
                              const int32_t* __restrict__ ctx_len, int max_blocks, int num_heads,
-                             int num_kv_heads, int block_size, float scale) {
-  using S = PrefillShape<T, D>;
+                             int num_kv_heads, int block_size, float scale,
+                             const KvScales kv_scales) {
+  using S = PrefillShape<T, C, D>;
   using Copier = typename S::Copier;
   extern __shared__ __align__(128) unsigned char smem[];
-  T* stages = reinterpret_cast<T*>(smem);
+  C* stages = reinterpret_cast<C*>(smem);
+  T* wide = reinterpret_cast<T*>(smem + S::kStages * S::kStageBytes);  // (FP8 caches)
 
   const int seq = blockIdx.z, head = blockIdx.y;
   const int tile0 = (gridDim.x - 1 - blockIdx.x) * kPrefillRows;  // the longest tiles first
@@ -101,7 +109,7 @@ __global__ void __launch_bounds__(kThreads)
   const int warp_first = first_pos + tile0 + warp * 16;  // the warp's smallest position
   const bool idle = tile0 + warp * 16 >= qlen;
   uint32_t qa[S::kQueryInSmem ? 1 : D / 16][4];
-  T* q_tile = stages + S::kStages * Copier::kStageElems;
+  T* q_tile = reinterpret_cast<T*>(smem + S::kStages * S::kStageBytes + S::kWideBytes);
   if constexpr (S::kQueryInSmem)
     stage_query<T, D>(q_tile, q + ((int64_t)(qs + tile0) * num_heads + head) * D,
                       (int64_t)num_heads * D, qlen - tile0);  // (read after next()'s barrier)
@@ -116,7 +124,16 @@ __global__ void __launch_bounds__(kThreads)
   float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;  // l: this lane's share
 
   for (int t = 0; t < tiles; ++t) {
-    const T* kt = copier.template next<S::kStages>(stages, t, tiles);
+    const C* landed = copier.template next<S::kStages>(stages, t, tiles);
+    const T* kt;
+    if constexpr (S::kFp8) {
+      widen_stage<T, D, kPrefillRows, true, kThreads>(wide, landed, kv_scales);
+      __syncthreads();
+      kt = wide;
+    } else {
+      (void)wide, (void)kv_scales;
+      kt = landed;
+    }
     const T* vt = kt + kPrefillRows * D;
     const int k0 = t * kPrefillRows;
     // Nothing for this warp: its rows are past the chunk, or no key of the tile is visible to

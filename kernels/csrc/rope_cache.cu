@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include "dtype.cuh"
+#include "kv_fp8.cuh"
 #include "pdl.cuh"
 
 namespace {
@@ -25,15 +26,16 @@ constexpr int kMaxHeadsPerBlock = 32;
 // or k heads (a thread per rotation pair); each block after them copies one v head. Spread over
 // blocks so a decode token's few heads are not one block's loop (one block took 6 µs for
 // Gemma-3-12B's 24 heads of 256).
-template <typename T>
+// C: the caches' element (T, or e4m3 bytes with the layer's `scales`).
+template <typename T, typename C>
 __global__ void __launch_bounds__(kRopeThreads)
-    rope_qkv_cache_kernel(T* __restrict__ q_out, T* __restrict__ k_cache,
-                          T* __restrict__ v_cache, const T* __restrict__ qkv,
+    rope_qkv_cache_kernel(T* __restrict__ q_out, C* __restrict__ k_cache,
+                          C* __restrict__ v_cache, const T* __restrict__ qkv,
                           const T* __restrict__ cos, const T* __restrict__ sin,
                           const uint32_t* __restrict__ positions, int table_rows,
                           const int64_t* __restrict__ slots, const T* __restrict__ q_norm,
                           const T* __restrict__ k_norm, float eps, int heads, int kv_heads,
-                          int d, int interleaved, int heads_per_block) {
+                          int d, int interleaved, int heads_per_block, KvScales scales) {
   // Launched early (see launch_early): wait for the projection that wrote qkv. Decode attention,
   // launched early after this kernel, may be scheduled now: it reads the block tables while this
   // runs, and waits for this kernel's end before the query and the cache.
@@ -50,7 +52,8 @@ __global__ void __launch_bounds__(kRopeThreads)
     if (slot < 0) return;
     const int j = blockIdx.y - head_blocks;  // v head j
     const T* v = row + (int64_t)(units + j) * d;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) v_cache[cache_row + (int64_t)j * d + i] = v[i];
+    for (int i = threadIdx.x; i < d; i += blockDim.x)
+      v_cache[cache_row + (int64_t)j * d + i] = to_cache<C>(v[i], scales.v);
     return;
   }
   const int64_t tr = positions != nullptr ? min((int)positions[t], table_rows - 1) : t;
@@ -98,9 +101,9 @@ __global__ void __launch_bounds__(kRopeThreads)
       o[a] = y1;
       o[b] = y2;
     } else if (slot >= 0) {
-      T* o = k_cache + cache_row + (int64_t)(h - heads) * d;
-      o[a] = y1;
-      o[b] = y2;
+      C* o = k_cache + cache_row + (int64_t)(h - heads) * d;
+      o[a] = to_cache<C>(y1, scales.k);
+      o[b] = to_cache<C>(y2, scales.k);
     }
   }
 }
@@ -108,6 +111,7 @@ __global__ void __launch_bounds__(kRopeThreads)
 // The arguments of rope_qkv_cache_kernel (see pagewise_rope_qkv_cache).
 struct RopeArgs {
   void *q_out, *k_cache, *v_cache;
+  const KvScales* kv_fp8;
   const void *qkv, *cos, *sin;
   const uint32_t* positions;
   int table_rows;
@@ -117,7 +121,7 @@ struct RopeArgs {
   int tokens, heads, kv_heads, d, interleaved;
 };
 
-template <typename T>
+template <typename T, typename C>
 int launch_rope(const RopeArgs& a, cudaStream_t stream) {
   const int heads = a.heads, kv_heads = a.kv_heads, d = a.d;
   // As many whole heads as fill a block with one thread per rotation pair (at least one).
@@ -126,10 +130,11 @@ int launch_rope(const RopeArgs& a, cudaStream_t stream) {
   if (per_block > kMaxHeadsPerBlock) per_block = kMaxHeadsPerBlock;
   const int head_blocks = (heads + kv_heads + per_block - 1) / per_block;
   const cudaError_t err = launch_early(
-      rope_qkv_cache_kernel<T>, dim3(a.tokens, head_blocks + kv_heads), dim3(kRopeThreads), 0,
-      stream, (T*)a.q_out, (T*)a.k_cache, (T*)a.v_cache, (const T*)a.qkv, (const T*)a.cos,
+      rope_qkv_cache_kernel<T, C>, dim3(a.tokens, head_blocks + kv_heads), dim3(kRopeThreads), 0,
+      stream, (T*)a.q_out, (C*)a.k_cache, (C*)a.v_cache, (const T*)a.qkv, (const T*)a.cos,
       (const T*)a.sin, a.positions, a.table_rows, a.slots, (const T*)a.q_norm,
-      (const T*)a.k_norm, a.eps, heads, kv_heads, d, a.interleaved, per_block);
+      (const T*)a.k_norm, a.eps, heads, kv_heads, d, a.interleaved, per_block,
+      a.kv_fp8 != nullptr ? *a.kv_fp8 : KvScales{1.f, 1.f});
   return (int)(err != cudaSuccess ? err : cudaGetLastError());
 }
 
@@ -139,9 +144,10 @@ int launch_rope(const RopeArgs& a, cudaStream_t stream) {
 // sin: [tokens, d / 2], or with `positions` (u32 [tokens]) whole tables [table_rows, d / 2] read
 // at each token's position (clamped to the last row). q_norm and k_norm ([head_dim] each, or
 // both null): per-head RMSNorm weights applied with `eps` before rotation. dtype 0 = f32, 1 =
-// f16, 2 = bf16. Returns 0, a CUDA error code, or 1 when the arguments are unsupported.
+// f16, 2 = bf16. kv_fp8: null, the caches hold dtype; or they hold e4m3 bytes with these scales.
+// Returns 0, a CUDA error code, or 1 when the arguments are unsupported.
 extern "C" int pagewise_rope_qkv_cache(int dtype, void* q_out, void* k_cache, void* v_cache,
-                                       const void* qkv, const void* cos, const void* sin,
+                                       const KvScales* kv_fp8, const void* qkv, const void* cos, const void* sin,
                                        const uint32_t* positions, int table_rows,
                                        const int64_t* slots, const void* q_norm,
                                        const void* k_norm, float eps, int tokens, int heads,
@@ -151,14 +157,17 @@ extern "C" int pagewise_rope_qkv_cache(int dtype, void* q_out, void* k_cache, vo
   if (positions != nullptr && table_rows < 1) return 1;
   if ((q_norm == nullptr) != (k_norm == nullptr)) return 1;
   if (q_norm != nullptr && heads + kv_heads > kMaxNormHeads) return 1;
-  const RopeArgs a = {q_out,  k_cache, v_cache, qkv,    cos,      sin,  positions,
+  const RopeArgs a = {q_out,  k_cache, v_cache, kv_fp8, qkv,    cos,      sin,  positions,
                       table_rows, slots, q_norm, k_norm, eps, tokens, heads,
                       kv_heads, head_dim, interleaved};
   cudaStream_t s = (cudaStream_t)stream;
   switch (dtype) {
-    case 0: return launch_rope<float>(a, s);
-    case 1: return launch_rope<__half>(a, s);
-    case 2: return launch_rope<__nv_bfloat16>(a, s);
+    case 0: return kv_fp8 != nullptr ? 1 : launch_rope<float, float>(a, s);
+    case 1:
+      return kv_fp8 != nullptr ? launch_rope<__half, uint8_t>(a, s) : launch_rope<__half, __half>(a, s);
+    case 2:
+      return kv_fp8 != nullptr ? launch_rope<__nv_bfloat16, uint8_t>(a, s)
+                               : launch_rope<__nv_bfloat16, __nv_bfloat16>(a, s);
     default: return 1;
   }
 }

@@ -6,8 +6,8 @@ use std::ffi::c_void;
 use candle_core::{DType, Result, Tensor, bail};
 
 use crate::{
-    check_attention, check_index_vector, check_launch, decode_slots, device_ptr, dtype_code, ffi,
-    split_plan,
+    PagedKv, check_attention, check_index_vector, check_launch, decode_slots, device_ptr,
+    dtype_code, ffi, split_plan,
 };
 
 /// Where the kernel before the attention kernel on the stream may still be writing the caches.
@@ -44,8 +44,7 @@ impl CacheWrites {
 /// the block tables, and that every row-to-sequence index is below the block tables' rows.
 pub unsafe fn paged_decode_attention(
     q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
+    kv: PagedKv<'_>,
     block_tables: &Tensor,
     context_lens: &Tensor,
     max_context_len: usize,
@@ -54,8 +53,7 @@ pub unsafe fn paged_decode_attention(
     unsafe {
         paged_attention(
             q,
-            k_cache,
-            v_cache,
+            kv,
             block_tables,
             None,
             context_lens,
@@ -126,8 +124,7 @@ pub fn plan_for_rows(
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn paged_attention(
     q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
+    kv: PagedKv<'_>,
     block_tables: &Tensor,
     row_seq: Option<&Tensor>,
     context_lens: &Tensor,
@@ -137,12 +134,11 @@ pub unsafe fn paged_attention(
     unsafe {
         paged_attention_planned(
             q,
-            k_cache,
-            v_cache,
+            kv,
             block_tables,
             row_seq,
             context_lens,
-            plan_for(q, k_cache, max_context_len)?,
+            plan_for(q, kv.k, max_context_len)?,
             CacheWrites::Anywhere,
             scale,
         )
@@ -162,8 +158,7 @@ pub unsafe fn paged_attention(
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn paged_attention_planned(
     q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
+    kv: PagedKv<'_>,
     block_tables: &Tensor,
     row_seq: Option<&Tensor>,
     context_lens: &Tensor,
@@ -175,8 +170,7 @@ pub unsafe fn paged_attention_planned(
     unsafe {
         decode_new(
             q,
-            k_cache,
-            v_cache,
+            kv,
             block_tables,
             row_seq,
             context_lens,
@@ -194,8 +188,7 @@ pub unsafe fn paged_attention_planned(
 #[allow(clippy::too_many_arguments)]
 unsafe fn decode_new(
     q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
+    kv: PagedKv<'_>,
     block_tables: &Tensor,
     row_seq: Option<&Tensor>,
     context_lens: &Tensor,
@@ -214,8 +207,7 @@ unsafe fn decode_new(
             &out,
             &ws,
             q,
-            k_cache,
-            v_cache,
+            kv,
             block_tables,
             row_seq,
             context_lens,
@@ -244,8 +236,7 @@ pub unsafe fn paged_attention_planned_into(
     out: &Tensor,
     ws: &DecodeWorkspace,
     q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
+    kv: PagedKv<'_>,
     block_tables: &Tensor,
     row_seq: Option<&Tensor>,
     context_lens: &Tensor,
@@ -259,8 +250,7 @@ pub unsafe fn paged_attention_planned_into(
             out,
             ws,
             q,
-            k_cache,
-            v_cache,
+            kv,
             block_tables,
             row_seq,
             context_lens,
@@ -284,8 +274,7 @@ pub unsafe fn paged_attention_planned_into(
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn paged_attention_rows(
     q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
+    kv: PagedKv<'_>,
     block_tables: &Tensor,
     row_seq: Option<&Tensor>,
     context_lens: &Tensor,
@@ -313,8 +302,7 @@ pub unsafe fn paged_attention_rows(
     unsafe {
         decode_new(
             q,
-            k_cache,
-            v_cache,
+            kv,
             block_tables,
             row_seq,
             context_lens,
@@ -334,8 +322,7 @@ pub(crate) unsafe fn decode_into(
     out: &Tensor,
     ws: &DecodeWorkspace,
     q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
+    kv: PagedKv<'_>,
     block_tables: &Tensor,
     row_seq: Option<&Tensor>,
     context_lens: &Tensor,
@@ -353,7 +340,7 @@ pub(crate) unsafe fn decode_into(
             crate::split::MAX_SPLITS
         );
     }
-    let (block_size, kv_heads) = check_attention(out, q, k_cache, v_cache)?;
+    let (block_size, kv_heads) = check_attention(out, q, &kv)?;
     if heads / kv_heads > 8 {
         bail!("{heads} query heads cannot share {kv_heads} KV heads in groups of at most 8");
     }
@@ -389,8 +376,8 @@ pub(crate) unsafe fn decode_into(
         Some(_) => 0,
         None => device_ptr(q, "q")?.0,
     };
-    let (kc, _) = device_ptr(k_cache, "k_cache")?;
-    let (vc, _) = device_ptr(v_cache, "v_cache")?;
+    let (kc, _) = device_ptr(kv.k, "k_cache")?;
+    let (vc, _) = device_ptr(kv.v, "v_cache")?;
     let (bt, _) = device_ptr(block_tables, "block_tables")?;
     let rs = match row_seq {
         Some(rs) => device_ptr(rs, "row_seq")?.0,
@@ -412,6 +399,7 @@ pub(crate) unsafe fn decode_into(
             qp as *const c_void,
             kc as *const c_void,
             vc as *const c_void,
+            kv.scales_ptr(),
             bt as *const i32,
             rs as *const i32,
             cl as *const i32,

@@ -9,6 +9,7 @@
 
 use candle_core::{DType, Result, Tensor, bail};
 
+use crate::PagedKv;
 use crate::decode::{CacheWrites, DecodeWorkspace, decode_into};
 use crate::rope::{QkvRope, qkv_rope_args};
 
@@ -18,7 +19,8 @@ use crate::rope::{QkvRope, qkv_rope_args};
 /// through `row_seq[r]`, or table `r`) with the `(splits, chunk)` plan, over the last `window`
 /// positions of each context when given. Writes the rows' K and V into the caches
 /// (`[blocks, block_size, kv_heads, head_dim]`) and returns the attention output
-/// `[rows, heads, head_dim]`. bf16 and f16 only (the tensor-core kernel).
+/// `[rows, heads, head_dim]`. bf16 and f16 only (the tensor-core kernel), 16-bit caches only (an
+/// FP8 cache's steps rotate and write with [`rope_qkv_cache`] first).
 ///
 /// On sm_90 the kernel starts before the kernel before it ends and copies the cache right away:
 /// that kernel must not write the caches (the projection does not).
@@ -40,7 +42,8 @@ pub unsafe fn paged_attention_fresh(
     scale: f32,
 ) -> Result<Tensor> {
     const OP: &str = "paged_attention_fresh";
-    let (fresh, rows, d) = qkv_rope_args(OP, x, k_cache, v_cache, slot_mapping)?;
+    let kv = PagedKv::new(k_cache, v_cache);
+    let (fresh, rows, d) = qkv_rope_args(OP, x, &kv, slot_mapping)?;
     if !matches!(x.qkv.dtype(), DType::BF16 | DType::F16) {
         bail!("{OP}: bf16 or f16 only, got {:?}", x.qkv.dtype());
     }
@@ -56,8 +59,7 @@ pub unsafe fn paged_attention_fresh(
             &out,
             &ws,
             &out,
-            k_cache,
-            v_cache,
+            kv,
             block_tables,
             row_seq,
             context_lens,

@@ -3,6 +3,8 @@
 
 use std::ffi::{c_int, c_void};
 
+use crate::KvScales;
+
 /// A step's new tokens as the fused projection left them, with the caches and where to rotate
 /// them from: what the decode kernel takes to normalize, rotate and write them itself (`FreshQkv`
 /// in decode_common.cuh), and the arguments `pagewise_rope_qkv_cache` takes one by one.
@@ -29,6 +31,7 @@ unsafe extern "C" {
         value: *const c_void,
         k_cache: *mut c_void,
         v_cache: *mut c_void,
+        kv_fp8: *const KvScales,
         slots: *const i64,
         num_tokens: c_int,
         width: c_int,
@@ -51,6 +54,7 @@ unsafe extern "C" {
         q: *const c_void,
         k_cache: *const c_void,
         v_cache: *const c_void,
+        kv_fp8: *const KvScales,
         block_tables: *const i32,
         row_seq: *const i32,
         context_lens: *const i32,
@@ -103,6 +107,7 @@ unsafe extern "C" {
         q: *const c_void,
         k_cache: *const c_void,
         v_cache: *const c_void,
+        kv_fp8: *const KvScales,
         block_tables: *const i32,
         seq_table: *const i32,
         q_start: *const i32,
@@ -276,6 +281,7 @@ unsafe extern "C" {
         q_out: *mut c_void,
         k_cache: *mut c_void,
         v_cache: *mut c_void,
+        kv_fp8: *const KvScales,
         qkv: *const c_void,
         cos: *const c_void,
         sin: *const c_void,

@@ -102,15 +102,96 @@ pub(crate) fn device_ptr(t: &Tensor, what: &str) -> Result<(u64, *mut c_void)> {
     Ok((base + offset, stream.cu_stream() as *mut c_void))
 }
 
+/// A layer's K and V scales in an FP8 KV cache: a K value `x` is stored as e4m3(`x / k`)
+/// (saturated to ±448, rounded to nearest even) and read back as `e4m3 * k` rounded to the
+/// model's 16-bit dtype; V likewise with `v`. (`KvScales` in kernels/csrc/kv_fp8.cuh.)
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KvScales {
+    /// K's scale.
+    pub k: f32,
+    /// V's scale.
+    pub v: f32,
+}
+
+impl KvScales {
+    /// Scales of 1: vLLM's default where a checkpoint has none.
+    pub const ONE: KvScales = KvScales { k: 1.0, v: 1.0 };
+}
+
+/// A layer's paged K and V caches (`[num_blocks, block_size, kv_heads, head_dim]` each), as the
+/// kernels that write and read them take them.
+#[derive(Clone, Copy, Debug)]
+pub struct PagedKv<'a> {
+    /// The K cache.
+    pub k: &'a Tensor,
+    /// The V cache, of `k`'s shape and dtype.
+    pub v: &'a Tensor,
+    /// `None`: the caches hold the model's dtype. `Some`: they hold e4m3 bytes (`U8` tensors)
+    /// with these scales (f16 and bf16 models; the tensor-core kernels only).
+    pub fp8: Option<KvScales>,
+}
+
+impl<'a> PagedKv<'a> {
+    /// Caches of the model's dtype.
+    pub fn new(k: &'a Tensor, v: &'a Tensor) -> Self {
+        PagedKv { k, v, fp8: None }
+    }
+
+    /// Caches of e4m3 bytes with `scales`.
+    pub fn fp8(k: &'a Tensor, v: &'a Tensor, scales: KvScales) -> Self {
+        PagedKv {
+            k,
+            v,
+            fp8: Some(scales),
+        }
+    }
+
+    /// The scales as the C entry points take them (null: 16-bit caches). The pointer borrows
+    /// `self`.
+    pub(crate) fn scales_ptr(&self) -> *const KvScales {
+        self.fp8
+            .as_ref()
+            .map_or(std::ptr::null(), |s| s as *const KvScales)
+    }
+
+    /// That both caches hold `dtype` (`op`'s values), or e4m3 bytes for f16 and bf16 values
+    /// with positive, finite scales.
+    pub(crate) fn check_dtype(&self, dtype: DType, op: &str) -> Result<()> {
+        let want = match self.fp8 {
+            None => dtype,
+            Some(s) => {
+                if !matches!(dtype, DType::F16 | DType::BF16) {
+                    bail!("{op}: an FP8 KV cache takes f16 or bf16 values, not {dtype:?}");
+                }
+                if !(s.k.is_finite() && s.k > 0.0 && s.v.is_finite() && s.v > 0.0) {
+                    bail!("{op}: FP8 KV scales must be positive and finite, got {s:?}");
+                }
+                DType::U8
+            }
+        };
+        for (t, what) in [(self.k, "k_cache"), (self.v, "v_cache")] {
+            if t.dtype() != want {
+                bail!(
+                    "{op}: {what} is {:?} but must be {want:?}{}",
+                    t.dtype(),
+                    if self.fp8.is_some() { " (FP8 KV)" } else { "" }
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The checks every attention kernel needs: `out` has `q`'s shape and dtype, the two caches
-/// match each other and `q`'s head dim (64, 128 or 256) and dtype, and the query heads share the KV
-/// heads evenly. Returns the caches' (block_size, kv_heads).
+/// match each other and `q`'s head dim (64, 128 or 256) and dtype (or are FP8 caches), and the
+/// query heads share the KV heads evenly. Returns the caches' (block_size, kv_heads).
 pub(crate) fn check_attention(
     out: &Tensor,
     q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
+    kv: &PagedKv<'_>,
 ) -> Result<(usize, usize)> {
+    let (k_cache, v_cache) = (kv.k, kv.v);
     let (_, heads, head_dim) = q.dims3()?;
     let (_, block_size, kv_heads, cd) = k_cache.dims4()?;
     if out.dims() != q.dims() || out.dtype() != q.dtype() {
@@ -129,11 +210,7 @@ pub(crate) fn check_attention(
     if ![64, 128, 256].contains(&head_dim) {
         bail!("head_dim {head_dim} is not supported (64, 128, 256)");
     }
-    for (t, what) in [(k_cache, "k_cache"), (v_cache, "v_cache")] {
-        if t.dtype() != q.dtype() {
-            bail!("{what} is {:?} but q is {:?}", t.dtype(), q.dtype());
-        }
-    }
+    kv.check_dtype(q.dtype(), "paged attention")?;
     Ok((block_size, kv_heads))
 }
 
@@ -200,7 +277,7 @@ pub(crate) fn check_launch(code: i32, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Writes `key`, `value` (`[tokens, kv_heads, head_dim]`) into `k_cache`, `v_cache`
+/// Writes `key`, `value` (`[tokens, kv_heads, head_dim]`) into the caches `kv`
 /// (`[num_blocks, block_size, kv_heads, head_dim]`) at `slot_mapping` (`[tokens]`, i64; a negative
 /// slot skips its token). The caches are modified in place.
 ///
@@ -212,10 +289,10 @@ pub(crate) fn check_launch(code: i32, what: &str) -> Result<()> {
 pub unsafe fn reshape_and_cache(
     key: &Tensor,
     value: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
+    kv: PagedKv<'_>,
     slot_mapping: &Tensor,
 ) -> Result<()> {
+    let (k_cache, v_cache) = (kv.k, kv.v);
     let (tokens, kv_heads, head_dim) = key.dims3()?;
     if value.dims() != key.dims() {
         bail!(
@@ -232,11 +309,10 @@ pub unsafe fn reshape_and_cache(
             v_cache.dims()
         );
     }
-    for (t, what) in [(value, "value"), (k_cache, "k_cache"), (v_cache, "v_cache")] {
-        if t.dtype() != key.dtype() {
-            bail!("{what} is {:?} but key is {:?}", t.dtype(), key.dtype());
-        }
+    if value.dtype() != key.dtype() {
+        bail!("value is {:?} but key is {:?}", value.dtype(), key.dtype());
     }
+    kv.check_dtype(key.dtype(), "reshape_and_cache")?;
     check_index_vector(slot_mapping, DType::I64, tokens, "slot_mapping")?;
     let dtype = dtype_code(key.dtype(), "reshape_and_cache")?;
     let (k, stream) = device_ptr(key, "key")?;
@@ -253,6 +329,7 @@ pub unsafe fn reshape_and_cache(
             v as *const c_void,
             kc as *mut c_void,
             vc as *mut c_void,
+            kv.scales_ptr(),
             slots as *const i64,
             tokens as i32,
             (kv_heads * head_dim) as i32,

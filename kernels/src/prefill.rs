@@ -4,7 +4,7 @@ use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
-use crate::{check_attention, check_launch, device_ptr, ffi};
+use crate::{PagedKv, check_attention, check_launch, device_ptr, ffi};
 
 /// The varlen prefill batch of [`paged_prefill_attention`]: per prefill sequence (all i32
 /// `[num_seqs]`), where its query rows start in `q`, how many there are, how many of its tokens the
@@ -26,7 +26,7 @@ pub struct PrefillSeqs<'a> {
 /// the chunk and fully over its cached prefix, reading K/V (already written by
 /// [`reshape_and_cache`](crate::reshape_and_cache)) through `block_tables`. Writes those rows of `out` (`q`'s shape,
 /// `[tokens, heads, head_dim]`) in place and leaves the other rows alone. FlashAttention-2 style
-/// (kernels/csrc/prefill_mma.cuh), head dims 64, 128 and 256.
+/// (kernels/csrc/prefill_mma.cuh), head dims 64, 128 and 256. The caches may be FP8 ([`PagedKv`]).
 ///
 /// # Safety
 /// The kernel trusts the device-side indices it is given; their values are not checked (that
@@ -37,14 +37,13 @@ pub struct PrefillSeqs<'a> {
 pub unsafe fn paged_prefill_attention(
     out: &Tensor,
     q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
+    kv: PagedKv<'_>,
     block_tables: &Tensor,
     seqs: &PrefillSeqs<'_>,
     scale: f32,
 ) -> Result<()> {
     let (_, heads, head_dim) = q.dims3()?;
-    let (block_size, kv_heads) = check_attention(out, q, k_cache, v_cache)?;
+    let (block_size, kv_heads) = check_attention(out, q, &kv)?;
     let dtype = match q.dtype() {
         DType::F16 => 1,
         DType::BF16 => 2,
@@ -71,8 +70,8 @@ pub unsafe fn paged_prefill_attention(
     }
     let (o, stream) = device_ptr(out, "out")?;
     let (qp, _) = device_ptr(q, "q")?;
-    let (kc, _) = device_ptr(k_cache, "k_cache")?;
-    let (vc, _) = device_ptr(v_cache, "v_cache")?;
+    let (kc, _) = device_ptr(kv.k, "k_cache")?;
+    let (vc, _) = device_ptr(kv.v, "v_cache")?;
     let (bt, _) = device_ptr(block_tables, "block_tables")?;
     let (tr, _) = device_ptr(seqs.table_row, "table_row")?;
     let (qs, _) = device_ptr(seqs.q_start, "q_start")?;
@@ -87,6 +86,7 @@ pub unsafe fn paged_prefill_attention(
             qp as *const c_void,
             kc as *const c_void,
             vc as *const c_void,
+            kv.scales_ptr(),
             bt as *const i32,
             tr as *const i32,
             qs as *const i32,

@@ -5,7 +5,7 @@ use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
-use crate::{check_index_vector, device_ptr, dtype_code, empty, ffi};
+use crate::{PagedKv, check_index_vector, device_ptr, dtype_code, empty, ffi};
 
 /// The fused q/k/v projection of a step and how to rotate it.
 pub struct QkvRope<'a> {
@@ -46,9 +46,10 @@ pub struct HeadNorms<'a> {
 /// RMS each in shared memory).
 pub const MAX_NORM_HEADS: usize = 512;
 
-/// Rotates q and k of `x` (normalized first by `x.head_norms`, if any), writes the rotated k and the v of each token into the paged caches
-/// (`[blocks, block_size, kv_heads, head_dim]`) at its slot (`slot_mapping`, i64, -1 = skip), and
-/// returns the rotated q, `[tokens, heads, head_dim]`.
+/// Rotates q and k of `x` (normalized first by `x.head_norms`, if any), writes the rotated k and
+/// the v of each token into the paged caches `kv` (`[blocks, block_size, kv_heads, head_dim]`,
+/// 16-bit or FP8) at its slot (`slot_mapping`, i64, -1 = skip), and returns the rotated q,
+/// `[tokens, heads, head_dim]`.
 ///
 /// # Safety
 /// The kernel trusts the device-side indices it is given; their values are not checked (that
@@ -57,11 +58,10 @@ pub const MAX_NORM_HEADS: usize = 512;
 /// call share a slot, and, without `positions`, that `cos` and `sin` hold a row per token.
 pub unsafe fn rope_qkv_cache(
     x: &QkvRope<'_>,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
+    kv: PagedKv<'_>,
     slot_mapping: &Tensor,
 ) -> Result<Tensor> {
-    let (a, tokens, d) = qkv_rope_args("rope_qkv_cache", x, k_cache, v_cache, slot_mapping)?;
+    let (a, tokens, d) = qkv_rope_args("rope_qkv_cache", x, &kv, slot_mapping)?;
     let dtype = dtype_code(x.qkv.dtype(), "rope_qkv_cache")?;
     let q = empty((tokens, x.heads, d), x.qkv.dtype(), x.qkv.device())?;
     let (qo, stream) = device_ptr(&q, "q")?;
@@ -74,6 +74,7 @@ pub unsafe fn rope_qkv_cache(
             qo as *mut c_void,
             a.k_cache,
             a.v_cache,
+            kv.scales_ptr(),
             a.qkv,
             a.cos,
             a.sin,
@@ -101,10 +102,10 @@ pub unsafe fn rope_qkv_cache(
 pub(crate) fn qkv_rope_args(
     op: &str,
     x: &QkvRope<'_>,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
+    kv: &PagedKv<'_>,
     slot_mapping: &Tensor,
 ) -> Result<(ffi::FreshQkv, usize, usize)> {
+    let (k_cache, v_cache) = (kv.k, kv.v);
     let (tokens, width) = x.qkv.dims2()?;
     let (_, _, kv_heads, d) = k_cache.dims4()?;
     if kv_heads != x.kv_heads || width != (x.heads + 2 * kv_heads) * d || d % 2 != 0 {
@@ -123,12 +124,8 @@ pub(crate) fn qkv_rope_args(
         (k_cache, v_cache),
         slot_mapping,
     )?;
-    let mut same_dtype = vec![
-        (x.cos, "cos"),
-        (x.sin, "sin"),
-        (k_cache, "k_cache"),
-        (v_cache, "v_cache"),
-    ];
+    kv.check_dtype(x.qkv.dtype(), op)?;
+    let mut same_dtype = vec![(x.cos, "cos"), (x.sin, "sin")];
     if let Some(n) = &x.head_norms {
         for (w, what) in [(n.q, "q norm"), (n.k, "k norm")] {
             if w.dims() != [d] || !w.is_contiguous() {

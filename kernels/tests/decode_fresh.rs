@@ -9,7 +9,7 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use common::{Lcg, host_f32, random};
 use pagewise_kernels::{
-    HeadNorms, QkvRope, paged_attention_fresh, paged_attention_rows, rope_qkv_cache,
+    HeadNorms, PagedKv, QkvRope, paged_attention_fresh, paged_attention_rows, rope_qkv_cache,
 };
 
 /// One layout of heads and how the step is attended.
@@ -131,13 +131,12 @@ fn check(case: &Case, dtype: DType, ctx: &[usize], gathered: bool, seed: u64) {
 
     // The two kernels the fused one replaces.
     let (kw, vw) = (cache(&k_old), cache(&v_old));
-    let q = unsafe { rope_qkv_cache(&x, &kw, &vw, &slots) }.unwrap();
+    let q = unsafe { rope_qkv_cache(&x, PagedKv::new(&kw, &vw), &slots) }.unwrap();
     // (Without a window, the decode kernel over the whole context: paged_attention_planned's.)
     let want = unsafe {
         paged_attention_rows(
             &q,
-            &kw,
-            &vw,
+            PagedKv::new(&kw, &vw),
             &bt,
             None,
             &lens,

@@ -4,7 +4,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use pagewise_kernels::{
-    CacheWrites, DecodeWorkspace, decode_slots, paged_attention_planned,
+    CacheWrites, DecodeWorkspace, KvScales, PagedKv, decode_slots, paged_attention_planned,
     paged_attention_planned_into, paged_attention_rows, paged_decode_attention, plan_for,
     reshape_and_cache,
 };
@@ -76,7 +76,7 @@ fn case(
         .unwrap();
     let (kc, vc) = (poison.copy().unwrap(), poison.copy().unwrap());
     let slot_t = Tensor::from_vec(slots, tokens, &dev).unwrap();
-    unsafe { reshape_and_cache(&k, &v, &kc, &vc, &slot_t) }.unwrap();
+    unsafe { reshape_and_cache(&k, &v, PagedKv::new(&kc, &vc), &slot_t) }.unwrap();
     let bt = Tensor::from_vec(tables, (ctx_lens.len(), max_blocks), &dev).unwrap();
     let cl = Tensor::from_vec(
         ctx_lens.iter().map(|&c| c as i32).collect::<Vec<_>>(),
@@ -86,15 +86,27 @@ fn case(
     .unwrap();
     let scale = 1.0 / (head_dim as f32).sqrt();
     let max_ctx = *ctx_lens.iter().max().unwrap();
-    let out = unsafe { paged_decode_attention(&q, &kc, &vc, &bt, &cl, max_ctx, scale) }.unwrap();
+    let out =
+        unsafe { paged_decode_attention(&q, PagedKv::new(&kc, &vc), &bt, &cl, max_ctx, scale) }
+            .unwrap();
     let got = host_f32(&out);
     // The same with K/V copied before the wait on the kernel before (all of it has ended here):
     // the same values, bit for bit.
     dev.synchronize().unwrap();
     let plan = plan_for(&q, &kc, max_ctx).unwrap();
     let writes = CacheWrites::LastPosition;
-    let early =
-        unsafe { paged_attention_planned(&q, &kc, &vc, &bt, None, &cl, plan, writes, scale) };
+    let early = unsafe {
+        paged_attention_planned(
+            &q,
+            PagedKv::new(&kc, &vc),
+            &bt,
+            None,
+            &cl,
+            plan,
+            writes,
+            scale,
+        )
+    };
     assert_eq!(
         host_f32(&early.unwrap()),
         got,
@@ -106,8 +118,7 @@ fn case(
     let sunk = unsafe {
         paged_attention_rows(
             &q,
-            &kc,
-            &vc,
+            PagedKv::new(&kc, &vc),
             &bt,
             None,
             &cl,
@@ -205,18 +216,18 @@ fn bad_arguments_are_refused_clearly() {
     let kc = Tensor::zeros((4, 16, 2, 96), DType::BF16, &dev).unwrap();
     let bt = Tensor::zeros((2, 1), DType::I32, &dev).unwrap();
     let cl = Tensor::zeros(2, DType::I32, &dev).unwrap();
-    let err = unsafe { paged_decode_attention(&q, &kc, &kc, &bt, &cl, 16, 1.0) }
+    let err = unsafe { paged_decode_attention(&q, PagedKv::new(&kc, &kc), &bt, &cl, 16, 1.0) }
         .unwrap_err()
         .to_string();
     assert!(err.contains("head_dim 96"), "{err}");
     let q = Tensor::zeros((2, 8, 64), DType::F32, &dev).unwrap();
     let kc = Tensor::zeros((4, 16, 2, 64), DType::BF16, &dev).unwrap();
-    let err = unsafe { paged_decode_attention(&q, &kc, &kc, &bt, &cl, 16, 1.0) }
+    let err = unsafe { paged_decode_attention(&q, PagedKv::new(&kc, &kc), &bt, &cl, 16, 1.0) }
         .unwrap_err()
         .to_string();
     assert!(err.contains("k_cache is BF16 but q is F32"), "{err}");
     let cpu = Tensor::zeros((2, 8, 64), DType::BF16, &Device::Cpu).unwrap();
-    let err = unsafe { paged_decode_attention(&cpu, &kc, &kc, &bt, &cl, 16, 1.0) }
+    let err = unsafe { paged_decode_attention(&cpu, PagedKv::new(&kc, &kc), &bt, &cl, 16, 1.0) }
         .unwrap_err()
         .to_string();
     assert!(err.contains("CUDA"), "{err}");
@@ -227,8 +238,8 @@ fn bad_arguments_are_refused_clearly() {
 /// with CUDA events over 64 launches, issued one by one and replayed from a CUDA graph (the GPU's
 /// time: the table's bandwidth); the launches rotate over
 /// copies of the cache totalling at least 128 MB, so small cases do not run out of the 50 MB L2.
-/// Run on the GPU machine:
-/// `kernel-tests --ignored --nocapture decode_bandwidth`.
+/// Each case runs with a bf16 cache, then with an FP8 (e4m3) one: half the bytes. Run on the GPU
+/// machine: `kernel-tests --ignored --nocapture decode_bandwidth`.
 #[test]
 #[ignore]
 fn decode_bandwidth() {
@@ -261,12 +272,12 @@ fn decode_bandwidth() {
             .collect()
     };
     println!(
-        "| batch | context | launched one by one (µs) | graph replay (µs) | KV read (TB/s) | share of 3.97 TB/s |"
+        "| batch | context | KV cache | launched one by one (µs) | graph replay (µs) | KV read (TB/s) | share of 3.97 TB/s |"
     );
-    println!("|---|---|---|---|---|---|");
-    for (batch, ctx) in cases {
-        let bytes = (batch * ctx * kv_heads * d * 2 * 2) as f64;
-        let setup = Setup::new(&dev, batch, ctx, (heads, kv_heads, d, bs));
+    println!("|---|---|---|---|---|---|---|");
+    for ((batch, ctx), fp8) in cases.iter().flat_map(|&case| [(case, false), (case, true)]) {
+        let bytes = (batch * ctx * kv_heads * d * 2 * if fp8 { 1 } else { 2 }) as f64;
+        let setup = Setup::new(&dev, batch, ctx, (heads, kv_heads, d, bs), fp8);
         let copies = setup.caches.len();
         let run = |i: usize| setup.run(i);
         for i in 0..copies.max(3) {
@@ -284,7 +295,8 @@ fn decode_bandwidth() {
         let secs = graph_replay_seconds(&stream, iters, &run);
         let rate = bytes / secs;
         println!(
-            "| {batch} | {ctx} | {:.1} | {:.2} | {:.3} | {:.1}% |",
+            "| {batch} | {ctx} | {} | {:.1} | {:.2} | {:.3} | {:.1}% |",
+            if fp8 { "fp8" } else { "bf16" },
             eager * 1e6,
             secs * 1e6,
             rate / 1e12,
@@ -293,11 +305,12 @@ fn decode_bandwidth() {
     }
 }
 
-/// A decode launch over `batch` sequences of `ctx` positions (bf16; zeros: only the time counts)
-/// with copies of the cache totalling at least 128 MB, so that launches rotating over them do
-/// not run out of the 50 MB L2.
+/// A decode launch over `batch` sequences of `ctx` positions (bf16 queries, a bf16 or FP8 cache;
+/// zeros: only the time counts) with copies of the cache totalling at least 128 MB, so that
+/// launches rotating over them do not run out of the 50 MB L2.
 struct Setup {
     caches: Vec<(Tensor, Tensor)>,
+    fp8: bool,
     bt: Tensor,
     cl: Tensor,
     q: Tensor,
@@ -307,11 +320,18 @@ struct Setup {
 }
 
 impl Setup {
-    fn new(dev: &Device, batch: usize, ctx: usize, shape: (usize, usize, usize, usize)) -> Self {
+    fn new(
+        dev: &Device,
+        batch: usize,
+        ctx: usize,
+        shape: (usize, usize, usize, usize),
+        fp8: bool,
+    ) -> Self {
         let (heads, kv_heads, d, bs) = shape;
         let blocks_per_seq = ctx / bs;
         let num_blocks = batch * blocks_per_seq + 1;
-        let bytes = (batch * ctx * kv_heads * d * 2 * 2) as f64;
+        let element = if fp8 { DType::U8 } else { DType::BF16 };
+        let bytes = (batch * ctx * kv_heads * d * 2 * element.size_in_bytes()) as f64;
         // PAGEWISE_BW_COPIES overrides the count (1: every launch reads the same cache).
         let copies = std::env::var("PAGEWISE_BW_COPIES")
             .ok()
@@ -319,7 +339,7 @@ impl Setup {
             .unwrap_or(((128e6 / bytes).ceil() as usize).clamp(1, 64));
         let caches: Vec<(Tensor, Tensor)> = (0..copies)
             .map(|_| {
-                let kc = Tensor::zeros((num_blocks, bs, kv_heads, d), DType::BF16, dev).unwrap();
+                let kc = Tensor::zeros((num_blocks, bs, kv_heads, d), element, dev).unwrap();
                 (kc.copy().unwrap(), kc)
             })
             .collect();
@@ -339,6 +359,7 @@ impl Setup {
         let ws = DecodeWorkspace::new(batch, heads, plan.0, d, dev).unwrap();
         Setup {
             caches,
+            fp8,
             bt,
             cl,
             q,
@@ -354,10 +375,14 @@ impl Setup {
         // As the engine's decode steps: K/V copied before the wait (nothing on the stream writes
         // the caches, so a decode step's contract holds).
         let writes = CacheWrites::LastPosition;
+        let kv = if self.fp8 {
+            PagedKv::fp8(kc, vc, KvScales::ONE)
+        } else {
+            PagedKv::new(kc, vc)
+        };
         unsafe {
             paged_attention_planned_into(
-                &self.out, &self.ws, &self.q, kc, vc, &self.bt, None, &self.cl, self.plan, writes,
-                0.1,
+                &self.out, &self.ws, &self.q, kv, &self.bt, None, &self.cl, self.plan, writes, 0.1,
             )
         }
         .unwrap()

@@ -5,7 +5,7 @@
 
 use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
 use candle_core::{DType, Device, Tensor};
-use pagewise_kernels::{PrefillSeqs, paged_prefill_attention, reshape_and_cache};
+use pagewise_kernels::{PagedKv, PrefillSeqs, paged_prefill_attention, reshape_and_cache};
 
 mod common;
 
@@ -67,8 +67,7 @@ fn case(
         reshape_and_cache(
             &k,
             &v,
-            &kc,
-            &vc,
+            PagedKv::new(&kc, &vc),
             &Tensor::from_vec(slots, all, &dev).unwrap(),
         )
     }
@@ -108,7 +107,8 @@ fn case(
         table_row: &tr,
         max_q_len: seqs.iter().map(|s| s.1).max().unwrap(),
     };
-    unsafe { paged_prefill_attention(&out, &q, &kc, &vc, &bt, &meta, scale) }.unwrap();
+    unsafe { paged_prefill_attention(&out, &q, PagedKv::new(&kc, &vc), &bt, &meta, scale) }
+        .unwrap();
     let got = host_f32(&out);
     assert!(
         got[..lead * heads * d].iter().all(|x| x.is_nan()),
@@ -183,7 +183,8 @@ fn a_float32_prefill_is_refused_clearly() {
         max_q_len: 1,
     };
     let err =
-        unsafe { paged_prefill_attention(&q, &q, &cache, &cache, &bt, &meta, 1.0) }.unwrap_err();
+        unsafe { paged_prefill_attention(&q, &q, PagedKv::new(&cache, &cache), &bt, &meta, 1.0) }
+            .unwrap_err();
     assert!(err.to_string().contains("f16 or bf16"), "{err}");
 }
 
@@ -231,7 +232,10 @@ fn prefill_speed() {
     };
     let flops = (4 * d * heads * seqs * len * (len + 1) / 2) as f64;
     let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
-    let run = || unsafe { paged_prefill_attention(&out, &q, &kc, &vc, &bt, &meta, 0.088) }.unwrap();
+    let run = || {
+        unsafe { paged_prefill_attention(&out, &q, PagedKv::new(&kc, &vc), &bt, &meta, 0.088) }
+            .unwrap()
+    };
     for _ in 0..3 {
         run();
     }

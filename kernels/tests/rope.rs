@@ -6,6 +6,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use common::{Lcg, host_f32, max_rel_diff, random};
+use pagewise_kernels::PagedKv;
 
 /// Rotary cos and sin rows (`[rows, d / 2]`, `dtype`) at random angles.
 fn rotary_rows(
@@ -58,8 +59,10 @@ fn rope_qkv_cache_rotates_q_and_writes_the_cache_at_each_slot() {
                 interleaved,
                 head_norms: None,
             };
-            let q = unsafe { pagewise_kernels::rope_qkv_cache(&x, &k_cache, &v_cache, &slots) }
-                .unwrap();
+            let q = unsafe {
+                pagewise_kernels::rope_qkv_cache(&x, PagedKv::new(&k_cache, &v_cache), &slots)
+            }
+            .unwrap();
             assert_eq!(q.dims(), [tokens, heads, d]);
             let (src, c, s) = (host_f32(&qkv), host_f32(&cos), host_f32(&sin));
             let (q, kc, vc) = (host_f32(&q), host_f32(&k_cache), host_f32(&v_cache));
@@ -150,7 +153,8 @@ fn rope_qkv_cache_normalizes_each_head_before_rotating() {
                     eps,
                 }),
             };
-            let q = unsafe { rope_qkv_cache(&x, &k_cache, &v_cache, &slots) }.unwrap();
+            let q =
+                unsafe { rope_qkv_cache(&x, PagedKv::new(&k_cache, &v_cache), &slots) }.unwrap();
             let (src, c, s) = (host_f32(&qkv), host_f32(&cos), host_f32(&sin));
             let (qnw, knw) = (host_f32(&qn), host_f32(&kn));
             let round = |v: f32| {
@@ -215,7 +219,7 @@ fn rope_qkv_cache_normalizes_each_head_before_rotating() {
             eps: 1e-6,
         }),
     };
-    let err = unsafe { rope_qkv_cache(&x, &kc, &kc, &slots) }
+    let err = unsafe { rope_qkv_cache(&x, PagedKv::new(&kc, &kc), &slots) }
         .unwrap_err()
         .to_string();
     assert!(err.contains("q norm"), "{err}");
@@ -275,7 +279,8 @@ fn gemv_rope_cache_equals_the_gemv_then_rope_and_cache() {
                 interleaved,
                 head_norms: None,
             };
-            let want_q = unsafe { rope_qkv_cache(&rope, &want_k, &want_v, &slots) }.unwrap();
+            let want_q =
+                unsafe { rope_qkv_cache(&rope, PagedKv::new(&want_k, &want_v), &slots) }.unwrap();
 
             let (got_k, got_v) = (cache(&k0), cache(&v0));
             let target = RopeCacheTarget {

@@ -36,6 +36,17 @@ impl DtypeArg {
     }
 }
 
+/// The KV cache's element type (vLLM's `--kv-cache-dtype`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KvCacheDtype {
+    /// The model's dtype.
+    #[default]
+    Auto,
+    /// FP8 e4m3 (`fp8`, `fp8_e4m3`): one byte a value, with one scale a layer for K and one for
+    /// V (the checkpoint's `k_scale` / `v_scale`, else 1.0). GPU and 16-bit models only.
+    Fp8E4m3,
+}
+
 /// Everything needed to start an engine. `..Default::default()` fills vLLM's defaults.
 #[derive(Clone, Debug)]
 pub struct EngineArgs {
@@ -76,6 +87,8 @@ pub struct EngineArgs {
     pub gguf_matmul: GgufMatmul,
     /// Weights quantized at load (`--quantization fp8`); `None` serves them as stored.
     pub quantization: Option<Quantization>,
+    /// The KV cache's element type.
+    pub kv_cache_dtype: KvCacheDtype,
     /// GPU: run every step eagerly instead of replaying captured CUDA graphs for decode steps.
     pub enforce_eager: bool,
     /// GPU: the longest context a CUDA graph serves (capped at `max_model_len`); decode steps with
@@ -109,6 +122,7 @@ impl Default for EngineArgs {
             structured_outputs_allow_additional_properties: false,
             gguf_matmul: GgufMatmul::Auto,
             quantization: None,
+            kv_cache_dtype: KvCacheDtype::Auto,
             enforce_eager: false,
             max_seq_len_to_capture: DEFAULT_MAX_SEQ_LEN_TO_CAPTURE,
             parallel: Default::default(),

@@ -18,7 +18,7 @@ use candle_core::DType;
 #[cfg(feature = "cuda")]
 use candle_core::Device;
 
-use super::args::{EngineArgs, EngineError, default_cpu_kv_cache_memory};
+use super::args::{EngineArgs, EngineError, KvCacheDtype, default_cpu_kv_cache_memory};
 use crate::kv::WindowConfig;
 #[cfg(feature = "cuda")]
 use crate::model::CausalLm;
@@ -36,7 +36,7 @@ pub struct KvSizing<'a> {
     pub max_model_len: usize,
     /// Most tokens per step.
     pub max_num_batched_tokens: usize,
-    /// The cache's dtype.
+    /// The model's dtype (the cache's, unless `args.kv_cache_dtype` is FP8: one byte a value).
     pub dtype: DType,
 }
 
@@ -62,7 +62,11 @@ impl KvPlan {
 impl KvSizing<'_> {
     /// Bytes of one block of one layer.
     fn bytes_per_layer_block(&self) -> u64 {
-        let bytes = 2 * self.kv_heads * self.cfg.head_dim * self.dtype.size_in_bytes();
+        let per_value = match self.args.kv_cache_dtype {
+            KvCacheDtype::Auto => self.dtype.size_in_bytes(),
+            KvCacheDtype::Fp8E4m3 => 1,
+        };
+        let bytes = 2 * self.kv_heads * self.cfg.head_dim * per_value;
         (bytes * self.args.block_size) as u64
     }
 
@@ -436,6 +440,39 @@ mod tests {
         assert_eq!(plan.window.map(|w| w.num_blocks), Some(32 * 3 + 16 + 1));
         assert_eq!(plan.num_blocks, (800 - 2 * 113) / 2);
         assert!(plan.capacity_tokens(16) >= 4096);
+    }
+
+    /// `--kv-cache-dtype fp8` stores a value in one byte: twice the blocks of bf16 in a budget.
+    #[test]
+    fn an_fp8_cache_gets_twice_the_blocks_of_bf16() {
+        let cfg = ModelConfig::from_hf_json(
+            r#"{"architectures":["LlamaForCausalLM"],"vocab_size":10,"hidden_size":64,
+            "intermediate_size":32,"num_hidden_layers":4,"num_attention_heads":4,
+            "num_key_value_heads":2,"head_dim":16,"max_position_embeddings":4096}"#,
+        )
+        .unwrap();
+        let blocks = |kv_cache_dtype| {
+            let args = EngineArgs {
+                kv_cache_dtype,
+                ..EngineArgs::default()
+            };
+            let sizing = KvSizing {
+                args: &args,
+                cfg: &cfg,
+                kv_heads: 2,
+                max_model_len: 4096,
+                max_num_batched_tokens: 256,
+                dtype: DType::BF16,
+            };
+            sizing
+                .plan_for(8 << 20, "kv_cache_memory")
+                .unwrap()
+                .num_blocks
+        };
+        // bf16: 2 x 2 heads x 16 x 2 bytes x 16 positions = 2 KiB a layer block, 4 layers; and
+        // the null block.
+        assert_eq!(blocks(KvCacheDtype::Auto), (8 << 20) / (4 * 2048) + 1);
+        assert_eq!(blocks(KvCacheDtype::Fp8E4m3), (8 << 20) / (4 * 1024) + 1);
     }
 
     #[test]

@@ -38,13 +38,40 @@ struct LayerKv {
     v: Zeroed,
 }
 
+/// What a GPU cache's elements are.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KvElements {
+    /// The model's dtype.
+    Model(DType),
+    /// e4m3 bytes (`--kv-cache-dtype fp8`) for a model of 16-bit `dtype`, with each layer's
+    /// (K, V) scales: a value `x` is stored as e4m3(`x / scale`).
+    Fp8 {
+        /// The model's (the values') dtype.
+        dtype: DType,
+        /// Each layer's (K, V) scales.
+        scales: Vec<(f32, f32)>,
+    },
+}
+
+impl KvElements {
+    /// The dtype of the values the cache stands for (the model's).
+    pub fn value_dtype(&self) -> DType {
+        match self {
+            KvElements::Model(d) | KvElements::Fp8 { dtype: d, .. } => *d,
+        }
+    }
+}
+
 enum Store {
     /// f32 in host memory, read by the reference attention below.
     Host(Vec<LayerKv>),
     /// Device tensors `[num_blocks, block_size, num_kv_heads, head_dim]` per layer (K, V), read by
-    /// the CUDA kernels.
+    /// the CUDA kernels: of the model's dtype, or e4m3 bytes (U8) with each layer's scales.
     #[cfg(feature = "cuda")]
-    Cuda(Vec<(Tensor, Tensor)>),
+    Cuda {
+        layers: Vec<(Tensor, Tensor)>,
+        elements: KvElements,
+    },
 }
 
 /// The whole paged KV cache.
@@ -84,16 +111,38 @@ impl KvCache {
         dtype: DType,
         device: &Device,
     ) -> candle_core::Result<Self> {
-        Self::on_device_grouped(layout, &vec![layout.num_blocks; num_layers], dtype, device)
+        let blocks = vec![layout.num_blocks; num_layers];
+        Self::on_device_grouped(layout, &blocks, KvElements::Model(dtype), device)
     }
 
-    /// [`KvCache::on_device`] with `layer_blocks[i]` blocks in layer `i`.
+    /// [`KvCache::on_device`] with `layer_blocks[i]` blocks in layer `i`, of `elements` on a GPU
+    /// (an FP8 cache has a GPU's only: the CPU refuses it).
     pub fn on_device_grouped(
         layout: KvLayout,
         layer_blocks: &[usize],
-        dtype: DType,
+        elements: KvElements,
         device: &Device,
     ) -> candle_core::Result<Self> {
+        if let KvElements::Fp8 { dtype, scales } = &elements {
+            if device.is_cpu() {
+                candle_core::bail!(
+                    "an FP8 KV cache (--kv-cache-dtype fp8) runs on a GPU only; the CPU's cache \
+                     is f32"
+                );
+            }
+            if !matches!(dtype, DType::BF16 | DType::F16) {
+                candle_core::bail!(
+                    "an FP8 KV cache needs a bf16 or f16 model (--dtype), not {dtype:?}"
+                );
+            }
+            if scales.len() != layer_blocks.len() {
+                candle_core::bail!(
+                    "{} FP8 KV scales for {} layers",
+                    scales.len(),
+                    layer_blocks.len()
+                );
+            }
+        }
         if device.is_cpu() {
             return Ok(Self::new_grouped(layout, layer_blocks));
         }
@@ -107,24 +156,37 @@ impl KvCache {
                     layout.head_dim,
                 )
             };
+            let stored = match &elements {
+                KvElements::Model(dtype) => *dtype,
+                KvElements::Fp8 { .. } => DType::U8,
+            };
             let layers = layer_blocks
                 .iter()
                 .map(|&b| {
                     Ok((
-                        Tensor::zeros(shape(b), dtype, device)?,
-                        Tensor::zeros(shape(b), dtype, device)?,
+                        Tensor::zeros(shape(b), stored, device)?,
+                        Tensor::zeros(shape(b), stored, device)?,
                     ))
                 })
                 .collect::<candle_core::Result<Vec<_>>>()?;
             Ok(KvCache {
                 layout,
-                store: Store::Cuda(layers),
+                store: Store::Cuda { layers, elements },
             })
         }
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = dtype;
+            let _ = elements;
             candle_core::bail!("no KV cache for {device:?}: this build has no GPU support")
+        }
+    }
+
+    /// What a GPU cache's elements are (`None` for the CPU's f32 cache).
+    pub fn elements(&self) -> Option<&KvElements> {
+        match &self.store {
+            Store::Host(_) => None,
+            #[cfg(feature = "cuda")]
+            Store::Cuda { elements, .. } => Some(elements),
         }
     }
 
@@ -134,13 +196,20 @@ impl KvCache {
         self.layout
     }
 
-    /// Layer `layer`'s K and V cache tensors when the cache lives on a GPU.
+    /// Layer `layer`'s K and V caches, as the kernels take them, when the cache lives on a GPU.
     #[cfg(feature = "cuda")]
-    pub fn device_layer(&self, layer: usize) -> Option<(&Tensor, &Tensor)> {
-        match &self.store {
-            Store::Cuda(layers) => layers.get(layer).map(|(k, v)| (k, v)),
-            Store::Host(_) => None,
-        }
+    pub fn device_layer(&self, layer: usize) -> Option<pagewise_kernels::PagedKv<'_>> {
+        let Store::Cuda { layers, elements } = &self.store else {
+            return None;
+        };
+        let (k, v) = layers.get(layer)?;
+        Some(match elements {
+            KvElements::Model(_) => pagewise_kernels::PagedKv::new(k, v),
+            KvElements::Fp8 { scales, .. } => {
+                let (ks, vs) = scales[layer];
+                pagewise_kernels::PagedKv::fp8(k, v, pagewise_kernels::KvScales { k: ks, v: vs })
+            }
+        })
     }
 
     /// Attends `q` (`[tokens, heads, head_dim]`) over layer `layer` of a GPU cache that already
@@ -156,14 +225,12 @@ impl KvCache {
         scale: f32,
         window: Option<usize>,
     ) -> candle_core::Result<Tensor> {
-        let (Some((k_cache, v_cache)), Some(dm)) = (self.device_layer(layer), &meta.device) else {
+        let (Some(kv), Some(dm)) = (self.device_layer(layer), &meta.device) else {
             candle_core::bail!("attend_written needs a GPU cache and device metadata");
         };
         match window {
-            Some(w) => {
-                super::attention_cuda::attend_rows(k_cache, v_cache, q, dm, scale, Some(w), None)
-            }
-            None => super::attention_cuda::attend_cached(k_cache, v_cache, q, dm, scale),
+            Some(w) => super::attention_cuda::attend_rows(kv, q, dm, scale, Some(w), None),
+            None => super::attention_cuda::attend_cached(kv, q, dm, scale),
         }
     }
 
@@ -172,7 +239,8 @@ impl KvCache {
     /// normalizes and rotates q and k and writes K/V itself, one launch instead of two), over the
     /// last `window` positions of each row's context in a sliding-window layer. Returns
     /// `[tokens, heads * head_dim]`, or `None` where the step does not fit that kernel (prefill
-    /// rows, f32, a cache or metadata off the GPU): the caller then rotates and writes first.
+    /// rows, f32, an FP8 cache, a cache or metadata off the GPU): the caller then rotates and
+    /// writes first.
     #[cfg(feature = "cuda")]
     pub fn attend_fresh(
         &self,
@@ -182,10 +250,13 @@ impl KvCache {
         scale: f32,
         window: Option<usize>,
     ) -> candle_core::Result<Option<Tensor>> {
-        let (Some(caches), Some(dm)) = (self.device_layer(layer), &meta.device) else {
+        let (Some(kv), Some(dm)) = (self.device_layer(layer), &meta.device) else {
             return Ok(None);
         };
-        super::attention_cuda::attend_fresh(caches, x, dm, scale, window)
+        if kv.fp8.is_some() {
+            return Ok(None);
+        }
+        super::attention_cuda::attend_fresh((kv.k, kv.v), x, dm, scale, window)
     }
 
     /// Writes `k`, `v` (`[tokens, kv_heads, head_dim]`) of layer `layer` at the slot mapping, then
@@ -247,14 +318,11 @@ impl KvCache {
         let layers = match &mut self.store {
             Store::Host(layers) => layers,
             #[cfg(feature = "cuda")]
-            Store::Cuda(layers) => {
-                let (k_cache, v_cache) = &layers[layer];
-                let Some(dm) = &meta.device else {
+            Store::Cuda { .. } => {
+                let (Some(kv), Some(dm)) = (self.device_layer(layer), &meta.device) else {
                     candle_core::bail!("paged attention on a GPU needs device metadata");
                 };
-                return super::attention_cuda::attend(
-                    k_cache, v_cache, q, k, v, dm, scale, window, sinks,
-                );
+                return super::attention_cuda::attend(kv, q, k, v, dm, scale, window, sinks);
             }
         };
         let (dtype, device) = (q.dtype(), q.device().clone());

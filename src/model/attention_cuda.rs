@@ -2,10 +2,11 @@
 //! cache, then attend. In 16-bit dtypes prefill chunks go through the tensor-core prefill kernel
 //! and decode tokens through the split-KV decode kernel (a mixed step runs both, each on its own
 //! rows); in f32 (tests, parity) every query row goes through the decode kernel, which treats a
-//! prefill row as a decode at its position.
+//! prefill row as a decode at its position. An FP8 cache (`PagedKv::fp8`) is written and read
+//! by the same kernels (e4m3 tiles widened to 16 bits in shared memory).
 
 use candle_core::{DType, Tensor};
-use pagewise_kernels::PrefillSeqs;
+use pagewise_kernels::{PagedKv, PrefillSeqs};
 
 use super::batch::DeviceAttentionMeta;
 
@@ -14,8 +15,7 @@ use super::batch::DeviceAttentionMeta;
 /// `sinks` is given); returns `[tokens, heads * head_dim]`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attend(
-    k_cache: &Tensor,
-    v_cache: &Tensor,
+    kv: PagedKv<'_>,
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
@@ -30,14 +30,13 @@ pub(super) fn attend(
         pagewise_kernels::reshape_and_cache(
             &k.contiguous()?,
             &v.contiguous()?,
-            k_cache,
-            v_cache,
+            kv,
             meta.tables(window.is_some()).0,
         )
     }?;
     match (window, sinks) {
-        (None, None) => attend_cached(k_cache, v_cache, q, meta, scale),
-        _ => attend_rows(k_cache, v_cache, q, meta, scale, window, sinks),
+        (None, None) => attend_cached(kv, q, meta, scale),
+        _ => attend_rows(kv, q, meta, scale, window, sinks),
     }
 }
 
@@ -46,8 +45,7 @@ pub(super) fn attend(
 /// when given (a prefill row's context ends at its own position, so a row reads at most `window`
 /// positions), with each head's sink in its softmax when given.
 pub(super) fn attend_rows(
-    k_cache: &Tensor,
-    v_cache: &Tensor,
+    kv: PagedKv<'_>,
     q: &Tensor,
     meta: &DeviceAttentionMeta,
     scale: f32,
@@ -56,14 +54,13 @@ pub(super) fn attend_rows(
 ) -> candle_core::Result<Tensor> {
     let (tokens, heads, head_dim) = q.dims3()?;
     let longest = window.map_or(meta.max_context_len, |w| meta.max_context_len.min(w));
-    let plan = split_plan(q, k_cache, meta, longest)?;
+    let plan = split_plan(q, kv.k, meta, longest)?;
     // SAFETY: the indices come from the scheduler's plan (ForwardBatch): block ids below the
     // cache's num_blocks, contexts within each block-table row.
     let out = unsafe {
         pagewise_kernels::paged_attention_rows(
             &q.contiguous()?,
-            k_cache,
-            v_cache,
+            kv,
             meta.tables(window.is_some()).1,
             Some(&meta.row_seq),
             &meta.context_lens,
@@ -122,8 +119,7 @@ pub(super) fn attend_fresh(
 
 /// Attends `q` over caches that already hold this step's K/V; returns `[tokens, heads * head_dim]`.
 pub(super) fn attend_cached(
-    k_cache: &Tensor,
-    v_cache: &Tensor,
+    kv: PagedKv<'_>,
     q: &Tensor,
     meta: &DeviceAttentionMeta,
     scale: f32,
@@ -146,8 +142,7 @@ pub(super) fn attend_cached(
                 pagewise_kernels::paged_prefill_attention(
                     &out,
                     &q,
-                    k_cache,
-                    v_cache,
+                    kv,
                     &meta.block_tables,
                     &seqs,
                     scale,
@@ -161,8 +156,7 @@ pub(super) fn attend_cached(
                     let decoded = unsafe {
                         pagewise_kernels::paged_attention(
                             &q.index_select(&d.index, 0)?,
-                            k_cache,
-                            v_cache,
+                            kv,
                             &meta.block_tables,
                             Some(&d.row_seq),
                             &d.context_lens,
@@ -176,14 +170,13 @@ pub(super) fn attend_cached(
             }
         }
         _ => {
-            let plan = split_plan(&q, k_cache, meta, meta.max_context_len)?;
+            let plan = split_plan(&q, kv.k, meta, meta.max_context_len)?;
             // SAFETY: the indices come from the scheduler's plan (ForwardBatch): block ids below the
             // cache's num_blocks, distinct slots within a step, contexts within each block-table row.
             unsafe {
                 pagewise_kernels::paged_attention_planned(
                     &q,
-                    k_cache,
-                    v_cache,
+                    kv,
                     &meta.block_tables,
                     Some(&meta.row_seq),
                     &meta.context_lens,

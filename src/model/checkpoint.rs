@@ -63,6 +63,54 @@ impl Checkpoint {
     pub fn has(&self, name: &str) -> bool {
         self.files.get(name).is_ok()
     }
+
+    /// Each of `layers` layers' FP8 KV-cache scales `(k, v)`, where the checkpoint has them
+    /// (llm-compressor's `model.layers.{i}.self_attn.k_scale` / `v_scale`, or the older
+    /// `k_proj.output_scale` / `v_proj.output_scale`); `None` where no layer has one. An error
+    /// names a layer without them when others have them, and a scale that is not one positive,
+    /// finite number.
+    pub fn kv_scales(&self, layers: usize) -> Result<Option<Vec<(f32, f32)>>, String> {
+        let scale = |i: usize, which: char| -> Result<Option<f32>, String> {
+            let names = [
+                format!("model.layers.{i}.self_attn.{which}_scale"),
+                format!("model.layers.{i}.self_attn.{which}_proj.output_scale"),
+            ];
+            let Some(name) = names.iter().find(|n| self.has(n)) else {
+                return Ok(None);
+            };
+            let t: Vec<f32> = self
+                .load(name, &candle_core::Device::Cpu)
+                .and_then(|t| {
+                    t.to_dtype(candle_core::DType::F32)?
+                        .flatten_all()?
+                        .to_vec1()
+                })
+                .map_err(|e| format!("{name}: {e}"))?;
+            match t[..] {
+                [s] if s.is_finite() && s > 0.0 => Ok(Some(s)),
+                _ => Err(format!("{name} must be one positive number, got {t:?}")),
+            }
+        };
+        let mut found = Vec::with_capacity(layers);
+        for i in 0..layers {
+            found.push((scale(i, 'k')?, scale(i, 'v')?));
+        }
+        if found.iter().all(|&(k, v)| k.is_none() && v.is_none()) {
+            return Ok(None);
+        }
+        found
+            .into_iter()
+            .enumerate()
+            .map(|(i, pair)| match pair {
+                (Some(k), Some(v)) => Ok((k, v)),
+                _ => Err(format!(
+                    "the checkpoint has KV-cache scales (k_scale / v_scale) for some layers \
+                     but not both for layer {i}"
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
 }
 
 /// Bytes done of a `total`, told as a line at each tenth: "`what`: 20% (2.1 of 10.7 GB, 1.07
@@ -205,5 +253,65 @@ mod tests {
         );
         let small = Progress::new(LOGGED_FROM - 1);
         assert_eq!(small.read("a", LOGGED_FROM - 1, now), None);
+    }
+
+    /// A checkpoint of `tensors` (name, value) in a fresh file.
+    fn checkpoint(tag: &str, tensors: &[(&str, f32)]) -> Checkpoint {
+        use candle_core::{Device, Tensor};
+        let dir = std::env::temp_dir().join(format!("pagewise-kv-scales-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{tag}.safetensors"));
+        let mut map: std::collections::HashMap<String, Tensor> = tensors
+            .iter()
+            .map(|&(n, v)| (n.to_string(), Tensor::new(v, &Device::Cpu).unwrap()))
+            .collect();
+        map.insert(
+            "model.norm.weight".into(),
+            Tensor::ones(4, candle_core::DType::F32, &Device::Cpu).unwrap(),
+        );
+        candle_core::safetensors::save(&map, &path).unwrap();
+        // SAFETY: the test's own file, not written again.
+        unsafe { Checkpoint::open(&[path]) }.unwrap()
+    }
+
+    #[test]
+    fn kv_scales_are_read_per_layer_or_refused_by_name() {
+        let none = checkpoint("none", &[]);
+        assert_eq!(none.kv_scales(2).unwrap(), None);
+        let both = checkpoint(
+            "both",
+            &[
+                ("model.layers.0.self_attn.k_scale", 0.5),
+                ("model.layers.0.self_attn.v_scale", 0.25),
+                ("model.layers.1.self_attn.k_proj.output_scale", 2.0),
+                ("model.layers.1.self_attn.v_proj.output_scale", 4.0),
+            ],
+        );
+        assert_eq!(
+            both.kv_scales(2).unwrap(),
+            Some(vec![(0.5, 0.25), (2.0, 4.0)])
+        );
+        let partial = checkpoint(
+            "partial",
+            &[
+                ("model.layers.0.self_attn.k_scale", 0.5),
+                ("model.layers.0.self_attn.v_scale", 0.25),
+                ("model.layers.1.self_attn.k_scale", 0.5),
+            ],
+        );
+        let e = partial.kv_scales(2).unwrap_err();
+        assert!(e.contains("not both for layer 1"), "{e}");
+        let negative = checkpoint(
+            "negative",
+            &[
+                ("model.layers.0.self_attn.k_scale", -1.0),
+                ("model.layers.0.self_attn.v_scale", 1.0),
+            ],
+        );
+        let e = negative.kv_scales(1).unwrap_err();
+        assert!(
+            e.contains("model.layers.0.self_attn.k_scale must be one positive number"),
+            "{e}"
+        );
     }
 }

@@ -122,7 +122,7 @@ pub(super) fn norm_input(norm: &RmsNorm) -> GemvInput<'_> {
 /// Layer `layer`'s attention output (`[rows, heads * head_dim]`) from the residual stream `x`
 /// (`[rows, hidden]`): the qkv projection of its norm with rotary (the tables read at the step's
 /// positions, no gather) and the cache write folded in (one kernel; two with per-head q/k
-/// norms), then paged attention.
+/// norms or an FP8 cache, which the projection does not write), then paged attention.
 pub(super) fn attention(
     x: &Tensor,
     l: &FusedAttention<'_>,
@@ -132,29 +132,30 @@ pub(super) fn attention(
     kv: &KvCache,
     heads: Heads,
 ) -> candle_core::Result<Tensor> {
-    if l.head_norms.is_some() {
-        // A head's norm needs the whole head, which the projection's warps do not hold: the
-        // projection (its input norm folded in), then one kernel that normalizes each head,
-        // rotates and writes the cache.
+    let (caches, slots) = step_caches(layer, batch, kv, heads)?;
+    if l.head_norms.is_some() || caches.fp8.is_some() {
+        // A head's norm needs the whole head, which the projection's warps do not hold (and
+        // the projection writes 16-bit caches only): the projection (its input norm folded in),
+        // then one kernel that normalizes each head, rotates and writes the cache.
         let qkv = gemv_fused(x, l.qkv, norm_input(l.input_norm), None)?;
         return attend_projected(&qkv, l, layer, rotary, batch, kv, heads);
     }
-    let (caches, slots) = step_caches(layer, batch, kv, heads)?;
     let q = rotary.project_qkv_and_cache(
         x,
         l.qkv,
         l.input_norm,
         (heads.q, heads.kv),
-        caches,
+        (caches.k, caches.v),
         (&batch.positions, slots),
     )?;
     kv.attend_written(layer, &q, &batch.attention, heads.scale, heads.window)
 }
 
 /// Layer `layer`'s attention output from its qkv projection `qkv`, projected by the caller
-/// (`[rows, (heads + 2 kv_heads) head_dim]`), for a layer with per-head q/k norms: in a decode
-/// step the attention kernel normalizes each head, rotates and writes the cache itself
-/// (`KvCache::attend_fresh`); otherwise one kernel does that first, then paged attention.
+/// (`[rows, (heads + 2 kv_heads) head_dim]`): in a decode step the attention kernel normalizes
+/// each head (per-head q/k norms), rotates and writes the cache itself
+/// (`KvCache::attend_fresh`, 16-bit caches); otherwise one kernel does that first, then paged
+/// attention.
 pub(super) fn attend_projected(
     qkv: &Tensor,
     l: &FusedAttention<'_>,
@@ -164,17 +165,14 @@ pub(super) fn attend_projected(
     kv: &KvCache,
     heads: Heads,
 ) -> candle_core::Result<Tensor> {
-    let Some(norms) = l.head_norms else {
-        candle_core::bail!("attend_projected takes a layer with per-head q/k norms");
-    };
-    let x = rotary.qkv_rope(qkv, (heads.q, heads.kv), Some(norms), &batch.positions);
+    let x = rotary.qkv_rope(qkv, (heads.q, heads.kv), l.head_norms, &batch.positions);
     if let Some(out) = kv.attend_fresh(layer, &x, &batch.attention, heads.scale, heads.window)? {
         return Ok(out);
     }
     let (caches, slots) = step_caches(layer, batch, kv, heads)?;
     // SAFETY: the indices come from the scheduler's plan (ForwardBatch): distinct slots within a
     // step, inside the caches; positions past the tables read their last row.
-    let q = unsafe { pagewise_kernels::rope_qkv_cache(&x, caches.0, caches.1, slots) }?;
+    let q = unsafe { pagewise_kernels::rope_qkv_cache(&x, caches, slots) }?;
     kv.attend_written(layer, &q, &batch.attention, heads.scale, heads.window)
 }
 
@@ -184,7 +182,7 @@ fn step_caches<'k>(
     batch: &'k ForwardBatch<'_>,
     kv: &'k KvCache,
     heads: Heads,
-) -> candle_core::Result<((&'k Tensor, &'k Tensor), &'k Tensor)> {
+) -> candle_core::Result<(pagewise_kernels::PagedKv<'k>, &'k Tensor)> {
     let (Some(caches), Some(dm)) = (kv.device_layer(layer), &batch.attention.device) else {
         candle_core::bail!(
             "the fused decode path needs the cache and the step's metadata on the GPU"

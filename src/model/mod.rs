@@ -47,7 +47,7 @@ pub mod weights;
 
 use candle_core::Tensor;
 
-pub use attention::{KvCache, KvLayout};
+pub use attention::{KvCache, KvElements, KvLayout};
 pub use batch::ForwardBatch;
 pub use config::ModelConfig;
 pub use registry::Arch;

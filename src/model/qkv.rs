@@ -263,7 +263,7 @@ pub fn attend_projected(
     let slots = dm.tables(heads.window.is_some()).0;
     // SAFETY: the indices come from the scheduler's plan (ForwardBatch): block ids below the
     // cache's num_blocks, distinct slots within a step, contexts within each block-table row.
-    let q = match unsafe { pagewise_kernels::rope_qkv_cache(&x, caches.0, caches.1, slots) } {
+    let q = match unsafe { pagewise_kernels::rope_qkv_cache(&x, caches, slots) } {
         Ok(q) => q,
         Err(e) => return Some(Err(e)),
     };

@@ -83,6 +83,15 @@ pub use super::weight_parts::Part;
 use super::weight_parts::missing_or;
 
 impl Weights {
+    /// Each of `layers` layers' FP8 KV-cache scales `(k, v)` where a safetensors checkpoint has
+    /// them ([`Checkpoint::kv_scales`]); `None` otherwise.
+    pub fn kv_scales(&self, layers: usize) -> Result<Option<Vec<(f32, f32)>>, String> {
+        match self {
+            Weights::Safetensors { files, .. } => files.kv_scales(layers),
+            Weights::Dense { .. } | Weights::Gguf { .. } => Ok(None),
+        }
+    }
+
     /// The device tensors are loaded to.
     pub fn device(&self) -> &Device {
         match self {

@@ -327,8 +327,8 @@ impl DecodeGraphs {
         let contexts = context_buckets(spec.max_seq_len, &CONTEXT_BOUNDS);
         let rows = *buckets.last().unwrap_or(&1);
         let max_blocks = spec.max_seq_len.div_ceil(spec.block_size).max(1);
-        let dtype = match kv.device_layer(0) {
-            Some((k, _)) => k.dtype(),
+        let dtype = match kv.elements() {
+            Some(elements) => elements.value_dtype(),
             None => {
                 return Err(ModelError::Unsupported(
                     "CUDA graphs need a GPU KV cache".into(),

@@ -10,6 +10,7 @@ mod batching;
 mod common;
 mod fp8;
 mod int4;
+mod kv_fp8;
 mod moe;
 mod speculative;
 
