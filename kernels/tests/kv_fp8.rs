@@ -109,8 +109,6 @@ fn fp8_caches_attend_as_16_bit_caches_holding_their_rounded_values() {
             let fp8 = PagedKv::fp8(&kc, &vc, scales);
             let slot_t = Tensor::from_vec(slots.clone(), all, &dev).unwrap();
             unsafe { reshape_and_cache(&k, &v, fp8, &slot_t) }.unwrap();
-            dev.synchronize().unwrap();
-            eprintln!("{dtype:?} d{d} {heads}/{kvh}: written");
 
             // Each written value is the nearest e4m3 of value / scale.
             let (kb, vb) = (
@@ -134,7 +132,6 @@ fn fp8_caches_attend_as_16_bit_caches_holding_their_rounded_values() {
             let label = format!("{dtype:?} d{d} {heads}/{kvh}");
             let same = |got: &Tensor, want: &Tensor, what: &str| {
                 let (g, w) = (host_f32(got), host_f32(want));
-                eprintln!("{label} {what}: compared");
                 assert!(
                     g.iter().all(|x| x.is_finite()),
                     "{label} {what}: not finite"

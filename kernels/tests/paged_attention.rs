@@ -225,7 +225,17 @@ fn bad_arguments_are_refused_clearly() {
     let err = unsafe { paged_decode_attention(&q, PagedKv::new(&kc, &kc), &bt, &cl, 16, 1.0) }
         .unwrap_err()
         .to_string();
-    assert!(err.contains("k_cache is BF16 but q is F32"), "{err}");
+    assert!(err.contains("k_cache is BF16 but must be F32"), "{err}");
+    // An FP8 cache (e4m3 bytes) takes 16-bit queries only.
+    let k8 = Tensor::zeros((4, 16, 2, 64), DType::U8, &dev).unwrap();
+    let fp8 = PagedKv::fp8(&k8, &k8, KvScales::ONE);
+    let err = unsafe { paged_decode_attention(&q, fp8, &bt, &cl, 16, 1.0) }
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("an FP8 KV cache takes f16 or bf16 values"),
+        "{err}"
+    );
     let cpu = Tensor::zeros((2, 8, 64), DType::BF16, &Device::Cpu).unwrap();
     let err = unsafe { paged_decode_attention(&cpu, PagedKv::new(&kc, &kc), &bt, &cl, 16, 1.0) }
         .unwrap_err()
