@@ -32,11 +32,12 @@ rope_tests=$(executables rope <<< "$kernel_json")
 moe_tests=$(executables moe <<< "$kernel_json")
 moe_mma_tests=$(executables moe_mma <<< "$kernel_json")
 fp8_tests=$(executables fp8 <<< "$kernel_json")
+kv_fp8_tests=$(executables kv_fp8 <<< "$kernel_json")
 int4_tests=$(executables int4 <<< "$kernel_json")
 engine_tests=$(cargo test --release --features nccl --test gpu_engine --no-run --message-format=json | executables gpu_engine)
 
 rm -rf .gpu && mkdir -p .gpu/scripts/gpu .gpu/tests/fixtures/llama-gqa-tied
-for pair in "$CARGO_TARGET_DIR/release/pagewise:pagewise" "$kernel_tests:kernel-tests" "$sampling_tests:sampling-tests" "$prefill_tests:prefill-tests" "$fused_tests:fused-tests" "$rope_tests:rope-tests" "$moe_tests:moe-tests" "$moe_mma_tests:moe-mma-tests" "$fp8_tests:fp8-tests" "$int4_tests:int4-tests" "$engine_tests:gpu-engine-tests"; do
+for pair in "$CARGO_TARGET_DIR/release/pagewise:pagewise" "$kernel_tests:kernel-tests" "$sampling_tests:sampling-tests" "$prefill_tests:prefill-tests" "$fused_tests:fused-tests" "$rope_tests:rope-tests" "$moe_tests:moe-tests" "$moe_mma_tests:moe-mma-tests" "$fp8_tests:fp8-tests" "$kv_fp8_tests:kv-fp8-tests" "$int4_tests:int4-tests" "$engine_tests:gpu-engine-tests"; do
   src=${pair%%:*} name=${pair##*:}
   cp "$src" ".gpu/$name"
   strip ".gpu/$name"

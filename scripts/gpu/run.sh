@@ -14,7 +14,7 @@
 #   bash .gpu/run.sh structured  what constrained decoding costs: `bench throughput` on the 8B shape with
 #                             SmolLM2's 49k vocabulary (staged by build.sh), 64 prompts of 512/512 at
 #                             once, free vs half JSON-schema constrained, alternating (free half half free)
-#   bash .gpu/run.sh fp8      the FP8 kernel and engine tests, then batch-1 latency and offline
+#   bash .gpu/run.sh fp8      the FP8 kernel (weights and KV cache) and engine tests, then batch-1 latency and offline
 #                             throughput of the 1B and 8B shapes in bf16 and --quantization fp8
 #   bash .gpu/run.sh int4     the 4-bit kernel and engine tests, the 4-bit GEMV bandwidth table, then
 #                             batch-1 latency of the 1B and 8B shapes and 8B offline throughput in
@@ -43,7 +43,7 @@ nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 export NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 
-for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests rope-tests moe-tests moe-mma-tests fp8-tests int4-tests gpu-engine-tests; do
+for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests rope-tests moe-tests moe-mma-tests fp8-tests kv-fp8-tests int4-tests gpu-engine-tests; do
   [ -f "$here/$f.xz" ] || continue
   [ -x "$work/bin/$f" ] || python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$here/$f.xz" "$work/bin/$f"
   chmod +x "$work/bin/$f"
@@ -75,6 +75,7 @@ if [ "$what" = tests ] || [ "$what" = kernels ] || [ "$what" = all ] || [ "$what
   "$work/bin/rope-tests" --test-threads=1 >> "$out/fused-tests.log" 2>&1 || status=1
   "$work/bin/moe-tests" --test-threads=1 >> "$out/fused-tests.log" 2>&1 || status=1
   "$work/bin/moe-mma-tests" --test-threads=1 >> "$out/fused-tests.log" 2>&1 || status=1
+  [ ! -x "$work/bin/kv-fp8-tests" ] || "$work/bin/kv-fp8-tests" --test-threads=1 >> "$out/fused-tests.log" 2>&1 || status=1
   # (the quantized-GGUF test needs its model staged apart: `gguf` mode)
   [ "$what" = kernels ] || "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture --skip quantized_gguf > "$out/gpu-engine-tests.log" 2>&1 || status=1
   grep -hE "^test |test result|rel\. err|top-1|preemptions|KV blocks|panicked|^  |^(BF16|F16)" \
@@ -133,6 +134,7 @@ if [ "$what" = quick ]; then
 fi
 if [ "$what" = fp8 ]; then
   "$work/bin/fp8-tests" --test-threads=1 2>&1 | grep -E "^test |test result|panicked" || status=1
+  "$work/bin/kv-fp8-tests" --test-threads=1 2>&1 | grep -E "^test |test result|panicked" || status=1
   python3 "$here/../scripts/gpu/make_fp8_gpu_models.py" "$PAGEWISE_GPU_MODELS" > "$out/make-models.log" 2>&1 \
     || { tail -20 "$out/make-models.log"; status=1; }
   "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture fp8 2>&1 \
