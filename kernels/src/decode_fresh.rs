@@ -20,7 +20,7 @@ use crate::rope::{QkvRope, qkv_rope_args};
 /// positions of each context when given. Writes the rows' K and V into the caches
 /// (`[blocks, block_size, kv_heads, head_dim]`) and returns the attention output
 /// `[rows, heads, head_dim]`. bf16 and f16 only (the tensor-core kernel), 16-bit caches only (an
-/// FP8 cache's steps rotate and write with [`rope_qkv_cache`] first).
+/// FP8 cache's steps rotate and write with [`rope_qkv_cache`](crate::rope_qkv_cache) first).
 ///
 /// On sm_90 the kernel starts before the kernel before it ends and copies the cache right away:
 /// that kernel must not write the caches (the projection does not).
