@@ -81,7 +81,8 @@ pub fn load(
 
 impl LoadedDraft {
     /// The draft cache's share of `budget` bytes: what holds as many tokens as the target's
-    /// share (whose layers hold `target_kv_heads` heads each). (Both caches hold each verified
+    /// share (whose layers hold `target_kv_heads` heads each, of `target_value_bytes` a value:
+    /// 1 in an FP8 cache; the draft's cache holds `dtype`). (Both caches hold each verified
     /// sequence's guesses; the target's prefix cache shares blocks between sequences, the
     /// draft's does not, so under pressure a sequence may go without a draft for a step.)
     pub fn budget_share(
@@ -89,9 +90,10 @@ impl LoadedDraft {
         budget: u64,
         target_cfg: &ModelConfig,
         target_kv_heads: usize,
+        target_value_bytes: usize,
         dtype: DType,
     ) -> u64 {
-        let target = target_cfg.kv_bytes_per_token(target_kv_heads, dtype.size_in_bytes()) as u64;
+        let target = target_cfg.kv_bytes_per_token(target_kv_heads, target_value_bytes) as u64;
         let draft = self
             .cfg
             .kv_bytes_per_token(self.cfg.num_key_value_heads, dtype.size_in_bytes())

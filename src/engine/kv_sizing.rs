@@ -60,13 +60,17 @@ impl KvPlan {
 }
 
 impl KvSizing<'_> {
-    /// Bytes of one block of one layer.
-    fn bytes_per_layer_block(&self) -> u64 {
-        let per_value = match self.args.kv_cache_dtype {
+    /// Bytes of one cached value: the model dtype's, or 1 in an FP8 cache.
+    pub fn value_bytes(&self) -> usize {
+        match self.args.kv_cache_dtype {
             KvCacheDtype::Auto => self.dtype.size_in_bytes(),
             KvCacheDtype::Fp8E4m3 => 1,
-        };
-        let bytes = 2 * self.kv_heads * self.cfg.head_dim * per_value;
+        }
+    }
+
+    /// Bytes of one block of one layer.
+    fn bytes_per_layer_block(&self) -> u64 {
+        let bytes = 2 * self.kv_heads * self.cfg.head_dim * self.value_bytes();
         (bytes * self.args.block_size) as u64
     }
 

@@ -223,9 +223,9 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
         gpu_budget(&sizing, model.as_ref(), &device)?
     };
     // The draft's share comes off this rank's budget before the ranks agree on theirs.
-    let draft_bytes = draft
-        .as_ref()
-        .map_or(0, |d| d.budget_share(budget, &cfg, kv_heads, dtype));
+    let draft_bytes = draft.as_ref().map_or(0, |d| {
+        d.budget_share(budget, &cfg, kv_heads, sizing.value_bytes(), dtype)
+    });
     let budget = budget - draft_bytes;
     let mut member = member;
     // The ranks of a tensor-parallel group lay out the least of their budgets, so their caches
