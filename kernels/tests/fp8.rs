@@ -5,26 +5,8 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::{Lcg, host_f32, max_rel_diff, random};
+use common::{Lcg, e4m3, host_f32, max_rel_diff, random};
 use pagewise_kernels::{Fp8Matrix, GemvInput, GemvWeight, fp8_dequantize, fp8_quantize_rows};
-
-/// The value of e4m3 code `b` (e4m3fn: no infinities; 0x7f and 0xff are NaN).
-fn e4m3(b: u8) -> f32 {
-    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
-    let (exp, man) = (((b >> 3) & 0xf) as i32, (b & 7) as f32);
-    if exp == 0 && man == 0.0 {
-        return 0.0;
-    }
-    if exp == 0xf && b & 7 == 7 {
-        return f32::NAN;
-    }
-    let v = if exp == 0 {
-        man / 8.0 * 2f32.powi(-6)
-    } else {
-        (1.0 + man / 8.0) * 2f32.powi(exp - 7)
-    };
-    sign * v
-}
 
 /// Random e4m3 codes (no NaN) `[out, k]` as u8 on `dev`, and their values.
 fn random_codes(rng: &mut Lcg, (out, k): (usize, usize), dev: &Device) -> (Tensor, Vec<f32>) {

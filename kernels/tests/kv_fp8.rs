@@ -13,23 +13,7 @@ use pagewise_kernels::{
 
 mod common;
 
-use common::{Lcg, host_f32, random};
-
-/// The value of e4m3 byte `b` (1 sign, 4 exponent bits of bias 7, 3 mantissa bits; no
-/// infinities, 0x7f and 0xff are NaN).
-fn e4m3(b: u8) -> f32 {
-    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
-    let (e, m) = (i32::from((b >> 3) & 0xf), f32::from(b & 7));
-    if e == 15 && m == 7.0 {
-        return f32::NAN;
-    }
-    let mag = if e == 0 {
-        m / 8.0 * 2f32.powi(-6)
-    } else {
-        (1.0 + m / 8.0) * 2f32.powi(e - 7)
-    };
-    sign * mag
-}
+use common::{Lcg, e4m3, host_f32, random};
 
 /// That byte `b` is an e4m3 nearest to `y` (|y| within the format's 448): no other finite byte
 /// is closer.

@@ -113,3 +113,22 @@ pub fn random_mxfp4(
         values,
     )
 }
+
+/// The value of e4m3 code `b` (e4m3fn: no infinities; 0x7f and 0xff are NaN).
+#[allow(dead_code)] // (the FP8 test binaries only)
+pub fn e4m3(b: u8) -> f32 {
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let (exp, man) = (((b >> 3) & 0xf) as i32, (b & 7) as f32);
+    if exp == 0 && man == 0.0 {
+        return 0.0;
+    }
+    if exp == 0xf && b & 7 == 7 {
+        return f32::NAN;
+    }
+    let v = if exp == 0 {
+        man / 8.0 * 2f32.powi(-6)
+    } else {
+        (1.0 + man / 8.0) * 2f32.powi(exp - 7)
+    };
+    sign * v
+}
