@@ -72,8 +72,25 @@ impl Nibbles {
     }
 }
 
-/// Quantizes `x` (a multiple of 32 long) to 8-bit blocks, appending them to `out`.
+/// Quantizes `x` (a multiple of 32 long) to 8-bit blocks, appending them to `out`: with AVX2
+/// where the CPU has it, bit for bit [`quantize_row_scalar`].
 pub fn quantize_row(x: &[f32], out: &mut Vec<Act>) {
+    quantize_row_with(super::kernels::Isa::detect(), x, out)
+}
+
+/// [`quantize_row`] with the given instruction set (the scalar one for references).
+pub fn quantize_row_with(isa: super::kernels::Isa, x: &[f32], out: &mut Vec<Act>) {
+    match isa {
+        // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2.
+        #[cfg(target_arch = "x86_64")]
+        super::kernels::Isa::Avx2 { .. } => unsafe { super::avx2_quantize::quantize_row(x, out) },
+        super::kernels::Isa::Scalar => quantize_row_scalar(x, out),
+    }
+}
+
+/// Scalar reference of [`quantize_row`]: per block of 32, `d` = the largest magnitude / 127, each
+/// value `round(x / d)` (half away from zero).
+pub fn quantize_row_scalar(x: &[f32], out: &mut Vec<Act>) {
     for chunk in x.chunks_exact(BLOCK) {
         let amax = chunk.iter().fold(0f32, |a, v| a.max(v.abs()));
         let d = amax / 127.0;

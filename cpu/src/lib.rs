@@ -25,6 +25,8 @@ mod avx2;
 mod avx2_low;
 #[cfg(target_arch = "x86_64")]
 mod avx2_math;
+#[cfg(target_arch = "x86_64")]
+mod avx2_quantize;
 pub mod blocks;
 pub mod exp;
 pub mod fives;
@@ -50,3 +52,5 @@ mod tests;
 mod tests_halves;
 #[cfg(test)]
 mod tests_iq4;
+#[cfg(test)]
+mod tests_quantize;

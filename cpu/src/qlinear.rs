@@ -5,7 +5,7 @@ use std::borrow::Cow;
 
 use candle_core::quantized::GgmlDType;
 
-use super::blocks::{BLOCK, Nibbles, Nibbles8, quantize_row};
+use super::blocks::{BLOCK, Nibbles, Nibbles8, quantize_row_with};
 use super::fives::{Five, Fives8};
 use super::halves::{Bf16x8, F16x8, HALF_COLS};
 use super::iq4::{Iq4Nl8, Iq4Type, Iq4Xs8};
@@ -228,7 +228,7 @@ impl QLinear {
         let mut acts = Vec::new();
         if !matches!(self.blocks, Blocks::F16(_) | Blocks::Bf16(_)) {
             acts.reserve(x.len() / BLOCK);
-            quantize_row(x, &mut acts);
+            quantize_row_with(isa, x, &mut acts);
         }
         let mut out = vec![0f32; m * self.rows];
         let dst = Out(out.as_mut_ptr());
