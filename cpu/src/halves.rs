@@ -70,6 +70,7 @@ pub fn dot_halves8_scalar<const BF16: bool>(w: &[Halves8<BF16>], a: &[f32]) -> [
 /// FMAs do not wait on each other. [`super::kernels`] calls it only where AVX2, FMA and F16C are.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
 pub(super) fn dot_halves8<const R: usize, const BF16: bool>(
     w: &[Halves8<BF16>],
     a: [&[f32]; R],
