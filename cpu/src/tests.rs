@@ -156,8 +156,8 @@ fn every_isa_and_team_size_matches_the_scalar_reference() {
                 Format::Iq4(ty) => tests_iq4::iq4_bytes(ty, rows, cols, &mut rng),
             };
             let layer = format.layer(&bytes, rows, cols);
-            // 1 to 7 rows: the 4-, 2- and 1-row tiles and their mixes.
-            for m in 1..=7 {
+            // 1 to 15 rows: the 8-, 4-, 2- and 1-row tiles and their mixes.
+            for m in 1..=15 {
                 let x = random_input(m * cols, 100 + m as u64);
                 let want = layer.matmul_reference(&x, m);
                 for &isa in &isas {
@@ -292,7 +292,7 @@ fn as_accurate_as_candles_quantized_matmul() {
 fn k_quants_match_candles_quantized_matmul() {
     use candle_core::quantized::QTensor;
     use candle_core::{Device, Tensor};
-    let (cols, m) = (512, 3);
+    let (cols, m) = (512, 11);
     let x = random_input(m * cols, 32);
     for rows in [12, 24] {
         let w =
@@ -315,17 +315,25 @@ fn k_quants_match_candles_quantized_matmul() {
                 .to_vec1()
                 .unwrap();
             assert_eq!(ours.dequantize(), weights, "{dtype:?} {rows} rows");
-            for size in [1, 2, 3] {
-                for mm in 1..=m {
-                    let got =
-                        ours.matmul_with(Isa::detect(), &Team::new(size), &x[..mm * cols], mm);
+            // 1, 3 and 11 rows: every tile (8, 4, 2, 1).
+            for (size, isa) in [1, 2, 3]
+                .into_iter()
+                .zip(Isa::available().into_iter().cycle())
+            {
+                for mm in [1, 3, m] {
+                    let got = ours.matmul_with(isa, &Team::new(size), &x[..mm * cols], mm);
                     let want = ours.matmul_reference(&x[..mm * cols], mm);
                     let diff = max_rel_diff(&got, &want);
                     assert!(
                         diff < 1e-5,
-                        "{dtype:?} {rows} rows, team {size}, m {mm}: {diff}"
+                        "{dtype:?} {rows} rows, team {size}, {isa:?}, m {mm}: {diff}"
                     );
                 }
+            }
+            for isa in Isa::available() {
+                let got = ours.matmul_with(isa, &Team::new(2), &x, m);
+                let diff = max_rel_diff(&got, &ours.matmul_reference(&x, m));
+                assert!(diff < 1e-5, "{dtype:?} {rows} rows, {isa:?}: {diff}");
             }
             let (_, ours_err, theirs_err) =
                 against_candle(&format!("{dtype:?} {rows} rows"), &ours, q, &x, m);
@@ -357,7 +365,7 @@ fn k_quants_match_candles_quantized_matmul() {
 fn activation_runs_give_the_same_dots() {
     use super::blocks::{Nibbles, Nibbles8, quantize_row};
     use super::kernels::{act_run, dot_groups_in_runs};
-    let (rows, cols, m) = (16, 64, 11);
+    let (rows, cols, m) = (16, 64, 19);
     let bytes = gguf_bytes(GgmlDType::Q4_1, rows, cols, &mut Rng(41));
     let plain = Nibbles::parse_q4_1(&bytes);
     let w: Vec<Nibbles8> = plain
@@ -380,11 +388,11 @@ fn activation_runs_give_the_same_dots() {
         out
     };
     let whole = dots(m);
-    for run in [1, 4, 8] {
+    for run in [1, 4, 8, 16] {
         assert_eq!(dots(run), whole, "runs of {run}");
     }
-    assert_eq!(act_run(64) % 4, 0);
-    assert!(act_run(1 << 20) >= 4, "at least one tile");
+    assert_eq!(act_run(64) % 8, 0);
+    assert!(act_run(1 << 20) >= 8, "at least one tile");
 }
 
 /// An embedding lookup reads rows of the table as the matmul reads them: the dequantized rows.
