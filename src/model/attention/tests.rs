@@ -166,3 +166,18 @@ fn paged_matches_dense(window: Option<usize>, sinks: Option<&[f32]>) {
         assert!((a - b).abs() < 1e-5, "window {window:?}: {a} vs {b}");
     }
 }
+
+/// The lanes and the tail of `dot` each count once, whatever the length.
+#[test]
+fn dot_is_the_sum_of_products_at_every_length() {
+    let mut rng = SeededRng::new(5, 0);
+    for n in [0, 1, 7, 8, 15, 16, 17, 31, 32, 64, 80, 100, 128, 256] {
+        let (a, b) = (randn(n, &mut rng), randn(n, &mut rng));
+        let want: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+        let got = dot(&a, &b) as f64;
+        assert!(
+            (got - want).abs() < 1e-5 * (1.0 + want.abs()),
+            "{n}: {got} vs {want}"
+        );
+    }
+}
