@@ -10,6 +10,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::batch::AttentionMeta;
+use crate::cpu::exp;
 use crate::cpu::memory::Zeroed;
 use crate::cpu::team::Team;
 
@@ -438,17 +439,10 @@ fn attend_cpu(
         let mut inv = vec![0.0f32; group];
         for (g, row) in scores.chunks_exact_mut(n).enumerate() {
             let sink = sinks.map(|s| s[kvh * group + g]);
-            let max = row
-                .iter()
-                .copied()
-                .chain(sink)
-                .fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = sink.map_or(0.0, |s| (s - max).exp());
-            for s in row.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            inv[g] = 1.0 / sum;
+            let max = sink.map_or(exp::max(row), |s| exp::max(row).max(s));
+            // The row's exp(s − max) in place (vectorized), with their total.
+            let total = exp::exp_weights(row, max, 1.0, 0.0) as f32;
+            inv[g] = 1.0 / (total + sink.map_or(0.0, |s| (s - max).exp()));
         }
         for (i, p) in (first..=pos).enumerate() {
             if p + AHEAD <= pos {
