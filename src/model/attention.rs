@@ -436,13 +436,13 @@ fn attend_cpu(
                 scores[g * n + i] = dot(qv, k) * scale;
             }
         }
-        let mut inv = vec![0.0f32; group];
+        let mut totals = vec![0.0f32; group];
         for (g, row) in scores.chunks_exact_mut(n).enumerate() {
             let sink = sinks.map(|s| s[kvh * group + g]);
             let max = sink.map_or(exp::max(row), |s| exp::max(row).max(s));
             // The row's exp(s − max) in place (vectorized), with their total.
             let total = exp::exp_weights(row, max, 1.0, 0.0) as f32;
-            inv[g] = 1.0 / (total + sink.map_or(0.0, |s| (s - max).exp()));
+            totals[g] = total + sink.map_or(0.0, |s| (s - max).exp());
         }
         for (i, p) in (first..=pos).enumerate() {
             if p + AHEAD <= pos {
@@ -450,7 +450,9 @@ fn attend_cpu(
             }
             let vv = &cache.v[slot(p) * w + kv_off..][..d];
             for (g, og) in o.chunks_exact_mut(d).enumerate() {
-                let weight = scores[g * n + i] * inv[g];
+                // (A division, as the textbook: a product by the reciprocal, 1 ulp away, turned
+                // SmolLM2's greedy answer to the smollm2.rs chat from Paris to French.)
+                let weight = scores[g * n + i] / totals[g];
                 for (acc, x) in og.iter_mut().zip(vv) {
                     *acc += weight * x;
                 }
