@@ -439,7 +439,8 @@ fn attend_cpu(
         let mut totals = vec![0.0f32; group];
         for (g, row) in scores.chunks_exact_mut(n).enumerate() {
             let sink = sinks.map(|s| s[kvh * group + g]);
-            let max = sink.map_or(exp::max(row), |s| exp::max(row).max(s));
+            let row_max = exp::max(row);
+            let max = sink.map_or(row_max, |s| row_max.max(s));
             // The row's exp(s − max) in place (vectorized), with their total.
             let total = exp::exp_weights(row, max, 1.0, 0.0) as f32;
             totals[g] = total + sink.map_or(0.0, |s| (s - max).exp());
