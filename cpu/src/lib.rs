@@ -27,6 +27,8 @@ mod avx2_low;
 mod avx2_math;
 #[cfg(target_arch = "x86_64")]
 mod avx2_quantize;
+#[cfg(target_arch = "x86_64")]
+mod avx2_signed;
 pub mod blocks;
 pub mod exp;
 pub mod fives;

@@ -1,0 +1,172 @@
+//! AVX2 dot products of the formats whose values are signed bytes, Q8_0 and IQ4_NL / IQ4_XS (a
+//! 4-bit code looked up as a signed value), split from [`super::avx2`]: without a `vpdpbusd`,
+//! the weights' signs move onto the activations; Q8_0 with one offsets its weights to unsigned
+//! bytes instead.
+
+use std::arch::x86_64::*;
+
+use super::avx2::{act_bytes, f16x8, store8, unpack8};
+use super::blocks::Act;
+use super::iq4::{IQ4_VALUES, Iq4Nl8, Iq4Xs8};
+use super::q8::Bytes8;
+use super::vnni::{NO_VNNI, vnni};
+
+/// `sums` plus, in each 32-bit lane, the four products of `magnitude`'s bytes and `signed`'s
+/// (the weights' magnitudes, the activations carrying the weights' signs): `vpmaddubsw` (a pair at
+/// most 2 · 128 · 127 = 32512) widened by `vpmaddwd`; with `V`, one `vpdpbusd`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn signed_quads<const V: u8>(sums: __m256i, magnitude: __m256i, signed: __m256i) -> __m256i {
+    if V != NO_VNNI {
+        vnni::<V>(sums, magnitude, signed)
+    } else {
+        let pairs = _mm256_maddubs_epi16(magnitude, signed);
+        _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    }
+}
+
+/// The 8 interleaved Q8_0 rows of `w` (one group, all its blocks) against each of the rows `a`.
+/// Without a `vpdpbusd`: `vpmaddubsw` multiplies unsigned by signed bytes, so the weights'
+/// magnitudes go by the activations with the weights' signs moved onto them (a pair at most
+/// 2 · 128 · 127 = 32512), widened per chunk. With one ([`bytes8_vnni`]): the weights offset to
+/// unsigned bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn dot_bytes8<const R: usize, const V: u8>(
+    w: &[Bytes8],
+    a: [&[Act]; R],
+) -> [[f32; 8]; R] {
+    for row in a {
+        assert_eq!(row.len(), w.len());
+    }
+    if V != NO_VNNI {
+        return bytes8_vnni::<R, V>(w, a);
+    }
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (b, g) in w.iter().enumerate() {
+        let d = f16x8(&g.d);
+        let mut sums = [_mm256_setzero_si256(); R];
+        for (c, chunk) in g.qs.iter().enumerate() {
+            // SAFETY: 32 bytes; unaligned load.
+            let q = unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) };
+            let magnitude = _mm256_sign_epi8(q, q);
+            for r in 0..R {
+                let signed = _mm256_sign_epi8(act_bytes(&a[r][b], c), q);
+                sums[r] = signed_quads::<V>(sums[r], magnitude, signed);
+            }
+        }
+        for r in 0..R {
+            let scale = _mm256_mul_ps(d, _mm256_set1_ps(a[r][b].d));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), scale, acc[r]);
+        }
+    }
+    store8(acc)
+}
+
+/// [`dot_bytes8`] with `V`'s `vpdpbusd`: each chunk's weights `q` become the unsigned `q + 128`
+/// (one `vpxor` with 0x80, shared by the `R` activation rows), multiplied by the activations as
+/// they are, and `128 · Σ a` (the activation block's integer sum) comes off each block's sums:
+/// exact in 32 bits (at most 32 · 255 · 128 a block). Two accumulators per activation row, so
+/// that a `vpdpbusd` (4 cycles' latency on Zen 4) does not wait on the one before it.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn bytes8_vnni<const R: usize, const V: u8>(w: &[Bytes8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+    let flip = _mm256_set1_epi8(-128);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (b, g) in w.iter().enumerate() {
+        // Even and odd chunks in separate arrays: one array indexed by the parity would live in
+        // memory.
+        let (mut even, mut odd) = ([_mm256_setzero_si256(); R], [_mm256_setzero_si256(); R]);
+        for c in (0..8).step_by(2) {
+            // SAFETY: 32 bytes each; unaligned loads.
+            let [q0, q1] = [c, c + 1]
+                .map(|k| unsafe { _mm256_loadu_si256(g.qs[k].as_ptr().cast()) })
+                .map(|q| _mm256_xor_si256(q, flip));
+            for r in 0..R {
+                even[r] = vnni::<V>(even[r], q0, act_bytes(&a[r][b], c));
+                odd[r] = vnni::<V>(odd[r], q1, act_bytes(&a[r][b], c + 1));
+            }
+        }
+        let d = f16x8(&g.d);
+        for r in 0..R {
+            let act = &a[r][b];
+            let offset = _mm256_set1_epi32(128 * (act.sums[0] as i32 + act.sums[1] as i32));
+            let sum = _mm256_sub_epi32(_mm256_add_epi32(even[r], odd[r]), offset);
+            let scale = _mm256_mul_ps(d, _mm256_set1_ps(act.d));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc[r]);
+        }
+    }
+    store8(acc)
+}
+
+/// The integer dot products of one interleaved IQ4 block of 8 rows (`packed`) with each
+/// activation block of `acts`, one 32-bit lane a weight row: the codes become their signed values
+/// by a `vpshufb` lookup, then as [`dot_bytes8`] (magnitudes times the activations carrying the
+/// values' signs).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn iq4_sums<const R: usize, const V: u8>(packed: &[[u8; 32]; 4], acts: [&Act; R]) -> [__m256i; R] {
+    // SAFETY: 16 bytes; unaligned load.
+    let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(IQ4_VALUES.as_ptr().cast()) });
+    let values = unpack8(packed).map(|q| _mm256_shuffle_epi8(table, q));
+    let mut sums = [_mm256_setzero_si256(); R];
+    for (k, v) in values.iter().enumerate() {
+        let magnitude = _mm256_sign_epi8(*v, *v);
+        for r in 0..R {
+            let signed = _mm256_sign_epi8(act_bytes(acts[r], k), *v);
+            sums[r] = signed_quads::<V>(sums[r], magnitude, signed);
+        }
+    }
+    sums
+}
+
+/// The 8 interleaved IQ4_NL rows of `w` (one group, all its blocks) against each of the rows `a`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn dot_iq4nl8<const R: usize, const V: u8>(
+    w: &[Iq4Nl8],
+    a: [&[Act]; R],
+) -> [[f32; 8]; R] {
+    for row in a {
+        assert_eq!(row.len(), w.len());
+    }
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (b, g) in w.iter().enumerate() {
+        let d = f16x8(&g.d);
+        let sums = iq4_sums::<R, V>(&g.qs, a.map(|row| &row[b]));
+        for r in 0..R {
+            let scale = _mm256_mul_ps(d, _mm256_set1_ps(a[r][b].d));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), scale, acc[r]);
+        }
+    }
+    store8(acc)
+}
+
+/// The 8 interleaved IQ4_XS rows of `w` (one group, all its super-blocks) against each of the
+/// rows `a` (8 activation blocks a super-block): per sub-block the rows' exact scales
+/// `d · (ls − 32)`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn dot_iq4xs8<const R: usize, const V: u8>(
+    w: &[Iq4Xs8],
+    a: [&[Act]; R],
+) -> [[f32; 8]; R] {
+    for row in a {
+        assert_eq!(row.len(), 8 * w.len());
+    }
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (b, g) in w.iter().enumerate() {
+        let d = f16x8(&g.d);
+        for (j, part) in g.j.iter().enumerate() {
+            // SAFETY: 8 bytes; unaligned load.
+            let sc = unsafe { _mm_loadl_epi64(part.sc.as_ptr().cast()) };
+            let scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+            let sums = iq4_sums::<R, V>(&part.qs, a.map(|row| &row[8 * b + j]));
+            for r in 0..R {
+                let s = _mm256_mul_ps(scale, _mm256_set1_ps(a[r][8 * b + j].d));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), s, acc[r]);
+            }
+        }
+    }
+    store8(acc)
+}
