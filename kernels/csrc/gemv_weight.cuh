@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <type_traits>
 #include "dtype.cuh"
+#include "gemv_affine.cuh"
 #include "gemv_rows.cuh"
 
 namespace {
@@ -56,8 +57,15 @@ struct Int4Tiles {
 
 // The (weight kind) of the entry points' weight arguments: w in the activations' dtype; e4m3
 // with f32 block scales; 4-bit codes with (scale, zero) f16 pairs, row by row (Int4Weight) or in
-// tiles (Int4Tiles).
-enum WeightKind { kDenseWeight = 0, kFp8Weight = 1, kInt4Weight = 2, kInt4Tiles = 3 };
+// tiles (Int4Tiles); 4-bit or byte codes with (scale, offset) f16 pairs (gemv_affine.cuh).
+enum WeightKind {
+  kDenseWeight = 0,
+  kFp8Weight = 1,
+  kInt4Weight = 2,
+  kInt4Tiles = 3,
+  kAffine4 = 4,
+  kAffine8 = 5
+};
 
 // log2(bk) for a power of two, else -1.
 inline int log2_exact(int bk) {
@@ -112,6 +120,8 @@ inline bool weight_fits(int kind, int out_dim, int k_dim, int block_rows, int bl
     case kFp8Weight: return fp8_weight_fits(k_dim, block_rows, block_cols);
     case kInt4Weight: return int4_weight_fits(k_dim, block_cols);
     case kInt4Tiles: return int4_tiles_fit(out_dim, k_dim, block_cols);
+    case kAffine4: return affine_weight_fits(4, k_dim, block_cols);
+    case kAffine8: return affine_weight_fits(8, k_dim, block_cols);
     default: return false;
   }
 }

@@ -239,6 +239,18 @@ unsafe extern "C" {
         stream: *mut c_void,
     ) -> c_int;
 
+    pub fn pagewise_affine_dequantize(
+        dtype: c_int,
+        out: *mut c_void,
+        w: *const c_void,
+        sb: *const c_void,
+        out_dim: i64,
+        k_dim: c_int,
+        group: c_int,
+        bits: c_int,
+        stream: *mut c_void,
+    ) -> c_int;
+
     pub fn pagewise_fp8_quantize_rows(
         dtype: c_int,
         q: *mut c_void,

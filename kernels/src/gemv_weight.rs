@@ -1,12 +1,13 @@
 //! The weights the decode GEMVs stream ([`GemvWeight`]): in the activations' dtype, FP8 with
-//! block scales ([`Fp8Matrix`]), or 4-bit integers with group scales and zero points
-//! ([`Int4Matrix`]); csrc/gemv_weight.cuh has the kernels' side.
+//! block scales ([`Fp8Matrix`]), 4-bit integers with group scales and zero points
+//! ([`Int4Matrix`]), or 4- and 8-bit codes with group scales and offsets ([`AffineMatrix`]);
+//! csrc/gemv_weight.cuh has the kernels' side.
 
 use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
-use crate::{Fp8Matrix, Int4Layout, Int4Matrix, device_ptr};
+use crate::{AffineMatrix, CodeBits, Fp8Matrix, Int4Layout, Int4Matrix, device_ptr};
 
 /// A weight the decode GEMVs stream. FP8 rows need `k` a multiple of 16 and scale blocks of
 /// whole rows or a power of two of at least 16 columns (128 in the published block-FP8
@@ -20,6 +21,8 @@ pub enum GemvWeight<'a> {
     Fp8(Fp8Matrix<'a>),
     /// 4-bit codes with group scales and zero points.
     Int4(Int4Matrix<'a>),
+    /// 4- or 8-bit codes with group scales and offsets.
+    Affine(AffineMatrix<'a>),
 }
 
 impl<'a> From<&'a Tensor> for GemvWeight<'a> {
@@ -34,6 +37,12 @@ impl<'a> From<Fp8Matrix<'a>> for GemvWeight<'a> {
     }
 }
 
+impl<'a> From<AffineMatrix<'a>> for GemvWeight<'a> {
+    fn from(m: AffineMatrix<'a>) -> Self {
+        GemvWeight::Affine(m)
+    }
+}
+
 impl<'a> From<Int4Matrix<'a>> for GemvWeight<'a> {
     fn from(m: Int4Matrix<'a>) -> Self {
         GemvWeight::Int4(m)
@@ -41,8 +50,9 @@ impl<'a> From<Int4Matrix<'a>> for GemvWeight<'a> {
 }
 
 /// A weight's pointers as the GEMV entry points take them: the weight, its kind (0 dense, 1 FP8,
-/// 2 4-bit rows, 3 4-bit tiles: csrc's `WeightKind`), its scales (null when dense), and the scale blocks' rows and
-/// columns (a 4-bit weight's: 1 and its group).
+/// 2 4-bit rows, 3 4-bit tiles, 4 and 5 affine 4- and 8-bit codes: csrc's `WeightKind`), its
+/// scales (null when dense), and the scale blocks' rows and columns (an integer weight's: 1 and
+/// its group).
 pub(crate) struct WeightPointers {
     pub w: u64,
     pub kind: i32,
@@ -58,6 +68,7 @@ impl GemvWeight<'_> {
             GemvWeight::Dense(t) => t.dims2(),
             GemvWeight::Fp8(m) => m.dims(),
             GemvWeight::Int4(m) => m.dims(),
+            GemvWeight::Affine(m) => m.dims(),
         }
     }
 
@@ -65,7 +76,9 @@ impl GemvWeight<'_> {
     /// dtype, contiguous; FP8 parts that agree, `k` a multiple of 16, blocks of whole rows or a
     /// power of two of at least 16 columns; 4-bit parts that agree (f16 or bf16 activations), `k`
     /// a multiple of 32, groups of whole rows or a power of two of at least 32 columns (tiles:
-    /// what [`crate::Int4Layout::tiles_fit`] says).
+    /// what [`crate::Int4Layout::tiles_fit`] says); affine codes (f16 or bf16 activations) with
+    /// `k` a multiple of a lane's columns ([`CodeBits::lane_columns`]) and groups of whole rows
+    /// or a power of two of at least that.
     pub fn takes(&self, dtype: DType) -> bool {
         match self {
             GemvWeight::Dense(t) => t.dtype() == dtype && t.is_contiguous(),
@@ -82,6 +95,7 @@ impl GemvWeight<'_> {
                             && (m.group >= k || (m.group >= 32 && m.group.is_power_of_two()))
                     })
             }
+            GemvWeight::Affine(m) => matches!(dtype, DType::F16 | DType::BF16) && m.gemv_fits(),
         }
     }
 
@@ -113,6 +127,16 @@ impl GemvWeight<'_> {
                     Int4Layout::Tiles => 3,
                 },
                 scales: device_ptr(m.scale_zero, "w scales")?.0 as *const c_void,
+                block_rows: 1,
+                block_cols: too_big(m.group),
+            },
+            GemvWeight::Affine(m) => WeightPointers {
+                w: device_ptr(m.codes, "w codes")?.0,
+                kind: match m.bits {
+                    CodeBits::Four => 4,
+                    CodeBits::Eight => 5,
+                },
+                scales: device_ptr(m.scale_offset, "w scales")?.0 as *const c_void,
                 block_rows: 1,
                 block_cols: too_big(m.group),
             },

@@ -9,6 +9,7 @@
 //!
 //! Compiled only with the app's `cuda` feature; kernels/build.rs builds kernels/csrc with nvcc.
 
+mod affine;
 pub mod allreduce;
 mod decode;
 mod decode_fresh;
@@ -34,6 +35,7 @@ mod sampling;
 mod split;
 mod staging;
 
+pub use affine::{AffineMatrix, CodeBits, affine_dequantize};
 pub use decode::{
     CacheWrites, DecodeWorkspace, paged_attention, paged_attention_planned,
     paged_attention_planned_into, paged_attention_rows, paged_decode_attention, plan_for,

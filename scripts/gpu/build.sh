@@ -34,16 +34,17 @@ moe_mma_tests=$(executables moe_mma <<< "$kernel_json")
 fp8_tests=$(executables fp8 <<< "$kernel_json")
 kv_fp8_tests=$(executables kv_fp8 <<< "$kernel_json")
 int4_tests=$(executables int4 <<< "$kernel_json")
+affine_tests=$(executables affine <<< "$kernel_json")
 engine_tests=$(cargo test --release --features nccl --test gpu_engine --no-run --message-format=json | executables gpu_engine)
 
 rm -rf .gpu && mkdir -p .gpu/scripts/gpu .gpu/tests/fixtures/llama-gqa-tied
-for pair in "$CARGO_TARGET_DIR/release/pagewise:pagewise" "$kernel_tests:kernel-tests" "$sampling_tests:sampling-tests" "$prefill_tests:prefill-tests" "$fused_tests:fused-tests" "$rope_tests:rope-tests" "$moe_tests:moe-tests" "$moe_mma_tests:moe-mma-tests" "$fp8_tests:fp8-tests" "$kv_fp8_tests:kv-fp8-tests" "$int4_tests:int4-tests" "$engine_tests:gpu-engine-tests"; do
+for pair in "$CARGO_TARGET_DIR/release/pagewise:pagewise" "$kernel_tests:kernel-tests" "$sampling_tests:sampling-tests" "$prefill_tests:prefill-tests" "$fused_tests:fused-tests" "$rope_tests:rope-tests" "$moe_tests:moe-tests" "$moe_mma_tests:moe-mma-tests" "$fp8_tests:fp8-tests" "$kv_fp8_tests:kv-fp8-tests" "$int4_tests:int4-tests" "$affine_tests:affine-tests" "$engine_tests:gpu-engine-tests"; do
   src=${pair%%:*} name=${pair##*:}
   cp "$src" ".gpu/$name"
   strip ".gpu/$name"
   xz -T2 -9 ".gpu/$name"
 done
-cp scripts/gpu/make_gpu_models.py scripts/gpu/arch_speed.sh scripts/gpu/ncu_step.py scripts/gpu/profile_arch.sh scripts/gpu/run.sh scripts/gpu/scoreboard.sh scripts/gpu/hf_baselines.py scripts/gpu/hf_server.py scripts/gpu/long_serve.sh scripts/gpu/moe_peer.sh scripts/gpu/mkgguf_moe.py .gpu/scripts/gpu/
+cp scripts/gpu/make_gpu_models.py scripts/gpu/arch_speed.sh scripts/gpu/ncu_step.py scripts/gpu/profile_arch.sh scripts/gpu/run.sh scripts/gpu/scoreboard.sh scripts/gpu/hf_baselines.py scripts/gpu/hf_server.py scripts/gpu/long_serve.sh scripts/gpu/moe_peer.sh scripts/gpu/mkgguf_moe.py scripts/gpu/gguf_peer.sh .gpu/scripts/gpu/
 cp tests/fixtures/llama-gqa-tied/tokenizer.json .gpu/tests/fixtures/llama-gqa-tied/
 cp scripts/gpu/run.sh .gpu/run.sh
 # The llama.cpp peer kit, for moe_peer.sh (writable: its run.sh extracts next to itself).

@@ -29,6 +29,10 @@
 #   bash .gpu/run.sh profile  one eager batch-1 decode step kernel by kernel under Nsight Compute
 #                             (PROFILE_MODELS="llama-8b llama-1b" by default; scripts/gpu/ncu_step.py)
 #   bash .gpu-gguf/run.sh gguf  the quantized-GGUF engine test (staged by scripts/gpu/stage_gguf.sh)
+#   bash .gpu/run.sh gguf-gpu  GGUF codes on the GPU: the affine-code kernel tests and their GEMV
+#                             bandwidth table (affine-tests), then the GGUF k-quant engine tests
+#                             (gpu-engine-tests); each part runs when its binary is staged
+#                             (scripts/gpu/gguf_peer.sh: the same files against llama.cpp)
 # Logs go to $OUT (the device tool brings them back); a summary is printed last.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -43,13 +47,13 @@ nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 export NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 
-for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests rope-tests moe-tests moe-mma-tests fp8-tests kv-fp8-tests int4-tests gpu-engine-tests; do
+for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests rope-tests moe-tests moe-mma-tests fp8-tests kv-fp8-tests int4-tests affine-tests gpu-engine-tests; do
   [ -f "$here/$f.xz" ] || continue
   [ -x "$work/bin/$f" ] || python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$here/$f.xz" "$work/bin/$f"
   chmod +x "$work/bin/$f"
 done
 export PAGEWISE_GPU_MODELS=$work/models
-if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ "$what" != gguf ] && [ "$what" != long ] && [ "$what" != profile ] && [ "$what" != dashboard ] && [ "$what" != structured ] && [ "$what" != fp8 ] && [ "$what" != int4 ] && [ "$what" != spec ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
+if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ "$what" != gguf ] && [ "$what" != long ] && [ "$what" != profile ] && [ "$what" != dashboard ] && [ "$what" != structured ] && [ "$what" != fp8 ] && [ "$what" != int4 ] && [ "$what" != spec ] && [ "$what" != gguf-gpu ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
   (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS") > "$out/make-models.log" 2>&1 \
     || { tail -20 "$out/make-models.log"; exit 1; }
 fi
@@ -202,6 +206,17 @@ if [ "$what" = int4 ] && int4_part bench; then
       --num-prompts 1000 --input-len 1024 --output-len 128 --output-json "$out/llama-8b-$q-throughput.json" \
       2>> "$out/bench-stderr.log" | tail -1 || status=1
   done
+fi
+if [ "$what" = gguf-gpu ] && [ -x "$work/bin/affine-tests" ]; then
+  "$work/bin/affine-tests" --test-threads=1 2>&1 | grep -E "^test |test result|panicked" || status=1
+  "$work/bin/affine-tests" --ignored --nocapture --test-threads=1 affine_gemv_bandwidth 2>&1 | grep -E "^\||panicked" || status=1
+fi
+if [ "$what" = gguf-gpu ] && [ -x "$work/bin/gpu-engine-tests" ]; then
+  # (SmolLM2's 4 blocks too, when staged beside: scripts/gpu/stage_gguf.sh.)
+  skip=(--skip quantized_gguf)
+  [ -f "$here/smollm2-4l.gguf" ] && mkdir -p "$PAGEWISE_GPU_MODELS" && cp "$here/smollm2-4l.gguf" "$PAGEWISE_GPU_MODELS/" && skip=()
+  "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture gguf "${skip[@]}" 2>&1 \
+    | grep -E "^test |test result|rel\. err|replays|panicked" || status=1
 fi
 if [ "$what" = spec ]; then
   [ -d "$PAGEWISE_GPU_MODELS/tiny-d64" ] || (cd "$here" && python3 scripts/gpu/make_gpu_models.py \

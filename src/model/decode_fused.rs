@@ -80,7 +80,9 @@ pub(super) fn fits(rows: usize, dtype: DType, device: &Device, layers: &[FusedLa
                 // (A dense down may be past the staging space: `finish_layer` then takes cuBLAS.)
                 let down_fits = match down {
                     GemvWeight::Dense(_) => down.takes(dtype),
-                    GemvWeight::Fp8(_) | GemvWeight::Int4(_) => gemv_takes(rows, dtype, &[down]),
+                    GemvWeight::Fp8(_) | GemvWeight::Int4(_) | GemvWeight::Affine(_) => {
+                        gemv_takes(rows, dtype, &[down])
+                    }
                 };
                 gemv_takes(rows, dtype, &[gate_up]) && down_fits
             }

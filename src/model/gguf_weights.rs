@@ -7,6 +7,8 @@ use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Tensor};
 
 use super::ModelError;
+use super::affine_linear::AffineLinear;
+use super::gguf_affine;
 use super::layers::Linear;
 use super::weights::{Dequantize, Part, Weights, gguf_unsharded};
 use crate::cpu::QLinear;
@@ -118,17 +120,20 @@ pub fn gguf_name(hf: &str) -> Option<String> {
 /// A linear layer from the GGUF bytes of a `[rows, cols]` matrix of type `ty`. On the CPU, our
 /// kernels take the quantized types they know and F16 / BF16 (read as they are, at half the bytes
 /// of f32), unless `dequantize` is `All`; F32, and every float type on a GPU, become dense weights
-/// in the model's `float` dtype, as safetensors weights do (so they take the same kernels); other
-/// quantized types float weights or candle's quantized matmul, as `dequantize` says. IQ4 types,
-/// which candle does not read, are float weights wherever our kernels do not take them (on a GPU:
-/// dequantized at load).
+/// in the model's `float` dtype, as safetensors weights do (so they take the same kernels). On a
+/// GPU with f16 or bf16 activations, the types [`gguf_affine::repacks`] are our kernels' codes
+/// ([`AffineLinear`]) unless `dequantize` is `All` or the layer is an expert's (`expert`: the
+/// expert kernels read 16-bit weights), and the other quantized types are float weights (the log
+/// says so, once a type). Elsewhere other quantized types are float weights or candle's quantized
+/// matmul, as `dequantize` says. IQ4 types, which candle does not read, are float weights
+/// wherever our kernels do not take them (on a GPU: dequantized at load).
 pub(super) fn gguf_linear(
     ty: GgufType,
     bytes: &[u8],
     (rows, cols): (usize, usize),
     dequantize: Dequantize,
     (device, float): (&Device, DType),
-    bias: Option<Tensor>,
+    (bias, expert): (Option<Tensor>, bool),
 ) -> Result<Linear, ModelError> {
     let dtype = match ty {
         GgufType::Candle(dtype) => dtype,
@@ -137,6 +142,24 @@ pub(super) fn gguf_linear(
         }
     };
     let dense = matches!(dtype, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
+    let codes_here = device.is_cuda()
+        && matches!(float, DType::BF16 | DType::F16)
+        && dequantize != Dequantize::All
+        && !expert
+        && !dense;
+    if codes_here {
+        if let Some(a) = gguf_affine::affine_codes(dtype, bytes, (rows, cols))
+            && let Some(l) = AffineLinear::new(&a, device)?
+        {
+            return Ok(Linear::Affine(l.with_bias(bias)));
+        }
+        log_dequantized(dtype);
+        let q = QTensor::new(
+            QStorage::from_data(Cow::Borrowed(bytes), device, dtype)?,
+            (rows, cols),
+        )?;
+        return Ok(Linear::dense(q.dequantize(device)?.to_dtype(float)?, bias));
+    }
     let kernel = match dequantize {
         Dequantize::All => None,
         _ if dtype == GgmlDType::F32 || !device.is_cpu() => None,
@@ -160,6 +183,19 @@ pub(super) fn gguf_linear(
         Ok(Linear::dense(q.dequantize(device)?.to_dtype(float)?, bias))
     } else {
         Ok(Linear::quantized(QMatMul::from_qtensor(q)?, bias))
+    }
+}
+
+/// Says once a type that a GGUF type our GPU kernels do not read is dequantized at load.
+fn log_dequantized(ty: GgmlDType) {
+    static LOGGED: std::sync::Mutex<Vec<GgmlDType>> = std::sync::Mutex::new(Vec::new());
+    let mut logged = LOGGED.lock().unwrap_or_else(|e| e.into_inner());
+    if !logged.contains(&ty) {
+        logged.push(ty);
+        tracing::info!(
+            "GGUF {ty:?} matrices are dequantized at load on the GPU (its kernels read Q4_0, \
+             Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K)"
+        );
     }
 }
 
@@ -243,7 +279,7 @@ impl Weights {
             (out_dim, in_dim),
             *dequantize,
             (device, *dtype),
-            None,
+            (None, true),
         )
     }
 

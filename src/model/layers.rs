@@ -7,6 +7,7 @@ use candle_core::quantized::QMatMul;
 use candle_core::{DType, Module, Tensor};
 
 use super::ModelError;
+use super::affine_linear::AffineLinear;
 use super::config::ModelConfig;
 use super::fp8_linear::Fp8Linear;
 use super::glu::{Glu, glu, glu_split};
@@ -30,6 +31,9 @@ pub enum Linear {
     Fp8(Fp8Linear),
     /// 4-bit integer weight on a GPU, streamed by our kernels (bias included).
     Int4(Int4Linear),
+    /// A GGUF weight on a GPU as codes with group scales and offsets, streamed by our kernels
+    /// (bias included).
+    Affine(AffineLinear),
     /// Quantized weight; candle's quantized matmul takes f32 input.
     Quantized {
         /// The quantized weight.
@@ -52,7 +56,8 @@ impl Linear {
 
     /// One layer computing all of `parts` side by side (their weights stacked along the output
     /// dimension, biases too), or `None` when the parts are not all dense, all FP8 with scales
-    /// that stack, or all of one CPU quantized format, or only some have a bias.
+    /// that stack, all 4-bit alike, all GGUF codes on a GPU (of any widths:
+    /// [`AffineLinear::concat`]), or all of one CPU quantized format, or only some have a bias.
     pub fn concat(parts: &[&Linear]) -> candle_core::Result<Option<Linear>> {
         let fp8: Option<Vec<&Fp8Linear>> = parts
             .iter()
@@ -74,6 +79,16 @@ impl Linear {
         if let Some(int4) = int4 {
             return Ok(Int4Linear::concat(&int4)?.map(Linear::Int4));
         }
+        let affine: Option<Vec<&AffineLinear>> = parts
+            .iter()
+            .map(|p| match p {
+                Linear::Affine(l) => Some(l),
+                _ => None,
+            })
+            .collect();
+        if let Some(affine) = affine {
+            return Ok(AffineLinear::concat(&affine)?.map(Linear::Affine));
+        }
         let biases: Vec<Tensor> = parts
             .iter()
             .filter_map(|p| match p {
@@ -81,6 +96,7 @@ impl Linear {
                 Linear::Cpu { bias, .. } | Linear::Quantized { bias, .. } => bias.clone(),
                 Linear::Fp8(l) => l.bias().cloned(),
                 Linear::Int4(l) => l.bias().cloned(),
+                Linear::Affine(l) => l.bias().cloned(),
             })
             .collect();
         let bias = match biases.len() {
@@ -121,13 +137,14 @@ impl Linear {
         }
     }
 
-    /// The weight the fused decode kernels stream, of a layer without a bias: dense, FP8 or
-    /// 4-bit.
+    /// The weight the fused decode kernels stream, of a layer without a bias: dense, FP8, 4-bit
+    /// or GGUF codes.
     #[cfg(feature = "cuda")]
     pub fn gemv_weight(&self) -> Option<pagewise_kernels::GemvWeight<'_>> {
         match self {
             Linear::Fp8(l) if l.bias().is_none() => Some(l.matrix().into()),
             Linear::Int4(l) if l.bias().is_none() => Some(l.matrix().into()),
+            Linear::Affine(l) if l.bias().is_none() => Some(l.matrix().into()),
             other => other.dense_weight().map(Into::into),
         }
     }
@@ -157,6 +174,7 @@ impl Linear {
             Linear::Dense(l) => l.forward(x),
             Linear::Fp8(l) => l.forward(x),
             Linear::Int4(l) => l.forward(x),
+            Linear::Affine(l) => l.forward(x),
             Linear::Cpu { weight, bias } => {
                 let (dtype, dims) = (x.dtype(), x.dims());
                 if dims.last() != Some(&weight.cols()) {

@@ -2,6 +2,7 @@
 //! it never stores either. Each architecture's file declares its [`registry::Arch`]; adding one is
 //! that file plus its line in [`registry::ARCHITECTURES`].
 
+pub mod affine_linear;
 pub mod attention;
 #[cfg(feature = "cuda")]
 mod attention_cuda;
@@ -15,6 +16,7 @@ mod embedding;
 pub mod fp8;
 pub mod fp8_linear;
 pub mod gemma3;
+pub mod gguf_affine;
 pub mod gguf_config;
 pub(crate) mod gguf_weights;
 mod glu;

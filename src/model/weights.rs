@@ -268,7 +268,7 @@ impl Weights {
                     (out_dim, in_dim),
                     *dequantize,
                     (device, *dtype),
-                    bias,
+                    (bias, false),
                 )
             }
         }

@@ -9,6 +9,7 @@ mod batching;
 #[path = "../common/mod.rs"]
 mod common;
 mod fp8;
+mod gguf;
 mod int4;
 mod kv_fp8;
 mod moe;
