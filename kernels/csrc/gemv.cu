@@ -171,10 +171,15 @@ struct CudaCoreGemv {
       // (Tiles split their columns over kTileParts warps whatever k is.)
       case kInt4Tiles:
         return launch_rs<T, R, kIn, kAdd, 1>(a, int4_tiles(a.w, a.scales, a.block_cols, a.k_dim));
+      // (Affine codes: kAffineMaxRows rows at most, see gemv_affine.cuh.)
       case kAffine4:
-        return run_w<T, R, kIn, kAdd>(a, affine4_weight(a.w, a.scales, a.block_cols, a.k_dim));
+        if constexpr (R <= kAffineMaxRows)
+          return run_w<T, R, kIn, kAdd>(a, affine4_weight(a.w, a.scales, a.block_cols, a.k_dim));
+        return 1;
       case kAffine8:
-        return run_w<T, R, kIn, kAdd>(a, affine8_weight(a.w, a.scales, a.block_cols, a.k_dim));
+        if constexpr (R <= kAffineMaxRows)
+          return run_w<T, R, kIn, kAdd>(a, affine8_weight(a.w, a.scales, a.block_cols, a.k_dim));
+        return 1;
       default: return 1;
     }
   }
@@ -230,9 +235,13 @@ int launch_rope_r(const QkvRopeArgs& a, cudaStream_t stream) {
     case kInt4Weight:
       return launch_rope_w<T, R>(a, int4_weight(a.w, a.scales, a.block_cols, a.k_dim), stream);
     case kAffine4:
-      return launch_rope_w<T, R>(a, affine4_weight(a.w, a.scales, a.block_cols, a.k_dim), stream);
+      if constexpr (R <= kAffineMaxRows)
+        return launch_rope_w<T, R>(a, affine4_weight(a.w, a.scales, a.block_cols, a.k_dim), stream);
+      return 1;
     case kAffine8:
-      return launch_rope_w<T, R>(a, affine8_weight(a.w, a.scales, a.block_cols, a.k_dim), stream);
+      if constexpr (R <= kAffineMaxRows)
+        return launch_rope_w<T, R>(a, affine8_weight(a.w, a.scales, a.block_cols, a.k_dim), stream);
+      return 1;
     default: return 1;
   }
 }
@@ -264,7 +273,7 @@ int launch_rope(const QkvRopeArgs& a, cudaStream_t s) {
 // with `scales` the f16 (scale, zero) pairs of groups of block_cols columns (see Int4Weight;
 // k_dim a multiple of 32); 3, the same in tiles (see Int4Tiles); 4 and 5, 4-bit or byte codes
 // with `scales` the f16 (scale, offset) pairs of groups of block_cols columns (see
-// Affine4Weight, Affine8Weight; k_dim a multiple of 32 or 16). Returns 0, a CUDA error code, or 1 when the arguments are unsupported
+// Affine4Weight, Affine8Weight; k_dim a multiple of 32 or 16; kAffineMaxRows rows at most). Returns 0, a CUDA error code, or 1 when the arguments are unsupported
 // (rows x k_dim past the staging space among them).
 extern "C" int pagewise_gemv(int dtype, int input, void* y, const void* x, const void* norm_w,
                              const void* w, int w_kind, const void* scales, int block_rows,

@@ -11,6 +11,11 @@
 
 namespace {
 
+// The most rows the GEMVs take with these weights: the fused decode steps' (each kind of weight
+// instantiates every GEMV entry point for each row count it takes, and the binaries travel to the
+// GPU machine under a size limit). Larger steps multiply a dequantized copy (affine.cu).
+constexpr int kAffineMaxRows = 2;
+
 // 4-bit codes q [out, k] (k a multiple of 32) in Int4Weight's word order, with an f16 (scale s,
 // offset b) pair per row and group of 2^g_shift columns (at least 32; g_shift < 0: one group a
 // row): element (o, c) is s * q + b for (s, b) = sb[o * groups + (c >> g_shift)].

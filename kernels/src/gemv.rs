@@ -133,7 +133,7 @@ pub fn gemv_fused<'w>(
     let y = empty((rows, out_dim), x.dtype(), x.device())?;
     let (yp, stream) = device_ptr(&y, "y")?;
     let (xp, _) = device_ptr(x, "x")?;
-    let wt = w.pointers(x.dtype(), "gemv")?;
+    let wt = w.pointers(x.dtype(), rows, "gemv")?;
     let wp = wt.w;
     let np = match norm {
         Some(n) => device_ptr(n, "norm weight")?.0,
@@ -243,7 +243,7 @@ pub fn gemv_add_normed<'w>(
     let (ip, _) = device_ptr(stream, "stream")?;
     let (dwp, _) = device_ptr(delta_norm, "delta norm")?;
     let (np, _) = device_ptr(norm, "norm")?;
-    let wt = w.pointers(dt, "gemv_add_normed")?;
+    let wt = w.pointers(dt, rows, "gemv_add_normed")?;
     let wp = wt.w;
     if [dp, ip, dwp, np, wp].iter().any(|p| p % 16 != 0) {
         bail!("gemv_add_normed: its inputs must start on 16-byte boundaries");

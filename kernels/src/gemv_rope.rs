@@ -122,7 +122,7 @@ pub unsafe fn gemv_rope_cache<'w>(
     let (slots, _) = device_ptr(t.slot_mapping, "slot_mapping")?;
     let (xp, _) = device_ptr(x, "x")?;
     let (np, _) = device_ptr(norm_weight, "norm weight")?;
-    let wt = w.pointers(x.dtype(), "gemv_rope_cache")?;
+    let wt = w.pointers(x.dtype(), rows, "gemv_rope_cache")?;
     let wp = wt.w;
     if xp % 16 != 0 || wp % 16 != 0 || np % 16 != 0 {
         bail!("gemv_rope_cache: x, w and the norm weight must start on 16-byte boundaries");

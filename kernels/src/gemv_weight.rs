@@ -9,6 +9,12 @@ use candle_core::{DType, Result, Tensor, bail};
 
 use crate::{AffineMatrix, CodeBits, Fp8Matrix, Int4Layout, Int4Matrix, device_ptr};
 
+/// The most rows the GEMVs take with affine codes ([`AffineMatrix`]): the fused decode steps'.
+/// Each kind of weight instantiates every GEMV entry point for each row count it takes, and the
+/// binaries travel to the GPU machine under a size limit; larger steps multiply a dequantized
+/// copy ([`crate::affine_dequantize`]). csrc/gemv_affine.cuh's `kAffineMaxRows`.
+pub const AFFINE_GEMV_MAX_ROWS: usize = 2;
+
 /// A weight the decode GEMVs stream. FP8 rows need `k` a multiple of 16 and scale blocks of
 /// whole rows or a power of two of at least 16 columns (128 in the published block-FP8
 /// checkpoints); 4-bit rows `k` a multiple of 32 and groups of whole rows or a power of two of at
@@ -99,10 +105,26 @@ impl GemvWeight<'_> {
         }
     }
 
-    /// The pointers of a weight [`GemvWeight::takes`] for `dtype`, or an error naming `what`.
-    pub(crate) fn pointers(&self, dtype: DType, what: &str) -> Result<WeightPointers> {
+    /// The most rows a GEMV takes with this weight: [`crate::GEMV_MAX_ROWS`], or
+    /// [`AFFINE_GEMV_MAX_ROWS`] for affine codes.
+    pub fn max_rows(&self) -> usize {
+        match self {
+            GemvWeight::Affine(_) => AFFINE_GEMV_MAX_ROWS,
+            _ => crate::GEMV_MAX_ROWS,
+        }
+    }
+
+    /// The pointers of a weight [`GemvWeight::takes`] for `dtype` and `rows` rows, or an error
+    /// naming `what`.
+    pub(crate) fn pointers(&self, dtype: DType, rows: usize, what: &str) -> Result<WeightPointers> {
         if !self.takes(dtype) {
             bail!("{what}: the weight {self:?} does not fit the GEMV with {dtype:?} activations");
+        }
+        if rows > self.max_rows() {
+            bail!(
+                "{what}: {rows} rows, past the {} this weight's GEMV takes",
+                self.max_rows()
+            );
         }
         let too_big = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
         Ok(match self {

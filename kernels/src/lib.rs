@@ -47,7 +47,7 @@ pub use fp8_gemm::{Fp8Gemm, fp8_gemm};
 pub use fused::{add_rms_norm, add_rms_normed, silu_mul};
 pub use gemv::{GEMV_MAX_ROWS, GemvInput, gemv, gemv_add_normed, gemv_fits, gemv_fused};
 pub use gemv_rope::{RopeCacheTarget, gemv_rope_cache};
-pub use gemv_weight::GemvWeight;
+pub use gemv_weight::{AFFINE_GEMV_MAX_ROWS, GemvWeight};
 pub use grouped::GroupedGemm;
 pub use int4::{Int4Layout, Int4Matrix, int4_dequantize};
 pub use moe::{

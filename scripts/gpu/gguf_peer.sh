@@ -4,6 +4,9 @@
 # llama.cpp kit as lcpp/ (`cp -r ../shared/peers/llama.cpp <folder>/lcpp`):
 #   bash <folder>/scripts/gpu/gguf_peer.sh build           # llama.cpp's CUDA build (~6 min; re-run resumes)
 #   bash <folder>/scripts/gpu/gguf_peer.sh llama-8b Q4_K_M  # [shape] [type ...]
+#   bash <folder>/scripts/gpu/gguf_peer.sh prepare llama-8b Q4_K_M  # only write the files (a call of its own
+#                                                   # while the machine stays warm: the kit needs
+#                                                   # only its run.sh and mkgguf.py once built)
 # The kit writes the shape's random F16 GGUF, `llama-quantize` makes each type from it, and both
 # engines run the same file: llama-bench tg512 (batch 1, flash attention, all layers on the GPU)
 # against `pagewise bench latency` 128 in / 512 out, then llama-batched-bench 64 x (1024 in, 128
@@ -28,6 +31,8 @@ if [ "${1:-}" = build ]; then
   JOBS=16 OUT=$out/lcpp bash "$here/lcpp/run.sh" compile
   exit
 fi
+prepare=0
+[ "${1:-}" = prepare ] && { prepare=1; shift; }
 shape=${1:-llama-8b}
 shift
 [ -x "$lcpp/llama-quantize" ] || { echo "== no llama.cpp build in $lcpp (run: gguf_peer.sh build)"; exit 1; }
@@ -37,6 +42,7 @@ for ty in "${@:-Q4_K_M}"; do
   [ -f "$gguf" ] || "$lcpp/llama-quantize" "$models/$shape.gguf" "$gguf" "$ty" 16 > "$out/quantize-$ty.log" 2>&1 \
     || { tail -5 "$out/quantize-$ty.log"; continue; }
   echo "== $shape $ty: $(du -h "$gguf" | cut -f1)"
+  [ "$prepare" = 1 ] && continue
   echo "== llama.cpp: llama-bench tg512"
   timeout 200 "$lcpp/llama-bench" -m "$gguf" -p 0 -n 512 -r 3 -fa 1 -ngl 99 -o md 2> "$out/lcpp-$ty.stderr" \
     | grep -E "tg|model" || tail -5 "$out/lcpp-$ty.stderr"

@@ -1,9 +1,9 @@
 //! Linear layers of a GGUF file on a GPU, kept as integer codes with one f16 `(scale, offset)`
 //! pair per row and group ([`super::gguf_affine`] repacks the blocks at load): 4-bit codes for
 //! Q4_0, Q4_1 and Q4_K, bytes for Q5_0, Q5_1, Q5_K, Q6_K and Q8_0. Steps of up to
-//! `pagewise_kernels::GEMV_MAX_ROWS` rows stream the codes through the decode GEMVs; larger
-//! steps multiply a dequantized copy on cuBLAS, as 4-bit checkpoints do
-//! ([`super::int4_linear`]).
+//! `pagewise_kernels::AFFINE_GEMV_MAX_ROWS` rows (the fused decode steps') stream the codes
+//! through the decode GEMVs; larger steps multiply a dequantized copy on cuBLAS, as 4-bit
+//! checkpoints do ([`super::int4_linear`]).
 
 use candle_core::{DType, Device, Tensor};
 

@@ -108,9 +108,11 @@ pub(super) fn most_rows(takes: impl Fn(usize) -> bool) -> usize {
 /// Whether the GEMV takes `rows` rows in `dtype` through each of `weights` (`[out, k]`):
 /// dense in the same dtype or FP8 it takes, and the rows' `k` within its staging space.
 pub(super) fn gemv_takes(rows: usize, dtype: DType, weights: &[GemvWeight<'_>]) -> bool {
-    weights
-        .iter()
-        .all(|w| w.takes(dtype) && gemv_fits(rows, w.dims().map_or(usize::MAX, |d| d.1), dtype))
+    weights.iter().all(|w| {
+        w.takes(dtype)
+            && rows <= w.max_rows()
+            && gemv_fits(rows, w.dims().map_or(usize::MAX, |d| d.1), dtype)
+    })
 }
 
 /// The GEMV input that folds `norm` in.

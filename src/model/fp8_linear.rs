@@ -156,7 +156,7 @@ pub(super) fn gemv_or_dequantized(
 ) -> candle_core::Result<Tensor> {
     use pagewise_kernels::{GEMV_MAX_ROWS, GemvInput};
     let (rows, k) = x.dims2()?;
-    if rows <= GEMV_MAX_ROWS
+    if rows <= GEMV_MAX_ROWS.min(w.max_rows())
         && w.takes(x.dtype())
         && pagewise_kernels::gemv_fits(rows, k, x.dtype())
     {
