@@ -83,7 +83,7 @@ impl Weight {
                 }
                 bytes
             }
-            CodeBits::Eight => q.clone(),
+            CodeBits::Eight => q,
         };
         let tiled = bits == CodeBits::Four && AffineMatrix::tiles_fit((out, k), group);
         let tiles = tiled.then(|| {
