@@ -45,41 +45,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The same for 4-bit codes in tiles (Int4Tiles' layout, gemv_weight.cuh): a word is 4 pairs of
-// neighbouring columns at the places the tile layout gives its lane and index.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    affine4_dequantize_tiles_kernel(T* __restrict__ out, const uint32_t* __restrict__ w,
-                                    const __half2* __restrict__ sb, int64_t out_dim, int k_dim,
-                                    int group) {
-  const int chunks = k_dim / 64, groups = (k_dim + group - 1) / group;
-  for (int64_t i = blockIdx.x * (int64_t)kThreads + threadIdx.x; i < out_dim * (k_dim / 8);
-       i += (int64_t)gridDim.x * kThreads) {
-    const int m = (int)(i % 4), lane = (int)(i / 4 % 32);
-    const int64_t tile = i / 128;
-    const int64_t row_tile = tile / chunks;
-    const int chunk = (int)(tile % chunks), g = lane / 4, t = lane % 4;
-    const uint32_t word = w[i];
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      const int64_t o = row_tile * 16 + g + (p & 1) * 8;
-      const int c = chunk * 64 + m * 16 + 2 * t + (p >> 1) * 8;
-      const float2 s = __half22float2(sb[o * groups + c / group]);
-      T v[2];
-      v[0] = from_float<T>(s.x * (float)((word >> (4 * p)) & 0xF) + s.y);
-      v[1] = from_float<T>(s.x * (float)((word >> (16 + 4 * p)) & 0xF) + s.y);
-      *reinterpret_cast<uint32_t*>(out + o * k_dim + c) = *reinterpret_cast<const uint32_t*>(v);
-    }
-  }
-}
-
-template <typename T>
-int launch(int bits, int tiles, T* out, const uint8_t* w, const __half2* sb, int64_t out_dim,
-           int k_dim, int group, int blocks, cudaStream_t st) {
-  if (tiles)
-    affine4_dequantize_tiles_kernel<T><<<blocks, kThreads, 0, st>>>(
-        out, reinterpret_cast<const uint32_t*>(w), sb, out_dim, k_dim, group);
-  else if (bits == 4)
+int launch(int bits, T* out, const uint8_t* w, const __half2* sb, int64_t out_dim, int k_dim,
+           int group, int blocks, cudaStream_t st) {
+  if (bits == 4)
     affine_dequantize_kernel<T, 4><<<blocks, kThreads, 0, st>>>(out, w, sb, out_dim, k_dim, group);
   else
     affine_dequantize_kernel<T, 8><<<blocks, kThreads, 0, st>>>(out, w, sb, out_dim, k_dim, group);
@@ -91,16 +60,14 @@ int launch(int bits, int tiles, T* out, const uint8_t* w, const __half2* sb, int
 // out ([out_dim, k_dim], dtype 1 = f16, 2 = bf16) = the codes w of `bits` (4: [out_dim, k_dim /
 // 8] u32 words in Int4Weight's order; 8: [out_dim, k_dim] bytes) with their (scale, offset) f16
 // pairs sb ([out_dim, ceil(k_dim / group)]) applied. k_dim a multiple of 8, group a multiple of 8
-// or at least k_dim; out 16-byte aligned, w 8-byte. With `tiles` 4-bit codes are in Int4Tiles'
-// order (out_dim a multiple of 16, k_dim of 64). Returns 0, a CUDA error code, or 1 when the
+// or at least k_dim; out 16-byte aligned, w 8-byte. Returns 0, a CUDA error code, or 1 when the
 // arguments are unsupported.
 extern "C" int pagewise_affine_dequantize(int dtype, void* out, const void* w, const void* sb,
                                           int64_t out_dim, int k_dim, int group, int bits,
-                                          int tiles, void* stream) {
+                                          void* stream) {
   if (out_dim == 0 || k_dim == 0) return 0;
   if (k_dim % 8 != 0 || group < 1 || (group % 8 != 0 && group < k_dim)) return 1;
   if (bits != 4 && bits != 8) return 1;
-  if (tiles && (bits != 4 || out_dim % 16 != 0 || k_dim % 64 != 0)) return 1;
   const int64_t work = out_dim * (k_dim / 8);
   const int64_t wanted = (work + kThreads - 1) / kThreads;
   const int blocks = (int)(wanted < 8192 ? wanted : 8192);
@@ -109,11 +76,10 @@ extern "C" int pagewise_affine_dequantize(int dtype, void* out, const void* w, c
   const int g = group < k_dim ? group : k_dim;
   cudaStream_t st = (cudaStream_t)stream;
   switch (dtype) {
-    case 1:
-      return launch<__half>(bits, tiles, (__half*)out, wp, sp, out_dim, k_dim, g, blocks, st);
+    case 1: return launch<__half>(bits, (__half*)out, wp, sp, out_dim, k_dim, g, blocks, st);
     case 2:
-      return launch<__nv_bfloat16>(bits, tiles, (__nv_bfloat16*)out, wp, sp, out_dim, k_dim, g,
-                                   blocks, st);
+      return launch<__nv_bfloat16>(bits, (__nv_bfloat16*)out, wp, sp, out_dim, k_dim, g, blocks,
+                                   st);
     default: return 1;
   }
 }

@@ -125,12 +125,10 @@ __global__ void __launch_bounds__(kGemvThreads)
 }
 
 // The outputs a block of gemv_kernel takes a round (see gemv_outputs): a warp's S-th of one, or
-// for 4-bit tiles (either kind) 16 a tile's kTileParts warps.
+// for 4-bit tiles 16 a tile's kTileParts warps.
 template <typename W>
 constexpr int outputs_per_round(int threads, int s) {
-  return std::is_same_v<W, Int4Tiles> || std::is_same_v<W, Affine4Tiles>
-             ? threads / 32 / kTileParts * 16
-             : threads / 32 / s;
+  return std::is_same_v<W, Int4Tiles> ? threads / 32 / kTileParts * 16 : threads / 32 / s;
 }
 
 template <typename T, int R, int kIn, bool kAdd, int S, typename W>
@@ -181,11 +179,6 @@ struct CudaCoreGemv {
       case kAffine8:
         if constexpr (R <= kAffineMaxRows)
           return run_w<T, R, kIn, kAdd>(a, affine8_weight(a.w, a.scales, a.block_cols, a.k_dim));
-        return 1;
-      case kAffine4Tiles:
-        if constexpr (R <= kAffineMaxRows)
-          return launch_rs<T, R, kIn, kAdd, 1>(
-              a, affine4_tiles(a.w, a.scales, a.block_cols, a.k_dim));
         return 1;
       default: return 1;
     }
@@ -280,8 +273,7 @@ int launch_rope(const QkvRopeArgs& a, cudaStream_t s) {
 // with `scales` the f16 (scale, zero) pairs of groups of block_cols columns (see Int4Weight;
 // k_dim a multiple of 32); 3, the same in tiles (see Int4Tiles); 4 and 5, 4-bit or byte codes
 // with `scales` the f16 (scale, offset) pairs of groups of block_cols columns (see
-// Affine4Weight, Affine8Weight; k_dim a multiple of 32 or 16; kAffineMaxRows rows at most); 6, 4-bit
-// affine codes in tiles (see Affine4Tiles). Returns 0, a CUDA error code, or 1 when the arguments are unsupported
+// Affine4Weight, Affine8Weight; k_dim a multiple of 32 or 16; kAffineMaxRows rows at most). Returns 0, a CUDA error code, or 1 when the arguments are unsupported
 // (rows x k_dim past the staging space among them).
 extern "C" int pagewise_gemv(int dtype, int input, void* y, const void* x, const void* norm_w,
                              const void* w, int w_kind, const void* scales, int block_rows,
@@ -339,9 +331,7 @@ extern "C" int pagewise_gemv_rope(int dtype, void* q_out, void* k_cache, void* v
   if (k_dim % 8 != 0 || head_dim % 2 != 0) return 1;
   if (positions != nullptr && table_rows < 1) return 1;
   // (Its warps take pairs of rows: 4-bit weights row by row, not in tiles.)
-  if (w_kind == kInt4Tiles || w_kind == kAffine4Tiles ||
-      !weight_fits(w_kind, 0, k_dim, block_rows, block_cols))
-    return 1;
+  if (w_kind == kInt4Tiles || !weight_fits(w_kind, 0, k_dim, block_rows, block_cols)) return 1;
   const QkvRopeArgs a = {q_out, k_cache, v_cache, cos,   sin,      positions, table_rows,
                          slots, x,       norm_w,  w,     rows,     heads,     kv_heads,
                          head_dim, interleaved, k_dim, eps, w_kind, scales, block_rows,

@@ -64,8 +64,7 @@ enum WeightKind {
   kInt4Weight = 2,
   kInt4Tiles = 3,
   kAffine4 = 4,
-  kAffine8 = 5,
-  kAffine4Tiles = 6
+  kAffine8 = 5
 };
 
 // log2(bk) for a power of two, else -1.
@@ -123,8 +122,6 @@ inline bool weight_fits(int kind, int out_dim, int k_dim, int block_rows, int bl
     case kInt4Tiles: return int4_tiles_fit(out_dim, k_dim, block_cols);
     case kAffine4: return affine_weight_fits(4, k_dim, block_cols);
     case kAffine8: return affine_weight_fits(8, k_dim, block_cols);
-    case kAffine4Tiles:
-      return out_dim % 16 == 0 && k_dim % 64 == 0 && affine_weight_fits(4, k_dim, block_cols);
     default: return false;
   }
 }
@@ -436,5 +433,3 @@ __device__ __forceinline__ void gemv_outputs(T* __restrict__ y, const T* xs, con
 }
 
 }  // namespace
-
-#include "gemv_affine_tiles.cuh"

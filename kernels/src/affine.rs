@@ -7,7 +7,7 @@ use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
-use crate::{Int4Layout, check_launch, device_ptr, dtype_code, empty, ffi};
+use crate::{check_launch, device_ptr, dtype_code, empty, ffi};
 
 /// How wide an [`AffineMatrix`]'s codes are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,9 +50,6 @@ pub struct AffineMatrix<'a> {
     pub group: usize,
     /// The codes' width.
     pub bits: CodeBits,
-    /// The order of 4-bit codes: row by row, or in tiles for the tensor-core GEMV (which takes
-    /// groups of 32 columns too, see [`AffineMatrix::tiles_fit`]). Bytes are row by row.
-    pub layout: Int4Layout,
 }
 
 impl AffineMatrix<'_> {
@@ -82,26 +79,7 @@ impl AffineMatrix<'_> {
         if !self.codes.is_contiguous() || !self.scale_offset.is_contiguous() {
             bail!("{what}: codes and scales must be contiguous");
         }
-        if self.layout == Int4Layout::Tiles
-            && (self.bits != CodeBits::Four || !Self::tiles_fit((out, k), self.group))
-        {
-            bail!(
-                "{what}: {:?} codes of a [{out}, {k}] weight in groups of {} cannot be in tiles",
-                self.bits,
-                self.group
-            );
-        }
         Ok((out, k))
-    }
-
-    /// Whether 4-bit codes of a `[out, k]` weight in groups of `group` columns can be laid out in
-    /// tiles: `out` a multiple of 16, `k` of 64, groups of whole rows or a power of two of at
-    /// least 32 columns.
-    pub fn tiles_fit((out, k): (usize, usize), group: usize) -> bool {
-        out.is_multiple_of(16)
-            && k.is_multiple_of(64)
-            && k > 0
-            && (group >= k || (group >= 32 && group.is_power_of_two()))
     }
 
     /// Whether the decode GEMVs take it: `k` a multiple of a lane's columns, groups of whole
@@ -155,7 +133,6 @@ pub fn affine_dequantize(m: AffineMatrix<'_>, dtype: DType) -> Result<Tensor> {
             int(k, "k")?,
             int(m.group.min(k), "group")?,
             m.bits.bits() as i32,
-            i32::from(m.layout == Int4Layout::Tiles),
             stream,
         )
     };

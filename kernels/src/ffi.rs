@@ -248,7 +248,6 @@ unsafe extern "C" {
         k_dim: c_int,
         group: c_int,
         bits: c_int,
-        tiles: c_int,
         stream: *mut c_void,
     ) -> c_int;
 

@@ -86,9 +86,7 @@ pub unsafe fn gemv_rope_cache<'w>(
     if !w.takes(x.dtype()) {
         bail!("gemv_rope_cache: w {w:?} is neither x's dtype nor FP8 the GEMV takes");
     }
-    if matches!(w, GemvWeight::Int4(m) if m.layout == Int4Layout::Tiles)
-        || matches!(w, GemvWeight::Affine(m) if m.layout == Int4Layout::Tiles)
-    {
+    if matches!(w, GemvWeight::Int4(m) if m.layout == Int4Layout::Tiles) {
         bail!("gemv_rope_cache: reads 4-bit weights row by row (Int4Layout::Rows), not in tiles");
     }
     for (a, what) in [

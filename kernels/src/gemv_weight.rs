@@ -56,8 +56,7 @@ impl<'a> From<Int4Matrix<'a>> for GemvWeight<'a> {
 }
 
 /// A weight's pointers as the GEMV entry points take them: the weight, its kind (0 dense, 1 FP8,
-/// 2 4-bit rows, 3 4-bit tiles, 4 and 5 affine 4- and 8-bit codes, 6 affine 4-bit tiles:
-/// csrc's `WeightKind`), its
+/// 2 4-bit rows, 3 4-bit tiles, 4 and 5 affine 4- and 8-bit codes: csrc's `WeightKind`), its
 /// scales (null when dense), and the scale blocks' rows and columns (an integer weight's: 1 and
 /// its group).
 pub(crate) struct WeightPointers {
@@ -155,10 +154,9 @@ impl GemvWeight<'_> {
             },
             GemvWeight::Affine(m) => WeightPointers {
                 w: device_ptr(m.codes, "w codes")?.0,
-                kind: match (m.bits, m.layout) {
-                    (CodeBits::Four, Int4Layout::Rows) => 4,
-                    (CodeBits::Eight, _) => 5,
-                    (CodeBits::Four, Int4Layout::Tiles) => 6,
+                kind: match m.bits {
+                    CodeBits::Four => 4,
+                    CodeBits::Eight => 5,
                 },
                 scales: device_ptr(m.scale_offset, "w scales")?.0 as *const c_void,
                 block_rows: 1,

@@ -7,9 +7,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use common::{Lcg, host_f32, max_rel_diff, random};
-use pagewise_kernels::{
-    AffineMatrix, CodeBits, GemvInput, GemvWeight, Int4Layout, affine_dequantize,
-};
+use pagewise_kernels::{AffineMatrix, CodeBits, GemvInput, GemvWeight, affine_dequantize};
 
 /// Code width, `[out, k]` and the columns a group covers (`k`: one group a row). Groups of 32
 /// (Q4_0, Q4_K, Q5_K, Q8_0) and 16 (Q6_K), as GGUF files have them.
@@ -30,8 +28,6 @@ const CASES: &[(CodeBits, (usize, usize), usize)] = &[
 /// (`exact`) powers of two and whole multiples of them (every value then exact in bf16).
 struct Weight {
     codes: Tensor,
-    /// 4-bit codes in tiles, when the shape allows them.
-    tiles: Option<Tensor>,
     pairs: Tensor,
     group: usize,
     bits: CodeBits,
@@ -85,31 +81,9 @@ impl Weight {
             }
             CodeBits::Eight => q,
         };
-        let tiled = bits == CodeBits::Four && AffineMatrix::tiles_fit((out, k), group);
-        let tiles = tiled.then(|| {
-            // Tile (row tile, chunk) of 16 rows x 64 columns: 512 bytes, lane l's 16 at 16 l;
-            // its word m covers columns 16m..16m + 16 of the chunk, pair p starting at row
-            // g + 8 (p % 2), column 2t + 8 (p / 2) (g = l / 4, t = l % 4), in nibbles p and 4 + p.
-            let chunks = k / 64;
-            let mut bytes = vec![0u8; out * k / 2];
-            for word in 0..out * k / 8 {
-                let (m, lane, tile) = (word % 4, word / 4 % 32, word / 128);
-                let (row_tile, chunk, g, t) = (tile / chunks, tile % chunks, lane / 4, lane % 4);
-                let mut v = 0u32;
-                for p in 0..4 {
-                    let row = row_tile * 16 + g + 8 * (p % 2);
-                    let col = chunk * 64 + m * 16 + 2 * t + 8 * (p / 2);
-                    v |= u32::from(q[row * k + col]) << (4 * p)
-                        | u32::from(q[row * k + col + 1]) << (16 + 4 * p);
-                }
-                bytes[4 * word..4 * word + 4].copy_from_slice(&v.to_le_bytes());
-            }
-            Tensor::from_vec(bytes, (out, k / 2), dev).unwrap()
-        });
         let width = out * k * bits.bits() / 8 / out;
         let pairs_host = Tensor::from_vec(pairs, (out, groups, 2), &Device::Cpu).unwrap();
         Weight {
-            tiles,
             codes: Tensor::from_vec(bytes, (out, width), dev).unwrap(),
             pairs: pairs_host
                 .to_dtype(DType::F16)
@@ -128,18 +102,7 @@ impl Weight {
             scale_offset: &self.pairs,
             group: self.group,
             bits: self.bits,
-            layout: Int4Layout::Rows,
         }
-    }
-
-    /// The weight in each layout it has.
-    fn layouts(&self) -> Vec<AffineMatrix<'_>> {
-        let tiled = self.tiles.as_ref().map(|codes| AffineMatrix {
-            codes,
-            layout: Int4Layout::Tiles,
-            ..self.matrix()
-        });
-        std::iter::once(self.matrix()).chain(tiled).collect()
     }
 }
 
@@ -168,15 +131,13 @@ fn affine_gemv_matches_the_host_products() {
                         (0..k).map(|c| xv[r * k + c] * w.values[o * k + c]).sum()
                     })
                     .collect();
-                for m in w.layouts() {
-                    let got = pagewise_kernels::gemv_fused(&x, m, GemvInput::Plain, None).unwrap();
-                    let err = max_rel_diff(&host_f32(&got), &want);
-                    assert!(
-                        err < 1e-2,
-                        "{dtype:?} {rows}x[{out}, {k}] {bits:?} groups of {group}, {:?}: off by {err}",
-                        m.layout
-                    );
-                }
+                let got =
+                    pagewise_kernels::gemv_fused(&x, w.matrix(), GemvInput::Plain, None).unwrap();
+                let err = max_rel_diff(&host_f32(&got), &want);
+                assert!(
+                    err < 1e-2,
+                    "{dtype:?} {rows}x[{out}, {k}] {bits:?} groups of {group}: off by {err}"
+                );
             }
         }
     }
@@ -218,15 +179,12 @@ fn affine_gemv_folds_what_the_dense_gemv_folds() {
                     continue;
                 }
                 let want = pagewise_kernels::gemv_fused(x, &dense, input, res).unwrap();
-                for m in w.layouts() {
-                    let got = pagewise_kernels::gemv_fused(x, m, input, res).unwrap();
-                    let err = max_rel_diff(&host_f32(&got), &host_f32(&want));
-                    assert!(
-                        err < 2e-2,
-                        "{name} {rows}x[{out}, {k}] {bits:?} groups of {group}, {:?}: off by {err}",
-                        m.layout
-                    );
-                }
+                let got = pagewise_kernels::gemv_fused(x, w.matrix(), input, res).unwrap();
+                let err = max_rel_diff(&host_f32(&got), &host_f32(&want));
+                assert!(
+                    err < 2e-2,
+                    "{name} {rows}x[{out}, {k}] {bits:?} groups of {group}: off by {err}"
+                );
             }
         }
     }
@@ -254,16 +212,14 @@ fn affine_dequantize_applies_each_groups_scale_and_offset() {
                 .unwrap()
                 .to_dtype(dtype)
                 .unwrap();
-            for m in w.layouts() {
-                let got = affine_dequantize(m, dtype).unwrap();
-                // (s * q + b in f32 on the device, possibly fused; rounded once to the dtype.)
-                let err = max_rel_diff(&host_f32(&got), &host_f32(&want));
-                assert!(
-                    err < 1e-2,
-                    "{dtype:?} [{out}, {k}] {bits:?} groups of {group}, {:?}: {err}",
-                    m.layout
-                );
-            }
+            let got = affine_dequantize(w.matrix(), dtype).unwrap();
+            let (got, want) = (host_f32(&got), host_f32(&want));
+            // (s * q + b in f32 on the device, possibly fused; rounded once to the dtype.)
+            let err = max_rel_diff(&got, &want);
+            assert!(
+                err < 1e-2,
+                "{dtype:?} [{out}, {k}] {bits:?} groups of {group}: {err}"
+            );
         }
     }
 }
@@ -285,9 +241,9 @@ fn affine_gemv_bandwidth() {
         common::graph_replay_seconds(&stream, 64, run)
     };
     println!(
-        "| projection (out x k) | bf16 (µs) | TB/s | 4-bit g32 rows (µs) | TB/s | 4-bit g32 tiles (µs) | TB/s | 8-bit g16 (µs) | TB/s |"
+        "| projection (out x k) | bf16 (µs) | TB/s | 4-bit g32 (µs) | TB/s | 8-bit g16 (µs) | TB/s |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for (name, out, k) in [
         ("qkv", 6144, 4096),
         ("o", 4096, 4096),
@@ -324,18 +280,15 @@ fn affine_gemv_bandwidth() {
         };
         let bf16 = time(&|i| call(GemvWeight::Dense(&dense[i % dense.len()])));
         let t4 = time(&|i| call(GemvWeight::Affine(four[i % four.len()].matrix())));
-        let tiles = time(&|i| call(GemvWeight::Affine(four[i % four.len()].layouts()[1])));
         let t8 = time(&|i| call(GemvWeight::Affine(eight[i % eight.len()].matrix())));
         let n = (out * k) as f64;
         let (b16, b4, b8) = (2.0 * n, n / 2.0 + n / 32.0 * 4.0, n + n / 16.0 * 4.0);
         println!(
-            "| {name} ({out} x {k}) | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {name} ({out} x {k}) | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
             bf16 * 1e6,
             b16 / bf16 / 1e12,
             t4 * 1e6,
             b4 / t4 / 1e12,
-            tiles * 1e6,
-            b4 / tiles / 1e12,
             t8 * 1e6,
             b8 / t8 / 1e12,
         );

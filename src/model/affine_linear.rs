@@ -19,8 +19,6 @@ pub struct AffineLinear {
     codes: Tensor,
     /// 4 or 8.
     bits: usize,
-    /// The order of 4-bit codes (bytes: rows).
-    order: CodeOrder,
     /// f16 `[out, groups, 2]`: each row's groups' (scale, offset).
     scale_offset: Tensor,
     /// Input features a group.
@@ -30,22 +28,9 @@ pub struct AffineLinear {
 }
 
 impl AffineLinear {
-    /// `a` on `device` (4-bit codes in tiles where the shape takes them), or `None` when an f16
-    /// pair would not be finite (the layer is then dequantized).
+    /// `a` on `device`, or `None` when an f16 pair would not be finite (the layer is then
+    /// dequantized).
     pub fn new(a: &AffineCodes, device: &Device) -> candle_core::Result<Option<Self>> {
-        let order = match a.bits == 4 && tiles_fit((a.out, a.inp), a.group) {
-            true => CodeOrder::Tiles,
-            false => CodeOrder::Rows,
-        };
-        Self::in_order(a, order, device)
-    }
-
-    /// [`AffineLinear::new`] with 4-bit codes in `order` (which must fit them).
-    fn in_order(
-        a: &AffineCodes,
-        order: CodeOrder,
-        device: &Device,
-    ) -> candle_core::Result<Option<Self>> {
         let groups = a.inp / a.group;
         let pairs = Tensor::from_vec(a.pairs.clone(), (a.out, groups, 2), &Device::Cpu)?
             .to_dtype(DType::F16)?;
@@ -57,14 +42,13 @@ impl AffineLinear {
             return Ok(None);
         }
         let bytes = match a.bits {
-            4 => pack_int4(&a.codes, a.inp, order),
+            4 => pack_int4(&a.codes, a.inp, CodeOrder::Rows),
             _ => a.codes.clone(),
         };
         let codes = Tensor::from_vec(bytes, (a.out, a.inp * a.bits / 8), &Device::Cpu)?;
         Ok(Some(AffineLinear {
             codes: codes.to_device(device)?,
             bits: a.bits,
-            order,
             scale_offset: pairs.to_device(device)?,
             group: a.group,
             bias: None,
@@ -103,23 +87,7 @@ impl AffineLinear {
                 4 => pagewise_kernels::CodeBits::Four,
                 _ => pagewise_kernels::CodeBits::Eight,
             },
-            layout: match self.order {
-                CodeOrder::Rows => pagewise_kernels::Int4Layout::Rows,
-                CodeOrder::Tiles => pagewise_kernels::Int4Layout::Tiles,
-            },
         }
-    }
-
-    /// The layer with its codes row by row (repacked through the host once, at load, when they
-    /// are in tiles): what the qkv GEMV with rotary reads.
-    pub fn in_rows(self) -> candle_core::Result<Self> {
-        if self.order == CodeOrder::Rows {
-            return Ok(self);
-        }
-        let host = self.host()?;
-        let rows = Self::in_order(&host, CodeOrder::Rows, self.codes.device())?
-            .expect("pairs already held in f16");
-        Ok(rows.with_bias(self.bias))
     }
 
     /// Applies the layer to `[.., in]` (f16 or bf16 on the weight's GPU).
@@ -149,7 +117,7 @@ impl AffineLinear {
             bits: self.bits,
             group: self.group,
             codes: match self.bits {
-                4 => unpack_int4(&bytes, inp, self.order),
+                4 => unpack_int4(&bytes, inp, CodeOrder::Rows),
                 _ => bytes,
             },
             pairs: self
@@ -180,17 +148,12 @@ impl AffineLinear {
         };
         let bits = parts.iter().map(|p| p.bits).max().unwrap_or(4);
         let group = parts.iter().map(|p| p.group).min().unwrap_or(first.group);
-        // (Tiles stack as rows do: a part's tiles hold whole rows of it.)
-        if parts
-            .iter()
-            .all(|p| p.bits == bits && p.group == group && p.order == first.order)
-        {
+        if parts.iter().all(|p| p.bits == bits && p.group == group) {
             let codes: Vec<&Tensor> = parts.iter().map(|p| &p.codes).collect();
             let pairs: Vec<&Tensor> = parts.iter().map(|p| &p.scale_offset).collect();
             return Ok(Some(AffineLinear {
                 codes: Tensor::cat(&codes, 0)?,
                 bits,
-                order: first.order,
                 scale_offset: Tensor::cat(&pairs, 0)?,
                 group,
                 bias,
@@ -223,15 +186,6 @@ impl AffineLinear {
         })?;
         Ok(Some(joined.with_bias(bias)))
     }
-}
-
-/// Whether 4-bit codes of a `[out, inp]` weight in groups of `group` can be in tiles (the
-/// kernels' `AffineMatrix::tiles_fit`).
-fn tiles_fit((out, inp): (usize, usize), group: usize) -> bool {
-    out.is_multiple_of(16)
-        && inp.is_multiple_of(64)
-        && inp > 0
-        && (group >= inp || (group >= 32 && group.is_power_of_two()))
 }
 
 #[cfg(test)]
@@ -281,27 +235,6 @@ mod tests {
         let same = AffineLinear::concat(&[&la, &la]).unwrap().unwrap();
         assert_eq!((same.dims(), same.bits, same.group), ((6, 64), 4, 32));
         assert_eq!(la.host().unwrap(), a);
-    }
-
-    #[test]
-    fn four_bit_codes_take_tiles_where_the_shape_does_and_rows_on_request() {
-        let cpu = Device::Cpu;
-        let a = codes(4, 32, 16, 3);
-        let tiled = AffineLinear::new(&a, &cpu).unwrap().unwrap();
-        assert_eq!(tiled.order, CodeOrder::Tiles);
-        assert_eq!(tiled.host().unwrap(), a);
-        let rows = tiled.in_rows().unwrap();
-        assert_eq!(rows.order, CodeOrder::Rows);
-        assert_eq!(rows.host().unwrap(), a);
-        // 3 rows cannot make a tile; bytes are always rows.
-        let few = AffineLinear::new(&codes(4, 32, 3, 3), &cpu)
-            .unwrap()
-            .unwrap();
-        assert_eq!(few.order, CodeOrder::Rows);
-        let bytes = AffineLinear::new(&codes(8, 16, 16, 3), &cpu)
-            .unwrap()
-            .unwrap();
-        assert_eq!(bytes.order, CodeOrder::Rows);
     }
 
     #[test]

@@ -149,14 +149,13 @@ impl Linear {
         }
     }
 
-    /// The layer with any 4-bit codes row by row ([`Int4Linear::with_order`],
-    /// [`AffineLinear::in_rows`]), as the qkv GEMV with rotary reads them.
+    /// The layer with any 4-bit codes row by row ([`Int4Linear::with_order`]), as the qkv GEMV
+    /// with rotary reads them.
     pub fn in_rows(self) -> candle_core::Result<Linear> {
         match self {
             Linear::Int4(l) => Ok(Linear::Int4(
                 l.with_order(super::int4_pack::CodeOrder::Rows)?,
             )),
-            Linear::Affine(l) => Ok(Linear::Affine(l.in_rows()?)),
             other => Ok(other),
         }
     }
