@@ -86,7 +86,8 @@ pub struct EngineFlags {
     #[arg(long, env = "PAGEWISE_CPU_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
     pub cpu_threads: Option<u16>,
     /// GGUF matmuls: auto (quantized; on the CPU, types without a CPU kernel dequantized up to
-    /// 4 GiB of floats), quantized, or dequantized.
+    /// 4 GiB of floats), quantized (on a GPU: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K
+    /// stay codes, other types are dequantized at load), or dequantized.
     #[arg(long, env = "PAGEWISE_GGUF_MATMUL", value_enum, default_value_t = GgufMatmul::Auto)]
     pub gguf_matmul: GgufMatmul,
     /// Quantize a 16-bit checkpoint's weights at load, as vLLM's `--quantization fp8`: every

@@ -68,8 +68,11 @@ pub enum GgufMatmul {
     /// are dequantized there when the model's float weights would take at most 4 GiB.
     #[default]
     Auto,
-    /// Quantized matmuls, activations quantized to 8 bits on the fly (f32 for F16 / BF16
-    /// weights): our kernels on the CPU (candle's for the types they lack), candle's on a GPU.
+    /// Quantized matmuls: on the CPU our kernels, activations quantized to 8 bits on the fly
+    /// (f32 for F16 / BF16 weights; candle's kernels for the types ours lack); on a GPU with
+    /// f16 or bf16 activations our GEMVs over the codes of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
+    /// Q5_K and Q6_K (other types dequantized at load; experts, and f32 activations, on candle's
+    /// quantized matmuls).
     Quantized,
     /// Weights dequantized at load; float matmuls.
     Dequantized,
