@@ -63,6 +63,42 @@ inline Affine8Weight affine8_weight(const void* w, const void* sb, int group, in
                        g.x, g.y};
 }
 
+// The 32 codes of one 16-byte load of 4-bit codes (Int4Weight's word order: column 8j + 2i in
+// nibble i of word j, 8j + 2i + 1 in nibble 4 + i) as floats: each nibble pair made the exact
+// halves 1024 + q by a mask and an OR.
+__device__ __forceinline__ void affine4_unpack(uint4 raw, float (&wf)[32]) {
+  const __half2 k1024 = __float2half2_rn(1024.f);
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t bits = ((words[j] >> (4 * i)) & 0x000F000Fu) | 0x64006400u;
+      const float2 f = __half22float2(__hsub2(*reinterpret_cast<const __half2*>(&bits), k1024));
+      wf[8 * j + 2 * i] = f.x;
+      wf[8 * j + 2 * i + 1] = f.y;
+    }
+}
+
+// The 16 codes of one 16-byte load of byte codes as floats: each pair of bytes put under the
+// exponent of 1024 by one byte permute (exact halves 1024 + q).
+__device__ __forceinline__ void affine8_unpack(uint4 raw, float (&wf)[16]) {
+  const __half2 k1024 = __float2half2_rn(1024.f);
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    // Bytes (0, 1) and (2, 3) of the word as the low bytes of two half pairs.
+    const uint32_t lo = __byte_perm(words[j], 0x64646464u, 0x4140);
+    const uint32_t hi = __byte_perm(words[j], 0x64646464u, 0x4342);
+    const float2 a = __half22float2(__hsub2(*reinterpret_cast<const __half2*>(&lo), k1024));
+    const float2 b = __half22float2(__hsub2(*reinterpret_cast<const __half2*>(&hi), k1024));
+    wf[4 * j] = a.x;
+    wf[4 * j + 1] = a.y;
+    wf[4 * j + 2] = b.x;
+    wf[4 * j + 3] = b.y;
+  }
+}
+
 // Adds s * sum(q x) + b * sum(x) of one load's codes wf[0..n) (as floats) against the staged
 // rows' columns k.. to acc.
 template <typename T, int R, int kCols>
@@ -94,7 +130,6 @@ __device__ __forceinline__ void dot_weight(float (&acc)[N][R], const Affine4Weig
                                            const int (&o)[N], const T* xs, int k_dim, int lane,
                                            int part) {
   const int first = (part * 32 + lane) * 32;
-  const __half2 k1024 = __float2half2_rn(1024.f);
 #pragma unroll
   for (int n = 0; n < N; ++n) {
 #pragma unroll
@@ -105,18 +140,8 @@ __device__ __forceinline__ void dot_weight(float (&acc)[N][R], const Affine4Weig
     for (int k = first; k < k_dim; k += S * 32 * 32) {
       const uint4 raw = __ldg(reinterpret_cast<const uint4*>(row + k / 8));
       const __half2 pair = __ldg(sb + (wt.g_shift < 0 ? 0 : k >> wt.g_shift));
-      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
       float wf[32];
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          // Column 8j + 2i in nibble i, 8j + 2i + 1 in nibble 4 + i.
-          const uint32_t bits = ((words[j] >> (4 * i)) & 0x000F000Fu) | 0x64006400u;
-          const float2 f = __half22float2(__hsub2(*reinterpret_cast<const __half2*>(&bits), k1024));
-          wf[8 * j + 2 * i] = f.x;
-          wf[8 * j + 2 * i + 1] = f.y;
-        }
+      affine4_unpack(raw, wf);
       affine_load<T, R, 32>(acc[n], wf, xs, k_dim, k, pair);
     }
   }
@@ -135,7 +160,6 @@ __device__ __forceinline__ void dot_weight(float (&acc)[N][R], const Affine8Weig
                                            const int (&o)[N], const T* xs, int k_dim, int lane,
                                            int part) {
   const int first = (part * 32 + lane) * 16;
-  const __half2 k1024 = __float2half2_rn(1024.f);
 #pragma unroll
   for (int n = 0; n < N; ++n) {
 #pragma unroll
@@ -146,20 +170,8 @@ __device__ __forceinline__ void dot_weight(float (&acc)[N][R], const Affine8Weig
     for (int k = first; k < k_dim; k += S * 32 * 16) {
       const uint4 raw = __ldg(reinterpret_cast<const uint4*>(row + k));
       const __half2 pair = __ldg(sb + (wt.g_shift < 0 ? 0 : k >> wt.g_shift));
-      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
       float wf[16];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        // Bytes (0, 1) and (2, 3) of the word as the low bytes of two half pairs.
-        const uint32_t lo = __byte_perm(words[j], 0x64646464u, 0x4140);
-        const uint32_t hi = __byte_perm(words[j], 0x64646464u, 0x4342);
-        const float2 a = __half22float2(__hsub2(*reinterpret_cast<const __half2*>(&lo), k1024));
-        const float2 b = __half22float2(__hsub2(*reinterpret_cast<const __half2*>(&hi), k1024));
-        wf[4 * j] = a.x;
-        wf[4 * j + 1] = a.y;
-        wf[4 * j + 2] = b.x;
-        wf[4 * j + 3] = b.y;
-      }
+      affine8_unpack(raw, wf);
       affine_load<T, R, 16>(acc[n], wf, xs, k_dim, k, pair);
     }
   }

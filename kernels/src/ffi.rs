@@ -335,6 +335,46 @@ unsafe extern "C" {
         stream: *mut c_void,
     ) -> c_int;
 
+    pub fn pagewise_moe_affine_gate_up(
+        dtype: c_int,
+        a: *mut c_void,
+        x: *const c_void,
+        norm_w: *const c_void,
+        eps: f32,
+        codes: *const c_void,
+        pairs: *const c_void,
+        group: c_int,
+        bits: c_int,
+        bias: *const c_void,
+        ids: *const u32,
+        tokens: c_int,
+        top_k: c_int,
+        inner: c_int,
+        k_dim: c_int,
+        alpha: f32,
+        limit: f32,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn pagewise_moe_affine_down(
+        dtype: c_int,
+        y: *mut c_void,
+        a: *const c_void,
+        codes: *const c_void,
+        pairs: *const c_void,
+        group: c_int,
+        bits: c_int,
+        bias: *const c_void,
+        residual: *const c_void,
+        ids: *const u32,
+        weights: *const f32,
+        tokens: c_int,
+        top_k: c_int,
+        out_dim: c_int,
+        k_dim: c_int,
+        stream: *mut c_void,
+    ) -> c_int;
+
     pub fn pagewise_moe_gate_up(
         dtype: c_int,
         a: *mut c_void,

@@ -23,6 +23,7 @@ mod gemv_weight;
 mod grouped;
 mod int4;
 mod moe;
+mod moe_affine;
 mod moe_mma;
 mod moe_routing;
 mod moe_slices;
@@ -52,8 +53,9 @@ pub use grouped::GroupedGemm;
 pub use int4::{Int4Layout, Int4Matrix, int4_dequantize};
 pub use moe::{
     ExpertExtras, ExpertPlan, ExpertWeights, MOE_MAX_TOP_K, moe_experts, moe_experts_by,
-    moe_experts_with, moe_fits,
+    moe_experts_with, moe_fits, moe_stacks_fit,
 };
+pub use moe_affine::AffineStack;
 pub use moe_mma::moe_experts_fp4_mma;
 pub use moe_routing::{MoeRoutes, moe_max_experts, moe_route, moe_route_experts, moe_router};
 pub use moe_slices::moe_slice_columns;

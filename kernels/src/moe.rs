@@ -10,6 +10,7 @@ use std::ffi::c_void;
 
 use candle_core::{DType, Result, Tensor, bail};
 
+use crate::moe_affine::AffineStack;
 use crate::moe_routing::MoeRoutes;
 use crate::moe_slices::{moe_slice_columns, moe_slices};
 use crate::mxfp4::Mxfp4Stack;
@@ -27,6 +28,35 @@ pub fn moe_fits(top_k: usize, inter: usize, dtype: DType) -> bool {
     (1..=MOE_MAX_TOP_K).contains(&top_k)
         && inter.is_multiple_of(8)
         && top_k * inter * dtype.size_in_bytes() <= most
+}
+
+/// Whether the expert kernels take `gate_up` and `down` (as [`moe_experts_with`] reads them)
+/// for `top_k` experts a token with activations of `dtype`: [`moe_fits`], and for stacks of codes
+/// their staged inputs (twice the input, piece-major, and each run's sum) within the staging
+/// space too.
+pub fn moe_stacks_fit(
+    gate_up: ExpertWeights<'_>,
+    down: ExpertWeights<'_>,
+    top_k: usize,
+    dtype: DType,
+) -> bool {
+    let (Ok((_, _, hidden)), Ok((_, _, inter))) = (gate_up.dims3(), down.dims3()) else {
+        return false;
+    };
+    // SAFETY: a pure function of no arguments.
+    let most = unsafe { ffi::pagewise_moe_max_stage_bytes() } as usize;
+    let e = dtype.size_in_bytes();
+    let gate_up_fits = match gate_up {
+        ExpertWeights::Affine(s) => 2 * hidden * e + hidden / s.bits().lane_columns() * 4 <= most,
+        _ => true,
+    };
+    let down_fits = match down {
+        ExpertWeights::Affine(s) => {
+            top_k * inter * e + top_k * inter / s.bits().lane_columns() * 4 <= most
+        }
+        _ => true,
+    };
+    moe_fits(top_k, inter, dtype) && gate_up_fits && down_fits
 }
 
 /// What experts compute beyond [`moe_experts`]'s SwiGLU without biases (gpt-oss's experts).
@@ -79,13 +109,15 @@ pub enum ExpertPlan {
 }
 
 /// A stack of experts' weights as the expert kernels read it: dense in the activations' dtype,
-/// or MXFP4.
+/// MXFP4, or integer codes with an affine map per group.
 #[derive(Clone, Copy, Debug)]
 pub enum ExpertWeights<'a> {
     /// `[experts, rows, cols]`, f16 or bf16.
     Dense(&'a Tensor),
     /// `[experts, rows, cols]` in MXFP4 (cols a multiple of 32).
     Mxfp4(&'a Mxfp4Stack),
+    /// `[experts, rows, cols]` as 4-bit or byte codes with `(scale, offset)` pairs.
+    Affine(&'a AffineStack),
 }
 
 impl<'a> From<&'a Tensor> for ExpertWeights<'a> {
@@ -100,11 +132,18 @@ impl<'a> From<&'a Mxfp4Stack> for ExpertWeights<'a> {
     }
 }
 
+impl<'a> From<&'a AffineStack> for ExpertWeights<'a> {
+    fn from(s: &'a AffineStack) -> Self {
+        ExpertWeights::Affine(s)
+    }
+}
+
 impl ExpertWeights<'_> {
     fn dims3(&self) -> Result<(usize, usize, usize)> {
         match self {
             ExpertWeights::Dense(t) => t.dims3(),
             ExpertWeights::Mxfp4(s) => Ok(s.dims3()),
+            ExpertWeights::Affine(s) => Ok(s.dims3()),
         }
     }
 
@@ -121,6 +160,7 @@ impl ExpertWeights<'_> {
                 let (cp, sp, _) = s.ptrs()?;
                 Ok((cp, sp))
             }
+            ExpertWeights::Affine(s) => s.ptrs(),
         }
     }
 }
@@ -129,7 +169,9 @@ impl ExpertWeights<'_> {
 /// weighting), the clamped SwiGLU in place of SiLU-and-mul, an input RMSNorm and a residual.
 /// Either stack may be MXFP4 ([`Mxfp4Stack`]): the kernels read its codes as they are, and sum
 /// the same products in the same order as the row kernels over the dequantized stack
-/// ([`ExpertPlan::Rows`]), so those results are the same bit for bit.
+/// ([`ExpertPlan::Rows`]), so those results are the same bit for bit. Either may be integer codes
+/// ([`AffineStack`]): the kernels read them as they are, each load as `s * sum(q x) + b *
+/// sum(x)`, so within f32 rounding of the dequantized stack's results (not bit for bit).
 pub fn moe_experts_with<'a>(
     x: &Tensor,
     gate_up: impl Into<ExpertWeights<'a>>,
@@ -166,11 +208,11 @@ pub fn moe_experts_by<'a>(
     };
     if cols > 0 {
         let Some((g, d)) = dense else {
-            bail!("moe_experts: slices take dense experts, not MXFP4");
+            bail!("moe_experts: slices take dense experts only");
         };
         return moe_slices(x, g, d, routes, &c, cols, None);
     }
-    if !moe_fits(top_k, inter, x.dtype()) {
+    if !moe_stacks_fit(gate_up, down, top_k, x.dtype()) {
         bail!("moe_experts: {top_k} x {inter} must fit the staging space");
     }
     let mid = empty((tokens * top_k, inter), x.dtype(), x.device())?;
@@ -186,49 +228,100 @@ pub fn moe_experts_by<'a>(
     if [xp, gp, dp, mp, c.norm].iter().any(|p| p % 16 != 0) {
         bail!("moe_experts: x and the weights must start on 16-byte boundaries");
     }
-    // SAFETY: contiguous tensors of the checked shapes and dtype on the stream's device (an MXFP4
-    // stack: codes and scales of its checked dims, columns in whole runs of 32); every id is
-    // below `experts` (MoeRoutes comes only from moe_route over `experts` logits), so each
-    // expert's rows lie inside gate_up and down.
-    let code = unsafe {
-        ffi::pagewise_moe_gate_up(
-            c.dtype,
-            mp as *mut c_void,
-            xp as *const c_void,
-            c.norm as *const c_void,
-            c.eps,
-            gp as *const c_void,
-            gsp as *const u8,
-            c.gate_up_bias as *const c_void,
-            ip as *const u32,
-            tokens as i32,
-            top_k as i32,
-            inter as i32,
-            hidden as i32,
-            c.alpha,
-            c.limit,
-            stream,
-        )
+    // Both launches: contiguous tensors of the checked shapes and dtype on the stream's device
+    // (an MXFP4 stack: codes and scales of its checked dims, columns in whole runs of 32; a stack
+    // of codes: codes and pairs of its checked dims, columns in whole runs, groups the kernels
+    // take); every id is below `experts` (MoeRoutes comes only from moe_route over `experts`
+    // logits), so each expert's rows lie inside gate_up and down.
+    let code = match gate_up {
+        // SAFETY: as said above.
+        ExpertWeights::Affine(s) => unsafe {
+            ffi::pagewise_moe_affine_gate_up(
+                c.dtype,
+                mp as *mut c_void,
+                xp as *const c_void,
+                c.norm as *const c_void,
+                c.eps,
+                gp as *const c_void,
+                gsp as *const c_void,
+                s.group() as i32,
+                s.bits().bits() as i32,
+                c.gate_up_bias as *const c_void,
+                ip as *const u32,
+                tokens as i32,
+                top_k as i32,
+                inter as i32,
+                hidden as i32,
+                c.alpha,
+                c.limit,
+                stream,
+            )
+        },
+        // SAFETY: as said above.
+        _ => unsafe {
+            ffi::pagewise_moe_gate_up(
+                c.dtype,
+                mp as *mut c_void,
+                xp as *const c_void,
+                c.norm as *const c_void,
+                c.eps,
+                gp as *const c_void,
+                gsp as *const u8,
+                c.gate_up_bias as *const c_void,
+                ip as *const u32,
+                tokens as i32,
+                top_k as i32,
+                inter as i32,
+                hidden as i32,
+                c.alpha,
+                c.limit,
+                stream,
+            )
+        },
     };
     check_launch(code, "moe_experts (gate/up)")?;
-    // SAFETY: as above; `mid` holds tokens x top_k rows of inter activations.
-    let code = unsafe {
-        ffi::pagewise_moe_down(
-            c.dtype,
-            yp as *mut c_void,
-            mp as *const c_void,
-            dp as *const c_void,
-            dsp as *const u8,
-            c.down_bias as *const c_void,
-            c.residual as *const c_void,
-            ip as *const u32,
-            wp as *const f32,
-            tokens as i32,
-            top_k as i32,
-            hidden as i32,
-            inter as i32,
-            stream,
-        )
+    // Both launches: as above; `mid` holds tokens x top_k rows of inter activations.
+    let code = match down {
+        // SAFETY: as said above.
+        ExpertWeights::Affine(s) => unsafe {
+            ffi::pagewise_moe_affine_down(
+                c.dtype,
+                yp as *mut c_void,
+                mp as *const c_void,
+                dp as *const c_void,
+                dsp as *const c_void,
+                s.group() as i32,
+                s.bits().bits() as i32,
+                c.down_bias as *const c_void,
+                c.residual as *const c_void,
+                ip as *const u32,
+                wp as *const f32,
+                tokens as i32,
+                top_k as i32,
+                hidden as i32,
+                inter as i32,
+                stream,
+            )
+        },
+        // SAFETY: as said above.
+        _ => unsafe {
+            ffi::pagewise_moe_down(
+                c.dtype,
+                yp as *mut c_void,
+                mp as *const c_void,
+                dp as *const c_void,
+                dsp as *const u8,
+                c.down_bias as *const c_void,
+                c.residual as *const c_void,
+                ip as *const u32,
+                wp as *const f32,
+                tokens as i32,
+                top_k as i32,
+                hidden as i32,
+                inter as i32,
+                stream,
+            )
+        },
     };
     check_launch(code, "moe_experts (down)")?;
     Ok(y)

@@ -2,6 +2,8 @@
 //! the host (run on the GPU machine: scripts/gpu/run.sh); the slices against the row grids and
 //! the benchmark of every plan in the two modules below.
 
+#[path = "moe/affine.rs"]
+mod affine;
 #[path = "moe/bandwidth.rs"]
 mod bandwidth;
 mod common;

@@ -4,6 +4,8 @@
 #   bash .gpu/scripts/gpu/arch_speed.sh [shape ...]   (default: all four)
 #   CONTEXTS="1024 8192 32768" bash .gpu/scripts/gpu/arch_speed.sh gemma-3-12b   (decode against context)
 #   BATCHES="16 32" bash .gpu/scripts/gpu/arch_speed.sh gpt-oss-20b   (decode against batch size)
+#   QUANTS="bf16 awq" bash .gpu/scripts/gpu/arch_speed.sh qwen3-30b-a3b   (bf16, then the shape with an AWQ
+#     checkpoint's config: 4-bit codes in groups of 128 with zero points, experts included)
 # Shapes: qwen3-8b, mistral-7b, phi-4, gemma-3-12b (the text model); the mixtures of experts
 # mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b and gpt-oss-120b (MXFP4 experts, as gpt-oss ships them; not in
 # the default list). Prints each `bench latency` summary and the weight bytes, so effective bandwidth =
@@ -86,8 +88,15 @@ for name, c in shapes.items():
         read -= (2 - 17 / 32) * c["num_hidden_layers"] * c["num_experts_per_tok"] * 3 * c["hidden_size"] * c["intermediate_size"]
     print(f"{name}: {params(c) / 1e9:.2f} B parameters, {read / 1e9:.2f} GB read a step")
 PY
-for m in ${@:-qwen3-8b mistral-7b phi-4 gemma-3-12b}; do
-  cp "$here/tests/fixtures/llama-gqa-tied/tokenizer.json" "$cfg/$m/"
+for shape in ${@:-qwen3-8b mistral-7b phi-4 gemma-3-12b}; do
+ cp "$here/tests/fixtures/llama-gqa-tied/tokenizer.json" "$cfg/$shape/"
+ for q in ${QUANTS:-bf16}; do
+  m=$shape
+  if [ "$q" = awq ]; then
+    m=$shape-awq
+    rm -rf "${cfg:?}/$m" && cp -r "$cfg/$shape" "$cfg/$m"
+    python3 -c 'import json,sys; p=sys.argv[1]+"/config.json"; c=json.load(open(p)); c["quantization_config"]={"quant_method":"awq","bits":4,"group_size":128,"version":"gemm","zero_point":True,"modules_to_not_convert":["gate"]}; json.dump(c,open(p,"w"))' "$cfg/$m"
+  fi
   if [ -n "${BATCHES:-}" ]; then
     # Decode speed against batch size: BATCHES="16 32", 128 in / 128 out each.
     for b in $BATCHES; do
@@ -109,4 +118,5 @@ for m in ${@:-qwen3-8b mistral-7b phi-4 gemma-3-12b}; do
   echo "== $m: batch-1 decode, 128 in / 512 out"
   timeout 240 "$bin" bench latency --model "$cfg/$m" --load-format dummy --batch-size 1 --input-len 128 \
     --output-len 512 --num-iters-warmup 1 --num-iters 3 --max-model-len 1024 2>&1 | grep -E "tok/s|per step|rror" | tail -3
+ done
 done

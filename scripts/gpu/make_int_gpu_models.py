@@ -9,7 +9,9 @@ tests/fixtures/make_int_models.py's packers (groups of 32):
 - qwen3-d128-gptq-act-order: the same with desc_act (features out of their groups' order:
   dequantized at load);
 - tiny-d64-w4a16: compressed-tensors pack-quantized, asymmetric (when compressed-tensors is
-  installed).
+  installed);
+- qwen3moe-d128-awq, qwen3moe-d128-gptq8: the mixture of experts as AutoAWQ GEMM and as GPTQ
+  8-bit per channel (its experts kept as codes for the expert kernels, router kept dense).
 The test compares the GPU against pagewise's own CPU run of the same directory (which
 tests/int_checkpoints.rs checks against transformers on the CPU fixtures).
 """
@@ -35,6 +37,8 @@ VARIANTS = [
     ("qwen3-d128-gptq", "qwen3-d128", "gptq4", False),
     ("qwen3-d128-gptq-act-order", "qwen3-d128", "gptq4", True),
     ("tiny-d64-w4a16", "tiny-d64", "w4a16", False),
+    ("qwen3moe-d128-awq", "qwen3moe-d128", "awq", False),
+    ("qwen3moe-d128-gptq8", "qwen3moe-d128", "gptq8", False),
 ]
 
 
@@ -47,6 +51,8 @@ def variant(root, name, base, kind, act_order, gen):
             packed, _ = awq_layer(w)
         elif kind == "gptq4":
             packed, _ = gptq_layer(w, 4, GROUP, symmetric=False, act_order=act_order, gen=gen)
+        elif kind == "gptq8":
+            packed, _ = gptq_layer(w, 8, None, symmetric=True, act_order=False, gen=gen)
         else:
             packed, _ = w4a16_layer(w)
         stem = n[: -len(".weight")]
@@ -66,7 +72,8 @@ def variant(root, name, base, kind, act_order, gen):
 
 
 def main(root):
-    makers = {"tiny-d64": make_gpu_models.tiny, "qwen3-d128": make_gpu_models.qwen3}
+    makers = {"tiny-d64": make_gpu_models.tiny, "qwen3-d128": make_gpu_models.qwen3,
+              "qwen3moe-d128": make_gpu_models.qwen3moe}
     for base, make in makers.items():
         if not os.path.isfile(os.path.join(root, base, "model.safetensors")):
             make(os.path.join(root, base))

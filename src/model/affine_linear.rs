@@ -1,6 +1,7 @@
 //! Linear layers of a GGUF file on a GPU, kept as integer codes with one f16 `(scale, offset)`
 //! pair per row and group ([`super::gguf_affine`] repacks the blocks at load): 4-bit codes for
-//! Q4_0, Q4_1 and Q4_K, bytes for Q5_0, Q5_1, Q5_K, Q6_K and Q8_0. Steps of up to
+//! Q4_0, Q4_1 and Q4_K, bytes for Q5_0, Q5_1, Q5_K, Q6_K and Q8_0. Integer checkpoints' experts
+//! (AWQ, GPTQ) take the same form, stacked for the expert kernels (`moe_affine.rs`). Steps of up to
 //! `pagewise_kernels::AFFINE_GEMV_MAX_ROWS` rows (the fused decode steps') stream the codes
 //! through the decode GEMVs; larger steps multiply a dequantized copy on cuBLAS, as 4-bit
 //! checkpoints do ([`super::int4_linear`]).
@@ -9,6 +10,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::fp8_linear::forward_rows;
 use super::gguf_affine::AffineCodes;
+use super::int_unpack::Unpacked;
 use super::int4_pack::{CodeOrder, pack_int4, unpack_int4};
 
 /// An `[out, in]` weight of codes on a GPU (see `pagewise_kernels::AffineMatrix`), and an
@@ -53,6 +55,93 @@ impl AffineLinear {
             group: a.group,
             bias: None,
         }))
+    }
+
+    /// An integer checkpoint's weight `u` (AWQ, GPTQ or compressed-tensors codes of `bits`, 4 or 8,
+    /// `w = s * (q - z)`) as codes with the pairs `(s, -s * z)` on `device`, or `None` when the
+    /// expert kernels cannot take it: features out of their groups' order (`desc_act`), input
+    /// features not whole runs of a load (32 4-bit codes, 16 bytes), groups neither whole rows
+    /// nor a power of two of at least a run, or a pair f16 cannot hold. (Experts: the dense
+    /// layers keep AWQ's own layout, [`super::int4_linear`].)
+    pub fn from_unpacked(
+        u: &Unpacked,
+        bits: usize,
+        device: &Device,
+    ) -> candle_core::Result<Option<Self>> {
+        if !(bits == 4 || bits == 8) || u.codes.iter().any(|&q| usize::from(q) >> bits != 0) {
+            return Ok(None);
+        }
+        let group = u.inp / u.groups.max(1);
+        let run = if bits == 4 { 32 } else { 16 };
+        let fits = u.group_of.is_none()
+            && u.inp.is_multiple_of(run)
+            && (u.groups == 1 || (group >= run && group.is_power_of_two()));
+        if !fits {
+            return Ok(None);
+        }
+        let pairs = u
+            .scales
+            .iter()
+            .zip(&u.zeros)
+            .flat_map(|(&s, &z)| [s, -s * z as f32])
+            .collect();
+        let a = AffineCodes {
+            out: u.out,
+            inp: u.inp,
+            bits,
+            group,
+            codes: u.codes.clone(),
+            pairs,
+        };
+        AffineLinear::new(&a, device)
+    }
+
+    /// Seeded random 4-bit codes of `[out, in]` in groups of `group` on `device`
+    /// (`--load-format dummy` with a 4-bit checkpoint's config, for experts): uniform codes about
+    /// an offset of -8 scales, their spread the dummy dense weights' (0.02).
+    pub fn dummy(
+        (out, inp): (usize, usize),
+        group: usize,
+        device: &Device,
+    ) -> candle_core::Result<Self> {
+        let group = group.min(inp);
+        let groups = inp.div_ceil(group);
+        // Random bytes: two uniform codes each.
+        let codes = (Tensor::rand(0f32, 256f32, (out, inp / 2), device)?.floor()?)
+            .clamp(0f32, 255f32)?
+            .to_dtype(DType::U8)?;
+        // Uniform codes 0..15 have a standard deviation of 4.6.
+        let s = 0.02f32 / 4.6;
+        let scale_offset = Tensor::new(&[s, -8.0 * s], device)?
+            .reshape((1, 1, 2))?
+            .broadcast_as((out, groups, 2))?
+            .contiguous()?
+            .to_dtype(DType::F16)?;
+        Ok(AffineLinear {
+            codes,
+            bits: 4,
+            scale_offset,
+            group,
+            bias: None,
+        })
+    }
+
+    /// The layer of `codes`, `pairs`, `bits` and `group` as [`AffineLinear::parts`] gives them
+    /// (views of a stack of experts), without a bias.
+    pub fn from_parts(codes: Tensor, scale_offset: Tensor, bits: usize, group: usize) -> Self {
+        AffineLinear {
+            codes,
+            bits,
+            scale_offset,
+            group,
+            bias: None,
+        }
+    }
+
+    /// The codes (u8 `[out, in * bits / 8]`), the pairs (f16 `[out, groups, 2]`), bits a code and
+    /// columns a group.
+    pub fn parts(&self) -> (&Tensor, &Tensor, usize, usize) {
+        (&self.codes, &self.scale_offset, self.bits, self.group)
     }
 
     /// `[out, in]`.
@@ -235,6 +324,63 @@ mod tests {
         let same = AffineLinear::concat(&[&la, &la]).unwrap().unwrap();
         assert_eq!((same.dims(), same.bits, same.group), ((6, 64), 4, 32));
         assert_eq!(la.host().unwrap(), a);
+    }
+
+    /// AWQ/GPTQ codes become `s * q + b` with `b = -s * z`: each value `s * (q - z)` within the
+    /// f16 rounding of the pair; what the expert kernels cannot take is refused.
+    #[test]
+    fn integer_checkpoint_codes_keep_their_values() {
+        let (out, inp, groups) = (3, 64, 2);
+        let u = Unpacked {
+            out,
+            inp,
+            codes: (0..out * inp).map(|i| (i * 7 % 16) as u8).collect(),
+            zeros: (0..out * groups).map(|g| (g % 9) as i32).collect(),
+            scales: (0..out * groups).map(|g| 0.01 + g as f32 * 1e-3).collect(),
+            groups,
+            group_of: None,
+        };
+        let l = AffineLinear::from_unpacked(&u, 4, &Device::Cpu)
+            .unwrap()
+            .unwrap();
+        assert_eq!((l.dims(), l.bits, l.group), ((out, inp), 4, 32));
+        let h = l.host().unwrap();
+        for i in 0..out * inp {
+            let g = (i / inp) * groups + (i % inp) / 32;
+            let want = u.scales[g] * (f32::from(u.codes[i]) - u.zeros[g] as f32);
+            assert!((h.value(i) - want).abs() <= 2e-3 * want.abs().max(0.05), "{i}");
+        }
+        // 8-bit codes per channel take bytes.
+        let eight = Unpacked {
+            codes: (0..out * inp).map(|i| (i * 37 % 256) as u8).collect(),
+            zeros: vec![128; out],
+            scales: vec![0.002; out],
+            groups: 1,
+            ..u.clone()
+        };
+        let l8 = AffineLinear::from_unpacked(&eight, 8, &Device::Cpu)
+            .unwrap()
+            .unwrap();
+        assert_eq!((l8.bits, l8.group), (8, inp));
+        // Features out of order, groups of 16 4-bit codes, and codes past the bits are refused.
+        let refused = |u: &Unpacked, bits| {
+            AffineLinear::from_unpacked(u, bits, &Device::Cpu)
+                .unwrap()
+                .is_none()
+        };
+        let shuffled = Unpacked {
+            group_of: Some((0..inp).map(|i| i % groups).collect()),
+            ..u.clone()
+        };
+        assert!(refused(&shuffled, 4));
+        let small = Unpacked {
+            zeros: vec![0; out * 4],
+            scales: vec![0.01; out * 4],
+            groups: 4,
+            ..u.clone()
+        };
+        assert!(refused(&small, 4));
+        assert!(refused(&eight, 4));
     }
 
     #[test]

@@ -122,9 +122,9 @@ pub fn gguf_name(hf: &str) -> Option<String> {
 /// of f32), unless `dequantize` is `All`; F32, and every float type on a GPU, become dense weights
 /// in the model's `float` dtype, as safetensors weights do (so they take the same kernels). On a
 /// GPU with f16 or bf16 activations, the types [`gguf_affine::repacks`] are our kernels' codes
-/// ([`AffineLinear`]) unless `dequantize` is `All` or the layer is an expert's (`expert`: the
-/// expert kernels read 16-bit weights), and the other quantized types are float weights (the log
-/// says so, once a type). Elsewhere other quantized types are float weights or candle's quantized
+/// ([`AffineLinear`], experts' too: `expert`) unless `dequantize` is `All`, and the other
+/// quantized types are float weights (the log says so, once a type), except an expert's, which
+/// keeps candle's quantized matmul. Elsewhere other quantized types are float weights or candle's quantized
 /// matmul, as `dequantize` says. IQ4 types, which candle does not read, are float weights
 /// wherever our kernels do not take them (on a GPU: dequantized at load).
 pub(super) fn gguf_linear(
@@ -145,14 +145,16 @@ pub(super) fn gguf_linear(
     let codes_here = device.is_cuda()
         && matches!(float, DType::BF16 | DType::F16)
         && dequantize != Dequantize::All
-        && !expert
         && !dense;
-    if codes_here {
-        if let Some(a) = gguf_affine::affine_codes(dtype, bytes, (rows, cols))
-            && let Some(l) = AffineLinear::new(&a, device)?
-        {
-            return Ok(Linear::Affine(l.with_bias(bias)));
-        }
+    if codes_here
+        && let Some(a) = gguf_affine::affine_codes(dtype, bytes, (rows, cols))
+        && let Some(l) = AffineLinear::new(&a, device)?
+    {
+        return Ok(Linear::Affine(l.with_bias(bias)));
+    }
+    // (An expert of another type keeps candle's quantized matmul: dequantized, a large mixture's
+    // experts might not fit the GPU.)
+    if codes_here && !expert {
         log_dequantized(dtype);
         let q = QTensor::new(
             QStorage::from_data(Cow::Borrowed(bytes), device, dtype)?,

@@ -10,6 +10,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::ModelError;
+use super::affine_linear::AffineLinear;
 use super::fp8_linear::forward_rows;
 use super::int_unpack::Unpacked;
 use super::int_weights::{IntCheckpoint, Stored};
@@ -253,6 +254,47 @@ impl Weights {
                 && shape.1.is_multiple_of(32) =>
             {
                 Ok(Some(Int4Linear::dummy(shape, *group, vb.device())?))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The integer checkpoint weight `name` (`[out, in]`) of an expert kept as codes for the
+    /// expert kernels when a GPU takes it ([`AffineLinear::from_unpacked`]): 4- or 8-bit codes,
+    /// f16 or bf16 activations, the whole tensor (one rank). Under `--load-format dummy` with a
+    /// 4-bit checkpoint's config, random codes ([`AffineLinear::dummy`]).
+    pub(super) fn kept_affine_expert(
+        &self,
+        name: &str,
+        shape: (usize, usize),
+        part: &Part,
+    ) -> Result<Option<AffineLinear>, ModelError> {
+        let kept_here = |device: &Device, dtype: DType| {
+            device.is_cuda()
+                && matches!(dtype, DType::BF16 | DType::F16)
+                && *part == Part::Whole
+                && name.contains(".experts.")
+        };
+        match self {
+            Weights::Safetensors {
+                files,
+                dtype,
+                device,
+                quantization: Some(CheckpointQuant::Int(q)),
+                ..
+            } if kept_here(device, *dtype) => {
+                if !files.has(&q.packed_name(name)) {
+                    return Ok(None);
+                }
+                let u = self.unpacked_int(name, q, shape)?;
+                Ok(AffineLinear::from_unpacked(&u, q.bits as usize, device)?)
+            }
+            Weights::Dense {
+                vb,
+                dummy_int4: Some(group),
+                ..
+            } if kept_here(vb.device(), vb.dtype()) && shape.1.is_multiple_of(32) => {
+                Ok(Some(AffineLinear::dummy(shape, *group, vb.device())?))
             }
             _ => Ok(None),
         }

@@ -31,8 +31,8 @@ pub enum Linear {
     Fp8(Fp8Linear),
     /// 4-bit integer weight on a GPU, streamed by our kernels (bias included).
     Int4(Int4Linear),
-    /// A GGUF weight on a GPU as codes with group scales and offsets, streamed by our kernels
-    /// (bias included).
+    /// A GGUF weight (or an integer checkpoint's expert) on a GPU as codes with group scales and
+    /// offsets, streamed by our kernels (bias included).
     Affine(AffineLinear),
     /// Quantized weight; candle's quantized matmul takes f32 input.
     Quantized {

@@ -33,6 +33,8 @@ pub mod llama;
 mod lm_head;
 pub mod moe;
 #[cfg(feature = "cuda")]
+mod moe_affine;
+#[cfg(feature = "cuda")]
 mod moe_device;
 mod moe_settings;
 pub(crate) mod mxfp4;

@@ -113,7 +113,12 @@ impl SparseMoe {
             return Ok(SparseMoe {
                 router,
                 #[cfg(feature = "cuda")]
-                stacked: super::moe_device::Stacked::take(&mut experts, s.top_k, s.activation)?,
+                stacked: super::moe_device::Stacked::take(
+                    &mut experts,
+                    s.top_k,
+                    w.dtype(),
+                    s.activation,
+                )?,
                 #[cfg(feature = "cuda")]
                 router_fold: None,
                 experts,
@@ -170,7 +175,8 @@ impl SparseMoe {
             .collect::<Result<Vec<_>, ModelError>>()?;
         let router = router(w, &format!("{prefix}.gate"), hidden, s.num_experts, false)?;
         #[cfg(feature = "cuda")]
-        let stacked = super::moe_device::Stacked::take(&mut experts, s.top_k, s.activation)?;
+        let stacked =
+            super::moe_device::Stacked::take(&mut experts, s.top_k, w.dtype(), s.activation)?;
         Ok(SparseMoe {
             router,
             experts,

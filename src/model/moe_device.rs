@@ -12,7 +12,7 @@
 use std::sync::{Arc, Mutex, Weak};
 
 use candle_core::{DType, Device, Tensor};
-use pagewise_kernels::{ExpertWeights, GroupedGemm, Mxfp4Stack, RouterLogits};
+use pagewise_kernels::{AffineStack, ExpertWeights, GroupedGemm, Mxfp4Stack, RouterLogits};
 
 use super::gpt_oss::Mxfp4Experts;
 use super::layers::Linear;
@@ -21,10 +21,11 @@ use super::moe::{
     MoeSettings,
 };
 
-/// One projection's stacked experts: dense, or MXFP4.
+/// One projection's stacked experts: dense, MXFP4, or integer codes.
 enum Stack {
     Dense(Tensor),
     Mxfp4(Mxfp4Stack),
+    Affine(AffineStack),
 }
 
 impl Stack {
@@ -32,6 +33,16 @@ impl Stack {
         match self {
             Stack::Dense(t) => ExpertWeights::Dense(t),
             Stack::Mxfp4(s) => ExpertWeights::Mxfp4(s),
+            Stack::Affine(s) => ExpertWeights::Affine(s),
+        }
+    }
+
+    /// `(experts, rows, cols)`.
+    fn dims3(&self) -> candle_core::Result<(usize, usize, usize)> {
+        match self {
+            Stack::Dense(t) => t.dims3(),
+            Stack::Mxfp4(s) => Ok(s.dims3()),
+            Stack::Affine(s) => Ok(s.dims3()),
         }
     }
 }
@@ -42,8 +53,9 @@ pub struct Stacked {
     experts: usize,
     gate_up: Stack,
     down: Stack,
-    /// For MXFP4 stacks: the dense stack (of the model dtype, as large as the larger projection)
-    /// a grouped GEMM reads the step's experts from, shared by the layers on one stream.
+    /// For MXFP4 stacks and stacks of codes: the dense stack (of the model dtype, as large as the
+    /// larger projection) a grouped GEMM reads the step's experts from, shared by the layers on
+    /// one stream.
     scratch: Option<Arc<Tensor>>,
     gate_up_bias: Option<Tensor>,
     down_bias: Option<Tensor>,
@@ -123,39 +135,93 @@ impl Stacked {
     }
 
     /// The most tokens a step may have to take [`Stacked::forward`] rather than the grouped
-    /// GEMMs: [`DEVICE_TOKENS`] for dense experts, [`MXFP4_DEVICE_TOKENS`] for MXFP4 ones.
+    /// GEMMs: [`DEVICE_TOKENS`] for dense experts and codes, [`MXFP4_DEVICE_TOKENS`] for MXFP4
+    /// ones.
     pub fn device_tokens(&self) -> usize {
         match self.gate_up {
-            Stack::Dense(_) => DEVICE_TOKENS,
+            Stack::Dense(_) | Stack::Affine(_) => DEVICE_TOKENS,
             Stack::Mxfp4(_) => MXFP4_DEVICE_TOKENS,
         }
     }
 
-    /// The dense stack a grouped GEMM reads for `stack`: itself, or (MXFP4) the scratch with the
-    /// step's `used` experts dequantized into it.
+    /// The dense stack a grouped GEMM reads for `stack`: itself, or (MXFP4, codes) the scratch
+    /// with the step's `used` experts dequantized into it.
     fn gemm_weights(&self, stack: &Stack, used: &[u32]) -> candle_core::Result<Tensor> {
-        match (stack, &self.scratch) {
-            (Stack::Dense(t), _) => Ok(t.clone()),
-            (Stack::Mxfp4(s), Some(scratch)) => {
-                let (n, rows, cols) = s.dims3();
-                let view = scratch
-                    .narrow(0, 0, n * rows * cols)?
-                    .reshape((n, rows, cols))?;
-                s.dequantize_into(&view, used)?;
-                Ok(view)
-            }
-            (Stack::Mxfp4(_), None) => candle_core::bail!("MXFP4 experts without a scratch"),
+        if let Stack::Dense(t) = stack {
+            return Ok(t.clone());
         }
+        let Some(scratch) = &self.scratch else {
+            candle_core::bail!("experts of codes without a scratch");
+        };
+        let (n, rows, cols) = stack.dims3()?;
+        let view = scratch
+            .narrow(0, 0, n * rows * cols)?
+            .reshape((n, rows, cols))?;
+        match stack {
+            Stack::Mxfp4(s) => s.dequantize_into(&view, used)?,
+            Stack::Affine(s) => s.dequantize_into(&view, used)?,
+            Stack::Dense(_) => unreachable!("dense stacks returned above"),
+        }
+        Ok(view)
     }
 
-    /// Stacks the experts' weights when they are dense f16/bf16 on a GPU and fit the kernels (with
-    /// `top_k` experts a token), and makes each expert's layers views of the stacks (so the
-    /// weights are held once). Biases come along when every expert has them.
+    /// Experts kept as codes (`super::moe_affine`) stacked for the expert kernels (with `top_k`
+    /// experts a token and activations of `dtype`), with the scratch their grouped GEMMs
+    /// dequantize into; `None` when they are not all codes alike or the kernels do not take them.
+    fn take_affine(
+        experts: &mut [Expert],
+        top_k: usize,
+        dtype: DType,
+        activation: ExpertActivation,
+    ) -> candle_core::Result<Option<Stacked>> {
+        let Some(first) = experts.first() else {
+            return Ok(None);
+        };
+        let Linear::Affine(l) = &first.gate_up else {
+            return Ok(None);
+        };
+        let device = l.parts().0.device().clone();
+        if experts.len() > pagewise_kernels::moe_max_experts() {
+            return Ok(None);
+        }
+        let Some((gate_up, down)) = super::moe_affine::affine_stacks(experts)? else {
+            return Ok(None);
+        };
+        let (gw, dw) = (
+            ExpertWeights::Affine(&gate_up),
+            ExpertWeights::Affine(&down),
+        );
+        if !pagewise_kernels::moe_stacks_fit(gw, dw, top_k, dtype) {
+            return Ok(None);
+        }
+        let (n, rows, cols) = gate_up.dims3();
+        let (_, drows, dcols) = down.dims3();
+        let elements = n * (rows * cols).max(drows * dcols);
+        Ok(Some(Stacked {
+            experts: n,
+            gate_up: Stack::Affine(gate_up),
+            down: Stack::Affine(down),
+            scratch: Some(scratch(&device, elements, dtype)?),
+            gate_up_bias: None,
+            down_bias: None,
+            activation,
+            grouped: grouped_handle(&device)?,
+        }))
+    }
+
+    /// Stacks the experts' weights when they are dense f16/bf16 on a GPU, or codes
+    /// ([`Linear::Affine`], for activations of `dtype`), and fit the kernels (with `top_k`
+    /// experts a token), and makes each expert's layers views of the stacks (so the weights are
+    /// held once). Biases come along when every expert has them.
     pub fn take(
         experts: &mut [Expert],
         top_k: usize,
+        dtype: DType,
         activation: ExpertActivation,
     ) -> candle_core::Result<Option<Stacked>> {
+        if let Some(s) = Self::take_affine(experts, top_k, dtype, activation)? {
+            return Ok(Some(s));
+        }
         type Parts = (Tensor, Option<Tensor>);
         let weights: Option<Vec<(Parts, Parts)>> = experts
             .iter()

@@ -231,6 +231,11 @@ impl Weights {
                 if let Some(kept) = self.kept_int4(&weight_name, (out_dim, in_dim), &part)? {
                     return Ok(Linear::Int4(kept.with_bias(bias)));
                 }
+                if let Some(kept) =
+                    self.kept_affine_expert(&weight_name, (out_dim, in_dim), &part)?
+                {
+                    return Ok(Linear::Affine(kept.with_bias(bias)));
+                }
                 let w = self.tensor_part(&weight_name, (out_dim, in_dim), &part)?;
                 if self.quantizes_fp8(prefix) {
                     return fp8_linear::quantized(&w, bias);

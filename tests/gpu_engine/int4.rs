@@ -2,7 +2,8 @@
 //! scripts/gpu/make_int_gpu_models.py in tests/fixtures/make_int_models.py's layouts): AWQ, GPTQ
 //! and W4A16 projections stay packed there, run on the fused decode kernels and the CUDA graphs,
 //! and stay near the CPU's float32 logits of the same weights; a GPTQ `desc_act` checkpoint is
-//! dequantized at load and runs as well.
+//! dequantized at load and runs as well. A mixture of experts' experts stay codes for the expert
+//! kernels (AWQ's 4 bits, GPTQ's 8).
 
 use pagewise::engine::device::DeviceArg;
 use pagewise::model::layers::Linear;
@@ -10,6 +11,7 @@ use pagewise::{DtypeArg, EngineArgs, Llm};
 
 use super::batching::{batch_invariance, graph_replays_equal_eager};
 use super::fp8::{first_q_proj, near_the_cpu};
+use super::gpu;
 use super::model;
 
 #[test]
@@ -57,4 +59,59 @@ fn int4_batches_and_graphs_equal_solo_and_eager_runs() {
     let replays = graph_replays_equal_eager(&mut eager, &mut graphs, &[1, 3, 16]);
     eprintln!("4-bit: (graph replays, steps) per run: {replays:?}");
     assert_eq!(replays[0], (23, 24));
+}
+
+/// Expert 0's gate projection of layer 0 of `path`, loaded for the GPU in bf16.
+fn first_expert_gate(path: &str) -> Linear {
+    use candle_core::DType;
+    use pagewise::loader::{self, GgufMatmul, LoadFormat, LoadOptions};
+    let opts = LoadOptions {
+        load_format: LoadFormat::Auto,
+        dtype: DType::BF16,
+        device: gpu(),
+        gguf_matmul: GgufMatmul::Auto,
+        seed: 0,
+        quantization: None,
+    };
+    let loaded = loader::load(path, &opts).unwrap();
+    let c = &loaded.config;
+    let inter = c.moe.as_ref().expect("a mixture of experts").expert_intermediate;
+    loaded
+        .weights
+        .linear(
+            "model.layers.0.mlp.experts.0.gate_proj",
+            c.hidden_size,
+            inter,
+            false,
+        )
+        .unwrap()
+}
+
+/// Qwen3-MoE as AWQ (4-bit codes in groups of 32) and as GPTQ 8-bit per channel: the experts stay
+/// codes on the GPU (`Linear::Affine`, stacked for the expert kernels), decode steps of two rows
+/// run them token by token and the 40-token prefill dequantizes the routed ones for the grouped
+/// GEMMs, near the CPU's float32 logits; and decode steps in CUDA graphs equal eager ones.
+#[test]
+fn int_moe_experts_stay_codes_on_the_gpu() {
+    for name in ["qwen3moe-d128-awq", "qwen3moe-d128-gptq8"] {
+        let path = model(name);
+        assert!(
+            matches!(first_expert_gate(&path), Linear::Affine(_)),
+            "{name}: the experts must stay codes on the GPU"
+        );
+        near_the_cpu(name, &path, None, (true, false));
+        let args = |enforce_eager| EngineArgs {
+            model: path.clone(),
+            device: DeviceArg::Cuda(0),
+            dtype: DtypeArg::Bfloat16,
+            enforce_eager,
+            max_num_seqs: 16,
+            ..Default::default()
+        };
+        let mut eager = Llm::new(args(true)).unwrap();
+        let mut graphs = Llm::new(args(false)).unwrap();
+        let replays = graph_replays_equal_eager(&mut eager, &mut graphs, &[1, 5]);
+        eprintln!("{name}: (graph replays, steps) per run: {replays:?}");
+        assert_eq!(replays[0], (23, 24));
+    }
 }

@@ -1,5 +1,7 @@
 //! Helpers shared by the kernel tests.
 
+pub mod affine;
+
 use candle_core::{DType, Device, Tensor};
 
 /// A small deterministic generator (no dependency): uniform in [-1, 1).

@@ -1,8 +1,11 @@
 //! How fast each plan runs a decode token's experts (ignored: a benchmark for the GPU machine).
 
 use candle_core::{DType, Device, Tensor};
-use pagewise_kernels::{ExpertExtras, ExpertPlan, moe_experts_by, moe_experts_with, moe_route};
+use pagewise_kernels::{
+    CodeBits, ExpertExtras, ExpertPlan, moe_experts_by, moe_experts_with, moe_route,
+};
 
+use crate::affine::random_stack;
 use crate::common::{self, Lcg, random, random_mxfp4};
 
 /// The experts of one and two decode tokens at Mixtral-8x7B's, Qwen3-30B-A3B's and
@@ -58,6 +61,29 @@ fn moe_bandwidth() {
             let (down4, _) = random_mxfp4(&mut rng, (experts, hidden, inter), &dev);
             (gu4, down4)
         });
+        // Mixtral's and Qwen3-MoE's experts as codes too: AWQ's 4 bits in groups of 128, and a
+        // Q4_K_M file's Q4_K gate/up (groups of 32) with Q6_K down (bytes in groups of 16), with
+        // the bytes a weight each reads (codes and f16 pairs).
+        let codes: Vec<_> = match name {
+            "Mixtral-8x7B" | "Qwen3-30B-A3B" => [
+                (
+                    "AWQ 4-bit g128",
+                    (CodeBits::Four, 128),
+                    (CodeBits::Four, 128),
+                ),
+                ("Q4_K / Q6_K", (CodeBits::Four, 32), (CodeBits::Eight, 16)),
+            ]
+            .into_iter()
+            .map(|(label, g, d)| {
+                let bytes =
+                    |(b, group): (CodeBits, usize)| b.bits() as f64 / 8.0 + 4.0 / group as f64;
+                let (gu, _) = random_stack(&mut rng, g.0, (experts, 2 * inter, hidden), g.1, &dev);
+                let (dn, _) = random_stack(&mut rng, d.0, (experts, hidden, inter), d.1, &dev);
+                (label, gu, dn, (2.0 * bytes(g) + bytes(d)) / 3.0)
+            })
+            .collect(),
+            _ => Vec::new(),
+        };
         for &tokens in &token_counts {
             let x = random(&mut rng, (tokens, hidden), 1.0, DType::BF16, &dev);
             // Different experts each call (call i favours experts i.. i + top_k for the first
@@ -94,6 +120,22 @@ fn moe_bandwidth() {
                 let bytes = (tokens * top_k * 3 * hidden * inter * 2) as f64;
                 println!(
                     "| {name}, {plan:?} | {tokens} | {experts} (top-{top_k}) | {hidden} x {inter} | {:.1} | {:.2} |",
+                    s * 1e6,
+                    bytes / s / 1e12
+                );
+            }
+            for (label, gu, dn, per_weight) in &codes {
+                let run = |i: usize| {
+                    let routes = moe_route(&logits[i % 64], top_k, true).unwrap();
+                    moe_experts_with(&x, gu, dn, &routes, ExpertExtras::default()).unwrap();
+                };
+                for i in 0..4 {
+                    run(i);
+                }
+                let s = common::graph_replay_seconds(&stream, 64, &run);
+                let bytes = (tokens * top_k * 3 * hidden * inter) as f64 * per_weight;
+                println!(
+                    "| {name}, {label} | {tokens} | {experts} (top-{top_k}) | {hidden} x {inter} | {:.1} | {:.2} |",
                     s * 1e6,
                     bytes / s / 1e12
                 );
