@@ -348,7 +348,10 @@ mod tests {
         for i in 0..out * inp {
             let g = (i / inp) * groups + (i % inp) / 32;
             let want = u.scales[g] * (f32::from(u.codes[i]) - u.zeros[g] as f32);
-            assert!((h.value(i) - want).abs() <= 2e-3 * want.abs().max(0.05), "{i}");
+            assert!(
+                (h.value(i) - want).abs() <= 2e-3 * want.abs().max(0.05),
+                "{i}"
+            );
         }
         // 8-bit codes per channel take bytes.
         let eight = Unpacked {

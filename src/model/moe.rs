@@ -20,6 +20,14 @@ use crate::parallel::TpRank;
 /// batches up to this size.
 pub const DEVICE_TOKENS: usize = 8;
 
+/// The most tokens a step of experts kept as integer codes (AWQ, GPTQ, GGUF) may have on the
+/// device path, each token streaming its own experts' codes. A larger step dequantizes every
+/// expert it routes to for the grouped GEMMs: at Qwen3-30B-A3B's shape (AWQ, groups of 128)
+/// about 58 GB of bf16 written and read back a step once most experts are routed to, where 64
+/// tokens streaming their 8 experts' codes read about 61 GB (less what they share in L2), and
+/// inside the CUDA graphs.
+pub const AFFINE_DEVICE_TOKENS: usize = 64;
+
 /// The most tokens a step of MXFP4 experts (gpt-oss) may have on the device path. Past
 /// [`MXFP4_TOKEN_KERNEL_TOKENS`] it sorts the step's (token, expert) slots by expert on the device
 /// and multiplies each expert's tiles of slots on tensor cores, reading the codes as they are;

@@ -17,8 +17,8 @@ use pagewise_kernels::{AffineStack, ExpertWeights, GroupedGemm, Mxfp4Stack, Rout
 use super::gpt_oss::Mxfp4Experts;
 use super::layers::Linear;
 use super::moe::{
-    DEVICE_TOKENS, Expert, ExpertActivation, MXFP4_DEVICE_TOKENS, MXFP4_TOKEN_KERNEL_TOKENS,
-    MoeSettings,
+    AFFINE_DEVICE_TOKENS, DEVICE_TOKENS, Expert, ExpertActivation, MXFP4_DEVICE_TOKENS,
+    MXFP4_TOKEN_KERNEL_TOKENS, MoeSettings,
 };
 
 /// One projection's stacked experts: dense, MXFP4, or integer codes.
@@ -135,11 +135,12 @@ impl Stacked {
     }
 
     /// The most tokens a step may have to take [`Stacked::forward`] rather than the grouped
-    /// GEMMs: [`DEVICE_TOKENS`] for dense experts and codes, [`MXFP4_DEVICE_TOKENS`] for MXFP4
-    /// ones.
+    /// GEMMs: [`DEVICE_TOKENS`] for dense experts, [`AFFINE_DEVICE_TOKENS`] for codes,
+    /// [`MXFP4_DEVICE_TOKENS`] for MXFP4 ones.
     pub fn device_tokens(&self) -> usize {
         match self.gate_up {
-            Stack::Dense(_) | Stack::Affine(_) => DEVICE_TOKENS,
+            Stack::Dense(_) => DEVICE_TOKENS,
+            Stack::Affine(_) => AFFINE_DEVICE_TOKENS,
             Stack::Mxfp4(_) => MXFP4_DEVICE_TOKENS,
         }
     }

@@ -75,7 +75,11 @@ fn first_expert_gate(path: &str) -> Linear {
     };
     let loaded = loader::load(path, &opts).unwrap();
     let c = &loaded.config;
-    let inter = c.moe.as_ref().expect("a mixture of experts").expert_intermediate;
+    let inter = c
+        .moe
+        .as_ref()
+        .expect("a mixture of experts")
+        .expert_intermediate;
     loaded
         .weights
         .linear(
@@ -88,9 +92,10 @@ fn first_expert_gate(path: &str) -> Linear {
 }
 
 /// Qwen3-MoE as AWQ (4-bit codes in groups of 32) and as GPTQ 8-bit per channel: the experts stay
-/// codes on the GPU (`Linear::Affine`, stacked for the expert kernels), decode steps of two rows
-/// run them token by token and the 40-token prefill dequantizes the routed ones for the grouped
-/// GEMMs, near the CPU's float32 logits; and decode steps in CUDA graphs equal eager ones.
+/// codes on the GPU (`Linear::Affine`, stacked for the expert kernels); decode steps and the
+/// 40-token prefill run them token by token, near the CPU's float32 logits, and so does a
+/// 100-token prefill, past `moe::AFFINE_DEVICE_TOKENS`, which dequantizes the routed experts for
+/// the grouped GEMMs; decode steps in CUDA graphs equal eager ones.
 #[test]
 fn int_moe_experts_stay_codes_on_the_gpu() {
     for name in ["qwen3moe-d128-awq", "qwen3moe-d128-gptq8"] {
@@ -100,6 +105,23 @@ fn int_moe_experts_stay_codes_on_the_gpu() {
             "{name}: the experts must stay codes on the GPU"
         );
         near_the_cpu(name, &path, None, (true, false));
+        let tokens: Vec<u32> = (0..100).map(|i| (i * 37 + 3) % 250).collect();
+        let on = |device: &candle_core::Device, dtype| {
+            super::common::logits_at_every_position_on(
+                &path,
+                pagewise::loader::GgufMatmul::Auto,
+                &tokens,
+                device,
+                dtype,
+            )
+        };
+        let want = on(&candle_core::Device::Cpu, candle_core::DType::F32);
+        let got = on(&gpu(), candle_core::DType::BF16);
+        let err = super::common::rel_err(&got, &want);
+        let (agree, decisive) = super::top1_agreement(&got, &want);
+        eprintln!("{name}: 100-token bf16 prefill, rel. err. {err:.2e}, top-1 {agree}/{decisive}");
+        assert!(err < 5e-2, "{name}: {err}");
+        assert!(agree as f64 >= 0.95 * decisive as f64, "{agree}/{decisive}");
         let args = |enforce_eager| EngineArgs {
             model: path.clone(),
             device: DeviceArg::Cuda(0),
