@@ -63,47 +63,45 @@ inline Affine8Weight affine8_weight(const void* w, const void* sb, int group, in
                        g.x, g.y};
 }
 
-// 128 + q as an f32 for the 4-bit code q at bits 4n..4n+3 of w: the nibble moved to bits 16..19,
-// under the exponent of 128 (a shift and a mask: no conversion instruction, which Hopper runs at an
-// eighth of an FMA's rate).
-__device__ __forceinline__ float nibble_plus_128(uint32_t w, int n) {
-  const uint32_t at16 = n < 4 ? w << (16 - 4 * n) : w >> (4 * n - 16);
-  return __uint_as_float((at16 & 0x000F0000u) | 0x43000000u);
-}
-
-// What nibble_plus_128 adds to each code: the loads take it back with the offset's term.
-constexpr int kAffine4Bias = 128;
-
-// Byte k of w as an f32: put under the exponent of 2^23 by one byte permute, less 2^23 (exact).
-__device__ __forceinline__ float byte_value(uint32_t w, int k) {
-  return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440 | k)) - 8388608.f;
-}
-
 // The 32 codes of one 16-byte load of 4-bit codes (Int4Weight's word order: column 8j + 2i in
-// nibble i of word j, 8j + 2i + 1 in nibble 4 + i) as the floats kAffine4Bias + q.
+// nibble i of word j, 8j + 2i + 1 in nibble 4 + i) as floats: each nibble pair made the exact
+// halves 1024 + q by a mask and an OR.
 __device__ __forceinline__ void affine4_unpack(uint4 raw, float (&wf)[32]) {
+  const __half2 k1024 = __float2half2_rn(1024.f);
   const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      wf[8 * j + 2 * i] = nibble_plus_128(words[j], i);
-      wf[8 * j + 2 * i + 1] = nibble_plus_128(words[j], 4 + i);
+      const uint32_t bits = ((words[j] >> (4 * i)) & 0x000F000Fu) | 0x64006400u;
+      const float2 f = __half22float2(__hsub2(*reinterpret_cast<const __half2*>(&bits), k1024));
+      wf[8 * j + 2 * i] = f.x;
+      wf[8 * j + 2 * i + 1] = f.y;
     }
 }
 
-// The 16 codes of one 16-byte load of byte codes as floats.
+// The 16 codes of one 16-byte load of byte codes as floats: each pair of bytes put under the
+// exponent of 1024 by one byte permute (exact halves 1024 + q).
 __device__ __forceinline__ void affine8_unpack(uint4 raw, float (&wf)[16]) {
+  const __half2 k1024 = __float2half2_rn(1024.f);
   const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) wf[4 * j + k] = byte_value(words[j], k);
+  for (int j = 0; j < 4; ++j) {
+    // Bytes (0, 1) and (2, 3) of the word as the low bytes of two half pairs.
+    const uint32_t lo = __byte_perm(words[j], 0x64646464u, 0x4140);
+    const uint32_t hi = __byte_perm(words[j], 0x64646464u, 0x4342);
+    const float2 a = __half22float2(__hsub2(*reinterpret_cast<const __half2*>(&lo), k1024));
+    const float2 b = __half22float2(__hsub2(*reinterpret_cast<const __half2*>(&hi), k1024));
+    wf[4 * j] = a.x;
+    wf[4 * j + 1] = a.y;
+    wf[4 * j + 2] = b.x;
+    wf[4 * j + 3] = b.y;
+  }
 }
 
-// Adds s * sum(q x) + b * sum(x) of one load's codes wf[0..n) (as floats kBias + q) against the
-// staged rows' columns k.. to acc: s * sum(wf x) + (b - kBias s) * sum(x).
-template <typename T, int R, int kCols, int kBias>
+// Adds s * sum(q x) + b * sum(x) of one load's codes wf[0..n) (as floats) against the staged
+// rows' columns k.. to acc.
+template <typename T, int R, int kCols>
 __device__ __forceinline__ void affine_load(float (&acc)[R], const float (&wf)[kCols],
                                             const T* xs, int k_dim, int k, __half2 pair) {
 #pragma unroll
@@ -121,12 +119,12 @@ __device__ __forceinline__ void affine_load(float (&acc)[R], const float (&wf)[k
       }
     }
     const float2 sb = __half22float2(pair);
-    acc[r] += qx * sb.x + sx * (sb.y - (float)kBias * sb.x);
+    acc[r] += qx * sb.x + sx * sb.y;
   }
 }
 
 // dot_rows for 4-bit affine rows: a lane takes 32 columns a load (one 16-byte load inside one
-// group, every S-th run of 1024 columns), codes made the floats 128 + q by a shift and a mask.
+// group, every S-th run of 1024 columns), codes made exact halves 1024 + q by a mask and an OR.
 template <typename T, int R, int N, int S>
 __device__ __forceinline__ void dot_weight(float (&acc)[N][R], const Affine4Weight& wt,
                                            const int (&o)[N], const T* xs, int k_dim, int lane,
@@ -144,7 +142,7 @@ __device__ __forceinline__ void dot_weight(float (&acc)[N][R], const Affine4Weig
       const __half2 pair = __ldg(sb + (wt.g_shift < 0 ? 0 : k >> wt.g_shift));
       float wf[32];
       affine4_unpack(raw, wf);
-      affine_load<T, R, 32, kAffine4Bias>(acc[n], wf, xs, k_dim, k, pair);
+      affine_load<T, R, 32>(acc[n], wf, xs, k_dim, k, pair);
     }
   }
 #pragma unroll
@@ -156,7 +154,7 @@ __device__ __forceinline__ void dot_weight(float (&acc)[N][R], const Affine4Weig
 }
 
 // dot_rows for byte codes: a lane takes 16 columns a load (every S-th run of 512 columns), each
-// byte made a float by one byte permute and a subtraction.
+// pair of bytes put under the exponent of 1024 by one byte permute (exact halves 1024 + q).
 template <typename T, int R, int N, int S>
 __device__ __forceinline__ void dot_weight(float (&acc)[N][R], const Affine8Weight& wt,
                                            const int (&o)[N], const T* xs, int k_dim, int lane,
@@ -174,7 +172,7 @@ __device__ __forceinline__ void dot_weight(float (&acc)[N][R], const Affine8Weig
       const __half2 pair = __ldg(sb + (wt.g_shift < 0 ? 0 : k >> wt.g_shift));
       float wf[16];
       affine8_unpack(raw, wf);
-      affine_load<T, R, 16, 0>(acc[n], wf, xs, k_dim, k, pair);
+      affine_load<T, R, 16>(acc[n], wf, xs, k_dim, k, pair);
     }
   }
 #pragma unroll

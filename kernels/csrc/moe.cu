@@ -211,10 +211,10 @@ template <typename T, int kIn>
 int launch_gate_up(void* a, const void* x, const void* norm_w, float eps, const void* w,
                    const void* bias, const uint32_t* ids, int tokens, int top_k, int inner,
                    int k_dim, Activation act, cudaStream_t stream) {
-  const auto kernel = moe_gate_up_kernel<T, kIn>;
+  constexpr auto kernel = moe_gate_up_kernel<T, kIn>;
   const int smem = k_dim * (int)sizeof(T);
   int blocks = 0;
-  if (const int e = blocks_per_token(kernel, smem, top_k * inner, tokens, &blocks)) return e;
+  if (const int e = blocks_per_token<kernel>(smem, top_k * inner, tokens, &blocks)) return e;
   const cudaError_t err = launch_early(kernel, dim3(blocks, tokens), dim3(kGemvThreads), smem,
                                        stream, (T*)a, (const T*)x, (const T*)norm_w, eps,
                                        (const T*)w, (const T*)bias, ids, top_k, inner, k_dim,
@@ -237,11 +237,11 @@ template <typename T>
 int launch_down(void* y, const void* a, const void* w, const void* bias, const void* residual,
                 const uint32_t* ids, const float* weights, int tokens, int top_k, int out_dim,
                 int k_dim, cudaStream_t stream) {
-  const auto kernel = moe_down_kernel<T>;
+  constexpr auto kernel = moe_down_kernel<T>;
   const int smem = top_k * k_dim * (int)sizeof(T);
   const int split = down_split(out_dim, top_k * k_dim);
   int blocks = 0;
-  if (const int e = blocks_per_token(kernel, smem, out_dim * split, tokens, &blocks)) return e;
+  if (const int e = blocks_per_token<kernel>(smem, out_dim * split, tokens, &blocks)) return e;
   const cudaError_t err = launch_early(kernel, dim3(blocks, tokens), dim3(kGemvThreads), smem,
                                        stream, (T*)y, (const T*)a, (const T*)w, (const T*)bias,
                                        (const T*)residual, ids, weights, top_k, out_dim, k_dim,

@@ -49,6 +49,21 @@ __device__ __forceinline__ AffineRun affine_run(const uint8_t* row, const __half
   return r;
 }
 
+// 128 + q as an f32 for the 4-bit code q at bits 4n..4n+3 of w: the nibble moved to bits 16..19,
+// under the exponent of 128 (a shift and a mask, no conversion instruction).
+__device__ __forceinline__ float nibble_plus_128(uint32_t w, int n) {
+  const uint32_t at16 = n < 4 ? w << (16 - 4 * n) : w >> (4 * n - 16);
+  return __uint_as_float((at16 & 0x000F0000u) | 0x43000000u);
+}
+
+// What nibble_plus_128 adds to each code: the run's offset term takes it back.
+constexpr int kAffine4Bias = 128;
+
+// Byte k of w as an f32: put under the exponent of 2^23 by one byte permute, less 2^23 (exact).
+__device__ __forceinline__ float byte_value(uint32_t w, int k) {
+  return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440 | k)) - 8388608.f;
+}
+
 // Where piece c (8 values) of run r of a staged sequence of `runs` runs lies (elements).
 __device__ __forceinline__ int staged_at(int c, int r, int runs) { return (c * runs + r) * 8; }
 
@@ -72,8 +87,8 @@ __device__ void stage_runs(T* xs, float* sums, const T* src, int runs) {
 }
 
 // s * sum(q x) + b * sum(x) of a run against staged run r (of `runs`), whose input sum is rsum.
-// 4-bit codes are multiplied as kAffine4Bias + q (nibble_plus_128, gemv_affine.cuh), the bias
-// taken back with the offset's term.
+// 4-bit codes are multiplied as kAffine4Bias + q (nibble_plus_128), the bias taken back with the
+// offset's term.
 template <typename T, int kBits>
 __device__ __forceinline__ float affine_run_dot(const AffineRun& run, const T* xs, int r, int runs,
                                                 float rsum) {
@@ -264,11 +279,11 @@ template <typename T, int kIn, int kBits>
 int launch_gate_up(void* a, const void* x, const void* norm_w, float eps, AffineStackArgs w,
                    const void* bias, const uint32_t* ids, int tokens, int top_k, int inner,
                    int k_dim, Activation act, cudaStream_t stream) {
-  const auto kernel = moe_gate_up_affine_kernel<T, kIn, kBits>;
+  constexpr auto kernel = moe_gate_up_affine_kernel<T, kIn, kBits>;
   // (The staged input as T, again piece-major, and its runs' sums.)
   const int smem = 2 * k_dim * (int)sizeof(T) + k_dim / kRunCols<kBits> * (int)sizeof(float);
   int blocks = 0;
-  if (const int e = blocks_per_token(kernel, smem, top_k * inner, tokens, &blocks)) return e;
+  if (const int e = blocks_per_token<kernel>(smem, top_k * inner, tokens, &blocks)) return e;
   const cudaError_t err = launch_early(kernel, dim3(blocks, tokens), dim3(kGemvThreads), smem,
                                        stream, (T*)a, (const T*)x, (const T*)norm_w, eps, w,
                                        (const T*)bias, ids, top_k, inner, k_dim, act.alpha,
@@ -302,12 +317,12 @@ template <typename T, int kBits>
 int launch_down(void* y, const void* a, AffineStackArgs w, const void* bias, const void* residual,
                 const uint32_t* ids, const float* weights, int tokens, int top_k, int out_dim,
                 int k_dim, cudaStream_t stream) {
-  const auto kernel = moe_down_affine_kernel<T, kBits>;
+  constexpr auto kernel = moe_down_affine_kernel<T, kBits>;
   const int all = top_k * (k_dim / kRunCols<kBits>);
   const int smem = top_k * k_dim * (int)sizeof(T) + all * (int)sizeof(float);
   const int split = affine_down_split(out_dim, all);
   int blocks = 0;
-  if (const int e = blocks_per_token(kernel, smem, out_dim * split, tokens, &blocks)) return e;
+  if (const int e = blocks_per_token<kernel>(smem, out_dim * split, tokens, &blocks)) return e;
   const cudaError_t err = launch_early(kernel, dim3(blocks, tokens), dim3(kGemvThreads), smem,
                                        stream, (T*)y, (const T*)a, w, (const T*)bias,
                                        (const T*)residual, ids, weights, top_k, out_dim, k_dim,

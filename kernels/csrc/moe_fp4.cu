@@ -172,11 +172,11 @@ template <typename T, int kIn>
 int launch_gate_up(void* a, const void* x, const void* norm_w, float eps, const uint8_t* codes,
                    const uint8_t* scales, const void* bias, const uint32_t* ids, int tokens,
                    int top_k, int inner, int k_dim, Activation act, cudaStream_t stream) {
-  const auto kernel = moe_gate_up_fp4_kernel<T, kIn>;
+  constexpr auto kernel = moe_gate_up_fp4_kernel<T, kIn>;
   // (The staged input as T, then as f16.)
   const int smem = k_dim * (int)(sizeof(T) + sizeof(__half));
   int blocks = 0;
-  if (const int e = blocks_per_token(kernel, smem, top_k * inner, tokens, &blocks)) return e;
+  if (const int e = blocks_per_token<kernel>(smem, top_k * inner, tokens, &blocks)) return e;
   const cudaError_t err = launch_early(kernel, dim3(blocks, tokens), dim3(kGemvThreads), smem,
                                        stream, (T*)a, (const T*)x, (const T*)norm_w, eps, codes,
                                        scales, (const T*)bias, ids, top_k, inner, k_dim,
@@ -189,10 +189,10 @@ int launch_down(void* y, const void* a, const uint8_t* codes, const uint8_t* sca
                 const void* bias, const void* residual, const uint32_t* ids,
                 const float* weights, int tokens, int top_k, int out_dim, int k_dim,
                 cudaStream_t stream) {
-  const auto kernel = moe_down_fp4_kernel<T>;
+  constexpr auto kernel = moe_down_fp4_kernel<T>;
   const int smem = top_k * k_dim * (int)sizeof(__half);
   int blocks = 0;
-  if (const int e = blocks_per_token(kernel, smem, out_dim, tokens, &blocks)) return e;
+  if (const int e = blocks_per_token<kernel>(smem, out_dim, tokens, &blocks)) return e;
   const cudaError_t err = launch_early(kernel, dim3(blocks, tokens), dim3(kGemvThreads), smem,
                                        stream, (T*)y, (const T*)a, codes, scales, (const T*)bias,
                                        (const T*)residual, ids, weights, top_k, out_dim, k_dim);

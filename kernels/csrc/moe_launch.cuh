@@ -7,15 +7,17 @@
 
 namespace {
 
-// Blocks a token for `units` warp-sized outputs: enough, over all the tokens, to fill the GPU
-// once (as many as run at once), never more than the outputs need.
-template <typename Kernel>
-int blocks_per_token(Kernel kernel, int smem, int units, int tokens, int* blocks) {
+// Blocks a token of kKernel for `units` warp-sized outputs: enough, over all the tokens, to fill
+// the GPU once (as many as run at once), never more than the outputs need. (A template on the
+// kernel itself, not its type: kernels of one signature share a type, and each must have its own
+// cache, since the shared-memory opt-in happens where its cache misses.)
+template <auto kKernel>
+int blocks_per_token(int smem, int units, int tokens, int* blocks) {
   if (smem > kMaxStageBytes) return 1;
   static int resident_by[64][kStageSteps + 1] = {};
   int all = 0;
   // grid_for with one output a block gives the blocks that run at once (capped by `units`).
-  if (const int e = grid_for(kernel, smem, 1 << 30, 1, resident_by, &all)) return e;
+  if (const int e = grid_for(kKernel, smem, 1 << 30, 1, resident_by, &all)) return e;
   const int wanted = (units + kGemvWarps - 1) / kGemvWarps;
   const int share = (all + tokens - 1) / tokens;
   *blocks = wanted < share ? wanted : (share > 0 ? share : 1);

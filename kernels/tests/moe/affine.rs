@@ -42,6 +42,10 @@ fn affine_experts_match_the_dense_kernels_on_their_values() {
         (DType::F16, (8, 2, 256, 128, 2), eight(32), four(32)),
         (DType::BF16, (8, 2, 1024, 1792, 1), four(1024), eight(1792)),
         (DType::BF16, (4, 1, 64, 32, 2), four(32), eight(16)),
+        // Down inputs staged in more than 48 KB, 4-bit then bytes at the same staging size: each
+        // kernel must opt in to that much shared memory itself.
+        (DType::BF16, (2, 2, 128, 14336, 1), four(128), four(128)),
+        (DType::BF16, (2, 2, 128, 14336, 1), four(32), eight(16)),
     ] {
         let what = format!(
             "{dtype:?} {experts} experts (top {top_k}) of {hidden} x {inter}, {tokens} tokens, \
