@@ -18,7 +18,8 @@
 #                             throughput of the 1B and 8B shapes in bf16 and --quantization fp8
 #   bash .gpu/run.sh int4     the 4-bit kernel and engine tests, the 4-bit GEMV bandwidth table, then
 #                             batch-1 latency of the 1B and 8B shapes and 8B offline throughput in
-#                             bf16 and as AWQ (dummy 4-bit weights, groups of 128)
+#                             bf16 and as AWQ (dummy 4-bit weights, groups of 128); INT4_PARTS=experts
+#                             (opt-in): the experts-as-codes kernel tests and moe-tests' bandwidth table
 #   bash .gpu/run.sh spec     speculative decoding: the GPU engine tests (n-gram and a draft model,
 #                             greedy output unchanged), then the 8B shape at batch 1 without and
 #                             with the 1B shape drafting k = 2, 4, 7 (random weights: acceptance
@@ -167,12 +168,16 @@ if [ "$what" = fp8 ]; then
       2>> "$out/bench-stderr.log" | tail -1 || status=1
   done
 fi
-# (INT4_PARTS picks parts, "kernels engine bench" by default: the tracked tree leaves room for one
-# staged binary a call, so a session may run them in three calls.)
+# (INT4_PARTS picks parts, "kernels engine bench" by default, "experts" on request: the tracked tree
+# leaves room for one staged binary a call, so a session may run them in separate calls.)
 int4_part() { case " ${INT4_PARTS:-kernels engine bench} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 if [ "$what" = int4 ] && int4_part kernels; then
   "$work/bin/int4-tests" --test-threads=1 2>&1 | grep -E "^test |test result|panicked" || status=1
   "$work/bin/int4-tests" --ignored --nocapture --test-threads=1 int4_gemv_bandwidth 2>&1 | grep -E "^\||panicked" || status=1
+fi
+if [ "$what" = int4 ] && int4_part experts; then
+  "$work/bin/moe-tests" --test-threads=1 affine:: 2>&1 | grep -E "^test |test result|panicked" || status=1
+  "$work/bin/moe-tests" --ignored --nocapture --test-threads=1 moe_bandwidth 2>&1 | grep -E "^\||panicked" || status=1
 fi
 if [ "$what" = int4 ] && int4_part engine; then
   python3 "$here/../scripts/gpu/make_int_gpu_models.py" "$PAGEWISE_GPU_MODELS" > "$out/make-models.log" 2>&1 \
