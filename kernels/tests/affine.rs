@@ -6,7 +6,7 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::affine::{Weight, half_round};
+use common::affine::Weight;
 use common::{Lcg, host_f32, max_rel_diff, random};
 use pagewise_kernels::{CodeBits, GemvInput, GemvWeight, affine_dequantize};
 
