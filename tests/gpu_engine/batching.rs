@@ -96,6 +96,23 @@ fn seeded_sampling_on_the_gpu_is_reproducible_and_batch_independent() {
     assert!(distinct.len() > 1, "unseeded draws must differ");
 }
 
+/// An eager engine and one with CUDA graphs on `model`, in bf16 with up to 16 sequences: the
+/// pair [`graph_replays_equal_eager`] compares.
+pub(super) fn bf16_eager_and_graphs(model: String) -> (Llm, Llm) {
+    let args = |enforce_eager| EngineArgs {
+        model: model.clone(),
+        device: DeviceArg::Cuda(0),
+        dtype: DtypeArg::Bfloat16,
+        enforce_eager,
+        max_num_seqs: 16,
+        ..Default::default()
+    };
+    (
+        Llm::new(args(true)).unwrap(),
+        Llm::new(args(false)).unwrap(),
+    )
+}
+
 /// For each `n` of `counts`, `n` prompts decoded greedily for 24 tokens by `eager` and by
 /// `graphs`, which must give the same tokens; returns each run's (graph replays, steps) of
 /// `graphs`.

@@ -5,12 +5,10 @@
 //! weights as gguf-py dequantizes them (the `-as-F32.gguf` beside each file).
 
 use candle_core::{DType, Device};
-use pagewise::engine::device::DeviceArg;
 use pagewise::loader::GgufMatmul;
 use pagewise::model::layers::Linear;
-use pagewise::{DtypeArg, EngineArgs, Llm};
 
-use super::batching::graph_replays_equal_eager;
+use super::batching::{bf16_eager_and_graphs, graph_replays_equal_eager};
 use super::common::{self, rel_err};
 use super::fp8::first_q_proj;
 use super::{gpu, top1_agreement};
@@ -87,16 +85,7 @@ fn gguf_k_quants_keep_their_codes_on_the_gpu_and_match_the_dequantized_weights()
 
 #[test]
 fn gguf_k_quant_graphs_equal_eager_runs() {
-    let args = |enforce_eager| EngineArgs {
-        model: fixture("model-Q4_K_M.gguf"),
-        device: DeviceArg::Cuda(0),
-        dtype: DtypeArg::Bfloat16,
-        enforce_eager,
-        max_num_seqs: 16,
-        ..Default::default()
-    };
-    let mut eager = Llm::new(args(true)).unwrap();
-    let mut graphs = Llm::new(args(false)).unwrap();
+    let (mut eager, mut graphs) = bf16_eager_and_graphs(fixture("model-Q4_K_M.gguf"));
     let replays = graph_replays_equal_eager(&mut eager, &mut graphs, &[1, 3]);
     eprintln!("GGUF Q4_K_M: (graph replays, steps) per run: {replays:?}");
     assert!(

@@ -5,11 +5,10 @@
 //! dequantized at load and runs as well. A mixture of experts' experts stay codes for the expert
 //! kernels (AWQ's 4 bits, GPTQ's 8).
 
-use pagewise::engine::device::DeviceArg;
+use pagewise::DtypeArg;
 use pagewise::model::layers::Linear;
-use pagewise::{DtypeArg, EngineArgs, Llm};
 
-use super::batching::{batch_invariance, graph_replays_equal_eager};
+use super::batching::{batch_invariance, bf16_eager_and_graphs, graph_replays_equal_eager};
 use super::fp8::{first_q_proj, near_the_cpu};
 use super::gpu;
 use super::model;
@@ -46,16 +45,7 @@ fn int4_batches_and_graphs_equal_solo_and_eager_runs() {
     // model (seen on an H100: with steps of up to 48 rows, prompt 1 differed from its third
     // token). So 4-bit output is batch-invariant only among steps of at most 8 rows.
     batch_invariance("tiny-d64-awq", DtypeArg::Bfloat16, 1024, Some(8));
-    let args = |enforce_eager| EngineArgs {
-        model: model("tiny-d64-awq"),
-        device: DeviceArg::Cuda(0),
-        dtype: DtypeArg::Bfloat16,
-        enforce_eager,
-        max_num_seqs: 16,
-        ..Default::default()
-    };
-    let mut eager = Llm::new(args(true)).unwrap();
-    let mut graphs = Llm::new(args(false)).unwrap();
+    let (mut eager, mut graphs) = bf16_eager_and_graphs(model("tiny-d64-awq"));
     let replays = graph_replays_equal_eager(&mut eager, &mut graphs, &[1, 3, 16]);
     eprintln!("4-bit: (graph replays, steps) per run: {replays:?}");
     assert_eq!(replays[0], (23, 24));
@@ -122,16 +112,7 @@ fn int_moe_experts_stay_codes_on_the_gpu() {
         eprintln!("{name}: 100-token bf16 prefill, rel. err. {err:.2e}, top-1 {agree}/{decisive}");
         assert!(err < 5e-2, "{name}: {err}");
         assert!(agree as f64 >= 0.95 * decisive as f64, "{agree}/{decisive}");
-        let args = |enforce_eager| EngineArgs {
-            model: path.clone(),
-            device: DeviceArg::Cuda(0),
-            dtype: DtypeArg::Bfloat16,
-            enforce_eager,
-            max_num_seqs: 16,
-            ..Default::default()
-        };
-        let mut eager = Llm::new(args(true)).unwrap();
-        let mut graphs = Llm::new(args(false)).unwrap();
+        let (mut eager, mut graphs) = bf16_eager_and_graphs(path.clone());
         let replays = graph_replays_equal_eager(&mut eager, &mut graphs, &[1, 5]);
         eprintln!("{name}: (graph replays, steps) per run: {replays:?}");
         assert_eq!(replays[0], (23, 24));
