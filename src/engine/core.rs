@@ -20,6 +20,7 @@ use crate::model::ModelConfig;
 use crate::request::{FinishReason, InvalidParam, SamplingParams};
 use crate::runner::ModelRunner;
 use crate::runner::draft::DraftRunner;
+use crate::runner::eagle::{EagleRunner, TargetStep};
 use crate::runner::step_times::{Phase, StepTimes};
 use crate::sampler::Logprobs;
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerOutput, SeqUpdate};
@@ -68,6 +69,8 @@ pub struct EngineCore {
     spec: Option<Speculation>,
     /// The draft model, when speculation uses one.
     draft: Option<DraftRunner>,
+    /// The EAGLE-3 head, when speculation uses one.
+    eagle: Option<EagleRunner>,
     startup: StartupTimes,
     spec_stats: SpecStats,
     #[cfg(feature = "fault-injection")]
@@ -108,7 +111,7 @@ impl EngineCore {
             enable_prefix_caching: args.enable_prefix_caching,
             window: loaded.window,
         });
-        let (spec, draft) = (loaded.speculation, loaded.draft);
+        let (spec, draft, eagle) = (loaded.speculation, loaded.draft, loaded.eagle);
         let runner = loaded.runner;
         let tokenizer = loaded.tokenizer;
         let grammars = loaded.grammars;
@@ -130,6 +133,7 @@ impl EngineCore {
             step_times: StepTimes::default(),
             spec,
             draft,
+            eagle,
             spec_stats: SpecStats::default(),
             startup,
             #[cfg(feature = "fault-injection")]
@@ -292,9 +296,14 @@ impl EngineCore {
         self.spec.as_ref()
     }
 
-    /// The draft model's KV blocks: free, and all of them (`None` without a draft model).
+    /// The draft model's (or EAGLE-3 head's) KV blocks: free, and all of them (`None` without
+    /// either).
     pub fn draft_block_usage(&self) -> Option<(usize, usize)> {
-        self.draft.as_ref().map(DraftRunner::block_usage)
+        match (&self.draft, &self.eagle) {
+            (Some(d), _) => Some(d.block_usage()),
+            (None, Some(e)) => Some(e.block_usage()),
+            (None, None) => None,
+        }
     }
 
     /// Draft and acceptance counts of speculative decoding since start.
@@ -389,11 +398,22 @@ impl EngineCore {
             false => self.step_times.lap(Phase::Update, start),
         };
         if let Some(spec) = &self.spec {
-            propose(spec, &mut self.scheduler, self.draft.as_mut())?;
+            let hidden = self.runner.take_hidden_states();
+            let target = hidden.map(|hidden| TargetStep {
+                out: &out,
+                emitted: &sampled.emitted,
+                hidden,
+            });
+            let drafter = match (self.draft.as_mut(), self.eagle.as_mut()) {
+                (Some(d), _) => Drafter::Model(d),
+                (None, Some(e)) => Drafter::Eagle(e, target),
+                (None, None) => Drafter::None,
+            };
+            propose(spec, &mut self.scheduler, drafter)?;
             if !out.is_empty() {
-                let phase = match self.draft {
-                    Some(_) => Phase::Draft,
-                    None => Phase::Update,
+                let phase = match self.draft.is_some() || self.eagle.is_some() {
+                    true => Phase::Draft,
+                    false => Phase::Update,
                 };
                 self.step_times.lap(phase, start);
             }
@@ -406,12 +426,20 @@ impl EngineCore {
     }
 }
 
+/// The model behind a proposer, if any: a draft model, or an EAGLE-3 head with the target step
+/// it reads.
+enum Drafter<'a> {
+    None,
+    Model(&'a mut DraftRunner),
+    Eagle(&'a mut EagleRunner, Option<TargetStep<'a>>),
+}
+
 /// Gives each decoding sequence its proposer's draft for the next step (none while more
 /// sequences run than `disable_by_batch_size`), never past its `max_tokens` or the context.
 fn propose(
     spec: &Speculation,
     scheduler: &mut Scheduler,
-    draft: Option<&mut DraftRunner>,
+    drafter: Drafter<'_>,
 ) -> Result<(), EngineError> {
     let max_model_len = scheduler.config().max_model_len;
     let running = scheduler.running_mut();
@@ -434,8 +462,11 @@ fn propose(
             left.saturating_sub(1).min(spec.num_speculative_tokens)
         })
         .collect();
-    match (&spec.proposer, draft) {
-        (Proposer::DraftModel(_), Some(draft)) => draft.propose(running, &limits)?,
+    match (&spec.proposer, drafter) {
+        (Proposer::DraftModel(_), Drafter::Model(draft)) => draft.propose(running, &limits)?,
+        (Proposer::Eagle3(_), Drafter::Eagle(head, step)) => {
+            head.propose(running, &limits, step)?
+        }
         (Proposer::Ngram(ngram), _) => {
             let mut guess = Vec::with_capacity(MAX_SPECULATIVE_TOKENS);
             for (seq, &limit) in running.iter_mut().zip(&limits) {
@@ -446,7 +477,7 @@ fn propose(
                 seq.set_spec_tokens(&guess);
             }
         }
-        (Proposer::DraftModel(_), None) => {}
+        (Proposer::DraftModel(_) | Proposer::Eagle3(_), _) => {}
     }
     Ok(())
 }

@@ -49,6 +49,8 @@ pub struct LoadedEngine {
     pub speculation: Option<crate::spec::Speculation>,
     /// The draft model's runner, when speculation uses one (rank 0 only).
     pub draft: Option<crate::runner::draft::DraftRunner>,
+    /// The EAGLE-3 head's runner, when speculation uses one.
+    pub eagle: Option<crate::runner::eagle::EagleRunner>,
 }
 
 /// Where an engine's startup went, phase by phase.
@@ -204,6 +206,23 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
         }
         _ => None,
     };
+    let eagle = match speculation.as_ref().and_then(|s| s.eagle3_head()) {
+        Some(_) if member.is_some() => {
+            return Err(EngineError::Config(
+                "an EAGLE-3 head with tensor parallelism is not implemented yet: run it on one \
+                 device"
+                    .into(),
+            ));
+        }
+        Some(name) => Some(super::eagle::load(
+            name,
+            &device,
+            dtype,
+            model.as_ref(),
+            max_model_len,
+        )?),
+        None => None,
+    };
     mark(&mut times.model);
     let max_num_batched_tokens = args
         .max_num_batched_tokens
@@ -223,9 +242,11 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
         gpu_budget(&sizing, model.as_ref(), &device)?
     };
     // The draft's share comes off this rank's budget before the ranks agree on theirs.
-    let draft_bytes = draft.as_ref().map_or(0, |d| {
-        d.budget_share(budget, &cfg, kv_heads, sizing.value_bytes(), dtype)
-    });
+    let draft_bytes = match (&draft, &eagle) {
+        (Some(d), _) => d.budget_share(budget, &cfg, kv_heads, sizing.value_bytes(), dtype),
+        (None, Some(h)) => h.budget_share(budget, &cfg, kv_heads, sizing.value_bytes(), dtype),
+        (None, None) => 0,
+    };
     let budget = budget - draft_bytes;
     let mut member = member;
     // The ranks of a tensor-parallel group lay out the least of their budgets, so their caches
@@ -268,6 +289,16 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
         )?),
         None => None,
     };
+    let (eagle, aux_layers) = match eagle {
+        Some(h) => {
+            let layers = h.aux_layers.clone();
+            (
+                Some(h.into_runner(draft_bytes, args, &device, dtype)?),
+                Some(layers),
+            )
+        }
+        None => (None, None),
+    };
     mark(&mut times.kv_cache);
     let runner_device_is_cpu = device.is_cpu();
     // A mixture of experts routes small decode steps on the device; larger ones read the routing
@@ -294,6 +325,10 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
         }
     }
     let mut runner = ModelRunner::new(model, kv, device);
+    if let Some(layers) = aux_layers {
+        // (Every step keeps the hidden states the head reads: no step replays a graph.)
+        runner.keep_hidden_states(layers);
+    }
     if !args.enforce_eager && graph_seqs > 0 {
         runner.capture_graphs(
             graph_seqs,
@@ -325,6 +360,7 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
         startup: times,
         speculation,
         draft,
+        eagle,
     })
 }
 

@@ -7,6 +7,7 @@ pub mod core;
 pub mod detokenizer;
 pub mod device;
 mod draft;
+mod eagle;
 mod engine_thread;
 #[cfg(feature = "fault-injection")]
 pub mod faults;

@@ -386,7 +386,7 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel, LoadError>
 }
 
 /// The safetensors shards: those named by `model.safetensors.index.json`, else every `*.safetensors`.
-fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
+pub(crate) fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
     if let Some(index) = read_json(&dir.join("model.safetensors.index.json"))? {
         let map = index
             .get("weight_map")

@@ -14,7 +14,8 @@ use super::layers::Linear;
 use super::weights::{Dequantize, Weights};
 use crate::cpu::QLinear;
 
-/// Token ids to `[tokens, hidden]` rows.
+/// Token ids to `[tokens, hidden]` rows. (A clone shares the table.)
+#[derive(Clone)]
 pub enum TokenEmbedding {
     /// A float table.
     Dense(Embedding),

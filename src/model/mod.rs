@@ -12,7 +12,8 @@ pub mod config;
 #[cfg(feature = "cuda")]
 pub mod decode_fused;
 mod dummy_weights;
-mod embedding;
+pub mod eagle3;
+pub mod embedding;
 pub mod fp8;
 pub mod fp8_linear;
 pub mod gemma3;
@@ -114,6 +115,28 @@ pub trait CausalLm: Send {
         kv: &mut KvCache,
     ) -> Result<Tensor, ModelError> {
         self.forward(batch, kv)
+    }
+
+    /// [`CausalLm::forward_native`] that also returns, for every token row of the batch, the
+    /// residual streams entering the decoder layers `layers` (each below the layer count),
+    /// concatenated in that order: `[tokens, layers.len() * hidden]`, what an EAGLE-3 head reads.
+    /// Never on the fused decode path. Models that cannot say so.
+    fn forward_keeping(
+        &self,
+        batch: &ForwardBatch<'_>,
+        kv: &mut KvCache,
+        layers: &[usize],
+    ) -> Result<(Tensor, Tensor), ModelError> {
+        let _ = (batch, kv, layers);
+        Err(ModelError::Unsupported(format!(
+            "{} does not give its hidden states to an EAGLE-3 head (the Llama family does)",
+            self.config().arch.name
+        )))
+    }
+
+    /// The token embedding, where an EAGLE-3 head may share it.
+    fn token_embedding(&self) -> Option<&embedding::TokenEmbedding> {
+        None
     }
 }
 

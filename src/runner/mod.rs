@@ -6,6 +6,7 @@ pub mod batch;
 #[cfg(feature = "cuda")]
 pub mod cuda_graphs;
 pub mod draft;
+pub mod eagle;
 pub mod graph_buckets;
 pub mod step_times;
 mod verify;
@@ -44,6 +45,9 @@ pub struct ModelRunner {
     /// Captured decode graphs (GPU, unless eager).
     #[cfg(feature = "cuda")]
     graphs: Option<cuda_graphs::DecodeGraphs>,
+    /// The layers whose incoming residual streams each step keeps (an EAGLE-3 head reads them),
+    /// and the last step's.
+    keep: Option<(Vec<usize>, Option<candle_core::Tensor>)>,
 }
 
 impl ModelRunner {
@@ -62,6 +66,39 @@ impl ModelRunner {
             #[cfg(feature = "cuda")]
             graphs: None,
             leader: None,
+            keep: None,
+        }
+    }
+
+    /// Makes every step keep the residual streams entering the model's `layers` (for an EAGLE-3
+    /// head; [`CausalLm::forward_keeping`]). Steps then run eagerly: no CUDA graph keeps them.
+    pub fn keep_hidden_states(&mut self, layers: Vec<usize>) {
+        #[cfg(feature = "cuda")]
+        {
+            self.graphs = None;
+        }
+        self.keep = Some((layers, None));
+    }
+
+    /// The last step's kept residual streams, one row per token of its batch (see
+    /// [`ModelRunner::keep_hidden_states`]).
+    pub fn take_hidden_states(&mut self) -> Option<candle_core::Tensor> {
+        self.keep.as_mut().and_then(|(_, h)| h.take())
+    }
+
+    /// The eager forward pass: the sampled rows' logits in the model dtype, keeping the hidden
+    /// states when asked.
+    fn forward_eager(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+    ) -> Result<candle_core::Tensor, ModelError> {
+        match self.keep.as_mut() {
+            Some((layers, kept)) => {
+                let (logits, hidden) = self.model.forward_keeping(batch, &mut self.kv, layers)?;
+                *kept = Some(hidden);
+                Ok(logits)
+            }
+            None => self.model.forward_native(batch, &mut self.kv),
         }
     }
 
@@ -87,7 +124,7 @@ impl ModelRunner {
         window: bool,
     ) {
         #[cfg(feature = "cuda")]
-        if !self.device.is_cpu() {
+        if !self.device.is_cpu() && self.keep.is_none() {
             let start = Instant::now();
             let spec = cuda_graphs::CaptureSpec {
                 max_num_seqs,
@@ -206,7 +243,7 @@ impl ModelRunner {
         let start = Instant::now();
         let batch = ForwardBatch::new(out, &self.device)?;
         let start = times.lap(Phase::Prepare, start);
-        let logits = self.model.forward_native(&batch, &mut self.kv)?;
+        let logits = self.forward_eager(&batch)?;
         let (rows, vocab) = logits.dims2()?;
         debug_assert_eq!(rows, out.num_sample_rows());
         let data = logits
@@ -277,7 +314,7 @@ impl ModelRunner {
             None => {
                 let batch = ForwardBatch::new(out, &self.device)?;
                 let start = times.lap(Phase::Prepare, start);
-                let logits = self.model.forward_native(&batch, &mut self.kv)?;
+                let logits = self.forward_eager(&batch)?;
                 (logits, None, start)
             }
         })

@@ -2,8 +2,9 @@
 //! one step of the target model verifies them all (`crate::runner`'s verify step). Configured as
 //! vLLM's `--speculative-config` JSON.
 //!
-//! Proposers: n-gram prompt lookup ([`ngram`]) and a draft model (`crate::runner::draft`, which
-//! runs it). EAGLE heads are refused by name.
+//! Proposers: n-gram prompt lookup ([`ngram`]), a draft model (`crate::runner::draft`, which
+//! runs it) and an EAGLE-3 head (`crate::runner::eagle`). The older EAGLE format is refused by
+//! name.
 
 pub mod ngram;
 
@@ -13,12 +14,12 @@ use serde::Deserialize;
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpeculativeConfig {
-    /// The proposer: `ngram` (prompt lookup) or `draft_model` (the default when `model` is set).
-    /// `eagle` and `eagle3` are not implemented yet.
+    /// The proposer: `ngram` (prompt lookup), `draft_model` (the default when `model` is set) or
+    /// `eagle3` (an EAGLE-3 head in `model`). `eagle` (EAGLE-1/2 heads) is not implemented yet.
     #[serde(default)]
     pub method: Option<String>,
     /// The draft model: a directory, hub id or GGUF file, as `--model` takes; it must share the
-    /// target's vocabulary.
+    /// target's vocabulary. For `eagle3`, the head's directory (or hub id).
     #[serde(default)]
     pub model: Option<String>,
     /// Draft tokens per step, at most.
@@ -56,6 +57,8 @@ pub enum Proposer {
     Ngram(ngram::NgramConfig),
     /// A draft model (path, hub id or GGUF file), guessing greedily.
     DraftModel(String),
+    /// An EAGLE-3 head (directory or hub id), guessing greedily from the target's hidden states.
+    Eagle3(String),
 }
 
 impl Speculation {
@@ -63,7 +66,15 @@ impl Speculation {
     pub fn draft_model(&self) -> Option<&str> {
         match &self.proposer {
             Proposer::DraftModel(m) => Some(m),
-            Proposer::Ngram(_) => None,
+            Proposer::Ngram(_) | Proposer::Eagle3(_) => None,
+        }
+    }
+
+    /// The EAGLE-3 head to load, if the proposer is one.
+    pub fn eagle3_head(&self) -> Option<&str> {
+        match &self.proposer {
+            Proposer::Eagle3(m) => Some(m),
+            Proposer::Ngram(_) | Proposer::DraftModel(_) => None,
         }
     }
 }
@@ -99,11 +110,12 @@ impl SpeculativeConfig {
         }
         let proposer = match method {
             "ngram" => Proposer::Ngram(self.ngram(k)?),
-            "draft_model" => Proposer::DraftModel(self.draft()?),
+            "draft_model" => Proposer::DraftModel(self.draft(method)?),
+            "eagle3" => Proposer::Eagle3(self.draft(method)?),
             other => {
                 return Err(format!(
                     "--speculative-config: method {other:?} is not implemented yet; \"ngram\" \
-                     (prompt lookup) and \"draft_model\" are"
+                     (prompt lookup), \"draft_model\" and \"eagle3\" are"
                 ));
             }
         };
@@ -138,18 +150,19 @@ impl SpeculativeConfig {
         })
     }
 
-    /// The draft model's name.
-    fn draft(&self) -> Result<String, String> {
+    /// The draft model's (or head's) name, for `method`.
+    fn draft(&self, method: &str) -> Result<String, String> {
         if self.prompt_lookup_min.is_some() || self.prompt_lookup_max.is_some() {
-            return Err(
-                "--speculative-config: prompt_lookup_min / prompt_lookup_max are the \
-                        ngram method's; a draft model takes neither"
-                    .into(),
-            );
+            return Err(format!(
+                "--speculative-config: prompt_lookup_min / prompt_lookup_max are the ngram \
+                 method's; {method} takes neither"
+            ));
         }
         match self.model.as_deref() {
             Some(m) if !m.trim().is_empty() => Ok(m.to_string()),
-            _ => Err("--speculative-config: the draft_model method needs a \"model\"".into()),
+            _ => Err(format!(
+                "--speculative-config: the {method} method needs a \"model\""
+            )),
         }
     }
 }
@@ -220,10 +233,24 @@ mod tests {
             assert_eq!(ok.draft_model(), Some("some/draft"));
             assert_eq!(ok.num_speculative_tokens, 4);
         }
+        let ok = SpeculativeConfig::parse(
+            r#"{"method":"eagle3","model":"some/head","num_speculative_tokens":3}"#,
+        )
+        .unwrap()
+        .check()
+        .unwrap();
+        assert_eq!(
+            (ok.eagle3_head(), ok.draft_model()),
+            (Some("some/head"), None)
+        );
         for (json, named) in [
             (
-                r#"{"method":"eagle3","model":"x","num_speculative_tokens":4}"#,
-                "\"eagle3\"",
+                r#"{"method":"eagle","model":"x","num_speculative_tokens":4}"#,
+                "\"eagle\" is not implemented",
+            ),
+            (
+                r#"{"method":"eagle3","num_speculative_tokens":4}"#,
+                "eagle3 method needs a \"model\"",
             ),
             (
                 r#"{"method":"draft_model","num_speculative_tokens":4}"#,

@@ -155,6 +155,39 @@ impl CausalLm for Llama {
         batch: &ForwardBatch<'_>,
         kv: &mut KvCache,
     ) -> Result<Tensor, ModelError> {
+        Ok(self.run(batch, kv, None)?.0)
+    }
+
+    fn forward_keeping(
+        &self,
+        batch: &ForwardBatch<'_>,
+        kv: &mut KvCache,
+        layers: &[usize],
+    ) -> Result<(Tensor, Tensor), ModelError> {
+        if let Some(&bad) = layers.iter().find(|&&l| l >= self.layers.len()) {
+            return Err(ModelError::Unsupported(format!(
+                "no layer {bad} to keep the hidden states of ({} layers)",
+                self.layers.len()
+            )));
+        }
+        let (logits, kept) = self.run(batch, kv, Some(layers))?;
+        Ok((logits, kept.expect("kept when asked")))
+    }
+
+    fn token_embedding(&self) -> Option<&TokenEmbedding> {
+        Some(&self.embed)
+    }
+}
+
+impl Llama {
+    /// The forward pass: the sampled rows' logits (model dtype) and, when `keep` names layers,
+    /// the residual streams entering them, concatenated (see [`CausalLm::forward_keeping`]).
+    fn run(
+        &self,
+        batch: &ForwardBatch<'_>,
+        kv: &mut KvCache,
+        keep: Option<&[usize]>,
+    ) -> Result<(Tensor, Option<Tensor>), ModelError> {
         let cfg = &self.cfg;
         let tp = self.par.rank;
         let heads = Heads {
@@ -166,7 +199,8 @@ impl CausalLm for Llama {
         };
         let mut x = self.embed.forward(&batch.input_ids)?;
         #[cfg(feature = "cuda")]
-        if batch.attention.device.is_some()
+        if keep.is_none()
+            && batch.attention.device.is_some()
             && let Some(layers) = self.fused_layers(x.dim(0)?, x.dtype(), x.device(), kv)
         {
             for (i, layer) in layers.iter().enumerate() {
@@ -174,9 +208,10 @@ impl CausalLm for Llama {
                     decode_fused::attention(&x, &layer.attn, i, &self.rotary, batch, kv, heads)?;
                 x = decode_fused::finish_layer(&x, &attn, layer, &self.par)?;
             }
-            return self.logits(&self.norm.forward(&x)?, batch);
+            return Ok((self.logits(&self.norm.forward(&x)?, batch)?, None));
         }
         let rotary = self.rotary.at(&batch.positions)?;
+        let mut kept: Vec<Option<Tensor>> = vec![None; keep.map_or(0, <[usize]>::len)];
         // `h` is the normalized residual stream entering the next block: each residual add is
         // fused with the norm that follows it (the next layer's input norm, or the final norm).
         let mut h = match self.layers.first() {
@@ -184,6 +219,13 @@ impl CausalLm for Llama {
             None => self.norm.forward(&x)?,
         };
         for (i, layer) in self.layers.iter().enumerate() {
+            for (slot, _) in kept
+                .iter_mut()
+                .zip(keep.unwrap_or(&[]))
+                .filter(|(_, l)| **l == i)
+            {
+                *slot = Some(x.clone());
+            }
             let attn = attention(&layer.qkv, i, &h, &rotary, batch, kv, heads)?;
             let o = self.par.all_reduce(layer.o.forward(&attn)?)?;
             let (x_mid, h_mid) = layer.post_norm.add_forward(&x, &o)?;
@@ -192,11 +234,16 @@ impl CausalLm for Llama {
             (x, h) = next_norm.add_forward(&x_mid, &mlp)?;
         }
         drop(x);
-        self.logits(&h, batch)
+        let kept = match keep {
+            Some(_) => {
+                let parts: Vec<Tensor> = kept.into_iter().flatten().collect();
+                Some(Tensor::cat(&parts, 1)?)
+            }
+            None => None,
+        };
+        Ok((self.logits(&h, batch)?, kept))
     }
-}
 
-impl Llama {
     /// The logits (model dtype) of the rows of the normalized stream `h` that sample. When every
     /// row samples (a decode step), the rows are already in order and need no gather. A
     /// vocabulary-parallel head's parts are gathered from the ranks.
