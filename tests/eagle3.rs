@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::speculation::same_with_and_without;
+use common::speculation::{drafts_along, same_with_and_without, write_random_eagle3_head};
 use pagewise::spec::SpeculativeConfig;
 use pagewise::{EngineArgs, Llm, SamplingParams};
 use serde_json::Value;
@@ -185,6 +185,41 @@ fn mismatched_heads_are_refused_by_name() {
             err.contains("EAGLE-3") && err.contains(named),
             "{edit:?}: {err}"
         );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A head of the target's whole vocabulary (no `d2t`), reading the layers in another order, as
+/// the GPU test writes it: it drafts, and greedy output is the output without it.
+#[test]
+fn a_full_vocabulary_head_keeps_greedy_output() {
+    let target = format!("{FIXTURES}/llama-gqa-tied");
+    let dir = std::env::temp_dir().join(format!("pagewise-eagle3-full-{}", std::process::id()));
+    write_random_eagle3_head(&target, &dir, 5);
+    let spec = SpeculativeConfig::parse(&format!(
+        r#"{{"method":"eagle3","model":"{}","num_speculative_tokens":3}}"#,
+        dir.display()
+    ))
+    .unwrap();
+    let run = |spec: Option<SpeculativeConfig>| {
+        let mut llm = Llm::new(EngineArgs {
+            model: target.clone(),
+            speculative_config: spec,
+            ..Default::default()
+        })
+        .unwrap();
+        common::speculation::prompts()[..4]
+            .iter()
+            .map(|p| drafts_along(&mut llm, p, &greedy(24)))
+            .collect::<Vec<_>>()
+    };
+    let (with, without) = (run(Some(spec)), run(None));
+    let rounds: usize = with.iter().map(|(r, _)| r.len()).sum();
+    assert!(rounds >= 20, "{rounds} steps drafted");
+    for (i, (w, p)) in with.iter().zip(&without).enumerate() {
+        assert!(p.0.is_empty());
+        assert_eq!(w.1, p.1, "prompt {i}");
+        assert_eq!(w.1.len(), 24);
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

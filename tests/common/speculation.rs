@@ -82,3 +82,96 @@ pub fn same_with_and_without(
     super::assert_preempted_cached_and_freed(&spec, "");
     spec
 }
+
+/// Writes a random EAGLE-3 head for the Hugging Face target in `target` into `dir` (seeded; its
+/// draft vocabulary is the target's, so it has no `d2t`; it reads the streams entering the
+/// target's last, first and middle layers).
+pub fn write_random_eagle3_head(target: &str, dir: &std::path::Path, seed: u64) {
+    use candle_core::{DType, Device, Tensor};
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{target}/config.json")).unwrap())
+            .unwrap();
+    let n = |k: &str| cfg[k].as_u64().unwrap() as usize;
+    let (h, vocab, layers, nq) = (
+        n("hidden_size"),
+        n("vocab_size"),
+        n("num_hidden_layers"),
+        n("num_attention_heads"),
+    );
+    let nkv = cfg["num_key_value_heads"]
+        .as_u64()
+        .map_or(nq, |v| v as usize);
+    let d = cfg["head_dim"].as_u64().map_or(h / nq, |v| v as usize);
+    let inter = 2 * h;
+    let mut rng = SeededRng::new(seed, 0);
+    let mut rand = |shape: (usize, usize), scale: f32| {
+        let v: Vec<f32> = (0..shape.0 * shape.1)
+            .map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale)
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    };
+    let ones = |size: usize| Tensor::ones(size, DType::F32, &Device::Cpu).unwrap();
+    let w = [
+        ("fc.weight", rand((h, 3 * h), 0.1)),
+        (
+            "midlayer.self_attn.q_proj.weight",
+            rand((nq * d, 2 * h), 0.15),
+        ),
+        (
+            "midlayer.self_attn.k_proj.weight",
+            rand((nkv * d, 2 * h), 0.15),
+        ),
+        (
+            "midlayer.self_attn.v_proj.weight",
+            rand((nkv * d, 2 * h), 0.15),
+        ),
+        ("midlayer.self_attn.o_proj.weight", rand((h, nq * d), 0.15)),
+        ("midlayer.mlp.gate_proj.weight", rand((inter, h), 0.15)),
+        ("midlayer.mlp.up_proj.weight", rand((inter, h), 0.15)),
+        ("midlayer.mlp.down_proj.weight", rand((h, inter), 0.15)),
+        ("lm_head.weight", rand((vocab, h), 0.5)),
+    ];
+    let mut tensors: std::collections::HashMap<String, Tensor> =
+        w.into_iter().map(|(k, t)| (k.to_string(), t)).collect();
+    for norm in [
+        "midlayer.hidden_norm.weight",
+        "midlayer.input_layernorm.weight",
+        "midlayer.post_attention_layernorm.weight",
+        "norm.weight",
+    ] {
+        tensors.insert(norm.into(), ones(h));
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();
+    let head = serde_json::json!({
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "hidden_size": h, "intermediate_size": inter, "num_hidden_layers": 1,
+        "num_attention_heads": nq, "num_key_value_heads": nkv, "head_dim": d,
+        "rms_norm_eps": 1e-6, "vocab_size": vocab,
+        "max_position_embeddings": cfg["max_position_embeddings"],
+        "rope_theta": cfg["rope_theta"].as_f64().unwrap_or(10_000.0),
+        "eagle_aux_hidden_state_layer_ids": [layers - 1, 0, layers / 2],
+    });
+    std::fs::write(dir.join("config.json"), head.to_string()).unwrap();
+}
+
+/// Runs `prompt` alone on `llm` step by step: each step's drafts with the sequence's length
+/// when they were proposed, and the output.
+pub fn drafts_along(
+    llm: &mut Llm,
+    prompt: &[u32],
+    params: &SamplingParams,
+) -> (Vec<(usize, Vec<u32>)>, Vec<u32>) {
+    let core = llm.core_mut();
+    core.add(prompt.to_vec(), params.clone(), None).unwrap();
+    let (mut rounds, mut output) = (Vec::new(), Vec::new());
+    while core.has_unfinished() {
+        output.extend(core.step().unwrap().iter().map(|e| e.token_id));
+        if let Some(seq) = core.scheduler().running().first()
+            && !seq.spec_tokens().is_empty()
+        {
+            rounds.push((seq.num_tokens(), seq.spec_tokens().to_vec()));
+        }
+    }
+    (rounds, output)
+}

@@ -53,3 +53,45 @@ fn speculation_on_the_gpu_keeps_greedy_output() {
         }
     }
 }
+
+/// An EAGLE-3 head on the GPU (f32) proposes the drafts it proposes on the CPU at every step,
+/// reading the target's hidden states from the GPU's eager steps, and the output is plain
+/// decoding's.
+#[test]
+fn an_eagle3_head_on_the_gpu_drafts_as_on_the_cpu() {
+    use common::speculation::{drafts_along, write_random_eagle3_head};
+    let target = model("tiny-d64");
+    let dir = std::env::temp_dir().join(format!("pagewise-gpu-eagle3-{}", std::process::id()));
+    write_random_eagle3_head(&target, &dir, 5);
+    let spec = format!(
+        r#"{{"method":"eagle3","model":"{}","num_speculative_tokens":3}}"#,
+        dir.display()
+    );
+    let params = greedy(24);
+    let prompts = prompts(4, 256);
+    let run = |device, spec: Option<&str>| {
+        let mut llm = Llm::new(EngineArgs {
+            device,
+            ..args(spec)
+        })
+        .unwrap();
+        let runs: Vec<_> = prompts
+            .iter()
+            .map(|p| drafts_along(&mut llm, p, &params))
+            .collect();
+        let (free, all) = llm.core().draft_block_usage().unwrap_or((0, 0));
+        assert_eq!(free, all, "the head's blocks are all given back");
+        runs
+    };
+    let gpu = run(DeviceArg::Cuda(0), Some(&spec));
+    let cpu = run(DeviceArg::Cpu, Some(&spec));
+    let plain = run(DeviceArg::Cuda(0), None);
+    let rounds: usize = gpu.iter().map(|(r, _)| r.len()).sum();
+    eprintln!("eagle3: {rounds} steps' drafts compared");
+    assert!(rounds >= 20, "{rounds}");
+    for (i, ((g, c), p)) in gpu.iter().zip(&cpu).zip(&plain).enumerate() {
+        assert_eq!(g.0, c.0, "prompt {i}: drafts");
+        assert_eq!(g.1, p.1, "prompt {i}: output");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
