@@ -131,8 +131,8 @@ pub struct EngineFlags {
     /// guesses instead with `{"model": "DIR_OR_ID_OR_GGUF", "num_speculative_tokens": 4}` (the
     /// same tokenizer as the target; its KV cache takes its share of the cache's memory), or an
     /// EAGLE-3 head with `{"method": "eagle3", "model": "HEAD_DIR_OR_ID",
-    /// "num_speculative_tokens": 3}` (Llama-family targets, one device; steps then run without
-    /// CUDA graphs). The older EAGLE format is not implemented yet.
+    /// "num_speculative_tokens": 3}` (Llama-family targets, one device). The older EAGLE format
+    /// is not implemented yet.
     #[arg(long, env = "PAGEWISE_SPECULATIVE_CONFIG", value_parser = parse_speculative_config)]
     pub speculative_config: Option<crate::spec::SpeculativeConfig>,
     /// Tensor parallelism.

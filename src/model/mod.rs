@@ -120,7 +120,7 @@ pub trait CausalLm: Send {
     /// [`CausalLm::forward_native`] that also returns, for every token row of the batch, the
     /// residual streams entering the decoder layers `layers` (each below the layer count),
     /// concatenated in that order: `[tokens, layers.len() * hidden]`, what an EAGLE-3 head reads.
-    /// Never on the fused decode path. Models that cannot say so.
+    /// Models that cannot say so.
     fn forward_keeping(
         &self,
         batch: &ForwardBatch<'_>,

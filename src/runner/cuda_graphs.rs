@@ -38,6 +38,8 @@ struct Buffers {
     sample_rows: Tensor,
     context_lens: Tensor,
     logits: Tensor,
+    /// With [`CaptureSpec::keep`]: the kept hidden states every graph writes.
+    hidden: Option<Tensor>,
     temperatures: Tensor,
     min_ps: Tensor,
     seeds: Tensor,
@@ -122,6 +124,7 @@ impl Buffers {
             row_seq: Tensor::from_vec(rows_i32, rows, device)?,
             context_lens: Tensor::zeros(rows, DType::I32, device)?,
             logits: Tensor::zeros((rows, vocab), logits_dtype, device)?,
+            hidden: None,
             temperatures: Tensor::zeros(rows, DType::F32, device)?,
             min_ps: Tensor::zeros(rows, DType::F32, device)?,
             seeds: Tensor::zeros(rows, DType::I64, device)?,
@@ -311,6 +314,9 @@ pub struct CaptureSpec {
     /// Whether the steps carry a window group's slots and tables (sliding-window layers with
     /// blocks of their own).
     pub window: bool,
+    /// The layers whose incoming residual streams each replay keeps
+    /// ([`CausalLm::forward_keeping`]), if any.
+    pub keep: Option<Vec<usize>>,
 }
 
 impl DecodeGraphs {
@@ -361,7 +367,21 @@ impl DecodeGraphs {
             let split =
                 pagewise_kernels::graph_split_plan(b, kv_heads, context, slots, cfg.head_dim);
             let batch = buffers.batch(b, split, context)?;
-            let logits_dtype = model.forward_native(&batch, kv)?.dtype();
+            // (The forward pass, its kept hidden states copied into their buffer.)
+            let forward = |buffers: &mut Buffers, kv: &mut KvCache| match &spec.keep {
+                Some(layers) => {
+                    let (logits, hidden) = model.forward_keeping(&batch, kv, layers)?;
+                    let buffer = match buffers.hidden.take() {
+                        Some(h) => h,
+                        None => Tensor::zeros((rows, hidden.dim(1)?), hidden.dtype(), device)?,
+                    };
+                    buffer.slice_set(&hidden, 0, 0)?;
+                    buffers.hidden = Some(buffer);
+                    Ok(logits)
+                }
+                None => model.forward_native(&batch, kv),
+            };
+            let logits_dtype = forward(&mut buffers, kv)?.dtype();
             if logits_dtype != buffers.logits.dtype() {
                 if !graphs.is_empty() {
                     return Err(ModelError::Unsupported(format!(
@@ -377,7 +397,7 @@ impl DecodeGraphs {
             let captured = buffers
                 .unpack(b)
                 .map_err(ModelError::from)
-                .and_then(|()| model.forward_native(&batch, kv))
+                .and_then(|()| forward(&mut buffers, kv))
                 .and_then(|logits| Ok(buffers.sample(b, &logits)?));
             let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
             captured?;
@@ -450,6 +470,16 @@ impl DecodeGraphs {
     pub fn replay(&self, slot: usize, n: usize) -> Result<Tensor, ModelError> {
         self.graphs[slot].launch().map_err(driver_error)?;
         Ok(self.buffers.logits.narrow(0, 0, n)?)
+    }
+
+    /// The first `n` rows of the hidden states the last replay kept, when the graphs keep them.
+    pub fn hidden(&self, n: usize) -> Result<Option<Tensor>, ModelError> {
+        Ok(self
+            .buffers
+            .hidden
+            .as_ref()
+            .map(|h| h.narrow(0, 0, n))
+            .transpose()?)
     }
 
     /// The first `n` token ids the last replay sampled; call after synchronizing the device.

@@ -71,12 +71,9 @@ impl ModelRunner {
     }
 
     /// Makes every step keep the residual streams entering the model's `layers` (for an EAGLE-3
-    /// head; [`CausalLm::forward_keeping`]). Steps then run eagerly: no CUDA graph keeps them.
+    /// head; [`CausalLm::forward_keeping`]), CUDA graph replays included (call before
+    /// [`ModelRunner::capture_graphs`]).
     pub fn keep_hidden_states(&mut self, layers: Vec<usize>) {
-        #[cfg(feature = "cuda")]
-        {
-            self.graphs = None;
-        }
         self.keep = Some((layers, None));
     }
 
@@ -124,13 +121,14 @@ impl ModelRunner {
         window: bool,
     ) {
         #[cfg(feature = "cuda")]
-        if !self.device.is_cpu() && self.keep.is_none() {
+        if !self.device.is_cpu() {
             let start = Instant::now();
             let spec = cuda_graphs::CaptureSpec {
                 max_num_seqs,
                 max_seq_len,
                 block_size,
                 window,
+                keep: self.keep.as_ref().map(|(layers, _)| layers.clone()),
             };
             match cuda_graphs::DecodeGraphs::capture(
                 self.model.as_ref(),
@@ -309,7 +307,11 @@ impl ModelRunner {
             Some((slot, graphs)) => {
                 let start = times.lap(Phase::Prepare, start);
                 times.count_graph_step();
-                (graphs.replay(slot, out.seqs.len())?, Some(slot), start)
+                let logits = graphs.replay(slot, out.seqs.len())?;
+                if let Some((_, kept)) = self.keep.as_mut() {
+                    *kept = graphs.hidden(out.seqs.len())?;
+                }
+                (logits, Some(slot), start)
             }
             None => {
                 let batch = ForwardBatch::new(out, &self.device)?;

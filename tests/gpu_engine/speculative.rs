@@ -95,3 +95,38 @@ fn an_eagle3_head_on_the_gpu_drafts_as_on_the_cpu() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// In bf16, where plain decode steps take the fused path inside CUDA graphs, the head reads the
+/// hidden states a replay keeps: its drafts are those of the same engine run eagerly.
+#[test]
+fn an_eagle3_head_reads_hidden_states_from_graph_replays() {
+    use common::speculation::{drafts_along, write_random_eagle3_head};
+    let target = model("tiny-d64");
+    let dir = std::env::temp_dir().join(format!("pagewise-gpu-eagle3-bf16-{}", std::process::id()));
+    write_random_eagle3_head(&target, &dir, 9);
+    let spec = format!(
+        r#"{{"method":"eagle3","model":"{}","num_speculative_tokens":2}}"#,
+        dir.display()
+    );
+    let params = greedy(24);
+    let prompts = prompts(4, 256);
+    let run = |enforce_eager| {
+        let mut llm = Llm::new(EngineArgs {
+            dtype: DtypeArg::Bfloat16,
+            enforce_eager,
+            ..args(Some(&spec))
+        })
+        .unwrap();
+        let runs: Vec<_> = prompts
+            .iter()
+            .map(|p| drafts_along(&mut llm, p, &params))
+            .collect();
+        (runs, llm.core().step_times().graph_steps())
+    };
+    let (graphs, replays) = run(false);
+    let (eager, none) = run(true);
+    eprintln!("eagle3 bf16: {replays} graph replays");
+    assert!(replays > 0 && none == 0, "{replays} / {none}");
+    assert_eq!(graphs, eager);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -198,27 +198,9 @@ impl Llama {
             window: None,
         };
         let mut x = self.embed.forward(&batch.input_ids)?;
-        #[cfg(feature = "cuda")]
-        if keep.is_none()
-            && batch.attention.device.is_some()
-            && let Some(layers) = self.fused_layers(x.dim(0)?, x.dtype(), x.device(), kv)
-        {
-            for (i, layer) in layers.iter().enumerate() {
-                let attn =
-                    decode_fused::attention(&x, &layer.attn, i, &self.rotary, batch, kv, heads)?;
-                x = decode_fused::finish_layer(&x, &attn, layer, &self.par)?;
-            }
-            return Ok((self.logits(&self.norm.forward(&x)?, batch)?, None));
-        }
-        let rotary = self.rotary.at(&batch.positions)?;
         let mut kept: Vec<Option<Tensor>> = vec![None; keep.map_or(0, <[usize]>::len)];
-        // `h` is the normalized residual stream entering the next block: each residual add is
-        // fused with the norm that follows it (the next layer's input norm, or the final norm).
-        let mut h = match self.layers.first() {
-            Some(first) => first.input_norm.forward(&x)?,
-            None => self.norm.forward(&x)?,
-        };
-        for (i, layer) in self.layers.iter().enumerate() {
+        // The residual stream entering layer i, into the slots that ask for it.
+        let mut keep_at = |i: usize, x: &Tensor| {
             for (slot, _) in kept
                 .iter_mut()
                 .zip(keep.unwrap_or(&[]))
@@ -226,6 +208,29 @@ impl Llama {
             {
                 *slot = Some(x.clone());
             }
+        };
+        #[cfg(feature = "cuda")]
+        if batch.attention.device.is_some()
+            && let Some(layers) = self.fused_layers(x.dim(0)?, x.dtype(), x.device(), kv)
+        {
+            for (i, layer) in layers.iter().enumerate() {
+                keep_at(i, &x);
+                let attn =
+                    decode_fused::attention(&x, &layer.attn, i, &self.rotary, batch, kv, heads)?;
+                x = decode_fused::finish_layer(&x, &attn, layer, &self.par)?;
+            }
+            let logits = self.logits(&self.norm.forward(&x)?, batch)?;
+            return Ok((logits, concat_kept(keep, kept)?));
+        }
+        let rotary = self.rotary.at(&batch.positions)?;
+        // `h` is the normalized residual stream entering the next block: each residual add is
+        // fused with the norm that follows it (the next layer's input norm, or the final norm).
+        let mut h = match self.layers.first() {
+            Some(first) => first.input_norm.forward(&x)?,
+            None => self.norm.forward(&x)?,
+        };
+        for (i, layer) in self.layers.iter().enumerate() {
+            keep_at(i, &x);
             let attn = attention(&layer.qkv, i, &h, &rotary, batch, kv, heads)?;
             let o = self.par.all_reduce(layer.o.forward(&attn)?)?;
             let (x_mid, h_mid) = layer.post_norm.add_forward(&x, &o)?;
@@ -234,14 +239,7 @@ impl Llama {
             (x, h) = next_norm.add_forward(&x_mid, &mlp)?;
         }
         drop(x);
-        let kept = match keep {
-            Some(_) => {
-                let parts: Vec<Tensor> = kept.into_iter().flatten().collect();
-                Some(Tensor::cat(&parts, 1)?)
-            }
-            None => None,
-        };
-        Ok((self.logits(&h, batch)?, kept))
+        Ok((self.logits(&h, batch)?, concat_kept(keep, kept)?))
     }
 
     /// The logits (model dtype) of the rows of the normalized stream `h` that sample. When every
@@ -296,5 +294,19 @@ impl Llama {
             })
             .collect::<Option<Vec<_>>>()?;
         decode_fused::fits(rows, dtype, device, &layers).then_some(layers)
+    }
+}
+
+/// The kept streams side by side, `[tokens, layers * hidden]`, when `keep` asked for some.
+fn concat_kept(
+    keep: Option<&[usize]>,
+    kept: Vec<Option<Tensor>>,
+) -> candle_core::Result<Option<Tensor>> {
+    match keep {
+        Some(_) => {
+            let parts: Vec<Tensor> = kept.into_iter().flatten().collect();
+            Tensor::cat(&parts, 1).map(Some)
+        }
+        None => Ok(None),
     }
 }
