@@ -97,18 +97,19 @@ fn an_eagle3_head_on_the_gpu_drafts_as_on_the_cpu() {
 }
 
 /// In bf16, where plain decode steps take the fused path inside CUDA graphs, the head reads the
-/// hidden states a replay keeps: its drafts are those of the same engine run eagerly.
+/// hidden states a replay keeps. Four sequences of different lengths run together with no drafts
+/// while more than two run (`disable_by_batch_size`): those steps replay graphs, and the head
+/// reads their hidden states; the drafts after them are those of the same engine run eagerly.
 #[test]
 fn an_eagle3_head_reads_hidden_states_from_graph_replays() {
-    use common::speculation::{drafts_along, write_random_eagle3_head};
+    use common::speculation::write_random_eagle3_head;
     let target = model("tiny-d64");
     let dir = std::env::temp_dir().join(format!("pagewise-gpu-eagle3-bf16-{}", std::process::id()));
     write_random_eagle3_head(&target, &dir, 9);
     let spec = format!(
-        r#"{{"method":"eagle3","model":"{}","num_speculative_tokens":2}}"#,
+        r#"{{"method":"eagle3","model":"{}","num_speculative_tokens":2,"disable_by_batch_size":2}}"#,
         dir.display()
     );
-    let params = greedy(24);
     let prompts = prompts(4, 256);
     let run = |enforce_eager| {
         let mut llm = Llm::new(EngineArgs {
@@ -117,16 +118,29 @@ fn an_eagle3_head_reads_hidden_states_from_graph_replays() {
             ..args(Some(&spec))
         })
         .unwrap();
-        let runs: Vec<_> = prompts
-            .iter()
-            .map(|p| drafts_along(&mut llm, p, &params))
-            .collect();
-        (runs, llm.core().step_times().graph_steps())
+        let core = llm.core_mut();
+        for (i, p) in prompts.iter().enumerate() {
+            core.add(p.clone(), greedy(12 + 8 * i), None).unwrap();
+        }
+        let mut drafts = Vec::new();
+        while core.has_unfinished() {
+            core.step().unwrap();
+            for seq in core.scheduler().running() {
+                if !seq.spec_tokens().is_empty() {
+                    drafts.push((seq.id, seq.num_tokens(), seq.spec_tokens().to_vec()));
+                }
+            }
+        }
+        (drafts, core.step_times().graph_steps())
     };
     let (graphs, replays) = run(false);
     let (eager, none) = run(true);
-    eprintln!("eagle3 bf16: {replays} graph replays");
-    assert!(replays > 0 && none == 0, "{replays} / {none}");
+    eprintln!(
+        "eagle3 bf16: {replays} graph replays, {} steps' drafts compared",
+        graphs.len()
+    );
+    assert!(replays >= 8 && none == 0, "{replays} / {none}");
+    assert!(graphs.len() >= 10, "{}", graphs.len());
     assert_eq!(graphs, eager);
     std::fs::remove_dir_all(&dir).unwrap();
 }
