@@ -17,7 +17,7 @@ const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
 fn eagle3(k: usize) -> Option<SpeculativeConfig> {
     Some(
         SpeculativeConfig::parse(&format!(
-            r#"{{"method":"eagle3","model":"{FIXTURES}/eagle3-head","num_speculative_tokens":{k}}}"#
+            r#"{{"method":"eagle3","model":"{FIXTURES}/eagle3-head","num_speculative_tokens":{k},"adaptive":false}}"#
         ))
         .unwrap(),
     )
@@ -197,7 +197,7 @@ fn a_full_vocabulary_head_keeps_greedy_output() {
     let dir = std::env::temp_dir().join(format!("pagewise-eagle3-full-{}", std::process::id()));
     write_random_eagle3_head(&target, &dir, 5);
     let spec = SpeculativeConfig::parse(&format!(
-        r#"{{"method":"eagle3","model":"{}","num_speculative_tokens":3}}"#,
+        r#"{{"method":"eagle3","model":"{}","num_speculative_tokens":3,"adaptive":false}}"#,
         dir.display()
     ))
     .unwrap();

@@ -17,7 +17,7 @@ const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
 fn ngram(k: usize) -> Option<SpeculativeConfig> {
     Some(
         SpeculativeConfig::parse(&format!(
-            r#"{{"method":"ngram","num_speculative_tokens":{k},"prompt_lookup_min":1,"prompt_lookup_max":3}}"#
+            r#"{{"method":"ngram","num_speculative_tokens":{k},"prompt_lookup_min":1,"prompt_lookup_max":3,"adaptive":false}}"#
         ))
         .unwrap(),
     )
@@ -367,4 +367,23 @@ fn constrained_output_with_speculation_is_the_output_without() {
             assert!(stats.num_accepted_tokens > 0, "{constraint:?}");
         }
     }
+}
+
+/// With the draft length tuned from measured step costs (the default), output is still the
+/// output without speculation, and drafts are still verified (the tuner starts by speculating,
+/// and tries every length now and then).
+#[test]
+fn greedy_output_with_tuned_draft_lengths_is_the_output_without() {
+    let tuned = SpeculativeConfig::parse(
+        r#"{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":1,"prompt_lookup_max":3}"#,
+    )
+    .unwrap();
+    assert!(tuned.check().unwrap().adaptive);
+    let llm = same_with_and_without(
+        &format!("{FIXTURES}/llama-gqa-tied"),
+        512,
+        &greedy(),
+        Some(tuned),
+    );
+    assert!(llm.core().spec_stats().num_drafts > 0);
 }

@@ -13,19 +13,19 @@ use crate::chat::{ChatError, ChatTemplate};
 use super::args::{EngineArgs, EngineError};
 use super::detokenizer::IncrementalDetokenizer;
 use super::loading::StartupTimes;
+use super::propose::Speculator;
 use super::stop::StopMatcher;
 use super::text::{self as text_phase, TextJob, TextState};
 use crate::guided::{Grammars, Guide};
 use crate::model::ModelConfig;
 use crate::request::{FinishReason, InvalidParam, SamplingParams};
 use crate::runner::ModelRunner;
-use crate::runner::draft::DraftRunner;
-use crate::runner::eagle::{EagleRunner, TargetStep};
+use crate::runner::eagle::TargetStep;
 use crate::runner::step_times::{Phase, StepTimes};
 use crate::sampler::Logprobs;
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerOutput, SeqUpdate};
 use crate::sequence::{SeqId, SeqMap, Sequence};
-use crate::spec::{MAX_SPECULATIVE_TOKENS, Proposer, SpecStats, Speculation};
+use crate::spec::{SpecStats, Speculation};
 
 /// What one step produced for one sequence.
 #[derive(Clone, Debug, PartialEq)]
@@ -66,11 +66,7 @@ pub struct EngineCore {
     queue_times: Vec<Duration>,
     step_times: StepTimes,
     /// Speculative decoding, when configured.
-    spec: Option<Speculation>,
-    /// The draft model, when speculation uses one.
-    draft: Option<DraftRunner>,
-    /// The EAGLE-3 head, when speculation uses one.
-    eagle: Option<EagleRunner>,
+    speculator: Option<Speculator>,
     startup: StartupTimes,
     spec_stats: SpecStats,
     #[cfg(feature = "fault-injection")]
@@ -111,7 +107,9 @@ impl EngineCore {
             enable_prefix_caching: args.enable_prefix_caching,
             window: loaded.window,
         });
-        let (spec, draft, eagle) = (loaded.speculation, loaded.draft, loaded.eagle);
+        let speculator = loaded
+            .speculation
+            .map(|spec| Speculator::new(spec, loaded.draft, loaded.eagle));
         let runner = loaded.runner;
         let tokenizer = loaded.tokenizer;
         let grammars = loaded.grammars;
@@ -131,9 +129,7 @@ impl EngineCore {
             next_seq_id: 0,
             queue_times: Vec::new(),
             step_times: StepTimes::default(),
-            spec,
-            draft,
-            eagle,
+            speculator,
             spec_stats: SpecStats::default(),
             startup,
             #[cfg(feature = "fault-injection")]
@@ -293,17 +289,13 @@ impl EngineCore {
 
     /// Speculative decoding's settings, when it is on.
     pub fn speculation(&self) -> Option<&Speculation> {
-        self.spec.as_ref()
+        self.speculator.as_ref().map(Speculator::speculation)
     }
 
     /// The draft model's (or EAGLE-3 head's) KV blocks: free, and all of them (`None` without
     /// either).
     pub fn draft_block_usage(&self) -> Option<(usize, usize)> {
-        match (&self.draft, &self.eagle) {
-            (Some(d), _) => Some(d.block_usage()),
-            (None, Some(e)) => Some(e.block_usage()),
-            (None, None) => None,
-        }
+        self.speculator.as_ref().and_then(Speculator::block_usage)
     }
 
     /// Draft and acceptance counts of speculative decoding since start.
@@ -348,6 +340,7 @@ impl EngineCore {
                 ended = text_phase::finish_jobs(tokenizer, pending, states, sink);
             }
         };
+        let executed = Instant::now();
         let sampled = self.runner.execute(
             &out,
             self.scheduler.scheduled_mut(&out),
@@ -355,6 +348,9 @@ impl EngineCore {
             &mut text_phase,
         );
         let sampled = sampled?;
+        if let Some(s) = self.speculator.as_mut() {
+            s.record_step(out.num_batched_tokens(), executed.elapsed().as_secs_f64());
+        }
         let start = if out.is_empty() {
             self.step_times.lap(Phase::Text, start)
         } else {
@@ -368,6 +364,9 @@ impl EngineCore {
             let verified = out.seqs.iter().filter(|s| s.samples);
             for (s, &n) in verified.zip(&sampled.emitted) {
                 self.spec_stats.record(s.num_draft_tokens, n - 1);
+                if let Some(spec) = self.speculator.as_mut() {
+                    spec.record_verify(s.num_draft_tokens, n - 1);
+                }
             }
         }
         // A stop string or a failure ended these in the last step's text phase; this step ran
@@ -397,21 +396,16 @@ impl EngineCore {
             true => start,
             false => self.step_times.lap(Phase::Update, start),
         };
-        if let Some(spec) = &self.spec {
+        if let Some(speculator) = self.speculator.as_mut() {
             let hidden = self.runner.take_hidden_states();
             let target = hidden.map(|hidden| TargetStep {
                 out: &out,
                 emitted: &sampled.emitted,
                 hidden,
             });
-            let drafter = match (self.draft.as_mut(), self.eagle.as_mut()) {
-                (Some(d), _) => Drafter::Model(d),
-                (None, Some(e)) => Drafter::Eagle(e, target),
-                (None, None) => Drafter::None,
-            };
-            propose(spec, &mut self.scheduler, drafter)?;
+            speculator.propose(&mut self.scheduler, target)?;
             if !out.is_empty() {
-                let phase = match self.draft.is_some() || self.eagle.is_some() {
+                let phase = match speculator.has_model() {
                     true => Phase::Draft,
                     false => Phase::Update,
                 };
@@ -424,62 +418,6 @@ impl EngineCore {
         self.out = out;
         Ok(())
     }
-}
-
-/// The model behind a proposer, if any: a draft model, or an EAGLE-3 head with the target step
-/// it reads.
-enum Drafter<'a> {
-    None,
-    Model(&'a mut DraftRunner),
-    Eagle(&'a mut EagleRunner, Option<TargetStep<'a>>),
-}
-
-/// Gives each decoding sequence its proposer's draft for the next step (none while more
-/// sequences run than `disable_by_batch_size`), never past its `max_tokens` or the context.
-fn propose(
-    spec: &Speculation,
-    scheduler: &mut Scheduler,
-    drafter: Drafter<'_>,
-) -> Result<(), EngineError> {
-    let max_model_len = scheduler.config().max_model_len;
-    let running = scheduler.running_mut();
-    let off = spec
-        .disable_by_batch_size
-        .is_some_and(|n| running.len() > n);
-    // How many tokens each sequence may be guessed: the target adds a token of its own after
-    // the accepted drafts.
-    let limits: Vec<usize> = running
-        .iter()
-        .map(|seq| {
-            if off || seq.num_pending_tokens() != 1 {
-                return 0;
-            }
-            let left = (seq
-                .params
-                .max_tokens
-                .saturating_sub(seq.num_output_tokens()))
-            .min(max_model_len.saturating_sub(seq.num_tokens()));
-            left.saturating_sub(1).min(spec.num_speculative_tokens)
-        })
-        .collect();
-    match (&spec.proposer, drafter) {
-        (Proposer::DraftModel(_), Drafter::Model(draft)) => draft.propose(running, &limits)?,
-        (Proposer::Eagle3(_), Drafter::Eagle(head, step)) => {
-            head.propose(running, &limits, step)?
-        }
-        (Proposer::Ngram(ngram), _) => {
-            let mut guess = Vec::with_capacity(MAX_SPECULATIVE_TOKENS);
-            for (seq, &limit) in running.iter_mut().zip(&limits) {
-                guess.clear();
-                if limit > 0 {
-                    ngram.propose(seq.token_ids(), limit, &mut guess);
-                }
-                seq.set_spec_tokens(&guess);
-            }
-        }
-        (Proposer::DraftModel(_) | Proposer::Eagle3(_), _) => {}
-    }
-    Ok(())
 }
 
 /// The template to use: `--chat-template` (a file, or the template itself), else the model's.

@@ -14,6 +14,7 @@ pub mod faults;
 pub mod handle;
 pub mod kv_sizing;
 pub mod loading;
+mod propose;
 pub mod snapshot;
 pub mod stop;
 mod text;

@@ -7,6 +7,7 @@
 //! name.
 
 pub mod ngram;
+pub mod tuner;
 
 use serde::Deserialize;
 
@@ -34,6 +35,11 @@ pub struct SpeculativeConfig {
     /// batches are bound by compute, where verifying guesses costs more than it saves.
     #[serde(default)]
     pub disable_by_batch_size: Option<usize>,
+    /// pagewise's own (not vLLM's): whether each step's draft length is tuned from the measured
+    /// step costs and acceptance (`spec::tuner`; the default), or always
+    /// `num_speculative_tokens` where a proposer has that many (`false`).
+    #[serde(default)]
+    pub adaptive: Option<bool>,
 }
 
 /// The most draft tokens a step verifies per sequence.
@@ -48,6 +54,8 @@ pub struct Speculation {
     pub num_speculative_tokens: usize,
     /// See [`SpeculativeConfig::disable_by_batch_size`].
     pub disable_by_batch_size: Option<usize>,
+    /// See [`SpeculativeConfig::adaptive`].
+    pub adaptive: bool,
 }
 
 /// Who guesses the drafts.
@@ -123,6 +131,7 @@ impl SpeculativeConfig {
             proposer,
             num_speculative_tokens: k,
             disable_by_batch_size: self.disable_by_batch_size,
+            adaptive: self.adaptive.unwrap_or(true),
         })
     }
 

@@ -28,10 +28,10 @@ fn speculation_on_the_gpu_keeps_greedy_output() {
         .map(|o| o.outputs[0].token_ids.clone())
         .collect();
     let draft = format!(
-        r#"{{"model":"{}","num_speculative_tokens":4}}"#,
+        r#"{{"model":"{}","num_speculative_tokens":4,"adaptive":false}}"#,
         model("tiny-d64")
     );
-    let ngram = r#"{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":1,"prompt_lookup_max":3}"#;
+    let ngram = r#"{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":1,"prompt_lookup_max":3,"adaptive":false}"#;
     for spec in [ngram, draft.as_str()] {
         let mut llm = Llm::new(args(Some(spec))).unwrap();
         let outs = llm.generate_tokens(prompts.clone(), &params).unwrap();
@@ -64,7 +64,7 @@ fn an_eagle3_head_on_the_gpu_drafts_as_on_the_cpu() {
     let dir = std::env::temp_dir().join(format!("pagewise-gpu-eagle3-{}", std::process::id()));
     write_random_eagle3_head(&target, &dir, 5);
     let spec = format!(
-        r#"{{"method":"eagle3","model":"{}","num_speculative_tokens":3}}"#,
+        r#"{{"method":"eagle3","model":"{}","num_speculative_tokens":3,"adaptive":false}}"#,
         dir.display()
     );
     let params = greedy(24);
@@ -107,7 +107,7 @@ fn an_eagle3_head_reads_hidden_states_from_graph_replays() {
     let dir = std::env::temp_dir().join(format!("pagewise-gpu-eagle3-bf16-{}", std::process::id()));
     write_random_eagle3_head(&target, &dir, 9);
     let spec = format!(
-        r#"{{"method":"eagle3","model":"{}","num_speculative_tokens":2,"disable_by_batch_size":2}}"#,
+        r#"{{"method":"eagle3","model":"{}","num_speculative_tokens":2,"disable_by_batch_size":2,"adaptive":false}}"#,
         dir.display()
     );
     let prompts = prompts(4, 256);

@@ -1,0 +1,218 @@
+//! How many draft tokens a step verifies, chosen from what the engine measures: speculation is
+//! turned down where it does not pay (large batches on a GPU, where a step's cost grows with its
+//! tokens; a CPU, where every extra row costs compute; guesses that are seldom right) and up
+//! where it does.
+//!
+//! For a step of `d` decoding sequences, `k` drafts each, the expected tokens a sequence emits
+//! are `1 + a_1 + a_1 a_2 + ... + a_1 ... a_k`, with `a_i` the measured rate at which draft `i`
+//! is accepted when the drafts before it were; the step costs `T(d (1 + k))`, the measured time
+//! of steps of that many tokens. The tuner picks the `k` (up to the configured number) with the
+//! most expected tokens a second. Sizes never measured are estimated from the nearest measured
+//! ones, in speculation's favour (so they get tried and measured), and every
+//! [`EXPLORE_EVERY`]-th choice is each `k` in turn, so the table stays current.
+
+use std::collections::BTreeMap;
+
+/// One choice in this many tries the next draft length in turn instead of the best.
+pub const EXPLORE_EVERY: u64 = 32;
+
+/// Weight of the past in the running averages (about the last 50 observations count).
+const DECAY: f64 = 0.98;
+
+/// Running measurements of step cost and acceptance.
+#[derive(Clone, Debug)]
+pub struct SpecTuner {
+    max_k: usize,
+    /// Per draft position: (times it was verified, times it was accepted), decayed.
+    accept: Vec<(f64, f64)>,
+    /// Mean step seconds by step size bucket ([`bucket`]).
+    cost: BTreeMap<usize, f64>,
+    choices: u64,
+}
+
+/// Step sizes of up to 64 tokens are told apart; past that, powers of two.
+fn bucket(tokens: usize) -> usize {
+    match tokens {
+        0..=64 => tokens,
+        n => n.next_power_of_two(),
+    }
+}
+
+impl SpecTuner {
+    /// A tuner of up to `max_k` drafts a sequence.
+    pub fn new(max_k: usize) -> Self {
+        SpecTuner {
+            max_k,
+            accept: vec![(0.0, 0.0); max_k],
+            cost: BTreeMap::new(),
+            choices: 0,
+        }
+    }
+
+    /// A step of `tokens` tokens took `seconds`.
+    pub fn record_step(&mut self, tokens: usize, seconds: f64) {
+        if tokens == 0 {
+            return;
+        }
+        self.cost
+            .entry(bucket(tokens))
+            .and_modify(|t| *t = DECAY * *t + (1.0 - DECAY) * seconds)
+            .or_insert(seconds);
+    }
+
+    /// One sequence verified `drafted` drafts, of which the first `accepted` held.
+    pub fn record_verify(&mut self, drafted: usize, accepted: usize) {
+        // Draft i was verified when the drafts before it held.
+        for (i, (tried, held)) in self.accept.iter_mut().enumerate().take(drafted) {
+            if i > accepted {
+                break;
+            }
+            *tried = DECAY * *tried + 1.0;
+            *held = DECAY * *held + if i < accepted { 1.0 } else { 0.0 };
+        }
+    }
+
+    /// The rate at which draft `i` holds when the ones before it did (optimistic before data).
+    fn rate(&self, i: usize) -> f64 {
+        match self.accept[i] {
+            (tried, held) if tried >= 1.0 => held / tried,
+            _ if i > 0 => self.rate(i - 1),
+            _ => 1.0,
+        }
+    }
+
+    /// The estimated seconds of a step of `tokens` tokens; `None` before any step.
+    fn step_cost(&self, tokens: usize) -> Option<f64> {
+        let b = bucket(tokens);
+        let below = self.cost.range(..=b).next_back();
+        let above = self.cost.range(b..).next();
+        Some(match (below, above) {
+            (Some((&lo, &tl)), Some((&hi, &th))) if hi > lo => {
+                tl + (th - tl) * (b - lo) as f64 / (hi - lo) as f64
+            }
+            (Some((_, &t)), _) | (None, Some((_, &t))) => t,
+            (None, None) => return None,
+        })
+    }
+
+    /// Expected tokens a second of a step with `k` drafts for each of `decoding` sequences.
+    fn rate_of(&self, k: usize, decoding: usize) -> Option<f64> {
+        let mut expected = 1.0;
+        let mut reach = 1.0;
+        for i in 0..k {
+            reach *= self.rate(i);
+            expected += reach;
+        }
+        let cost = self.step_cost(decoding * (1 + k))?;
+        Some(decoding as f64 * expected / cost.max(1e-9))
+    }
+
+    /// The draft length for the next step, which `decoding` sequences could take drafts in.
+    pub fn choose(&mut self, decoding: usize) -> usize {
+        self.choices += 1;
+        if decoding == 0 {
+            return 0;
+        }
+        if self.choices.is_multiple_of(EXPLORE_EVERY) {
+            let turn = (self.choices / EXPLORE_EVERY) as usize;
+            return turn % (self.max_k + 1);
+        }
+        let mut best = (self.max_k, f64::MIN);
+        for k in (0..=self.max_k).rev() {
+            match self.rate_of(k, decoding) {
+                Some(r) if r > best.1 * (1.0 + 1e-9) => best = (k, r),
+                Some(_) => {}
+                None => return self.max_k,
+            }
+        }
+        best.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tuner that saw steps of each size up to 64 tokens (and 128, 256) costing
+    /// `cost(tokens)`, and verifies where each draft held at about `rate`.
+    fn trained(cost: impl Fn(usize) -> f64, rate: f64) -> SpecTuner {
+        let mut t = SpecTuner::new(4);
+        for _ in 0..100 {
+            for n in (1..=64).chain([128, 256]) {
+                t.record_step(n, cost(n));
+            }
+        }
+        // 1000 verifies of 4 drafts, each holding with probability `rate` (a seeded stream).
+        let mut rng = crate::sampler::SeededRng::new(1, 0);
+        for _ in 0..1000 {
+            let mut accepted = 0;
+            while accepted < 4 && ((rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < rate {
+                accepted += 1;
+            }
+            t.record_verify(4, accepted);
+        }
+        t
+    }
+
+    fn best(t: &mut SpecTuner, decoding: usize) -> usize {
+        // (Skip the exploring choices.)
+        loop {
+            let k = t.choose(decoding);
+            if !t.choices.is_multiple_of(EXPLORE_EVERY) {
+                return k;
+            }
+        }
+    }
+
+    #[test]
+    fn flat_costs_and_good_guesses_speculate_fully() {
+        // A GPU at small batches: a step costs about the same whatever its tokens.
+        let mut t = trained(|n| 1e-3 * (1.0 + n as f64 / 200.0), 0.7);
+        assert_eq!(best(&mut t, 1), 4);
+    }
+
+    #[test]
+    fn compute_bound_steps_or_poor_guesses_turn_it_off() {
+        // Cost proportional to tokens: a draft pays only if it always holds.
+        let mut t = trained(|n| 1e-3 * n as f64, 0.7);
+        assert_eq!(best(&mut t, 1), 0);
+        let mut t = trained(|n| 1e-3 * (1.0 + n as f64 / 200.0), 0.0);
+        assert_eq!(best(&mut t, 1), 0);
+    }
+
+    #[test]
+    fn large_batches_turn_it_down() {
+        // Flat up to 16 tokens, then proportional (memory-bound, then compute-bound).
+        let mut t = trained(|n| 1e-3 * (n.max(16) as f64 / 16.0), 0.6);
+        assert_eq!(best(&mut t, 2), 4);
+        let k = best(&mut t, 12);
+        assert!(k <= 1, "12 sequences: {k}");
+        assert_eq!(best(&mut t, 48), 0);
+    }
+
+    #[test]
+    fn unmeasured_sizes_are_tried_and_every_length_is_explored() {
+        let mut t = SpecTuner::new(3);
+        assert_eq!(t.choose(1), 3, "nothing measured: speculate");
+        t.record_step(1, 1e-3);
+        // Only one-token steps measured: longer ones are assumed to cost as much.
+        assert_eq!(t.choose(1), 3);
+        let mut t = trained(|n| 1e-3 * n as f64, 0.1);
+        let explored: Vec<usize> = (0..4 * EXPLORE_EVERY)
+            .map(|_| t.choose(1))
+            .filter(|&k| k > 0)
+            .collect();
+        assert_eq!(explored, [1, 2, 3, 4], "each length once");
+        assert_eq!(t.choose(0), 0);
+    }
+
+    #[test]
+    fn acceptance_is_counted_per_position() {
+        let mut t = SpecTuner::new(3);
+        t.record_verify(3, 1);
+        t.record_verify(3, 3);
+        assert_eq!(t.rate(0), 1.0);
+        assert!((t.rate(1) - 1.0 / 1.98).abs() < 1e-9, "{}", t.rate(1));
+        assert_eq!(t.rate(2), 1.0);
+    }
+}
