@@ -126,7 +126,9 @@ pub struct EngineFlags {
     /// Speculative decoding, as vLLM's JSON: `{"method": "ngram", "num_speculative_tokens": 4,
     /// "prompt_lookup_min": 2, "prompt_lookup_max": 5}` guesses each sequence's next tokens
     /// from its earlier ones (prompt lookup) and verifies them in one step; output is the same
-    /// (greedy) or follows the same distribution (sampling). Optional
+    /// (greedy) or follows the same distribution (sampling). Each step's draft length is tuned
+    /// from the measured step costs and acceptance, up to `num_speculative_tokens`
+    /// (`"adaptive": false`, pagewise's own field, pins it). Optional
     /// `"disable_by_batch_size": N`: no guesses while more than N sequences run. A draft model
     /// guesses instead with `{"model": "DIR_OR_ID_OR_GGUF", "num_speculative_tokens": 4}` (the
     /// same tokenizer as the target; its KV cache takes its share of the cache's memory), or an
