@@ -113,6 +113,7 @@ impl Speculator {
                 left.saturating_sub(1).min(k)
             })
             .collect();
+        let started = std::time::Instant::now();
         match (&spec.proposer, &mut self.drafter) {
             (Proposer::DraftModel(_), Drafter::Model(draft)) => draft.propose(running, &limits)?,
             (Proposer::Eagle3(_), Drafter::Eagle(head)) => head.propose(running, &limits, step)?,
@@ -127,6 +128,11 @@ impl Speculator {
                 }
             }
             (Proposer::DraftModel(_) | Proposer::Eagle3(_), _) => {}
+        }
+        if let Some(t) = self.tuner.as_mut()
+            && limits.iter().any(|&l| l > 0)
+        {
+            t.record_draft(k, started.elapsed().as_secs_f64());
         }
         Ok(())
     }

@@ -6,7 +6,8 @@
 //! For a step of `d` decoding sequences, `k` drafts each, the expected tokens a sequence emits
 //! are `1 + a_1 + a_1 a_2 + ... + a_1 ... a_k`, with `a_i` the measured rate at which draft `i`
 //! is accepted when the drafts before it were; the step costs `T(d (1 + k))`, the measured time
-//! of steps of that many tokens. The tuner picks the `k` (up to the configured number) with the
+//! of steps of that many tokens, plus `k` times the measured time of one proposing pass (a draft
+//! model's or an EAGLE head's; nothing for n-gram lookup). The tuner picks the `k` (up to the configured number) with the
 //! most expected tokens a second. Sizes never measured are estimated from the nearest measured
 //! ones, in speculation's favour (so they get tried and measured), and every
 //! [`EXPLORE_EVERY`]-th choice is each `k` in turn, so the table stays current.
@@ -27,6 +28,8 @@ pub struct SpecTuner {
     accept: Vec<(f64, f64)>,
     /// Mean step seconds by step size bucket ([`bucket`]).
     cost: BTreeMap<usize, f64>,
+    /// Mean seconds of proposing, per draft token of the longest draft.
+    pass: Option<f64>,
     choices: u64,
 }
 
@@ -45,6 +48,7 @@ impl SpecTuner {
             max_k,
             accept: vec![(0.0, 0.0); max_k],
             cost: BTreeMap::new(),
+            pass: None,
             choices: 0,
         }
     }
@@ -58,6 +62,18 @@ impl SpecTuner {
             .entry(bucket(tokens))
             .and_modify(|t| *t = DECAY * *t + (1.0 - DECAY) * seconds)
             .or_insert(seconds);
+    }
+
+    /// Proposing drafts of up to `k` tokens took `seconds`.
+    pub fn record_draft(&mut self, k: usize, seconds: f64) {
+        if k == 0 {
+            return;
+        }
+        let per = seconds / k as f64;
+        self.pass = Some(match self.pass {
+            Some(p) => DECAY * p + (1.0 - DECAY) * per,
+            None => per,
+        });
     }
 
     /// One sequence verified `drafted` drafts, of which the first `accepted` held.
@@ -103,7 +119,7 @@ impl SpecTuner {
             reach *= self.rate(i);
             expected += reach;
         }
-        let cost = self.step_cost(decoding * (1 + k))?;
+        let cost = self.step_cost(decoding * (1 + k))? + k as f64 * self.pass.unwrap_or(0.0);
         Some(decoding as f64 * expected / cost.max(1e-9))
     }
 
@@ -117,8 +133,9 @@ impl SpecTuner {
             let turn = (self.choices / EXPLORE_EVERY) as usize;
             return turn % (self.max_k + 1);
         }
-        let mut best = (self.max_k, f64::MIN);
-        for k in (0..=self.max_k).rev() {
+        // (Ties go to the shorter draft: the same speed for less work.)
+        let mut best = (0, f64::MIN);
+        for k in 0..=self.max_k {
             match self.rate_of(k, decoding) {
                 Some(r) if r > best.1 * (1.0 + 1e-9) => best = (k, r),
                 Some(_) => {}
@@ -204,6 +221,18 @@ mod tests {
             .collect();
         assert_eq!(explored, [1, 2, 3, 4], "each length once");
         assert_eq!(t.choose(0), 0);
+    }
+
+    #[test]
+    fn a_proposer_as_slow_as_the_target_turns_it_off() {
+        // Flat step costs and every guess right, but each guess costs a target step (a model
+        // drafting for itself).
+        let mut t = trained(|_| 1e-3, 1.0);
+        assert_eq!(best(&mut t, 1), 4);
+        for _ in 0..200 {
+            t.record_draft(4, 4.8e-3);
+        }
+        assert_eq!(best(&mut t, 1), 0);
     }
 
     #[test]
