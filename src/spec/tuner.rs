@@ -9,13 +9,18 @@
 //! of steps of that many tokens, plus `k` times the measured time of one proposing pass (a draft
 //! model's or an EAGLE head's; nothing for n-gram lookup). The tuner picks the `k` (up to the configured number) with the
 //! most expected tokens a second. Sizes never measured are estimated from the nearest measured
-//! ones, in speculation's favour (so they get tried and measured), and every
-//! [`EXPLORE_EVERY`]-th choice is each `k` in turn, so the table stays current.
+//! ones, in speculation's favour (so they get tried and measured), and one choice in
+//! [`EXPLORE_EVERY`] tries another `k`, in turn, so the table stays current. While the best is
+//! no speculation, the tries come ever more rarely (the gap doubles, up to
+//! [`MAX_EXPLORE_EVERY`]): a draft model's first pass after a pause reads everything it missed.
 
 use std::collections::BTreeMap;
 
-/// One choice in this many tries the next draft length in turn instead of the best.
+/// One choice in this many tries another draft length, in turn, instead of the best.
 pub const EXPLORE_EVERY: u64 = 32;
+
+/// The widest gap between tries while speculation does not pay.
+pub const MAX_EXPLORE_EVERY: u64 = 4096;
 
 /// Weight of the past in the running averages (about the last 50 observations count).
 const DECAY: f64 = 0.98;
@@ -31,6 +36,10 @@ pub struct SpecTuner {
     /// Mean seconds of proposing, per draft token of the longest draft.
     pass: Option<f64>,
     choices: u64,
+    /// The choice that tries another length next, the gap to the one after, and tries so far.
+    next_try: u64,
+    gap: u64,
+    tries: usize,
 }
 
 /// Step sizes of up to 64 tokens are told apart; past that, powers of two.
@@ -50,6 +59,9 @@ impl SpecTuner {
             cost: BTreeMap::new(),
             pass: None,
             choices: 0,
+            next_try: EXPLORE_EVERY,
+            gap: EXPLORE_EVERY,
+            tries: 0,
         }
     }
 
@@ -129,20 +141,35 @@ impl SpecTuner {
         if decoding == 0 {
             return 0;
         }
-        if self.choices.is_multiple_of(EXPLORE_EVERY) {
-            let turn = (self.choices / EXPLORE_EVERY) as usize;
-            return turn % (self.max_k + 1);
+        let Some(best) = self.best(decoding) else {
+            return self.max_k;
+        };
+        if self.choices < self.next_try {
+            return best;
         }
-        // (Ties go to the shorter draft: the same speed for less work.)
+        self.gap = match best {
+            0 => (2 * self.gap).min(MAX_EXPLORE_EVERY),
+            _ => EXPLORE_EVERY,
+        };
+        self.next_try = self.choices + self.gap;
+        // The lengths other than the best, in turn.
+        self.tries += 1;
+        let others = self.max_k.max(1);
+        let k = self.tries % others;
+        if k >= best { k + 1 } else { k }
+    }
+
+    /// The length with the most expected tokens a second; `None` before any step was timed.
+    /// (Ties go to the shorter draft: the same speed for less work.)
+    fn best(&self, decoding: usize) -> Option<usize> {
         let mut best = (0, f64::MIN);
         for k in 0..=self.max_k {
-            match self.rate_of(k, decoding) {
-                Some(r) if r > best.1 * (1.0 + 1e-9) => best = (k, r),
-                Some(_) => {}
-                None => return self.max_k,
+            let r = self.rate_of(k, decoding)?;
+            if r > best.1 * (1.0 + 1e-9) {
+                best = (k, r);
             }
         }
-        best.0
+        Some(best.0)
     }
 }
 
@@ -172,13 +199,7 @@ mod tests {
     }
 
     fn best(t: &mut SpecTuner, decoding: usize) -> usize {
-        // (Skip the exploring choices.)
-        loop {
-            let k = t.choose(decoding);
-            if !t.choices.is_multiple_of(EXPLORE_EVERY) {
-                return k;
-            }
-        }
+        t.best(decoding).unwrap()
     }
 
     #[test]
@@ -214,12 +235,20 @@ mod tests {
         t.record_step(1, 1e-3);
         // Only one-token steps measured: longer ones are assumed to cost as much.
         assert_eq!(t.choose(1), 3);
+        // Speculation does not pay: other lengths are tried after 32 choices, then 64, 128...
         let mut t = trained(|n| 1e-3 * n as f64, 0.1);
-        let explored: Vec<usize> = (0..4 * EXPLORE_EVERY)
-            .map(|_| t.choose(1))
-            .filter(|&k| k > 0)
+        let tried: Vec<(u64, usize)> = (1..=480)
+            .map(|i| (i, t.choose(1)))
+            .filter(|&(_, k)| k > 0)
             .collect();
-        assert_eq!(explored, [1, 2, 3, 4], "each length once");
+        assert_eq!(tried, [(32, 2), (96, 3), (224, 4), (480, 1)]);
+        // It pays: every 32nd choice tries another length.
+        let mut t = trained(|n| 1e-3 * (1.0 + n as f64 / 200.0), 0.7);
+        let tried: Vec<(u64, usize)> = (1..=128)
+            .map(|i| (i, t.choose(1)))
+            .filter(|&(_, k)| k != 4)
+            .collect();
+        assert_eq!(tried, [(32, 1), (64, 2), (96, 3), (128, 0)]);
         assert_eq!(t.choose(0), 0);
     }
 
