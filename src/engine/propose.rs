@@ -115,7 +115,9 @@ impl Speculator {
             .collect();
         let started = std::time::Instant::now();
         match (&spec.proposer, &mut self.drafter) {
-            (Proposer::DraftModel(_), Drafter::Model(draft)) => draft.propose(running, &limits)?,
+            (Proposer::DraftModel(_), Drafter::Model(draft)) => {
+                draft.propose(running, &limits, k > 0)?
+            }
             (Proposer::Eagle3(_), Drafter::Eagle(head)) => head.propose(running, &limits, step)?,
             (Proposer::Ngram(ngram), _) => {
                 let mut guess = Vec::with_capacity(MAX_SPECULATIVE_TOKENS);

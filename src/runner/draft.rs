@@ -117,7 +117,14 @@ impl DraftRunner {
 
     /// Sets every sequence's draft for the next step: up to `limits[i]` greedy guesses for
     /// `seqs[i]` (0: none). `seqs` are all the running sequences: the others' blocks are freed.
-    pub fn propose(&mut self, seqs: &mut [Sequence], limits: &[usize]) -> Result<(), ModelError> {
+    /// With `read_ahead`, prompts the target is reading in chunks are read along (speculation is
+    /// on; off, the draft reads what it missed when it next guesses).
+    pub fn propose(
+        &mut self,
+        seqs: &mut [Sequence],
+        limits: &[usize],
+        read_ahead: bool,
+    ) -> Result<(), ModelError> {
         self.round += 1;
         let mut guesses = Vec::new();
         for (index, (seq, &limit)) in seqs.iter_mut().zip(limits).enumerate() {
@@ -135,7 +142,7 @@ impl DraftRunner {
             // A prompt the target is still reading in chunks: the draft reads as far as the
             // target has (so its catching up is spread over the same steps), guessing nothing.
             let (end, cover) = match want {
-                0 if seq.num_pending_tokens() > 1 => {
+                0 if read_ahead && seq.num_pending_tokens() > 1 => {
                     let read = seq.num_computed_tokens().min(max_len);
                     (read, read)
                 }
