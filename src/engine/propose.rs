@@ -20,16 +20,16 @@ pub(super) struct Speculator {
 /// The model behind a proposer, if any.
 enum Drafter {
     None,
-    Model(DraftRunner),
-    Eagle(EagleRunner),
+    Model(Box<DraftRunner>),
+    Eagle(Box<EagleRunner>),
 }
 
 impl Speculator {
     /// `spec` with its draft model or EAGLE-3 head (rank 0's), if it has one.
     pub fn new(spec: Speculation, draft: Option<DraftRunner>, eagle: Option<EagleRunner>) -> Self {
         let drafter = match (draft, eagle) {
-            (Some(d), _) => Drafter::Model(d),
-            (None, Some(e)) => Drafter::Eagle(e),
+            (Some(d), _) => Drafter::Model(Box::new(d)),
+            (None, Some(e)) => Drafter::Eagle(Box::new(e)),
             (None, None) => Drafter::None,
         };
         Speculator {
