@@ -32,7 +32,8 @@ for n in "$output_len" $((3 * output_len)); do
     > "$OUT/symbols-$n.txt"
 done
 
-python3 - "$OUT/symbols-$output_len.txt" "$OUT/symbols-$((3 * output_len)).txt" $((2 * output_len)) <<'PY'
+rate=$(grep -oE "decode alone [0-9.]+" "$OUT/bench-$((3 * output_len)).log" | grep -oE "[0-9.]+$")
+python3 - "$OUT/symbols-$output_len.txt" "$OUT/symbols-$((3 * output_len)).txt" "$rate" "$THREADS" <<'PY'
 import re, sys
 kinds = [
     ("weight kernels (pagewise_cpu dot products)", r"pagewise_cpu::.*(dot|tile|kernel|gemv|rows)|dot_q|halves"),
@@ -52,7 +53,8 @@ def samples(path):
             key = m.group(2) + " " + m.group(3).strip()
             out[key] = out.get(key, 0) + int(m.group(1))
     return out
-short, long_, steps = samples(sys.argv[1]), samples(sys.argv[2]), int(sys.argv[3])
+short, long_ = samples(sys.argv[1]), samples(sys.argv[2])
+step_us, threads = 1e6 / float(sys.argv[3]), int(sys.argv[4])
 diff = {k: long_.get(k, 0) - short.get(k, 0) for k in set(short) | set(long_)}
 total = sum(v for v in diff.values() if v > 0)
 by_kind, tops = {}, {}
@@ -62,9 +64,10 @@ for name, n in diff.items():
     kind = next((k for k, rx in kinds if re.search(rx, name, re.I)), "other")
     by_kind[kind] = by_kind.get(kind, 0) + n
     tops.setdefault(kind, []).append((n, name[4:]))
-us = lambda n: n / 4000 / steps * 1e6
-print(f"{steps} decode steps: {us(total):.0f} µs of CPU time a step (all threads)")
-print("| kind | µs a step | share | top symbols |")
+# (Samples become time through the measured step: perf's rate is not exact.)
+us = lambda n: n / total * step_us * threads
+print(f"decode step {step_us:.0f} µs ({threads} threads: {step_us * threads:.0f} µs of CPU time)")
+print("| kind | µs of CPU a step | share | top symbols |")
 print("|---|---|---|---|")
 for kind, n in sorted(by_kind.items(), key=lambda kv: -kv[1]):
     top = ", ".join(f"{s[:56]} {us(c):.0f}" for c, s in sorted(tops[kind], reverse=True)[:3])
