@@ -112,24 +112,42 @@ fn tokenizer_and_dequantized_greedy_match_transformers() {
     }
 }
 
+/// The quantized path's 8-bit activations move its logits by up to about half a logit from
+/// the f32 path's, and a rounding step of an activation's quantization turns a last-bit change
+/// anywhere before it (a different summation order in attention, say) into such a move: where
+/// transformers' first two tokens are closer than that, either may come first. So: the same
+/// top-1 wherever transformers' margin is clear (over one logit: 99 of the 192 positions), and
+/// most of the rest.
 #[test]
 fn quantized_matmul_agrees_with_transformers_teacher_forced() {
     let Some(model) = common::smollm2_gguf() else {
         return;
     };
     let reference = hf_reference();
-    let (mut agree, mut total) = (0, 0);
+    let (mut agree, mut total, mut clear) = (0, 0, 0);
     for case in reference["cases"].as_array().unwrap() {
         let full = [ids(&case["prompt_ids"]), ids(&case["greedy"])].concat();
         let logits = common::logits_at_every_position(&model, GgufMatmul::Quantized, &full);
-        for (row, want) in logits.iter().zip(ids(&case["top1"])) {
+        let margins = case["margin"].as_array().unwrap();
+        for ((row, want), margin) in logits.iter().zip(ids(&case["top1"])).zip(margins) {
+            let same = pagewise::sampler::argmax(row) == want;
+            if margin.as_f64().unwrap() > 1.0 {
+                assert!(
+                    same,
+                    "position {total}: top-1 differs at a clear margin of {margin}"
+                );
+                clear += 1;
+            }
             total += 1;
-            agree += usize::from(pagewise::sampler::argmax(row) == want);
+            agree += usize::from(same);
         }
     }
     let rate = agree as f64 / total as f64;
-    eprintln!("teacher-forced top-1 agreement, quantized matmul: {agree}/{total} = {rate:.3}");
-    assert!(rate >= 0.95, "{agree}/{total}");
+    eprintln!(
+        "teacher-forced top-1 agreement, quantized matmul: {agree}/{total} = {rate:.3} (all {clear} clear)"
+    );
+    assert!(clear >= 90, "{clear} clear positions");
+    assert!(rate >= 0.9, "{agree}/{total}");
 }
 
 /// The CPU's quantized kernels against the dequantized f32 path, teacher-forced on the reference

@@ -13,12 +13,15 @@
 //! - [`halves`]: F16 and BF16 weights, interleaved likewise, multiplied by f32 activations (their
 //!   own AVX2 kernel);
 //! - [`activations`] (and `avx2_math`): the gated MLPs' SiLU and GELU-tanh, vectorized;
+//! - [`attend`]: the two products of paged attention (scores and the weighted sum of V rows),
+//!   vectorized;
 //! - [`exp`]: the sampler's unnormalized probabilities over a vocabulary, vectorized;
 //! - [`team`]: the threads;
 //! - [`memory`]: the allocator's settings for CPU steps;
 //! - [`QLinear`]: a layer's weight, and its matmul.
 
 pub mod activations;
+pub mod attend;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]

@@ -10,9 +10,9 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::batch::AttentionMeta;
-use crate::cpu::exp;
 use crate::cpu::memory::Zeroed;
 use crate::cpu::team::Team;
+use crate::cpu::{attend, exp};
 
 /// Shape of the paged cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -367,9 +367,11 @@ fn reshape_and_cache(
     Ok(())
 }
 
-/// Positions ahead that [`attend_cpu`] asks for a K or V row before it reads it: a row is a
-/// stretch of a cache slot, and the slots of one block are far apart from the next block's.
-const AHEAD: usize = 8;
+/// Positions one unit of [`attend_cpu`]'s work covers at most: a query row's positions are cut at
+/// multiples of it, so that a decode step of one sequence (a unit per KV head otherwise: 1 to 8)
+/// still splits evenly between the team. The cut depends on the position alone, never on the
+/// batch, so a sequence's output is the same in every batch.
+const PART: usize = 64;
 
 /// What a step's attention computes beyond the cache's layout.
 struct Shape<'a> {
@@ -379,13 +381,23 @@ struct Shape<'a> {
     sinks: Option<&'a [f32]>,
 }
 
-/// Paged attention for every query row. The rows (token, head) are independent; the CPU team
-/// splits them a token's KV head at a time, so that each cached K and V row is read once for all
-/// the query heads that share it (grouped-query attention: 3 to 7 heads a KV head in the small
-/// models, each re-reading every position's row from cache was a fifth of a SmolLM2 decode step
-/// at 512 positions). Each row is the textbook softmax(q·K / √d)·V over its positions (the last
+/// One unit of work: token `t`'s KV head `kvh` over positions `start..end`.
+struct Unit {
+    t: usize,
+    kvh: usize,
+    start: usize,
+    end: usize,
+}
+
+/// Paged attention for every query row: softmax(q·K / √d)·V over the row's positions (the last
 /// `window` of them in a sliding-window layer), with the head's sink logit in the softmax's
 /// denominator when the model has sinks.
+///
+/// The team splits the work by token, KV head and [`PART`] of positions, so that each cached K
+/// and V row is read once for all the query heads that share it (grouped-query attention: 3 to 7
+/// heads a KV head in the small models). Each unit leaves its heads' unnormalized partial (the
+/// weighted sum of V under `exp(s − m)`, its max `m` and its total); the partials of a row are
+/// then merged, as flash-decoding merges its splits.
 fn attend_cpu(
     q: &[f32],
     cache: &LayerKv,
@@ -404,81 +416,83 @@ fn attend_cpu(
     let bs = layout.block_size;
     let kv_heads = layout.num_kv_heads;
     let group = num_heads / kv_heads;
-    // Each packed token's sequence and position.
-    let mut tokens = vec![None; q.len() / (num_heads * d)];
+    let block_tables = meta.tables(window.is_some()).1;
+    let mut units = Vec::new();
+    // Each packed token's sequence (its block table), for the units.
+    let mut tables = vec![0..0; q.len() / (num_heads * d)];
     for seq in &meta.seqs {
         let first_pos = seq.context_len - seq.query_len;
         for i in 0..seq.query_len {
-            tokens[seq.query_start + i] = Some((seq, first_pos + i));
-        }
-    }
-    let block_tables = meta.tables(window.is_some()).1;
-    let mut out = vec![0.0f32; q.len()];
-    // One unit: token `t`'s KV head `kvh`, whose query heads are the `group` consecutive rows
-    // from `t * num_heads + kvh * group` (as in `out`).
-    Team::global().for_each_chunk(&mut out, group * d, &|unit, o| {
-        let (t, kvh) = (unit / kv_heads, unit % kv_heads);
-        let Some((seq, pos)) = tokens[t] else { return };
-        let table = &block_tables[seq.block_table.clone()];
-        let slot = |p: usize| table[p / bs] as usize * bs + p % bs;
-        let kv_off = kvh * d;
-        let qs = &q[(t * num_heads + kvh * group) * d..][..group * d];
-        let first = window.map_or(0, |win| (pos + 1).saturating_sub(win));
-        let n = pos + 1 - first;
-        // scores[g * n + i]: query head g against position first + i.
-        let mut scores = vec![0.0f32; group * n];
-        for (i, p) in (first..=pos).enumerate() {
-            if p + AHEAD <= pos {
-                pagewise_cpu::memory::prefetch(&cache.k[slot(p + AHEAD) * w + kv_off..][..d]);
-            }
-            let k = &cache.k[slot(p) * w + kv_off..][..d];
-            for (g, qv) in qs.chunks_exact(d).enumerate() {
-                scores[g * n + i] = dot(qv, k) * scale;
-            }
-        }
-        let mut totals = vec![0.0f32; group];
-        for (g, row) in scores.chunks_exact_mut(n).enumerate() {
-            let sink = sinks.map(|s| s[kvh * group + g]);
-            let row_max = exp::max(row);
-            let max = sink.map_or(row_max, |s| row_max.max(s));
-            // The row's exp(s − max) in place (vectorized), with their total.
-            let total = exp::exp_weights(row, max, 1.0, 0.0) as f32;
-            totals[g] = total + sink.map_or(0.0, |s| (s - max).exp());
-        }
-        for (i, p) in (first..=pos).enumerate() {
-            if p + AHEAD <= pos {
-                pagewise_cpu::memory::prefetch(&cache.v[slot(p + AHEAD) * w + kv_off..][..d]);
-            }
-            let vv = &cache.v[slot(p) * w + kv_off..][..d];
-            for (g, og) in o.chunks_exact_mut(d).enumerate() {
-                // (A division, as the textbook: a product by the reciprocal, 1 ulp away, turned
-                // SmolLM2's greedy answer to the smollm2.rs chat from Paris to French.)
-                let weight = scores[g * n + i] / totals[g];
-                for (acc, x) in og.iter_mut().zip(vv) {
-                    *acc += weight * x;
+            let (t, pos) = (seq.query_start + i, first_pos + i);
+            tables[t] = seq.block_table.clone();
+            let first = window.map_or(0, |win| (pos + 1).saturating_sub(win));
+            for kvh in 0..kv_heads {
+                let mut start = first;
+                while start <= pos {
+                    let end = ((start / PART + 1) * PART).min(pos + 1);
+                    units.push(Unit { t, kvh, start, end });
+                    start = end;
                 }
             }
         }
-    });
-    out
-}
-
-/// `Σ a[i] b[i]`, summed in eight lanes so that the compiler vectorizes it.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ac.zip(bc) {
-        for l in 0..8 {
-            lanes[l] += x[l] * y[l];
-        }
     }
-    lanes.iter().sum::<f32>() + tail
+    // Each unit's partial: `group` heads' weighted sums, then their maxima, then their totals.
+    let span = group * (d + 2);
+    let mut partials = vec![0.0f32; units.len() * span];
+    let isa = crate::cpu::kernels::Isa::detect();
+    Team::global().for_each_chunk(&mut partials, span, &|u, part| {
+        let Unit { t, kvh, start, end } = units[u];
+        let table = &block_tables[tables[t].clone()];
+        let kv_off = kvh * d;
+        let rows: Vec<usize> = (start..end)
+            .map(|p| (table[p / bs] as usize * bs + p % bs) * w + kv_off)
+            .collect();
+        let qs = &q[(t * num_heads + kvh * group) * d..][..group * d];
+        let n = rows.len();
+        // scores[g * n + i]: query head g against position start + i.
+        let mut scores = vec![0.0f32; group * n];
+        attend::scores(isa, qs, d, &cache.k, &cache.v, &rows, scale, &mut scores);
+        let (sums, stats) = part.split_at_mut(group * d);
+        for (g, row) in scores.chunks_exact_mut(n).enumerate() {
+            let max = exp::max(row);
+            // The row's exp(s − max) in place (vectorized), with their total.
+            stats[group + g] = exp::exp_weights(row, max, 1.0, 0.0) as f32;
+            stats[g] = max;
+        }
+        attend::weighted_sum(isa, &scores, d, &cache.v, &rows, sums);
+    });
+    let mut out = vec![0.0f32; q.len()];
+    let mut first = 0;
+    while first < units.len() {
+        let (t, kvh) = (units[first].t, units[first].kvh);
+        let parts = units[first..]
+            .iter()
+            .take_while(|u| (u.t, u.kvh) == (t, kvh))
+            .count();
+        let partials = &partials[first * span..(first + parts) * span];
+        for g in 0..group {
+            let head = kvh * group + g;
+            let sink = sinks.map(|s| s[head]);
+            let max = partials
+                .chunks_exact(span)
+                .map(|p| p[group * d + g])
+                .fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
+            let o = &mut out[(t * num_heads + head) * d..][..d];
+            let mut total = sink.map_or(0.0, |s| (s - max).exp());
+            for p in partials.chunks_exact(span) {
+                let f = (p[group * d + g] - max).exp();
+                total += p[group * d + group + g] * f;
+                for (acc, x) in o.iter_mut().zip(&p[g * d..(g + 1) * d]) {
+                    *acc += f * x;
+                }
+            }
+            for acc in o.iter_mut() {
+                *acc /= total;
+            }
+        }
+        first += parts;
+    }
+    out
 }
 
 #[cfg(test)]

@@ -57,7 +57,12 @@ fn naive(
 #[test]
 fn chunked_paged_attention_over_shuffled_blocks_matches_dense_attention() {
     for window in [None, Some(1), Some(3), Some(7), Some(20)] {
-        paged_matches_dense(window, None);
+        paged_matches_dense(11, 8, window, None);
+    }
+    // Rows of more than one `PART` of positions (their partials merged), windows that start
+    // inside a part and span several, and a head width of the real models.
+    for window in [None, Some(70), Some(130), Some(200)] {
+        paged_matches_dense(150, 64, window, None);
     }
 }
 
@@ -67,7 +72,10 @@ fn chunked_paged_attention_over_shuffled_blocks_matches_dense_attention() {
 fn attention_sinks_take_their_share_of_each_softmax() {
     let sinks = [3.0f32, -20.0, 0.4, 1.2];
     for window in [None, Some(3)] {
-        paged_matches_dense(window, Some(&sinks));
+        paged_matches_dense(11, 8, window, Some(&sinks));
+    }
+    for window in [None, Some(90)] {
+        paged_matches_dense(140, 16, window, Some(&sinks));
     }
     let e = KvCache::new(
         KvLayout {
@@ -103,9 +111,10 @@ fn attention_sinks_take_their_share_of_each_softmax() {
     assert!(e.to_string().contains("sinks [3] for 4 heads"), "{e}");
 }
 
-fn paged_matches_dense(window: Option<usize>, sinks: Option<&[f32]>) {
-    let (heads, kvh, d, bs) = (4, 2, 8, 4);
-    let n = 11;
+/// `n` tokens of head width `d` written and attended in three chunks (6 tokens, the rest but
+/// one, then one decode step), over blocks placed out of order, against [`naive`].
+fn paged_matches_dense(n: usize, d: usize, window: Option<usize>, sinks: Option<&[f32]>) {
+    let (heads, kvh, bs) = (4, 2, 4);
     let mut rng = SeededRng::new(3, 0);
     let (q, k, v) = (
         randn(n * heads * d, &mut rng),
@@ -114,20 +123,24 @@ fn paged_matches_dense(window: Option<usize>, sinks: Option<&[f32]>) {
     );
     let expected = naive(&q, &k, &v, n, heads, kvh, d, window, sinks);
 
+    let blocks = n.div_ceil(bs);
     let layout = KvLayout {
-        num_blocks: 8,
+        num_blocks: blocks + 1,
         block_size: bs,
         num_kv_heads: kvh,
         head_dim: d,
     };
     let mut cache = KvCache::new(layout, 1);
-    let table = [5u32, 2, 7]; // non-contiguous, out of order
+    // Non-contiguous, out of order: the first half's blocks ascending, the second's descending,
+    // interleaved.
+    let table: Vec<u32> = (0..blocks)
+        .map(|b| if b % 2 == 0 { b / 2 } else { blocks - 1 - b / 2 } as u32 + 1)
+        .collect();
     let slots: Vec<u32> = (0..n)
         .map(|p| table[p / bs] * bs as u32 + (p % bs) as u32)
         .collect();
-    // Two chunks: positions 0..6, then 6..11 attending over the cached first chunk.
     let mut got = Vec::new();
-    for (start, end) in [(0usize, 6usize), (6, n)] {
+    for (start, end) in [(0usize, 6usize), (6, n - 1), (n - 1, n)] {
         let len = end - start;
         let t = |x: &[f32], h: usize| {
             Tensor::from_slice(&x[start * h * d..end * h * d], (len, h, d), &Device::Cpu).unwrap()
@@ -139,7 +152,7 @@ fn paged_matches_dense(window: Option<usize>, sinks: Option<&[f32]>) {
                 query_start: 0,
                 query_len: len,
                 context_len: end,
-                block_table: 0..3,
+                block_table: 0..blocks,
             }],
             window: None,
             device: None,
@@ -162,22 +175,11 @@ fn paged_matches_dense(window: Option<usize>, sinks: Option<&[f32]>) {
             .unwrap();
         got.extend(o.flatten_all().unwrap().to_vec1::<f32>().unwrap());
     }
-    for (a, b) in got.iter().zip(&expected) {
-        assert!((a - b).abs() < 1e-5, "window {window:?}: {a} vs {b}");
-    }
-}
-
-/// The lanes and the tail of `dot` each count once, whatever the length.
-#[test]
-fn dot_is_the_sum_of_products_at_every_length() {
-    let mut rng = SeededRng::new(5, 0);
-    for n in [0, 1, 7, 8, 15, 16, 17, 31, 32, 64, 80, 100, 128, 256] {
-        let (a, b) = (randn(n, &mut rng), randn(n, &mut rng));
-        let want: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
-        let got = dot(&a, &b) as f64;
+    assert_eq!(got.len(), expected.len());
+    for (i, (a, b)) in got.iter().zip(&expected).enumerate() {
         assert!(
-            (got - want).abs() < 1e-5 * (1.0 + want.abs()),
-            "{n}: {got} vs {want}"
+            (a - b).abs() < 1e-5,
+            "n {n} d {d} window {window:?}, value {i}: {a} vs {b}"
         );
     }
 }
