@@ -368,10 +368,10 @@ fn reshape_and_cache(
 }
 
 /// Positions one unit of [`attend_cpu`]'s work covers at most: a query row's positions are cut at
-/// multiples of it, so that a decode step of one sequence (a unit per KV head otherwise: 1 to 8)
-/// still splits evenly between the team. The cut depends on the position alone, never on the
-/// batch, so a sequence's output is the same in every batch.
-const PART: usize = 64;
+/// multiples of it, so that a decode step of one sequence still splits between the team. The
+/// cut depends on the position alone, never on the batch, so a sequence's output is the same in
+/// every batch.
+const PART: usize = 32;
 
 /// What a step's attention computes beyond the cache's layout.
 struct Shape<'a> {
@@ -381,10 +381,9 @@ struct Shape<'a> {
     sinks: Option<&'a [f32]>,
 }
 
-/// One unit of work: token `t`'s KV head `kvh` over positions `start..end`.
+/// One unit of work: token `t`'s heads over positions `start..end`.
 struct Unit {
     t: usize,
-    kvh: usize,
     start: usize,
     end: usize,
 }
@@ -393,11 +392,10 @@ struct Unit {
 /// `window` of them in a sliding-window layer), with the head's sink logit in the softmax's
 /// denominator when the model has sinks.
 ///
-/// The team splits the work by token, KV head and [`PART`] of positions, so that each cached K
-/// and V row is read once for all the query heads that share it (grouped-query attention: 3 to 7
-/// heads a KV head in the small models). Each unit leaves its heads' unnormalized partial (the
-/// weighted sum of V under `exp(s − m)`, its max `m` and its total); the partials of a row are
-/// then merged, as flash-decoding merges its splits.
+/// The team splits the work by token and [`PART`] of positions. A unit reads each cached slot
+/// (every KV head's K or V of a position) once, whole, for all the query heads, and leaves each
+/// head's unnormalized partial: the weighted sum of V under `exp(s − m)`, its max `m` and its
+/// total. A token's partials are then merged, as flash-decoding merges its splits.
 fn attend_cpu(
     q: &[f32],
     cache: &LayerKv,
@@ -414,8 +412,10 @@ fn attend_cpu(
     let d = layout.head_dim;
     let w = layout.slot_width();
     let bs = layout.block_size;
-    let kv_heads = layout.num_kv_heads;
-    let group = num_heads / kv_heads;
+    let heads = attend::Heads {
+        d,
+        group: num_heads / layout.num_kv_heads,
+    };
     let block_tables = meta.tables(window.is_some()).1;
     let mut units = Vec::new();
     // Each packed token's sequence (its block table), for the units.
@@ -425,64 +425,56 @@ fn attend_cpu(
         for i in 0..seq.query_len {
             let (t, pos) = (seq.query_start + i, first_pos + i);
             tables[t] = seq.block_table.clone();
-            let first = window.map_or(0, |win| (pos + 1).saturating_sub(win));
-            for kvh in 0..kv_heads {
-                let mut start = first;
-                while start <= pos {
-                    let end = ((start / PART + 1) * PART).min(pos + 1);
-                    units.push(Unit { t, kvh, start, end });
-                    start = end;
-                }
+            let mut start = window.map_or(0, |win| (pos + 1).saturating_sub(win));
+            while start <= pos {
+                let end = ((start / PART + 1) * PART).min(pos + 1);
+                units.push(Unit { t, start, end });
+                start = end;
             }
         }
     }
-    // Each unit's partial: `group` heads' weighted sums, then their maxima, then their totals.
-    let span = group * (d + 2);
+    // Each unit's partial: every head's weighted sum, then their maxima, then their totals.
+    let span = num_heads * (d + 2);
     let mut partials = vec![0.0f32; units.len() * span];
     let isa = crate::cpu::kernels::Isa::detect();
     Team::global().for_each_chunk(&mut partials, span, &|u, part| {
-        let Unit { t, kvh, start, end } = units[u];
+        let Unit { t, start, end } = units[u];
         let table = &block_tables[tables[t].clone()];
-        let kv_off = kvh * d;
         let rows: Vec<usize> = (start..end)
-            .map(|p| (table[p / bs] as usize * bs + p % bs) * w + kv_off)
+            .map(|p| (table[p / bs] as usize * bs + p % bs) * w)
             .collect();
-        let qs = &q[(t * num_heads + kvh * group) * d..][..group * d];
+        let qt = &q[t * num_heads * d..][..num_heads * d];
         let n = rows.len();
-        // scores[g * n + i]: query head g against position start + i.
-        let mut scores = vec![0.0f32; group * n];
-        attend::scores(isa, qs, d, &cache.k, &cache.v, &rows, scale, &mut scores);
-        let (sums, stats) = part.split_at_mut(group * d);
-        for (g, row) in scores.chunks_exact_mut(n).enumerate() {
+        // scores[h * n + i]: query head h against position start + i.
+        let mut scores = vec![0.0f32; num_heads * n];
+        attend::scores(isa, heads, qt, &cache.k, &rows, scale, &mut scores);
+        let (sums, stats) = part.split_at_mut(num_heads * d);
+        for (h, row) in scores.chunks_exact_mut(n).enumerate() {
             let max = exp::max(row);
             // The row's exp(s − max) in place (vectorized), with their total.
-            stats[group + g] = exp::exp_weights(row, max, 1.0, 0.0) as f32;
-            stats[g] = max;
+            stats[num_heads + h] = exp::exp_weights(row, max, 1.0, 0.0) as f32;
+            stats[h] = max;
         }
-        attend::weighted_sum(isa, &scores, d, &cache.v, &rows, sums);
+        attend::weighted_sum(isa, heads, &scores, &cache.v, &rows, sums);
     });
     let mut out = vec![0.0f32; q.len()];
     let mut first = 0;
     while first < units.len() {
-        let (t, kvh) = (units[first].t, units[first].kvh);
-        let parts = units[first..]
-            .iter()
-            .take_while(|u| (u.t, u.kvh) == (t, kvh))
-            .count();
+        let t = units[first].t;
+        let parts = units[first..].iter().take_while(|u| u.t == t).count();
         let partials = &partials[first * span..(first + parts) * span];
-        for g in 0..group {
-            let head = kvh * group + g;
-            let sink = sinks.map(|s| s[head]);
+        for h in 0..num_heads {
+            let sink = sinks.map(|s| s[h]);
             let max = partials
                 .chunks_exact(span)
-                .map(|p| p[group * d + g])
+                .map(|p| p[num_heads * d + h])
                 .fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
-            let o = &mut out[(t * num_heads + head) * d..][..d];
+            let o = &mut out[(t * num_heads + h) * d..][..d];
             let mut total = sink.map_or(0.0, |s| (s - max).exp());
             for p in partials.chunks_exact(span) {
-                let f = (p[group * d + g] - max).exp();
-                total += p[group * d + group + g] * f;
-                for (acc, x) in o.iter_mut().zip(&p[g * d..(g + 1) * d]) {
+                let f = (p[num_heads * d + h] - max).exp();
+                total += p[num_heads * d + num_heads + h] * f;
+                for (acc, x) in o.iter_mut().zip(&p[h * d..(h + 1) * d]) {
                     *acc += f * x;
                 }
             }
