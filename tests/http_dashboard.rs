@@ -85,6 +85,13 @@ impl Events {
                 }
             }
         }
+        // A snapshot without sequences can come before the last step's final tokens are
+        // counted (their events go out after the step's snapshot) and before `load` returns;
+        // the idle pool then follows within a period or two. Take it when it comes.
+        if let Ok(frame) = tokio::time::timeout(Duration::from_secs(1), self.next()).await {
+            last = frame;
+            on_frame(&last);
+        }
         last
     }
 }
