@@ -29,21 +29,6 @@ pub fn keep_freed_memory() {
     }
 }
 
-/// Asks the CPU to bring `data`'s cache lines in ahead of their use (a hint: no effect on what
-/// the program computes; nothing off x86-64).
-#[inline]
-pub fn prefetch<T>(data: &[T]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let (ptr, bytes) = (data.as_ptr().cast::<i8>(), std::mem::size_of_val(data));
-        for at in (0..bytes).step_by(64) {
-            // SAFETY: a prefetch only hints; every address is inside `data`.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(ptr.add(at)) };
-        }
-    }
-}
-
 /// `len` zeros (f32) in an anonymous mapping of their own: the kernel supplies each page zeroed
 /// on first touch, and unmaps them on drop. Where no mapping can be made (or off Unix), a
 /// zeroed `Vec`.
