@@ -487,5 +487,10 @@ fn attend_cpu(
     out
 }
 
+mod projected;
+pub use projected::{Projected, Rows};
+
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_projected;

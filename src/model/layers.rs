@@ -11,6 +11,7 @@ use super::affine_linear::AffineLinear;
 use super::config::ModelConfig;
 use super::fp8_linear::Fp8Linear;
 use super::glu::{Glu, glu, glu_split};
+use super::host::with_f32;
 use super::int4_linear::Int4Linear;
 use super::weights::{Part, Weights};
 use crate::cpu::QLinear;
@@ -181,13 +182,18 @@ impl Linear {
                     candle_core::bail!("input {dims:?} does not end in {} features", weight.cols());
                 }
                 let m = x.elem_count() / weight.cols();
-                let input = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                // f32 values are read in place; others converted first.
+                let y = match with_f32(x, |input| weight.matmul(input, m))? {
+                    Some(y) => y,
+                    None => {
+                        weight.matmul(&x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?, m)
+                    }
+                };
                 let mut out_dims = dims.to_vec();
                 *out_dims
                     .last_mut()
                     .expect("an input of at least one dimension") = weight.rows();
-                let y = Tensor::from_vec(weight.matmul(&input, m), out_dims, x.device())?
-                    .to_dtype(dtype)?;
+                let y = Tensor::from_vec(y, out_dims, x.device())?.to_dtype(dtype)?;
                 match bias {
                     Some(b) => y.broadcast_add(b),
                     None => Ok(y),

@@ -25,6 +25,7 @@ pub mod gpt2;
 pub mod gpt_neox;
 pub mod gpt_oss;
 pub mod hf_config;
+mod host;
 pub mod int4_linear;
 pub mod int4_pack;
 pub mod int_unpack;

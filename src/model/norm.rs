@@ -1,10 +1,11 @@
 //! RMSNorm, alone or fused with the residual add before it: on a GPU one kernel computes
 //! `x + delta` and its normalization (`pagewise_kernels::add_rms_norm`); elsewhere candle's ops do
-//! the same in two steps.
+//! the same in two steps, and on the CPU one pass over plain buffers.
 
 use candle_core::Tensor;
 
 use super::ModelError;
+use super::host::with_f32;
 use super::weights::Weights;
 
 /// RMSNorm over the last dimension with a learned scale.
@@ -63,8 +64,53 @@ impl RmsNorm {
         if x.device().is_cuda() && x.is_contiguous() && delta.is_contiguous() {
             return pagewise_kernels::add_rms_norm(x, delta, &self.weight, self.eps as f32);
         }
+        if let Some(out) = self.add_forward_host(x, delta)? {
+            return Ok(out);
+        }
         let sum = (x + delta)?;
         let normed = self.forward(&sum)?;
         Ok((sum, normed))
+    }
+
+    /// [`RmsNorm::add_forward`] over plain buffers on the CPU (f32, contiguous, one shape), with
+    /// candle's RMSNorm's arithmetic: the same values without the ops' allocations and dispatch,
+    /// run by one thread while the team waits. `None` where it does not apply.
+    fn add_forward_host(
+        &self,
+        x: &Tensor,
+        delta: &Tensor,
+    ) -> candle_core::Result<Option<(Tensor, Tensor)>> {
+        let n = self.weight.elem_count();
+        if x.shape() != delta.shape() || x.dims().last() != Some(&n) {
+            return Ok(None);
+        }
+        let sum = with_f32(x, |x| {
+            with_f32(delta, |d| {
+                x.iter().zip(d).map(|(a, b)| a + b).collect::<Vec<f32>>()
+            })
+        })?;
+        let Some(Some(sum)) = sum.transpose()? else {
+            return Ok(None);
+        };
+        let eps = self.eps as f32;
+        let normed = with_f32(&self.weight, |alpha| {
+            let mut normed = vec![0.0f32; sum.len()];
+            for (src, dst) in sum.chunks_exact(n).zip(normed.chunks_exact_mut(n)) {
+                let sum2 = src.iter().map(|v| v * v).sum::<f32>();
+                let m = (sum2 / n as f32 + eps).sqrt();
+                for ((d, s), a) in dst.iter_mut().zip(src).zip(alpha) {
+                    *d = *s / m * *a;
+                }
+            }
+            normed
+        })?;
+        let Some(normed) = normed else {
+            return Ok(None);
+        };
+        let (shape, device) = (x.shape(), x.device());
+        Ok(Some((
+            Tensor::from_vec(sum, shape, device)?,
+            Tensor::from_vec(normed, shape, device)?,
+        )))
     }
 }

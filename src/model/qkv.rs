@@ -3,10 +3,10 @@
 //! with fused weights one kernel rotates q and k and writes k and v into the cache straight from
 //! the fused projection (after the per-head norms, where the model has them).
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 
 use super::ModelError;
-use super::attention::KvCache;
+use super::attention::{KvCache, Projected, Rows};
 use super::batch::ForwardBatch;
 use super::config::ModelConfig;
 use super::layers::Linear;
@@ -200,6 +200,30 @@ pub fn attention_with_sinks(
             {
                 return out;
             }
+            if proj.qk_norm.is_none() {
+                let width = qw + 2 * kvw;
+                let rows = |offset| {
+                    (
+                        &qkv,
+                        Rows {
+                            data: &[],
+                            stride: width,
+                            offset,
+                        },
+                    )
+                };
+                if let Some(out) = attend_host(
+                    layer,
+                    [rows(0), rows(qw), rows(qw + kvw)],
+                    rotary,
+                    batch,
+                    kv,
+                    heads,
+                    sinks,
+                )? {
+                    return Ok(out);
+                }
+            }
             if let Some((qn, kn)) = &proj.qk_norm {
                 let q = norm_heads(qn, &qkv.narrow(1, 0, qw)?, heads.q, heads.dim)?;
                 let k = norm_heads(kn, &qkv.narrow(1, qw, kvw)?, heads.kv, heads.dim)?;
@@ -208,12 +232,27 @@ pub fn attention_with_sinks(
             split_qkv(&qkv, heads)?
         }
         Proj::Split(q, k, v) => {
-            let (mut q, mut k) = (q.forward(h)?, k.forward(h)?);
+            let (mut q, mut k, v) = (q.forward(h)?, k.forward(h)?, v.forward(h)?);
             if let Some((qn, kn)) = &proj.qk_norm {
                 q = norm_heads(qn, &q, heads.q, heads.dim)?;
                 k = norm_heads(kn, &k, heads.kv, heads.dim)?;
+            } else {
+                let rows = |t, width| {
+                    (
+                        t,
+                        Rows {
+                            data: &[],
+                            stride: width,
+                            offset: 0,
+                        },
+                    )
+                };
+                let parts = [rows(&q, qw), rows(&k, kvw), rows(&v, kvw)];
+                if let Some(out) = attend_host(layer, parts, rotary, batch, kv, heads, sinks)? {
+                    return Ok(out);
+                }
             }
-            (q, k, v.forward(h)?)
+            (q, k, v)
         }
     };
     let q = rotary.apply(&q.reshape((n, heads.q, heads.dim))?)?;
@@ -229,6 +268,56 @@ pub fn attention_with_sinks(
         heads.window,
         sinks,
     )
+}
+
+/// On the CPU, the rest of [`attention`] over plain buffers ([`KvCache::attend_projected_host`]):
+/// `parts` are the q, k and v projections' tensors with where their rows lie in them (the
+/// `data` of each is filled in here). `None` when they are not f32 in host memory, the rotary
+/// tables are not on the host, or the cache is not.
+#[allow(clippy::too_many_arguments)]
+fn attend_host(
+    layer: usize,
+    parts: [(&Tensor, Rows<'_>); 3],
+    rotary: &RotaryRows,
+    batch: &ForwardBatch<'_>,
+    kv: &mut KvCache,
+    heads: Heads,
+    sinks: Option<&Tensor>,
+) -> candle_core::Result<Option<Tensor>> {
+    let Some(turn) = rotary.host() else {
+        return Ok(None);
+    };
+    if rotary.dims() > heads.dim {
+        return Ok(None);
+    }
+    let guards = parts.map(|(t, _)| t.storage_and_layout());
+    let mut rows = parts.map(|(_, r)| r);
+    for (((t, _), (storage, layout)), r) in parts.iter().zip(&guards).zip(&mut rows) {
+        let candle_core::Storage::Cpu(cpu) = &**storage else {
+            return Ok(None);
+        };
+        if t.dtype() != DType::F32 || !t.is_contiguous() {
+            return Ok(None);
+        }
+        r.data = &cpu.as_slice::<f32>()?[layout.start_offset()..][..t.elem_count()];
+    }
+    let sinks = sinks
+        .map(|s| s.to_dtype(DType::F32)?.to_vec1::<f32>())
+        .transpose()?;
+    let n = parts[0].0.dim(0)?;
+    let p = Projected {
+        heads: heads.q,
+        kv_heads: heads.kv,
+        head_dim: heads.dim,
+        rotary: turn,
+        scale: heads.scale,
+        window: heads.window,
+        sinks: sinks.as_deref(),
+    };
+    let Some(out) = kv.attend_projected_host(layer, n, rows, &batch.attention, p)? else {
+        return Ok(None);
+    };
+    Tensor::from_vec(out, (n, heads.q * heads.dim), parts[0].0.device()).map(Some)
 }
 
 /// On a GPU, the rest of [`attention`] from the fused projection's output `qkv`

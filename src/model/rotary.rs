@@ -111,10 +111,23 @@ impl Rotary {
     /// The step's cos and sin rows (`[tokens, head_dim / 2]`), gathered once and shared by every
     /// layer's q and k.
     pub fn at(&self, positions: &Tensor) -> candle_core::Result<RotaryRows> {
+        let (cos, sin) = (
+            self.cos.index_select(positions, 0)?,
+            self.sin.index_select(positions, 0)?,
+        );
+        // On the CPU, the same rows as plain f32 for `RotaryRows::host`.
+        let host = match cos.device() {
+            Device::Cpu => {
+                let flat = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
+                Some((flat(&cos)?, flat(&sin)?))
+            }
+            _ => None,
+        };
         Ok(RotaryRows {
-            cos: self.cos.index_select(positions, 0)?,
-            sin: self.sin.index_select(positions, 0)?,
+            cos,
+            sin,
             interleaved: self.interleaved,
+            host,
         })
     }
 
@@ -180,6 +193,40 @@ pub struct RotaryRows {
     cos: Tensor,
     sin: Tensor,
     interleaved: bool,
+    /// `cos` and `sin` as f32 in host memory, when they are on the CPU.
+    host: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+/// [`RotaryRows`] on the host: turns one head of one token in place, as [`RotaryRows::apply`]
+/// turns it (the same products in the same order).
+#[derive(Clone, Copy)]
+pub struct HostRotary<'a> {
+    cos: &'a [f32],
+    sin: &'a [f32],
+    /// Pairs a head turns (half of [`RotaryRows::dims`]).
+    half: usize,
+    interleaved: bool,
+}
+
+impl HostRotary<'_> {
+    /// Turns `head` (one head of token `t`, at least [`RotaryRows::dims`] wide): its leading
+    /// dimensions, as pairs `(2i, 2i + 1)` when interleaved, else `(i, i + half)`.
+    pub fn turn(&self, t: usize, head: &mut [f32]) {
+        let (cos, sin) = (
+            &self.cos[t * self.half..][..self.half],
+            &self.sin[t * self.half..][..self.half],
+        );
+        for i in 0..self.half {
+            let (i1, i2) = if self.interleaved {
+                (2 * i, 2 * i + 1)
+            } else {
+                (i, i + self.half)
+            };
+            let (x1, x2) = (head[i1], head[i2]);
+            head[i1] = x1 * cos[i] - x2 * sin[i];
+            head[i2] = x1 * sin[i] + x2 * cos[i];
+        }
+    }
 }
 
 impl RotaryRows {
@@ -202,6 +249,17 @@ impl RotaryRows {
             interleaved: self.interleaved,
             head_norms,
         }
+    }
+
+    /// The tables as plain f32 on the host, when they are on the CPU.
+    pub fn host(&self) -> Option<HostRotary<'_>> {
+        let (cos, sin) = self.host.as_ref()?;
+        Some(HostRotary {
+            cos,
+            sin,
+            half: self.dims() / 2,
+            interleaved: self.interleaved,
+        })
     }
 
     /// Dimensions of each head these tables turn.
