@@ -49,6 +49,21 @@ __device__ __forceinline__ AffineRun affine_run(const uint8_t* row, const __half
   return r;
 }
 
+// 128 + q as an f32 for the 4-bit code q at bits 4n..4n+3 of w: the nibble moved to bits 16..19,
+// under the exponent of 128 (a shift and a mask, no conversion instruction).
+__device__ __forceinline__ float nibble_plus_128(uint32_t w, int n) {
+  const uint32_t at16 = n < 4 ? w << (16 - 4 * n) : w >> (4 * n - 16);
+  return __uint_as_float((at16 & 0x000F0000u) | 0x43000000u);
+}
+
+// What nibble_plus_128 adds to each code: the run's offset term takes it back.
+constexpr int kAffine4Bias = 128;
+
+// Byte k of w as an f32: put under the exponent of 2^23 by one byte permute, less 2^23 (exact).
+__device__ __forceinline__ float byte_value(uint32_t w, int k) {
+  return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440 | k)) - 8388608.f;
+}
+
 // Where piece c (8 values) of run r of a staged sequence of `runs` runs lies (elements).
 __device__ __forceinline__ int staged_at(int c, int r, int runs) { return (c * runs + r) * 8; }
 
@@ -72,25 +87,36 @@ __device__ void stage_runs(T* xs, float* sums, const T* src, int runs) {
 }
 
 // s * sum(q x) + b * sum(x) of a run against staged run r (of `runs`), whose input sum is rsum.
+// 4-bit codes are multiplied as kAffine4Bias + q (nibble_plus_128), the bias taken back with the
+// offset's term.
 template <typename T, int kBits>
 __device__ __forceinline__ float affine_run_dot(const AffineRun& run, const T* xs, int r, int runs,
                                                 float rsum) {
   constexpr int kCols = kRunCols<kBits>;
-  float wf[kCols];
-  if constexpr (kBits == 4)
-    affine4_unpack(run.codes, wf);
-  else
-    affine8_unpack(run.codes, wf);
-  float qx = 0.f;
+  const uint32_t words[4] = {run.codes.x, run.codes.y, run.codes.z, run.codes.w};
+  float acc = 0.f;
 #pragma unroll
   for (int c = 0; c < kCols / 8; ++c) {
     const uint4 xraw = *reinterpret_cast<const uint4*>(xs + staged_at(c, r, runs));
     const T* xv = reinterpret_cast<const T*>(&xraw);
+    if constexpr (kBits == 4) {
+      // Piece c is word c: column 2i in nibble i, column 2i + 1 in nibble 4 + i.
 #pragma unroll
-    for (int e = 0; e < 8; ++e) qx += wf[8 * c + e] * to_float(xv[e]);
+      for (int i = 0; i < 4; ++i) {
+        acc += nibble_plus_128(words[c], i) * to_float(xv[2 * i]);
+        acc += nibble_plus_128(words[c], 4 + i) * to_float(xv[2 * i + 1]);
+      }
+    } else {
+      // Piece c is words 2c and 2c + 1: column 4h + k in byte k of word 2c + h.
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) acc += byte_value(words[2 * c + h], k) * to_float(xv[4 * h + k]);
+    }
   }
   const float2 sb = __half22float2(run.pair);
-  return qx * sb.x + rsum * sb.y;
+  const float offset = kBits == 4 ? sb.y - (float)kAffine4Bias * sb.x : sb.y;
+  return acc * sb.x + rsum * offset;
 }
 
 // The stacked codes as the kernels take them: [experts, rows, k_dim * kBits / 8] bytes and
