@@ -5,7 +5,7 @@
 use candle_core::Tensor;
 
 use super::ModelError;
-use super::host::with_f32;
+use super::host::with_f32s;
 use super::weights::Weights;
 
 /// RMSNorm over the last dimension with a learned scale.
@@ -84,16 +84,9 @@ impl RmsNorm {
         if x.shape() != delta.shape() || x.dims().last() != Some(&n) {
             return Ok(None);
         }
-        let sum = with_f32(x, |x| {
-            with_f32(delta, |d| {
-                x.iter().zip(d).map(|(a, b)| a + b).collect::<Vec<f32>>()
-            })
-        })?;
-        let Some(Some(sum)) = sum.transpose()? else {
-            return Ok(None);
-        };
         let eps = self.eps as f32;
-        let normed = with_f32(&self.weight, |alpha| {
+        let out = with_f32s([x, delta, &self.weight], |[x, delta, alpha]| {
+            let sum: Vec<f32> = x.iter().zip(delta).map(|(a, b)| a + b).collect();
             let mut normed = vec![0.0f32; sum.len()];
             for (src, dst) in sum.chunks_exact(n).zip(normed.chunks_exact_mut(n)) {
                 let sum2 = src.iter().map(|v| v * v).sum::<f32>();
@@ -102,9 +95,9 @@ impl RmsNorm {
                     *d = *s / m * *a;
                 }
             }
-            normed
+            (sum, normed)
         })?;
-        let Some(normed) = normed else {
+        let Some((sum, normed)) = out else {
             return Ok(None);
         };
         let (shape, device) = (x.shape(), x.device());

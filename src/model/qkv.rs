@@ -9,6 +9,7 @@ use super::ModelError;
 use super::attention::{KvCache, Projected, Rows};
 use super::batch::ForwardBatch;
 use super::config::ModelConfig;
+use super::host::with_f32s;
 use super::layers::Linear;
 use super::norm::RmsNorm;
 use super::rotary::RotaryRows;
@@ -202,25 +203,8 @@ pub fn attention_with_sinks(
             }
             if proj.qk_norm.is_none() {
                 let width = qw + 2 * kvw;
-                let rows = |offset| {
-                    (
-                        &qkv,
-                        Rows {
-                            data: &[],
-                            stride: width,
-                            offset,
-                        },
-                    )
-                };
-                if let Some(out) = attend_host(
-                    layer,
-                    [rows(0), rows(qw), rows(qw + kvw)],
-                    rotary,
-                    batch,
-                    kv,
-                    heads,
-                    sinks,
-                )? {
+                let parts = [0, qw, qw + kvw].map(|offset| (&qkv, width, offset));
+                if let Some(out) = attend_host(layer, parts, rotary, batch, kv, heads, sinks)? {
                     return Ok(out);
                 }
             }
@@ -237,17 +221,7 @@ pub fn attention_with_sinks(
                 q = norm_heads(qn, &q, heads.q, heads.dim)?;
                 k = norm_heads(kn, &k, heads.kv, heads.dim)?;
             } else {
-                let rows = |t, width| {
-                    (
-                        t,
-                        Rows {
-                            data: &[],
-                            stride: width,
-                            offset: 0,
-                        },
-                    )
-                };
-                let parts = [rows(&q, qw), rows(&k, kvw), rows(&v, kvw)];
+                let parts = [(&q, qw, 0), (&k, kvw, 0), (&v, kvw, 0)];
                 if let Some(out) = attend_host(layer, parts, rotary, batch, kv, heads, sinks)? {
                     return Ok(out);
                 }
@@ -271,13 +245,13 @@ pub fn attention_with_sinks(
 }
 
 /// On the CPU, the rest of [`attention`] over plain buffers ([`KvCache::attend_projected_host`]):
-/// `parts` are the q, k and v projections' tensors with where their rows lie in them (the
-/// `data` of each is filled in here). `None` when they are not f32 in host memory, the rotary
-/// tables are not on the host, or the cache is not.
+/// `parts` are the q, k and v projections as (tensor, row stride, offset of the part in a row).
+/// `None` when they are not f32 in host memory, the rotary tables are not on the host, or the
+/// cache is not.
 #[allow(clippy::too_many_arguments)]
 fn attend_host(
     layer: usize,
-    parts: [(&Tensor, Rows<'_>); 3],
+    parts: [(&Tensor, usize, usize); 3],
     rotary: &RotaryRows,
     batch: &ForwardBatch<'_>,
     kv: &mut KvCache,
@@ -290,21 +264,10 @@ fn attend_host(
     if rotary.dims() > heads.dim {
         return Ok(None);
     }
-    let guards = parts.map(|(t, _)| t.storage_and_layout());
-    let mut rows = parts.map(|(_, r)| r);
-    for (((t, _), (storage, layout)), r) in parts.iter().zip(&guards).zip(&mut rows) {
-        let candle_core::Storage::Cpu(cpu) = &**storage else {
-            return Ok(None);
-        };
-        if t.dtype() != DType::F32 || !t.is_contiguous() {
-            return Ok(None);
-        }
-        r.data = &cpu.as_slice::<f32>()?[layout.start_offset()..][..t.elem_count()];
-    }
     let sinks = sinks
         .map(|s| s.to_dtype(DType::F32)?.to_vec1::<f32>())
         .transpose()?;
-    let n = parts[0].0.dim(0)?;
+    let (n, device) = (parts[0].0.dim(0)?, parts[0].0.device());
     let p = Projected {
         heads: heads.q,
         kv_heads: heads.kv,
@@ -314,10 +277,18 @@ fn attend_host(
         window: heads.window,
         sinks: sinks.as_deref(),
     };
-    let Some(out) = kv.attend_projected_host(layer, n, rows, &batch.attention, p)? else {
-        return Ok(None);
-    };
-    Tensor::from_vec(out, (n, heads.q * heads.dim), parts[0].0.device()).map(Some)
+    let out = with_f32s(parts.map(|(t, ..)| t), |values| {
+        let rows = std::array::from_fn(|j| Rows {
+            data: values[j],
+            stride: parts[j].1,
+            offset: parts[j].2,
+        });
+        kv.attend_projected_host(layer, n, rows, &batch.attention, p)
+    })?;
+    match out.transpose()?.flatten() {
+        Some(out) => Tensor::from_vec(out, (n, heads.q * heads.dim), device).map(Some),
+        None => Ok(None),
+    }
 }
 
 /// On a GPU, the rest of [`attention`] from the fused projection's output `qkv`
