@@ -3,11 +3,9 @@
 //! by the layout's own description, and their dequantized copies (run on the GPU machine:
 //! scripts/gpu/run.sh).
 
-mod common;
-
+use crate::common::affine::Weight;
+use crate::common::{Lcg, host_f32, max_rel_diff, random};
 use candle_core::{DType, Device, Tensor};
-use common::affine::Weight;
-use common::{Lcg, host_f32, max_rel_diff, random};
 use pagewise_kernels::{CodeBits, GemvInput, GemvWeight, affine_dequantize};
 
 /// Code width, `[out, k]` and the columns a group covers (`k`: one group a row). Groups of 32
@@ -151,7 +149,7 @@ fn affine_gemv_bandwidth() {
         for i in 0..4 {
             run(i);
         }
-        common::graph_replay_seconds(&stream, 64, run)
+        crate::common::graph_replay_seconds(&stream, 64, run)
     };
     println!(
         "| projection (out x k) | bf16 (µs) | TB/s | 4-bit g32 (µs) | TB/s | 8-bit g16 (µs) | TB/s |"

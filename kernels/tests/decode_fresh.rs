@@ -4,10 +4,8 @@
 //! both rotary layouts, sliding windows and split plans (one block, clusters, the merge kernel).
 //! Needs a CUDA GPU.
 
-mod common;
-
+use crate::common::{Lcg, host_f32, random};
 use candle_core::{DType, Device, Tensor};
-use common::{Lcg, host_f32, random};
 use pagewise_kernels::{
     HeadNorms, PagedKv, QkvRope, paged_attention_fresh, paged_attention_rows, rope_qkv_cache,
 };

@@ -2,10 +2,8 @@
 //! (every e4m3 code decoded by an independent decoder), their dequantized copies, and the
 //! row-wise quantization of `--quantization fp8` (run on the GPU machine: scripts/gpu/run.sh).
 
-mod common;
-
+use crate::common::{Lcg, e4m3, host_f32, max_rel_diff, random};
 use candle_core::{DType, Device, Tensor};
-use common::{Lcg, e4m3, host_f32, max_rel_diff, random};
 use pagewise_kernels::{Fp8Matrix, GemvInput, GemvWeight, fp8_dequantize, fp8_quantize_rows};
 
 /// Random e4m3 codes (no NaN) `[out, k]` as u8 on `dev`, and their values.
@@ -251,7 +249,7 @@ fn fp8_gemv_bandwidth() {
         for i in 0..4 {
             run(i);
         }
-        common::graph_replay_seconds(&stream, 64, run)
+        crate::common::graph_replay_seconds(&stream, 64, run)
     };
     println!("| shape | projection (out x k) | bf16 (µs) | TB/s | FP8 (µs) | TB/s | speed-up |");
     println!("|---|---|---|---|---|---|---|");
@@ -381,7 +379,7 @@ fn fp8_gemm_speed() {
         for i in 0..4 {
             run(i);
         }
-        common::graph_replay_seconds(&stream, 20, run)
+        crate::common::graph_replay_seconds(&stream, 20, run)
     };
     println!(
         "| rows | projection (out x k) | bf16 cuBLAS (µs) | TFLOP/s | FP8 (µs) | TFLOP/s | speed-up |"

@@ -1,10 +1,8 @@
 //! The fused decoder-layer kernels against the same math done by candle's separate ops in f32
 //! (run on the GPU machine: scripts/gpu/run.sh).
 
-mod common;
-
+use crate::common::{Lcg, host_f32, max_rel_diff, random};
 use candle_core::{DType, Device, Tensor};
-use common::{Lcg, host_f32, max_rel_diff, random};
 
 #[test]
 fn add_rms_norm_matches_add_then_rms_norm() {
@@ -349,7 +347,7 @@ fn gemv_bandwidth() {
         for i in 0..4 {
             run(i);
         }
-        common::graph_replay_seconds(&stream, 64, run)
+        crate::common::graph_replay_seconds(&stream, 64, run)
     };
     println!(
         "| shape | projection (out x k) | gemv_fused (µs) | TB/s | cuBLAS plain (µs) | TB/s |"

@@ -3,10 +3,8 @@
 //! description (not by the app's packer), and their dequantized copies (run on the GPU machine:
 //! scripts/gpu/run.sh).
 
-mod common;
-
+use crate::common::{Lcg, host_f32, max_rel_diff, random};
 use candle_core::{DType, Device, Tensor};
-use common::{Lcg, host_f32, max_rel_diff, random};
 use pagewise_kernels::{GemvInput, GemvWeight, Int4Layout, Int4Matrix, int4_dequantize};
 
 /// `[out, k]` and the columns a group covers (`k`: one group a row).
@@ -252,7 +250,7 @@ fn int4_gemv_bandwidth() {
         for i in 0..4 {
             run(i);
         }
-        common::graph_replay_seconds(&stream, 64, run)
+        crate::common::graph_replay_seconds(&stream, 64, run)
     };
     println!(
         "| projection (out x k) | bf16 (µs) | TB/s | 4-bit rows (µs) | TB/s | 4-bit tiles (µs) | TB/s | tiles' speed-up over bf16 |"

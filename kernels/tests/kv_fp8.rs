@@ -11,9 +11,7 @@ use pagewise_kernels::{
     paged_attention_rows, paged_prefill_attention, reshape_and_cache, rope_qkv_cache,
 };
 
-mod common;
-
-use common::{Lcg, e4m3, host_f32, random};
+use crate::common::{Lcg, e4m3, host_f32, random};
 
 /// That byte `b` is an e4m3 nearest to `y` (|y| within the format's 448): no other finite byte
 /// is closer.

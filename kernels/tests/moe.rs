@@ -2,18 +2,13 @@
 //! the host (run on the GPU machine: scripts/gpu/run.sh); the slices against the row grids and
 //! the benchmark of every plan in the two modules below.
 
-#[path = "moe/affine.rs"]
 mod affine;
-#[path = "moe/bandwidth.rs"]
 mod bandwidth;
-mod common;
-#[path = "moe/o_router.rs"]
 mod o_router;
-#[path = "moe/slices.rs"]
 mod slices;
 
+use crate::common::{Lcg, host_f32, max_rel_diff, random, random_mxfp4};
 use candle_core::{DType, Device, Tensor};
-use common::{Lcg, host_f32, max_rel_diff, random, random_mxfp4};
 use pagewise_kernels::{
     ExpertExtras, GroupedGemm, MoeRoutes, Mxfp4Stack, moe_experts, moe_experts_with, moe_route,
     moe_router,

@@ -1,10 +1,8 @@
 //! MXFP4 experts on tensor cores (`moe_experts_fp4_mma`) against the token-by-token expert kernels
 //! over the same stacks (run on the GPU machine: scripts/gpu/run.sh).
 
-mod common;
-
+use crate::common::{Lcg, host_f32, max_rel_diff, random, random_mxfp4};
 use candle_core::{DType, Device, Tensor};
-use common::{Lcg, host_f32, max_rel_diff, random, random_mxfp4};
 use pagewise_kernels::{ExpertExtras, moe_experts_fp4_mma, moe_experts_with, moe_route};
 
 /// Router logits for `tokens` x `experts`: random, or (`only`) every token's largest on the
@@ -159,7 +157,7 @@ fn mma_bandwidth() {
                 for i in 0..4 {
                     run(i);
                 }
-                common::graph_replay_seconds(&stream, 32, &run)
+                crate::common::graph_replay_seconds(&stream, 32, &run)
             };
             let (gemv, mma) = (time(false), time(true));
             println!(

@@ -9,9 +9,7 @@ use pagewise_kernels::{
     reshape_and_cache,
 };
 
-mod common;
-
-use common::{Lcg, graph_replay_seconds, host_f32};
+use crate::common::{Lcg, graph_replay_seconds, host_f32};
 
 fn case(
     dtype: DType,

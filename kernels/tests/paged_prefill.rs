@@ -7,9 +7,7 @@ use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
 use candle_core::{DType, Device, Tensor};
 use pagewise_kernels::{PagedKv, PrefillSeqs, paged_prefill_attention, reshape_and_cache};
 
-mod common;
-
-use common::{Lcg, host_f32};
+use crate::common::{Lcg, host_f32};
 
 /// `seqs`: (cached prefix, chunk length) per sequence. Returns the relative L2 error.
 fn case(

@@ -2,10 +2,8 @@
 //! qkv GEMV with both folded in (`gemv_rope_cache`) against the kernels it replaces, bit for bit.
 //! Needs a CUDA GPU.
 
-mod common;
-
+use crate::common::{Lcg, host_f32, max_rel_diff, random};
 use candle_core::{DType, Device, Tensor};
-use common::{Lcg, host_f32, max_rel_diff, random};
 use pagewise_kernels::PagedKv;
 
 /// Rotary cos and sin rows (`[rows, d / 2]`, `dtype`) at random angles.

@@ -2,8 +2,9 @@
 # Builds the CUDA binaries here (no GPU needed) and stages them in .gpu/ for one device call:
 #   scripts/gpu/build.sh
 #   device run, carry [".gpu"]:  bash .gpu/run.sh [tests|bench|all]
-# Staged: the release `pagewise` binary, the kernel tests and the GPU engine tests (stripped and
-# xz-compressed to fit the 64 MiB carry), the model-making script, tokenizer fixture and run.sh.
+# Staged: the release `pagewise` binary, the kernels' tests (one binary) and the GPU engine tests
+# (stripped and xz-compressed: 15-21 MB each, so a call carries one of them, scripts/gpu/stage_one.sh),
+# the model-making script, tokenizer fixture and run.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CUDA_HOME=$(scripts/cuda/setup_toolkit.sh)
@@ -24,25 +25,15 @@ for l in sys.stdin:
 # nvidia-nccl-cu13 wheel) on LD_LIBRARY_PATH.
 cargo build --release --features nccl --bin pagewise
 kernel_json=$(cargo test -p pagewise-kernels --release --features nccl --no-run --message-format=json)
-kernel_tests=$(executables paged_attention <<< "$kernel_json")
-sampling_tests=$(executables sampling <<< "$kernel_json")
-prefill_tests=$(executables paged_prefill <<< "$kernel_json")
-fused_tests=$(executables fused <<< "$kernel_json")
-rope_tests=$(executables rope <<< "$kernel_json")
-moe_tests=$(executables moe <<< "$kernel_json")
-moe_mma_tests=$(executables moe_mma <<< "$kernel_json")
-fp8_tests=$(executables fp8 <<< "$kernel_json")
-kv_fp8_tests=$(executables kv_fp8 <<< "$kernel_json")
-int4_tests=$(executables int4 <<< "$kernel_json")
-affine_tests=$(executables affine <<< "$kernel_json")
+kernel_tests=$(executables gpu <<< "$kernel_json")
 engine_tests=$(cargo test --release --features nccl --test gpu_engine --no-run --message-format=json | executables gpu_engine)
 
 rm -rf .gpu && mkdir -p .gpu/scripts/gpu .gpu/tests/fixtures/llama-gqa-tied
-for pair in "$CARGO_TARGET_DIR/release/pagewise:pagewise" "$kernel_tests:kernel-tests" "$sampling_tests:sampling-tests" "$prefill_tests:prefill-tests" "$fused_tests:fused-tests" "$rope_tests:rope-tests" "$moe_tests:moe-tests" "$moe_mma_tests:moe-mma-tests" "$fp8_tests:fp8-tests" "$kv_fp8_tests:kv-fp8-tests" "$int4_tests:int4-tests" "$affine_tests:affine-tests" "$engine_tests:gpu-engine-tests"; do
+for pair in "$CARGO_TARGET_DIR/release/pagewise:pagewise" "$kernel_tests:kernel-tests" "$engine_tests:gpu-engine-tests"; do
   src=${pair%%:*} name=${pair##*:}
   cp "$src" ".gpu/$name"
   strip ".gpu/$name"
-  xz -T2 -9 ".gpu/$name"
+  xz -T2 -9e ".gpu/$name"
 done
 cp scripts/gpu/make_gpu_models.py scripts/gpu/arch_speed.sh scripts/gpu/ncu_step.py scripts/gpu/profile_arch.sh scripts/gpu/run.sh scripts/gpu/scoreboard.sh scripts/gpu/hf_baselines.py scripts/gpu/hf_server.py scripts/gpu/long_serve.sh scripts/gpu/moe_peer.sh scripts/gpu/mkgguf_moe.py scripts/gpu/gguf_peer.sh .gpu/scripts/gpu/
 cp tests/fixtures/llama-gqa-tied/tokenizer.json .gpu/tests/fixtures/llama-gqa-tied/

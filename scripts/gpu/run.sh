@@ -19,7 +19,7 @@
 #   bash .gpu/run.sh int4     the 4-bit kernel and engine tests, the 4-bit GEMV bandwidth table, then
 #                             batch-1 latency of the 1B and 8B shapes and 8B offline throughput in
 #                             bf16 and as AWQ (dummy 4-bit weights, groups of 128); INT4_PARTS=experts
-#                             (opt-in): the experts-as-codes kernel tests and moe-tests' bandwidth table
+#                             (opt-in): the experts-as-codes kernel tests and the experts' bandwidth table
 #   bash .gpu/run.sh spec     speculative decoding: the GPU engine tests (n-gram and a draft model,
 #                             greedy output unchanged), then the 8B shape at batch 1 without and
 #                             with the 1B shape drafting k = 2, 4, 7 (random weights: acceptance
@@ -27,11 +27,14 @@
 #                             the draft phase is the 1B's k passes)
 #   bash .gpu/run.sh recheck  `tests`, then the scoreboard's batch-1 and offline rows (no serving,
 #                             no transformers baselines): the check after a change to the GPU path
+#   bash .gpu/run.sh startup  launch of `pagewise serve` to /ready answering, three launches of the 8B
+#                             shape (--load-format dummy; STARTUP_MODELS), with the engine's own
+#                             "ready in" line (where the time went)
 #   bash .gpu/run.sh profile  one eager batch-1 decode step kernel by kernel under Nsight Compute
 #                             (PROFILE_MODELS="llama-8b llama-1b" by default; scripts/gpu/ncu_step.py)
 #   bash .gpu-gguf/run.sh gguf  the quantized-GGUF engine test (staged by scripts/gpu/stage_gguf.sh)
 #   bash .gpu/run.sh gguf-gpu  GGUF codes on the GPU: the affine-code kernel tests and their GEMV
-#                             bandwidth table (affine-tests), then the GGUF k-quant engine tests
+#                             bandwidth table (kernel-tests' affine::), then the GGUF k-quant engine tests
 #                             (gpu-engine-tests); each part runs when its binary is staged
 #                             (scripts/gpu/gguf_peer.sh: the same files against llama.cpp)
 # Logs go to $OUT (the device tool brings them back); a summary is printed last.
@@ -48,13 +51,19 @@ nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 export NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 
-for f in pagewise kernel-tests prefill-tests sampling-tests fused-tests rope-tests moe-tests moe-mma-tests fp8-tests kv-fp8-tests int4-tests affine-tests gpu-engine-tests; do
+for f in pagewise kernel-tests gpu-engine-tests; do
   [ -f "$here/$f.xz" ] || continue
   [ -x "$work/bin/$f" ] || python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$here/$f.xz" "$work/bin/$f"
   chmod +x "$work/bin/$f"
 done
 export PAGEWISE_GPU_MODELS=$work/models
-if [ "$what" != kernels ] && [ "$what" != scoreboard ] && [ "$what" != quick ] && [ "$what" != gguf ] && [ "$what" != long ] && [ "$what" != profile ] && [ "$what" != dashboard ] && [ "$what" != structured ] && [ "$what" != fp8 ] && [ "$what" != int4 ] && [ "$what" != spec ] && [ "$what" != gguf-gpu ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
+# The test models (the modes that need them and make their own are left out).
+needs_models=1
+case $what in
+  kernels | scoreboard | quick | gguf | long | profile | dashboard | structured | fp8 | int4 | spec | gguf-gpu | startup) needs_models=0 ;;
+  recheck) [ -x "$work/bin/gpu-engine-tests" ] || needs_models=0 ;;   # (a call staging one binary)
+esac
+if [ $needs_models = 1 ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
   (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS") > "$out/make-models.log" 2>&1 \
     || { tail -20 "$out/make-models.log"; exit 1; }
 fi
@@ -72,20 +81,17 @@ if [ -d "$gptoss" ] && [ ! -f "$gptoss-mxfp4/model.safetensors" ]; then
     || tail -5 "$out/make-models.log"
 fi
 status=0
+# The kernels' tests are one binary; its modules are the kernel families (kernels/tests/gpu.rs).
+kt=$work/bin/kernel-tests
 if [ "$what" = tests ] || [ "$what" = kernels ] || [ "$what" = all ] || [ "$what" = recheck ]; then
-  "$work/bin/kernel-tests" --test-threads=1 > "$out/kernel-tests.log" 2>&1 || status=1
-  "$work/bin/prefill-tests" --test-threads=1 --nocapture > "$out/prefill-tests.log" 2>&1 || status=1
-  "$work/bin/sampling-tests" --test-threads=1 > "$out/sampling-tests.log" 2>&1 || status=1
-  "$work/bin/fused-tests" --test-threads=1 > "$out/fused-tests.log" 2>&1 || status=1
-  "$work/bin/rope-tests" --test-threads=1 >> "$out/fused-tests.log" 2>&1 || status=1
-  "$work/bin/moe-tests" --test-threads=1 >> "$out/fused-tests.log" 2>&1 || status=1
-  "$work/bin/moe-mma-tests" --test-threads=1 >> "$out/fused-tests.log" 2>&1 || status=1
-  [ ! -x "$work/bin/kv-fp8-tests" ] || "$work/bin/kv-fp8-tests" --test-threads=1 >> "$out/fused-tests.log" 2>&1 || status=1
+  # (Each binary when staged: a call carries one, scripts/gpu/stage_one.sh.)
+  if [ -x "$kt" ]; then "$kt" --test-threads=1 --nocapture > "$out/kernel-tests.log" 2>&1 || status=1; fi
   # (the quantized-GGUF test needs its model staged apart: `gguf` mode)
-  [ "$what" = kernels ] || "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture --skip quantized_gguf > "$out/gpu-engine-tests.log" 2>&1 || status=1
+  if [ "$what" != kernels ] && [ -x "$work/bin/gpu-engine-tests" ]; then
+    "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture --skip quantized_gguf > "$out/gpu-engine-tests.log" 2>&1 || status=1
+  fi
   grep -hE "^test |test result|rel\. err|top-1|preemptions|KV blocks|panicked|^  |^(BF16|F16)" \
-    "$out/kernel-tests.log" "$out/prefill-tests.log" "$out/sampling-tests.log" "$out/fused-tests.log" \
-    "$out/gpu-engine-tests.log" 2> /dev/null
+    "$out/kernel-tests.log" "$out/gpu-engine-tests.log" 2> /dev/null
 fi
 if [ "$what" = serve ] || [ "$what" = all ]; then
   # The server on the GPU, end to end: /ready, a completion and a streamed chat-less completion.
@@ -104,13 +110,13 @@ if [ "$what" = serve ] || [ "$what" = all ]; then
   grep -E "KV cache allocated|GPU memory after" "$out/serve.log" | tail -2
 fi
 if [ "$what" = bench ] || [ "$what" = kernels ] || [ "$what" = all ]; then
-  "$work/bin/kernel-tests" --ignored --nocapture --test-threads=1 decode_bandwidth > "$out/decode-bandwidth.log" 2>&1 || status=1
+  "$kt" --ignored --nocapture --test-threads=1 paged_attention::decode_bandwidth > "$out/decode-bandwidth.log" 2>&1 || status=1
   grep -E "^\||at once" "$out/decode-bandwidth.log"
   # The GEMV kernel against cuBLAS at the 1B and 8B batch-1 projection shapes.
-  "$work/bin/fused-tests" --ignored --nocapture --test-threads=1 gemv_bandwidth 2>&1 | grep -E "^\|" || status=1
+  "$kt" --ignored --nocapture --test-threads=1 fused::gemv_bandwidth 2>&1 | grep -E "^\|" || status=1
   # The experts of one decode token at the Mixtral and Qwen3-MoE shapes.
-  "$work/bin/moe-tests" --ignored --nocapture --test-threads=1 moe_bandwidth 2>&1 | grep -E "^\||panicked" || status=1
-  "$work/bin/moe-mma-tests" --ignored --nocapture --test-threads=1 mma_bandwidth 2>&1 | grep -E "^\||panicked" || status=1
+  "$kt" --ignored --nocapture --test-threads=1 moe::bandwidth::moe_bandwidth 2>&1 | grep -E "^\||panicked" || status=1
+  "$kt" --ignored --nocapture --test-threads=1 moe_mma::mma_bandwidth 2>&1 | grep -E "^\||panicked" || status=1
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   pw() { "$work/bin/pagewise" "$@" 2>> "$out/bench-stderr.log"; }
@@ -126,10 +132,8 @@ if [ "$what" = quick ]; then
   # A short check within little device time: the tiny-model engine tests, decode kernel tests and
   # batch-1 latency on the 1B shape.
   (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS" tiny) > "$out/make-models.log" 2>&1 || status=1
-  "$work/bin/kernel-tests" --test-threads=1 2>&1 | grep -E "^test |test result" || status=1
-  for t in fused-tests rope-tests moe-tests moe-mma-tests; do
-    "$work/bin/$t" --test-threads=1 2>&1 | grep -E "^test |test result|panicked" || status=1
-  done
+  "$kt" --test-threads=1 paged_attention:: fused:: rope:: moe:: moe_mma:: 2>&1 \
+    | grep -E "^test |test result|panicked" || status=1
   # (the KV-sizing test needs the 1B model and the GGUF test its staged file: `tests` / `gguf`)
   "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture gpu_ seeded batched cuda_graph \
     --skip quantized_gguf --skip sized_by_gpu_memory 2>&1 \
@@ -138,16 +142,15 @@ if [ "$what" = quick ]; then
     PAGEWISE_BIN="$work/bin/pagewise" bash "$here/scripts/gpu/scoreboard.sh" 2>&1 | grep -E "tok/s|latency" || status=1
 fi
 if [ "$what" = fp8 ]; then
-  "$work/bin/fp8-tests" --test-threads=1 2>&1 | grep -E "^test |test result|panicked" || status=1
-  "$work/bin/kv-fp8-tests" --test-threads=1 2>&1 | grep -E "^test |test result|panicked" || status=1
+  "$kt" --test-threads=1 fp8:: 2>&1 | grep -E "^test |test result|panicked" || status=1   # (kv_fp8:: too)
   python3 "$here/../scripts/gpu/make_fp8_gpu_models.py" "$PAGEWISE_GPU_MODELS" > "$out/make-models.log" 2>&1 \
     || { tail -20 "$out/make-models.log"; status=1; }
   "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture fp8 2>&1 \
     | grep -E "^test |test result|rel\. err|panicked" || status=1
-  "$work/bin/fp8-tests" --ignored --nocapture --test-threads=1 fp8_gemv_bandwidth 2>&1 | grep -E "^\||panicked" || status=1
-  PAGEWISE_FP8_BLOCKS=1 "$work/bin/fp8-tests" --ignored --nocapture --test-threads=1 fp8_gemv_bandwidth 2>&1 \
+  "$kt" --ignored --nocapture --test-threads=1 fp8::fp8_gemv_bandwidth 2>&1 | grep -E "^\||panicked" || status=1
+  PAGEWISE_FP8_BLOCKS=1 "$kt" --ignored --nocapture --test-threads=1 fp8::fp8_gemv_bandwidth 2>&1 \
     | grep -E "^\| [18]|panicked" || status=1
-  "$work/bin/fp8-tests" --ignored --nocapture --test-threads=1 fp8_gemm_speed 2>&1 | grep -E "^\||panicked" || status=1
+  "$kt" --ignored --nocapture --test-threads=1 fp8::fp8_gemm_speed 2>&1 | grep -E "^\||panicked" || status=1
   SCOREBOARD_MODELS=none SCOREBOARD_PARTS=none SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \
     bash "$here/scripts/gpu/scoreboard.sh" > /dev/null 2>&1   # (writes the shapes' configs)
   for m in ${FP8_MODELS:-llama-8b llama-1b}; do
@@ -172,12 +175,12 @@ fi
 # leaves room for one staged binary a call, so a session may run them in separate calls.)
 int4_part() { case " ${INT4_PARTS:-kernels engine bench} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 if [ "$what" = int4 ] && int4_part kernels; then
-  "$work/bin/int4-tests" --test-threads=1 2>&1 | grep -E "^test |test result|panicked" || status=1
-  "$work/bin/int4-tests" --ignored --nocapture --test-threads=1 int4_gemv_bandwidth 2>&1 | grep -E "^\||panicked" || status=1
+  "$kt" --test-threads=1 int4:: 2>&1 | grep -E "^test |test result|panicked" || status=1
+  "$kt" --ignored --nocapture --test-threads=1 int4::int4_gemv_bandwidth 2>&1 | grep -E "^\||panicked" || status=1
 fi
 if [ "$what" = int4 ] && int4_part experts; then
-  "$work/bin/moe-tests" --test-threads=1 affine:: 2>&1 | grep -E "^test |test result|panicked" || status=1
-  "$work/bin/moe-tests" --ignored --nocapture --test-threads=1 moe_bandwidth 2>&1 | grep -E "^\||panicked" || status=1
+  "$kt" --test-threads=1 moe::affine:: 2>&1 | grep -E "^test |test result|panicked" || status=1
+  "$kt" --ignored --nocapture --test-threads=1 moe::bandwidth::moe_bandwidth 2>&1 | grep -E "^\||panicked" || status=1
 fi
 if [ "$what" = int4 ] && int4_part engine; then
   python3 "$here/../scripts/gpu/make_int_gpu_models.py" "$PAGEWISE_GPU_MODELS" > "$out/make-models.log" 2>&1 \
@@ -212,9 +215,9 @@ if [ "$what" = int4 ] && int4_part bench; then
       2>> "$out/bench-stderr.log" | tail -1 || status=1
   done
 fi
-if [ "$what" = gguf-gpu ] && [ -x "$work/bin/affine-tests" ]; then
-  "$work/bin/affine-tests" --test-threads=1 2>&1 | grep -E "^test |test result|panicked" || status=1
-  "$work/bin/affine-tests" --ignored --nocapture --test-threads=1 affine_gemv_bandwidth 2>&1 | grep -E "^\||panicked" || status=1
+if [ "$what" = gguf-gpu ] && [ -x "$kt" ]; then
+  "$kt" --test-threads=1 affine:: --skip moe:: 2>&1 | grep -E "^test |test result|panicked" || status=1
+  "$kt" --ignored --nocapture --test-threads=1 affine::affine_gemv_bandwidth 2>&1 | grep -E "^\||panicked" || status=1
 fi
 if [ "$what" = gguf-gpu ] && [ -x "$work/bin/gpu-engine-tests" ]; then
   # (SmolLM2's 4 blocks too, when staged beside: scripts/gpu/stage_gguf.sh.)
@@ -285,7 +288,7 @@ if [ "$what" = structured ]; then
       --output-json "$out/structured-$frac.json" 2>> "$out/bench-stderr.log" | tail -2
   done
 fi
-if [ "$what" = recheck ]; then
+if [ "$what" = recheck ] && [ -x "$work/bin/pagewise" ]; then
   SCOREBOARD_PARTS="latency throughput" SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \
     bash "$here/scripts/gpu/scoreboard.sh" || status=1
 fi
@@ -300,6 +303,25 @@ if [ "$what" = profile ]; then
       --max-num-batched-tokens 512 --batch-size 1 --input-len 128 --output-len 3 \
       --num-iters-warmup 0 --num-iters 1 > "$out/ncu-$m.csv" 2> "$out/ncu-$m.err" || status=1
     python3 "$here/scripts/gpu/ncu_step.py" "$out/ncu-$m.csv" || status=1
+  done
+fi
+if [ "$what" = startup ]; then
+  SCOREBOARD_MODELS=none SCOREBOARD_PARTS=none SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \
+    bash "$here/scripts/gpu/scoreboard.sh" > /dev/null 2>&1   # (writes the shapes' configs)
+  for m in ${STARTUP_MODELS:-llama-8b}; do
+    for i in 1 2 3; do
+      log=$out/startup-$m-$i.log
+      t0=$(date +%s%N)
+      "$work/bin/pagewise" serve "/tmp/pagewise-gpu/shapes/$m" --load-format dummy --port 8079 > "$log" 2>&1 &
+      pid=$!
+      until curl -sf localhost:8079/ready > /dev/null; do
+        kill -0 $pid 2> /dev/null || { echo "$m: the server exited"; tail -5 "$log"; status=1; break; }
+        sleep 0.01
+      done
+      t1=$(date +%s%N)
+      echo "$m launch $i: $(( (t1 - t0) / 1000000 )) ms to /ready; $(grep -o 'ready in.*' "$log" | head -1)"
+      kill -TERM $pid 2> /dev/null; wait $pid
+    done
   done
 fi
 if [ "$what" = long ]; then

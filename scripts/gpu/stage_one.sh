@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Stages one binary of .gpu/ (after scripts/gpu/build.sh) in its own folder, .gpu-NAME, with the
-# scripts and run.sh: the tracked tree takes ~37 MB of the device call's 64 MiB carry, so a call
+# scripts and run.sh: the tracked tree takes ~45 MB of the device call's 64 MiB carry, so a call
 # carries one staged binary. Then, for example:
-#   scripts/gpu/stage_one.sh int4-tests         device run, carry [".gpu-int4-tests"]:
-#     INT4_PARTS=kernels bash .gpu-int4-tests/run.sh int4
+#   scripts/gpu/stage_one.sh kernel-tests       device run, carry [".gpu-kernel-tests"]:
+#     INT4_PARTS=kernels bash .gpu-kernel-tests/run.sh int4
 #   scripts/gpu/stage_one.sh gpu-engine-tests   INT4_PARTS=engine bash .gpu-gpu-engine-tests/run.sh int4
 #   scripts/gpu/stage_one.sh pagewise           INT4_PARTS=bench bash .gpu-pagewise/run.sh int4
 # (Within one warm machine the unpacked binaries stay in /tmp/pagewise-gpu/bin between calls.)

@@ -4,9 +4,9 @@
 use candle_core::{DType, Device, Tensor};
 use pagewise_kernels::{AffineStack, CodeBits, ExpertExtras, moe_experts_with, moe_route};
 
-use super::common::affine::Weight;
-use super::common::{Lcg, host_f32, max_rel_diff, random};
 use super::round;
+use crate::common::affine::Weight;
+use crate::common::{Lcg, host_f32, max_rel_diff, random};
 
 /// `experts` random matrices `[rows, cols]` of codes stacked, and their values on the host.
 pub(crate) fn random_stack(

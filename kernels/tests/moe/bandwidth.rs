@@ -5,7 +5,7 @@ use pagewise_kernels::{
     CodeBits, ExpertExtras, ExpertPlan, moe_experts_by, moe_experts_with, moe_route,
 };
 
-use crate::affine::random_stack;
+use super::affine::random_stack;
 use crate::common::{self, Lcg, random, random_mxfp4};
 
 /// The experts of one and two decode tokens at Mixtral-8x7B's, Qwen3-30B-A3B's and

@@ -7,7 +7,7 @@ use pagewise_kernels::{
     moe_route_experts, moe_router, o_router,
 };
 
-use crate::DenseLayer;
+use super::DenseLayer;
 use crate::common::{Lcg, host_f32, max_rel_diff, random};
 
 /// Each row's 1 / rms on the host, as RMSNorm takes it.

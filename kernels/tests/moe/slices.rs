@@ -6,7 +6,7 @@ use pagewise_kernels::{
     moe_route_experts,
 };
 
-use crate::DenseLayer;
+use super::DenseLayer;
 use crate::common::{Lcg, host_f32, max_rel_diff, random, random_mxfp4};
 
 /// The experts in slices of 8 to 64 inner columns against the two row grids (which the test
