@@ -8,8 +8,9 @@ use candle_core::{DType, Device};
 use tokenizers::Tokenizer;
 
 use super::args::{EngineArgs, EngineError};
+use super::proposer_cache;
 use crate::loader::{self, LoadOptions};
-use crate::model::{self, CausalLm, KvCache, KvLayout, ModelConfig};
+use crate::model::{self, CausalLm, ModelConfig};
 use crate::parallel::Parallel;
 use crate::runner::draft::{DraftRunner, DraftSettings};
 use crate::spec::Speculation;
@@ -80,25 +81,9 @@ pub fn load(
 }
 
 impl LoadedDraft {
-    /// The draft cache's share of `budget` bytes: what holds as many tokens as the target's
-    /// share (whose layers hold `target_kv_heads` heads each, of `target_value_bytes` a value:
-    /// 1 in an FP8 cache; the draft's cache holds `dtype`). (Both caches hold each verified
-    /// sequence's guesses; the target's prefix cache shares blocks between sequences, the
-    /// draft's does not, so under pressure a sequence may go without a draft for a step.)
-    pub fn budget_share(
-        &self,
-        budget: u64,
-        target_cfg: &ModelConfig,
-        target_kv_heads: usize,
-        target_value_bytes: usize,
-        dtype: DType,
-    ) -> u64 {
-        let target = target_cfg.kv_bytes_per_token(target_kv_heads, target_value_bytes) as u64;
-        let draft = self
-            .cfg
-            .kv_bytes_per_token(self.cfg.num_key_value_heads, dtype.size_in_bytes())
-            as u64;
-        (budget as u128 * draft as u128 / (target + draft) as u128) as u64
+    /// The draft model's configuration (its cache's layers and heads).
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
     }
 
     /// The runner over a cache of `bytes` on `device`, for a target of `target_vocab` tokens
@@ -113,31 +98,8 @@ impl LoadedDraft {
         max_num_batched_tokens: usize,
     ) -> Result<DraftRunner, EngineError> {
         let bs = args.block_size;
-        let per_block = self
-            .cfg
-            .kv_bytes_per_token(self.cfg.num_key_value_heads, dtype.size_in_bytes())
-            as u64
-            * bs as u64;
-        let num_blocks = (bytes / per_block) as usize + 1;
-        if num_blocks < 2 {
-            return Err(EngineError::Config(format!(
-                "the draft model's share of the KV cache ({bytes} bytes) holds no block of \
-                 {per_block} bytes: give the cache more memory"
-            )));
-        }
-        let layout = KvLayout {
-            num_blocks,
-            block_size: bs,
-            num_kv_heads: self.cfg.num_key_value_heads,
-            head_dim: self.cfg.head_dim,
-        };
-        let kv = KvCache::on_device(layout, self.cfg.num_hidden_layers, dtype, device)?;
-        tracing::info!(
-            num_blocks = num_blocks - 1,
-            block_size = bs,
-            bytes = (num_blocks - 1) as u64 * per_block,
-            "draft model's KV cache allocated"
-        );
+        let (kv, num_blocks) =
+            proposer_cache::allocate("the draft model", &self.cfg, bytes, bs, dtype, device)?;
         Ok(DraftRunner::new(
             self.model,
             kv,

@@ -8,11 +8,12 @@ use std::path::Path;
 use candle_core::{DType, Device};
 
 use super::args::{EngineArgs, EngineError};
+use super::proposer_cache;
 use crate::loader::{self, hub};
 use crate::model::checkpoint::Checkpoint;
 use crate::model::eagle3::{Eagle3Config, Eagle3Head};
 use crate::model::weights::Weights;
-use crate::model::{CausalLm, KvCache, KvLayout, ModelConfig};
+use crate::model::{CausalLm, ModelConfig};
 use crate::runner::eagle::EagleRunner;
 
 /// A loaded head, before its cache is sized.
@@ -92,24 +93,9 @@ pub fn load(
 }
 
 impl LoadedHead {
-    fn layer(&self) -> &ModelConfig {
+    /// The head's one layer as a model configuration (its cache's layer and heads).
+    pub fn config(&self) -> &ModelConfig {
         &self.head.config().layer
-    }
-
-    /// The head cache's share of `budget` bytes: what holds as many tokens as the target's
-    /// share (see `super::draft::LoadedDraft::budget_share`).
-    pub fn budget_share(
-        &self,
-        budget: u64,
-        target_cfg: &ModelConfig,
-        target_kv_heads: usize,
-        target_value_bytes: usize,
-        dtype: DType,
-    ) -> u64 {
-        let target = target_cfg.kv_bytes_per_token(target_kv_heads, target_value_bytes) as u64;
-        let l = self.layer();
-        let head = l.kv_bytes_per_token(l.num_key_value_heads, dtype.size_in_bytes()) as u64;
-        (budget as u128 * head as u128 / (target + head) as u128) as u64
     }
 
     /// The runner over a cache of `bytes` on `device`.
@@ -120,29 +106,9 @@ impl LoadedHead {
         device: &Device,
         dtype: DType,
     ) -> Result<EagleRunner, EngineError> {
-        let l = self.layer();
         let bs = args.block_size;
-        let per_block =
-            l.kv_bytes_per_token(l.num_key_value_heads, dtype.size_in_bytes()) as u64 * bs as u64;
-        let num_blocks = (bytes / per_block) as usize + 1;
-        if num_blocks < 2 {
-            return Err(EngineError::Config(format!(
-                "the EAGLE-3 head's share of the KV cache ({bytes} bytes) holds no block of \
-                 {per_block} bytes: give the cache more memory"
-            )));
-        }
-        let layout = KvLayout {
-            num_blocks,
-            block_size: bs,
-            num_kv_heads: l.num_key_value_heads,
-            head_dim: l.head_dim,
-        };
-        let kv = KvCache::on_device(layout, 1, dtype, device)?;
-        tracing::info!(
-            num_blocks = num_blocks - 1,
-            block_size = bs,
-            "EAGLE-3 head's KV cache allocated"
-        );
+        let (kv, num_blocks) =
+            proposer_cache::allocate("the EAGLE-3 head", self.config(), bytes, bs, dtype, device)?;
         Ok(EagleRunner::new(
             self.head,
             kv,

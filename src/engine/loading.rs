@@ -11,6 +11,7 @@ use tokenizers::Tokenizer;
 
 use super::args::{DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineArgs, EngineError, KvCacheDtype};
 use super::kv_sizing::KvSizing;
+use super::proposer_cache;
 use crate::guided::Grammars;
 use crate::kv::BLOCK_SIZES;
 use crate::loader::{self, LoadOptions};
@@ -242,11 +243,15 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
         gpu_budget(&sizing, model.as_ref(), &device)?
     };
     // The draft's share comes off this rank's budget before the ranks agree on theirs.
-    let draft_bytes = match (&draft, &eagle) {
-        (Some(d), _) => d.budget_share(budget, &cfg, kv_heads, sizing.value_bytes(), dtype),
-        (None, Some(h)) => h.budget_share(budget, &cfg, kv_heads, sizing.value_bytes(), dtype),
-        (None, None) => 0,
+    let proposer = match (&draft, &eagle) {
+        (Some(d), _) => Some(d.config()),
+        (None, Some(h)) => Some(h.config()),
+        (None, None) => None,
     };
+    let target_per_token = cfg.kv_bytes_per_token(kv_heads, sizing.value_bytes()) as u64;
+    let draft_bytes = proposer.map_or(0, |p| {
+        proposer_cache::budget_share(budget, target_per_token, p, dtype)
+    });
     let budget = budget - draft_bytes;
     let mut member = member;
     // The ranks of a tensor-parallel group lay out the least of their budgets, so their caches

@@ -15,6 +15,7 @@ pub mod handle;
 pub mod kv_sizing;
 pub mod loading;
 mod propose;
+mod proposer_cache;
 pub mod snapshot;
 pub mod stop;
 mod text;
