@@ -258,12 +258,12 @@ fn attend_host(
     heads: Heads,
     sinks: Option<&Tensor>,
 ) -> candle_core::Result<Option<Tensor>> {
-    let Some(turn) = rotary.host() else {
-        return Ok(None);
-    };
     if rotary.dims() > heads.dim {
         return Ok(None);
     }
+    let Some(turn) = rotary.host()? else {
+        return Ok(None);
+    };
     let sinks = sinks
         .map(|s| s.to_dtype(DType::F32)?.to_vec1::<f32>())
         .transpose()?;

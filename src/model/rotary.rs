@@ -2,6 +2,8 @@
 //! interleaved, with Llama 3.1's frequency scaling and the `rope_scaling` variants), applied to
 //! packed `[tokens, heads, head_dim]` rows ([`Rotary`]), and a step's rows of them ([`RotaryRows`]).
 
+use std::sync::OnceLock;
+
 use candle_core::{DType, Device, Tensor};
 
 use super::ModelError;
@@ -115,19 +117,11 @@ impl Rotary {
             self.cos.index_select(positions, 0)?,
             self.sin.index_select(positions, 0)?,
         );
-        // On the CPU, the same rows as plain f32 for `RotaryRows::host`.
-        let host = match cos.device() {
-            Device::Cpu => {
-                let flat = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
-                Some((flat(&cos)?, flat(&sin)?))
-            }
-            _ => None,
-        };
         Ok(RotaryRows {
             cos,
             sin,
             interleaved: self.interleaved,
-            host,
+            host: OnceLock::new(),
         })
     }
 
@@ -193,8 +187,9 @@ pub struct RotaryRows {
     cos: Tensor,
     sin: Tensor,
     interleaved: bool,
-    /// `cos` and `sin` as f32 in host memory, when they are on the CPU.
-    host: Option<(Vec<f32>, Vec<f32>)>,
+    /// `cos` and `sin` as f32 in host memory, made by the first [`RotaryRows::host`] (on the CPU,
+    /// for the models whose attention turns q and k on plain buffers).
+    host: OnceLock<(Vec<f32>, Vec<f32>)>,
 }
 
 /// [`RotaryRows`] on the host: turns one head of one token in place, as [`RotaryRows::apply`]
@@ -251,15 +246,26 @@ impl RotaryRows {
         }
     }
 
-    /// The tables as plain f32 on the host, when they are on the CPU.
-    pub fn host(&self) -> Option<HostRotary<'_>> {
-        let (cos, sin) = self.host.as_ref()?;
-        Some(HostRotary {
+    /// The tables as plain f32 on the host, when they are on the CPU (copied once a step, by the
+    /// first layer that asks).
+    pub fn host(&self) -> candle_core::Result<Option<HostRotary<'_>>> {
+        if !self.cos.device().is_cpu() {
+            return Ok(None);
+        }
+        let (cos, sin) = match self.host.get() {
+            Some(tables) => tables,
+            None => {
+                let flat = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
+                let tables = (flat(&self.cos)?, flat(&self.sin)?);
+                self.host.get_or_init(|| tables)
+            }
+        };
+        Ok(Some(HostRotary {
             cos,
             sin,
             half: self.dims() / 2,
             interleaved: self.interleaved,
-        })
+        }))
     }
 
     /// Dimensions of each head these tables turn.

@@ -128,7 +128,7 @@ fn compare(interleaved: bool, rotary_dim: usize, fused: bool) {
         heads,
         kv_heads: kvh,
         head_dim: d,
-        rotary: rows.host().unwrap(),
+        rotary: rows.host().unwrap().unwrap(),
         scale: 0.3,
         window: None,
         sinks,
