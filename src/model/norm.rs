@@ -89,8 +89,7 @@ impl RmsNorm {
             let sum: Vec<f32> = x.iter().zip(delta).map(|(a, b)| a + b).collect();
             let mut normed = vec![0.0f32; sum.len()];
             for (src, dst) in sum.chunks_exact(n).zip(normed.chunks_exact_mut(n)) {
-                let sum2 = src.iter().map(|v| v * v).sum::<f32>();
-                let m = (sum2 / n as f32 + eps).sqrt();
+                let m = rms_divisor(src, eps);
                 for ((d, s), a) in dst.iter_mut().zip(src).zip(alpha) {
                     *d = *s / m * *a;
                 }
@@ -105,5 +104,29 @@ impl RmsNorm {
             Tensor::from_vec(sum, shape, device)?,
             Tensor::from_vec(normed, shape, device)?,
         )))
+    }
+}
+
+/// The divisor of candle's CPU RMSNorm of the row `x`, `sqrt(mean(x²) + eps)`, with its
+/// arithmetic (the squares summed in order in f32): each value is then `x / divisor * scale`.
+pub fn rms_divisor(x: &[f32], eps: f32) -> f32 {
+    let sum2 = x.iter().map(|v| v * v).sum::<f32>();
+    (sum2 / x.len() as f32 + eps).sqrt()
+}
+
+/// An [`RmsNorm`]'s scale and epsilon as plain values, for the CPU paths over plain buffers.
+#[derive(Clone, Copy)]
+pub struct HostNorm<'a> {
+    pub scale: &'a [f32],
+    pub eps: f32,
+}
+
+impl HostNorm<'_> {
+    /// Normalizes `x` (as wide as the scale) in place, as [`RmsNorm::forward`] does on the CPU.
+    pub fn apply(&self, x: &mut [f32]) {
+        let m = rms_divisor(x, self.eps);
+        for (v, a) in x.iter_mut().zip(self.scale) {
+            *v = *v / m * *a;
+        }
     }
 }

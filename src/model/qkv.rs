@@ -11,7 +11,7 @@ use super::batch::ForwardBatch;
 use super::config::ModelConfig;
 use super::host::with_f32s;
 use super::layers::Linear;
-use super::norm::RmsNorm;
+use super::norm::{HostNorm, RmsNorm};
 use super::rotary::RotaryRows;
 use super::weights::{Part, Weights};
 use crate::parallel::{TpRank, head_rows};
@@ -201,12 +201,11 @@ pub fn attention_with_sinks(
             {
                 return out;
             }
-            if proj.qk_norm.is_none() {
-                let width = qw + 2 * kvw;
-                let parts = [0, qw, qw + kvw].map(|offset| (&qkv, width, offset));
-                if let Some(out) = attend_host(layer, parts, rotary, batch, kv, heads, sinks)? {
-                    return Ok(out);
-                }
+            let width = qw + 2 * kvw;
+            let parts = [0, qw, qw + kvw].map(|offset| (&qkv, width, offset));
+            let norms = proj.qk_norm.as_ref();
+            if let Some(out) = attend_host(layer, parts, norms, rotary, batch, kv, heads, sinks)? {
+                return Ok(out);
             }
             if let Some((qn, kn)) = &proj.qk_norm {
                 let q = norm_heads(qn, &qkv.narrow(1, 0, qw)?, heads.q, heads.dim)?;
@@ -217,14 +216,14 @@ pub fn attention_with_sinks(
         }
         Proj::Split(q, k, v) => {
             let (mut q, mut k, v) = (q.forward(h)?, k.forward(h)?, v.forward(h)?);
+            let parts = [(&q, qw, 0), (&k, kvw, 0), (&v, kvw, 0)];
+            let norms = proj.qk_norm.as_ref();
+            if let Some(out) = attend_host(layer, parts, norms, rotary, batch, kv, heads, sinks)? {
+                return Ok(out);
+            }
             if let Some((qn, kn)) = &proj.qk_norm {
                 q = norm_heads(qn, &q, heads.q, heads.dim)?;
                 k = norm_heads(kn, &k, heads.kv, heads.dim)?;
-            } else {
-                let parts = [(&q, qw, 0), (&k, kvw, 0), (&v, kvw, 0)];
-                if let Some(out) = attend_host(layer, parts, rotary, batch, kv, heads, sinks)? {
-                    return Ok(out);
-                }
             }
             (q, k, v)
         }
@@ -245,13 +244,14 @@ pub fn attention_with_sinks(
 }
 
 /// On the CPU, the rest of [`attention`] over plain buffers ([`KvCache::attend_projected_host`]):
-/// `parts` are the q, k and v projections as (tensor, row stride, offset of the part in a row).
-/// `None` when they are not f32 in host memory, the rotary tables are not on the host, or the
-/// cache is not.
+/// `parts` are the q, k and v projections as (tensor, row stride, offset of the part in a row),
+/// `norms` the per-head norms of q and k, if any. `None` when they are not f32 in host memory,
+/// the rotary tables are not on the host, or the cache is not.
 #[allow(clippy::too_many_arguments)]
 fn attend_host(
     layer: usize,
     parts: [(&Tensor, usize, usize); 3],
+    norms: Option<&(RmsNorm, RmsNorm)>,
     rotary: &RotaryRows,
     batch: &ForwardBatch<'_>,
     kv: &mut KvCache,
@@ -268,23 +268,41 @@ fn attend_host(
         .map(|s| s.to_dtype(DType::F32)?.to_vec1::<f32>())
         .transpose()?;
     let (n, device) = (parts[0].0.dim(0)?, parts[0].0.device());
-    let p = Projected {
-        heads: heads.q,
-        kv_heads: heads.kv,
-        head_dim: heads.dim,
-        rotary: turn,
-        scale: heads.scale,
-        window: heads.window,
-        sinks: sinks.as_deref(),
+    let mut attend = |norms: Option<[HostNorm<'_>; 2]>| {
+        let p = Projected {
+            heads: heads.q,
+            kv_heads: heads.kv,
+            head_dim: heads.dim,
+            rotary: turn,
+            scale: heads.scale,
+            window: heads.window,
+            sinks: sinks.as_deref(),
+            norms,
+        };
+        with_f32s(parts.map(|(t, ..)| t), |values| {
+            let rows = std::array::from_fn(|j| Rows {
+                data: values[j],
+                stride: parts[j].1,
+                offset: parts[j].2,
+            });
+            kv.attend_projected_host(layer, n, rows, &batch.attention, p)
+        })
     };
-    let out = with_f32s(parts.map(|(t, ..)| t), |values| {
-        let rows = std::array::from_fn(|j| Rows {
-            data: values[j],
-            stride: parts[j].1,
-            offset: parts[j].2,
-        });
-        kv.attend_projected_host(layer, n, rows, &batch.attention, p)
-    })?;
+    let out = match norms {
+        None => attend(None)?,
+        Some((qn, kn)) => {
+            let scales = [qn.weight(), kn.weight()];
+            let eps = [qn.eps() as f32, kn.eps() as f32];
+            with_f32s(scales, |scales| {
+                attend(Some(std::array::from_fn(|j| HostNorm {
+                    scale: scales[j],
+                    eps: eps[j],
+                })))
+            })?
+            .transpose()?
+            .flatten()
+        }
+    };
     match out.transpose()?.flatten() {
         Some(out) => Tensor::from_vec(out, (n, heads.q * heads.dim), device).map(Some),
         None => Ok(None),

@@ -1,11 +1,13 @@
 //! Attention on the CPU straight from the fused q/k/v projection's output, over plain buffers: each
-//! token's q heads turned into the query buffer, its k heads turned and its v heads copied into its
-//! cache slot, then [`attend_cpu`]. The same values as rotating q and k as tensors and calling
+//! token's q heads (normalized, where the model has per-head norms, and) turned into the query
+//! buffer, its k heads likewise into its cache slot and its v heads copied there, then
+//! [`attend_cpu`]. The same values as rotating q and k as tensors and calling
 //! [`KvCache::attend_with_sinks`], without the tensors, copies and allocations between (on a small
 //! model they were a tenth of a decode step, run by one thread while the team's others waited).
 
 use super::{KvCache, Shape, Store, attend_cpu};
 use crate::model::batch::AttentionMeta;
+use crate::model::norm::HostNorm;
 use crate::model::rotary::HostRotary;
 
 /// One projection's rows in a buffer: row `t` starts at `data[t * stride + offset]` (q, k and v
@@ -54,6 +56,8 @@ pub struct Projected<'a> {
     pub window: Option<usize>,
     /// Each query head's sink logit (gpt-oss).
     pub sinks: Option<&'a [f32]>,
+    /// The per-head norms of q and k (Qwen3, Gemma 3), applied before the rotary turn.
+    pub norms: Option<[HostNorm<'a>; 2]>,
 }
 
 impl KvCache {
@@ -78,10 +82,12 @@ impl KvCache {
         if (p.kv_heads, p.head_dim) != (layout.num_kv_heads, d)
             || !p.heads.is_multiple_of(layout.num_kv_heads)
             || !(q.hold(n, qw) && k.hold(n, w) && v.hold(n, w))
+            || p.norms
+                .is_some_and(|norms| norms.iter().any(|norm| norm.scale.len() != d))
         {
             candle_core::bail!(
-                "paged attention: {n} tokens' projections of {} q and 2 x {} kv heads of {} do \
-                 not match the cache layout {layout:?}",
+                "paged attention: {n} tokens' projections of {} q and 2 x {} kv heads of {} (or \
+                 their norms) do not match the cache layout {layout:?}",
                 p.heads,
                 p.kv_heads,
                 p.head_dim
@@ -102,6 +108,10 @@ impl KvCache {
             q_t.copy_from_slice(q.row(t, qw));
             let k_t = &mut cache.k[slot * w..][..w];
             k_t.copy_from_slice(k.row(t, w));
+            if let Some([q_norm, k_norm]) = p.norms {
+                q_t.chunks_exact_mut(d).for_each(|head| q_norm.apply(head));
+                k_t.chunks_exact_mut(d).for_each(|head| k_norm.apply(head));
+            }
             for head in q_t.chunks_exact_mut(d).chain(k_t.chunks_exact_mut(d)) {
                 p.rotary.turn(t, head);
             }

@@ -5,24 +5,28 @@
 use super::*;
 use crate::model::batch::SeqSpan;
 use crate::model::config::ModelConfig;
+use crate::model::norm::HostNorm;
 use crate::model::rotary::Rotary;
 use crate::sampler::SeededRng;
 
 /// Two sequences in one step (a 5-token chunk after a cached prefix of 3, and a 1-token decode
 /// after 6), each layout of the projections (fused rows, and q, k, v apart), each rotary style,
-/// whole and partial: the outputs, and the cache they leave, are the tensor path's, bit for bit.
+/// whole and partial, with and without per-head norms of q and k: the outputs, and the cache
+/// they leave, are the tensor path's, bit for bit.
 #[test]
 fn projected_buffers_give_the_tensor_paths_attention() {
     for interleaved in [false, true] {
         for rotary_dim in [16, 8] {
             for fused in [true, false] {
-                compare(interleaved, rotary_dim, fused);
+                for norms in [false, true] {
+                    compare(interleaved, rotary_dim, fused, norms);
+                }
             }
         }
     }
 }
 
-fn compare(interleaved: bool, rotary_dim: usize, fused: bool) {
+fn compare(interleaved: bool, rotary_dim: usize, fused: bool, norms: bool) {
     let (heads, kvh, d, bs) = (4, 2, 16, 4);
     let mut cfg = ModelConfig::from_hf_json(
         r#"{"architectures":["LlamaForCausalLM"],"vocab_size":10,"hidden_size":64,
@@ -86,6 +90,19 @@ fn compare(interleaved: bool, rotary_dim: usize, fused: bool) {
             .collect()
     };
     let (q, k, v) = (part(0, qw), part(qw, kw), part(qw + kw, kw));
+    // Per-head norms as the models' `RmsNorm::forward` applies them (candle's op, one row a
+    // head), with different scales for q and k.
+    let (q_scale, k_scale, eps) = (randn(d), randn(d), 1e-5);
+    let norm = |x: Tensor, h: usize, scale: &[f32]| -> Tensor {
+        if !norms {
+            return x;
+        }
+        let scale = Tensor::new(scale, &Device::Cpu).unwrap();
+        candle_nn::ops::rms_norm(&x.reshape((n * h, d)).unwrap(), &scale, eps)
+            .unwrap()
+            .reshape((n, h, d))
+            .unwrap()
+    };
 
     let mut want_cache = KvCache::new(layout, 1);
     prefix(&mut want_cache, &pk, &pv);
@@ -93,8 +110,8 @@ fn compare(interleaved: bool, rotary_dim: usize, fused: bool) {
     let want = want_cache
         .attend_with_sinks(
             0,
-            &rows.apply(&t(&q, heads)).unwrap(),
-            &rows.apply(&t(&k, kvh)).unwrap(),
+            &rows.apply(&norm(t(&q, heads), heads, &q_scale)).unwrap(),
+            &rows.apply(&norm(t(&k, kvh), kvh, &k_scale)).unwrap(),
             &t(&v, kvh),
             &meta,
             0.3,
@@ -132,12 +149,16 @@ fn compare(interleaved: bool, rotary_dim: usize, fused: bool) {
         scale: 0.3,
         window: None,
         sinks,
+        norms: norms.then_some(
+            [(&q_scale, eps), (&k_scale, eps)].map(|(scale, eps)| HostNorm { scale, eps }),
+        ),
     };
     let got = got_cache
         .attend_projected_host(0, n, parts, &meta, projected(Some(&sinks)))
         .unwrap()
         .unwrap();
-    let case = format!("interleaved {interleaved}, rotary {rotary_dim}, fused {fused}");
+    let case =
+        format!("interleaved {interleaved}, rotary {rotary_dim}, fused {fused}, norms {norms}");
     assert_eq!(got, want, "{case}");
     let (g, w) = (got_cache.host_layer(0), want_cache.host_layer(0));
     assert!(
