@@ -26,7 +26,9 @@
 #                             near 0, so each step's forward is the cost of verifying k + 1 tokens;
 #                             the draft phase is the 1B's k passes)
 #   bash .gpu/run.sh recheck  `tests`, then the scoreboard's batch-1 and offline rows (no serving,
-#                             no transformers baselines): the check after a change to the GPU path
+#                             no transformers baselines): the check after a change to the GPU path;
+#                             each part runs when its binary is staged (a call carries one:
+#                             .gpu-kernel-tests, .gpu-gpu-engine-tests, .gpu-pagewise; stage_one.sh)
 #   bash .gpu/run.sh startup  launch of `pagewise serve` to /ready answering, three launches of the 8B
 #                             shape (--load-format dummy; STARTUP_MODELS), with the engine's own
 #                             "ready in" line (where the time went)
