@@ -87,13 +87,9 @@ impl RmsNorm {
         let eps = self.eps as f32;
         let out = with_f32s([x, delta, &self.weight], |[x, delta, alpha]| {
             let sum: Vec<f32> = x.iter().zip(delta).map(|(a, b)| a + b).collect();
-            let mut normed = vec![0.0f32; sum.len()];
-            for (src, dst) in sum.chunks_exact(n).zip(normed.chunks_exact_mut(n)) {
-                let m = rms_divisor(src, eps);
-                for ((d, s), a) in dst.iter_mut().zip(src).zip(alpha) {
-                    *d = *s / m * *a;
-                }
-            }
+            let norm = HostNorm { scale: alpha, eps };
+            let mut normed = sum.clone();
+            normed.chunks_exact_mut(n).for_each(|row| norm.apply(row));
             (sum, normed)
         })?;
         let Some((sum, normed)) = out else {
@@ -107,13 +103,6 @@ impl RmsNorm {
     }
 }
 
-/// The divisor of candle's CPU RMSNorm of the row `x`, `sqrt(mean(x²) + eps)`, with its
-/// arithmetic (the squares summed in order in f32): each value is then `x / divisor * scale`.
-pub fn rms_divisor(x: &[f32], eps: f32) -> f32 {
-    let sum2 = x.iter().map(|v| v * v).sum::<f32>();
-    (sum2 / x.len() as f32 + eps).sqrt()
-}
-
 /// An [`RmsNorm`]'s scale and epsilon as plain values, for the CPU paths over plain buffers.
 #[derive(Clone, Copy)]
 pub struct HostNorm<'a> {
@@ -122,9 +111,12 @@ pub struct HostNorm<'a> {
 }
 
 impl HostNorm<'_> {
-    /// Normalizes `x` (as wide as the scale) in place, as [`RmsNorm::forward`] does on the CPU.
+    /// Normalizes `x` (as wide as the scale) in place, as [`RmsNorm::forward`] does on the CPU,
+    /// with candle's arithmetic: the squares summed in order in f32, `m = sqrt(mean + eps)`,
+    /// then each value `x / m * scale`.
     pub fn apply(&self, x: &mut [f32]) {
-        let m = rms_divisor(x, self.eps);
+        let sum2 = x.iter().map(|v| v * v).sum::<f32>();
+        let m = (sum2 / x.len() as f32 + self.eps).sqrt();
         for (v, a) in x.iter_mut().zip(self.scale) {
             *v = *v / m * *a;
         }
