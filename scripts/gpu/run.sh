@@ -53,9 +53,11 @@ nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nc
 export NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 
+# (Unpacked each call: a warm machine keeps /tmp between calls, and a binary staged since must
+# replace the one there.)
 for f in pagewise kernel-tests gpu-engine-tests; do
   [ -f "$here/$f.xz" ] || continue
-  [ -x "$work/bin/$f" ] || python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$here/$f.xz" "$work/bin/$f"
+  python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$here/$f.xz" "$work/bin/$f"
   chmod +x "$work/bin/$f"
 done
 export PAGEWISE_GPU_MODELS=$work/models
@@ -63,7 +65,7 @@ export PAGEWISE_GPU_MODELS=$work/models
 needs_models=1
 case $what in
   kernels | scoreboard | quick | gguf | long | profile | dashboard | structured | fp8 | int4 | spec | gguf-gpu | startup) needs_models=0 ;;
-  recheck) [ -x "$work/bin/gpu-engine-tests" ] || needs_models=0 ;;   # (a call staging one binary)
+  recheck) [ -f "$here/gpu-engine-tests.xz" ] || needs_models=0 ;;   # (a call staging one binary)
 esac
 if [ $needs_models = 1 ] && [ ! -f "$PAGEWISE_GPU_MODELS/llama-1b/hf_logits.safetensors" ]; then
   (cd "$here" && python3 scripts/gpu/make_gpu_models.py "$PAGEWISE_GPU_MODELS") > "$out/make-models.log" 2>&1 \
@@ -87,9 +89,14 @@ status=0
 kt=$work/bin/kernel-tests
 if [ "$what" = tests ] || [ "$what" = kernels ] || [ "$what" = all ] || [ "$what" = recheck ]; then
   # (Each binary when staged: a call carries one, scripts/gpu/stage_one.sh.)
-  if [ -x "$kt" ]; then "$kt" --test-threads=1 --nocapture > "$out/kernel-tests.log" 2>&1 || status=1; fi
+  if [ -f "$here/kernel-tests.xz" ]; then "$kt" --test-threads=1 --nocapture > "$out/kernel-tests.log" 2>&1 || status=1; fi
   # (the quantized-GGUF test needs its model staged apart: `gguf` mode)
-  if [ "$what" != kernels ] && [ -x "$work/bin/gpu-engine-tests" ]; then
+  if [ "$what" != kernels ] && [ -f "$here/gpu-engine-tests.xz" ]; then
+    # The FP8 and 4-bit checkpoints the engine tests load, made from the test models above.
+    for maker in make_fp8_gpu_models make_int_gpu_models; do
+      python3 "$here/../scripts/gpu/$maker.py" "$PAGEWISE_GPU_MODELS" >> "$out/make-models.log" 2>&1 \
+        || { tail -20 "$out/make-models.log"; status=1; }
+    done
     "$work/bin/gpu-engine-tests" --test-threads=1 --nocapture --skip quantized_gguf > "$out/gpu-engine-tests.log" 2>&1 || status=1
   fi
   grep -hE "^test |test result|rel\. err|top-1|preemptions|KV blocks|panicked|^  |^(BF16|F16)" \
@@ -290,7 +297,7 @@ if [ "$what" = structured ]; then
       --output-json "$out/structured-$frac.json" 2>> "$out/bench-stderr.log" | tail -2
   done
 fi
-if [ "$what" = recheck ] && [ -x "$work/bin/pagewise" ]; then
+if [ "$what" = recheck ] && [ -f "$here/pagewise.xz" ]; then
   SCOREBOARD_PARTS="latency throughput" SCOREBOARD_NO_HF=1 PAGEWISE_BIN="$work/bin/pagewise" \
     bash "$here/scripts/gpu/scoreboard.sh" || status=1
 fi

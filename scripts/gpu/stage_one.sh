@@ -15,5 +15,11 @@ for name in "$@"; do
   cp -r .gpu/scripts .gpu/tests ".gpu-$name/"
   cp scripts/gpu/run.sh ".gpu-$name/run.sh"
   cp ".gpu/$name.xz" ".gpu-$name/"
+  # The engine tests' gpt-oss MXFP4 GGUF is written by the llama.cpp kit's gguf-py: its tarball
+  # (2.7 MB) cut down to gguf-py (0.1 MB), which is what run.sh takes from it.
+  if [ "$name" = gpu-engine-tests ] && [ -f .gpu/lcpp/lcpp.tar.xz ]; then
+    tmp=$(mktemp -d) && tar -xJf .gpu/lcpp/lcpp.tar.xz -C "$tmp" --wildcards '*/gguf-py/*'
+    mkdir ".gpu-$name/lcpp" && tar -cJf ".gpu-$name/lcpp/lcpp.tar.xz" -C "$tmp" . && rm -rf "$tmp"
+  fi
   du -sh ".gpu-$name"
 done
