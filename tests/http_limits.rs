@@ -154,6 +154,65 @@ async fn messages_need_known_roles_and_a_bounded_count() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parts_and_fields_the_model_cannot_honour_are_refused_by_name() {
+    let (base, _) = start(vec![]).await;
+    let chat = "/v1/chat/completions";
+    let image = json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}});
+    let body = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}]});
+    assert_400(
+        &base,
+        chat,
+        body,
+        "messages[0].content[1].type",
+        "type 'image_url' are not supported",
+    )
+    .await;
+    let body = json!({"messages": [{"role": "user", "content": [{"text": "no type"}]}]});
+    assert_400(&base, chat, body, "messages[0].content[0].type", "Missing").await;
+    let body = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": 7}]}]});
+    assert_400(
+        &base,
+        chat,
+        body,
+        "messages[0].content[0].text",
+        "string 'text'",
+    )
+    .await;
+    let body =
+        json!({"messages": [{"role": "user", "content": "hi"}], "modalities": ["text", "audio"]});
+    assert_400(&base, chat, body, "modalities", "text only").await;
+    let c = "/v1/completions";
+    let body = json!({"prompt": "def f(", "suffix": "    return x", "max_tokens": 2});
+    assert_400(&base, c, body, "suffix", "insertion").await;
+
+    // Text parts, and an assistant's refusal part, are read as their text: the same prompt as
+    // the plain strings.
+    let plain = json!({"messages": [
+        {"role": "user", "content": "Say no."},
+        {"role": "assistant", "content": "I can't."},
+        {"role": "user", "content": "Why?\nTell me."}],
+        "max_tokens": 1, "temperature": 0});
+    let parts = json!({"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Say no."}]},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Why?"}, {"type": "text", "text": "Tell me."}]}],
+        "max_tokens": 1, "temperature": 0});
+    let (s1, r1) = post(&base, chat, plain).await;
+    let (s2, r2) = post(&base, chat, parts).await;
+    assert_eq!((s1, s2), (200, 200), "{r1} {r2}");
+    assert_eq!(r1["usage"]["prompt_tokens"], r2["usage"]["prompt_tokens"]);
+
+    // A negative seed (vLLM takes any 64-bit integer) is its two's-complement bits.
+    let seeded =
+        |seed: Value| json!({"prompt": "Once", "max_tokens": 8, "temperature": 1.0, "seed": seed});
+    let (s1, r1) = post(&base, c, seeded(json!(-1))).await;
+    let (s2, r2) = post(&base, c, seeded(json!(u64::MAX))).await;
+    assert_eq!((s1, s2), (200, 200), "{r1} {r2}");
+    assert_eq!(r1["choices"][0]["text"], r2["choices"][0]["text"]);
+    assert_still_serving(&base).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openapi_document_describes_the_routes_and_the_limits() {
     let (base, _) = start_with(vec![], 0, 4).await;
     let doc = get_json(&base, "/openapi.json").await;

@@ -241,6 +241,12 @@ async fn errors_are_anthropic_shaped_and_x_api_key_is_accepted() {
             "role",
         ),
         (
+            body(json!({"temperature": 1.5})),
+            400,
+            "invalid_request_error",
+            "between 0 and 1",
+        ),
+        (
             body(json!({"tools": [{"type": "web_search_20250305", "name": "web"}]})),
             400,
             "invalid_request_error",

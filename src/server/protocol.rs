@@ -74,7 +74,10 @@ pub struct SamplingFields {
     pub stop: Option<StopInput>,
     /// Stop token ids.
     pub stop_token_ids: Option<Vec<u32>>,
-    /// Seed.
+    /// Seed (any 64-bit integer, signed as vLLM takes it or unsigned: a negative one is read as
+    /// its two's-complement bits).
+    #[serde(default, deserialize_with = "seed_bits")]
+    #[schemars(with = "Option<i64>")]
     pub seed: Option<u64>,
     /// Output length limit (prompt + output within the context).
     #[schemars(range(min = 1))]
@@ -318,6 +321,20 @@ impl SamplingFields {
             .as_ref()
             .is_some_and(|o| o.include_usage)
     }
+}
+
+/// A seed given as a signed or an unsigned 64-bit integer, as its 64 bits.
+fn seed_bits<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Seed {
+        Unsigned(u64),
+        Signed(i64),
+    }
+    Ok(Option::<Seed>::deserialize(d)?.map(|s| match s {
+        Seed::Unsigned(u) => u,
+        Seed::Signed(i) => i as u64,
+    }))
 }
 
 #[cfg(test)]

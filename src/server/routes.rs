@@ -322,7 +322,8 @@ pub(super) fn check_messages(messages: &[Value]) -> Result<(), ApiError> {
             ));
         }
         match m.get("content") {
-            None | Some(Value::Null | Value::String(_) | Value::Array(_)) => {}
+            None | Some(Value::Null | Value::String(_)) => {}
+            Some(Value::Array(parts)) => check_parts(i, parts)?,
             Some(_) => {
                 return Err(ApiError::invalid(
                     &format!("messages[{i}].content"),
@@ -332,6 +333,42 @@ pub(super) fn check_messages(messages: &[Value]) -> Result<(), ApiError> {
                     ),
                 ));
             }
+        }
+    }
+    Ok(())
+}
+
+/// Message `i`'s content parts: text (`{"type": "text", "text": ...}`, or an assistant's
+/// `{"type": "refusal", "refusal": ...}`); images, audio and files are refused by name, as the
+/// models served read text only.
+fn check_parts(i: usize, parts: &[Value]) -> Result<(), ApiError> {
+    for (j, part) in parts.iter().enumerate() {
+        let param = format!("messages[{i}].content[{j}]");
+        let kind = part.get("type").and_then(Value::as_str);
+        let field = match kind {
+            Some("text") => "text",
+            Some("refusal") => "refusal",
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    &format!("{param}.type"),
+                    format!(
+                        "Content parts of type '{other}' are not supported: the model reads \
+                         text only. Send 'text' parts."
+                    ),
+                ));
+            }
+            None => {
+                return Err(ApiError::invalid(
+                    &format!("{param}.type"),
+                    format!("Missing required parameter: '{param}.type'."),
+                ));
+            }
+        };
+        if !part.get(field).is_some_and(Value::is_string) {
+            return Err(ApiError::invalid(
+                &format!("{param}.{field}"),
+                format!("Invalid '{param}': a '{field}' part needs a string '{field}'."),
+            ));
         }
     }
     Ok(())
@@ -349,14 +386,14 @@ async fn respond(
     }
 }
 
-/// OpenAI content parts (`[{"type": "text", "text": ...}]`) joined into one string, as templates
+/// OpenAI content parts (`[{"type": "text", "text": ...}]`, an assistant's `refusal` parts too) joined into one string, as templates
 /// written for plain strings expect.
 pub(super) fn normalize_message(m: &Value) -> Value {
     let mut m = m.clone();
     if let Some(parts) = m.get("content").and_then(Value::as_array) {
         let text: String = parts
             .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .filter_map(|p| p.get("text").or(p.get("refusal")).and_then(Value::as_str))
             .collect::<Vec<_>>()
             .join("\n");
         m["content"] = Value::String(text);

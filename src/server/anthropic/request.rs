@@ -128,6 +128,13 @@ pub fn to_chat(req: &MessagesRequest) -> Result<ChatRequest, ApiError> {
     if let Some(config) = &req.output_config {
         output_config(config, &mut body)?;
     }
+    // Anthropic's range (the chat API's is 0 to 2).
+    if let Some(t) = req.temperature.filter(|t| !(0.0..=1.0).contains(t)) {
+        return Err(ApiError::invalid(
+            "temperature",
+            format!("temperature: must be between 0 and 1, got {t}."),
+        ));
+    }
     let sampling = [
         ("max_tokens", json!(req.max_tokens)),
         ("temperature", json!(req.temperature)),
