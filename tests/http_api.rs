@@ -52,6 +52,48 @@ async fn completions_and_chat_plain_and_streaming() {
         2
     );
 
+    // `text_offset` counts the characters of the choice's text before each token, the echoed
+    // prompt included, streamed or not.
+    let offsets_req =
+        json!({"prompt": "abc", "max_tokens": 6, "echo": true, "logprobs": 1, "n": 2, "seed": 3});
+    let (status, body) = post(&base, "/v1/completions", offsets_req.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    for c in body["choices"].as_array().unwrap() {
+        let lp = &c["logprobs"];
+        let mut at = "abc".chars().count();
+        for (t, o) in lp["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(lp["text_offset"].as_array().unwrap())
+        {
+            assert_eq!(o.as_u64(), Some(at as u64), "{lp}");
+            at += t.as_str().unwrap().chars().count();
+        }
+    }
+    let mut streamed = offsets_req;
+    streamed["stream"] = json!(true);
+    let mut sent = [0usize; 2];
+    let mut offsets = 0;
+    for data in sse(&base, "/v1/completions", streamed).await {
+        let Ok(chunk) = serde_json::from_str::<Value>(&data) else {
+            continue;
+        };
+        for c in chunk["choices"].as_array().unwrap() {
+            let (i, text) = (
+                c["index"].as_u64().unwrap() as usize,
+                c["text"].as_str().unwrap(),
+            );
+            let echoed = if sent[i] == 0 { "abc".len() } else { 0 };
+            if let Some(o) = c["logprobs"]["text_offset"].as_array() {
+                assert_eq!(o[0].as_u64(), Some((sent[i] + echoed) as u64), "{chunk}");
+                offsets += 1;
+            }
+            sent[i] += text.chars().count();
+        }
+    }
+    assert_eq!(offsets, 12);
+
     // 20 alternatives are 20 keys: ids the tokenizer has no entry for (this model has 320
     // embedding rows for 257 tokens) are `token_id:N`, never a shared empty string.
     let (status, body) = post(

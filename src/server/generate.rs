@@ -239,8 +239,9 @@ pub async fn respond_json(state: &AppState, job: ResolvedRequest) -> Result<Resp
                 .enumerate()
                 .map(|(index, c)| {
                     let echo = job.prompts[index / n].echo.clone().unwrap_or_default();
-                    let logprobs = want_logprobs
-                        .then(|| completion_logprobs(state, &c.tokens, &c.logprobs, echo.len()));
+                    let logprobs = want_logprobs.then(|| {
+                        completion_logprobs(state, &c.tokens, &c.logprobs, echo.chars().count())
+                    });
                     CompletionChoice {
                         index,
                         text: format!("{echo}{}", c.text),
@@ -349,6 +350,9 @@ async fn send_chunks(
     let n = job.params.n;
     let num_choices = job.prompts.len() * n;
     let mut started = vec![false; num_choices];
+    // Characters of each completion choice's text sent so far: where its next token's
+    // `text_offset` is.
+    let mut sent_chars = vec![0usize; num_choices];
     let mut finished = vec![false; num_choices];
     let mut chat_streams: Vec<ChatChoiceStream> = (0..num_choices)
         .map(|_| ChatChoiceStream::new(&job))
@@ -423,13 +427,15 @@ async fn send_chunks(
                         )
                     }
                     Endpoint::Completion => {
-                        let mut text = text;
+                        let (mut text, mut offset) = (text, sent_chars[index]);
                         if let (false, Some(echo)) = (started[index], &job.prompts[index / n].echo)
                         {
+                            offset += echo.chars().count();
                             text = format!("{echo}{text}");
                         }
-                        let lp =
-                            logprobs.map(|lp| completion_logprobs(&state, &[token_id], &[lp], 0));
+                        let lp = logprobs
+                            .map(|lp| completion_logprobs(&state, &[token_id], &[lp], offset));
+                        sent_chars[index] += text.chars().count();
                         chunk(
                             json!([{"index": index, "text": text, "logprobs": lp, "finish_reason": finish}]),
                         )

@@ -42,7 +42,8 @@ pub(super) fn chat_logprob(state: &AppState, id: u32, lp: &Logprobs) -> ChatToke
     }
 }
 
-/// The completions API's logprobs of `tokens` (with `lps`), their text starting at byte `offset`.
+/// The completions API's logprobs of `tokens` (with `lps`), their text starting at character
+/// `offset` (`text_offset` counts characters, as OpenAI's and vLLM's do).
 pub(super) fn completion_logprobs(
     state: &AppState,
     tokens: &[u32],
@@ -54,7 +55,7 @@ pub(super) fn completion_logprobs(
     let mut at = offset;
     for t in &texts {
         text_offset.push(at);
-        at += t.len();
+        at += t.chars().count();
     }
     CompletionLogprobs {
         tokens: texts,
