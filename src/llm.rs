@@ -34,6 +34,9 @@ pub struct RequestOutput {
     pub prompt_token_ids: Vec<u32>,
     /// The `n` completions, by index.
     pub outputs: Vec<CompletionOutput>,
+    /// With `SamplingParams::prompt_logprobs`: each prompt token's logprobs (`None` for the
+    /// first, which nothing precedes), as vLLM's `RequestOutput.prompt_logprobs`.
+    pub prompt_logprobs: Option<Vec<Option<Logprobs>>>,
 }
 
 /// An offline inference engine: `Llm::new(EngineArgs { model, .. })?.generate(&prompts, &params)`.
@@ -182,6 +185,7 @@ impl Llm {
                         logprobs: params.logprobs.map(|_| Vec::new()),
                     })
                     .collect(),
+                prompt_logprobs: None,
             });
         }
         while self.core.has_unfinished() {
@@ -194,6 +198,13 @@ impl Llm {
                         self.core.abort(id);
                     }
                     return Err(EngineError::Tokenizer(e));
+                }
+                if let Some(lps) = event.prompt_logprobs {
+                    results[i].prompt_logprobs = Some(
+                        std::iter::once(None)
+                            .chain(lps.into_iter().map(Some))
+                            .collect(),
+                    );
                 }
                 let out = &mut results[i].outputs[choice];
                 out.text.push_str(&event.text);

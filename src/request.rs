@@ -41,6 +41,10 @@ pub struct SamplingParams {
     pub ignore_eos: bool,
     /// Return this many top alternatives' log-probabilities per generated token (0..=20).
     pub logprobs: Option<usize>,
+    /// Return the log-probability of every prompt token after the first (the model's raw
+    /// distribution at the position before it) with this many top alternatives (0..=20). The
+    /// prompt is then computed whole: no prefix-cache hits.
+    pub prompt_logprobs: Option<usize>,
     /// Leave special tokens out of the decoded text.
     pub skip_special_tokens: bool,
     /// Keep the matched stop string at the end of the output text.
@@ -69,6 +73,7 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            prompt_logprobs: None,
             skip_special_tokens: true,
             include_stop_str_in_output: false,
             structured_outputs: None,
@@ -215,6 +220,12 @@ impl SamplingParams {
             return invalid(
                 "logprobs",
                 format!("logprobs must be at most {MAX_LOGPROBS}, got {k}."),
+            );
+        }
+        if let Some(k) = self.prompt_logprobs.filter(|&k| k > MAX_LOGPROBS) {
+            return invalid(
+                "prompt_logprobs",
+                format!("prompt_logprobs must be at most {MAX_LOGPROBS}, got {k}."),
             );
         }
         if self.stop.len() > MAX_STOP_STRINGS {

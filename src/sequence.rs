@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::guided::Guide;
 use crate::kv::BlockTable;
 use crate::request::{FinishReason, SamplingParams};
-use crate::sampler::{SampleRequest, SeededRng};
+use crate::sampler::{Logprobs, SampleRequest, SeededRng};
 
 /// Identifies a sequence for the life of the engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -86,6 +86,10 @@ pub struct Sequence {
     /// Tokens a proposer guessed follow this sequence's tokens (speculative decoding): the next
     /// step feeds them after the pending token and the target model verifies them.
     spec_tokens: Vec<u32>,
+    /// The prompt's logprobs while they are computed (`params.prompt_logprobs`): the
+    /// alternatives asked for, and the entries of prompt tokens `1..` so far. Taken when the
+    /// sequence first samples.
+    prompt_logprobs: Option<(usize, Vec<Logprobs>)>,
 }
 
 impl Sequence {
@@ -106,6 +110,8 @@ impl Sequence {
         if !params.ignore_eos {
             stop_ids.extend(eos_token_ids.iter().copied());
         }
+        // (Each of the `n` computes them: each answer's first event carries them.)
+        let prompt_logprobs = params.prompt_logprobs.map(|k| (k, Vec::new()));
         Sequence {
             id,
             num_prompt_tokens: prompt.len(),
@@ -121,7 +127,45 @@ impl Sequence {
             num_preemptions: 0,
             guide: None,
             spec_tokens: Vec::new(),
+            prompt_logprobs,
         }
+    }
+
+    /// Whether prompt logprobs are still to compute: the prompt must then be computed whole
+    /// (no prefix-cache hits), since only computed rows have logits.
+    pub fn wants_prompt_logprobs(&self) -> bool {
+        self.prompt_logprobs
+            .as_ref()
+            .is_some_and(|(_, got)| got.len() + 1 < self.num_prompt_tokens)
+    }
+
+    /// Of `n` rows computed from position `start`, how many lead rows' logits give prompt
+    /// logprobs (those whose next token is a prompt token), with the alternatives asked for.
+    pub fn prompt_logprob_rows(&self, start: usize, n: usize) -> (usize, usize) {
+        match &self.prompt_logprobs {
+            Some((k, _)) if self.wants_prompt_logprobs() => (
+                (start + n)
+                    .min(self.num_prompt_tokens - 1)
+                    .saturating_sub(start),
+                *k,
+            ),
+            _ => (0, 0),
+        }
+    }
+
+    /// The logprobs of prompt token `position + 1`, from the row at `position` (rows computed
+    /// again after a preemption are skipped).
+    pub fn add_prompt_logprob(&mut self, position: usize, lp: Logprobs) {
+        if let Some((_, got)) = &mut self.prompt_logprobs
+            && got.len() == position
+        {
+            got.push(lp);
+        }
+    }
+
+    /// The prompt's logprobs, once: those of tokens `1..` (the first has none).
+    pub fn take_prompt_logprobs(&mut self) -> Option<Vec<Logprobs>> {
+        self.prompt_logprobs.take().map(|(_, got)| got)
     }
 
     /// Constrains this sequence's tokens to `guide` (compiled from its request's
@@ -321,6 +365,38 @@ mod tests {
             None,
             0,
         )
+    }
+
+    #[test]
+    fn prompt_logprobs_are_kept_once_per_position_through_a_recompute() {
+        let lp = |logprob: f32| Logprobs {
+            logprob,
+            rank: 1,
+            top: Vec::new(),
+        };
+        let mut s = seq(SamplingParams {
+            prompt_logprobs: Some(2),
+            ..Default::default()
+        });
+        // Prompt [5, 6, 7]: rows 0 and 1 give the logprobs of tokens 1 and 2.
+        assert!(s.wants_prompt_logprobs());
+        assert_eq!(s.prompt_logprob_rows(0, 3), (2, 2));
+        assert_eq!(s.prompt_logprob_rows(1, 1), (1, 2));
+        s.add_prompt_logprob(0, lp(-1.0));
+        // A preempted sequence computes its prompt again: the rows already kept are skipped.
+        s.add_prompt_logprob(0, lp(-9.0));
+        s.add_prompt_logprob(1, lp(-2.0));
+        assert!(!s.wants_prompt_logprobs());
+        assert_eq!(s.prompt_logprob_rows(0, 3), (0, 0));
+        let got: Vec<f32> = s
+            .take_prompt_logprobs()
+            .unwrap()
+            .iter()
+            .map(|l| l.logprob)
+            .collect();
+        assert_eq!(got, [-1.0, -2.0]);
+        assert_eq!(s.take_prompt_logprobs(), None);
+        assert!(!seq(SamplingParams::default()).wants_prompt_logprobs());
     }
 
     #[test]

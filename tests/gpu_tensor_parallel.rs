@@ -41,6 +41,7 @@ fn step(tokens: &[u32], start: usize) -> SchedulerOutput {
             tokens: 0..tokens.len(),
             block_table: 0..table.len(),
             samples: true,
+            num_prompt_rows: 0,
         }],
         token_ids: tokens.to_vec(),
         positions: (start as u32..end as u32).collect(),

@@ -44,6 +44,9 @@ pub struct SeqEvent {
     pub stopped_on: Option<String>,
     /// This sequence failed (its last event; finish is `Abort`). Other sequences go on.
     pub error: Option<String>,
+    /// The prompt's logprobs (of its tokens `1..`), on the first event of the sequence that
+    /// computed them (`SamplingParams::prompt_logprobs`).
+    pub prompt_logprobs: Option<Vec<Logprobs>>,
 }
 
 /// A loaded model and everything mutable around it; single-threaded by design.
@@ -375,6 +378,7 @@ impl EngineCore {
             self.scheduler.finish(id, reason);
         }
         // Sequences without text state (aborted, or ended by a stop string) produce no event.
+        let mut prompt_logprobs = sampled.prompt_logprobs;
         let mut tokens = sampled.tokens.into_iter();
         let mut emitted = sampled.emitted.iter();
         for u in self.updates.drain(..) {
@@ -389,6 +393,9 @@ impl EngineCore {
             if let Some(state) = self.text.remove(&u.seq_id) {
                 let mut job = TextJob::new(state, u.seq_id, appended, u.finish);
                 job.error = u.error;
+                if let Some(i) = prompt_logprobs.iter().position(|(id, _)| *id == u.seq_id) {
+                    job.prompt_logprobs = Some(prompt_logprobs.swap_remove(i).1);
+                }
                 self.pending.push(job);
             }
         }

@@ -137,6 +137,7 @@ impl EngineThread {
                         logprobs: e.logprobs,
                         finish: e.finish,
                         stopped_on: e.stopped_on,
+                        prompt_logprobs: e.prompt_logprobs,
                     },
                 };
                 let _ = route.events.send(event);

@@ -56,6 +56,9 @@ pub enum StreamEvent {
         finish: Option<FinishReason>,
         /// The stop string that ended the completion, if one did.
         stopped_on: Option<String>,
+        /// The prompt's logprobs (of its tokens `1..`), on each completion's first token when
+        /// `SamplingParams::prompt_logprobs` asked for them.
+        prompt_logprobs: Option<Vec<Logprobs>>,
     },
     /// The request failed; no more events follow.
     Error(EngineFailure),

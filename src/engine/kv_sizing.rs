@@ -346,6 +346,7 @@ pub fn profile_step(
             tokens: start..start + len,
             block_table: table_start..out.block_tables.len(),
             samples: true,
+            num_prompt_rows: 0,
         });
     }
     out

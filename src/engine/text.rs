@@ -47,6 +47,8 @@ pub(super) struct TextJob {
     /// This sequence failed (its text phase, or its constraint before it): it ends with this
     /// error, the others go on.
     pub error: Option<String>,
+    /// The prompt's logprobs, on the sequence's first job when asked for.
+    pub prompt_logprobs: Option<Vec<Logprobs>>,
 }
 
 impl TextJob {
@@ -66,6 +68,7 @@ impl TextJob {
             texts: Vec::new(),
             stopped_on: None,
             error: None,
+            prompt_logprobs: None,
         }
     }
 
@@ -146,6 +149,7 @@ pub(super) fn finish_jobs(
                 finish: Some(FinishReason::Abort),
                 stopped_on: None,
                 error: Some(e),
+                prompt_logprobs: None,
             });
             continue;
         }
@@ -161,7 +165,7 @@ pub(super) fn finish_jobs(
         }
         // One event per token run; the last carries the finish.
         let n = job.texts.len();
-        let mut stopped_on = job.stopped_on;
+        let (mut stopped_on, mut prompt_logprobs) = (job.stopped_on, job.prompt_logprobs);
         for (i, ((token_id, logprobs), text)) in job.tokens.into_iter().zip(job.texts).enumerate() {
             let last = i + 1 == n;
             sink(SeqEvent {
@@ -172,6 +176,7 @@ pub(super) fn finish_jobs(
                 finish: if last { finish } else { None },
                 stopped_on: if last { stopped_on.take() } else { None },
                 error: None,
+                prompt_logprobs: prompt_logprobs.take(),
             });
         }
     }

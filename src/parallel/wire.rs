@@ -112,8 +112,8 @@ fn put_all(buf: &mut Vec<u8>, vs: &[u32]) {
 }
 
 /// Words of one scheduled sequence: id (2), computed, new, token range (2), table range (2),
-/// samples, drafts.
-const SEQ_WORDS: usize = 10;
+/// samples, drafts, prompt-logprob rows.
+const SEQ_WORDS: usize = 11;
 
 /// Encodes a step plan into `buf` (cleared first): a header (sequences, tokens, table entries,
 /// whether a window group's slots and tables follow), the sequences, then the arrays. Preemptions
@@ -139,6 +139,7 @@ pub fn encode_step(out: &SchedulerOutput, buf: &mut Vec<u8>) {
         put(buf, s.block_table.end as u32);
         put(buf, u32::from(s.samples));
         put(buf, s.num_draft_tokens as u32);
+        put(buf, s.num_prompt_rows as u32);
     }
     put_all(buf, &out.token_ids);
     put_all(buf, &out.positions);
@@ -184,9 +185,11 @@ pub fn decode_step(bytes: &[u8], out: &mut SchedulerOutput) -> io::Result<()> {
             block_table: w[6] as usize..w[7] as usize,
             samples: w[8] != 0,
             num_draft_tokens: w[9] as usize,
+            num_prompt_rows: w[10] as usize,
         };
         if s.tokens.start > s.tokens.end
             || s.num_draft_tokens > s.num_new_tokens
+            || s.num_prompt_rows + usize::from(s.samples) > s.num_new_tokens
             || s.tokens.end > n
             || s.block_table.start > s.block_table.end
             || s.block_table.end > tables
@@ -234,6 +237,7 @@ mod tests {
                     tokens: 0..1,
                     block_table: 0..2,
                     samples: true,
+                    num_prompt_rows: 0,
                 },
                 ScheduledSeq {
                     seq_id: SeqId(9),
@@ -243,6 +247,7 @@ mod tests {
                     tokens: 1..4,
                     block_table: 2..3,
                     samples: false,
+                    num_prompt_rows: 2,
                 },
             ],
             token_ids: vec![5, 6, 7, 8],

@@ -148,12 +148,19 @@ impl<'a> ForwardBatch<'a> {
                 block_table: s.block_table.clone(),
             })
             .collect();
-        // Each sampling sequence's last row, and the rows of its draft tokens before it.
+        // Per sequence, its leading prompt-logprob rows, then, if it samples, its last row and
+        // the rows of its draft tokens before it.
         let rows: Vec<u32> = out
             .seqs
             .iter()
-            .filter(|s| s.samples)
-            .flat_map(|s| (s.tokens.end - 1 - s.num_draft_tokens..s.tokens.end).map(|r| r as u32))
+            .flat_map(|s| {
+                let prompt = s.tokens.start..s.tokens.start + s.num_prompt_rows;
+                let sampled = match s.samples {
+                    true => s.tokens.end - 1 - s.num_draft_tokens..s.tokens.end,
+                    false => 0..0,
+                };
+                prompt.chain(sampled).map(|r| r as u32)
+            })
             .collect();
         // A step where no sequence samples (a long prompt's first chunks, alone) still gathers
         // one row on a GPU, the step's last token, whose logits nobody reads: a device buffer of

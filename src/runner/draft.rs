@@ -249,6 +249,7 @@ impl DraftRunner {
                 tokens: t0..out.token_ids.len(),
                 block_table: b0..out.block_tables.len(),
                 samples,
+                num_prompt_rows: 0,
             });
             if !catch_up {
                 self.seqs

@@ -253,6 +253,7 @@ impl EagleRunner {
             tokens: t0..out.token_ids.len(),
             block_table: b0..out.block_tables.len(),
             samples: f.drafts.len() < f.want,
+            num_prompt_rows: 0,
         });
     }
 }

@@ -8,6 +8,7 @@ pub mod cuda_graphs;
 pub mod draft;
 pub mod eagle;
 pub mod graph_buckets;
+mod prompt_logprobs;
 pub mod step_times;
 mod verify;
 
@@ -18,9 +19,9 @@ use candle_core::Device;
 use crate::model::{CausalLm, ForwardBatch, KvCache, ModelError};
 use crate::parallel::group::Leader;
 use crate::runner::step_times::{Phase, StepTimes};
-use crate::sampler::{SampledToken, Sampler};
+use crate::sampler::{Logprobs, SampledToken, Sampler};
 use crate::scheduler::SchedulerOutput;
-use crate::sequence::Sequence;
+use crate::sequence::{SeqId, Sequence};
 
 /// A step's sampled tokens.
 #[derive(Debug, Default)]
@@ -30,6 +31,9 @@ pub struct Sampled {
     /// How many tokens each sampling sequence emitted (its accepted drafts, then one of the
     /// target's own); empty when the step verified no drafts (one each).
     pub emitted: Vec<usize>,
+    /// The prompt logprobs of sequences that sampled their first token this step and asked for
+    /// them (`SamplingParams::prompt_logprobs`): those of prompt tokens `1..`.
+    pub prompt_logprobs: Vec<(SeqId, Vec<Logprobs>)>,
 }
 
 /// Runs steps of one model.
@@ -169,6 +173,25 @@ impl ModelRunner {
         times: &mut StepTimes,
         overlap: &mut dyn FnMut(),
     ) -> Result<Sampled, ModelError> {
+        let mut sampled = self.execute_step(out, seqs, times, overlap)?;
+        // A sequence's first sample comes after its whole prompt was computed.
+        for (s, seq) in out.seqs.iter().zip(seqs.iter_mut()) {
+            if s.samples
+                && let Some(lps) = seq.take_prompt_logprobs()
+            {
+                sampled.prompt_logprobs.push((s.seq_id, lps));
+            }
+        }
+        Ok(sampled)
+    }
+
+    fn execute_step(
+        &mut self,
+        out: &SchedulerOutput,
+        seqs: &mut [Sequence],
+        times: &mut StepTimes,
+        overlap: &mut dyn FnMut(),
+    ) -> Result<Sampled, ModelError> {
         if out.is_empty() {
             overlap();
             return Ok(Sampled::default());
@@ -178,8 +201,8 @@ impl ModelRunner {
                 .broadcast(out)
                 .map_err(|e| ModelError::Unsupported(e.to_string()))?;
         }
-        if out.num_draft_tokens() > 0 {
-            return self.execute_verify(out, seqs, times, overlap);
+        if out.num_draft_tokens() > 0 || out.num_prompt_rows() > 0 {
+            return self.execute_on_host(out, seqs, times, overlap);
         }
         let requests = out
             .seqs
@@ -192,7 +215,7 @@ impl ModelRunner {
             let tokens = self.execute_on_gpu(out, requests, times, overlap)?;
             return Ok(Sampled {
                 tokens,
-                emitted: Vec::new(),
+                ..Sampled::default()
             });
         }
         let (mut data, vocab) = self.host_logits(out, times)?;
@@ -206,15 +229,16 @@ impl ModelRunner {
         times.lap(Phase::Sample, start);
         Ok(Sampled {
             tokens,
-            emitted: Vec::new(),
+            ..Sampled::default()
         })
     }
 
-    /// [`ModelRunner::execute`] for a step that verifies draft tokens, on any device: an eager
-    /// forward pass (a verify step's sequences are short prefill chunks to the attention), the
-    /// sampled rows' logits brought to the host, each sequence's rows sampled in order until
-    /// the first rejected draft.
-    fn execute_verify(
+    /// [`ModelRunner::execute`] for a step that verifies draft tokens or computes prompt
+    /// logprobs, on any device: an eager forward pass (a verify step's sequences are short
+    /// prefill chunks to the attention), the rows' logits brought to the host, the prompt rows'
+    /// logprobs stored in their sequences, then each sampling sequence's rows sampled in order
+    /// (until the first rejected draft).
+    fn execute_on_host(
         &mut self,
         out: &SchedulerOutput,
         seqs: &mut [Sequence],
@@ -223,12 +247,34 @@ impl ModelRunner {
     ) -> Result<Sampled, ModelError> {
         let (mut data, vocab) = self.host_logits(out, times)?;
         let start = Instant::now();
+        prompt_logprobs::take_prompt_rows(&mut data, vocab, out, seqs);
         overlap();
         let start = times.lap(Phase::Text, start);
-        let (tokens, emitted) =
-            verify::sample_verify(&mut self.sampler, &mut data, vocab, out, seqs);
+        if out.num_draft_tokens() > 0 {
+            let (tokens, emitted) =
+                verify::sample_verify(&mut self.sampler, &mut data, vocab, out, seqs);
+            times.lap(Phase::Sample, start);
+            return Ok(Sampled {
+                tokens,
+                emitted,
+                ..Sampled::default()
+            });
+        }
+        let mut requests: Vec<_> = out
+            .seqs
+            .iter()
+            .zip(seqs.iter_mut())
+            .filter(|(s, _)| s.samples)
+            .map(|(_, seq)| seq.sample_request())
+            .collect();
+        crate::sampler::compute_masks(&mut requests);
+        let start = times.lap(Phase::Guide, start);
+        let tokens = self.sampler.sample_batch(&mut data, vocab, requests);
         times.lap(Phase::Sample, start);
-        Ok(Sampled { tokens, emitted })
+        Ok(Sampled {
+            tokens,
+            ..Sampled::default()
+        })
     }
 
     /// An eager forward pass of `out` (prepare and forward timed into `times`), its sampled
@@ -243,7 +289,7 @@ impl ModelRunner {
         let start = times.lap(Phase::Prepare, start);
         let logits = self.forward_eager(&batch)?;
         let (rows, vocab) = logits.dims2()?;
-        debug_assert_eq!(rows, out.num_sample_rows());
+        debug_assert_eq!(rows, out.num_sample_rows() + out.num_prompt_rows());
         let data = logits
             .to_dtype(candle_core::DType::F32)?
             .flatten_all()?

@@ -307,7 +307,12 @@ fn draw(weights: impl Iterator<Item = (f32, u32)>, total: f64, rng: &mut SeededR
 }
 
 /// Log-softmax of the raw row for the chosen token, its rank, and the `k` most likely tokens.
-fn raw_logprobs(raw: &[f32], chosen: u32, k: usize, scratch: &mut Vec<(f32, u32)>) -> Logprobs {
+pub(crate) fn raw_logprobs(
+    raw: &[f32],
+    chosen: u32,
+    k: usize,
+    scratch: &mut Vec<(f32, u32)>,
+) -> Logprobs {
     let max = raw.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f64 = raw.iter().map(|&x| f64::from((x - max).exp())).sum();
     let lse = max + sum.ln() as f32;

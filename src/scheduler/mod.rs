@@ -237,9 +237,14 @@ impl Scheduler {
             let Some(seq) = self.waiting.front_mut() else {
                 break;
             };
+            let whole = seq.wants_prompt_logprobs();
             let (table, tokens) = seq.table_and_tokens();
             let num_tokens = tokens.len();
-            let cached = self.kv.cached_prefix(table, tokens);
+            let cached = match whole {
+                // Prompt logprobs need every prompt row computed.
+                true => Default::default(),
+                false => self.kv.cached_prefix(table, tokens),
+            };
             let n = (num_tokens - cached.num_tokens).min(budget);
             if self
                 .kv
@@ -292,6 +297,7 @@ impl Scheduler {
             tokens,
             block_table: table_start..out.block_tables.len(),
             samples: start + n - drafts == seq.num_tokens(),
+            num_prompt_rows: seq.prompt_logprob_rows(start, n - drafts).0,
         });
     }
 

@@ -24,6 +24,9 @@ pub struct ScheduledSeq {
     pub block_table: Range<usize>,
     /// Whether this step reaches the end of the sequence's tokens, so its last row is sampled.
     pub samples: bool,
+    /// Leading rows whose logits give prompt logprobs (`SamplingParams::prompt_logprobs`): their
+    /// next token is a prompt token.
+    pub num_prompt_rows: usize,
 }
 
 /// A step: which sequences compute which tokens, and where their KV goes.
@@ -66,6 +69,11 @@ impl SchedulerOutput {
             .filter(|s| s.samples)
             .map(|s| 1 + s.num_draft_tokens)
             .sum()
+    }
+
+    /// Rows whose logits give prompt logprobs.
+    pub fn num_prompt_rows(&self) -> usize {
+        self.seqs.iter().map(|s| s.num_prompt_rows).sum()
     }
 
     /// Draft tokens to verify this step.

@@ -15,7 +15,9 @@ use tokio::sync::mpsc;
 use super::AppState;
 use super::chat_stream::ChatChoiceStream;
 use super::error::ApiError;
-use super::logprobs::{chat_logprob, completion_logprobs};
+use super::logprobs::{
+    StreamPiece, chat_logprob, completion_logprobs, echoed_logprobs, prompt_logprobs,
+};
 use super::metrics::RequestTimer;
 use super::reasoning::ReasoningParser;
 use super::responses::{
@@ -65,6 +67,20 @@ pub struct ResolvedRequest {
     pub tools: Option<super::tools::ToolCalling>,
     /// How a chat answer's reasoning is split from its content, if it is.
     pub reasoning: Option<ReasoningParser>,
+    /// What becomes of the prompt's logprobs (`params.prompt_logprobs`).
+    pub prompt_out: PromptOut,
+}
+
+/// What a request does with its prompt's logprobs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PromptOut {
+    /// The response's `prompt_logprobs` (vLLM's field).
+    pub field: bool,
+    /// Completions with `echo` and `logprobs`: the echoed prompt's tokens lead the logprobs.
+    pub echoed: bool,
+    /// Completions with `echo` and `max_tokens` 0: the prompt alone is answered (one token is
+    /// generated and left out, as vLLM does).
+    pub echo_only: bool,
 }
 
 /// A tagged event: which choice (`prompt * n + index`) and what happened.
@@ -145,6 +161,8 @@ pub struct Choice {
     pub finish: Option<&'static str>,
     /// The stop string that ended it, if one did.
     pub stopped_on: Option<String>,
+    /// The prompt's logprobs (of its tokens `1..`), when asked for.
+    pub prompt_logprobs: Option<Vec<Logprobs>>,
 }
 
 /// Runs `job` to completion: every choice, in order (`prompt * n + index`).
@@ -162,6 +180,7 @@ pub async fn collect(state: &AppState, job: &ResolvedRequest) -> Result<Vec<Choi
                 logprobs,
                 finish,
                 stopped_on,
+                prompt_logprobs,
                 ..
             } => {
                 timer.token(&state.metrics, index);
@@ -174,6 +193,9 @@ pub async fn collect(state: &AppState, job: &ResolvedRequest) -> Result<Vec<Choi
                 c.tokens.push(token_id);
                 c.logprobs.extend(logprobs);
                 c.finish = finish.map(|f| f.as_str());
+                if prompt_logprobs.is_some() {
+                    c.prompt_logprobs = prompt_logprobs;
+                }
             }
             StreamEvent::Error(e) => return Err(e.into()),
         }
@@ -184,10 +206,26 @@ pub async fn collect(state: &AppState, job: &ResolvedRequest) -> Result<Vec<Choi
 
 /// Runs the job to completion and answers with one JSON body.
 pub async fn respond_json(state: &AppState, job: ResolvedRequest) -> Result<Response, ApiError> {
-    let choices = collect(state, &job).await?;
+    let mut choices = collect(state, &job).await?;
     let n = job.params.n;
     let prompt_tokens: usize = job.prompts.iter().map(|p| p.ids.len()).sum();
+    if job.prompt_out.echo_only {
+        for c in &mut choices {
+            (c.text, c.tokens, c.logprobs) = Default::default();
+        }
+    }
     let completion_tokens: usize = choices.iter().map(|c| c.tokens.len()).sum();
+    // Each choice's prompt logprobs, in vLLM's shape.
+    let vllm_prompt: Vec<_> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let lps = c.prompt_logprobs.as_deref().unwrap_or_default();
+            job.prompt_out
+                .field
+                .then(|| prompt_logprobs(state, &job.prompts[i / n].ids, lps))
+        })
+        .collect();
     let usage = Usage::new(prompt_tokens, completion_tokens);
     let want_logprobs = job.params.logprobs.is_some();
     let body = match job.flavor {
@@ -231,6 +269,7 @@ pub async fn respond_json(state: &AppState, job: ResolvedRequest) -> Result<Resp
                 model: job.model,
                 choices,
                 usage,
+                prompt_logprobs: vllm_prompt.into_iter().next().flatten(),
             })
         }
         Endpoint::Completion => {
@@ -238,15 +277,26 @@ pub async fn respond_json(state: &AppState, job: ResolvedRequest) -> Result<Resp
                 .into_iter()
                 .enumerate()
                 .map(|(index, c)| {
-                    let echo = job.prompts[index / n].echo.clone().unwrap_or_default();
+                    let prompt = &job.prompts[index / n];
+                    let echo = prompt.echo.clone().unwrap_or_default();
                     let logprobs = want_logprobs.then(|| {
-                        completion_logprobs(state, &c.tokens, &c.logprobs, echo.chars().count())
+                        let after = completion_logprobs(
+                            state,
+                            &c.tokens,
+                            &c.logprobs,
+                            echo.chars().count(),
+                        );
+                        match (job.prompt_out.echoed, &c.prompt_logprobs) {
+                            (true, Some(lps)) => echoed_logprobs(state, &prompt.ids, lps, after),
+                            _ => after,
+                        }
                     });
                     CompletionChoice {
                         index,
                         text: format!("{echo}{}", c.text),
                         logprobs,
                         finish_reason: c.finish.map(str::to_string),
+                        prompt_logprobs: vllm_prompt[index].clone(),
                     }
                 })
                 .collect();
@@ -385,6 +435,7 @@ async fn send_chunks(
                 text,
                 logprobs,
                 finish,
+                prompt_logprobs,
                 ..
             } => {
                 timer.token(&state.metrics, index);
@@ -392,7 +443,7 @@ async fn send_chunks(
                     finished[index] = true;
                     state.metrics.finished(f);
                 }
-                completion_tokens += 1;
+                completion_tokens += usize::from(!job.prompt_out.echo_only);
                 let finish = finish.map(|f| f.as_str());
                 match job.flavor {
                     Endpoint::Chat => {
@@ -427,15 +478,13 @@ async fn send_chunks(
                         )
                     }
                     Endpoint::Completion => {
-                        let (mut text, mut offset) = (text, sent_chars[index]);
-                        if let (false, Some(echo)) = (started[index], &job.prompts[index / n].echo)
-                        {
-                            offset += echo.chars().count();
-                            text = format!("{echo}{text}");
-                        }
-                        let lp = logprobs
-                            .map(|lp| completion_logprobs(&state, &[token_id], &[lp], offset));
-                        sent_chars[index] += text.chars().count();
+                        let piece = StreamPiece {
+                            prompt: &job.prompts[index / n],
+                            out: job.prompt_out,
+                            first: !started[index],
+                        };
+                        let token = (token_id, text, logprobs, prompt_logprobs);
+                        let (text, lp) = piece.text(&state, &mut sent_chars[index], token);
                         chunk(
                             json!([{"index": index, "text": text, "logprobs": lp, "finish_reason": finish}]),
                         )

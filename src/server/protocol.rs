@@ -70,6 +70,9 @@ pub struct SamplingFields {
     pub repetition_penalty: Option<f32>,
     /// Token id (as a string key) -> bias.
     pub logit_bias: Option<BTreeMap<String, f32>>,
+    /// vLLM's extension: the logprobs of the prompt's tokens with this many alternatives
+    /// (0..=20), returned as `prompt_logprobs` (the first token's is null).
+    pub prompt_logprobs: Option<usize>,
     /// Stop strings.
     pub stop: Option<StopInput>,
     /// Stop token ids.
@@ -304,6 +307,7 @@ impl SamplingFields {
             stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
             ignore_eos: self.ignore_eos.unwrap_or(false),
             logprobs,
+            prompt_logprobs: self.prompt_logprobs,
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
             include_stop_str_in_output: self.include_stop_str_in_output.unwrap_or(false),
             structured_outputs: self.constraint.resolve()?,

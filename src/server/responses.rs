@@ -75,10 +75,28 @@ pub struct CompletionChoice {
     pub index: usize,
     /// The generated text (after the prompt, with `echo`).
     pub text: String,
-    /// Per-token logprobs, when asked.
+    /// Per-token logprobs, when asked (with `echo`, the prompt's tokens first).
     pub logprobs: Option<CompletionLogprobs>,
     /// `stop`, `length` or `abort`.
     pub finish_reason: Option<String>,
+    /// vLLM's `prompt_logprobs`, when asked: per prompt token (null for the first), the token's
+    /// and the top alternatives' entries, keyed by token id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
+}
+
+/// vLLM's `prompt_logprobs`: per prompt token, null (the first) or token id -> entry.
+pub type PromptLogprobs = Vec<Option<BTreeMap<String, PromptLogprob>>>;
+
+/// One entry of [`PromptLogprobs`].
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct PromptLogprob {
+    /// Log-probability.
+    pub logprob: f32,
+    /// 1-based rank among all tokens.
+    pub rank: u32,
+    /// The token's text.
+    pub decoded_token: String,
 }
 
 /// Legacy completions logprobs.
@@ -86,11 +104,11 @@ pub struct CompletionChoice {
 pub struct CompletionLogprobs {
     /// Each token's text.
     pub tokens: Vec<String>,
-    /// Each token's log-probability.
-    pub token_logprobs: Vec<f32>,
-    /// Each token's most likely alternatives: text -> log-probability.
-    pub top_logprobs: Vec<BTreeMap<String, f32>>,
-    /// Each token's byte offset in the text.
+    /// Each token's log-probability (null for an echoed prompt's first token).
+    pub token_logprobs: Vec<Option<f32>>,
+    /// Each token's most likely alternatives: text -> log-probability (null likewise).
+    pub top_logprobs: Vec<Option<BTreeMap<String, f32>>>,
+    /// Each token's character offset in the text.
     pub text_offset: Vec<usize>,
 }
 
@@ -109,6 +127,9 @@ pub struct ChatCompletionResponse {
     pub choices: Vec<ChatChoice>,
     /// Token counts.
     pub usage: Usage,
+    /// vLLM's `prompt_logprobs`, when asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
 /// One chat completion.

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::AppState;
 use super::error::ApiError;
-use super::generate::{Endpoint, Prompt, ResolvedRequest, respond_json, respond_sse};
+use super::generate::{Endpoint, Prompt, PromptOut, ResolvedRequest, respond_json, respond_sse};
 use super::protocol::{ChatRequest, CompletionRequest, PromptInput, Role, SamplingFields};
 use super::{structured, tools, unsupported};
 use crate::request::{MAX_LOGPROBS, check_num_seqs};
@@ -123,10 +123,30 @@ pub async fn completions(
         resolved.push(Prompt { echo, ids });
     }
     let longest = resolved.iter().map(|p| p.ids.len()).max().unwrap_or(0);
-    let max_tokens = default_max_tokens(&state, longest, req.sampling.max_tokens)?;
-    let params = req
+    // `echo` with `max_tokens` 0 answers the prompt alone (its logprobs: how evaluation
+    // harnesses score text); one token is generated and left out, as vLLM does.
+    let echo_only = req.echo && req.sampling.max_tokens == Some(0);
+    let requested = if echo_only {
+        Some(1)
+    } else {
+        req.sampling.max_tokens
+    };
+    let max_tokens = default_max_tokens(&state, longest, requested)?;
+    let mut params = req
         .sampling
         .resolve(Some(max_tokens), req.logprobs, max_tokens)?;
+    let prompt_out = PromptOut {
+        field: check_prompt_logprobs(&req.sampling)?,
+        echoed: req.echo && req.logprobs.is_some(),
+        echo_only,
+    };
+    if prompt_out.echoed {
+        let k = req
+            .logprobs
+            .unwrap_or(0)
+            .max(params.prompt_logprobs.unwrap_or(0));
+        params.prompt_logprobs = Some(k);
+    }
     params.validate(Some(state.info.vocab_size))?;
     let guide = match &params.structured_outputs {
         Some(c) => Some(structured::compile(&state, c).await?),
@@ -143,6 +163,7 @@ pub async fn completions(
         guide,
         tools: None,
         reasoning: None,
+        prompt_out,
     };
     respond(state, job, req.sampling.is_stream()).await
 }
@@ -248,8 +269,25 @@ pub async fn chat_job(
         guide,
         tools: tool_calling,
         reasoning: state.reasoning_parser,
+        prompt_out: PromptOut {
+            field: check_prompt_logprobs(&req.sampling)?,
+            ..PromptOut::default()
+        },
     };
     Ok(job)
+}
+
+/// Whether the request asks for vLLM's `prompt_logprobs` field, which a stream has no place
+/// for (vLLM refuses it there too).
+fn check_prompt_logprobs(sampling: &SamplingFields) -> Result<bool, ApiError> {
+    match (sampling.prompt_logprobs, sampling.is_stream()) {
+        (Some(_), true) => Err(ApiError::invalid(
+            "prompt_logprobs",
+            "prompt_logprobs are not available when stream is true: send the request without \
+             streaming.",
+        )),
+        (asked, _) => Ok(asked.is_some()),
+    }
 }
 
 /// `n` (and `best_of`) against what the engine runs at once: a request's sequences, `n` for each

@@ -146,6 +146,7 @@ pub fn logits_decoding_step_by_step_quantized(
                     tokens: i..i + 1,
                     block_table: i * per_seq..(i + 1) * per_seq,
                     samples: true,
+                    num_prompt_rows: 0,
                 })
                 .collect(),
             token_ids: seqs.iter().map(|s| s[p]).collect(),
@@ -272,6 +273,7 @@ pub fn prefill_step(tokens: &[u32], bs: usize) -> SchedulerOutput {
             tokens: 0..n,
             block_table: 0..num_blocks,
             samples: true,
+            num_prompt_rows: 0,
         }],
         token_ids: tokens.to_vec(),
         positions: (0..n as u32).collect(),
