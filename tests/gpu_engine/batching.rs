@@ -165,3 +165,47 @@ fn cuda_graph_decode_steps_equal_eager_steps() {
     assert!(replays.iter().any(|&(g, s)| g + 1 < s), "{replays:?}");
     assert_eq!(eager.core().step_times().per_step().graph_steps, 0);
 }
+
+/// Prompt logprobs on the GPU (prompts in chunks of 16 tokens, batched with others' decode
+/// steps): the CPU's, for every prompt token.
+#[test]
+fn prompt_logprobs_on_the_gpu_equal_the_cpus() {
+    let args = |device| EngineArgs {
+        model: model("tiny-d64"),
+        device,
+        dtype: DtypeArg::Float32,
+        max_num_batched_tokens: Some(16),
+        ..Default::default()
+    };
+    let params = SamplingParams {
+        prompt_logprobs: Some(2),
+        ..greedy(4)
+    };
+    let prompts = prompts(6, 256);
+    let want = Llm::new(args(DeviceArg::Cpu))
+        .unwrap()
+        .generate_tokens(prompts.clone(), &params)
+        .unwrap();
+    let got = Llm::new(args(DeviceArg::Cuda(0)))
+        .unwrap()
+        .generate_tokens(prompts.clone(), &params)
+        .unwrap();
+    let mut entries = 0;
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.outputs[0].token_ids, w.outputs[0].token_ids, "prompt {i}");
+        let (g, w) = (
+            g.prompt_logprobs.as_ref().unwrap(),
+            w.prompt_logprobs.as_ref().unwrap(),
+        );
+        assert_eq!(g.len(), prompts[i].len());
+        for (j, (g, w)) in g.iter().zip(w).enumerate().skip(1) {
+            let (g, w) = (g.as_ref().unwrap(), w.as_ref().unwrap());
+            assert!(
+                (g.logprob - w.logprob).abs() < 1e-3,
+                "prompt {i} token {j}: {g:?} {w:?}"
+            );
+            entries += 1;
+        }
+    }
+    println!("prompt logprobs: {entries} entries equal the CPU's");
+}
