@@ -39,6 +39,7 @@ fn step(seqs: &[(usize, usize, usize)]) -> SchedulerOutput {
             tokens: t0..t0 + n,
             block_table: b0..b0 + table.len(),
             samples: true,
+            num_prompt_rows: 0,
         });
     }
     out
