@@ -184,6 +184,8 @@ async fn parts_and_fields_the_model_cannot_honour_are_refused_by_name() {
     let c = "/v1/completions";
     let body = json!({"prompt": "def f(", "suffix": "    return x", "max_tokens": 2});
     assert_400(&base, c, body, "suffix", "insertion").await;
+    let body = json!({"prompt": [1, 99_999_999], "max_tokens": 2});
+    assert_400(&base, c, body, "prompt", "out of vocabulary").await;
 
     // Text parts, and an assistant's refusal part, are read as their text: the same prompt as
     // the plain strings.

@@ -218,9 +218,14 @@ impl EngineCore {
             .iter()
             .find(|&&t| t as usize >= self.config.vocab_size)
         {
-            return Err(EngineError::Tokenizer(format!(
-                "prompt token id {t} is out of vocabulary"
-            )));
+            return Err(InvalidParam {
+                param: "prompt",
+                message: format!(
+                    "prompt token id {t} is out of vocabulary (the model has {} tokens).",
+                    self.config.vocab_size
+                ),
+            }
+            .into());
         }
         let params = Arc::new(params);
         let mut ids = Vec::with_capacity(params.n);
