@@ -201,40 +201,25 @@ impl ModelRunner {
                 .broadcast(out)
                 .map_err(|e| ModelError::Unsupported(e.to_string()))?;
         }
-        if out.num_draft_tokens() > 0 || out.num_prompt_rows() > 0 {
-            return self.execute_on_host(out, seqs, times, overlap);
-        }
-        let requests = out
-            .seqs
-            .iter()
-            .zip(seqs.iter_mut())
-            .filter(|(s, _)| s.samples)
-            .map(|(_, seq)| seq.sample_request());
         #[cfg(feature = "cuda")]
-        if !self.device.is_cpu() {
+        if !self.device.is_cpu() && out.num_draft_tokens() == 0 && out.num_prompt_rows() == 0 {
+            let requests = out
+                .seqs
+                .iter()
+                .zip(seqs.iter_mut())
+                .filter(|(s, _)| s.samples)
+                .map(|(_, seq)| seq.sample_request());
             let tokens = self.execute_on_gpu(out, requests, times, overlap)?;
             return Ok(Sampled {
                 tokens,
                 ..Sampled::default()
             });
         }
-        let (mut data, vocab) = self.host_logits(out, times)?;
-        let start = Instant::now();
-        overlap();
-        let start = times.lap(Phase::Text, start);
-        let mut requests: Vec<_> = requests.collect();
-        crate::sampler::compute_masks(&mut requests);
-        let start = times.lap(Phase::Guide, start);
-        let tokens = self.sampler.sample_batch(&mut data, vocab, requests);
-        times.lap(Phase::Sample, start);
-        Ok(Sampled {
-            tokens,
-            ..Sampled::default()
-        })
+        self.execute_on_host(out, seqs, times, overlap)
     }
 
-    /// [`ModelRunner::execute`] for a step that verifies draft tokens or computes prompt
-    /// logprobs, on any device: an eager forward pass (a verify step's sequences are short
+    /// [`ModelRunner::execute`] on the CPU, and on a GPU for a step that verifies draft tokens
+    /// or computes prompt logprobs: an eager forward pass (a verify step's sequences are short
     /// prefill chunks to the attention), the rows' logits brought to the host, the prompt rows'
     /// logprobs stored in their sequences, then each sampling sequence's rows sampled in order
     /// (until the first rejected draft).
