@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{act_bytes, f16x8, store8, unpack8};
+use super::avx2::{act_bytes, blocks_at, f16x8, store8, unpack8};
 use super::blocks::Act;
 use super::iq4::{IQ4_VALUES, Iq4Nl8, Iq4Xs8};
 use super::q8::Bytes8;
@@ -79,9 +79,13 @@ fn bytes8_vnni<const R: usize, const V: u8>(w: &[Bytes8], a: [&[Act]; R]) -> [[f
         let (mut even, mut odd) = ([_mm256_setzero_si256(); R], [_mm256_setzero_si256(); R]);
         for c in (0..8).step_by(2) {
             // SAFETY: 32 bytes each; unaligned loads.
-            let [q0, q1] = [c, c + 1]
-                .map(|k| unsafe { _mm256_loadu_si256(g.qs[k].as_ptr().cast()) })
-                .map(|q| _mm256_xor_si256(q, flip));
+            let (q0, q1) = unsafe {
+                (
+                    _mm256_loadu_si256(g.qs[c].as_ptr().cast()),
+                    _mm256_loadu_si256(g.qs[c + 1].as_ptr().cast()),
+                )
+            };
+            let (q0, q1) = (_mm256_xor_si256(q0, flip), _mm256_xor_si256(q1, flip));
             for r in 0..R {
                 even[r] = vnni::<V>(even[r], q0, act_bytes(&a[r][b], c));
                 odd[r] = vnni::<V>(odd[r], q1, act_bytes(&a[r][b], c + 1));
@@ -108,7 +112,10 @@ fn bytes8_vnni<const R: usize, const V: u8>(w: &[Bytes8], a: [&[Act]; R]) -> [[f
 fn iq4_sums<const R: usize, const V: u8>(packed: &[[u8; 32]; 4], acts: [&Act; R]) -> [__m256i; R] {
     // SAFETY: 16 bytes; unaligned load.
     let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(IQ4_VALUES.as_ptr().cast()) });
-    let values = unpack8(packed).map(|q| _mm256_shuffle_epi8(table, q));
+    let mut values = unpack8(packed);
+    for v in &mut values {
+        *v = _mm256_shuffle_epi8(table, *v);
+    }
     let mut sums = [_mm256_setzero_si256(); R];
     for (k, v) in values.iter().enumerate() {
         let magnitude = _mm256_sign_epi8(*v, *v);
@@ -133,7 +140,7 @@ pub(super) fn dot_iq4nl8<const R: usize, const V: u8>(
     let mut acc = [_mm256_setzero_ps(); R];
     for (b, g) in w.iter().enumerate() {
         let d = f16x8(&g.d);
-        let sums = iq4_sums::<R, V>(&g.qs, a.map(|row| &row[b]));
+        let sums = iq4_sums::<R, V>(&g.qs, blocks_at(a, b));
         for r in 0..R {
             let scale = _mm256_mul_ps(d, _mm256_set1_ps(a[r][b].d));
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), scale, acc[r]);
@@ -161,7 +168,7 @@ pub(super) fn dot_iq4xs8<const R: usize, const V: u8>(
             // SAFETY: 8 bytes; unaligned load.
             let sc = unsafe { _mm_loadl_epi64(part.sc.as_ptr().cast()) };
             let scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
-            let sums = iq4_sums::<R, V>(&part.qs, a.map(|row| &row[8 * b + j]));
+            let sums = iq4_sums::<R, V>(&part.qs, blocks_at(a, 8 * b + j));
             for r in 0..R {
                 let s = _mm256_mul_ps(scale, _mm256_set1_ps(a[r][8 * b + j].d));
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), s, acc[r]);

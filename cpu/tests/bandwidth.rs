@@ -7,6 +7,8 @@
 //!
 //! and record the table in benches/RESULTS.md with the CPU model. Each kernel runs with every
 //! instruction set the CPU has (AVX2, and AVX2 with AVX-VNNI where present), side by side.
+//! `PAGEWISE_BW_TYPES=Q8_0,Q5K,IQ4_XS` measures only those types (names as the table prints
+//! them), for A/B runs of one kernel. `scripts/bench/ggml_matmul.sh` is llama.cpp's table.
 
 use std::time::Instant;
 
@@ -24,6 +26,13 @@ const SHAPES: [(usize, usize); 2] = [(4864, 896), (8192, 2048)];
 /// Bytes of weights a decode pass reads, over copies of the matrix: past the caches, as a
 /// model's are.
 const PASS_BYTES: usize = 384 << 20;
+
+/// Whether the table measures type `name` (`PAGEWISE_BW_TYPES`, a comma-separated list; all
+/// when unset).
+fn wanted(name: &str) -> bool {
+    std::env::var("PAGEWISE_BW_TYPES")
+        .map_or(true, |list| list.split(',').any(|t| t.trim() == name))
+}
 
 /// Seconds one call of `f` takes, the best of `reps` after a warm-up.
 fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
@@ -88,7 +97,7 @@ fn kernel_bandwidth() {
             GgmlDType::F16,
             GgmlDType::BF16,
         ] {
-            if !cols.is_multiple_of(dtype.block_size()) {
+            if !cols.is_multiple_of(dtype.block_size()) || !wanted(&format!("{dtype:?}")) {
                 continue;
             }
             let bytes = QTensor::quantize(&w, dtype)
@@ -100,10 +109,12 @@ fn kernel_bandwidth() {
             measure(&format!("{dtype:?}"), &layer, bytes.len());
         }
         // What F16 and BF16 files ran on before their kernels: candle's f32 matmul.
-        measure_f32(&w);
+        if wanted("F32") {
+            measure_f32(&w);
+        }
         // IQ4 types: random blocks (pagewise reads them; it does not write them).
         for ty in [Iq4Type::Nl, Iq4Type::Xs] {
-            let Some(row_bytes) = ty.bytes_of(cols) else {
+            let Some(row_bytes) = ty.bytes_of(cols).filter(|_| wanted(ty.name())) else {
                 continue;
             };
             let bytes: Vec<u8> = (0..rows * row_bytes)
