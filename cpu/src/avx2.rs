@@ -17,6 +17,48 @@ use super::q5k::Q5K8;
 use super::q6k::Q6K8;
 use super::vnni::{NO_VNNI, vnni};
 
+/// `$body` once for each activation row `$r` of the `$rows` (at most 8) of a tile, written out
+/// rather than looped: the tile's accumulators stay in registers only where every index is a
+/// constant, and LLVM leaves an 8-row loop rolled (Q5_K's 8-row tile kept them on the stack).
+macro_rules! each_row {
+    ($rows:expr, $r:ident => $body:block) => {{
+        const { assert!($rows <= 8) };
+        if 0 < $rows {
+            let $r: usize = 0;
+            $body
+        }
+        if 1 < $rows {
+            let $r: usize = 1;
+            $body
+        }
+        if 2 < $rows {
+            let $r: usize = 2;
+            $body
+        }
+        if 3 < $rows {
+            let $r: usize = 3;
+            $body
+        }
+        if 4 < $rows {
+            let $r: usize = 4;
+            $body
+        }
+        if 5 < $rows {
+            let $r: usize = 5;
+            $body
+        }
+        if 6 < $rows {
+            let $r: usize = 6;
+            $body
+        }
+        if 7 < $rows {
+            let $r: usize = 7;
+            $body
+        }
+    }};
+}
+pub(super) use each_row;
+
 /// The 8 vectors of 4 weights of each of 8 rows that one interleaved block holds (`packed[c]`'s
 /// low nibbles are weights `4c..4c + 4` of each row, its high nibbles weights `16 + 4c..`).
 #[target_feature(enable = "avx2")]
@@ -47,7 +89,7 @@ fn block8<const R: usize, const FIVE: bool, const V: u8>(
     acts: [&Act; R],
     acc: &mut [__m256; R],
 ) {
-    for r in 0..R {
+    each_row!(R, r => {
         let ab = acts[r];
         let sum = if V != NO_VNNI {
             quad_sums::<V>(q, ab, 0..8)
@@ -57,7 +99,7 @@ fn block8<const R: usize, const FIVE: bool, const V: u8>(
         let products = _mm256_cvtepi32_ps(sum);
         acc[r] = _mm256_fmadd_ps(products, _mm256_mul_ps(scale, _mm256_set1_ps(ab.d)), acc[r]);
         acc[r] = _mm256_fmadd_ps(offset, _mm256_set1_ps(ab.s), acc[r]);
-    }
+    });
 }
 
 /// The activation block's bytes `4k..4k + 4` in every 32-bit lane.

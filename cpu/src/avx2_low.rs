@@ -9,7 +9,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{
-    act_half_sums, act_quad, blocks_at, f16x8, half_block_scales, quad_sums, store8,
+    act_half_sums, act_quad, blocks_at, each_row, f16x8, half_block_scales, quad_sums, store8,
 };
 use super::blocks::Act;
 use super::q23k::{Q2K8, Q3K8};
@@ -75,7 +75,7 @@ fn part_sums<const R: usize, const V: u8>(
     m: __m256i,
     acts: [&Act; R],
 ) -> [(__m256i, __m256i); R] {
-    // Loops, not `acts.map`: see [`blocks_at`].
+    // Not `acts.map`: see [`blocks_at`].
     let mut out = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
     if V != NO_VNNI {
         // Row r's scales in the low 16 bits of 32-bit lane r, the high 16 bits zero.
@@ -83,17 +83,19 @@ fn part_sums<const R: usize, const V: u8>(
             _mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF)),
             _mm256_srli_epi32(sc, 16),
         );
-        for (o, a) in out.iter_mut().zip(acts) {
+        each_row!(R, r => {
+            let a = acts[r];
             let sum = _mm256_add_epi32(
                 _mm256_madd_epi16(quad_sums::<V>(q, a, 0..4), lo),
                 _mm256_madd_epi16(quad_sums::<V>(q, a, 4..8), hi),
             );
-            *o = (sum, _mm256_madd_epi16(m, act_half_sums(a)));
-        }
+            out[r] = (sum, _mm256_madd_epi16(m, act_half_sums(a)));
+        });
         return out;
     }
     let (lo, hi) = half_block_scales(sc);
-    for (o, a) in out.iter_mut().zip(acts) {
+    each_row!(R, r => {
+        let a = acts[r];
         let quad = |k: usize| act_quad(q[k], a, k);
         let four = |k: usize| {
             _mm256_add_epi16(
@@ -105,8 +107,8 @@ fn part_sums<const R: usize, const V: u8>(
             _mm256_madd_epi16(four(0), lo),
             _mm256_madd_epi16(four(4), hi),
         );
-        *o = (sum, _mm256_madd_epi16(m, act_half_sums(a)));
-    }
+        out[r] = (sum, _mm256_madd_epi16(m, act_half_sums(a)));
+    });
     out
 }
 
@@ -128,13 +130,13 @@ pub(super) fn dot_q2k8<const R: usize, const V: u8>(w: &[Q2K8], a: [&[Act]; R]) 
                 _mm256_cvtepu8_epi16(unsafe { _mm_loadu_si128(part.scales.as_ptr().cast()) });
             let (sc, m) = (_mm256_and_si256(packed, low), _mm256_srli_epi16(packed, 4));
             let sums = part_sums::<R, V>(&unpack2(&part.q), sc, m, blocks_at(a, 8 * b + k));
-            for r in 0..R {
+            each_row!(R, r => {
                 let ad = _mm256_set1_ps(a[r][8 * b + k].d);
                 let (sum, offset) = sums[r];
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, ad), acc[r]);
                 acc[r] =
                     _mm256_fnmadd_ps(_mm256_cvtepi32_ps(offset), _mm256_mul_ps(dmin, ad), acc[r]);
-            }
+            });
         }
     }
     store8(acc)
@@ -157,7 +159,7 @@ pub(super) fn dot_q3k8<const R: usize, const V: u8>(w: &[Q3K8], a: [&[Act]; R]) 
             let m = _mm256_slli_epi16(sc, 2);
             let sums =
                 part_sums::<R, V>(&unpack3(&part.q, &part.h), sc, m, blocks_at(a, 8 * b + k));
-            for r in 0..R {
+            each_row!(R, r => {
                 let (sum, offset) = sums[r];
                 let scale = _mm256_mul_ps(d, _mm256_set1_ps(a[r][8 * b + k].d));
                 acc[r] = _mm256_fmadd_ps(
@@ -165,7 +167,7 @@ pub(super) fn dot_q3k8<const R: usize, const V: u8>(w: &[Q3K8], a: [&[Act]; R]) 
                     scale,
                     acc[r],
                 );
-            }
+            });
         }
     }
     store8(acc)

@@ -95,10 +95,10 @@ pub(super) fn dot_halves8<const R: usize, const BF16: bool>(
         });
         for j in (0..HALF_COLS).step_by(2) {
             let (w0, w1) = (column(block, j), column(block, j + 1));
-            for r in 0..R {
+            super::avx2::each_row!(R, r => {
                 even[r] = _mm256_fmadd_ps(w0, _mm256_set1_ps(x[r][j]), even[r]);
                 odd[r] = _mm256_fmadd_ps(w1, _mm256_set1_ps(x[r][j + 1]), odd[r]);
-            }
+            });
         }
     }
     std::array::from_fn(|r| {
