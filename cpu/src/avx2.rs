@@ -190,10 +190,10 @@ pub(super) fn blocks_at<'a, T, const R: usize>(a: [&'a [T]; R], i: usize) -> [&'
 #[target_feature(enable = "avx")]
 pub(super) fn store8<const R: usize>(acc: [__m256; R]) -> [[f32; 8]; R] {
     let mut out = [[0f32; 8]; R];
-    for r in 0..R {
+    each_row!(R, r => {
         // SAFETY: 8 floats; unaligned store.
         unsafe { _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r]) };
-    }
+    });
     out
 }
 
@@ -342,7 +342,7 @@ pub(super) fn dot_q6k8<const R: usize, const V: u8>(w: &[Q6K8], a: [&[Act]; R]) 
                 _mm256_srai_epi32(pair, 16),
             );
             let q = unpack6(&part.ql, &part.qh);
-            for r in 0..R {
+            each_row!(R, r => {
                 let ab = &a[r][8 * b + k];
                 let sum = if V != NO_VNNI {
                     _mm256_add_epi32(
@@ -368,7 +368,7 @@ pub(super) fn dot_q6k8<const R: usize, const V: u8>(w: &[Q6K8], a: [&[Act]; R]) 
                 let sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(centre, 5));
                 let scale = _mm256_mul_ps(d, _mm256_set1_ps(ab.d));
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc[r]);
-            }
+            });
         }
     }
     store8(acc)

@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{act_bytes, blocks_at, f16x8, store8, unpack8};
+use super::avx2::{act_bytes, blocks_at, each_row, f16x8, store8, unpack8};
 use super::blocks::Act;
 use super::iq4::{IQ4_VALUES, Iq4Nl8, Iq4Xs8};
 use super::q8::Bytes8;
@@ -50,15 +50,15 @@ pub(super) fn dot_bytes8<const R: usize, const V: u8>(
             // SAFETY: 32 bytes; unaligned load.
             let q = unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) };
             let magnitude = _mm256_sign_epi8(q, q);
-            for r in 0..R {
+            each_row!(R, r => {
                 let signed = _mm256_sign_epi8(act_bytes(&a[r][b], c), q);
                 sums[r] = signed_quads::<V>(sums[r], magnitude, signed);
-            }
+            });
         }
-        for r in 0..R {
+        each_row!(R, r => {
             let scale = _mm256_mul_ps(d, _mm256_set1_ps(a[r][b].d));
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), scale, acc[r]);
-        }
+        });
     }
     store8(acc)
 }
@@ -86,19 +86,19 @@ fn bytes8_vnni<const R: usize, const V: u8>(w: &[Bytes8], a: [&[Act]; R]) -> [[f
                 )
             };
             let (q0, q1) = (_mm256_xor_si256(q0, flip), _mm256_xor_si256(q1, flip));
-            for r in 0..R {
+            each_row!(R, r => {
                 even[r] = vnni::<V>(even[r], q0, act_bytes(&a[r][b], c));
                 odd[r] = vnni::<V>(odd[r], q1, act_bytes(&a[r][b], c + 1));
-            }
+            });
         }
         let d = f16x8(&g.d);
-        for r in 0..R {
+        each_row!(R, r => {
             let act = &a[r][b];
             let offset = _mm256_set1_epi32(128 * (act.sums[0] as i32 + act.sums[1] as i32));
             let sum = _mm256_sub_epi32(_mm256_add_epi32(even[r], odd[r]), offset);
             let scale = _mm256_mul_ps(d, _mm256_set1_ps(act.d));
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc[r]);
-        }
+        });
     }
     store8(acc)
 }
@@ -119,10 +119,10 @@ fn iq4_sums<const R: usize, const V: u8>(packed: &[[u8; 32]; 4], acts: [&Act; R]
     let mut sums = [_mm256_setzero_si256(); R];
     for (k, v) in values.iter().enumerate() {
         let magnitude = _mm256_sign_epi8(*v, *v);
-        for r in 0..R {
+        each_row!(R, r => {
             let signed = _mm256_sign_epi8(act_bytes(acts[r], k), *v);
             sums[r] = signed_quads::<V>(sums[r], magnitude, signed);
-        }
+        });
     }
     sums
 }
@@ -141,10 +141,10 @@ pub(super) fn dot_iq4nl8<const R: usize, const V: u8>(
     for (b, g) in w.iter().enumerate() {
         let d = f16x8(&g.d);
         let sums = iq4_sums::<R, V>(&g.qs, blocks_at(a, b));
-        for r in 0..R {
+        each_row!(R, r => {
             let scale = _mm256_mul_ps(d, _mm256_set1_ps(a[r][b].d));
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), scale, acc[r]);
-        }
+        });
     }
     store8(acc)
 }
@@ -169,10 +169,10 @@ pub(super) fn dot_iq4xs8<const R: usize, const V: u8>(
             let sc = unsafe { _mm_loadl_epi64(part.sc.as_ptr().cast()) };
             let scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
             let sums = iq4_sums::<R, V>(&part.qs, blocks_at(a, 8 * b + j));
-            for r in 0..R {
+            each_row!(R, r => {
                 let s = _mm256_mul_ps(scale, _mm256_set1_ps(a[r][8 * b + j].d));
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), s, acc[r]);
-            }
+            });
         }
     }
     store8(acc)
