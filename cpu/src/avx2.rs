@@ -178,7 +178,7 @@ fn unpack5(p: &Packed5) -> [__m256i; 8] {
 /// the kernel's target features (a call per block, vectors through memory: Q2_K/Q3_K prefill
 /// ran at a fifth of its speed so).
 #[inline(always)]
-pub(super) fn blocks_at<'a, T, const R: usize>(a: [&'a [T]; R], i: usize) -> [&'a T; R] {
+pub(super) fn blocks_at<T, const R: usize>(a: [&[T]; R], i: usize) -> [&T; R] {
     let mut out = [&a[0][i]; R];
     for r in 1..R {
         out[r] = &a[r][i];

@@ -3,9 +3,10 @@
 
 use std::sync::OnceLock;
 
+use super::bf16::{PAIRS, dot_bf16x8_scalar};
 use super::blocks::{Act, Nibbles8, dot_nibbles8_scalar};
 use super::fives::{Fives8, dot_fives8_scalar};
-use super::halves::{HALF_COLS, Halves8, dot_halves8_scalar};
+use super::halves::{Bf16x8, F16x8, HALF_COLS, dot_f16x8_scalar};
 use super::iq4::{Iq4Nl8, Iq4Xs8, dot_iq4nl8_scalar, dot_iq4xs8_scalar};
 use super::q4k::{Q4K8, dot_q4k8_scalar};
 use super::q5k::{Q5K8, dot_q5k8_scalar};
@@ -36,8 +37,18 @@ pub enum Vnni {
     /// accumulators and unpacked weights without spilling (1.1-1.5x the 64-row GMAC/s of the
     /// same kernels on 16 registers, Zen 4). Intel Xeons since Cascade Lake, AMD since Zen 4.
     Avx512,
+    /// As `Avx512`, and AVX512-BF16's `vdpbf16ps` for BF16 weights (two products of 16-bit
+    /// floats added into each f32 lane): Intel since Cooper Lake, AMD since Zen 4.
+    Avx512Bf16,
     /// AVX-VNNI's: Intel since Alder Lake, AMD since Zen 5.
     Avx,
+}
+
+impl Vnni {
+    /// Whether the kernels are compiled with AVX-512 on (F, VL, BW and VNNI: 32 registers).
+    pub fn avx512(self) -> bool {
+        matches!(self, Vnni::Avx512 | Vnni::Avx512Bf16)
+    }
 }
 
 impl Isa {
@@ -67,6 +78,11 @@ impl Isa {
                 && is_x86_feature_detected!("avx512vnni")
             {
                 all.push(Isa::Avx2 { vnni: Vnni::Avx512 });
+                if is_x86_feature_detected!("avx512bf16") {
+                    all.push(Isa::Avx2 {
+                        vnni: Vnni::Avx512Bf16,
+                    });
+                }
             }
         }
         all
@@ -136,7 +152,9 @@ macro_rules! group_block {
                     #[cfg(target_arch = "x86_64")]
                     Isa::Avx2 { vnni: Vnni::Avx } => unsafe { avx2::<R, VNNI_VEX>(w, a) },
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 { vnni: Vnni::Avx512 } => unsafe { avx512::<R, VNNI_EVEX>(w, a) },
+                    Isa::Avx2 {
+                        vnni: Vnni::Avx512 | Vnni::Avx512Bf16,
+                    } => unsafe { avx512::<R, VNNI_EVEX>(w, a) },
                     Isa::Scalar => a.map(|row| $scalar(w, row)),
                 }
             }
@@ -160,8 +178,8 @@ group_block!(Iq4Xs8, 256, dot_iq4xs8, dot_iq4xs8_scalar);
 group_block!(Q2K8, 256, dot_q2k8, dot_q2k8_scalar, true);
 group_block!(Q3K8, 256, dot_q3k8, dot_q3k8_scalar);
 
-/// F16 and BF16 weights, multiplied by f32 activations (one kernel whatever the VNNI).
-impl<const BF16: bool> GroupBlock for Halves8<BF16> {
+/// F16 weights, multiplied by f32 activations (one kernel whatever the VNNI).
+impl GroupBlock for F16x8 {
     const WEIGHTS: usize = HALF_COLS;
     const TILE8: bool = true;
     type Act = f32;
@@ -171,25 +189,60 @@ impl<const BF16: bool> GroupBlock for Halves8<BF16> {
         // The kernel compiled with AVX-512 on, as `Vnni::Avx512`'s (its 32 registers).
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-        fn avx512<const R: usize, const BF16: bool>(
-            w: &[Halves8<BF16>],
-            a: [&[f32]; R],
-        ) -> [[f32; 8]; R] {
-            super::halves::dot_halves8::<R, BF16>(w, a)
+        fn avx512<const R: usize>(w: &[F16x8], a: [&[f32]; R]) -> [[f32; 8]; R] {
+            super::halves::dot_f16x8::<R>(w, a)
         }
         match isa {
             // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C, and with
-            // `Vnni::Avx512` only when it also has AVX-512 F, VL, BW and VNNI.
+            // `Vnni::Avx512*` only when it also has AVX-512 F, VL, BW and VNNI.
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 { vnni: Vnni::Avx512 } => unsafe { avx512::<R, BF16>(w, a) },
+            Isa::Avx2 { vnni } if vnni.avx512() => unsafe { avx512::<R>(w, a) },
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 { .. } => unsafe { super::halves::dot_halves8::<R, BF16>(w, a) },
-            Isa::Scalar => a.map(|row| dot_halves8_scalar(w, row)),
+            Isa::Avx2 { .. } => unsafe { super::halves::dot_f16x8::<R>(w, a) },
+            Isa::Scalar => a.map(|row| dot_f16x8_scalar(w, row)),
         }
     }
 
     fn weight(&self, r: usize, i: usize) -> f32 {
-        Halves8::weight(self, r, i)
+        F16x8::weight(self, r, i)
+    }
+}
+
+/// BF16 weights, multiplied by activations rounded to BF16 (pairs of them in a `u32`).
+impl GroupBlock for Bf16x8 {
+    const WEIGHTS: usize = HALF_COLS;
+    const TILE8: bool = true;
+    type Act = u32;
+    const ACT_COLS: usize = 2;
+
+    fn dot_group<const R: usize>(isa: Isa, w: &[Self], a: [&[u32]; R]) -> [[f32; 8]; R] {
+        // The widening kernel compiled with AVX-512 on (its 32 registers).
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+        fn avx512<const R: usize>(w: &[Bf16x8], a: [&[u32]; R]) -> [[f32; 8]; R] {
+            super::bf16::dot_bf16x8::<R>(w, a)
+        }
+        for row in a {
+            assert_eq!(row.len(), w.len() * PAIRS);
+        }
+        match isa {
+            // SAFETY: `Vnni::Avx512Bf16` exists only when the CPU has AVX-512 F, VL, BW, VNNI
+            // and BF16 (and AVX2 and FMA); `Vnni::Avx512` without BF16; `Isa::Avx2` only when
+            // it has AVX2, FMA and F16C.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 {
+                vnni: Vnni::Avx512Bf16,
+            } => unsafe { super::bf16::dot_bf16x8_dp::<R>(w, a) },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 { vnni: Vnni::Avx512 } => unsafe { avx512::<R>(w, a) },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 { .. } => unsafe { super::bf16::dot_bf16x8::<R>(w, a) },
+            Isa::Scalar => a.map(|row| dot_bf16x8_scalar(w, row)),
+        }
+    }
+
+    fn weight(&self, r: usize, i: usize) -> f32 {
+        Bf16x8::weight(self, r, i)
     }
 }
 
@@ -208,7 +261,7 @@ pub fn act_run(row_bytes: usize) -> usize {
 pub fn widest_tile<B: GroupBlock>(isa: Isa) -> usize {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 { vnni: Vnni::Avx512 } if B::TILE8 => 8,
+        Isa::Avx2 { vnni } if vnni.avx512() && B::TILE8 => 8,
         _ => 4,
     }
 }

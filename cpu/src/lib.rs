@@ -10,8 +10,9 @@
 //! - [`kernels`]: the choice between them, over a range of weight groups;
 //! - [`iq4`]: IQ4_NL and IQ4_XS (a 4-bit code picks one of 16 values), interleaved likewise;
 //! - [`q23k`]: Q2_K and Q3_K (16-weight sub-blocks), interleaved likewise (`avx2_low`);
-//! - [`halves`]: F16 and BF16 weights, interleaved likewise, multiplied by f32 activations (their
-//!   own AVX2 kernel);
+//! - [`halves`]: F16 and BF16 weights, interleaved likewise, F16 multiplied by f32 activations
+//!   (its own AVX2 kernel), BF16 by activations rounded to BF16 ([`bf16`]: `vdpbf16ps` where
+//!   the CPU has AVX512-BF16);
 //! - [`activations`] (and `avx2_math`): the gated MLPs' SiLU and GELU-tanh, vectorized;
 //! - [`attend`]: the two products of paged attention (scores and the weighted sum of V rows),
 //!   vectorized;
@@ -32,6 +33,7 @@ mod avx2_math;
 mod avx2_quantize;
 #[cfg(target_arch = "x86_64")]
 mod avx2_signed;
+pub mod bf16;
 pub mod blocks;
 pub mod exp;
 pub mod fives;

@@ -5,6 +5,7 @@ use std::borrow::Cow;
 
 use candle_core::quantized::GgmlDType;
 
+use super::bf16::bf16_pairs;
 use super::blocks::{BLOCK, Nibbles, Nibbles8, quantize_row_with};
 use super::fives::{Five, Fives8};
 use super::halves::{Bf16x8, F16x8, HALF_COLS};
@@ -47,13 +48,19 @@ enum Blocks {
     Bf16(Vec<Bf16x8>),
 }
 
-/// `$body` with `$w` bound to the interleaved blocks of `$blocks`, whatever their format; with a
-/// second body, that one for the 16-bit float formats.
+/// `$body` with `$w` bound to the interleaved blocks of `$blocks`, whatever their format; with
+/// `floats => $float`, that instead for the 16-bit float formats.
 macro_rules! each_format {
     ($blocks:expr, $w:ident => $body:expr) => {
-        each_format!($blocks, $w => $body, $body)
+        each_format!(@quantized $blocks, $w => $body,
+            Blocks::F16($w) => $body,
+            Blocks::Bf16($w) => $body,
+        )
     };
-    ($blocks:expr, $w:ident => $body:expr, $float:expr) => {
+    ($blocks:expr, $w:ident => $body:expr, floats => $float:expr) => {
+        each_format!(@quantized $blocks, $w => $body, Blocks::F16(_) | Blocks::Bf16(_) => $float,)
+    };
+    (@quantized $blocks:expr, $w:ident => $body:expr, $($floats:tt)*) => {
         match $blocks {
             Blocks::Nibbles8($w) => $body,
             Blocks::Fives8($w) => $body,
@@ -65,8 +72,7 @@ macro_rules! each_format {
             Blocks::Iq4Xs8($w) => $body,
             Blocks::Q2K8($w) => $body,
             Blocks::Q3K8($w) => $body,
-            Blocks::F16($w) => $float,
-            Blocks::Bf16($w) => $float,
+            $($floats)*
         }
     };
 }
@@ -223,12 +229,19 @@ impl QLinear {
     /// [`QLinear::matmul`] with the given kernels and team (tests compare them).
     pub fn matmul_with(&self, isa: Isa, team: &Team, x: &[f32], m: usize) -> Vec<f32> {
         assert_eq!(x.len(), m * self.cols, "input is not [m, cols]");
-        // `cols` is a multiple of 32: no block spans two rows. (16-bit float weights take the
-        // activations as they are.)
-        let mut acts = Vec::new();
-        if !matches!(self.blocks, Blocks::F16(_) | Blocks::Bf16(_)) {
-            acts.reserve(x.len() / BLOCK);
-            quantize_row_with(isa, x, &mut acts);
+        // `cols` is a multiple of 32: no block spans two rows. F16 weights take the activations
+        // as they are, BF16 ones rounded to BF16, the rest quantized to 8 bits.
+        let (mut acts, mut pairs) = (Vec::new(), Vec::new());
+        match self.blocks {
+            Blocks::F16(_) => {}
+            Blocks::Bf16(_) => {
+                pairs.reserve(x.len() / 2);
+                bf16_pairs(x, &mut pairs);
+            }
+            _ => {
+                acts.reserve(x.len() / BLOCK);
+                quantize_row_with(isa, x, &mut acts);
+            }
         }
         let mut out = vec![0f32; m * self.rows];
         let dst = Out(out.as_mut_ptr());
@@ -244,11 +257,15 @@ impl QLinear {
                     unsafe { dst.write(i * rows + r, v) };
                 }
             };
-            each_format!(
-                &self.blocks,
-                w => dot_groups(isa, w, &acts, cols, share, store),
-                dot_groups(isa, w, x, cols, share, store)
-            )
+            match &self.blocks {
+                Blocks::F16(w) => dot_groups(isa, w, x, cols, share, store),
+                Blocks::Bf16(w) => dot_groups(isa, w, &pairs, cols, share, store),
+                other => each_format!(
+                    other,
+                    w => dot_groups(isa, w, &acts, cols, share, store),
+                    floats => unreachable!("16-bit floats are matched above")
+                ),
+            }
         };
         team.run(&job);
         out

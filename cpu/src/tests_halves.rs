@@ -1,5 +1,6 @@
 //! F16 and BF16 weights: the interleaved blocks hold the GGUF values, and every kernel multiplies
-//! them by the activations as they are (f32, not quantized to 8 bits).
+//! them by the activations as they are (F16: f32, not quantized to 8 bits) or rounded to BF16
+//! (BF16 weights, as llama.cpp multiplies them).
 
 use candle_core::quantized::GgmlDType;
 use half::{bf16, f16};
@@ -27,6 +28,15 @@ fn random_halves(dtype: GgmlDType, rows: usize, cols: usize, seed: u64) -> (Vec<
     (bytes, values)
 }
 
+/// `x` as the kernels multiply `dtype`'s weights by it: as it is for F16, rounded to BF16 for
+/// BF16.
+fn as_multiplied(dtype: GgmlDType, x: &[f32]) -> Vec<f32> {
+    match dtype {
+        GgmlDType::BF16 => x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect(),
+        _ => x.to_vec(),
+    }
+}
+
 /// `x W^T` in f64.
 fn exact(w: &[f64], x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     x.chunks_exact(cols)
@@ -40,7 +50,9 @@ fn exact(w: &[f64], x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 }
 
 /// Every ISA and team size, every tile mix (1 to 7 activation rows), a last group padded to 8
-/// rows and whole groups: within f32 rounding of the f64 product of the file's values.
+/// rows and whole groups: within f32 rounding of the f64 product of the file's values and the
+/// activations as multiplied (BF16-rounded for BF16 weights: then within BF16's rounding, 2^-9
+/// of each activation, of the product of the activations as they are).
 #[test]
 fn every_isa_multiplies_16_bit_floats_without_quantizing_the_activations() {
     for dtype in [GgmlDType::F16, GgmlDType::BF16] {
@@ -54,13 +66,19 @@ fn every_isa_multiplies_16_bit_floats_without_quantizing_the_activations() {
             );
             for m in 1..=15 {
                 let x = random_input(m * cols, 20 + m as u64);
-                let want = exact(&values, &x, rows, cols);
+                let want = exact(&values, &as_multiplied(dtype, &x), rows, cols);
+                let unrounded = exact(&values, &x, rows, cols);
                 for isa in Isa::available() {
                     for size in [1, 2, 3] {
                         let got = layer.matmul_with(isa, &Team::new(size), &x, m);
                         let diff = max_rel_diff(&got, &want);
                         // (8-bit activations would be ~1e-2 off.)
                         assert!(diff < 1e-5, "{dtype:?} {rows}x{cols} {isa:?} m={m}: {diff}");
+                        let diff = max_rel_diff(&got, &unrounded);
+                        assert!(
+                            diff < 4e-3,
+                            "{dtype:?} {isa:?} m={m}: {diff} from f32 inputs"
+                        );
                     }
                 }
             }
@@ -74,7 +92,7 @@ fn every_isa_multiplies_16_bit_floats_without_quantizing_the_activations() {
 fn bf16_and_f16_bytes_are_read_as_their_own_type() {
     let (bytes, values) = random_halves(GgmlDType::BF16, 8, 32, 5);
     let x = random_input(32, 6);
-    let want = exact(&values, &x, 8, 32);
+    let want = exact(&values, &as_multiplied(GgmlDType::BF16, &x), 8, 32);
     let as_bf16 = QLinear::from_gguf(GgmlDType::BF16, &bytes, 8, 32).unwrap();
     let as_f16 = QLinear::from_gguf(GgmlDType::F16, &bytes, 8, 32).unwrap();
     for isa in Isa::available() {
@@ -111,4 +129,14 @@ fn stacked_and_looked_up_16_bit_rows_are_the_files() {
         .map(|&v| v as f64)
         .collect();
     assert_eq!(rows, [&kv[64..128], &qv[..64]].concat());
+}
+
+/// The activations' BF16 pairs: the first value in the low half, each rounded to nearest, ties
+/// to even.
+#[test]
+fn activations_pair_up_rounded_to_bf16() {
+    let x = [1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, -3.5, f32::INFINITY];
+    let mut pairs = Vec::new();
+    crate::bf16::bf16_pairs(&x, &mut pairs);
+    assert_eq!(pairs, [0x3F82_3F80, 0x7F80_C060]);
 }
