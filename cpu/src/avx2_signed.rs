@@ -106,17 +106,44 @@ fn bytes8_vnni<const R: usize, const V: u8>(w: &[Bytes8], a: [&[Act]; R]) -> [[f
 /// The integer dot products of one interleaved IQ4 block of 8 rows (`packed`) with each
 /// activation block of `acts`, one 32-bit lane a weight row: the codes become their signed values
 /// by a `vpshufb` lookup, then as [`dot_bytes8`] (magnitudes times the activations carrying the
-/// values' signs).
+/// values' signs). With `V`'s `vpdpbusd`, the lookup gives the values plus 128 (unsigned bytes),
+/// multiplied by the activations as they are, and `128 Σ a` comes off each row's sum (as
+/// [`bytes8_vnni`]): no sign moves per activation row (IQ4_XS prefill 160-167 -> 207 GMAC/s on
+/// Zen 4).
 #[target_feature(enable = "avx2")]
 #[inline]
 fn iq4_sums<const R: usize, const V: u8>(packed: &[[u8; 32]; 4], acts: [&Act; R]) -> [__m256i; R] {
+    let mut sums = [_mm256_setzero_si256(); R];
+    if V != NO_VNNI {
+        let offset: [u8; 16] = std::array::from_fn(|i| (IQ4_VALUES[i] as i16 + 128) as u8);
+        // SAFETY: 16 bytes; unaligned load.
+        let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(offset.as_ptr().cast()) });
+        let mut values = unpack8(packed);
+        for v in &mut values {
+            *v = _mm256_shuffle_epi8(table, *v);
+        }
+        // Even and odd quads in separate arrays, so that consecutive `vpdpbusd` of a row do not
+        // wait on each other.
+        let mut odd = [_mm256_setzero_si256(); R];
+        for k in (0..8).step_by(2) {
+            each_row!(R, r => {
+                sums[r] = vnni::<V>(sums[r], values[k], act_bytes(acts[r], k));
+                odd[r] = vnni::<V>(odd[r], values[k + 1], act_bytes(acts[r], k + 1));
+            });
+        }
+        each_row!(R, r => {
+            let total = acts[r].sums[0] as i32 + acts[r].sums[1] as i32;
+            let both = _mm256_add_epi32(sums[r], odd[r]);
+            sums[r] = _mm256_sub_epi32(both, _mm256_set1_epi32(128 * total));
+        });
+        return sums;
+    }
     // SAFETY: 16 bytes; unaligned load.
     let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(IQ4_VALUES.as_ptr().cast()) });
     let mut values = unpack8(packed);
     for v in &mut values {
         *v = _mm256_shuffle_epi8(table, *v);
     }
-    let mut sums = [_mm256_setzero_si256(); R];
     for (k, v) in values.iter().enumerate() {
         let magnitude = _mm256_sign_epi8(*v, *v);
         each_row!(R, r => {
