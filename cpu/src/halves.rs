@@ -2,10 +2,9 @@
 //! by f32 activations as they are (no 8-bit quantization: the weights are already exact floats);
 //! BF16 weights by activations rounded to BF16 ([`super::bf16`], which lays out their blocks).
 //!
-//! An F16 block holds 32 columns of 8 rows, column after column: the 8 rows' weights of one column
-//! are 16 contiguous bytes, which one load converts to 8 f32 lanes (a lane a row). The kernel
-//! multiplies them by one activation broadcast to every lane, so each activation row needs one
-//! accumulator for the 8 rows, and one converted column serves every activation row of the tile.
+//! A block holds 32 columns of 8 rows, row after row. The kernels keep the columns in the lanes:
+//! 8 columns of a weight row (converted to f32) times the same 8 columns of an activation row,
+//! one accumulator for each pair of rows, summed across its lanes at the end.
 
 use half::{bf16, f16};
 
@@ -13,8 +12,8 @@ use half::{bf16, f16};
 pub const HALF_COLS: usize = 32;
 
 /// One block of 8 consecutive rows of 16-bit floats (`BF16`: bfloat16, else IEEE half): row
-/// `r`'s weight of column `j` is `bits[8 j + r]` (F16), or `bits[16 (j / 2) + 2 r + j % 2]`
-/// (BF16: column pairs, [`super::bf16`]).
+/// `r`'s weight of column `j` is `bits[32 r + j]` (row after row: a row's 8 consecutive columns
+/// are one 16-byte load).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Halves8<const BF16: bool> {
     /// The weights' bits, column-major.
@@ -38,35 +37,14 @@ impl<const BF16: bool> Halves8<BF16> {
         };
         (0..blocks)
             .map(|b| Halves8 {
-                bits: std::array::from_fn(|i| {
-                    let (r, j) = Self::place(i);
-                    at(r, b * HALF_COLS + j)
-                }),
+                bits: std::array::from_fn(|i| at(i / HALF_COLS, b * HALF_COLS + i % HALF_COLS)),
             })
             .collect()
     }
 
-    /// The row and column whose weight `bits[i]` holds.
-    fn place(i: usize) -> (usize, usize) {
-        if BF16 {
-            (i % 16 / 2, 2 * (i / 16) + i % 2)
-        } else {
-            (i % 8, i / 8)
-        }
-    }
-
-    /// Where row `r`'s weight of column `j` lies in `bits`.
-    fn index(r: usize, j: usize) -> usize {
-        if BF16 {
-            16 * (j / 2) + 2 * r + j % 2
-        } else {
-            8 * j + r
-        }
-    }
-
     /// Row `r`'s weight `j` (of the block's 32 columns).
     pub fn weight(&self, r: usize, j: usize) -> f32 {
-        let bits = self.bits[Self::index(r, j)];
+        let bits = self.bits[HALF_COLS * r + j];
         if BF16 {
             bf16::from_bits(bits).to_f32()
         } else {
@@ -86,39 +64,70 @@ pub fn dot_f16x8_scalar(w: &[F16x8], a: &[f32]) -> [f32; 8] {
     })
 }
 
-/// AVX2 kernel: the 8 F16 rows of `w` against `R` f32 activation rows. Each column's 8 weights are
-/// converted once (`vcvtph2ps`) and multiplied into every row's
-/// broadcast activation; even and odd columns go to separate accumulators so that consecutive
-/// FMAs do not wait on each other. [`super::kernels`] calls it only where AVX2, FMA and F16C are.
+/// AVX2 kernel: the 8 F16 rows of `w` against `R` f32 activation rows
+/// (4 at most, to stay in registers: [`super::kernels::GroupBlock::TILE8`] is off), `WR` weight
+/// rows at a time: per 8 columns, each of the `WR` rows' weights converted to f32 once and each
+/// activation row loaded once, `WR · R` FMAs into as many accumulators, summed across their lanes
+/// at the end. (Loads per FMA: `(WR + R) / (WR R)`. Columns across the rows' lanes, one broadcast
+/// activation a column, took 9 loads per 8 FMAs: the load ports bound it, F16 prefill 75-80
+/// GMAC/s against 86-103 so on Zen 4.) A decode row takes all 8 weight rows in one pass
+/// (`WR` = 8), which streams through the group's memory once.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) fn dot_f16x8<const R: usize>(w: &[F16x8], a: [&[f32]; R]) -> [[f32; 8]; R] {
+pub(super) fn dot_f16x8<const R: usize, const WR: usize>(
+    w: &[F16x8],
+    a: [&[f32]; R],
+) -> [[f32; 8]; R] {
+    use super::avx2::each_row;
     use std::arch::x86_64::*;
-    // Column `j`'s 8 weights as f32 lanes.
-    let column = |block: &F16x8, j: usize| {
-        // SAFETY: 16 bytes, column `j`'s 8 weights (`8 j + 8 <= 256`); unaligned load.
-        _mm256_cvtph_ps(unsafe { _mm_loadu_si128(block.bits.as_ptr().add(8 * j).cast()) })
-    };
-    let (mut even, mut odd) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
-    for (b, block) in w.iter().enumerate() {
-        let x: [&[f32; HALF_COLS]; R] = std::array::from_fn(|r| {
-            a[r][b * HALF_COLS..(b + 1) * HALF_COLS]
-                .try_into()
-                .expect("a row of whole blocks")
-        });
-        for j in (0..HALF_COLS).step_by(2) {
-            let (w0, w1) = (column(block, j), column(block, j + 1));
-            super::avx2::each_row!(R, r => {
-                even[r] = _mm256_fmadd_ps(w0, _mm256_set1_ps(x[r][j]), even[r]);
-                odd[r] = _mm256_fmadd_ps(w1, _mm256_set1_ps(x[r][j + 1]), odd[r]);
-            });
-        }
+    const { assert!(8 % WR == 0) };
+    for row in a {
+        assert_eq!(row.len(), w.len() * HALF_COLS);
     }
-    std::array::from_fn(|r| {
-        let mut out = [0f32; 8];
-        // SAFETY: 8 floats; unaligned store.
-        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(even[r], odd[r])) };
-        out
-    })
+    let mut out = [[0f32; 8]; R];
+    for first in (0..8).step_by(WR) {
+        let mut acc = [[_mm256_setzero_ps(); R]; WR];
+        for (b, block) in w.iter().enumerate() {
+            // (Not `from_fn`: see `blocks_at` in `avx2.rs`.)
+            let mut x = [&a[0][..0]; R];
+            each_row!(R, r => {
+                x[r] = &a[r][b * HALF_COLS..][..HALF_COLS];
+            });
+            for c in (0..HALF_COLS).step_by(8) {
+                let mut xs = [_mm256_setzero_ps(); R];
+                // SAFETY: 8 floats of the row's block (`c + 8 <= 32`); unaligned load.
+                each_row!(R, r => {
+                    xs[r] = unsafe { _mm256_loadu_ps(x[r].as_ptr().add(c)) };
+                });
+                each_row!(WR, i => {
+                    let at = HALF_COLS * (first + i) + c;
+                    // SAFETY: 8 weights of row `first + i` (`at + 8 <= 256`); unaligned load.
+                    let wv = _mm256_cvtph_ps(unsafe {
+                        _mm_loadu_si128(block.bits.as_ptr().add(at).cast())
+                    });
+                    each_row!(R, r => {
+                        acc[i][r] = _mm256_fmadd_ps(wv, xs[r], acc[i][r]);
+                    });
+                });
+            }
+        }
+        each_row!(WR, i => {
+            each_row!(R, r => {
+                out[r][first + i] = hsum8(acc[i][r]);
+            });
+        });
+    }
+    out
+}
+
+/// The sum of the 8 lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+#[inline]
+pub(super) fn hsum8(v: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+    _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)))
 }

@@ -3,7 +3,7 @@
 
 use std::sync::OnceLock;
 
-use super::bf16::{PAIRS, dot_bf16x8_scalar};
+use super::bf16::dot_bf16x8_scalar;
 use super::blocks::{Act, Nibbles8, dot_nibbles8_scalar};
 use super::fives::{Fives8, dot_fives8_scalar};
 use super::halves::{Bf16x8, F16x8, HALF_COLS, dot_f16x8_scalar};
@@ -178,10 +178,11 @@ group_block!(Iq4Xs8, 256, dot_iq4xs8, dot_iq4xs8_scalar);
 group_block!(Q2K8, 256, dot_q2k8, dot_q2k8_scalar, true);
 group_block!(Q3K8, 256, dot_q3k8, dot_q3k8_scalar);
 
-/// F16 weights, multiplied by f32 activations (one kernel whatever the VNNI).
+/// F16 weights, multiplied by f32 activations (one kernel whatever the VNNI): a decode row against
+/// all 8 weight rows in one pass (one stream through the group's memory), more rows 4 weight rows
+/// at a time with AVX-512's 32 registers, else 2.
 impl GroupBlock for F16x8 {
     const WEIGHTS: usize = HALF_COLS;
-    const TILE8: bool = true;
     type Act = f32;
     const ACT_COLS: usize = 1;
 
@@ -190,7 +191,18 @@ impl GroupBlock for F16x8 {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
         fn avx512<const R: usize>(w: &[F16x8], a: [&[f32]; R]) -> [[f32; 8]; R] {
-            super::halves::dot_f16x8::<R>(w, a)
+            match R {
+                1 => super::halves::dot_f16x8::<R, 8>(w, a),
+                _ => super::halves::dot_f16x8::<R, 4>(w, a),
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn avx2<const R: usize>(w: &[F16x8], a: [&[f32]; R]) -> [[f32; 8]; R] {
+            match R {
+                1 => super::halves::dot_f16x8::<R, 8>(w, a),
+                _ => super::halves::dot_f16x8::<R, 2>(w, a),
+            }
         }
         match isa {
             // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2, FMA and F16C, and with
@@ -198,7 +210,7 @@ impl GroupBlock for F16x8 {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 { vnni } if vnni.avx512() => unsafe { avx512::<R>(w, a) },
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 { .. } => unsafe { super::halves::dot_f16x8::<R>(w, a) },
+            Isa::Avx2 { .. } => unsafe { avx2::<R>(w, a) },
             Isa::Scalar => a.map(|row| dot_f16x8_scalar(w, row)),
         }
     }
@@ -208,35 +220,50 @@ impl GroupBlock for F16x8 {
     }
 }
 
-/// BF16 weights, multiplied by activations rounded to BF16 (pairs of them in a `u32`).
+/// BF16 weights, multiplied by activations rounded to BF16 (pairs of them in a `u32`): with
+/// AVX512-BF16's `vdpbf16ps`, else widened to f32; weight rows a pass as for F16.
 impl GroupBlock for Bf16x8 {
     const WEIGHTS: usize = HALF_COLS;
-    const TILE8: bool = true;
     type Act = u32;
     const ACT_COLS: usize = 2;
 
     fn dot_group<const R: usize>(isa: Isa, w: &[Self], a: [&[u32]; R]) -> [[f32; 8]; R] {
-        // The widening kernel compiled with AVX-512 on (its 32 registers).
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni,avx512bf16")]
+        fn dp<const R: usize>(w: &[Bf16x8], a: [&[u32]; R]) -> [[f32; 8]; R] {
+            match R {
+                1 => super::bf16::dot_bf16x8_dp::<R, 8>(w, a),
+                _ => super::bf16::dot_bf16x8_dp::<R, 4>(w, a),
+            }
+        }
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
         fn avx512<const R: usize>(w: &[Bf16x8], a: [&[u32]; R]) -> [[f32; 8]; R] {
-            super::bf16::dot_bf16x8::<R>(w, a)
+            match R {
+                1 => super::bf16::dot_bf16x8::<R, 8>(w, a),
+                _ => super::bf16::dot_bf16x8::<R, 4>(w, a),
+            }
         }
-        for row in a {
-            assert_eq!(row.len(), w.len() * PAIRS);
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn avx2<const R: usize>(w: &[Bf16x8], a: [&[u32]; R]) -> [[f32; 8]; R] {
+            match R {
+                1 => super::bf16::dot_bf16x8::<R, 8>(w, a),
+                _ => super::bf16::dot_bf16x8::<R, 2>(w, a),
+            }
         }
         match isa {
             // SAFETY: `Vnni::Avx512Bf16` exists only when the CPU has AVX-512 F, VL, BW, VNNI
-            // and BF16 (and AVX2 and FMA); `Vnni::Avx512` without BF16; `Isa::Avx2` only when
-            // it has AVX2, FMA and F16C.
+            // and BF16 (and AVX2, FMA and F16C); `Vnni::Avx512` without BF16; `Isa::Avx2` only
+            // when it has AVX2, FMA and F16C.
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 {
                 vnni: Vnni::Avx512Bf16,
-            } => unsafe { super::bf16::dot_bf16x8_dp::<R>(w, a) },
+            } => unsafe { dp::<R>(w, a) },
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 { vnni: Vnni::Avx512 } => unsafe { avx512::<R>(w, a) },
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 { .. } => unsafe { super::bf16::dot_bf16x8::<R>(w, a) },
+            Isa::Avx2 { .. } => unsafe { avx2::<R>(w, a) },
             Isa::Scalar => a.map(|row| dot_bf16x8_scalar(w, row)),
         }
     }
