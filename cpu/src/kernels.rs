@@ -103,9 +103,10 @@ pub trait GroupBlock: Copy + Send + Sync {
     /// Row `r`'s weight `i` (of [`GroupBlock::WEIGHTS`]) in this block, as GGML dequantizes it.
     fn weight(&self, r: usize, i: usize) -> f32;
     /// Whether 8 activation rows a call beat 4 with AVX-512's 32 registers: a block's unpacking
-    /// (or conversion) then serves twice the rows. Measured on Zen 4 (64-row GMAC/s, best of 3
-    /// runs of the `bandwidth` test each way): F16/BF16 +5-10%, Q5_K +8%, Q2_K +9%; Q4_K, Q6_K
-    /// and IQ4_XS alike; Q4_0 to Q8_0 and IQ4_NL 7-22% slower, Q3_K 24%.
+    /// (or conversion) then serves twice the rows. Measured on Zen 4 (64-row GMAC/s, the
+    /// `bandwidth` test, builds alternated), with the row loops written out (`each_row!`): Q5_K,
+    /// Q2_K and Q6_K faster (Q6_K 158-160 -> 168-171); Q4_0 to Q5_1 and Q4_K 10-20% slower,
+    /// Q3_K 12%, IQ4 alike. (F16 and BF16 keep the columns in the lanes: their tiles stay at 4.)
     const TILE8: bool = false;
 }
 
@@ -171,7 +172,7 @@ group_block!(Fives8, 32, dot_fives8, dot_fives8_scalar);
 group_block!(Bytes8, 32, dot_bytes8, dot_bytes8_scalar);
 group_block!(Q4K8, 256, dot_q4k8, dot_q4k8_scalar);
 group_block!(Q5K8, 256, dot_q5k8, dot_q5k8_scalar, true);
-group_block!(Q6K8, 256, dot_q6k8, dot_q6k8_scalar);
+group_block!(Q6K8, 256, dot_q6k8, dot_q6k8_scalar, true);
 group_block!(Iq4Nl8, 32, dot_iq4nl8, dot_iq4nl8_scalar);
 group_block!(Iq4Xs8, 256, dot_iq4xs8, dot_iq4xs8_scalar);
 
