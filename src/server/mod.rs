@@ -15,6 +15,7 @@ pub mod reasoning;
 pub mod responses;
 pub mod responses_api;
 pub mod routes;
+pub mod sse;
 pub mod structured;
 pub mod tools;
 pub mod unsupported;

@@ -9,8 +9,9 @@ use serde_json::Value;
 
 use super::AppState;
 use super::error::ApiError;
-use super::generate::{Endpoint, Prompt, PromptOut, ResolvedRequest, respond_json, respond_sse};
+use super::generate::{Endpoint, Prompt, PromptOut, ResolvedRequest, respond_json};
 use super::protocol::{ChatRequest, CompletionRequest, PromptInput, Role, SamplingFields};
+use super::sse::respond_sse;
 use super::{structured, tools, unsupported};
 use crate::request::{MAX_LOGPROBS, check_num_seqs};
 

@@ -26,6 +26,7 @@ use super::generate::{self, ChoiceEvent, ResolvedRequest};
 use super::metrics::RequestTimer;
 use super::protocol::SAMPLING_EXTENSIONS;
 use super::routes::{self, ApiJson};
+use super::sse;
 use crate::engine::handle::StreamEvent;
 use error::AnthropicError;
 use events::EventWriter;
@@ -67,7 +68,7 @@ pub async fn create(
         let events = generate::submit_all(&state, &job).await?;
         let writer = EventWriter::new(job.model.clone(), input_tokens);
         let (tx, rx) = mpsc::channel::<Event>(64);
-        let response = generate::sse_response(&state, rx);
+        let response = sse::sse_response(&state, rx);
         tokio::spawn(send_events(state, job, events, writer, tx));
         return Ok(response);
     }
@@ -116,7 +117,7 @@ async fn send_events(
     mut writer: EventWriter,
     tx: mpsc::Sender<Event>,
 ) {
-    let send = |batch: Vec<Value>| generate::send_typed(&tx, batch);
+    let send = |batch: Vec<Value>| sse::send_typed(&tx, batch);
     if !send(writer.start()).await {
         return;
     }
@@ -165,12 +166,12 @@ async fn send_events(
             }
             Err(false) => {
                 // The client left: its sequence is aborted when `events` drops.
-                generate::count_aborted(&state, &[false]);
+                sse::count_aborted(&state, &[false]);
                 return;
             }
         };
         if !send(batch).await {
-            generate::count_aborted(&state, &[last]);
+            sse::count_aborted(&state, &[last]);
             return;
         }
         if last {

@@ -28,6 +28,7 @@ use super::generate::{self, ChoiceEvent, ResolvedRequest};
 use super::metrics::RequestTimer;
 use super::protocol::SAMPLING_EXTENSIONS;
 use super::routes::{self, ApiJson};
+use super::sse;
 use crate::engine::handle::StreamEvent;
 use events::EventWriter;
 use output::{ResponseObject, ResponseUsage};
@@ -151,7 +152,7 @@ async fn respond_sse(
 ) -> Result<Response, ApiError> {
     let events = generate::submit_all(&state, &job).await?;
     let (tx, rx) = mpsc::channel::<Event>(64);
-    let response = generate::sse_response(&state, rx);
+    let response = sse::sse_response(&state, rx);
     tokio::spawn(send_events(
         state,
         job,
@@ -173,7 +174,7 @@ async fn send_events(
     keep: Keep,
     tx: mpsc::Sender<Event>,
 ) {
-    let send = |batch: Vec<Value>| generate::send_typed(&tx, batch);
+    let send = |batch: Vec<Value>| sse::send_typed(&tx, batch);
     if !send(writer.start()).await {
         return;
     }
@@ -207,12 +208,12 @@ async fn send_events(
             }
             Err(false) => {
                 // The client left: its sequence is aborted when `events` drops.
-                generate::count_aborted(&state, &[false]);
+                sse::count_aborted(&state, &[false]);
                 return;
             }
         };
         if !send(batch).await {
-            generate::count_aborted(&state, &[finished.is_some()]);
+            sse::count_aborted(&state, &[finished.is_some()]);
             return;
         }
     }
