@@ -34,32 +34,44 @@ fn main() {
         format!("arch=compute_{cap},code=sm_{cap}")
     };
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
-    let mut objects = Vec::new();
-    for src in sources
+    // nvcc compiles one file on one core: as many at once as there are cores.
+    let cu: Vec<&PathBuf> = sources
         .iter()
         .filter(|p| p.extension().is_some_and(|e| e == "cu"))
-    {
-        let obj = out
-            .join(src.file_stem().expect("file name"))
-            .with_extension("o");
-        let status = Command::new(&nvcc)
-            .args([
-                "-std=c++17",
-                "-O3",
-                "--use_fast_math",
-                "-gencode",
-                &gencode,
-                "-Xcompiler",
-                "-fPIC",
-                "-c",
-            ])
-            .arg(src)
-            .arg("-o")
-            .arg(&obj)
-            .status()
-            .unwrap_or_else(|e| panic!("running {nvcc}: {e} (set CUDA_HOME or NVCC)"));
-        assert!(status.success(), "nvcc failed on {}", src.display());
-        objects.push(obj);
+        .collect();
+    let at_once = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut objects = Vec::new();
+    for batch in cu.chunks(at_once) {
+        let running: Vec<(&PathBuf, PathBuf, std::process::Child)> = batch
+            .iter()
+            .map(|src| {
+                let obj = out
+                    .join(src.file_stem().expect("file name"))
+                    .with_extension("o");
+                let child = Command::new(&nvcc)
+                    .args([
+                        "-std=c++17",
+                        "-O3",
+                        "--use_fast_math",
+                        "-gencode",
+                        &gencode,
+                        "-Xcompiler",
+                        "-fPIC",
+                        "-c",
+                    ])
+                    .arg(src)
+                    .arg("-o")
+                    .arg(&obj)
+                    .spawn()
+                    .unwrap_or_else(|e| panic!("running {nvcc}: {e} (set CUDA_HOME or NVCC)"));
+                (*src, obj, child)
+            })
+            .collect();
+        for (src, obj, mut child) in running {
+            let status = child.wait().expect("waiting for nvcc");
+            assert!(status.success(), "nvcc failed on {}", src.display());
+            objects.push(obj);
+        }
     }
     let lib = out.join("libpagewise_kernels.a");
     let _ = std::fs::remove_file(&lib);

@@ -2,21 +2,9 @@
 //! (every e4m3 code decoded by an independent decoder), their dequantized copies, and the
 //! row-wise quantization of `--quantization fp8` (run on the GPU machine: scripts/gpu/run.sh).
 
-use crate::common::{Lcg, e4m3, host_f32, max_rel_diff, random};
+use crate::common::{Lcg, e4m3, host_f32, max_rel_diff, random, random_codes};
 use candle_core::{DType, Device, Tensor};
 use pagewise_kernels::{Fp8Matrix, GemvInput, GemvWeight, fp8_dequantize, fp8_quantize_rows};
-
-/// Random e4m3 codes (no NaN) `[out, k]` as u8 on `dev`, and their values.
-fn random_codes(rng: &mut Lcg, (out, k): (usize, usize), dev: &Device) -> (Tensor, Vec<f32>) {
-    let codes: Vec<u8> = (0..out * k)
-        .map(|_| {
-            let b = ((rng.next() + 1.0) * 128.0) as u8;
-            if b & 0x7f == 0x7f { b - 1 } else { b }
-        })
-        .collect();
-    let values = codes.iter().map(|&b| e4m3(b)).collect();
-    (Tensor::from_vec(codes, (out, k), dev).unwrap(), values)
-}
 
 /// Scales `[ceil(out / bn), ceil(k / bk)]`: random positive, or powers of two.
 fn random_scales(rng: &mut Lcg, shape: (usize, usize), pow2: bool, dev: &Device) -> Tensor {

@@ -2,7 +2,7 @@
 //! qkv GEMV with both folded in (`gemv_rope_cache`) against the kernels it replaces, bit for bit.
 //! Needs a CUDA GPU.
 
-use crate::common::{Lcg, host_f32, max_rel_diff, random};
+use crate::common::{Lcg, host_f32, max_rel_diff, random, random_codes};
 use candle_core::{DType, Device, Tensor};
 use pagewise_kernels::PagedKv;
 
@@ -225,11 +225,13 @@ fn rope_qkv_cache_normalizes_each_head_before_rotating() {
 
 /// The qkv GEMV with rotary and the cache write folded in against the two kernels it replaces
 /// (RMSNorm-then-GEMV, then rope + cache write): the same q and caches, bit for bit, since it
-/// sums each output in the GEMV's order and rounds as the projection stores qkv.
+/// sums each output in the GEMV's order and rounds as the projection stores qkv. Dense weights,
+/// and FP8 ones with a scale a row.
 #[test]
 fn gemv_rope_cache_equals_the_gemv_then_rope_and_cache() {
     use pagewise_kernels::{
-        GemvInput, QkvRope, RopeCacheTarget, gemv_fused, gemv_rope_cache, rope_qkv_cache,
+        Fp8Matrix, GemvInput, GemvWeight, QkvRope, RopeCacheTarget, gemv_fused, gemv_rope_cache,
+        rope_qkv_cache,
     };
     let dev = Device::new_cuda(0).unwrap();
     let mut rng = Lcg(21);
@@ -244,106 +246,119 @@ fn gemv_rope_cache_equals_the_gemv_then_rope_and_cache() {
             let (blocks, bs) = (4, 16);
             let width = (heads + 2 * kv_heads) * d;
             let x = random(&mut rng, (rows, k), 1.0, dtype, &dev);
-            let w = random(&mut rng, (width, k), 0.05, dtype, &dev);
-            let g = random(&mut rng, (1, k), 1.0, dtype, &dev)
-                .squeeze(0)
+            let dense = random(&mut rng, (width, k), 0.05, dtype, &dev);
+            let (codes, _) = random_codes(&mut rng, (width, k), &dev);
+            let scales = random(&mut rng, (width, 1), 0.01, DType::F32, &dev)
+                .abs()
                 .unwrap();
-            let (cos, sin) = rotary_rows(&mut rng, rows, d, dtype, &dev);
-            // Scattered slots, the second row padding (-1: writes nothing).
-            let slots_host: Vec<i64> = [37i64, -1, 63, 2, 16, 40, 5, 50][..rows].to_vec();
-            let slots = Tensor::new(slots_host.as_slice(), &dev).unwrap();
-            let k0 = random(&mut rng, (blocks * bs, kv_heads * d), 9.0, dtype, &dev);
-            let v0 = random(&mut rng, (blocks * bs, kv_heads * d), 9.0, dtype, &dev);
-            let cache = |t: &Tensor| {
-                t.reshape((blocks, bs, kv_heads, d))
-                    .unwrap()
-                    .copy()
-                    .unwrap()
+            let fp8 = Fp8Matrix {
+                data: &codes,
+                scales: &scales,
+                block: (1, k),
             };
+            for (kind, w) in [("dense", GemvWeight::Dense(&dense)), ("FP8", fp8.into())] {
+                let case = format!("{case} {kind}");
+                let g = random(&mut rng, (1, k), 1.0, dtype, &dev)
+                    .squeeze(0)
+                    .unwrap();
+                let (cos, sin) = rotary_rows(&mut rng, rows, d, dtype, &dev);
+                // Scattered slots, the second row padding (-1: writes nothing).
+                let slots_host: Vec<i64> = [37i64, -1, 63, 2, 16, 40, 5, 50][..rows].to_vec();
+                let slots = Tensor::new(slots_host.as_slice(), &dev).unwrap();
+                let k0 = random(&mut rng, (blocks * bs, kv_heads * d), 9.0, dtype, &dev);
+                let v0 = random(&mut rng, (blocks * bs, kv_heads * d), 9.0, dtype, &dev);
+                let cache = |t: &Tensor| {
+                    t.reshape((blocks, bs, kv_heads, d))
+                        .unwrap()
+                        .copy()
+                        .unwrap()
+                };
 
-            let (want_k, want_v) = (cache(&k0), cache(&v0));
-            let norm = GemvInput::RmsNorm {
-                weight: &g,
-                eps: 1e-5,
-            };
-            let qkv = gemv_fused(&x, &w, norm, None).unwrap();
-            let rope = QkvRope {
-                qkv: &qkv,
-                heads,
-                kv_heads,
-                cos: &cos,
-                sin: &sin,
-                positions: None,
-                interleaved,
-                head_norms: None,
-            };
-            let want_q =
-                unsafe { rope_qkv_cache(&rope, PagedKv::new(&want_k, &want_v), &slots) }.unwrap();
+                let (want_k, want_v) = (cache(&k0), cache(&v0));
+                let norm = GemvInput::RmsNorm {
+                    weight: &g,
+                    eps: 1e-5,
+                };
+                let qkv = gemv_fused(&x, w, norm, None).unwrap();
+                let rope = QkvRope {
+                    qkv: &qkv,
+                    heads,
+                    kv_heads,
+                    cos: &cos,
+                    sin: &sin,
+                    positions: None,
+                    interleaved,
+                    head_norms: None,
+                };
+                let want_q =
+                    unsafe { rope_qkv_cache(&rope, PagedKv::new(&want_k, &want_v), &slots) }
+                        .unwrap();
 
-            let (got_k, got_v) = (cache(&k0), cache(&v0));
-            let target = RopeCacheTarget {
-                heads,
-                kv_heads,
-                cos: &cos,
-                sin: &sin,
-                positions: None,
-                interleaved,
-                k_cache: &got_k,
-                v_cache: &got_v,
-                slot_mapping: &slots,
-            };
-            let got_q = unsafe { gemv_rope_cache(&x, &w, &g, 1e-5, &target) }.unwrap();
-            assert_eq!(host_f32(&got_q), host_f32(&want_q), "{case}: q");
-            assert_eq!(host_f32(&got_k), host_f32(&want_k), "{case}: k cache");
-            assert_eq!(host_f32(&got_v), host_f32(&want_v), "{case}: v cache");
+                let (got_k, got_v) = (cache(&k0), cache(&v0));
+                let target = RopeCacheTarget {
+                    heads,
+                    kv_heads,
+                    cos: &cos,
+                    sin: &sin,
+                    positions: None,
+                    interleaved,
+                    k_cache: &got_k,
+                    v_cache: &got_v,
+                    slot_mapping: &slots,
+                };
+                let got_q = unsafe { gemv_rope_cache(&x, w, &g, 1e-5, &target) }.unwrap();
+                assert_eq!(host_f32(&got_q), host_f32(&want_q), "{case}: q");
+                assert_eq!(host_f32(&got_k), host_f32(&want_k), "{case}: k cache");
+                assert_eq!(host_f32(&got_v), host_f32(&want_v), "{case}: v cache");
 
-            // The same from whole tables read at each row's position (rows in reverse order
-            // near the end of a longer table; the last row's position past it reads its end).
-            let table_rows = rows + 5;
-            let positions: Vec<u32> = (0..rows as u32)
-                .map(|r| table_rows as u32 - 1 - r)
-                .collect();
-            let mut whole = |t: &Tensor| {
-                let mut v = vec![rng.next(); table_rows * d / 2];
-                let rows_host = host_f32(t);
-                for (r, &p) in positions.iter().enumerate() {
-                    v[p as usize * d / 2..][..d / 2]
-                        .copy_from_slice(&rows_host[r * d / 2..][..d / 2]);
-                }
-                Tensor::from_vec(v, (table_rows, d / 2), &dev)
-                    .unwrap()
-                    .to_dtype(dtype)
-                    .unwrap()
-            };
-            let (cos_t, sin_t) = (whole(&cos), whole(&sin));
-            let mut at = positions.clone();
-            at[0] += 7; // row 0's row is the table's last: clamped there
-            let at = Tensor::new(at.as_slice(), &dev).unwrap();
-            let (got_k, got_v) = (cache(&k0), cache(&v0));
-            let target = RopeCacheTarget {
-                cos: &cos_t,
-                sin: &sin_t,
-                positions: Some(&at),
-                k_cache: &got_k,
-                v_cache: &got_v,
-                ..target
-            };
-            let got_q = unsafe { gemv_rope_cache(&x, &w, &g, 1e-5, &target) }.unwrap();
-            assert_eq!(
-                host_f32(&got_q),
-                host_f32(&want_q),
-                "{case}: q at positions"
-            );
-            assert_eq!(
-                host_f32(&got_k),
-                host_f32(&want_k),
-                "{case}: k cache at positions"
-            );
-            assert_eq!(
-                host_f32(&got_v),
-                host_f32(&want_v),
-                "{case}: v cache at positions"
-            );
+                // The same from whole tables read at each row's position (rows in reverse order
+                // near the end of a longer table; the last row's position past it reads its end).
+                let table_rows = rows + 5;
+                let positions: Vec<u32> = (0..rows as u32)
+                    .map(|r| table_rows as u32 - 1 - r)
+                    .collect();
+                let mut whole = |t: &Tensor| {
+                    let mut v = vec![rng.next(); table_rows * d / 2];
+                    let rows_host = host_f32(t);
+                    for (r, &p) in positions.iter().enumerate() {
+                        v[p as usize * d / 2..][..d / 2]
+                            .copy_from_slice(&rows_host[r * d / 2..][..d / 2]);
+                    }
+                    Tensor::from_vec(v, (table_rows, d / 2), &dev)
+                        .unwrap()
+                        .to_dtype(dtype)
+                        .unwrap()
+                };
+                let (cos_t, sin_t) = (whole(&cos), whole(&sin));
+                let mut at = positions.clone();
+                at[0] += 7; // row 0's row is the table's last: clamped there
+                let at = Tensor::new(at.as_slice(), &dev).unwrap();
+                let (got_k, got_v) = (cache(&k0), cache(&v0));
+                let target = RopeCacheTarget {
+                    cos: &cos_t,
+                    sin: &sin_t,
+                    positions: Some(&at),
+                    k_cache: &got_k,
+                    v_cache: &got_v,
+                    ..target
+                };
+                let got_q = unsafe { gemv_rope_cache(&x, w, &g, 1e-5, &target) }.unwrap();
+                assert_eq!(
+                    host_f32(&got_q),
+                    host_f32(&want_q),
+                    "{case}: q at positions"
+                );
+                assert_eq!(
+                    host_f32(&got_k),
+                    host_f32(&want_k),
+                    "{case}: k cache at positions"
+                );
+                assert_eq!(
+                    host_f32(&got_v),
+                    host_f32(&want_v),
+                    "{case}: v cache at positions"
+                );
+            }
         }
     }
     // Mismatched shapes are refused clearly.

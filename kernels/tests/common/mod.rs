@@ -134,3 +134,15 @@ pub fn e4m3(b: u8) -> f32 {
     };
     sign * v
 }
+
+/// Random e4m3 codes (no NaN) `[out, k]` as u8 on `dev`, and their values.
+pub fn random_codes(rng: &mut Lcg, (out, k): (usize, usize), dev: &Device) -> (Tensor, Vec<f32>) {
+    let codes: Vec<u8> = (0..out * k)
+        .map(|_| {
+            let b = ((rng.next() + 1.0) * 128.0) as u8;
+            if b & 0x7f == 0x7f { b - 1 } else { b }
+        })
+        .collect();
+    let values = codes.iter().map(|&b| e4m3(b)).collect();
+    (Tensor::from_vec(codes, (out, k), dev).unwrap(), values)
+}
