@@ -256,24 +256,47 @@ fn gemv_rope_cache_equals_the_gemv_then_rope_and_cache() {
                 scales: &scales,
                 block: (1, k),
             };
+            let g = random(&mut rng, (1, k), 1.0, dtype, &dev)
+                .squeeze(0)
+                .unwrap();
+            let (cos, sin) = rotary_rows(&mut rng, rows, d, dtype, &dev);
+            // Scattered slots, the second row padding (-1: writes nothing).
+            let slots_host: Vec<i64> = [37i64, -1, 63, 2, 16, 40, 5, 50][..rows].to_vec();
+            let slots = Tensor::new(slots_host.as_slice(), &dev).unwrap();
+            let k0 = random(&mut rng, (blocks * bs, kv_heads * d), 9.0, dtype, &dev);
+            let v0 = random(&mut rng, (blocks * bs, kv_heads * d), 9.0, dtype, &dev);
+            let cache = |t: &Tensor| {
+                t.reshape((blocks, bs, kv_heads, d))
+                    .unwrap()
+                    .copy()
+                    .unwrap()
+            };
+
+            // Whole tables read at each row's position, for the second half of each case (rows in
+            // reverse order near the end of a longer table; the last row's position past it reads
+            // its end).
+            let table_rows = rows + 5;
+            let positions: Vec<u32> = (0..rows as u32)
+                .map(|r| table_rows as u32 - 1 - r)
+                .collect();
+            let mut whole = |t: &Tensor| {
+                let mut v = vec![rng.next(); table_rows * d / 2];
+                let rows_host = host_f32(t);
+                for (r, &p) in positions.iter().enumerate() {
+                    v[p as usize * d / 2..][..d / 2]
+                        .copy_from_slice(&rows_host[r * d / 2..][..d / 2]);
+                }
+                Tensor::from_vec(v, (table_rows, d / 2), &dev)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap()
+            };
+            let (cos_t, sin_t) = (whole(&cos), whole(&sin));
+            let mut at = positions.clone();
+            at[0] += 7; // row 0's row is the table's last: clamped there
+            let at = Tensor::new(at.as_slice(), &dev).unwrap();
             for (kind, w) in [("dense", GemvWeight::Dense(&dense)), ("FP8", fp8.into())] {
                 let case = format!("{case} {kind}");
-                let g = random(&mut rng, (1, k), 1.0, dtype, &dev)
-                    .squeeze(0)
-                    .unwrap();
-                let (cos, sin) = rotary_rows(&mut rng, rows, d, dtype, &dev);
-                // Scattered slots, the second row padding (-1: writes nothing).
-                let slots_host: Vec<i64> = [37i64, -1, 63, 2, 16, 40, 5, 50][..rows].to_vec();
-                let slots = Tensor::new(slots_host.as_slice(), &dev).unwrap();
-                let k0 = random(&mut rng, (blocks * bs, kv_heads * d), 9.0, dtype, &dev);
-                let v0 = random(&mut rng, (blocks * bs, kv_heads * d), 9.0, dtype, &dev);
-                let cache = |t: &Tensor| {
-                    t.reshape((blocks, bs, kv_heads, d))
-                        .unwrap()
-                        .copy()
-                        .unwrap()
-                };
-
                 let (want_k, want_v) = (cache(&k0), cache(&v0));
                 let norm = GemvInput::RmsNorm {
                     weight: &g,
@@ -311,28 +334,7 @@ fn gemv_rope_cache_equals_the_gemv_then_rope_and_cache() {
                 assert_eq!(host_f32(&got_k), host_f32(&want_k), "{case}: k cache");
                 assert_eq!(host_f32(&got_v), host_f32(&want_v), "{case}: v cache");
 
-                // The same from whole tables read at each row's position (rows in reverse order
-                // near the end of a longer table; the last row's position past it reads its end).
-                let table_rows = rows + 5;
-                let positions: Vec<u32> = (0..rows as u32)
-                    .map(|r| table_rows as u32 - 1 - r)
-                    .collect();
-                let mut whole = |t: &Tensor| {
-                    let mut v = vec![rng.next(); table_rows * d / 2];
-                    let rows_host = host_f32(t);
-                    for (r, &p) in positions.iter().enumerate() {
-                        v[p as usize * d / 2..][..d / 2]
-                            .copy_from_slice(&rows_host[r * d / 2..][..d / 2]);
-                    }
-                    Tensor::from_vec(v, (table_rows, d / 2), &dev)
-                        .unwrap()
-                        .to_dtype(dtype)
-                        .unwrap()
-                };
-                let (cos_t, sin_t) = (whole(&cos), whole(&sin));
-                let mut at = positions.clone();
-                at[0] += 7; // row 0's row is the table's last: clamped there
-                let at = Tensor::new(at.as_slice(), &dev).unwrap();
+                // The same from whole tables read at each row's position.
                 let (got_k, got_v) = (cache(&k0), cache(&v0));
                 let target = RopeCacheTarget {
                     cos: &cos_t,

@@ -57,6 +57,18 @@ pub(super) fn batch_invariance(
     }
 }
 
+/// A quantized checkpoint `name` of tiny-d64's shape (1 KiB of bf16 KV per token) whose steps of
+/// at most 8 rows take its own GEMVs: the same greedy tokens batched as alone among such steps
+/// ([`batch_invariance`] with 8-row steps), and graph replays equal to eager steps for 1, 3 and
+/// 16 prompts (the first run's decode steps all replays). `label` names it in the log.
+pub(super) fn small_steps_batch_and_replay(name: &str, label: &str) {
+    batch_invariance(name, DtypeArg::Bfloat16, 1024, Some(8));
+    let (mut eager, mut graphs) = bf16_eager_and_graphs(model(name));
+    let replays = graph_replays_equal_eager(&mut eager, &mut graphs, &[1, 3, 16]);
+    eprintln!("{label}: (graph replays, steps) per run: {replays:?}");
+    assert_eq!(replays[0], (23, 24));
+}
+
 #[test]
 fn batched_chunked_cached_preempted_equals_solo_on_the_gpu() {
     // 2 layers x 2 KV heads x 64 dims x K,V: 2 KiB per token in f32, 1 KiB in bf16.

@@ -4,11 +4,10 @@
 //! run on the fused decode kernels and stay near the CPU's float32 logits of the same weights.
 
 use candle_core::DType;
-use pagewise::DtypeArg;
 use pagewise::loader::{self, GgufMatmul, LoadFormat, LoadOptions, Quantization};
 use pagewise::model::layers::Linear;
 
-use super::batching::{batch_invariance, bf16_eager_and_graphs, graph_replays_equal_eager};
+use super::batching::small_steps_batch_and_replay;
 use super::common::{self, rel_err};
 use super::{assert_decode_near_the_cpu, gpu, model};
 
@@ -163,9 +162,5 @@ fn fp8_batches_and_graphs_equal_solo_and_eager_runs() {
     // which sum each row as they sum it alone; a larger step multiplies on cuBLASLt (activations
     // quantized to e4m3), whose results differ. So, as with 4-bit weights, FP8 output is
     // batch-invariant among steps of at most 8 rows.
-    batch_invariance("tiny-d64-fp8-channel", DtypeArg::Bfloat16, 1024, Some(8));
-    let (mut eager, mut graphs) = bf16_eager_and_graphs(model("tiny-d64-fp8-channel"));
-    let replays = graph_replays_equal_eager(&mut eager, &mut graphs, &[1, 3, 16]);
-    eprintln!("FP8: (graph replays, steps) per run: {replays:?}");
-    assert_eq!(replays[0], (23, 24));
+    small_steps_batch_and_replay("tiny-d64-fp8-channel", "FP8");
 }

@@ -5,10 +5,11 @@
 //! dequantized at load and runs as well. A mixture of experts' experts stay codes for the expert
 //! kernels (AWQ's 4 bits, GPTQ's 8).
 
-use pagewise::DtypeArg;
 use pagewise::model::layers::Linear;
 
-use super::batching::{batch_invariance, bf16_eager_and_graphs, graph_replays_equal_eager};
+use super::batching::{
+    bf16_eager_and_graphs, graph_replays_equal_eager, small_steps_batch_and_replay,
+};
 use super::fp8::{first_q_proj, near_the_cpu};
 use super::gpu;
 use super::model;
@@ -44,11 +45,7 @@ fn int4_batches_and_graphs_equal_solo_and_eager_runs() {
     // weights dequantized to bf16 (cuBLAS), whose rounding changes greedy tokens of this random
     // model (seen on an H100: with steps of up to 48 rows, prompt 1 differed from its third
     // token). So 4-bit output is batch-invariant only among steps of at most 8 rows.
-    batch_invariance("tiny-d64-awq", DtypeArg::Bfloat16, 1024, Some(8));
-    let (mut eager, mut graphs) = bf16_eager_and_graphs(model("tiny-d64-awq"));
-    let replays = graph_replays_equal_eager(&mut eager, &mut graphs, &[1, 3, 16]);
-    eprintln!("4-bit: (graph replays, steps) per run: {replays:?}");
-    assert_eq!(replays[0], (23, 24));
+    small_steps_batch_and_replay("tiny-d64-awq", "4-bit");
 }
 
 /// Expert 0's gate projection of layer 0 of `path`, loaded for the GPU in bf16.
