@@ -6,97 +6,14 @@
 
 mod common;
 
-use candle_core::{DType, Device, Tensor};
-use pagewise::loader::{self, GgufMatmul, LoadFormat, LoadOptions};
+use candle_core::Tensor;
+use common::sharded::{check, options};
+use pagewise::loader::{self, LoadFormat};
+use pagewise::model;
 use pagewise::model::weights::Part;
-use pagewise::model::{self, ForwardBatch, KvCache, KvLayout};
 use pagewise::parallel::{LocalGroup, Parallel, TpRank};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
-
-fn options(format: LoadFormat) -> LoadOptions {
-    LoadOptions {
-        load_format: format,
-        dtype: DType::F32,
-        device: Device::Cpu,
-        gguf_matmul: GgufMatmul::Auto,
-        seed: 7,
-        quantization: None,
-    }
-}
-
-/// Rank `par.rank`'s logits at every position of `tokens` (every rank returns the full rows).
-fn rank_logits(path: &str, format: LoadFormat, tokens: &[u32], par: &Parallel) -> Vec<Vec<f32>> {
-    let loaded = loader::load(path, &options(format)).unwrap();
-    let cfg = &loaded.config;
-    let m = model::build_sharded(cfg, &loaded.weights, tokens.len(), par).unwrap();
-    assert_eq!(m.tp_rank(), par.rank);
-    let bs = 16;
-    let out = common::prefill_step(tokens, bs);
-    let layout = KvLayout {
-        num_blocks: tokens.len().div_ceil(bs) + 1,
-        block_size: bs,
-        num_kv_heads: cfg.kv_heads(par.rank).len(),
-        head_dim: cfg.head_dim,
-    };
-    let mut kv =
-        KvCache::on_device(layout, cfg.num_hidden_layers, DType::F32, &Device::Cpu).unwrap();
-    let mut batch = ForwardBatch::new(&out, &Device::Cpu).unwrap();
-    let n = tokens.len();
-    let rows: Vec<u32> = (0..n as u32).collect();
-    batch.sample_rows = Tensor::from_slice(&rows, n, &Device::Cpu).unwrap();
-    batch.num_sample_rows = n;
-    m.forward(&batch, &mut kv)
-        .unwrap()
-        .to_vec2::<f32>()
-        .unwrap()
-}
-
-/// Every rank's logits for a group of `size` threads.
-fn sharded_logits(
-    path: &str,
-    format: LoadFormat,
-    tokens: &[u32],
-    size: usize,
-) -> Vec<Vec<Vec<f32>>> {
-    let group = LocalGroup::new(size);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..size)
-            .map(|rank| {
-                let par = Parallel::new(TpRank { rank, size }, group.member(rank));
-                s.spawn(move || rank_logits(path, format, tokens, &par))
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
-
-fn assert_close(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: rows");
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert_eq!(x.len(), y.len(), "{what}: vocab");
-        for (j, (p, q)) in x.iter().zip(y).enumerate() {
-            let tol = 1e-4 * (1.0 + p.abs().max(q.abs()));
-            assert!((p - q).abs() <= tol, "{what}: row {i} col {j}: {p} vs {q}");
-        }
-    }
-}
-
-fn check(path: &str, format: LoadFormat, sizes: &[usize]) {
-    let tokens: Vec<u32> = (0..37).map(|i| (i * 17 + 3) % 300).collect();
-    let whole = rank_logits(path, format, &tokens, &Parallel::single());
-    for &size in sizes {
-        let ranks = sharded_logits(path, format, &tokens, size);
-        for (rank, logits) in ranks.iter().enumerate() {
-            assert_close(logits, &whole, &format!("{path} tp={size} rank {rank}"));
-        }
-        // The ranks agree bit for bit (the sums are taken in the same order everywhere).
-        assert!(
-            ranks.iter().all(|r| r == &ranks[0]),
-            "tp={size}: ranks differ"
-        );
-    }
-}
 
 #[test]
 fn sharded_llama_matches_the_whole_model() {
@@ -105,12 +22,18 @@ fn sharded_llama_matches_the_whole_model() {
         &format!("{FIXTURES}/llama-gqa-tied"),
         LoadFormat::Auto,
         &[2, 4],
+        false,
     );
 }
 
 #[test]
 fn sharded_qwen2_with_biases_and_one_kv_head_matches_the_whole_model() {
-    check(&format!("{FIXTURES}/qwen2-bias"), LoadFormat::Auto, &[2, 4]);
+    check(
+        &format!("{FIXTURES}/qwen2-bias"),
+        LoadFormat::Auto,
+        &[2, 4],
+        false,
+    );
 }
 
 #[test]
@@ -121,6 +44,7 @@ fn sharded_qwen3_with_per_head_qk_norm_matches_the_whole_model() {
         &format!("{FIXTURES}/qwen3-qknorm"),
         LoadFormat::Auto,
         &[2, 4],
+        false,
     );
 }
 
@@ -129,8 +53,18 @@ fn sharded_qwen3_with_per_head_qk_norm_matches_the_whole_model() {
 /// 2) and Qwen3-MoE (8 experts of 32, top 3, a dense layer among the sparse ones).
 #[test]
 fn sharded_mixtures_of_experts_match_the_whole_model() {
-    check(&format!("{FIXTURES}/mixtral"), LoadFormat::Auto, &[2, 4]);
-    check(&format!("{FIXTURES}/qwen3-moe"), LoadFormat::Auto, &[2, 4]);
+    check(
+        &format!("{FIXTURES}/mixtral"),
+        LoadFormat::Auto,
+        &[2, 4],
+        false,
+    );
+    check(
+        &format!("{FIXTURES}/qwen3-moe"),
+        LoadFormat::Auto,
+        &[2, 4],
+        false,
+    );
 }
 
 /// Gemma 3 (4 query heads, 2 KV heads; GeGLU; norms after o and after the MLP, which take the
@@ -138,7 +72,12 @@ fn sharded_mixtures_of_experts_match_the_whole_model() {
 /// embeddings, a vocabulary-parallel head), from safetensors.
 #[test]
 fn sharded_gemma3_matches_the_whole_model() {
-    check(&format!("{FIXTURES}/gemma3"), LoadFormat::Auto, &[2, 4]);
+    check(
+        &format!("{FIXTURES}/gemma3"),
+        LoadFormat::Auto,
+        &[2, 4],
+        false,
+    );
 }
 
 /// gpt-oss (4 experts of 32, top 2; biases on attention and experts, whose down bias only the
@@ -146,11 +85,17 @@ fn sharded_gemma3_matches_the_whole_model() {
 /// its MXFP4 checkpoint and from the dequantized one. Its GGUF is refused by name.
 #[test]
 fn sharded_gpt_oss_matches_the_whole_model() {
-    check(&format!("{FIXTURES}/gpt-oss"), LoadFormat::Auto, &[2, 4]);
+    check(
+        &format!("{FIXTURES}/gpt-oss"),
+        LoadFormat::Auto,
+        &[2, 4],
+        false,
+    );
     check(
         &format!("{FIXTURES}/gpt-oss/dequantized"),
         LoadFormat::Auto,
         &[2],
+        false,
     );
     let e = sharding_error(&format!("{FIXTURES}/gpt-oss/model-MXFP4.gguf"), 2);
     assert!(e.contains("GGUF files are not sharded"), "{e}");
@@ -173,6 +118,7 @@ fn sharded_dummy_weights_are_the_same_model_at_every_size() {
         &format!("{FIXTURES}/llama-gqa-tied"),
         LoadFormat::Dummy,
         &[2],
+        false,
     );
 }
 
@@ -201,11 +147,11 @@ fn four_and_eight_ranks_match_the_whole_model() {
     // 16 query heads, 8 KV heads: KV heads split at 2, 4 and 8 ranks; the 320-token vocabulary
     // splits 8 ways (vocabulary-parallel LM head at every size).
     let kv8 = dummy_llama("kv8", 16, 8, 320);
-    check(&kv8, LoadFormat::Dummy, &[2, 4, 8]);
+    check(&kv8, LoadFormat::Dummy, &[2, 4, 8], false);
     // 8 query heads, 2 KV heads: split at 2 ranks, each replicated on 2 ranks at 4 and on 4 at 8;
     // 300 tokens split 2 and 4 ways but not 8 (every rank then keeps the whole head).
     let kv2 = dummy_llama("kv2", 8, 2, 300);
-    check(&kv2, LoadFormat::Dummy, &[2, 4, 8]);
+    check(&kv2, LoadFormat::Dummy, &[2, 4, 8], false);
     for dir in [kv8, kv2] {
         std::fs::remove_dir_all(dir).unwrap();
     }

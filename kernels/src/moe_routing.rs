@@ -32,6 +32,35 @@ impl MoeRoutes {
     pub fn weights(&self) -> &Tensor {
         &self.weights
     }
+
+    /// These routes for a stack that holds only the `count` experts from `first` (expert
+    /// parallelism: a rank's whole experts): a slot routed to a held expert keeps its weight
+    /// and takes the expert's index in the stack; any other slot gets weight 0 and a valid index
+    /// (the nearest end of the run), so the expert kernels run unchanged and add nothing for it.
+    /// Device ops only (no copy from the host), so it runs inside a CUDA graph.
+    pub fn held(&self, first: usize, count: usize) -> Result<MoeRoutes> {
+        if count == 0 || first + count > self.experts {
+            bail!(
+                "MoeRoutes::held: experts {first}..{} of {}",
+                first + count,
+                self.experts
+            );
+        }
+        let (shape, dev) = (self.ids.shape(), self.ids.device());
+        let at = self
+            .ids
+            .to_dtype(DType::F32)?
+            .affine(1.0, -(first as f64))?;
+        let zero = Tensor::full(0f32, shape, dev)?;
+        let last = Tensor::full((count - 1) as f32, shape, dev)?;
+        let local = at.maximum(&zero)?.minimum(&last)?;
+        let inside = at.eq(&local)?;
+        Ok(MoeRoutes {
+            ids: local.to_dtype(DType::U32)?,
+            weights: inside.where_cond(&self.weights, &zero)?,
+            experts: count,
+        })
+    }
 }
 
 /// The most experts [`moe_route`] takes.

@@ -159,7 +159,8 @@ pub fn build_sharded(
     par: &Parallel,
 ) -> Result<Box<dyn CausalLm>, ModelError> {
     if !par.rank.is_single() {
-        cfg.check_tensor_parallel(par.rank.size)
+        let expert_parallel = matches!(par.experts(), crate::parallel::ExpertShard::Whole(_));
+        cfg.check_tensor_parallel(par.rank.size, expert_parallel)
             .map_err(ModelError::Unsupported)?;
     }
     (cfg.arch.build)(cfg, weights, max_len, par)

@@ -12,7 +12,7 @@ use super::layers::Linear;
 pub use super::moe_settings::{ExpertActivation, ExpertNames, MoeSettings};
 pub(super) use super::moe_settings::{gguf_settings, settings};
 use super::weights::{Part, Weights};
-use crate::parallel::TpRank;
+use crate::parallel::ExpertShard;
 
 /// The most tokens a step may have to take the device path on a GPU (`moe_device.rs`) with
 /// dense experts. Up to 8 tokens, an expert may be read up to 8 times a step where the grouped
@@ -74,7 +74,11 @@ pub(super) struct Expert {
 /// A sparse MLP layer.
 pub struct SparseMoe {
     router: Linear,
+    /// The experts this rank holds: every expert (or its slice, under tensor parallelism), or
+    /// under expert parallelism the run of whole experts from `first_expert`.
     experts: Vec<Expert>,
+    /// The global index of `experts[0]`.
+    first_expert: usize,
     settings: MoeSettings,
     /// On a GPU with 16-bit dense weights: the experts' weights stacked for the device path of
     /// small steps (`moe_device.rs`); each expert's layers are views of them.
@@ -87,29 +91,33 @@ pub struct SparseMoe {
 }
 
 impl SparseMoe {
-    /// Loads layer `layer`'s router and experts (`hidden` wide): under tensor parallelism, `tp`'s
-    /// slice of every expert (gate and up rows, down columns, as a dense MLP is split; the layer's
-    /// output is then this rank's part of the sum) and the whole router, so every rank routes
-    /// alike.
+    /// Loads layer `layer`'s router and experts (`hidden` wide) as `shard` splits them: under
+    /// tensor parallelism this rank's slice of every expert (gate and up rows, down columns, as
+    /// a dense MLP is split), under expert parallelism its whole experts; the layer's output is
+    /// then this rank's part of the sum either way. The router is whole on every rank, so every
+    /// rank routes alike.
     pub fn load(
         w: &Weights,
         layer: usize,
         hidden: usize,
         s: &MoeSettings,
-        tp: TpRank,
+        shard: ExpertShard,
     ) -> Result<Self, ModelError> {
         let i = s.expert_intermediate;
+        let held = shard.experts(s.num_experts);
         if s.names == ExpertNames::GptOss {
             let prefix = format!("model.layers.{layer}.mlp");
             let router = router(w, &format!("{prefix}.router"), hidden, s.num_experts, true)?;
             // On a GPU in f16/bf16 the experts stay MXFP4 (no per-expert layers: every step
             // takes the device path).
             #[cfg(feature = "cuda")]
-            if let Some(e) = super::gpt_oss::mxfp4_experts(w, layer, hidden, s, tp)? {
+            if let Some(e) = super::gpt_oss::mxfp4_experts(w, layer, hidden, s, shard)? {
                 let stacked =
-                    super::moe_device::Stacked::mxfp4(e, w.device(), w.dtype(), s.activation)?;
+                    super::moe_device::Stacked::mxfp4(e, w.device(), w.dtype(), s.activation)?
+                        .holding(held.start, s.num_experts);
                 return Ok(SparseMoe {
                     router,
+                    first_expert: held.start,
                     stacked: Some(stacked),
                     router_fold: None,
                     experts: Vec::new(),
@@ -117,16 +125,18 @@ impl SparseMoe {
                 });
             }
             #[allow(unused_mut)]
-            let mut experts = super::gpt_oss::experts(w, layer, hidden, s, tp)?;
+            let mut experts = super::gpt_oss::experts(w, layer, hidden, s, shard)?;
             return Ok(SparseMoe {
                 router,
+                first_expert: held.start,
                 #[cfg(feature = "cuda")]
                 stacked: super::moe_device::Stacked::take(
                     &mut experts,
                     s.top_k,
                     w.dtype(),
                     s.activation,
-                )?,
+                )?
+                .map(|t| t.holding(held.start, s.num_experts)),
                 #[cfg(feature = "cuda")]
                 router_fold: None,
                 experts,
@@ -147,7 +157,7 @@ impl SparseMoe {
         // Expert `e`'s projection `k` (0 gate, 1 up, 2 down) as `(in, out)`: from its own
         // tensor, or from the three in which llama.cpp's GGUF stacks a layer's experts.
         let gguf = matches!(w, Weights::Gguf { .. });
-        let slice = s.expert_columns(tp);
+        let slice = shard.columns(i);
         let proj = |e: usize, k: usize, dims: (usize, usize)| {
             let part = match k {
                 2 => Part::Cols(slice.clone()),
@@ -168,7 +178,8 @@ impl SparseMoe {
             }
         };
         #[allow(unused_mut)]
-        let mut experts = (0..s.num_experts)
+        let mut experts = held
+            .clone()
             .map(|e| {
                 let (gate, up) = (proj(e, 0, (hidden, i))?, proj(e, 1, (hidden, i))?);
                 Ok(Expert {
@@ -184,10 +195,12 @@ impl SparseMoe {
         let router = router(w, &format!("{prefix}.gate"), hidden, s.num_experts, false)?;
         #[cfg(feature = "cuda")]
         let stacked =
-            super::moe_device::Stacked::take(&mut experts, s.top_k, w.dtype(), s.activation)?;
+            super::moe_device::Stacked::take(&mut experts, s.top_k, w.dtype(), s.activation)?
+                .map(|t| t.holding(held.start, s.num_experts));
         Ok(SparseMoe {
             router,
             experts,
+            first_expert: held.start,
             settings: s.clone(),
             #[cfg(feature = "cuda")]
             stacked,
@@ -235,7 +248,8 @@ impl SparseMoe {
     /// (`decode_fused.rs`): experts routed on the device and a dense router without a bias.
     #[cfg(feature = "cuda")]
     pub(super) fn fused_router(&self) -> Option<&Tensor> {
-        self.stacked.as_ref()?;
+        // (A rank holding some of the experts routes through `Stacked::forward`.)
+        self.stacked.as_ref().filter(|s| !s.is_partial())?;
         match self.router.dense_parts()? {
             (w, None) if w.dtype() == DType::F32 => Some(w),
             _ => None,
@@ -324,7 +338,10 @@ impl SparseMoe {
             }
         }
         let mut out = x.zeros_like()?;
-        for (expert, (tokens, weights)) in self.experts.iter().zip(chosen) {
+        // This rank's experts only (all of them but under expert parallelism); a token routed
+        // elsewhere adds nothing here, and the ranks' outputs are summed after the layer.
+        let held = chosen.into_iter().skip(self.first_expert);
+        for (expert, (tokens, weights)) in self.experts.iter().zip(held) {
             if tokens.is_empty() {
                 continue;
             }
@@ -345,6 +362,7 @@ impl SparseMoe {
 mod tests {
     use super::*;
     use crate::model::hf_config::HfConfig;
+    use crate::parallel::TpRank;
 
     #[test]
     fn routing_takes_the_top_k_with_ties_to_the_lower_expert() {
@@ -363,7 +381,9 @@ mod tests {
     }
 
     /// Every token routed to expert 0 (its router row dominates), experts 1 and 2 chosen by
-    /// none: the layer is expert 0's MLP, weight one.
+    /// none: the layer is expert 0's MLP, weight one. Under expert parallelism over two ranks
+    /// (experts 0 and 1 on rank 0, 2 on rank 1) every token is on rank 0, which gives the whole
+    /// layer's output, and rank 1, whose expert no token picks, gives zeros.
     #[test]
     fn tokens_all_on_one_expert_and_experts_nobody_picks() {
         use candle_core::Device;
@@ -403,7 +423,10 @@ mod tests {
             "num_hidden_layers":1,"num_attention_heads":1,"intermediate_size":{i}}}"#
         );
         let s = settings(&HfConfig::parse(&text).unwrap(), ExpertNames::Mixtral).unwrap();
-        let moe = SparseMoe::load(&w, 0, h, &s, TpRank::SINGLE).unwrap();
+        let load = |shard| SparseMoe::load(&w, 0, h, &s, shard).unwrap();
+        let moe = load(ExpertShard::Sliced(TpRank::SINGLE));
+        let ranks = [0, 1].map(|rank| load(ExpertShard::Whole(TpRank { rank, size: 2 })));
+        assert_eq!(ranks.each_ref().map(|m| m.experts.len()), [2, 1]);
         // Positive inputs: every router logit of expert 0 is far above the others (zero).
         let x = Tensor::from_vec(ramp(5 * h, 9.0), (5, h), &dev)
             .unwrap()
@@ -414,7 +437,10 @@ mod tests {
         let up = x.matmul(&get("w3").t().unwrap()).unwrap();
         let act = (candle_nn::ops::silu(&gate).unwrap() * up).unwrap();
         let want = act.matmul(&get("w2").t().unwrap()).unwrap();
-        let diff = (got - want).unwrap().abs().unwrap().max_all().unwrap();
+        let diff = (&got - want).unwrap().abs().unwrap().max_all().unwrap();
         assert!(diff.to_scalar::<f32>().unwrap() < 1e-6);
+        let on_rank = |r: usize| ranks[r].forward(&x).unwrap().to_vec2::<f32>().unwrap();
+        assert_eq!(on_rank(0), got.to_vec2::<f32>().unwrap());
+        assert!(on_rank(1).iter().flatten().all(|&v| v == 0.0));
     }
 }

@@ -12,7 +12,9 @@
 use std::sync::{Arc, Mutex, Weak};
 
 use candle_core::{DType, Device, Tensor};
-use pagewise_kernels::{AffineStack, ExpertWeights, GroupedGemm, Mxfp4Stack, RouterLogits};
+use pagewise_kernels::{
+    AffineStack, ExpertWeights, GroupedGemm, MoeRoutes, Mxfp4Stack, RouterLogits,
+};
 
 use super::gpt_oss::Mxfp4Experts;
 use super::layers::Linear;
@@ -50,7 +52,11 @@ impl Stack {
 /// A layer's expert weights stacked: gate/up `[experts, 2 * inter, hidden]` (gate rows first)
 /// and down `[experts, hidden, inter]`, with their biases (gpt-oss) stacked the same way.
 pub struct Stacked {
+    /// Experts in the stack.
     experts: usize,
+    /// Under expert parallelism, the global index of the stack's first expert (the rank holds
+    /// a run of whole experts; the router scores them all).
+    first: Option<usize>,
     gate_up: Stack,
     down: Stack,
     /// For MXFP4 stacks and stacks of codes: the dense stack (of the model dtype, as large as the
@@ -124,6 +130,7 @@ impl Stacked {
         let elements = n * (rows * cols).max(drows * dcols);
         Ok(Stacked {
             experts: n,
+            first: None,
             gate_up: Stack::Mxfp4(gate_up),
             down: Stack::Mxfp4(down),
             scratch: Some(scratch(device, elements, dtype)?),
@@ -132,6 +139,27 @@ impl Stacked {
             activation,
             grouped: grouped_handle(device)?,
         })
+    }
+
+    /// This stack as the run of experts from `first` of a layer's `total` (expert parallelism);
+    /// the whole layer when it holds all of them.
+    pub fn holding(mut self, first: usize, total: usize) -> Stacked {
+        self.first = (self.experts != total).then_some(first);
+        self
+    }
+
+    /// Whether the stack holds only some of the layer's experts (expert parallelism).
+    pub fn is_partial(&self) -> bool {
+        self.first.is_some()
+    }
+
+    /// `routes` (over every expert) for this stack: as they are, or for a partial stack the
+    /// slots of its experts only ([`MoeRoutes::held`]).
+    fn held_routes(&self, routes: MoeRoutes) -> candle_core::Result<MoeRoutes> {
+        match self.first {
+            None => Ok(routes),
+            Some(first) => routes.held(first, self.experts),
+        }
     }
 
     /// The most tokens a step may have to take [`Stacked::forward`] rather than the grouped
@@ -200,6 +228,7 @@ impl Stacked {
         let elements = n * (rows * cols).max(drows * dcols);
         Ok(Some(Stacked {
             experts: n,
+            first: None,
             gate_up: Stack::Affine(gate_up),
             down: Stack::Affine(down),
             scratch: Some(scratch(&device, elements, dtype)?),
@@ -262,6 +291,7 @@ impl Stacked {
         }
         Ok(Some(Stacked {
             experts: experts.len(),
+            first: None,
             gate_up: Stack::Dense(gate_up),
             down: Stack::Dense(down),
             scratch: None,
@@ -289,17 +319,22 @@ impl Stacked {
         let routes = pagewise_kernels::moe_route(&logits.contiguous()?, s.top_k, s.renormalize)?;
         let (tokens, top_k) = routes.ids().dims2()?;
         let ids = routes.ids().flatten_all()?.to_vec1::<u32>()?;
-        let sorted = SortedRoutes::new(&ids, self.experts, top_k);
+        let held = self.first.unwrap_or(0)..self.first.unwrap_or(0) + self.experts;
+        let sorted = SortedRoutes::new(&ids, held, top_k);
         let used: Vec<u32> = sorted
             .groups
             .iter()
             .filter(|g| g.1 > 0)
             .map(|g| g.0 as u32)
             .collect();
-        let n = ids.len();
+        let (n, rows) = (ids.len(), sorted.token_of.len());
+        if rows == 0 {
+            // No token of the step chose this rank's experts.
+            return x.zeros_like();
+        }
         let dev = x.device();
         let xs = x
-            .index_select(&Tensor::from_vec(sorted.token_of, n, dev)?, 0)?
+            .index_select(&Tensor::from_vec(sorted.token_of, rows, dev)?, 0)?
             .contiguous()?;
         // Each sorted row's expert, for the biases (gpt-oss): the groups' runs.
         let sorted_expert = match self.gate_up_bias.is_some() || self.down_bias.is_some() {
@@ -328,6 +363,10 @@ impl Stacked {
             ys = (ys + b)?;
         }
         let hidden = ys.dim(1)?;
+        if rows < n {
+            // The slots of other ranks' experts read a row of zeros after the held ones.
+            ys = Tensor::cat(&[&ys, &ys.narrow(0, 0, 1)?.zeros_like()?], 0)?;
+        }
         let gathered = ys
             .index_select(&Tensor::from_vec(sorted.position, n, dev)?, 0)?
             .reshape((tokens, top_k, hidden))?;
@@ -348,6 +387,7 @@ impl Stacked {
         // x before the routing: the expert kernels may read it while the routing still runs.
         let x = x.contiguous()?;
         let routes = pagewise_kernels::moe_route(&logits.contiguous()?, s.top_k, s.renormalize)?;
+        let routes = self.held_routes(routes)?;
         if let (Stack::Mxfp4(gate_up), Stack::Mxfp4(down)) = (&self.gate_up, &self.down)
             && x.dim(0)? > MXFP4_TOKEN_KERNEL_TOKENS
         {
@@ -429,22 +469,31 @@ impl Stacked {
 
 /// A step's routes sorted by expert: route slot `t * top_k + j` is token t's j-th expert.
 struct SortedRoutes {
-    /// `(expert, rows)` for every expert in turn: the grouped GEMMs' groups.
+    /// `(expert, rows)` for every held expert in turn (its index in the stack): the grouped
+    /// GEMMs' groups.
     groups: Vec<(usize, usize)>,
     /// Sorted row i's token.
     token_of: Vec<u32>,
-    /// Slot s's sorted row.
+    /// Slot s's sorted row; one past the last row for a slot whose expert is not held.
     position: Vec<u32>,
 }
 
 impl SortedRoutes {
-    /// Sorts the slots of `ids` (each slot's expert, below `experts`) by expert, in slot order
-    /// within an expert.
-    fn new(ids: &[u32], experts: usize, top_k: usize) -> SortedRoutes {
-        let mut counts = vec![0usize; experts];
+    /// Sorts the slots of `ids` (each slot's expert) whose experts are `held` by expert, in slot
+    /// order within an expert; the others are left out.
+    fn new(ids: &[u32], held: std::ops::Range<usize>, top_k: usize) -> SortedRoutes {
+        let local = |e: u32| {
+            (e as usize)
+                .checked_sub(held.start)
+                .filter(|&l| l < held.len())
+        };
+        let mut counts = vec![0usize; held.len()];
         for &e in ids {
-            counts[e as usize] += 1;
+            if let Some(l) = local(e) {
+                counts[l] += 1;
+            }
         }
+        let rows: usize = counts.iter().sum();
         let mut next: Vec<usize> = counts
             .iter()
             .scan(0, |start, &c| {
@@ -453,11 +502,12 @@ impl SortedRoutes {
                 Some(first)
             })
             .collect();
-        let mut token_of = vec![0u32; ids.len()];
-        let mut position = vec![0u32; ids.len()];
+        let mut token_of = vec![0u32; rows];
+        let mut position = vec![rows as u32; ids.len()];
         for (slot, &e) in ids.iter().enumerate() {
-            let row = next[e as usize];
-            next[e as usize] += 1;
+            let Some(l) = local(e) else { continue };
+            let row = next[l];
+            next[l] += 1;
             token_of[row] = (slot / top_k) as u32;
             position[slot] = row as u32;
         }

@@ -304,6 +304,18 @@ impl Mxfp4Host {
         })
     }
 
+    /// Matrices (experts) `part` of the stack.
+    pub fn experts_part(&self, part: &Range<usize>) -> Mxfp4Host {
+        let (n, rows, cols) = self.dims;
+        assert!(part.end <= n);
+        let (cb, sb) = (rows * cols / 2, rows * cols / 32);
+        Mxfp4Host {
+            codes: self.codes[part.start * cb..part.end * cb].to_vec(),
+            scales: self.scales[part.start * sb..part.end * sb].to_vec(),
+            dims: (part.len(), rows, cols),
+        }
+    }
+
     /// Columns `part` of each matrix (whole runs: `part` starts and ends at multiples of 32).
     pub fn cols_part(&self, part: &Range<usize>) -> Mxfp4Host {
         let (n, rows, cols) = self.dims;

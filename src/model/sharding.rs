@@ -5,12 +5,12 @@
 use std::ops::Range;
 
 use super::ModelConfig;
-use super::config::MoeSettings;
 use crate::parallel::{TP_SIZES, TpRank};
 
 impl ModelConfig {
-    /// Why this model cannot be split `size` ways, if it cannot.
-    pub fn check_tensor_parallel(&self, size: usize) -> Result<(), String> {
+    /// Why this model cannot be split `size` ways, if it cannot. Under expert parallelism
+    /// (`expert_parallel`) the experts are not sliced, so their width need not divide.
+    pub fn check_tensor_parallel(&self, size: usize, expert_parallel: bool) -> Result<(), String> {
         if !TP_SIZES.contains(&size) {
             return Err(format!(
                 "tensor_parallel_size {size} is not one of {TP_SIZES:?}"
@@ -50,6 +50,7 @@ impl ModelConfig {
             ));
         }
         if let Some(moe) = &self.moe
+            && !expert_parallel
             && !moe.expert_intermediate.is_multiple_of(size)
         {
             return Err(format!(
@@ -80,14 +81,6 @@ impl ModelConfig {
     /// whole head (one rank, or a vocabulary the ranks cannot split evenly).
     pub fn vocab_rows(&self, tp: TpRank) -> Option<Range<usize>> {
         (tp.size > 1 && self.vocab_size.is_multiple_of(tp.size)).then(|| tp.part(self.vocab_size))
-    }
-}
-
-impl MoeSettings {
-    /// Each expert's intermediate columns `tp` computes (a mixture's experts are sharded as a
-    /// dense MLP is: every rank holds its slice of every expert).
-    pub fn expert_columns(&self, tp: TpRank) -> Range<usize> {
-        tp.part(self.expert_intermediate)
     }
 }
 
@@ -136,7 +129,7 @@ mod tests {
             for nq in 1..=64 {
                 for nkv in (1..=nq).filter(|k| nq % k == 0) {
                     let c = cfg(nq, nkv, 96 * 8, 1000);
-                    let Ok(()) = c.check_tensor_parallel(size) else {
+                    let Ok(()) = c.check_tensor_parallel(size, false) else {
                         assert!(nq % size != 0 || (nkv % size != 0 && size % nkv != 0));
                         continue;
                     };
@@ -163,21 +156,21 @@ mod tests {
     #[test]
     fn sizes_that_do_not_divide_the_model_are_refused() {
         let c = cfg(12, 4, 96, 100);
-        assert!(c.check_tensor_parallel(1).is_ok());
-        assert!(c.check_tensor_parallel(2).is_ok());
-        assert!(c.check_tensor_parallel(4).is_ok());
-        let e = c.check_tensor_parallel(8).unwrap_err();
+        assert!(c.check_tensor_parallel(1, false).is_ok());
+        assert!(c.check_tensor_parallel(2, false).is_ok());
+        assert!(c.check_tensor_parallel(4, false).is_ok());
+        let e = c.check_tensor_parallel(8, false).unwrap_err();
         assert!(
             e.contains("must divide the number of attention heads (12)"),
             "{e}"
         );
-        let e = c.check_tensor_parallel(3).unwrap_err();
+        let e = c.check_tensor_parallel(3, false).unwrap_err();
         assert!(e.contains("not one of [1, 2, 4, 8]"), "{e}");
         let c = cfg(8, 3, 96, 100);
-        let e = c.check_tensor_parallel(2).unwrap_err();
+        let e = c.check_tensor_parallel(2, false).unwrap_err();
         assert!(e.contains("key/value heads (3)"), "{e}");
         let c = cfg(8, 8, 100, 100);
-        let e = c.check_tensor_parallel(8).unwrap_err();
+        let e = c.check_tensor_parallel(8, false).unwrap_err();
         assert!(e.contains("intermediate size (100)"), "{e}");
     }
 }

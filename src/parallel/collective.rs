@@ -6,7 +6,7 @@ use std::sync::{Arc, Barrier, Mutex};
 
 use candle_core::Tensor;
 
-use super::shard::TpRank;
+use super::shard::{ExpertShard, TpRank};
 
 /// Collective operations over the ranks of a tensor-parallel group. Every rank calls the same
 /// operations in the same order (each rank runs the same forward pass on its shard).
@@ -26,6 +26,9 @@ pub struct Parallel {
     /// This process's rank.
     pub rank: TpRank,
     comm: Option<Arc<dyn Collective>>,
+    /// Whether a mixture's experts are split whole over the ranks (expert parallelism) rather
+    /// than each sliced across all of them.
+    expert_parallel: bool,
 }
 
 impl Parallel {
@@ -34,6 +37,7 @@ impl Parallel {
         Parallel {
             rank: TpRank::SINGLE,
             comm: None,
+            expert_parallel: false,
         }
     }
 
@@ -42,6 +46,24 @@ impl Parallel {
         Parallel {
             rank,
             comm: (!rank.is_single()).then_some(comm),
+            expert_parallel: false,
+        }
+    }
+
+    /// This rank with a mixture's experts held whole (`true`: vLLM's
+    /// `--enable-expert-parallel`) or sliced (`false`, the default). The attention and dense
+    /// layers are split alike either way; an expert layer's output is this rank's part of the
+    /// sum in both, so the same all-reduce joins them.
+    pub fn with_expert_parallel(mut self, on: bool) -> Self {
+        self.expert_parallel = on;
+        self
+    }
+
+    /// How this rank holds a mixture's experts.
+    pub fn experts(&self) -> ExpertShard {
+        match self.expert_parallel {
+            true => ExpertShard::Whole(self.rank),
+            false => ExpertShard::Sliced(self.rank),
         }
     }
 

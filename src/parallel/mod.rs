@@ -1,5 +1,6 @@
 //! Tensor parallelism: one model split across GPUs (Megatron-style), one process per GPU.
-//! - [`shard`]: which heads, features and vocabulary rows a rank owns.
+//! - [`shard`]: which heads, features, vocabulary rows and experts a rank owns (experts sliced,
+//!   or whole under expert parallelism).
 //! - [`collective`]: the all-reduce and all-gather a sharded forward pass needs (NCCL on GPUs).
 //! - [`config`]: the group's layout over nodes and its rendezvous address (vLLM's flags).
 //! - [`rendezvous`]: how the ranks meet over TCP, agree on settings and share the NCCL id.
@@ -24,4 +25,4 @@ pub mod wire;
 
 pub use collective::{Collective, LocalGroup, Parallel};
 pub use config::ParallelConfig;
-pub use shard::{TP_SIZES, TpRank, head_rows};
+pub use shard::{ExpertShard, TP_SIZES, TpRank, head_rows};

@@ -50,6 +50,57 @@ impl TpRank {
     }
 }
 
+/// How a mixture of experts' layers are split over a group's ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertShard {
+    /// Tensor parallelism: every rank holds its slice of every expert's intermediate features
+    /// (gate and up rows, down columns), as a dense MLP is split.
+    Sliced(TpRank),
+    /// Expert parallelism (`--enable-expert-parallel`): every rank holds whole experts, a
+    /// contiguous run of them ([`ExpertShard::experts`]).
+    Whole(TpRank),
+}
+
+impl ExpertShard {
+    /// The experts of `n` this rank holds: all of them when sliced; otherwise its run, the
+    /// first `n % size` ranks taking one more than the others (vLLM's split).
+    pub fn experts(&self, n: usize) -> Range<usize> {
+        match *self {
+            ExpertShard::Sliced(_) => 0..n,
+            ExpertShard::Whole(r) => {
+                let (each, extra) = (n / r.size, n % r.size);
+                let start = r.rank * each + r.rank.min(extra);
+                start..start + each + usize::from(r.rank < extra)
+            }
+        }
+    }
+
+    /// The intermediate features of each held expert (`inter` wide) this rank computes.
+    pub fn columns(&self, inter: usize) -> Range<usize> {
+        match *self {
+            ExpertShard::Sliced(r) => r.part(inter),
+            ExpertShard::Whole(_) => 0..inter,
+        }
+    }
+
+    /// Whether this rank adds its experts' down biases: the leading rank when every rank
+    /// computes a slice of each expert (the ranks' parts are then summed), every rank for its
+    /// own whole experts.
+    pub fn adds_down_bias(&self) -> bool {
+        match *self {
+            ExpertShard::Sliced(r) => r.leads(),
+            ExpertShard::Whole(_) => true,
+        }
+    }
+
+    /// Whether this rank holds every expert whole (one rank).
+    pub fn is_whole_model(&self) -> bool {
+        match *self {
+            ExpertShard::Sliced(r) | ExpertShard::Whole(r) => r.is_single(),
+        }
+    }
+}
+
 /// `heads` scaled to rows of a projection with `head_dim`-wide heads.
 pub fn head_rows(heads: &Range<usize>, head_dim: usize) -> Range<usize> {
     heads.start * head_dim..heads.end * head_dim
@@ -74,5 +125,26 @@ mod tests {
             head_rows(&TpRank { rank: 1, size: 4 }.part(32), 128),
             1024..2048
         );
+    }
+
+    #[test]
+    fn expert_parallel_ranks_hold_whole_runs_of_experts_that_cover_the_layer() {
+        for size in [2, 4, 8] {
+            for n in [size, 8, 10, 60, 128] {
+                let runs: Vec<_> = (0..size)
+                    .map(|rank| ExpertShard::Whole(TpRank { rank, size }).experts(n))
+                    .collect();
+                let all: Vec<usize> = runs.iter().cloned().flatten().collect();
+                assert_eq!(all, (0..n).collect::<Vec<_>>(), "{n} experts over {size}");
+                let lens: Vec<usize> = runs.iter().map(|r| r.len()).collect();
+                assert!(lens.iter().max().unwrap() - lens.iter().min().unwrap() <= 1);
+            }
+        }
+        let r = TpRank { rank: 1, size: 4 };
+        assert_eq!(ExpertShard::Whole(r).experts(10), 3..6);
+        assert_eq!(ExpertShard::Whole(r).columns(64), 0..64);
+        assert_eq!(ExpertShard::Sliced(r).experts(10), 0..10);
+        assert_eq!(ExpertShard::Sliced(r).columns(64), 16..32);
+        assert!(ExpertShard::Whole(r).adds_down_bias() && !ExpertShard::Sliced(r).adds_down_bias());
     }
 }

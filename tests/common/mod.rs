@@ -1,6 +1,7 @@
 pub mod fake_model;
 pub mod parity;
 pub mod server;
+pub mod sharded;
 pub mod speculation;
 
 use candle_core::{DType, Device, Tensor};

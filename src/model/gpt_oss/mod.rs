@@ -20,7 +20,7 @@ use super::qkv::{Heads, QkvProj, attention_with_sinks, o_proj};
 use super::rotary::Rotary;
 use super::weights::Weights;
 use super::{CausalLm, ModelError};
-use crate::parallel::{Parallel, TpRank};
+use crate::parallel::{ExpertShard, Parallel, TpRank};
 
 pub mod config;
 
@@ -28,17 +28,18 @@ pub mod config;
 /// (gate and up interleaved by column) and down `[experts, inter, hidden]`, each with a bias
 /// `[experts, out]`; or the same as MXFP4 blocks, stored `[out, in]`. Each expert becomes a
 /// gate-then-up projection and a down projection, as the other mixtures' experts; under tensor
-/// parallelism, `tp`'s slice of each ([`shard`]).
+/// parallelism, this rank's slice of each, under expert parallelism its whole experts
+/// ([`shard`]).
 pub(super) fn experts(
     w: &Weights,
     layer: usize,
     hidden: usize,
     s: &MoeSettings,
-    tp: TpRank,
+    split: ExpertShard,
 ) -> Result<Vec<Expert>, ModelError> {
     let (n, i) = (s.num_experts, s.expert_intermediate);
     if let Weights::Gguf { .. } = w {
-        if !tp.is_single() {
+        if !split.is_whole_model() {
             return Err(ModelError::Unsupported(
                 "tensor parallelism reads safetensors or dummy weights; GGUF files are not sharded"
                     .into(),
@@ -62,39 +63,43 @@ pub(super) fn experts(
     let down_bias = w.tensor(&format!("{p}.down_proj_bias"), (n, hidden))?;
     // Rows 2j (gate) and 2j + 1 (up) of the interleaved projection, as the gate rows then the up
     // rows.
-    let split = |t: &Tensor| -> candle_core::Result<Tensor> {
+    let halves = |t: &Tensor| -> candle_core::Result<Tensor> {
         let pairs = t.reshape((i, 2, ()))?;
         let half = |k| pairs.narrow(1, k, 1)?.squeeze(1);
         Tensor::cat(&[half(0)?, half(1)?], 0)
     };
+    let held = split.experts(n);
     gate_up
         .into_iter()
         .zip(down)
         .enumerate()
+        .skip(held.start)
+        .take(held.len())
         .map(|(e, (gu, d))| {
-            let gu_bias = split(&gate_up_bias.get(e)?)?.flatten_all()?;
-            shard((split(&gu)?, gu_bias), (d, down_bias.get(e)?), s, tp)
+            let gu_bias = halves(&gate_up_bias.get(e)?)?.flatten_all()?;
+            shard((halves(&gu)?, gu_bias), (d, down_bias.get(e)?), s, split)
         })
         .collect()
 }
 
-/// `tp`'s part of one expert, given whole: gate/up (`[2 * inter, hidden]`, the gate rows first)
-/// and down (`[hidden, inter]`), each with its bias. A rank keeps rows `part` of each half and
-/// down's columns `part` (the intermediate slice, as a dense MLP is split); only the leading rank
-/// keeps down's bias, which is then added once before the ranks' parts are summed.
+/// This rank's part of one expert, given whole: gate/up (`[2 * inter, hidden]`, the gate rows
+/// first) and down (`[hidden, inter]`), each with its bias. Under tensor parallelism a rank keeps
+/// rows `part` of each half and down's columns `part` (the intermediate slice, as a dense MLP is
+/// split), and only the leading rank keeps down's bias, which is then added once before the
+/// ranks' parts are summed; under expert parallelism a held expert is kept whole.
 fn shard(
     (gate_up, gate_up_bias): (Tensor, Tensor),
     (down, down_bias): (Tensor, Tensor),
     s: &MoeSettings,
-    tp: TpRank,
+    split: ExpertShard,
 ) -> Result<Expert, ModelError> {
-    if tp.is_single() {
+    let (i, part) = (s.expert_intermediate, split.columns(s.expert_intermediate));
+    if part.len() == i {
         return Ok(Expert {
             gate_up: Linear::dense(gate_up, Some(gate_up_bias)),
             down: Linear::dense(down, Some(down_bias)),
         });
     }
-    let (i, part) = (s.expert_intermediate, s.expert_columns(tp));
     let halves = |t: &Tensor| {
         let half = |start| t.narrow(0, start, part.len());
         Tensor::cat(&[half(part.start)?, half(i + part.start)?], 0)
@@ -102,7 +107,7 @@ fn shard(
     let down = down.narrow(1, part.start, part.len())?.contiguous()?;
     Ok(Expert {
         gate_up: Linear::dense(halves(&gate_up)?, Some(halves(&gate_up_bias)?)),
-        down: Linear::dense(down, tp.leads().then_some(down_bias)),
+        down: Linear::dense(down, split.adds_down_bias().then_some(down_bias)),
     })
 }
 
@@ -113,15 +118,15 @@ pub(super) struct Mxfp4Experts {
     pub gate_up: super::mxfp4::Mxfp4Host,
     pub down: super::mxfp4::Mxfp4Host,
     pub gate_up_bias: Tensor,
-    /// `None` on a tensor-parallel rank that does not lead.
+    /// `None` on a tensor-parallel rank that does not lead (experts sliced).
     pub down_bias: Option<Tensor>,
 }
 
 /// Layer `layer`'s experts kept in MXFP4, when the model runs on a GPU in f16/bf16 (where the
 /// expert kernels read MXFP4 as it is), the experts fit those kernels, and the weights hold them
 /// so: safetensors with `_blocks` and `_scales`, llama.cpp's GGUF, or dummy weights (which stand
-/// for gpt-oss's checkpoints, MXFP4 all). Under tensor parallelism, `tp`'s slice (as [`shard`]
-/// cuts it), when it is whole runs of 32. `None` otherwise: the experts are then dequantized at
+/// for gpt-oss's checkpoints, MXFP4 all). Under tensor parallelism, this rank's slice (as
+/// [`shard`] cuts it), when it is whole runs of 32; under expert parallelism, its whole experts. `None` otherwise: the experts are then dequantized at
 /// load ([`experts`]).
 #[cfg(feature = "cuda")]
 pub(super) fn mxfp4_experts(
@@ -129,12 +134,12 @@ pub(super) fn mxfp4_experts(
     layer: usize,
     hidden: usize,
     s: &MoeSettings,
-    tp: TpRank,
+    split: ExpertShard,
 ) -> Result<Option<Mxfp4Experts>, ModelError> {
     use super::mxfp4::Mxfp4Host;
     use candle_core::DType;
     let (n, i) = (s.num_experts, s.expert_intermediate);
-    let part = s.expert_columns(tp);
+    let part = split.columns(i);
     let dtype = w.dtype();
     if !w.device().is_cuda()
         || !matches!(dtype, DType::F16 | DType::BF16)
@@ -193,12 +198,15 @@ pub(super) fn mxfp4_experts(
             gate_up.dims, down.dims
         )));
     }
-    if tp.is_single() {
+    if part.len() == i {
+        // Every expert, or under expert parallelism this rank's whole ones.
+        let held = split.experts(n);
+        let rows = |b: Tensor| b.narrow(0, held.start, held.len())?.contiguous();
         return Ok(Some(Mxfp4Experts {
-            gate_up,
-            down,
-            gate_up_bias: gate_up_bias.contiguous()?,
-            down_bias: Some(down_bias.contiguous()?),
+            gate_up: gate_up.experts_part(&held),
+            down: down.experts_part(&held),
+            gate_up_bias: rows(gate_up_bias)?,
+            down_bias: Some(rows(down_bias)?),
         }));
     }
     let bias_half = |start| gate_up_bias.narrow(1, start, part.len());
@@ -206,7 +214,7 @@ pub(super) fn mxfp4_experts(
         gate_up: gate_up.halves_part(&part),
         down: down.cols_part(&part),
         gate_up_bias: Tensor::cat(&[bias_half(part.start)?, bias_half(i + part.start)?], 1)?,
-        down_bias: tp.leads().then_some(down_bias.contiguous()?),
+        down_bias: split.adds_down_bias().then_some(down_bias.contiguous()?),
     }))
 }
 
@@ -309,7 +317,7 @@ impl GptOss {
                     o: o_proj(w, &attn, cfg, tp)?,
                     sinks,
                     post_norm: RmsNorm::load(w, &post_norm, h, eps)?,
-                    moe: SparseMoe::load(w, i, h, moe, tp)?,
+                    moe: SparseMoe::load(w, i, h, moe, par.experts())?,
                     sliding: sliding.sliding[i],
                 })
             })

@@ -92,7 +92,7 @@ impl Llama {
                     )?,
                     mlp: match &cfg.moe {
                         Some(moe) if moe.sparse[i] => {
-                            Mlp::Sparse(SparseMoe::load(w, i, h, moe, tp)?)
+                            Mlp::Sparse(SparseMoe::load(w, i, h, moe, par.experts())?)
                         }
                         _ => Mlp::Dense(GatedMlp::load(w, &format!("{p}.mlp"), cfg, tp)?),
                     },
