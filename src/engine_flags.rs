@@ -157,7 +157,7 @@ fn parse_speculative_config(json: &str) -> Result<crate::spec::SpeculativeConfig
     Ok(c)
 }
 
-/// Tensor parallelism flags (vLLM's names). One process per GPU: the process started on a node
+/// Tensor and expert parallelism flags (vLLM's names). One process per GPU: the process started on a node
 /// starts that node's other ranks itself.
 #[derive(Args, Debug, Clone)]
 pub struct ParallelFlags {
@@ -187,6 +187,11 @@ pub struct ParallelFlags {
     /// (used by default for calls of up to 512 KiB when every rank is on one node).
     #[arg(long, env = "PAGEWISE_DISABLE_CUSTOM_ALL_REDUCE")]
     pub disable_custom_all_reduce: bool,
+    /// Expert parallelism for mixtures of experts: each GPU of the tensor-parallel group holds
+    /// whole experts (a run of them) instead of a slice of every expert; attention and the
+    /// dense layers stay split by tensor parallelism. No effect on one GPU or a dense model.
+    #[arg(long, env = "PAGEWISE_ENABLE_EXPERT_PARALLEL")]
+    pub enable_expert_parallel: bool,
     /// Internal: the rank of this process among its node's ranks (set by the node's first
     /// process when it starts the others).
     #[arg(long, hide = true, default_value_t = 0)]
@@ -205,6 +210,7 @@ impl ParallelFlags {
             join_timeout: std::time::Duration::from_secs(self.tp_join_timeout),
             local_rank: self.tp_local_rank,
             disable_custom_all_reduce: self.disable_custom_all_reduce,
+            enable_expert_parallel: self.enable_expert_parallel,
             worker_command: None,
         }
     }

@@ -232,6 +232,31 @@ fn tensor_parallelism_without_nccl_or_with_a_bad_layout_is_refused_clearly() {
     assert!(err.contains("--headless is for the other nodes"), "{err}");
 }
 
+/// `--enable-expert-parallel` splits a mixture's experts over a tensor-parallel group; where
+/// there is none to split (a dense model, or one device) it runs and says it does nothing.
+#[test]
+fn expert_parallelism_without_a_group_or_experts_runs_and_says_so() {
+    let (_, stderr) = generate(&["--enable-expert-parallel", "--max-tokens", "2"], &[]);
+    let line = log_line(&stderr, "--enable-expert-parallel has no effect");
+    assert!(line.to_string().contains("a dense model"), "{line}");
+    let mixtral = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mixtral");
+    let out = Command::new(env!("CARGO_BIN_EXE_pagewise"))
+        .args(["--log-format", "json", "generate", "--model", mixtral])
+        .args([
+            "--prompt",
+            "hi",
+            "--max-tokens",
+            "2",
+            "--enable-expert-parallel",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let line = log_line(&stderr, "--enable-expert-parallel has no effect");
+    assert!(line.to_string().contains("one device"), "{line}");
+}
+
 #[test]
 fn a_serving_benchmark_whose_every_request_fails_exits_with_the_first_error() {
     // Nothing listens on port 1: every request fails to connect.

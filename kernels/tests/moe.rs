@@ -164,6 +164,14 @@ fn held_routes_split_the_experts_whole_over_ranks() {
     let y = moe_experts(&layer.x, &part(&layer.gu), &part(&layer.down), &idle).unwrap();
     assert!(host_f32(&y).iter().all(|&v| v == 0.0));
     assert!(routes.held(6, 3).is_err() && routes.held(0, 0).is_err());
+    // Captured in a CUDA graph, as decode steps run (nothing copied from the host).
+    let (gu, down) = (part(&layer.gu), part(&layer.down));
+    let stream = dev.as_cuda_device().unwrap().cuda_stream();
+    let run = |_| {
+        let held = layer.routes.held(4, 4).unwrap();
+        moe_experts(&layer.x, &gu, &down, &held).unwrap();
+    };
+    crate::common::graph_replay_seconds(&stream, 1, &run);
 }
 
 /// The router kernel against the host: the f32 logits of x, or of RMSNorm(x) rounded to its

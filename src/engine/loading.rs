@@ -154,7 +154,10 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
     // Join the group first: a rank that cannot join fails before minutes of loading.
     let (par, member) = if args.parallel.is_parallel() {
         let (par, member) = group::join_group(&args.parallel, &group_settings(args), &device)?;
-        (par, Some(member))
+        (
+            par.with_expert_parallel(args.parallel.enable_expert_parallel),
+            Some(member),
+        )
     } else {
         (Parallel::single(), None)
     };
@@ -197,6 +200,16 @@ pub fn load(args: &EngineArgs) -> Result<LoadedEngine, EngineError> {
         Some(n) => n,
         None => cfg.max_position_embeddings,
     };
+    if args.parallel.enable_expert_parallel && (cfg.moe.is_none() || !args.parallel.is_parallel()) {
+        tracing::warn!(
+            "--enable-expert-parallel has no effect: it splits a mixture's experts over a \
+             tensor-parallel group, and this is {}",
+            match cfg.moe {
+                None => "a dense model",
+                Some(_) => "one device",
+            }
+        );
+    }
     let model = model::build_sharded(&cfg, &loaded.weights, max_model_len, &par)?;
     let kv_elements = kv_elements(args.kv_cache_dtype, dtype, &loaded.weights, &cfg)?;
     drop(loaded.weights);
@@ -414,6 +427,10 @@ fn group_settings(args: &EngineArgs) -> Settings {
         (
             "--disable-custom-all-reduce",
             p.disable_custom_all_reduce.to_string(),
+        ),
+        (
+            "--enable-expert-parallel",
+            p.enable_expert_parallel.to_string(),
         ),
         ("pagewise version", env!("CARGO_PKG_VERSION").to_string()),
     ]

@@ -95,7 +95,9 @@ impl Parallel {
 
 /// A tensor-parallel group of threads in one process, for CPU tests of sharded models: rank `r`'s
 /// model runs on its own thread with [`LocalGroup::member`]`(r)` as its collectives. Sums are
-/// taken in rank order on every rank, so every rank gets the same bits.
+/// taken in rank order on every rank, so every rank gets the same bits. The ranks may also share
+/// one GPU, each on its own stream: a rank's tensor is finished before the others read it, and
+/// what a rank computed from the others' is finished before it lets them go on.
 pub struct LocalGroup {
     size: usize,
     slots: Mutex<Vec<Option<Tensor>>>,
@@ -122,6 +124,7 @@ impl LocalGroup {
 
     /// Every rank's `x`, in rank order, once every rank has put its own.
     fn exchange(&self, rank: usize, x: &Tensor) -> candle_core::Result<Vec<Tensor>> {
+        x.device().synchronize()?;
         self.lock()?[rank] = Some(x.clone());
         self.barrier.wait();
         let all: Option<Vec<Tensor>> = self.lock()?.iter().cloned().collect();
@@ -149,13 +152,16 @@ impl Collective for LocalMember {
         for t in &all[1..] {
             sum = (sum + t)?;
         }
+        sum.device().synchronize()?;
         Ok(sum)
     }
 
     fn all_gather(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let all = self.group.exchange(self.rank, x)?;
         debug_assert_eq!(all.len(), self.group.size);
-        Tensor::stack(&all, 0)
+        let stacked = Tensor::stack(&all, 0)?;
+        stacked.device().synchronize()?;
+        Ok(stacked)
     }
 }
 

@@ -1,5 +1,6 @@
 //! Where this process sits in a tensor-parallel group, and how the group meets (vLLM's flags:
-//! `--tensor-parallel-size`, `--nnodes`, `--node-rank`, `--master-addr`, `--master-port`).
+//! `--tensor-parallel-size`, `--nnodes`, `--node-rank`, `--master-addr`, `--master-port`,
+//! `--enable-expert-parallel`).
 
 use std::ffi::OsString;
 use std::time::Duration;
@@ -30,6 +31,9 @@ pub struct ParallelConfig {
     pub local_rank: usize,
     /// All-reduces through NCCL only, never the one-shot kernel over peer memory.
     pub disable_custom_all_reduce: bool,
+    /// A mixture's experts held whole, a run of them a rank (expert parallelism), rather than
+    /// sliced across every rank.
+    pub enable_expert_parallel: bool,
     /// The command that starts this node's other ranks (`--tp-local-rank K` is appended);
     /// `None` runs this process's own command line again.
     pub worker_command: Option<Vec<OsString>>,
@@ -46,6 +50,7 @@ impl Default for ParallelConfig {
             join_timeout: DEFAULT_JOIN_TIMEOUT,
             local_rank: 0,
             disable_custom_all_reduce: false,
+            enable_expert_parallel: false,
             worker_command: None,
         }
     }

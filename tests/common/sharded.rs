@@ -26,6 +26,21 @@ impl On {
             dtype: DType::F32,
         }
     }
+
+    /// Where one rank of a group runs: on a GPU, its own stream of the same GPU (the layers'
+    /// per-stream scratch and handles are then the rank's own).
+    fn for_rank(&self) -> On {
+        let device = match self.device.location() {
+            candle_core::DeviceLocation::Cuda { gpu_id } => {
+                Device::new_cuda_with_stream(gpu_id).unwrap()
+            }
+            _ => self.device.clone(),
+        };
+        On {
+            device,
+            dtype: self.dtype,
+        }
+    }
 }
 
 pub fn options(format: LoadFormat) -> LoadOptions {
@@ -134,7 +149,7 @@ pub fn sharded_logits(
     sharded_logits_on(path, format, tokens, (size, expert_parallel), &On::cpu())
 }
 
-/// [`sharded_logits`] with every rank on `on`'s device and dtype.
+/// [`sharded_logits`] with every rank on `on`'s device (a stream each on a GPU) and dtype.
 pub fn sharded_logits_on(
     path: &str,
     format: LoadFormat,
@@ -148,7 +163,7 @@ pub fn sharded_logits_on(
             .map(|rank| {
                 let par = Parallel::new(TpRank { rank, size }, group.member(rank))
                     .with_expert_parallel(expert_parallel);
-                s.spawn(move || rank_logits_on(path, format, tokens, &par, on))
+                s.spawn(move || rank_logits_on(path, format, tokens, &par, &on.for_rank()))
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()

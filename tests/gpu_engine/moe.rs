@@ -96,3 +96,31 @@ fn moe_graphs_equal_eager(name: &str, mxfp4: bool) {
         assert!(replayed + 4 < steps, "{replays:?}");
     }
 }
+
+/// Expert parallelism with two ranks on one GPU (threads, each on its own stream, joined by a
+/// thread group's all-reduce): each rank holds half the experts whole, and its stack takes routes
+/// remapped to its experts (`MoeRoutes::held`). A 39-token prefill (the grouped GEMMs for dense
+/// experts; MXFP4 experts on tensor cores) and a decode step (the expert kernels) within bf16's
+/// noise of the whole model's logits on the same GPU, the two ranks bit for bit alike.
+#[test]
+fn expert_parallel_ranks_on_one_gpu_match_the_whole_model() {
+    use super::common::sharded::{On, rank_logits_on, sharded_logits_on};
+    use pagewise::loader::LoadFormat;
+    use pagewise::parallel::Parallel;
+    let on = On {
+        device: gpu(),
+        dtype: DType::BF16,
+    };
+    let tokens: Vec<u32> = prompts(1, 256)[0].iter().copied().take(40).collect();
+    for name in ["qwen3moe-d128", "gptoss-d64", "gptoss-d64-mxfp4"] {
+        let path = model(name);
+        let whole = rank_logits_on(&path, LoadFormat::Auto, &tokens, &Parallel::single(), &on);
+        let ranks = sharded_logits_on(&path, LoadFormat::Auto, &tokens, (2, true), &on);
+        let err = rel_err(&ranks[0], &whole);
+        let (agree, decisive) = top1_agreement(&ranks[0], &whole);
+        eprintln!("{name}: EP=2 vs one rank rel. err {err:.2e}, top-1 {agree}/{decisive}");
+        assert!(ranks[0] == ranks[1], "{name}: the ranks differ");
+        assert!(err < 3e-2, "{name}: {err}");
+        assert!(agree * 10 >= decisive * 9, "{name}: {agree}/{decisive}");
+    }
+}
