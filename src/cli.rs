@@ -86,6 +86,13 @@ pub struct ServeCmd {
     /// Model and engine settings.
     #[command(flatten)]
     pub engine: EngineFlags,
+    /// Engine replicas behind this server (data parallelism): each a whole model on its own GPU
+    /// (the `--device` GPU and the ones after it; all on the CPU with `--device cpu`), with its
+    /// own scheduler and KV cache. A request goes to the replica holding its prompt's prefix
+    /// unless that one is a full batch busier than the least-loaded. `/metrics` labels each
+    /// replica's samples `engine="i"`; `/dashboard?engine=i` shows its page table.
+    #[arg(long, env = "PAGEWISE_DATA_PARALLEL_SIZE", default_value_t = 1)]
+    pub data_parallel_size: usize,
     /// Address to listen on.
     #[arg(long, env = "PAGEWISE_HOST", default_value = "0.0.0.0")]
     pub host: String,

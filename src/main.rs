@@ -11,6 +11,7 @@ use pagewise::cli::{Cli, ClientCmd, Command, GenerateCmd, LogFormat, ServeCmd};
 use pagewise::client::{ClientSettings, Mode};
 use pagewise::default_model::DEFAULT_MODEL_NAME;
 use pagewise::default_model::ensure_default_model;
+use pagewise::engine;
 use pagewise::engine::handle::EngineHandle;
 use pagewise::engine_flags::EngineFlags;
 use pagewise::server::{self, AppState, ServerOptions};
@@ -215,19 +216,21 @@ fn serve(cmd: ServeCmd) -> Result<()> {
             let _ = loaded_rx.await;
         }));
         let args = cmd.engine.to_engine_args(model.clone());
-        let queue = cmd.max_num_queued_requests;
-        let spawned = tokio::task::spawn_blocking(move || EngineHandle::spawn(args, queue)).await?;
+        let (queue, replicas) = (cmd.max_num_queued_requests, cmd.data_parallel_size);
+        let spawned =
+            tokio::task::spawn_blocking(move || engine::replicas::spawn(&args, replicas, queue))
+                .await?;
         let _ = loaded_tx.send(());
         loading.await??;
-        let (engine, info) = spawned.with_context(|| format!("loading {model}"))?;
+        let (engines, info) = spawned.with_context(|| format!("loading {model}"))?;
         let listener = tokio::net::TcpListener::from_std(socket)?;
         tracing::info!(
             "serving {} on http://{}",
             opts.served_model_names[0],
             listener.local_addr()?
         );
-        let exit = engine.exit();
-        let state = AppState::new(engine, info, &opts);
+        let exits: Vec<_> = engines.replicas().iter().map(|e| e.exit()).collect();
+        let state = AppState::new(engines, info, &opts);
         server::serve(
             listener,
             state,
@@ -238,9 +241,13 @@ fn serve(cmd: ServeCmd) -> Result<()> {
         .await?;
         // Every handle is gone: the engine ends its last step and (under tensor parallelism)
         // stops the other ranks before the process exits.
-        if !tokio::task::spawn_blocking(move || exit.wait(std::time::Duration::from_secs(10)))
-            .await?
-        {
+        let waited = tokio::task::spawn_blocking(move || {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            exits.iter().all(|exit| {
+                exit.wait(deadline.saturating_duration_since(std::time::Instant::now()))
+            })
+        });
+        if !waited.await? {
             tracing::warn!("the engine did not stop within 10 s");
         }
         tracing::info!("stopped");

@@ -39,6 +39,12 @@ impl Histogram {
     /// Appends this histogram as `name` with `labels` (e.g. `model_name="x"`).
     pub fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        self.render_series(out, name, labels);
+    }
+
+    /// Appends the histogram's buckets, sum and count with `labels`, without the HELP/TYPE
+    /// header (one series of a family with several).
+    pub fn render_series(&self, out: &mut String, name: &str, labels: &str) {
         let mut cumulative = 0;
         for (bound, c) in BUCKETS.iter().zip(&self.counts) {
             cumulative += c.load(Ordering::Relaxed);
@@ -67,6 +73,21 @@ pub fn render_sample(
         out,
         "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value}"
     );
+}
+
+/// Appends one counter or gauge family: its HELP/TYPE header and a sample for each of
+/// `samples`' (labels, value).
+pub fn render_samples(
+    out: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = (String, f64)>,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for (labels, value) in samples {
+        let _ = writeln!(out, "{name}{{{labels}}} {value}");
+    }
 }
 
 #[cfg(test)]

@@ -142,7 +142,7 @@ async fn health_and_ready_answer_503_before_a_dead_engine_exits() {
         .await
         .unwrap();
     assert!(
-        metrics.contains("pagewise:engine_alive{model_name=\"tiny\"} 0\n"),
+        metrics.contains("pagewise:engine_alive{model_name=\"tiny\",engine=\"0\"} 0\n"),
         "{metrics}"
     );
     assert!(server.await.unwrap().is_err());

@@ -26,7 +26,7 @@ async fn a_client_that_disconnects_mid_stream_frees_its_sequence() {
     drop(body);
     // The engine frees the sequence within a step of noticing; /metrics shows it (polled: the
     // running count alone is ambiguous right after the first token).
-    let freed = "vllm:kv_cache_usage_perc{model_name=\"tiny\"} 0\n";
+    let freed = "vllm:kv_cache_usage_perc{model_name=\"tiny\",engine=\"0\"} 0\n";
     let aborted = "vllm:request_success_total{model_name=\"tiny\",finished_reason=\"abort\"} 1\n";
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -36,7 +36,10 @@ async fn a_client_that_disconnects_mid_stream_frees_its_sequence() {
             .text()
             .await
             .unwrap();
-        let running = state.engine.stats().num_running.load(Ordering::Acquire);
+        let running = state.engine.replicas()[0]
+            .stats()
+            .num_running
+            .load(Ordering::Acquire);
         if text.contains(freed) && text.contains(aborted) && running == 0 {
             break;
         }
@@ -47,8 +50,7 @@ async fn a_client_that_disconnects_mid_stream_frees_its_sequence() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(
-        state
-            .engine
+        state.engine.replicas()[0]
             .stats()
             .num_generated_tokens
             .load(Ordering::Relaxed)
@@ -97,14 +99,14 @@ async fn metrics_use_vllm_names() {
     assert!(steps.steps >= 1, "{text}");
     assert!(steps.seconds.iter().sum::<f64>() > 0.0, "{text}");
     assert!(text.contains(
-        "pagewise:engine_step_phase_seconds_total{model_name=\"tiny\",phase=\"forward\"}"
+        "pagewise:engine_step_phase_seconds_total{model_name=\"tiny\",engine=\"0\",phase=\"forward\"}"
     ));
     assert!(
         text.contains("vllm:prompt_tokens_total{model_name=\"tiny\"} 3\n"),
         "{text}"
     );
     assert!(
-        text.contains("vllm:generation_tokens_total{model_name=\"tiny\"} 4\n"),
+        text.contains("vllm:generation_tokens_total{model_name=\"tiny\",engine=\"0\"} 4\n"),
         "{text}"
     );
     assert!(text.contains("finished_reason=\"length\"} 1\n"), "{text}");
@@ -129,7 +131,12 @@ async fn a_full_waiting_queue_answers_429_with_retry_after() {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let second = send_completion(&base, &long).await;
-    while state.engine.stats().num_waiting.load(Ordering::Relaxed) < 1 {
+    while state.engine.replicas()[0]
+        .stats()
+        .num_waiting
+        .load(Ordering::Relaxed)
+        < 1
+    {
         assert!(Instant::now() < deadline, "the second request never waited");
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
@@ -255,14 +262,18 @@ async fn admission_counts_queued_sequences_live() {
         .await
         .unwrap();
     assert!(
-        metrics.contains("pagewise:num_queued_sequences{model_name=\"tiny\"} 2\n"),
+        metrics.contains("pagewise:num_queued_sequences{model_name=\"tiny\",engine=\"0\"} 2\n"),
         "{metrics}"
     );
-    assert!(metrics.contains("pagewise:engine_alive{model_name=\"tiny\"} 1\n"));
+    assert!(metrics.contains("pagewise:engine_alive{model_name=\"tiny\",engine=\"0\"} 1\n"));
     drop((first, accepted));
     let deadline = Instant::now() + Duration::from_secs(10);
     while state.engine.num_queued() > 0
-        || state.engine.stats().num_running.load(Ordering::Relaxed) > 0
+        || state.engine.replicas()[0]
+            .stats()
+            .num_running
+            .load(Ordering::Relaxed)
+            > 0
     {
         assert!(
             Instant::now() < deadline,

@@ -19,7 +19,8 @@ pub struct StepCounters {
 }
 
 impl StepCounters {
-    /// The counters in a Prometheus text page, or `None` when it has no `engine_steps_total`.
+    /// The counters in a Prometheus text page, summed over its engine replicas, or `None` when
+    /// it has no `engine_steps_total`.
     pub fn parse(text: &str) -> Option<Self> {
         let mut c = StepCounters::default();
         let mut seen = false;
@@ -33,17 +34,17 @@ impl StepCounters {
             let name = series.split('{').next().unwrap_or(series);
             match name {
                 "pagewise:engine_steps_total" => {
-                    c.steps = value as u64;
+                    c.steps += value as u64;
                     seen = true;
                 }
-                "pagewise:engine_cuda_graph_steps_total" => c.graph_steps = value as u64,
+                "pagewise:engine_cuda_graph_steps_total" => c.graph_steps += value as u64,
                 "pagewise:engine_cuda_graph_forward_seconds_total" => {
-                    c.graph_forward_seconds = value
+                    c.graph_forward_seconds += value
                 }
                 "pagewise:engine_step_phase_seconds_total" => {
                     for (i, (_, phase)) in Phase::ALL.iter().enumerate() {
                         if series.contains(&format!("phase=\"{phase}\"")) {
-                            c.seconds[i] = value;
+                            c.seconds[i] += value;
                         }
                     }
                 }
@@ -108,5 +109,9 @@ mod tests {
         assert!((b.eager_forward_ms - 160.0).abs() < 1e-9, "{b:?}");
         assert_eq!(after.since(&after), None, "no steps in between");
         assert_eq!(StepCounters::parse("vllm:num_requests_running 1\n"), None);
+        // Data-parallel replicas' samples add up.
+        let two = "pagewise:engine_steps_total{engine=\"0\"} 3\n\
+                   pagewise:engine_steps_total{engine=\"1\"} 4\n";
+        assert_eq!(StepCounters::parse(two).unwrap().steps, 7);
     }
 }

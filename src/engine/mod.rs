@@ -16,6 +16,7 @@ pub mod kv_sizing;
 pub mod loading;
 mod propose;
 mod proposer_cache;
+pub mod replicas;
 pub mod snapshot;
 pub mod stop;
 mod text;

@@ -37,10 +37,12 @@ const RUN_GAP: usize = 16;
 /// How often an idle viewer's stream looks whether the server is shutting down.
 const DRAIN_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// `?key=` on the dashboard's URLs.
+/// `?key=` on the dashboard's URLs, and `?engine=` (which replica under
+/// `--data-parallel-size`; 0 by default).
 #[derive(serde::Deserialize)]
 pub struct KeyQuery {
     key: Option<String>,
+    engine: Option<usize>,
 }
 
 /// Whether the request may see the dashboard: no keys configured, a Bearer key, or `?key=`.
@@ -74,8 +76,18 @@ pub async fn events(
         return refused();
     }
     let keepalive = state.sse_keepalive;
+    let replica = query.engine.unwrap_or(0);
+    let Some(engine) = state.engine.replicas().get(replica) else {
+        let n = state.engine.replicas().len();
+        let message = format!(
+            "There is no engine {replica}: this server runs engines 0 to {}.",
+            n - 1
+        );
+        return ApiError::new(StatusCode::NOT_FOUND, message).into_response();
+    };
     let viewer = Viewer {
-        watch: state.engine.watch_pool(),
+        watch: engine.watch_pool(),
+        replica,
         state,
         sent: None,
         sent_window: None,
@@ -107,6 +119,8 @@ pub async fn events(
 /// One viewer's stream: what it has been sent so far.
 struct Viewer {
     watch: PoolWatch,
+    /// The replica watched.
+    replica: usize,
     state: AppState,
     /// Block states as last sent.
     sent: Option<Vec<u8>>,
@@ -148,16 +162,16 @@ impl Viewer {
                 "blocks": q.blocks,
                 "window_blocks": q.window_blocks,
             })).collect::<Vec<_>>(),
-            "stats": stats(&self.state),
+            "stats": stats(&self.state.engine.replicas()[self.replica]),
             "gpu_memory": s.gpu_memory.map(|(used, total)| json!({"used": used, "total": total})),
         });
         Event::default().event("snapshot").data(data.to_string())
     }
 }
 
-/// The counters `/metrics` reports, read now.
-fn stats(state: &AppState) -> Value {
-    let s = state.engine.stats();
+/// The counters `/metrics` reports for `engine`, read now.
+fn stats(engine: &crate::engine::handle::EngineHandle) -> Value {
+    let s = engine.stats();
     let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     let phases: serde_json::Map<String, Value> = Phase::ALL
         .iter()

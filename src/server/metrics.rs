@@ -1,5 +1,5 @@
-//! GET /metrics: the engine's gauges and counters plus the server's request latencies, in the
-//! Prometheus text format with vLLM's names.
+//! GET /metrics: the engines' gauges and counters (one sample a replica, `engine="i"`) plus the
+//! server's request counts and latencies, in the Prometheus text format with vLLM's names.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -8,8 +8,11 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
+use std::fmt::Write;
+
 use super::AppState;
-use crate::metrics::{Histogram, render_sample};
+use crate::engine::handle::EngineHandle;
+use crate::metrics::{Histogram, render_sample, render_samples};
 use crate::request::FinishReason;
 use crate::runner::step_times::Phase;
 
@@ -81,102 +84,149 @@ impl RequestTimer {
     }
 }
 
+/// A gauge or counter each engine replica publishes: name, kind, help, its value.
+type EngineFamily = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&EngineHandle) -> f64,
+);
+
+fn load(a: &AtomicU64) -> f64 {
+    a.load(Ordering::Relaxed) as f64
+}
+
+/// The engines' gauges and counters, one sample a replica (`engine="i"`, as vLLM labels its
+/// data-parallel engines).
+const ENGINE_FAMILIES: [EngineFamily; 13] = [
+    (
+        "vllm:num_requests_running",
+        "gauge",
+        "Sequences running on the engine.",
+        |e| load(&e.stats().num_running),
+    ),
+    (
+        "vllm:num_requests_waiting",
+        "gauge",
+        "Sequences waiting to be scheduled.",
+        |e| load(&e.stats().num_waiting),
+    ),
+    (
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "KV-cache usage: 1 means every block in use.",
+        |e| load(&e.stats().kv_usage_ppm) / 1e6,
+    ),
+    (
+        "vllm:gpu_cache_usage_perc",
+        "gauge",
+        "KV-cache usage (older name).",
+        |e| load(&e.stats().kv_usage_ppm) / 1e6,
+    ),
+    (
+        "pagewise:kv_window_cache_usage_perc",
+        "gauge",
+        "Usage of the window group, the sliding-window layers' own blocks (models that mix \
+         sliding-window and full layers): 1 means every block in use; 0 without a group.",
+        |e| load(&e.stats().kv_window_usage_ppm) / 1e6,
+    ),
+    (
+        "pagewise:num_queued_sequences",
+        "gauge",
+        "Sequences accepted and not yet scheduled (what --max-num-queued-requests bounds).",
+        |e| e.num_queued() as f64,
+    ),
+    (
+        "pagewise:engine_alive",
+        "gauge",
+        "1 while the engine thread runs, 0 once it has died (the server then exits 1).",
+        |e| f64::from(u8::from(e.is_alive())),
+    ),
+    (
+        "vllm:generation_tokens_total",
+        "counter",
+        "Tokens generated.",
+        |e| load(&e.stats().num_generated_tokens),
+    ),
+    (
+        "vllm:num_preemptions_total",
+        "counter",
+        "Sequences preempted by recompute.",
+        |e| load(&e.stats().num_preemptions),
+    ),
+    (
+        "vllm:prefix_cache_queries_total",
+        "counter",
+        "Prompt tokens looked up in the prefix cache.",
+        |e| load(&e.stats().prefix_cache_queries),
+    ),
+    (
+        "vllm:prefix_cache_hits_total",
+        "counter",
+        "Prompt tokens served from the prefix cache.",
+        |e| load(&e.stats().prefix_cache_hits),
+    ),
+    (
+        "pagewise:engine_steps_total",
+        "counter",
+        "Engine steps run.",
+        |e| load(&e.stats().steps),
+    ),
+    (
+        "pagewise:engine_cuda_graph_steps_total",
+        "counter",
+        "Engine steps whose forward pass replayed a CUDA graph.",
+        |e| load(&e.stats().graph_steps),
+    ),
+];
+
 /// GET /metrics
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let labels = format!(
         "model_name=\"{}\"",
         state.served_model_names[0].replace('"', "'")
     );
-    let e = state.engine.stats();
+    let engines = state.engine.replicas();
+    let engine_labels: Vec<String> = (0..engines.len())
+        .map(|i| format!("{labels},engine=\"{i}\""))
+        .collect();
     let m = &state.metrics;
-    let load = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
     let mut out = String::new();
-    let gauges = [
-        (
-            "vllm:num_requests_running",
-            "Sequences running on the engine.",
-            load(&e.num_running),
-        ),
-        (
-            "vllm:num_requests_waiting",
-            "Sequences waiting to be scheduled.",
-            load(&e.num_waiting),
-        ),
-        (
-            "vllm:kv_cache_usage_perc",
-            "KV-cache usage: 1 means every block in use.",
-            load(&e.kv_usage_ppm) / 1e6,
-        ),
-        (
-            "vllm:gpu_cache_usage_perc",
-            "KV-cache usage (older name).",
-            load(&e.kv_usage_ppm) / 1e6,
-        ),
-        (
-            "pagewise:kv_window_cache_usage_perc",
-            "Usage of the window group, the sliding-window layers' own blocks (models that mix \
-             sliding-window and full layers): 1 means every block in use; 0 without a group.",
-            load(&e.kv_window_usage_ppm) / 1e6,
-        ),
-        (
-            "pagewise:num_queued_sequences",
-            "Sequences accepted and not yet scheduled (what --max-num-queued-requests bounds).",
-            state.engine.num_queued() as f64,
-        ),
-        (
-            "pagewise:engine_alive",
-            "1 while the engine thread runs, 0 once it has died (the server then exits 1).",
-            f64::from(u8::from(state.engine.is_alive())),
-        ),
-    ];
-    for (name, help, v) in gauges {
-        render_sample(&mut out, name, "gauge", help, &labels, v);
+    for (name, kind, help, value) in ENGINE_FAMILIES {
+        let samples = engines
+            .iter()
+            .zip(&engine_labels)
+            .map(|(e, l)| (l.clone(), value(e)));
+        render_samples(&mut out, name, kind, help, samples);
     }
-    let counters = [
-        (
-            "vllm:prompt_tokens_total",
-            "Prompt tokens processed.",
-            load(&m.prompt_tokens),
-        ),
-        (
-            "vllm:generation_tokens_total",
-            "Tokens generated.",
-            load(&e.num_generated_tokens),
-        ),
-        (
-            "vllm:num_preemptions_total",
-            "Sequences preempted by recompute.",
-            load(&e.num_preemptions),
-        ),
-        (
-            "vllm:prefix_cache_queries_total",
-            "Prompt tokens looked up in the prefix cache.",
-            load(&e.prefix_cache_queries),
-        ),
-        (
-            "vllm:prefix_cache_hits_total",
-            "Prompt tokens served from the prefix cache.",
-            load(&e.prefix_cache_hits),
-        ),
-        (
-            "pagewise:engine_steps_total",
-            "Engine steps run.",
-            load(&e.steps),
-        ),
-        (
-            "pagewise:engine_cuda_graph_steps_total",
-            "Engine steps whose forward pass replayed a CUDA graph.",
-            load(&e.graph_steps),
-        ),
-        (
-            "pagewise:engine_cuda_graph_forward_seconds_total",
-            "Forward-phase time of the steps that replayed a CUDA graph.",
-            load(&e.graph_forward_micros) / 1e6,
-        ),
-    ];
-    for (name, help, v) in counters {
-        render_sample(&mut out, name, "counter", help, &labels, v);
-    }
+    render_samples(
+        &mut out,
+        "pagewise:engine_cuda_graph_forward_seconds_total",
+        "counter",
+        "Forward-phase time of the steps that replayed a CUDA graph.",
+        engines
+            .iter()
+            .zip(&engine_labels)
+            .map(|(e, l)| (l.clone(), load(&e.stats().graph_forward_micros) / 1e6)),
+    );
+    render_samples(
+        &mut out,
+        "pagewise:routed_requests_total",
+        "counter",
+        "Requests given to each engine replica (--data-parallel-size).",
+        engine_labels
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (l.clone(), state.engine.routed(i) as f64)),
+    );
+    render_sample(
+        &mut out,
+        "vllm:prompt_tokens_total",
+        "counter",
+        "Prompt tokens processed.",
+        &labels,
+        load(&m.prompt_tokens),
+    );
     out.push_str("# HELP vllm:request_success_total Finished sequences by finish reason.\n");
     out.push_str("# TYPE vllm:request_success_total counter\n");
     for (i, reason) in ["stop", "length", "abort"].iter().enumerate() {
@@ -185,17 +235,21 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
             "vllm:request_success_total{{{labels},finished_reason=\"{reason}\"}} {v}\n"
         ));
     }
-    out.push_str(
-        "# HELP pagewise:engine_step_phase_seconds_total Engine-thread time by step phase.\n\
-         # TYPE pagewise:engine_step_phase_seconds_total counter\n",
+    render_samples(
+        &mut out,
+        "pagewise:engine_step_phase_seconds_total",
+        "counter",
+        "Engine-thread time by step phase.",
+        engines.iter().zip(&engine_labels).flat_map(|(e, l)| {
+            Phase::ALL
+                .iter()
+                .zip(&e.stats().phase_micros)
+                .map(move |((_, phase), micros)| {
+                    (format!("{l},phase=\"{phase}\""), load(micros) / 1e6)
+                })
+        }),
     );
-    for ((_, phase), micros) in Phase::ALL.iter().zip(&e.phase_micros) {
-        let v = load(micros) / 1e6;
-        out.push_str(&format!(
-            "pagewise:engine_step_phase_seconds_total{{{labels},phase=\"{phase}\"}} {v}\n"
-        ));
-    }
-    render_spec(&mut out, &e.spec, &labels);
+    render_spec(&mut out, engines, &engine_labels);
     m.ttft.render(
         &mut out,
         "vllm:time_to_first_token_seconds",
@@ -214,12 +268,16 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         "Arrival to last token.",
         &labels,
     );
-    e.queue_time.render(
-        &mut out,
-        "vllm:request_queue_time_seconds",
-        "Arrival to first scheduled step.",
-        &labels,
+    let _ = writeln!(
+        out,
+        "# HELP vllm:request_queue_time_seconds Arrival to first scheduled step.\n\
+         # TYPE vllm:request_queue_time_seconds histogram"
     );
+    for (e, l) in engines.iter().zip(&engine_labels) {
+        e.stats()
+            .queue_time
+            .render_series(&mut out, "vllm:request_queue_time_seconds", l);
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -231,40 +289,53 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
 }
 
 /// Speculative decoding's counters, with vLLM's names, when it is on.
-fn render_spec(out: &mut String, spec: &crate::engine::handle::SpecCounters, labels: &str) {
-    let load = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
-    let k = spec.num_speculative_tokens.load(Ordering::Relaxed) as usize;
+fn render_spec(out: &mut String, engines: &[EngineHandle], labels: &[String]) {
+    let k = engines[0]
+        .stats()
+        .spec
+        .num_speculative_tokens
+        .load(Ordering::Relaxed) as usize;
     if k == 0 {
         return;
     }
-    for (name, help, v) in [
+    type Counter = fn(&crate::engine::handle::SpecCounters) -> &AtomicU64;
+    let families: [(&str, &str, Counter); 3] = [
         (
             "vllm:spec_decode_num_drafts_total",
             "Sequence-steps that verified draft tokens.",
-            load(&spec.num_drafts),
+            |s| &s.num_drafts,
         ),
         (
             "vllm:spec_decode_num_draft_tokens_total",
             "Draft tokens verified.",
-            load(&spec.num_draft_tokens),
+            |s| &s.num_draft_tokens,
         ),
         (
             "vllm:spec_decode_num_accepted_tokens_total",
             "Draft tokens accepted.",
-            load(&spec.num_accepted_tokens),
+            |s| &s.num_accepted_tokens,
         ),
-    ] {
-        render_sample(out, name, "counter", help, labels, v);
+    ];
+    for (name, help, counter) in families {
+        let samples = engines
+            .iter()
+            .zip(labels)
+            .map(|(e, l)| (l.clone(), load(counter(&e.stats().spec))));
+        render_samples(out, name, "counter", help, samples);
     }
-    out.push_str(
-        "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted draft tokens by \
-         position in the draft.\n\
-         # TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter\n",
+    render_samples(
+        out,
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+        "counter",
+        "Accepted draft tokens by position in the draft.",
+        engines.iter().zip(labels).flat_map(|(e, l)| {
+            e.stats()
+                .spec
+                .accepted_per_pos
+                .iter()
+                .take(k)
+                .enumerate()
+                .map(move |(pos, n)| (format!("{l},position=\"{pos}\""), load(n)))
+        }),
     );
-    for (pos, n) in spec.accepted_per_pos.iter().take(k).enumerate() {
-        let v = load(n);
-        out.push_str(&format!(
-            "vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position=\"{pos}\"}} {v}\n"
-        ));
-    }
 }

@@ -35,7 +35,8 @@ use axum::routing::{get, post};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
-use crate::engine::handle::{EngineHandle, ModelInfo};
+use crate::engine::handle::ModelInfo;
+use crate::engine::replicas::Engines;
 use error::ApiError;
 
 /// Largest request body accepted.
@@ -71,8 +72,8 @@ pub struct ServerOptions {
 /// What every handler shares.
 #[derive(Clone)]
 pub struct AppState {
-    /// The engine thread.
-    pub engine: EngineHandle,
+    /// The engine replicas (one unless `--data-parallel-size`).
+    pub engine: Arc<Engines>,
     /// Tokenizer, chat template, limits.
     pub info: ModelInfo,
     /// Names the model answers to.
@@ -97,10 +98,10 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// State over a running engine.
-    pub fn new(engine: EngineHandle, info: ModelInfo, opts: &ServerOptions) -> Self {
+    /// State over a running engine, or engine replicas ([`Engines`]).
+    pub fn new(engine: impl Into<Engines>, info: ModelInfo, opts: &ServerOptions) -> Self {
         AppState {
-            engine,
+            engine: Arc::new(engine.into()),
             info,
             served_model_names: Arc::new(opts.served_model_names.clone()),
             api_keys: Arc::new(opts.api_keys.clone()),
@@ -388,11 +389,7 @@ pub async fn serve(
 /// Waits until no sequence runs or waits, or ends the rest when `timeout` passes.
 async fn drain(state: &AppState, timeout: std::time::Duration) {
     let deadline = tokio::time::Instant::now() + timeout;
-    let stats = state.engine.stats();
-    while stats.num_running.load(Ordering::Relaxed) > 0
-        || stats.num_waiting.load(Ordering::Relaxed) > 0
-        || state.engine.num_queued() > 0
-    {
+    while !state.engine.is_idle() {
         if !state.engine.is_alive() {
             return;
         }
