@@ -118,7 +118,7 @@ async fn shared_prefixes_land_together_and_outputs_equal_one_engine() {
 async fn a_busy_replica_gives_way_to_the_idle_one() {
     let base = start(2).await;
     let body = |variant: u32| {
-        json!({"model": "tiny", "prompt": prompt(7, variant), "max_tokens": 64,
+        json!({"model": "tiny", "prompt": prompt(7, variant), "max_tokens": 180,
                "temperature": 0, "ignore_eos": true})
     };
     let sends = (0..12).map(|v| {
