@@ -5,7 +5,8 @@
 //! of the random
 //! Llama-3.2-1B shape (scripts/gpu/make_gpu_models.py) must match TP=1's and transformers',
 //! for a prefill and for a one-token decode step (the fused decode path); gpt-oss's (bf16 and
-//! MXFP4 experts) and Gemma 3's TP=N logits must match their TP=1 ones. The multi-process
+//! MXFP4 experts) and Gemma 3's TP=N logits must match their TP=1 ones, and the mixtures' with
+//! their experts held whole (expert parallelism) too. The multi-process
 //! engine (plans over TCP, graphs, server) is checked end to end by scripts/gpu/tp_check.py.
 #![cfg(feature = "nccl")]
 
@@ -128,6 +129,16 @@ fn tp1_and_ranks(
     prompt: &[u32],
     next: u32,
 ) -> (Vec<Vec<f32>>, Vec<Vec<Vec<f32>>>) {
+    one_and_ranks(name, (size, false), prompt, next)
+}
+
+/// [`tp1_and_ranks`], a mixture's experts held whole by the ranks when `expert_parallel`.
+fn one_and_ranks(
+    name: &str,
+    (size, expert_parallel): (usize, bool),
+    prompt: &[u32],
+    next: u32,
+) -> (Vec<Vec<f32>>, Vec<Vec<Vec<f32>>>) {
     let gpu0 = Device::new_cuda(0).unwrap();
     let tp1 = rank_logits(name, &Parallel::single(), &gpu0, prompt, next);
     drop(gpu0);
@@ -140,7 +151,8 @@ fn tp1_and_ranks(
                     let device = Device::new_cuda(rank).unwrap();
                     let tp = TpRank { rank, size };
                     let comm = NcclComm::new(&device, tp, &id).unwrap();
-                    let par = Parallel::new(tp, std::sync::Arc::new(comm));
+                    let par = Parallel::new(tp, std::sync::Arc::new(comm))
+                        .with_expert_parallel(expert_parallel);
                     rank_logits(name, &par, &device, prompt, next)
                 })
             })
@@ -173,6 +185,31 @@ fn tp_gpt_oss_and_gemma3_match_tp1() {
             agree * 10 >= tp1.len() * 9,
             "{name}: top-1 {agree}/{}",
             tp1.len()
+        );
+    }
+}
+
+/// Expert parallelism over NCCL (`--enable-expert-parallel`): each rank holds whole experts
+/// (Qwen3-MoE's 8 experts of 128, gpt-oss's 8 with bf16 and with MXFP4 experts), attention split
+/// as under TP; the logits of a prefill and a decode step within bf16's noise of one GPU's.
+#[test]
+fn ep_mixtures_match_one_gpu() {
+    let size = group_size();
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 300).collect();
+    for name in ["qwen3moe-d128", "gptoss-d64", "gptoss-d64-mxfp4"] {
+        let (one, ranks) = one_and_ranks(name, (size, true), &prompt, 42);
+        let err = rel_err(&ranks[0], &one);
+        let agree = same_argmax(&one, &ranks[0]);
+        eprintln!(
+            "{name}: EP={size} vs one GPU rel. err {err:.2e}, top-1 {agree}/{}",
+            one.len()
+        );
+        assert!(ranks.iter().all(|r| r == &ranks[0]), "{name}: ranks differ");
+        assert!(err < 3e-2, "{name}: EP={size} drifted from one GPU: {err}");
+        assert!(
+            agree * 10 >= one.len() * 9,
+            "{name}: top-1 {agree}/{}",
+            one.len()
         );
     }
 }

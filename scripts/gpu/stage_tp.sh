@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds (with NCCL) and stages only what scripts/gpu/tp.sh needs in .gpu-tp/: the release
+# Builds (with NCCL) and stages only what scripts/gpu/tp.sh and ep_dp.sh need in .gpu-tp/: the release
 # binary, the two-GPU NCCL test, the scripts, the tokenizer fixture, the OpenAI SDK suite and
 # its wheels, well inside the 64 MiB a device call carries:
 #   scripts/gpu/stage_tp.sh
@@ -26,7 +26,7 @@ done
 python3 -m pip download --quiet --disable-pip-version-check --dest .gpu-tp/wheels \
   --python-version 3.12 --only-binary=:all: --platform manylinux2014_x86_64 \
   --platform manylinux_2_17_x86_64 --platform any 'openai==3.57.0' 'pytest==9.2.0'
-cp scripts/gpu/tp.sh scripts/gpu/tp_check.py scripts/gpu/make_gpu_models.py .gpu-tp/scripts/gpu/
+cp scripts/gpu/tp.sh scripts/gpu/tp_check.py scripts/gpu/ep_dp.sh scripts/gpu/make_gpu_models.py .gpu-tp/scripts/gpu/
 cp tests/fixtures/llama-gqa-tied/tokenizer.json .gpu-tp/tests/fixtures/llama-gqa-tied/
 cp tests/fixtures/make_gptoss_mxfp4.py tests/fixtures/make_tiny_models.py .gpu-tp/tests/fixtures/
 cp tests/openai_sdk/test_openai_sdk.py .gpu-tp/tests/openai_sdk/
