@@ -156,12 +156,19 @@ async fn the_dashboard_watches_the_replica_asked_for() {
 }
 
 #[test]
-fn replicas_of_a_tensor_parallel_group_or_none_are_refused_by_name() {
+fn replicas_of_a_tensor_parallel_group_experts_over_replicas_or_none_are_refused_by_name() {
     let mut args = engine_args();
     args.parallel.tensor_parallel_size = 2;
     let e = replicas::spawn(&args, 2, 0).err().unwrap().to_string();
     assert!(
         e.contains("--data-parallel-size above 1 with --tensor-parallel-size"),
+        "{e}"
+    );
+    let mut args = engine_args();
+    args.parallel.enable_expert_parallel = true;
+    let e = replicas::spawn(&args, 2, 0).err().unwrap().to_string();
+    assert!(
+        e.contains("--enable-expert-parallel with --data-parallel-size"),
         "{e}"
     );
     let e = replicas::spawn(&engine_args(), 0, 0)

@@ -207,6 +207,14 @@ pub fn spawn(
                 .into(),
         ));
     }
+    if n > 1 && args.parallel.enable_expert_parallel {
+        return Err(EngineError::Parallel(
+            "--enable-expert-parallel with --data-parallel-size above 1 (experts spread over the \
+             replicas, attention data-parallel) is not implemented yet: split the experts over a \
+             tensor-parallel group (--tensor-parallel-size N --enable-expert-parallel)"
+                .into(),
+        ));
+    }
     let on_gpu = match args.device {
         DeviceArg::Cuda(_) => true,
         DeviceArg::Cpu => false,
