@@ -52,7 +52,8 @@ pub struct ServerOptions {
     /// CORS origins (`*` for any); empty means no CORS headers.
     pub allowed_origins: Vec<String>,
     /// Sequences that may wait for the engine before new requests get 429 (0: no limit). The
-    /// engine handle enforces it: give the same number to [`EngineHandle::spawn`].
+    /// engine handles enforce it (each replica's own queue): give the same number to
+    /// [`crate::engine::handle::EngineHandle::spawn`] or [`crate::engine::replicas::spawn`].
     pub max_num_queued_requests: usize,
     /// Interval of SSE keep-alive comments (default 15 s).
     pub sse_keepalive: Option<std::time::Duration>,
