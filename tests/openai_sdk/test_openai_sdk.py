@@ -171,10 +171,10 @@ def test_flood_of_cancelled_streams_frees_every_block(tiny):
     client.completions.create(model="tiny", prompt="after", max_tokens=4)
     assert time.time() - start < 5
     deadline = time.time() + 10
-    while 'vllm:kv_cache_usage_perc{model_name="tiny"} 0\n' not in tiny.metrics():
+    while 'vllm:kv_cache_usage_perc{model_name="tiny",engine="0"} 0\n' not in tiny.metrics():
         assert time.time() < deadline, tiny.metrics()
         time.sleep(0.1)
-    assert 'vllm:num_requests_running{model_name="tiny"} 0\n' in tiny.metrics()
+    assert 'vllm:num_requests_running{model_name="tiny",engine="0"} 0\n' in tiny.metrics()
 
 
 def test_sigterm_drains_in_flight_requests():
