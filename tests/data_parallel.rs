@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::server::{engine_args, send_json};
+use common::server::{engine_args, get_text, send_json};
 use pagewise::EngineArgs;
 use pagewise::engine::replicas;
 use pagewise::server::{self, AppState, ServerOptions};
@@ -65,12 +65,7 @@ fn sample(text: &str, name: &str, engine: usize) -> f64 {
 }
 
 async fn metrics(base: &str) -> String {
-    reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    get_text(base, "/metrics").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

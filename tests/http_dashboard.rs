@@ -98,12 +98,7 @@ impl Events {
 
 /// `base`'s /metrics page.
 async fn metrics_text(base: &str) -> String {
-    reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    get_text(base, "/metrics").await
 }
 
 /// The pool as the page rebuilds it.

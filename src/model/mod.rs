@@ -39,6 +39,8 @@ mod moe_affine;
 #[cfg(feature = "cuda")]
 mod moe_device;
 mod moe_settings;
+#[cfg(feature = "cuda")]
+mod moe_sorted;
 pub(crate) mod mxfp4;
 pub mod norm;
 pub mod opt;

@@ -98,6 +98,16 @@ pub async fn get_json(base: &str, path: &str) -> Value {
         .unwrap()
 }
 
+/// GETs `path` and returns the body as text (`/metrics`).
+pub async fn get_text(base: &str, path: &str) -> String {
+    reqwest::get(format!("{base}{path}"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 pub async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
     let r = send_json(base, path, &body).await;
     let status = r.status().as_u16();
