@@ -8,12 +8,11 @@
 
 use std::arch::x86_64::*;
 
+pub(super) use super::avx2_k::{dot_q4k8, dot_q5k8};
 pub(super) use super::avx2_low::{dot_q2k8, dot_q3k8};
 pub(super) use super::avx2_signed::{dot_bytes8, dot_iq4nl8, dot_iq4xs8};
 use super::blocks::{Act, Nibbles8};
 use super::fives::{Fives8, Packed5};
-use super::q4k::Q4K8;
-use super::q5k::Q5K8;
 use super::q6k::Q6K8;
 use super::vnni::{NO_VNNI, vnni};
 
@@ -92,9 +91,9 @@ fn block8<const R: usize, const FIVE: bool, const V: u8>(
     each_row!(R, r => {
         let ab = acts[r];
         let sum = if V != NO_VNNI {
-            quad_sums::<V>(q, ab, 0..8)
+            quad_sums::<V>(q, &ab.qs, 0..8)
         } else {
-            sums16::<FIVE>(q, ab)
+            sums16::<FIVE>(q, &ab.qs)
         };
         let products = _mm256_cvtepi32_ps(sum);
         acc[r] = _mm256_fmadd_ps(products, _mm256_mul_ps(scale, _mm256_set1_ps(ab.d)), acc[r]);
@@ -106,9 +105,16 @@ fn block8<const R: usize, const FIVE: bool, const V: u8>(
 #[target_feature(enable = "avx2")]
 #[inline]
 pub(super) fn act_bytes(a: &Act, k: usize) -> __m256i {
+    quad_bytes(&a.qs, k)
+}
+
+/// Bytes `4k..4k + 4` of 32 activations in every 32-bit lane.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn quad_bytes(qs: &[i8; 32], k: usize) -> __m256i {
     assert!(k < 8);
     // SAFETY: bytes 4k..4k + 4 of the 32; unaligned read.
-    _mm256_set1_epi32(unsafe { a.qs.as_ptr().add(4 * k).cast::<i32>().read_unaligned() })
+    _mm256_set1_epi32(unsafe { qs.as_ptr().add(4 * k).cast::<i32>().read_unaligned() })
 }
 
 /// With a `vpdpbusd` (`V`): in each 32-bit lane (a weight row), the products of the row's
@@ -120,13 +126,13 @@ pub(super) fn act_bytes(a: &Act, k: usize) -> __m256i {
 #[inline]
 pub(super) fn quad_sums<const V: u8>(
     q: &[__m256i; 8],
-    a: &Act,
+    a: &[i8; 32],
     ks: std::ops::Range<usize>,
 ) -> __m256i {
     if ks.len() > 4 {
         let mut four = [_mm256_setzero_si256(); 4];
         for k in ks {
-            four[k % 4] = vnni::<V>(four[k % 4], q[k], act_bytes(a, k));
+            four[k % 4] = vnni::<V>(four[k % 4], q[k], quad_bytes(a, k));
         }
         return _mm256_add_epi32(
             _mm256_add_epi32(four[0], four[1]),
@@ -135,7 +141,7 @@ pub(super) fn quad_sums<const V: u8>(
     }
     let mut two = [_mm256_setzero_si256(); 2];
     for k in ks {
-        two[k % 2] = vnni::<V>(two[k % 2], q[k], act_bytes(a, k));
+        two[k % 2] = vnni::<V>(two[k % 2], q[k], quad_bytes(a, k));
     }
     _mm256_add_epi32(two[0], two[1])
 }
@@ -143,9 +149,9 @@ pub(super) fn quad_sums<const V: u8>(
 /// [`block8`]'s integer sums without AVX-VNNI: `vpmaddubsw` per quad, summed in 16 bits, widened.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn sums16<const FIVE: bool>(q: &[__m256i; 8], ab: &Act) -> __m256i {
+pub(super) fn sums16<const FIVE: bool>(q: &[__m256i; 8], ab: &[i8; 32]) -> __m256i {
     let ones = _mm256_set1_epi16(1);
-    let quad = |k: usize| _mm256_maddubs_epi16(q[k], act_bytes(ab, k));
+    let quad = |k: usize| _mm256_maddubs_epi16(q[k], quad_bytes(ab, k));
     let sum16 = |ks: std::ops::Range<usize>| {
         let first = quad(ks.start);
         ks.skip(1).fold(first, |s, k| _mm256_add_epi16(s, quad(k)))
@@ -164,7 +170,7 @@ fn sums16<const FIVE: bool>(q: &[__m256i; 8], ab: &Act) -> __m256i {
 /// bit `c` of `qh` moved to bit 4 in chunk `c` (within each byte: the shifts are by at most 4).
 #[target_feature(enable = "avx2")]
 #[inline]
-fn unpack5(p: &Packed5) -> [__m256i; 8] {
+pub(super) fn unpack5(p: &Packed5) -> [__m256i; 8] {
     let mut q = unpack8(&p.qs);
     // SAFETY: 32 bytes; unaligned load.
     let qh = unsafe { _mm256_loadu_si256(p.qh.as_ptr().cast()) };
@@ -249,20 +255,6 @@ pub(super) fn f16x8(v: &[half::f16; 8]) -> __m256 {
     unsafe { _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().cast())) }
 }
 
-/// A Q4_K / Q5_K sub-block's scale `d · sc` and offset `−dmin · m` for the 8 rows at once.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-fn sub_block_scales(d: __m256, dmin: __m256, sc: &[u8; 8], m: &[u8; 8]) -> (__m256, __m256) {
-    let bytes8 = |v: &[u8; 8]| {
-        // SAFETY: 8 bytes; unaligned load.
-        let v = unsafe { _mm_loadl_epi64(v.as_ptr().cast()) };
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
-    };
-    let scale = _mm256_mul_ps(d, bytes8(sc));
-    let offset = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, bytes8(m)));
-    (scale, offset)
-}
-
 /// The 8 interleaved rows of `w` (one group, all its blocks) against each of the rows `a`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -277,32 +269,6 @@ pub(super) fn dot_nibbles8<const R: usize, const V: u8>(
     for (b, g) in w.iter().enumerate() {
         let (d, m) = (f16x8(&g.d), f16x8(&g.m));
         block8::<R, false, V>(&unpack8(&g.qs), d, m, blocks_at(a, b), &mut acc);
-    }
-    store8(acc)
-}
-
-/// The 8 interleaved Q4_K rows of `w` (one group, all its super-blocks) against each of the rows
-/// `a` (8 activation blocks a super-block): [`block8`] per sub-block, its scales
-/// `d · sc` and `−dmin · m` made for the 8 rows at once.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) fn dot_q4k8<const R: usize, const V: u8>(w: &[Q4K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
-    for row in a {
-        assert_eq!(row.len(), 8 * w.len());
-    }
-    let mut acc = [_mm256_setzero_ps(); R];
-    for (b, g) in w.iter().enumerate() {
-        let (d, dmin) = (f16x8(&g.d), f16x8(&g.dmin));
-        for (j, part) in g.j.iter().enumerate() {
-            let (scale, offset) = sub_block_scales(d, dmin, &part.sc, &part.m);
-            block8::<R, false, V>(
-                &unpack8(&part.qs),
-                scale,
-                offset,
-                blocks_at(a, 8 * b + j),
-                &mut acc,
-            );
-        }
     }
     store8(acc)
 }
@@ -358,8 +324,8 @@ pub(super) fn dot_q6k8<const R: usize, const V: u8>(w: &[Q6K8], a: [&[Act]; R]) 
                 let ab = &a[r][8 * b + k];
                 let sum = if V != NO_VNNI {
                     _mm256_add_epi32(
-                        _mm256_mullo_epi32(quad_sums::<V>(&q, ab, 0..4), lo32),
-                        _mm256_mullo_epi32(quad_sums::<V>(&q, ab, 4..8), hi32),
+                        _mm256_mullo_epi32(quad_sums::<V>(&q, &ab.qs, 0..4), lo32),
+                        _mm256_mullo_epi32(quad_sums::<V>(&q, &ab.qs, 4..8), hi32),
                     )
                 } else {
                     let two = |c: usize| {
@@ -400,31 +366,6 @@ pub(super) fn dot_fives8<const R: usize, const V: u8>(
     for (b, g) in w.iter().enumerate() {
         let (d, m) = (f16x8(&g.d), f16x8(&g.m));
         block8::<R, true, V>(&unpack5(&g.q), d, m, blocks_at(a, b), &mut acc);
-    }
-    store8(acc)
-}
-
-/// The 8 interleaved Q5_K rows of `w` (one group, all its super-blocks) against each of the rows
-/// `a` (8 activation blocks a super-block), as [`dot_q4k8`] with 5-bit values.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) fn dot_q5k8<const R: usize, const V: u8>(w: &[Q5K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
-    for row in a {
-        assert_eq!(row.len(), 8 * w.len());
-    }
-    let mut acc = [_mm256_setzero_ps(); R];
-    for (b, g) in w.iter().enumerate() {
-        let (d, dmin) = (f16x8(&g.d), f16x8(&g.dmin));
-        for (j, part) in g.j.iter().enumerate() {
-            let (scale, offset) = sub_block_scales(d, dmin, &part.sc, &part.m);
-            block8::<R, true, V>(
-                &unpack5(&part.q),
-                scale,
-                offset,
-                blocks_at(a, 8 * b + j),
-                &mut acc,
-            );
-        }
     }
     store8(acc)
 }

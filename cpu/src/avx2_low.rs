@@ -86,8 +86,8 @@ fn part_sums<const R: usize, const V: u8>(
         each_row!(R, r => {
             let a = acts[r];
             let sum = _mm256_add_epi32(
-                _mm256_madd_epi16(quad_sums::<V>(q, a, 0..4), lo),
-                _mm256_madd_epi16(quad_sums::<V>(q, a, 4..8), hi),
+                _mm256_madd_epi16(quad_sums::<V>(q, &a.qs, 0..4), lo),
+                _mm256_madd_epi16(quad_sums::<V>(q, &a.qs, 4..8), hi),
             );
             out[r] = (sum, _mm256_madd_epi16(m, act_half_sums(a)));
         });

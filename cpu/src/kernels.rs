@@ -3,6 +3,7 @@
 
 use std::sync::OnceLock;
 
+use super::act_k::ActK;
 use super::bf16::dot_bf16x8_scalar;
 use super::blocks::{Act, Nibbles8, dot_nibbles8_scalar};
 use super::fives::{Fives8, dot_fives8_scalar};
@@ -118,18 +119,21 @@ macro_rules! group_block {
         group_block!($block, $weights, $avx2, $scalar, false);
     };
     ($block:ty, $weights:expr, $avx2:ident, $scalar:ident, $tile8:expr) => {
+        group_block!($block, $weights, $avx2, $scalar, $tile8, Act, 32);
+    };
+    ($block:ty, $weights:expr, $avx2:ident, $scalar:ident, $tile8:expr, $act:ty, $act_cols:expr) => {
         impl GroupBlock for $block {
             const WEIGHTS: usize = $weights;
             const TILE8: bool = $tile8;
-            type Act = Act;
-            const ACT_COLS: usize = 32;
+            type Act = $act;
+            const ACT_COLS: usize = $act_cols;
 
-            fn dot_group<const R: usize>(isa: Isa, w: &[Self], a: [&[Act]; R]) -> [[f32; 8]; R] {
+            fn dot_group<const R: usize>(isa: Isa, w: &[Self], a: [&[$act]; R]) -> [[f32; 8]; R] {
                 #[cfg(target_arch = "x86_64")]
                 #[target_feature(enable = "avx2,fma,f16c")]
                 fn avx2<const R: usize, const V: u8>(
                     w: &[$block],
-                    a: [&[Act]; R],
+                    a: [&[$act]; R],
                 ) -> [[f32; 8]; R] {
                     super::avx2::$avx2::<R, V>(w, a)
                 }
@@ -138,7 +142,7 @@ macro_rules! group_block {
                 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
                 fn avx512<const R: usize, const V: u8>(
                     w: &[$block],
-                    a: [&[Act]; R],
+                    a: [&[$act]; R],
                 ) -> [[f32; 8]; R] {
                     super::avx2::$avx2::<R, V>(w, a)
                 }
@@ -170,8 +174,8 @@ macro_rules! group_block {
 group_block!(Nibbles8, 32, dot_nibbles8, dot_nibbles8_scalar);
 group_block!(Fives8, 32, dot_fives8, dot_fives8_scalar);
 group_block!(Bytes8, 32, dot_bytes8, dot_bytes8_scalar);
-group_block!(Q4K8, 256, dot_q4k8, dot_q4k8_scalar);
-group_block!(Q5K8, 256, dot_q5k8, dot_q5k8_scalar, true);
+group_block!(Q4K8, 256, dot_q4k8, dot_q4k8_scalar, false, ActK, 256);
+group_block!(Q5K8, 256, dot_q5k8, dot_q5k8_scalar, true, ActK, 256);
 group_block!(Q6K8, 256, dot_q6k8, dot_q6k8_scalar, true);
 group_block!(Iq4Nl8, 32, dot_iq4nl8, dot_iq4nl8_scalar);
 group_block!(Iq4Xs8, 256, dot_iq4xs8, dot_iq4xs8_scalar);

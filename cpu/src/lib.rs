@@ -4,7 +4,8 @@
 //!
 //! - [`blocks`]: Q4_0 / Q4_1 blocks and the activation blocks, with their scalar reference;
 //! - [`fives`], [`q8`], [`q4k`], [`q5k`], [`q6k`]: Q5_0 / Q5_1, Q8_0, Q4_K, Q5_K and Q6_K
-//!   interleaved 8 rows by 8 for the 8-row kernels, each with its scalar reference;
+//!   interleaved 8 rows by 8 for the 8-row kernels, each with its scalar reference; Q4_K and
+//!   Q5_K multiply activations quantized 256 at a time ([`act_k`], `avx2_k`);
 //! - `avx2`: the SIMD dot products (x86-64, detected at run time), with `vnni`'s `vpdpbusd`
 //!   where the CPU has one;
 //! - [`kernels`]: the choice between them, over a range of weight groups;
@@ -21,10 +22,13 @@
 //! - [`memory`]: the allocator's settings for CPU steps;
 //! - [`QLinear`]: a layer's weight, and its matmul.
 
+pub mod act_k;
 pub mod activations;
 pub mod attend;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_k;
 #[cfg(target_arch = "x86_64")]
 mod avx2_low;
 #[cfg(target_arch = "x86_64")]

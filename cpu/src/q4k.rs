@@ -3,7 +3,8 @@
 
 use half::f16;
 
-use super::blocks::{Act, BLOCK, Nibbles};
+use super::act_k::ActK;
+use super::blocks::{BLOCK, Nibbles};
 
 /// One Q4_K super-block index (256 weights a row: 8 sub-blocks of 32) of 8 consecutive rows,
 /// interleaved like [`Nibbles8`](super::blocks::Nibbles8): weight `i` of sub-block `j` of row `r` is
@@ -144,17 +145,23 @@ impl Q4K8 {
 }
 
 /// Scalar reference: the 8 rows of `w` (one group, all its super-blocks) against one activation
-/// row (8 activation blocks a super-block), with the exact f32 scales.
-pub fn dot_q4k8_scalar(w: &[Q4K8], a: &[Act]) -> [f32; 8] {
+/// row (one activation super-block a super-block): per super-block `d · d_a Σ_j sc_j Σ q a −
+/// dmin · d_a Σ_j m_j Σ a`, the sums exact in integers.
+pub fn dot_q4k8_scalar(w: &[Q4K8], a: &[ActK]) -> [f32; 8] {
     std::array::from_fn(|r| {
         let mut total = 0f32;
-        for (b, g) in w.iter().enumerate() {
+        for (g, act) in w.iter().zip(a) {
+            let (mut sums, mut offsets) = (0i32, 0i32);
             for j in 0..8 {
-                let act = &a[8 * b + j];
                 let sub = g.sub_block(r, j);
-                let sum: i32 = (0..BLOCK).map(|i| sub.q(i) as i32 * act.qs[i] as i32).sum();
-                total += g.scale(r, j) * act.d * sum as f32 - g.offset(r, j) * act.s;
+                let sum: i32 = (0..BLOCK)
+                    .map(|i| sub.q(i) as i32 * act.qs[BLOCK * j + i] as i32)
+                    .sum();
+                sums += g.j[j].sc[r] as i32 * sum;
+                offsets += g.j[j].m[r] as i32 * act.sums32[j] as i32;
             }
+            total +=
+                g.d[r].to_f32() * act.d * sums as f32 - g.dmin[r].to_f32() * act.d * offsets as f32;
         }
         total
     })

@@ -3,7 +3,8 @@
 
 use half::f16;
 
-use super::blocks::{Act, BLOCK};
+use super::act_k::ActK;
+use super::blocks::BLOCK;
 use super::fives::Packed5;
 use super::q4k::k4_scales;
 
@@ -103,18 +104,22 @@ impl Q5K8 {
 }
 
 /// Scalar reference: the 8 rows of `w` (one group, all its super-blocks) against one activation
-/// row (8 activation blocks a super-block), with the exact f32 scales.
-pub fn dot_q5k8_scalar(w: &[Q5K8], a: &[Act]) -> [f32; 8] {
+/// row (one activation super-block a super-block): per super-block `d · d_a Σ_j sc_j Σ q a −
+/// dmin · d_a Σ_j m_j Σ a`, the sums exact in integers.
+pub fn dot_q5k8_scalar(w: &[Q5K8], a: &[ActK]) -> [f32; 8] {
     std::array::from_fn(|r| {
         let mut total = 0f32;
-        for (b, g) in w.iter().enumerate() {
+        for (g, act) in w.iter().zip(a) {
+            let (mut sums, mut offsets) = (0i32, 0i32);
             for j in 0..8 {
-                let act = &a[8 * b + j];
                 let sum: i32 = (0..BLOCK)
-                    .map(|i| g.j[j].q.q(r, i) as i32 * act.qs[i] as i32)
+                    .map(|i| g.j[j].q.q(r, i) as i32 * act.qs[BLOCK * j + i] as i32)
                     .sum();
-                total += g.scale(r, j) * act.d * sum as f32 - g.offset(r, j) * act.s;
+                sums += g.j[j].sc[r] as i32 * sum;
+                offsets += g.j[j].m[r] as i32 * act.sums32[j] as i32;
             }
+            total +=
+                g.d[r].to_f32() * act.d * sums as f32 - g.dmin[r].to_f32() * act.d * offsets as f32;
         }
         total
     })

@@ -5,6 +5,7 @@ use std::borrow::Cow;
 
 use candle_core::quantized::GgmlDType;
 
+use super::act_k::{SUPER, quantize_row_k_with};
 use super::bf16::bf16_pairs;
 use super::blocks::{BLOCK, Nibbles, Nibbles8, quantize_row_with};
 use super::fives::{Five, Fives8};
@@ -49,30 +50,34 @@ enum Blocks {
 }
 
 /// `$body` with `$w` bound to the interleaved blocks of `$blocks`, whatever their format; with
-/// `floats => $float`, that instead for the 16-bit float formats.
+/// `floats => $float, supers => $super`, those instead for the 16-bit float formats and for the
+/// formats that take activations 256 to a scale.
 macro_rules! each_format {
     ($blocks:expr, $w:ident => $body:expr) => {
         each_format!(@quantized $blocks, $w => $body,
+            Blocks::Q4K8($w) => $body,
+            Blocks::Q5K8($w) => $body,
             Blocks::F16($w) => $body,
             Blocks::Bf16($w) => $body,
         )
     };
-    ($blocks:expr, $w:ident => $body:expr, floats => $float:expr) => {
-        each_format!(@quantized $blocks, $w => $body, Blocks::F16(_) | Blocks::Bf16(_) => $float,)
+    ($blocks:expr, $w:ident => $body:expr, floats => $float:expr, supers => $super:expr) => {
+        each_format!(@quantized $blocks, $w => $body,
+            Blocks::Q4K8(_) | Blocks::Q5K8(_) => $super,
+            Blocks::F16(_) | Blocks::Bf16(_) => $float,
+        )
     };
-    (@quantized $blocks:expr, $w:ident => $body:expr, $($floats:tt)*) => {
+    (@quantized $blocks:expr, $w:ident => $body:expr, $($others:tt)*) => {
         match $blocks {
             Blocks::Nibbles8($w) => $body,
             Blocks::Fives8($w) => $body,
             Blocks::Bytes8($w) => $body,
-            Blocks::Q4K8($w) => $body,
-            Blocks::Q5K8($w) => $body,
             Blocks::Q6K8($w) => $body,
             Blocks::Iq4Nl8($w) => $body,
             Blocks::Iq4Xs8($w) => $body,
             Blocks::Q2K8($w) => $body,
             Blocks::Q3K8($w) => $body,
-            $($floats)*
+            $($others)*
         }
     };
 }
@@ -229,14 +234,19 @@ impl QLinear {
     /// [`QLinear::matmul`] with the given kernels and team (tests compare them).
     pub fn matmul_with(&self, isa: Isa, team: &Team, x: &[f32], m: usize) -> Vec<f32> {
         assert_eq!(x.len(), m * self.cols, "input is not [m, cols]");
-        // `cols` is a multiple of 32: no block spans two rows. F16 weights take the activations
-        // as they are, BF16 ones rounded to BF16, the rest quantized to 8 bits.
-        let (mut acts, mut pairs) = (Vec::new(), Vec::new());
+        // `cols` is a multiple of 32 (of 256 for the k-quants): no block spans two rows. F16
+        // weights take the activations as they are, BF16 ones rounded to BF16, the rest
+        // quantized to 8 bits (Q4_K and Q5_K 256 to a scale, the others 32).
+        let (mut acts, mut supers, mut pairs) = (Vec::new(), Vec::new(), Vec::new());
         match self.blocks {
             Blocks::F16(_) => {}
             Blocks::Bf16(_) => {
                 pairs.reserve(x.len() / 2);
                 bf16_pairs(x, &mut pairs);
+            }
+            Blocks::Q4K8(_) | Blocks::Q5K8(_) => {
+                supers.reserve(x.len() / SUPER);
+                quantize_row_k_with(isa, x, &mut supers);
             }
             _ => {
                 acts.reserve(x.len() / BLOCK);
@@ -260,10 +270,13 @@ impl QLinear {
             match &self.blocks {
                 Blocks::F16(w) => dot_groups(isa, w, x, cols, share, store),
                 Blocks::Bf16(w) => dot_groups(isa, w, &pairs, cols, share, store),
+                Blocks::Q4K8(w) => dot_groups(isa, w, &supers, cols, share, store),
+                Blocks::Q5K8(w) => dot_groups(isa, w, &supers, cols, share, store),
                 other => each_format!(
                     other,
                     w => dot_groups(isa, w, &acts, cols, share, store),
-                    floats => unreachable!("16-bit floats are matched above")
+                    floats => unreachable!("16-bit floats are matched above"),
+                    supers => unreachable!("Q4_K and Q5_K are matched above")
                 ),
             }
         };

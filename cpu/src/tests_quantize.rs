@@ -1,6 +1,7 @@
 //! The activations' 8-bit quantization: every instruction set's bit for bit the scalar
 //! reference's, ties (a value exactly halfway between two integers) included.
 
+use super::act_k::{ActK, quantize_row_k_scalar, quantize_row_k_with};
 use super::blocks::{Act, quantize_row_scalar, quantize_row_with};
 use super::kernels::Isa;
 use super::tests::random_input;
@@ -27,6 +28,30 @@ fn every_isa_quantizes_as_the_scalar_reference() {
         for isa in Isa::available() {
             let mut got: Vec<Act> = Vec::new();
             quantize_row_with(isa, &row, &mut got);
+            assert_eq!(got, want, "{isa:?}");
+        }
+    }
+}
+
+/// The k-quants' activations (one scale a 256): every instruction set bit for bit the scalar
+/// reference, over the rows above joined into super-blocks (a zero block among others, ties at
+/// scale 1 next to larger values).
+#[test]
+fn every_isa_quantizes_super_blocks_as_the_scalar_reference() {
+    let joined: Vec<f32> = rows().concat();
+    let whole = joined.len() / 256 * 256;
+    let mut all_zero = joined[..whole].to_vec();
+    all_zero[..256].fill(0.0);
+    for row in [&joined[..whole], &all_zero[..]] {
+        let mut want = Vec::new();
+        quantize_row_k_scalar(row, &mut want);
+        assert_eq!(
+            want[0].sums32[0],
+            want[0].sub(0).iter().map(|&q| q as i16).sum::<i16>()
+        );
+        for isa in Isa::available() {
+            let mut got: Vec<ActK> = Vec::new();
+            quantize_row_k_with(isa, row, &mut got);
             assert_eq!(got, want, "{isa:?}");
         }
     }
