@@ -4,12 +4,12 @@
 //! A Q6_K super-block holds 256 weights of 6 bits, `q` in 0..=63, in 16 sub-blocks of 16 with a
 //! signed 8-bit scale each: weight `i` is `d · sc[i / 16] · (q − 32)`. The values stay unsigned
 //! here (the form `vpmaddubsw` multiplies), and the `− 32` is paid once per activation half-block
-//! from the activations' 16-sums ([`Act::sums`]):
+//! from the activations' 16-sums ([`ActK::sums16`]):
 //! `Σ sc (q − 32) a = Σ sc (Σ q a − 32 Σ a)`.
 
 use half::f16;
 
-use super::blocks::{Act, BLOCK};
+use super::act_k::{ActK, SUPER};
 
 /// One Q6_K super-block index of 8 consecutive rows. For activation block `k` (weights
 /// `32k..32k + 32` of the super-block), the low 4 bits of the values lie in `k[k].ql` as
@@ -109,21 +109,15 @@ impl Q6K8 {
 }
 
 /// Scalar reference: the 8 rows of `w` (one group, all its super-blocks) against one activation
-/// row (8 activation blocks a super-block), one exact integer sum per activation block.
-pub fn dot_q6k8_scalar(w: &[Q6K8], a: &[Act]) -> [f32; 8] {
+/// row (one activation super-block a super-block), one exact integer sum per super-block.
+pub fn dot_q6k8_scalar(w: &[Q6K8], a: &[ActK]) -> [f32; 8] {
     std::array::from_fn(|r| {
         let mut total = 0f32;
-        for (b, g) in w.iter().enumerate() {
-            for k in 0..8 {
-                let act = &a[8 * b + k];
-                let sum: i32 = (0..BLOCK)
-                    .map(|i| {
-                        let j = 32 * k + i;
-                        g.sc(r, j) as i32 * (g.q(r, j) as i32 - 32) * act.qs[i] as i32
-                    })
-                    .sum();
-                total += g.d[r].to_f32() * act.d * sum as f32;
-            }
+        for (g, act) in w.iter().zip(a) {
+            let sum: i32 = (0..SUPER)
+                .map(|j| g.sc(r, j) as i32 * (g.q(r, j) as i32 - 32) * act.qs[j] as i32)
+                .sum();
+            total += g.d[r].to_f32() * act.d * sum as f32;
         }
         total
     })
