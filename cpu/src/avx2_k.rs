@@ -1,5 +1,5 @@
-//! Q4_K and Q5_K (the k-quants with offsets) against super-block activations ([`ActK`]) on
-//! AVX2: per sub-block and activation row, the 8 rows' integer sums (`vpdpbusd`, or
+//! Q4_K and Q5_K (the k-quants with offsets), and IQ4_XS, against super-block activations
+//! ([`ActK`]) on AVX2: per sub-block and activation row, the 8 rows' integer sums (`vpdpbusd`, or
 //! `vpmaddubsw` without VNNI) times their 6-bit scales (`vpmulld`) added in 32 bits; per
 //! super-block, the offsets `Σ_j m_j Σ a` in four `vpmaddwd`, and one conversion to float for
 //! each. With activations scaled per 32, every sub-block took a conversion and two float
@@ -42,7 +42,7 @@ fn offset_pairs(m: [&[u8; 8]; 8]) -> [__m256i; 4] {
 /// activations' sums per 32, pair by pair.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn offset_sums(pairs: &[__m256i; 4], a: &ActK) -> __m256i {
+pub(super) fn offset_sums(pairs: &[__m256i; 4], a: &ActK) -> __m256i {
     let sums = |p: usize| {
         let (lo, hi) = (a.sums32[2 * p], a.sums32[2 * p + 1]);
         _mm256_set1_epi32((lo as u16 as i32) | ((hi as u16 as i32) << 16))
@@ -126,4 +126,22 @@ pub(super) fn dot_q4k8<const R: usize, const V: u8>(w: &[Q4K8], a: [&[ActK]; R])
 #[inline]
 pub(super) fn dot_q5k8<const R: usize, const V: u8>(w: &[Q5K8], a: [&[ActK]; R]) -> [[f32; 8]; R] {
     with_offsets!(w, a, R, V, true, unpack5(q))
+}
+
+/// [`offset_pairs`] of signed scales.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn scale_pairs(sc: [&[i8; 8]; 8]) -> [__m256i; 4] {
+    let mut pairs = [_mm256_setzero_si256(); 4];
+    for (p, pair) in pairs.iter_mut().enumerate() {
+        // SAFETY: 8 bytes each; unaligned loads.
+        let (even, odd) = unsafe {
+            (
+                _mm_loadl_epi64(sc[2 * p].as_ptr().cast()),
+                _mm_loadl_epi64(sc[2 * p + 1].as_ptr().cast()),
+            )
+        };
+        *pair = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(even, odd));
+    }
+    pairs
 }

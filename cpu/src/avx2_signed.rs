@@ -5,7 +5,9 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{act_bytes, blocks_at, each_row, f16x8, store8, unpack8};
+use super::act_k::ActK;
+use super::avx2::{act_bytes, blocks_at, each_row, f16x8, quad_bytes, store8, unpack8};
+use super::avx2_k::{offset_sums, scale_pairs};
 use super::blocks::Act;
 use super::iq4::{IQ4_VALUES, Iq4Nl8, Iq4Xs8};
 use super::q8::Bytes8;
@@ -103,6 +105,64 @@ fn bytes8_vnni<const R: usize, const V: u8>(w: &[Bytes8], a: [&[Act]; R]) -> [[f
     store8(acc)
 }
 
+/// [`iq4_sums`] before the correction, for `$acts` (`[&[i8; 32]; $rows]`): with `$v`'s
+/// `vpdpbusd`, the sums of the values plus 128 (the caller takes `128 Σ a` off); without, the
+/// exact sums. A macro: as a function LLVM left it out of line in the IQ4_XS kernel, its sums
+/// through memory (prefill at half speed).
+macro_rules! iq4_quads {
+    ($rows:ident, $v:ident, $packed:expr, $acts:ident) => {{
+        let mut sums = [_mm256_setzero_si256(); $rows];
+        if $v != NO_VNNI {
+            // SAFETY: 16 bytes; unaligned load.
+            let table =
+                _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(IQ4_OFFSET.as_ptr().cast()) });
+            let mut values = unpack8($packed);
+            for v in &mut values {
+                *v = _mm256_shuffle_epi8(table, *v);
+            }
+            // Even and odd quads in separate arrays, so that consecutive `vpdpbusd` of a row do
+            // not wait on each other.
+            let mut odd = [_mm256_setzero_si256(); $rows];
+            for k in (0..8).step_by(2) {
+                each_row!($rows, r => {
+                    sums[r] = vnni::<$v>(sums[r], values[k], quad_bytes($acts[r], k));
+                    odd[r] = vnni::<$v>(odd[r], values[k + 1], quad_bytes($acts[r], k + 1));
+                });
+            }
+            each_row!($rows, r => {
+                sums[r] = _mm256_add_epi32(sums[r], odd[r]);
+            });
+        } else {
+            // SAFETY: 16 bytes; unaligned load.
+            let table =
+                _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(IQ4_VALUES.as_ptr().cast()) });
+            let mut values = unpack8($packed);
+            for v in &mut values {
+                *v = _mm256_shuffle_epi8(table, *v);
+            }
+            for (k, v) in values.iter().enumerate() {
+                let magnitude = _mm256_sign_epi8(*v, *v);
+                each_row!($rows, r => {
+                    let signed = _mm256_sign_epi8(quad_bytes($acts[r], k), *v);
+                    sums[r] = signed_quads::<$v>(sums[r], magnitude, signed);
+                });
+            }
+        }
+        sums
+    }};
+}
+
+/// The IQ4 values plus 128, as unsigned bytes (`vpdpbusd`'s).
+const IQ4_OFFSET: [u8; 16] = {
+    let mut out = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        out[i] = (IQ4_VALUES[i] as i16 + 128) as u8;
+        i += 1;
+    }
+    out
+};
+
 /// The integer dot products of one interleaved IQ4 block of 8 rows (`packed`) with each
 /// activation block of `acts`, one 32-bit lane a weight row: the codes become their signed values
 /// by a `vpshufb` lookup, then as [`dot_bytes8`] (magnitudes times the activations carrying the
@@ -113,42 +173,15 @@ fn bytes8_vnni<const R: usize, const V: u8>(w: &[Bytes8], a: [&[Act]; R]) -> [[f
 #[target_feature(enable = "avx2")]
 #[inline]
 fn iq4_sums<const R: usize, const V: u8>(packed: &[[u8; 32]; 4], acts: [&Act; R]) -> [__m256i; R] {
-    let mut sums = [_mm256_setzero_si256(); R];
+    let mut qs = [&acts[0].qs; R];
+    for r in 1..R {
+        qs[r] = &acts[r].qs;
+    }
+    let mut sums = iq4_quads!(R, V, packed, qs);
     if V != NO_VNNI {
-        let offset: [u8; 16] = std::array::from_fn(|i| (IQ4_VALUES[i] as i16 + 128) as u8);
-        // SAFETY: 16 bytes; unaligned load.
-        let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(offset.as_ptr().cast()) });
-        let mut values = unpack8(packed);
-        for v in &mut values {
-            *v = _mm256_shuffle_epi8(table, *v);
-        }
-        // Even and odd quads in separate arrays, so that consecutive `vpdpbusd` of a row do not
-        // wait on each other.
-        let mut odd = [_mm256_setzero_si256(); R];
-        for k in (0..8).step_by(2) {
-            each_row!(R, r => {
-                sums[r] = vnni::<V>(sums[r], values[k], act_bytes(acts[r], k));
-                odd[r] = vnni::<V>(odd[r], values[k + 1], act_bytes(acts[r], k + 1));
-            });
-        }
         each_row!(R, r => {
             let total = acts[r].sums[0] as i32 + acts[r].sums[1] as i32;
-            let both = _mm256_add_epi32(sums[r], odd[r]);
-            sums[r] = _mm256_sub_epi32(both, _mm256_set1_epi32(128 * total));
-        });
-        return sums;
-    }
-    // SAFETY: 16 bytes; unaligned load.
-    let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(IQ4_VALUES.as_ptr().cast()) });
-    let mut values = unpack8(packed);
-    for v in &mut values {
-        *v = _mm256_shuffle_epi8(table, *v);
-    }
-    for (k, v) in values.iter().enumerate() {
-        let magnitude = _mm256_sign_epi8(*v, *v);
-        each_row!(R, r => {
-            let signed = _mm256_sign_epi8(act_bytes(acts[r], k), *v);
-            sums[r] = signed_quads::<V>(sums[r], magnitude, signed);
+            sums[r] = _mm256_sub_epi32(sums[r], _mm256_set1_epi32(128 * total));
         });
     }
     sums
@@ -177,30 +210,49 @@ pub(super) fn dot_iq4nl8<const R: usize, const V: u8>(
 }
 
 /// The 8 interleaved IQ4_XS rows of `w` (one group, all its super-blocks) against each of the
-/// rows `a` (8 activation blocks a super-block): per sub-block the rows' exact scales
-/// `d · (ls − 32)`.
+/// rows `a` (one activation super-block a super-block): per sub-block the rows' integer sums
+/// ([`iq4_quads`]) times their scales `ls − 32`; with `V` (values offset by 128), `128 Σ_j sc_j
+/// Σ a_j` off each row once a super-block, in four `vpmaddwd` as [`offset_sums`](super::avx2_k).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub(super) fn dot_iq4xs8<const R: usize, const V: u8>(
     w: &[Iq4Xs8],
-    a: [&[Act]; R],
+    a: [&[ActK]; R],
 ) -> [[f32; 8]; R] {
     for row in a {
-        assert_eq!(row.len(), 8 * w.len());
+        assert_eq!(row.len(), w.len());
     }
     let mut acc = [_mm256_setzero_ps(); R];
     for (b, g) in w.iter().enumerate() {
-        let d = f16x8(&g.d);
+        let acts = blocks_at(a, b);
+        let mut sums = [_mm256_setzero_si256(); R];
         for (j, part) in g.j.iter().enumerate() {
             // SAFETY: 8 bytes; unaligned load.
-            let sc = unsafe { _mm_loadl_epi64(part.sc.as_ptr().cast()) };
-            let scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
-            let sums = iq4_sums::<R, V>(&part.qs, blocks_at(a, 8 * b + j));
+            let sc = _mm256_cvtepi8_epi32(unsafe { _mm_loadl_epi64(part.sc.as_ptr().cast()) });
+            let mut qs = [acts[0].sub(j); R];
+            for r in 1..R {
+                qs[r] = acts[r].sub(j);
+            }
+            let quads = iq4_quads!(R, V, &part.qs, qs);
             each_row!(R, r => {
-                let s = _mm256_mul_ps(scale, _mm256_set1_ps(a[r][8 * b + j].d));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), s, acc[r]);
+                sums[r] = _mm256_add_epi32(sums[r], _mm256_mullo_epi32(quads[r], sc));
             });
         }
+        if V != NO_VNNI {
+            let j = &g.j;
+            let pairs = scale_pairs([
+                &j[0].sc, &j[1].sc, &j[2].sc, &j[3].sc, &j[4].sc, &j[5].sc, &j[6].sc, &j[7].sc,
+            ]);
+            each_row!(R, r => {
+                let centre = offset_sums(&pairs, acts[r]);
+                sums[r] = _mm256_sub_epi32(sums[r], _mm256_slli_epi32(centre, 7));
+            });
+        }
+        let d = f16x8(&g.d);
+        each_row!(R, r => {
+            let scale = _mm256_mul_ps(d, _mm256_set1_ps(acts[r].d));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), scale, acc[r]);
+        });
     }
     store8(acc)
 }

@@ -10,6 +10,7 @@
 
 use half::f16;
 
+use super::act_k::ActK;
 use super::blocks::{Act, BLOCK};
 
 /// The 16 values a code stands for (ggml's `kvalues_iq4nl`).
@@ -223,15 +224,23 @@ pub fn dot_iq4nl8_scalar(w: &[Iq4Nl8], a: &[Act]) -> [f32; 8] {
 }
 
 /// Scalar reference: the 8 rows of `w` (one group, all its super-blocks) against one activation
-/// row (8 activation blocks a super-block).
-pub fn dot_iq4xs8_scalar(w: &[Iq4Xs8], a: &[Act]) -> [f32; 8] {
+/// row (one activation super-block a super-block), one exact integer sum a super-block.
+pub fn dot_iq4xs8_scalar(w: &[Iq4Xs8], a: &[ActK]) -> [f32; 8] {
     std::array::from_fn(|r| {
         let mut total = 0f32;
-        for (b, g) in w.iter().enumerate() {
-            for (j, part) in g.j.iter().enumerate() {
-                let act = &a[8 * b + j];
-                total += g.scale(r, j) * act.d * codes_dot(&part.qs, r, act) as f32;
-            }
+        for (g, act) in w.iter().zip(a) {
+            let sum: i32 = (0..8)
+                .map(|j| {
+                    let dot: i32 = (0..BLOCK)
+                        .map(|i| {
+                            let value = IQ4_VALUES[code(&g.j[j].qs, r, i) as usize] as i32;
+                            value * act.sub(j)[i] as i32
+                        })
+                        .sum();
+                    g.j[j].sc[r] as i32 * dot
+                })
+                .sum();
+            total += g.d[r].to_f32() * act.d * sum as f32;
         }
         total
     })
