@@ -232,22 +232,6 @@ pub(super) fn half_block_scales(pair: __m256i) -> (__m256i, __m256i) {
     )
 }
 
-/// `vpmaddubsw` of the 8 rows' unsigned values `q` (their bytes 4c..4c + 4 of a block) with the
-/// activation block's same 4 bytes.
-#[target_feature(enable = "avx2")]
-#[inline]
-pub(super) fn act_quad(q: __m256i, a: &Act, c: usize) -> __m256i {
-    _mm256_maddubs_epi16(q, act_bytes(a, c))
-}
-
-/// The activation block's two half sums in every 32-bit lane, for `vpmaddwd` by the rows'
-/// half-block pairs.
-#[target_feature(enable = "avx2")]
-#[inline]
-pub(super) fn act_half_sums(a: &Act) -> __m256i {
-    _mm256_set1_epi32((a.sums[0] as u16 as i32) | ((a.sums[1] as u16 as i32) << 16))
-}
-
 /// The 8 rows' f16 values as floats.
 #[target_feature(enable = "avx2,f16c")]
 #[inline]

@@ -8,10 +8,8 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{
-    act_half_sums, act_quad, blocks_at, each_row, f16x8, half_block_scales, quad_sums, store8,
-};
-use super::blocks::Act;
+use super::act_k::ActK;
+use super::avx2::{blocks_at, each_row, f16x8, half_block_scales, quad_bytes, quad_sums, store8};
 use super::q23k::{Q2K8, Q3K8};
 use super::vnni::NO_VNNI;
 
@@ -64,19 +62,18 @@ fn unpack3(q: &[[u8; 32]; 2], h: &[u8; 32]) -> [__m256i; 8] {
     v
 }
 
-/// Per activation row: `Σ sc q a` of each weight row (32-bit lanes), for the values `q` of one
-/// part and the half-blocks' scales `sc` (16-bit lane `2r + h`), and `Σ m a16` for the offsets
-/// `m` (likewise) against the row's half sums.
+/// Per activation row: `Σ sc q a` of each weight row (32-bit lanes), for the values `q` of part
+/// `k` and the half-blocks' scales `sc` (16-bit lane `2r + h`).
 #[target_feature(enable = "avx2")]
 #[inline]
 fn part_sums<const R: usize, const V: u8>(
     q: &[__m256i; 8],
     sc: __m256i,
-    m: __m256i,
-    acts: [&Act; R],
-) -> [(__m256i, __m256i); R] {
+    acts: [&ActK; R],
+    k: usize,
+) -> [__m256i; R] {
     // Not `acts.map`: see [`blocks_at`].
-    let mut out = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
+    let mut out = [_mm256_setzero_si256(); R];
     if V != NO_VNNI {
         // Row r's scales in the low 16 bits of 32-bit lane r, the high 16 bits zero.
         let (lo, hi) = (
@@ -84,91 +81,117 @@ fn part_sums<const R: usize, const V: u8>(
             _mm256_srli_epi32(sc, 16),
         );
         each_row!(R, r => {
-            let a = acts[r];
-            let sum = _mm256_add_epi32(
-                _mm256_madd_epi16(quad_sums::<V>(q, &a.qs, 0..4), lo),
-                _mm256_madd_epi16(quad_sums::<V>(q, &a.qs, 4..8), hi),
+            let qs = acts[r].sub(k);
+            out[r] = _mm256_add_epi32(
+                _mm256_madd_epi16(quad_sums::<V>(q, qs, 0..4), lo),
+                _mm256_madd_epi16(quad_sums::<V>(q, qs, 4..8), hi),
             );
-            out[r] = (sum, _mm256_madd_epi16(m, act_half_sums(a)));
         });
         return out;
     }
     let (lo, hi) = half_block_scales(sc);
     each_row!(R, r => {
-        let a = acts[r];
-        let quad = |k: usize| act_quad(q[k], a, k);
-        let four = |k: usize| {
+        let qs = acts[r].sub(k);
+        let quad = |c: usize| _mm256_maddubs_epi16(q[c], quad_bytes(qs, c));
+        let four = |c: usize| {
             _mm256_add_epi16(
-                _mm256_add_epi16(quad(k), quad(k + 1)),
-                _mm256_add_epi16(quad(k + 2), quad(k + 3)),
+                _mm256_add_epi16(quad(c), quad(c + 1)),
+                _mm256_add_epi16(quad(c + 2), quad(c + 3)),
             )
         };
-        let sum = _mm256_add_epi32(
+        out[r] = _mm256_add_epi32(
             _mm256_madd_epi16(four(0), lo),
             _mm256_madd_epi16(four(4), hi),
         );
-        out[r] = (sum, _mm256_madd_epi16(m, act_half_sums(a)));
     });
     out
 }
 
+/// `Σ m a16` of part `k` for the offsets `m` (16-bit lane `2r + h`) against the activation
+/// super-block's half sums.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn part_offsets(m: __m256i, a: &ActK, k: usize) -> __m256i {
+    let (h0, h1) = (a.sums16[2 * k], a.sums16[2 * k + 1]);
+    _mm256_madd_epi16(
+        m,
+        _mm256_set1_epi32((h0 as u16 as i32) | ((h1 as u16 as i32) << 16)),
+    )
+}
+
 /// The 8 interleaved Q2_K rows of `w` (one group, all its super-blocks) against each of the rows
-/// `a` (8 activation blocks a super-block).
+/// `a` (one activation super-block a super-block): the parts' sums added in 32 bits (at most
+/// 256 · 3 · 127 · 15), then the offsets in a second pass over the scales (the 8-row tile's
+/// registers hold one total a row), converted to float once a super-block.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) fn dot_q2k8<const R: usize, const V: u8>(w: &[Q2K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+pub(super) fn dot_q2k8<const R: usize, const V: u8>(w: &[Q2K8], a: [&[ActK]; R]) -> [[f32; 8]; R] {
     for row in a {
-        assert_eq!(row.len(), 8 * w.len());
+        assert_eq!(row.len(), w.len());
     }
     let low = _mm256_set1_epi16(15);
+    // SAFETY: 16 bytes; unaligned load.
+    let scales = |s: &[u8; 16]| _mm256_cvtepu8_epi16(unsafe { _mm_loadu_si128(s.as_ptr().cast()) });
     let mut acc = [_mm256_setzero_ps(); R];
     for (b, g) in w.iter().enumerate() {
-        let (d, dmin) = (f16x8(&g.d), f16x8(&g.dmin));
+        let acts = blocks_at(a, b);
+        let mut totals = [_mm256_setzero_si256(); R];
         for (k, part) in g.k.iter().enumerate() {
-            // SAFETY: 16 bytes; unaligned load.
-            let packed =
-                _mm256_cvtepu8_epi16(unsafe { _mm_loadu_si128(part.scales.as_ptr().cast()) });
-            let (sc, m) = (_mm256_and_si256(packed, low), _mm256_srli_epi16(packed, 4));
-            let sums = part_sums::<R, V>(&unpack2(&part.q), sc, m, blocks_at(a, 8 * b + k));
+            let sc = _mm256_and_si256(scales(&part.scales), low);
+            let sums = part_sums::<R, V>(&unpack2(&part.q), sc, acts, k);
             each_row!(R, r => {
-                let ad = _mm256_set1_ps(a[r][8 * b + k].d);
-                let (sum, offset) = sums[r];
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, ad), acc[r]);
-                acc[r] =
-                    _mm256_fnmadd_ps(_mm256_cvtepi32_ps(offset), _mm256_mul_ps(dmin, ad), acc[r]);
+                totals[r] = _mm256_add_epi32(totals[r], sums[r]);
             });
         }
+        let d = f16x8(&g.d);
+        each_row!(R, r => {
+            let ad = _mm256_set1_ps(acts[r].d);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals[r]), _mm256_mul_ps(d, ad), acc[r]);
+            totals[r] = _mm256_setzero_si256();
+        });
+        for (k, part) in g.k.iter().enumerate() {
+            let m = _mm256_srli_epi16(scales(&part.scales), 4);
+            each_row!(R, r => {
+                totals[r] = _mm256_add_epi32(totals[r], part_offsets(m, acts[r], k));
+            });
+        }
+        let dmin = f16x8(&g.dmin);
+        each_row!(R, r => {
+            let ad = _mm256_set1_ps(acts[r].d);
+            acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(totals[r]), _mm256_mul_ps(dmin, ad), acc[r]);
+        });
     }
     store8(acc)
 }
 
 /// The 8 interleaved Q3_K rows of `w` (one group, all its super-blocks) against each of the rows
-/// `a` (8 activation blocks a super-block): the offsets are `4 sc`.
+/// `a` (one activation super-block a super-block): the offsets are `4 sc`; the parts' centred sums
+/// added in 32 bits (at most 256 · 7 · 127 · 32), converted to float once a super-block.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) fn dot_q3k8<const R: usize, const V: u8>(w: &[Q3K8], a: [&[Act]; R]) -> [[f32; 8]; R] {
+pub(super) fn dot_q3k8<const R: usize, const V: u8>(w: &[Q3K8], a: [&[ActK]; R]) -> [[f32; 8]; R] {
     for row in a {
-        assert_eq!(row.len(), 8 * w.len());
+        assert_eq!(row.len(), w.len());
     }
     let mut acc = [_mm256_setzero_ps(); R];
     for (b, g) in w.iter().enumerate() {
-        let d = f16x8(&g.d);
+        let acts = blocks_at(a, b);
+        let mut totals = [_mm256_setzero_si256(); R];
         for (k, part) in g.k.iter().enumerate() {
             // SAFETY: 16 bytes; unaligned load.
             let sc = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(part.sc.as_ptr().cast()) });
             let m = _mm256_slli_epi16(sc, 2);
-            let sums =
-                part_sums::<R, V>(&unpack3(&part.q, &part.h), sc, m, blocks_at(a, 8 * b + k));
+            let sums = part_sums::<R, V>(&unpack3(&part.q, &part.h), sc, acts, k);
             each_row!(R, r => {
-                let (sum, offset) = sums[r];
-                let scale = _mm256_mul_ps(d, _mm256_set1_ps(a[r][8 * b + k].d));
-                acc[r] = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(_mm256_sub_epi32(sum, offset)),
-                    scale,
-                    acc[r],
-                );
+                let centred = _mm256_sub_epi32(sums[r], part_offsets(m, acts[r], k));
+                totals[r] = _mm256_add_epi32(totals[r], centred);
             });
         }
+        let d = f16x8(&g.d);
+        each_row!(R, r => {
+            let scale = _mm256_mul_ps(d, _mm256_set1_ps(acts[r].d));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals[r]), scale, acc[r]);
+        });
     }
     store8(acc)
 }

@@ -180,8 +180,8 @@ group_block!(Q6K8, 256, dot_q6k8, dot_q6k8_scalar, true, ActK, 256);
 group_block!(Iq4Nl8, 32, dot_iq4nl8, dot_iq4nl8_scalar);
 group_block!(Iq4Xs8, 256, dot_iq4xs8, dot_iq4xs8_scalar, false, ActK, 256);
 
-group_block!(Q2K8, 256, dot_q2k8, dot_q2k8_scalar, true);
-group_block!(Q3K8, 256, dot_q3k8, dot_q3k8_scalar);
+group_block!(Q2K8, 256, dot_q2k8, dot_q2k8_scalar, true, ActK, 256);
+group_block!(Q3K8, 256, dot_q3k8, dot_q3k8_scalar, false, ActK, 256);
 
 /// F16 weights, multiplied by f32 activations (one kernel whatever the VNNI): a decode row against
 /// all 8 weight rows in one pass (one stream through the group's memory), more rows 4 weight rows

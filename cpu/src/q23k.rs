@@ -6,7 +6,7 @@
 //!   weight `d · sc · (q − 4)` (110 bytes; interleaved 3.56 bits a weight, the scales a byte each).
 //!
 //! The values stay unsigned (what `vpmaddubsw` multiplies); the offsets are paid once per
-//! activation half-block from its 16-sums ([`Act::sums`]): `Σ sc q a − m Σ a` (Q3_K: `m = 4 sc`).
+//! activation half-block from its 16-sums ([`ActK::sums16`]): `Σ sc q a − m Σ a` (Q3_K: `m = 4 sc`).
 //!
 //! In a part (the weights of one activation block: 32 a row, two sub-blocks), the two low bits
 //! of the block's weight `4k + t` of row `r` are bits `2 (k % 4)..` of byte `4r + t` of
@@ -14,7 +14,8 @@
 
 use half::f16;
 
-use super::blocks::{Act, BLOCK};
+use super::act_k::ActK;
+use super::blocks::BLOCK;
 
 /// Bytes of one GGUF Q2_K super-block (`scales[16]`, `qs[64]`, `d`, `dmin`).
 pub const Q2K_BYTES: usize = 84;
@@ -187,53 +188,52 @@ impl Q3K8 {
     }
 }
 
-/// `Σ q a` of row `r`'s values `q` of an activation block, by half (16 weights each).
-fn half_dots(q: &[[u8; 32]; 2], h: Option<&[u8; 32]>, r: usize, a: &Act) -> [i32; 2] {
+/// `Σ q a` of row `r`'s values `q` of part `k` (weights `32k..32k + 32`) against the activation
+/// super-block `a`, by half (16 weights each).
+fn half_dots(q: &[[u8; 32]; 2], h: Option<&[u8; 32]>, r: usize, a: &ActK, k: usize) -> [i32; 2] {
+    let qs = a.sub(k);
     std::array::from_fn(|half| {
         (16 * half..16 * half + 16)
-            .map(|i| get(q, h, r, i) as i32 * a.qs[i] as i32)
+            .map(|i| get(q, h, r, i) as i32 * qs[i] as i32)
             .sum()
     })
 }
 
 /// Scalar reference: the 8 rows of `w` (one group, all its super-blocks) against one activation
-/// row (8 activation blocks a super-block).
-pub fn dot_q2k8_scalar(w: &[Q2K8], a: &[Act]) -> [f32; 8] {
+/// row (one activation super-block a super-block), the sums exact in integers.
+pub fn dot_q2k8_scalar(w: &[Q2K8], a: &[ActK]) -> [f32; 8] {
     std::array::from_fn(|r| {
         let mut total = 0f32;
-        for (b, g) in w.iter().enumerate() {
+        for (g, act) in w.iter().zip(a) {
+            let (mut sum, mut offset) = (0i32, 0i32);
             for (k, part) in g.k.iter().enumerate() {
-                let act = &a[8 * b + k];
-                let dots = half_dots(&part.q, None, r, act);
-                let (mut sum, mut offset) = (0i32, 0i32);
+                let dots = half_dots(&part.q, None, r, act, k);
                 for (half, dot) in dots.into_iter().enumerate() {
                     let s = part.scales[2 * r + half];
                     sum += (s & 15) as i32 * dot;
-                    offset += (s >> 4) as i32 * act.sums[half] as i32;
+                    offset += (s >> 4) as i32 * act.sums16[2 * k + half] as i32;
                 }
-                total +=
-                    act.d * (g.d[r].to_f32() * sum as f32 - g.dmin[r].to_f32() * offset as f32);
             }
+            total += act.d * (g.d[r].to_f32() * sum as f32 - g.dmin[r].to_f32() * offset as f32);
         }
         total
     })
 }
 
 /// Scalar reference for Q3_K, as [`dot_q2k8_scalar`].
-pub fn dot_q3k8_scalar(w: &[Q3K8], a: &[Act]) -> [f32; 8] {
+pub fn dot_q3k8_scalar(w: &[Q3K8], a: &[ActK]) -> [f32; 8] {
     std::array::from_fn(|r| {
         let mut total = 0f32;
-        for (b, g) in w.iter().enumerate() {
+        for (g, act) in w.iter().zip(a) {
+            let mut sum = 0i32;
             for (k, part) in g.k.iter().enumerate() {
-                let act = &a[8 * b + k];
-                let dots = half_dots(&part.q, Some(&part.h), r, act);
-                let sum: i32 = (0..2)
-                    .map(|half| {
-                        part.sc[2 * r + half] as i32 * (dots[half] - 4 * act.sums[half] as i32)
-                    })
-                    .sum();
-                total += g.d[r].to_f32() * act.d * sum as f32;
+                let dots = half_dots(&part.q, Some(&part.h), r, act, k);
+                for (half, dot) in dots.into_iter().enumerate() {
+                    let centred = dot - 4 * act.sums16[2 * k + half] as i32;
+                    sum += part.sc[2 * r + half] as i32 * centred;
+                }
             }
+            total += g.d[r].to_f32() * act.d * sum as f32;
         }
         total
     })

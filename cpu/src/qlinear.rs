@@ -59,13 +59,20 @@ macro_rules! each_format {
             Blocks::Q5K8($w) => $body,
             Blocks::Q6K8($w) => $body,
             Blocks::Iq4Xs8($w) => $body,
+            Blocks::Q2K8($w) => $body,
+            Blocks::Q3K8($w) => $body,
             Blocks::F16($w) => $body,
             Blocks::Bf16($w) => $body,
         )
     };
     ($blocks:expr, $w:ident => $body:expr, floats => $float:expr, supers => $super:expr) => {
         each_format!(@quantized $blocks, $w => $body,
-            Blocks::Q4K8(_) | Blocks::Q5K8(_) | Blocks::Q6K8(_) | Blocks::Iq4Xs8(_) => $super,
+            Blocks::Q2K8(_)
+            | Blocks::Q3K8(_)
+            | Blocks::Q4K8(_)
+            | Blocks::Q5K8(_)
+            | Blocks::Q6K8(_)
+            | Blocks::Iq4Xs8(_) => $super,
             Blocks::F16(_) | Blocks::Bf16(_) => $float,
         )
     };
@@ -75,8 +82,6 @@ macro_rules! each_format {
             Blocks::Fives8($w) => $body,
             Blocks::Bytes8($w) => $body,
             Blocks::Iq4Nl8($w) => $body,
-            Blocks::Q2K8($w) => $body,
-            Blocks::Q3K8($w) => $body,
             $($others)*
         }
     };
@@ -236,7 +241,7 @@ impl QLinear {
         assert_eq!(x.len(), m * self.cols, "input is not [m, cols]");
         // `cols` is a multiple of 32 (of 256 for the k-quants): no block spans two rows. F16
         // weights take the activations as they are, BF16 ones rounded to BF16, the rest
-        // quantized to 8 bits (Q4_K, Q5_K, Q6_K and IQ4_XS 256 to a scale, the others 32).
+        // quantized to 8 bits (the k-quants and IQ4_XS 256 to a scale, the others 32).
         let (mut acts, mut supers, mut pairs) = (Vec::new(), Vec::new(), Vec::new());
         match self.blocks {
             Blocks::F16(_) => {}
@@ -244,7 +249,12 @@ impl QLinear {
                 pairs.reserve(x.len() / 2);
                 bf16_pairs(x, &mut pairs);
             }
-            Blocks::Q4K8(_) | Blocks::Q5K8(_) | Blocks::Q6K8(_) | Blocks::Iq4Xs8(_) => {
+            Blocks::Q2K8(_)
+            | Blocks::Q3K8(_)
+            | Blocks::Q4K8(_)
+            | Blocks::Q5K8(_)
+            | Blocks::Q6K8(_)
+            | Blocks::Iq4Xs8(_) => {
                 supers.reserve(x.len() / SUPER);
                 quantize_row_k_with(isa, x, &mut supers);
             }
@@ -274,11 +284,13 @@ impl QLinear {
                 Blocks::Q5K8(w) => dot_groups(isa, w, &supers, cols, share, store),
                 Blocks::Q6K8(w) => dot_groups(isa, w, &supers, cols, share, store),
                 Blocks::Iq4Xs8(w) => dot_groups(isa, w, &supers, cols, share, store),
+                Blocks::Q2K8(w) => dot_groups(isa, w, &supers, cols, share, store),
+                Blocks::Q3K8(w) => dot_groups(isa, w, &supers, cols, share, store),
                 other => each_format!(
                     other,
                     w => dot_groups(isa, w, &acts, cols, share, store),
                     floats => unreachable!("16-bit floats are matched above"),
-                    supers => unreachable!("Q4_K, Q5_K, Q6_K and IQ4_XS are matched above")
+                    supers => unreachable!("the k-quants and IQ4_XS are matched above")
                 ),
             }
         };

@@ -287,8 +287,7 @@ fn as_accurate_as_candles_quantized_matmul() {
 /// group) and 24. Q2_K and Q3_K take candle's dot products: equal to candle's quantized matmul.
 /// The k-quants are interleaved 8 by 8 for our kernels: their weights are candle's dequantized
 /// ones, their SIMD and scalar paths agree, and they are as close to the f32 product as candle's
-/// quantized matmul (Q4_K, Q5_K and Q6_K, with activations per 256 as GGML's, equal to it; Q2_K
-/// and Q3_K take activations per 32).
+/// quantized matmul (with activations per 256 as GGML's, equal to it).
 #[test]
 fn k_quants_match_candles_quantized_matmul() {
     use candle_core::quantized::QTensor;
@@ -338,11 +337,9 @@ fn k_quants_match_candles_quantized_matmul() {
             }
             let (between, ours_err, theirs_err) =
                 against_candle(&format!("{dtype:?} {rows} rows"), &ours, q, &x, m);
-            // Q4_K, Q5_K and Q6_K take GGML's Q8_K activations (one scale a 256) and its arithmetic:
+            // The k-quants take GGML's Q8_K activations (one scale a 256) and its arithmetic:
             // candle's products to float rounding.
-            if matches!(dtype, GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K) {
-                assert!(between < 1e-5, "{dtype:?} {rows} rows: {between}");
-            }
+            assert!(between < 1e-5, "{dtype:?} {rows} rows: {between}");
             // Ours land at 1.1-1.5x candle's error (its Q8_K activations, one scale a 256, are
             // no coarser in practice); both are the activations' rounding alone.
             assert!(
