@@ -155,7 +155,7 @@ macro_rules! iq4_quads {
 }
 
 /// The IQ4 values plus 128, as unsigned bytes (`vpdpbusd`'s).
-const IQ4_OFFSET: [u8; 16] = {
+pub(super) const IQ4_OFFSET: [u8; 16] = {
     let mut out = [0u8; 16];
     let mut i = 0;
     while i < 16 {

@@ -109,6 +109,21 @@ pub trait GroupBlock: Copy + Send + Sync {
     /// Q2_K and Q6_K faster (Q6_K 158-160 -> 168-171); Q4_0 to Q5_1 and Q4_K 10-20% slower,
     /// Q3_K 12%, IQ4 alike. (F16 and BF16 keep the columns in the lanes: their tiles stay at 4.)
     const TILE8: bool = false;
+    /// Two groups (16 rows) of `w0` and `w1` against `R` activation rows in 512-bit lanes, where
+    /// the format and `isa` have such a kernel (`avx512_pair`: half the activation broadcasts a
+    /// product; [`dot_groups`] takes it for tiles of 4 and 8 rows).
+    fn dot_pair<const R: usize>(
+        _isa: Isa,
+        _w0: &[Self],
+        _w1: &[Self],
+        _a: [&[Self::Act]; R],
+    ) -> Option<[[f32; 16]; R]> {
+        None
+    }
+    /// Whether [`GroupBlock::dot_pair`] has a kernel for `isa`.
+    fn pairs(_isa: Isa) -> bool {
+        false
+    }
 }
 
 /// Implements [`GroupBlock`] for a format from its AVX2 kernel (generic over the `vpdpbusd` it
@@ -121,7 +136,8 @@ macro_rules! group_block {
     ($block:ty, $weights:expr, $avx2:ident, $scalar:ident, $tile8:expr) => {
         group_block!($block, $weights, $avx2, $scalar, $tile8, Act, 32);
     };
-    ($block:ty, $weights:expr, $avx2:ident, $scalar:ident, $tile8:expr, $act:ty, $act_cols:expr) => {
+    ($block:ty, $weights:expr, $avx2:ident, $scalar:ident, $tile8:expr, $act:ty, $act_cols:expr
+        $(, pair $pair:ident)?) => {
         impl GroupBlock for $block {
             const WEIGHTS: usize = $weights;
             const TILE8: bool = $tile8;
@@ -167,6 +183,34 @@ macro_rules! group_block {
             fn weight(&self, r: usize, i: usize) -> f32 {
                 <$block>::weight(self, r, i)
             }
+
+            $(
+            fn dot_pair<const R: usize>(
+                isa: Isa,
+                w0: &[Self],
+                w1: &[Self],
+                a: [&[$act]; R],
+            ) -> Option<[[f32; 16]; R]> {
+                match isa {
+                    // SAFETY: `Vnni::Avx512*` exists only when the CPU has AVX-512 F, VL, BW
+                    // and VNNI (and AVX2, FMA, F16C); DQ comes with them on every such CPU.
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 { vnni } if vnni.avx512() => {
+                        Some(unsafe { super::avx512_pair::$pair::<R>(w0, w1, a) })
+                    }
+                    _ => None,
+                }
+            }
+
+            fn pairs(isa: Isa) -> bool {
+                #[cfg(target_arch = "x86_64")]
+                if let Isa::Avx2 { vnni } = isa {
+                    return vnni.avx512();
+                }
+                let _ = isa;
+                false
+            }
+            )?
         }
     };
 }
@@ -174,11 +218,11 @@ macro_rules! group_block {
 group_block!(Nibbles8, 32, dot_nibbles8, dot_nibbles8_scalar);
 group_block!(Fives8, 32, dot_fives8, dot_fives8_scalar);
 group_block!(Bytes8, 32, dot_bytes8, dot_bytes8_scalar);
-group_block!(Q4K8, 256, dot_q4k8, dot_q4k8_scalar, false, ActK, 256);
-group_block!(Q5K8, 256, dot_q5k8, dot_q5k8_scalar, true, ActK, 256);
+group_block!(Q4K8, 256, dot_q4k8, dot_q4k8_scalar, false, ActK, 256, pair dot_q4k16);
+group_block!(Q5K8, 256, dot_q5k8, dot_q5k8_scalar, true, ActK, 256, pair dot_q5k16);
 group_block!(Q6K8, 256, dot_q6k8, dot_q6k8_scalar, true, ActK, 256);
 group_block!(Iq4Nl8, 32, dot_iq4nl8, dot_iq4nl8_scalar);
-group_block!(Iq4Xs8, 256, dot_iq4xs8, dot_iq4xs8_scalar, false, ActK, 256);
+group_block!(Iq4Xs8, 256, dot_iq4xs8, dot_iq4xs8_scalar, false, ActK, 256, pair dot_iq4xs16);
 
 group_block!(Q2K8, 256, dot_q2k8, dot_q2k8_scalar, true, ActK, 256);
 group_block!(Q3K8, 256, dot_q3k8, dot_q3k8_scalar, false, ActK, 256);
@@ -328,7 +372,43 @@ pub fn dot_groups_in_runs<B: GroupBlock>(
     let act = |i: usize| &acts[i * per_act..(i + 1) * per_act];
     for first in (0..m).step_by(run.max(1)) {
         let end = (first + run.max(1)).min(m);
-        for g in groups.clone() {
+        let mut g = groups.start;
+        // (Pairs only for 4 rows or more: one decode row reads one group's stream at a time.)
+        while B::pairs(isa) && end - first >= 4 && g + 2 <= groups.end {
+            let (w0, w1) = (
+                &w[g * per_group..(g + 1) * per_group],
+                &w[(g + 1) * per_group..(g + 2) * per_group],
+            );
+            let mut put = |i: usize, dots: [f32; 16]| {
+                for (r, v) in dots.into_iter().enumerate() {
+                    store(i, 8 * g + r, v);
+                }
+            };
+            let mut i = first;
+            while widest_tile::<B>(isa) == 8 && i + 8 <= end {
+                let d = B::dot_pair(isa, w0, w1, std::array::from_fn::<_, 8, _>(|j| act(i + j)));
+                for (j, dots) in d.expect("a pair kernel").into_iter().enumerate() {
+                    put(i + j, dots);
+                }
+                i += 8;
+            }
+            while i + 4 <= end {
+                let d = B::dot_pair(isa, w0, w1, [act(i), act(i + 1), act(i + 2), act(i + 3)]);
+                for (j, dots) in d.expect("a pair kernel").into_iter().enumerate() {
+                    put(i + j, dots);
+                }
+                i += 4;
+            }
+            for (h, wg) in [w0, w1].into_iter().enumerate() {
+                for i in i..end {
+                    for (r, v) in B::dot_group(isa, wg, [act(i)])[0].into_iter().enumerate() {
+                        store(i, 8 * (g + h) + r, v);
+                    }
+                }
+            }
+            g += 2;
+        }
+        for g in g..groups.end {
             let wg = &w[g * per_group..(g + 1) * per_group];
             let mut put = |i: usize, dots: [f32; 8]| {
                 for (r, v) in dots.into_iter().enumerate() {
