@@ -262,7 +262,7 @@ pub(super) fn dot_nibbles8<const R: usize, const V: u8>(
 /// [`Q6K8`] group: [`unpack8`]'s low 4 bits with the high 2 bits of `qh` moved to bits 4 and 5.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn unpack6(ql: &[[u8; 32]; 4], qh: &[[u8; 32]; 2]) -> [__m256i; 8] {
+pub(super) fn unpack6(ql: &[[u8; 32]; 4], qh: &[[u8; 32]; 2]) -> [__m256i; 8] {
     let mut q = unpack8(ql);
     for h in 0..2 {
         // SAFETY: 32 bytes; unaligned load.

@@ -5,16 +5,17 @@
 //! were the bound). The groups' blocks are unpacked as the 8-row kernels unpack them and joined.
 //! Decode rows stay on the 8-row kernels (one group's stream at a time). 64-row GMAC/s at
 //! 8192 x 2048 on Zen 4, alternated runs: Q4_K 238-256 -> 270-277, Q5_K 216-241 -> 260-272,
-//! IQ4_XS 224-242 -> 239-256.
+//! Q6_K 167-172 -> 208-216, IQ4_XS 224-242 -> 239-256.
 
 use std::arch::x86_64::*;
 
 use super::act_k::ActK;
-use super::avx2::{blocks_at, each_row, unpack5, unpack8};
+use super::avx2::{blocks_at, each_row, unpack5, unpack6, unpack8};
 use super::avx2_signed::IQ4_OFFSET;
 use super::iq4::Iq4Xs8;
 use super::q4k::Q4K8;
 use super::q5k::Q5K8;
+use super::q6k::Q6K8;
 
 /// The two groups' 8-row vectors side by side.
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")]
@@ -184,6 +185,64 @@ pub(super) fn dot_iq4xs16<const R: usize>(
             let exact = _mm512_sub_epi32(sums[r], _mm512_slli_epi32(centre[r], 7));
             let scale = _mm512_mul_ps(d, _mm512_set1_ps(acts[r].d));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), scale, acc[r]);
+        });
+    }
+    store16(acc)
+}
+
+/// Q6_K, groups `w0` and `w1` against the rows `a`, as [`super::avx2`]'s `dot_q6k8` with
+/// `vpdpbusd`: each half-block's sums times its scale, less `32 Σ sc Σ a`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")]
+#[inline]
+pub(super) fn dot_q6k16<const R: usize>(
+    w0: &[Q6K8],
+    w1: &[Q6K8],
+    a: [&[ActK]; R],
+) -> [[f32; 16]; R] {
+    let mut acc = [_mm512_setzero_ps(); R];
+    for (b, (g0, g1)) in w0.iter().zip(w1).enumerate() {
+        let acts = blocks_at(a, b);
+        let mut sums = [_mm512_setzero_si512(); R];
+        for k in 0..8 {
+            let (p0, p1) = (&g0.k[k], &g1.k[k]);
+            // SAFETY: 16 bytes each; unaligned loads. Row r's two scales in 16-bit lanes 2r, 2r + 1.
+            let pair = unsafe {
+                join(
+                    _mm256_cvtepi8_epi16(_mm_loadu_si128(p0.sc.as_ptr().cast())),
+                    _mm256_cvtepi8_epi16(_mm_loadu_si128(p1.sc.as_ptr().cast())),
+                )
+            };
+            let (lo, hi) = (
+                _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16),
+                _mm512_srai_epi32(pair, 16),
+            );
+            let (q0, q1) = (unpack6(&p0.ql, &p0.qh), unpack6(&p1.ql, &p1.qh));
+            let mut q = [_mm512_setzero_si512(); 8];
+            for c in 0..8 {
+                q[c] = join(q0[c], q1[c]);
+            }
+            each_row!(R, r => {
+                let qs = acts[r].sub(k);
+                let mut half = [_mm512_setzero_si512(); 2];
+                for c in 0..8 {
+                    // SAFETY: bytes 4c..4c + 4 of the 32; unaligned read.
+                    let quad = unsafe { qs.as_ptr().add(4 * c).cast::<i32>().read_unaligned() };
+                    half[c / 4] = _mm512_dpbusd_epi32(half[c / 4], q[c], _mm512_set1_epi32(quad));
+                }
+                let sum = _mm512_add_epi32(
+                    _mm512_mullo_epi32(half[0], lo),
+                    _mm512_mullo_epi32(half[1], hi),
+                );
+                let (h0, h1) = (acts[r].sums16[2 * k], acts[r].sums16[2 * k + 1]);
+                let halves = _mm512_set1_epi32((h0 as u16 as i32) | ((h1 as u16 as i32) << 16));
+                let centre = _mm512_slli_epi32(_mm512_madd_epi16(pair, halves), 5);
+                sums[r] = _mm512_add_epi32(sums[r], _mm512_sub_epi32(sum, centre));
+            });
+        }
+        let d = f16x16(&g0.d, &g1.d);
+        each_row!(R, r => {
+            let scale = _mm512_mul_ps(d, _mm512_set1_ps(acts[r].d));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scale, acc[r]);
         });
     }
     store16(acc)

@@ -220,7 +220,7 @@ group_block!(Fives8, 32, dot_fives8, dot_fives8_scalar);
 group_block!(Bytes8, 32, dot_bytes8, dot_bytes8_scalar);
 group_block!(Q4K8, 256, dot_q4k8, dot_q4k8_scalar, false, ActK, 256, pair dot_q4k16);
 group_block!(Q5K8, 256, dot_q5k8, dot_q5k8_scalar, true, ActK, 256, pair dot_q5k16);
-group_block!(Q6K8, 256, dot_q6k8, dot_q6k8_scalar, true, ActK, 256);
+group_block!(Q6K8, 256, dot_q6k8, dot_q6k8_scalar, true, ActK, 256, pair dot_q6k16);
 group_block!(Iq4Nl8, 32, dot_iq4nl8, dot_iq4nl8_scalar);
 group_block!(Iq4Xs8, 256, dot_iq4xs8, dot_iq4xs8_scalar, false, ActK, 256, pair dot_iq4xs16);
 

@@ -5,8 +5,9 @@
 //! - [`blocks`]: Q4_0 / Q4_1 blocks and the activation blocks, with their scalar reference;
 //! - [`fives`], [`q8`], [`q4k`], [`q5k`], [`q6k`]: Q5_0 / Q5_1, Q8_0, Q4_K, Q5_K and Q6_K
 //!   interleaved 8 rows by 8 for the 8-row kernels, each with its scalar reference; Q4_K and
-//!   Q5_K multiply activations quantized 256 at a time ([`act_k`], `avx2_k`; Q4_K, Q5_K and IQ4_XS
-//!   two groups at once in 512-bit lanes for prefill where the CPU has AVX-512, `avx512_pair`);
+//!   Q5_K multiply activations quantized 256 at a time ([`act_k`], `avx2_k`; Q4_K to Q6_K and
+//!   IQ4_XS two groups at once in 512-bit lanes for prefill where the CPU has AVX-512,
+//!   `avx512_pair`);
 //! - `avx2`: the SIMD dot products (x86-64, detected at run time), with `vnni`'s `vpdpbusd`
 //!   where the CPU has one;
 //! - [`kernels`]: the choice between them, over a range of weight groups;
