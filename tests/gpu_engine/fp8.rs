@@ -176,3 +176,71 @@ fn fp8_graph_replays_equal_eager_steps() {
 fn fp8_batches_equal_solo_runs_among_small_steps() {
     batch_invariance("tiny-d64-fp8-channel", DtypeArg::Bfloat16, 1024, Some(8));
 }
+
+/// Diagnostic for the ignored test above (issue 59): how many of the 32 prompts leave their solo
+/// tokens, per step size, with and without prefix caching and preemption. Prints a table; fails
+/// only if the FP8 model is not batch-invariant among 1-row steps.
+#[test]
+#[ignore = "diagnostic: run by name on a GPU"]
+fn fp8_batch_invariance_by_configuration() {
+    use pagewise::engine::device::DeviceArg;
+    use pagewise::{EngineArgs, Llm};
+    let prompts = super::prompts(32, 256);
+    let mut one_row_misses = 0;
+    for name in ["tiny-d64-fp8-channel", "tiny-d64-bf16"] {
+        for rows in [1, 2, 4, 8] {
+            let args = |prefix: bool| EngineArgs {
+                model: model(name),
+                device: DeviceArg::Cuda(0),
+                dtype: DtypeArg::Bfloat16,
+                enable_prefix_caching: prefix,
+                max_num_seqs: rows,
+                max_num_batched_tokens: Some(rows),
+                ..Default::default()
+            };
+            let mut solo = Llm::new(args(false)).unwrap();
+            let expected: Vec<Vec<u32>> = prompts
+                .iter()
+                .map(|p| {
+                    solo.generate_tokens(vec![p.clone()], &super::greedy(24))
+                        .unwrap()[0]
+                        .outputs[0]
+                        .token_ids
+                        .clone()
+                })
+                .collect();
+            drop(solo);
+            for (prefix, small_cache) in
+                [(false, false), (true, false), (false, true), (true, true)]
+            {
+                let mut batched = Llm::new(EngineArgs {
+                    kv_cache_memory: small_cache.then_some(40 * 16 * 1024),
+                    max_model_len: Some(256),
+                    ..args(prefix)
+                })
+                .unwrap();
+                let outs = batched
+                    .generate_tokens(prompts.clone(), &super::greedy(24))
+                    .unwrap();
+                let misses: Vec<(usize, usize)> = outs
+                    .iter()
+                    .zip(&expected)
+                    .enumerate()
+                    .filter_map(|(i, (o, want))| {
+                        let got = &o.outputs[0].token_ids;
+                        let at = got.iter().zip(want).position(|(a, b)| a != b);
+                        at.map(|t| (i, t))
+                    })
+                    .collect();
+                eprintln!(
+                    "DIAG {name} rows {rows} prefix {prefix} small cache {small_cache}: {} prompts differ (prompt, token) {misses:?}",
+                    misses.len()
+                );
+                if rows == 1 && name.contains("fp8") {
+                    one_row_misses += misses.len();
+                }
+            }
+        }
+    }
+    assert_eq!(one_row_misses, 0);
+}
