@@ -68,4 +68,6 @@ mod tests_halves;
 #[cfg(test)]
 mod tests_iq4;
 #[cfg(test)]
+mod tests_pairs;
+#[cfg(test)]
 mod tests_quantize;
