@@ -12,6 +12,7 @@ mod engine_thread;
 #[cfg(feature = "fault-injection")]
 pub mod faults;
 pub mod handle;
+mod kv_dtype;
 pub mod kv_sizing;
 pub mod loading;
 mod propose;
