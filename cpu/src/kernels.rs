@@ -109,16 +109,16 @@ pub trait GroupBlock: Copy + Send + Sync {
     /// Q2_K and Q6_K faster (Q6_K 158-160 -> 168-171); Q4_0 to Q5_1 and Q4_K 10-20% slower,
     /// Q3_K 12%, IQ4 alike. (F16 and BF16 keep the columns in the lanes: their tiles stay at 4.)
     const TILE8: bool = false;
-    /// Two groups (16 rows) of `w0` and `w1` against `R` activation rows in 512-bit lanes, where
-    /// the format and `isa` have such a kernel (`avx512_pair`: half the activation broadcasts a
-    /// product; [`dot_groups`] takes it for tiles of 4 and 8 rows).
+    /// Two groups (16 rows) of `w0` and `w1` against `R` activation rows in 512-bit lanes
+    /// (`avx512_pair`: half the activation broadcasts a product; [`dot_groups`] takes it for
+    /// tiles of 4 and 8 rows). Called only where [`GroupBlock::pairs`] says `isa` has it.
     fn dot_pair<const R: usize>(
         _isa: Isa,
         _w0: &[Self],
         _w1: &[Self],
         _a: [&[Self::Act]; R],
-    ) -> Option<[[f32; 16]; R]> {
-        None
+    ) -> [[f32; 16]; R] {
+        unreachable!("no pair kernel: `pairs` is false for this format")
     }
     /// Whether [`GroupBlock::dot_pair`] has a kernel for `isa`.
     fn pairs(_isa: Isa) -> bool {
@@ -190,15 +190,15 @@ macro_rules! group_block {
                 w0: &[Self],
                 w1: &[Self],
                 a: [&[$act]; R],
-            ) -> Option<[[f32; 16]; R]> {
+            ) -> [[f32; 16]; R] {
                 match isa {
                     // SAFETY: `Vnni::Avx512*` exists only when the CPU has AVX-512 F, VL, BW
                     // and VNNI (and AVX2, FMA, F16C); DQ comes with them on every such CPU.
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 { vnni } if vnni.avx512() => {
-                        Some(unsafe { super::avx512_pair::$pair::<R>(w0, w1, a) })
-                    }
-                    _ => None,
+                    Isa::Avx2 { vnni } if vnni.avx512() => unsafe {
+                        super::avx512_pair::$pair::<R>(w0, w1, a)
+                    },
+                    _ => unreachable!("no pair kernel for {isa:?}: `pairs` is false"),
                 }
             }
 
@@ -387,58 +387,68 @@ pub fn dot_groups_in_runs<B: GroupBlock>(
             let mut i = first;
             while widest_tile::<B>(isa) == 8 && i + 8 <= end {
                 let d = B::dot_pair(isa, w0, w1, std::array::from_fn::<_, 8, _>(|j| act(i + j)));
-                for (j, dots) in d.expect("a pair kernel").into_iter().enumerate() {
+                for (j, dots) in d.into_iter().enumerate() {
                     put(i + j, dots);
                 }
                 i += 8;
             }
             while i + 4 <= end {
                 let d = B::dot_pair(isa, w0, w1, [act(i), act(i + 1), act(i + 2), act(i + 3)]);
-                for (j, dots) in d.expect("a pair kernel").into_iter().enumerate() {
+                for (j, dots) in d.into_iter().enumerate() {
                     put(i + j, dots);
                 }
                 i += 4;
             }
-            for (h, wg) in [w0, w1].into_iter().enumerate() {
-                for i in i..end {
-                    for (r, v) in B::dot_group(isa, wg, [act(i)])[0].into_iter().enumerate() {
-                        store(i, 8 * (g + h) + r, v);
-                    }
-                }
-            }
+            group_tiles(isa, w0, g, i..end, &act, &mut store);
+            group_tiles(isa, w1, g + 1, i..end, &act, &mut store);
             g += 2;
         }
         for g in g..groups.end {
             let wg = &w[g * per_group..(g + 1) * per_group];
-            let mut put = |i: usize, dots: [f32; 8]| {
-                for (r, v) in dots.into_iter().enumerate() {
-                    store(i, 8 * g + r, v);
-                }
-            };
-            let mut i = first;
-            while widest_tile::<B>(isa) == 8 && i + 8 <= end {
-                let d = B::dot_group(isa, wg, std::array::from_fn::<_, 8, _>(|j| act(i + j)));
-                for (j, dots) in d.into_iter().enumerate() {
-                    put(i + j, dots);
-                }
-                i += 8;
-            }
-            while i + 4 <= end {
-                let d = B::dot_group(isa, wg, [act(i), act(i + 1), act(i + 2), act(i + 3)]);
-                for (j, dots) in d.into_iter().enumerate() {
-                    put(i + j, dots);
-                }
-                i += 4;
-            }
-            if i + 2 <= end {
-                let [d0, d1] = B::dot_group(isa, wg, [act(i), act(i + 1)]);
-                put(i, d0);
-                put(i + 1, d1);
-                i += 2;
-            }
-            if i < end {
-                put(i, B::dot_group(isa, wg, [act(i)])[0]);
-            }
+            group_tiles(isa, wg, g, first..end, &act, &mut store);
         }
+    }
+}
+
+/// Group `g` (its blocks `wg`) against the activation rows `rows`, in the widest tiles that fit
+/// (8 where [`widest_tile`] says so, then 4, 2, 1); `store(i, r, dot)` for each.
+fn group_tiles<'a, B: GroupBlock>(
+    isa: Isa,
+    wg: &[B],
+    g: usize,
+    rows: std::ops::Range<usize>,
+    act: &impl Fn(usize) -> &'a [B::Act],
+    store: &mut impl FnMut(usize, usize, f32),
+) where
+    B::Act: 'a,
+{
+    let mut put = |i: usize, dots: [f32; 8]| {
+        for (r, v) in dots.into_iter().enumerate() {
+            store(i, 8 * g + r, v);
+        }
+    };
+    let (mut i, end) = (rows.start, rows.end);
+    while widest_tile::<B>(isa) == 8 && i + 8 <= end {
+        let d = B::dot_group(isa, wg, std::array::from_fn::<_, 8, _>(|j| act(i + j)));
+        for (j, dots) in d.into_iter().enumerate() {
+            put(i + j, dots);
+        }
+        i += 8;
+    }
+    while i + 4 <= end {
+        let d = B::dot_group(isa, wg, [act(i), act(i + 1), act(i + 2), act(i + 3)]);
+        for (j, dots) in d.into_iter().enumerate() {
+            put(i + j, dots);
+        }
+        i += 4;
+    }
+    if i + 2 <= end {
+        let [d0, d1] = B::dot_group(isa, wg, [act(i), act(i + 1)]);
+        put(i, d0);
+        put(i + 1, d1);
+        i += 2;
+    }
+    if i < end {
+        put(i, B::dot_group(isa, wg, [act(i)])[0]);
     }
 }
